@@ -1,0 +1,43 @@
+"""nox sessions: the single source of truth for what CI runs.
+
+`nox` with no arguments runs the default set (the README's test command).
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["lint", "tests", "kernels", "qualify-cpu"]
+nox.options.reuse_existing_virtualenvs = True
+PYTHONS = ["3.11"]
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """Unit and integration tests on real git repos, files and local servers."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-m", "not slow", *session.posargs)
+
+
+@nox.session(python=PYTHONS)
+def lint(session: nox.Session) -> None:
+    """ruff over everything, mypy over src/."""
+    session.install("-e", ".[lint]")
+    session.run("ruff", "check", "src", "tests", "bench", "noxfile.py")
+    session.run("mypy", "src")
+
+
+@nox.session(python=PYTHONS)
+def kernels(session: nox.Session) -> None:
+    """Provision CUDA 12.x, build the in-tree kernel wheel twice, check it."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-m", "slow and kernels", *session.posargs)
+
+
+@nox.session(name="qualify-cpu", python=PYTHONS)
+def qualify_cpu(session: nox.Session) -> None:
+    """End-to-end qualification against a real CPU vLLM server."""
+    session.install("-e", ".[test]")
+    session.run("pytest", "-m", "slow and qualify", *session.posargs, env=dict(os.environ))

@@ -1,0 +1,165 @@
+"""The thin CLI: global options resolved once into a :class:`Context`, then one stage call.
+
+Each stage registers its subcommands from its own module under ``pinwheel.cli``
+(see :data:`COMMAND_MODULES`); this file only wires them together and turns
+:class:`~pinwheel.errors.PinwheelError` into a message and an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from .. import __version__
+from ..errors import EXIT_ERROR, PinwheelError, UsageError
+from ..manifest import Manifest, load
+
+# Modules that contribute subcommands, in the order `--help` lists them.
+COMMAND_MODULES = (
+    "pinwheel.cli.replay_cmds",
+    "pinwheel.cli.build_cmds",
+    "pinwheel.cli.release_cmds",
+    "pinwheel.cli.serve_cmds",
+)
+
+EPILOG = """exit codes: 0 ok, 1 error, 2 bad manifest or usage, 3 drift (PR head moved),
+4 conflict, 5 tree or rebuild mismatch, 6 verification failed, 7 qualification gate failed"""
+
+
+def default_cache() -> Path:
+    base = os.environ.get("PINWHEEL_CACHE") or os.environ.get("XDG_CACHE_HOME")
+    if os.environ.get("PINWHEEL_CACHE"):
+        return Path(os.environ["PINWHEEL_CACHE"])
+    return Path(base or Path.home() / ".cache") / "pinwheel"
+
+
+def parse_mirrors(items: Sequence[str], env: str | None) -> dict[str, str]:
+    """``URL=PATH`` pairs from PINWHEEL_MIRRORS (space or comma separated) then --mirror."""
+    pairs = [p for p in (env or "").replace(",", " ").split() if p] + list(items)
+    mirrors: dict[str, str] = {}
+    for pair in pairs:
+        url, sep, path = pair.partition("=")
+        if not sep or not url or not path:
+            raise UsageError(
+                f"bad mirror mapping {pair!r}: expected URL=PATH",
+                where="--mirror / PINWHEEL_MIRRORS",
+                next="e.g. --mirror https://github.com/1CatAI/1Cat-vLLM.git=/srv/mirrors/1cat.git",
+            )
+        mirrors[url] = path
+    return mirrors
+
+
+@dataclass
+class Context:
+    """Options resolved once; commands read from here, never from os.environ."""
+
+    manifest_path: Path
+    cache: Path
+    mirrors: dict[str, str]
+    json: bool
+    offline: bool
+    console: Console = field(default_factory=lambda: Console(stderr=True))
+    _manifest: Manifest | None = None
+
+    def manifest(self, *, allow_short: bool = False) -> Manifest:
+        if allow_short:
+            return load(self.manifest_path, allow_short=True)
+        if self._manifest is None:
+            self._manifest = load(self.manifest_path)
+        return self._manifest
+
+    def emit(self, payload: dict[str, Any], human: str | None = None) -> None:
+        """Machine output on stdout with --json; human text otherwise."""
+        if self.json:
+            sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+        elif human:
+            print(human)
+
+
+def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # On subcommands the defaults are SUPPRESS so `pinwheel --json plan` and
+    # `pinwheel plan --json` both work without one overriding the other.
+    d = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
+    parser.add_argument(
+        "--manifest", default=d("manifest.toml"), help="manifest file (default: ./manifest.toml)"
+    )
+    parser.add_argument(
+        "--cache", default=d(None), help="cache dir (default: $PINWHEEL_CACHE or ~/.cache/pinwheel)"
+    )
+    parser.add_argument(
+        "--mirror",
+        action="append",
+        default=d([]),
+        metavar="URL=PATH",
+        help="fetch URL from a local mirror instead (repeatable; also $PINWHEEL_MIRRORS)",
+    )
+    parser.add_argument("--offline", action="store_true", default=d(False), help="no network")
+    parser.add_argument("--json", action="store_true", default=d(False), help="JSON on stdout")
+
+
+_COMMON = argparse.ArgumentParser(add_help=False)
+_global_options(_COMMON, top=False)
+
+
+def command(sub: Any, name: str, help: str, func: Any) -> argparse.ArgumentParser:
+    """Add a subcommand that also accepts the global options after its name."""
+    parser = sub.add_parser(name, help=help, description=help, parents=[_COMMON])
+    parser.set_defaults(func=func)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pinwheel",
+        description="Pinned, replayable, verified engine builds, driven by manifest.toml.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"pinwheel {__version__}")
+    _global_options(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # stage not present in this build
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        ctx = Context(
+            manifest_path=Path(args.manifest),
+            cache=Path(args.cache) if args.cache else default_cache(),
+            mirrors=parse_mirrors(args.mirror, os.environ.get("PINWHEEL_MIRRORS")),
+            json=args.json,
+            offline=args.offline,
+        )
+        return int(args.func(ctx, args) or 0)
+    except PinwheelError as err:
+        Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(str(err))}", markup=True)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted; nothing was half-written (writes are atomic)", file=sys.stderr)
+        return 130
+    except OSError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_ERROR
