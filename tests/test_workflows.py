@@ -281,8 +281,10 @@ def test_release_attests_the_checksums_and_publishes_pinwheel_notes() -> None:
     assert attest and attest[0]["with"] == {"subject-checksums": "wheels/SHA256SUMS"}
     publish = " ".join(run_scripts(jobs["publish"]))
     assert "gh release create" in publish and "--notes-file wheels/RELEASE_NOTES.md" in publish
-    assert any(argv[0] == "release" and "--sign-key" in argv for argv in
-               pinwheel_invocations(jobs["assemble"]))
+    assert any(
+        argv[0] == "release" and "--sign-key" in argv
+        for argv in pinwheel_invocations(jobs["assemble"])
+    )
 
 
 # --------------------------------------------------------------------------- hygiene
