@@ -110,9 +110,9 @@ def pick_commits(repo: pygit2.Repository, step: Step, base: str, branch_tip: str
     if step.commits:
         picked = []
         for sha in step.commits:
-            if sha not in repo:
+            if sha not in repo or not (sha == step.head or repo.descendant_of(step.head, sha)):
                 raise PinwheelError(
-                    f"pinned commit {sha[:12]} is not in the cache",
+                    f"pinned commit {sha[:12]} is not part of PR #{step.pr}'s head {step.head[:12]}",
                     where=f"{step.label} commits",
                     next="run `pinwheel lock` to re-pin the PR's commits",
                 )
@@ -252,7 +252,6 @@ class Replayer:
             )
         if pinned in self.repo:
             return pinned, True
-        self.progress(f"  ! PR #{step.pr}: pinned head {pinned[:12]} is gone; using {current[:12]}")
         return current, True
 
     def run(self) -> ReplayResult:
@@ -261,9 +260,12 @@ class Replayer:
         for step in self.manifest.steps:
             results.append(self._step(step, current))
             current = self.repo[results[-1].head].peel(pygit2.Commit)
-            self.progress(
-                f"  {step.label}: {len(results[-1].commits)} commit(s) -> {results[-1].head[:12]}"
-            )
+            done = results[-1]
+            note = ""
+            if done.drifted:
+                used = "pinned" if done.pr_head == step.head else "NEW (pinned one is gone)"
+                note = f"  [PR head moved upstream; replayed the {used} head {done.pr_head[:12]}]"
+            self.progress(f"  {step.label}: {len(done.commits)} commit(s) -> {done.head[:12]}{note}")
         return ReplayResult(
             manifest=self.manifest,
             repo_path=self.fetched.repo_path,

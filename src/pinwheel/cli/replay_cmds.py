@@ -8,6 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from ..cache import Cache
 from ..replay import ReplayResult, lock_payload, replay_manifest
@@ -18,10 +26,6 @@ def _cache(ctx: Context) -> Cache:
     return Cache(ctx.cache, ctx.mirrors, ctx.offline)
 
 
-def _progress(ctx: Context) -> Any:
-    if ctx.json:
-        return None
-    return lambda msg: ctx.console.print(escape(msg), highlight=False)
 
 
 def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
@@ -31,14 +35,23 @@ def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
         f"{manifest.upstream.commit[:12]} ({escape(manifest.upstream.url)})",
         highlight=False,
     )
-    with ctx.console.status("fetching and replaying", spinner="dots"):
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+               MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=ctx.console, transient=True, disable=ctx.json) as bar:
+        task = bar.add_task("fetch + replay", total=len(manifest.steps))
+
+        def progress(msg: str) -> None:
+            if not ctx.json:
+                ctx.console.print(escape(msg), highlight=False)
+            bar.advance(task)
+
         return replay_manifest(
             manifest,
             cache=ctx.cache,
             mirrors=ctx.mirrors,
             offline=ctx.offline,
             allow_drift=getattr(args, "allow_drift", False),
-            progress=_progress(ctx),
+            progress=progress,
         )
 
 
