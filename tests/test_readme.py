@@ -7,9 +7,10 @@ that a test machine has not got::
 
     tools/replay build   # needs: gpu, network
 
-Known needs: ``gpu``; ``network`` (anything past the package registries);
-``upstream`` (the real upstream repository: runs when PINWHEEL_MIRRORS maps it
-to a local mirror, as the ``upstream`` pytest marker does). A command equal to
+Known needs: ``gpu``; ``editor`` (an interactive editor); ``network``
+(anything past the package registries); ``upstream`` (the real upstream
+repository: runs when PINWHEEL_MIRRORS maps it to a local mirror, as the
+``upstream`` pytest marker does). A command equal to
 ``.ci/run``'s test command is not run here (it is what runs this test); a
 separate test keeps the two equal.
 """
@@ -29,7 +30,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SHELL_LANGS = {"sh", "bash", "shell", "console", "zsh"}
-KNOWN_NEEDS = {"gpu", "network", "upstream"}
+KNOWN_NEEDS = {"gpu", "network", "upstream", "editor"}
 NEEDS = re.compile(r"#\s*needs:\s*([a-z][a-z, -]*?)\s*$")
 
 
