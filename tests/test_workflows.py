@@ -281,11 +281,11 @@ def test_release_checks_the_tag_is_the_manifest_tag_before_building() -> None:
 def test_release_attests_the_checksums_and_publishes_pinwheel_notes() -> None:
     jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
     attest = [s for s in jobs["attest"]["steps"] if "attest-build-provenance" in s.get("uses", "")]
-    assert attest and attest[0]["with"] == {"subject-checksums": "wheels/SHA256SUMS"}
+    assert attest and attest[0]["with"] == {"subject-checksums": "release/SHA256SUMS"}
     publish = " ".join(run_scripts(jobs["publish"]))
-    assert "gh release create" in publish and "--notes-file wheels/RELEASE_NOTES.md" in publish
+    assert "gh release create" in publish and "--notes-file release/RELEASE_NOTES.md" in publish
     assert any(
-        argv[0] == "release" and "--sign-key" in argv
+        argv[0] == "release" and "--key" in argv
         for argv in pinwheel_invocations(jobs["assemble"])
     )
 
