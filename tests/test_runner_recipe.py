@@ -190,7 +190,9 @@ def test_health_check_runs_preflight_p2p_and_passes_its_status(tmp_path: Path, r
         env={**os.environ, "PINWHEEL": str(fake)},
     )
     assert result.returncode == rc
-    assert log.read_text().splitlines() == ["preflight --selftest --json"]
+    assert log.read_text().splitlines() == [
+        f"--manifest {ROOT}/manifest.toml preflight --selftest --json"
+    ]
     assert ("health check FAILED" in result.stderr) == (rc != 0)
 
 

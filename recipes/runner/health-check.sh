@@ -6,10 +6,13 @@
 # Exit status: preflight's own (0 healthy; see `pinwheel --help` for the codes).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
 # PINWHEEL: the pinwheel command to use; default: this checkout's launcher.
-pinwheel=${PINWHEEL:-$here/../../tools/replay}
+pinwheel=${PINWHEEL:-$repo/tools/replay}
+# The hook runs in whatever directory the runner is in: name the manifest.
+manifest=${PINWHEEL_MANIFEST:-$repo/manifest.toml}
 
-"$pinwheel" preflight --selftest "$@"
+"$pinwheel" --manifest "$manifest" preflight --selftest "$@"
 rc=$?
 if [ "$rc" -ne 0 ]; then
     echo "runner health check FAILED: pinwheel preflight --selftest exited $rc" >&2
