@@ -41,6 +41,25 @@ PINNED_ACTIONS = {
     "actions/attest-build-provenance": ("a2bbfa25375fe432b6a289bc6b6cd05ecd0c4c32", "v4.1.0"),
     "pypa/cibuildwheel": ("1828c10ab37f080699c7b81cea34097c684a7074", "v4.2.0"),
 }
+# Each pinned action's inputs, copied from its action.yml at that commit:
+# a misspelt `with:` key is otherwise ignored by GitHub without a word.
+ACTION_INPUTS = {
+    "actions/checkout": "allow-unsafe-pr-checkout clean fetch-depth fetch-tags filter "
+    "github-server-url lfs path persist-credentials ref repository set-safe-directory "
+    "show-progress sparse-checkout sparse-checkout-cone-mode ssh-key ssh-known-hosts "
+    "ssh-strict ssh-user submodules token",
+    "actions/setup-python": "allow-prereleases architecture cache cache-dependency-path "
+    "check-latest freethreaded pip-version python-version python-version-file token "
+    "update-environment",
+    "actions/upload-artifact": "archive compression-level if-no-files-found "
+    "include-hidden-files name overwrite path retention-days",
+    "actions/download-artifact": "artifact-ids digest-mismatch github-token merge-multiple "
+    "name path pattern repository run-id skip-decompress",
+    "actions/attest-build-provenance": "create-storage-record github-token predicate "
+    "predicate-path predicate-type push-to-registry show-summary subject-checksums "
+    "subject-digest subject-name subject-path",
+    "pypa/cibuildwheel": "config-file extras only output-dir package-dir",
+}
 # Labels every self-hosted Linux x64 runner gets without being asked.
 DEFAULT_RUNNER_LABELS = {"self-hosted", "linux", "x64"}
 # pinwheel commands that need the GPU box (a CUDA 12 build host with the cards).
@@ -337,6 +356,16 @@ def test_every_action_is_pinned_by_full_commit_sha() -> None:
             assert (ref, comment) == PINNED_ACTIONS[action], f"{path.name}:{n}: {action}"
             seen += 1
     assert seen >= 10
+
+
+def test_every_with_key_is_an_input_of_the_pinned_action() -> None:
+    for wf, name, job in all_jobs():
+        for step in job.get("steps", []):
+            if "uses" not in step:
+                continue
+            action = step["uses"].split("@")[0]
+            unknown = set(step.get("with", {})) - set(ACTION_INPUTS[action].split())
+            assert not unknown, f"{wf}:{name}: {action} has no input {sorted(unknown)}"
 
 
 def test_checkout_never_persists_the_token() -> None:
