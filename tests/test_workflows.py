@@ -221,6 +221,15 @@ def test_ci_never_takes_the_gpu_box() -> None:
         assert runs_on(job)[0].startswith("ubuntu-"), name
 
 
+def test_no_pull_request_can_reach_the_gpu_box() -> None:
+    # A fork's pull request must never run its code on the self-hosted box.
+    for path in WORKFLOW_FILES:
+        data = load_workflow(path)
+        on = data["on"] if isinstance(data["on"], dict) else {data["on"]: None}
+        if any("self-hosted" in runs_on(job) for job in data["jobs"].values()):
+            assert not {"pull_request", "pull_request_target"} & set(on), path.name
+
+
 def test_actionlint_knows_exactly_the_manifest_custom_labels() -> None:
     config = yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())
     custom = set(manifest_runner_labels()) - DEFAULT_RUNNER_LABELS
