@@ -24,6 +24,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -228,7 +229,7 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dest
 
 
-def _block_params() -> list[pytest.param]:
+def _block_params() -> list[Any]:
     return [
         pytest.param(block, id=f"README.md:{block.line}")
         for block in parse_blocks(README.read_text())
