@@ -8,9 +8,10 @@ that a test machine has not got::
     tools/replay build   # needs: gpu, network
 
 Known needs: ``gpu``; ``editor`` (an interactive editor); ``network``
-(anything past the package registries); ``upstream`` (the real upstream
-repository: runs when PINWHEEL_MIRRORS maps it to a local mirror, as the
-``upstream`` pytest marker does). A command equal to
+(anything past the package registries); ``upstream`` (an upstream repository
+with PR refs: such a block runs against a real local one, the stack that
+tests/conftest.py builds, with the clone's manifest.toml pointing at it
+through PINWHEEL_MIRRORS for that block). A command equal to
 ``.ci/run``'s test command is not run here (it is what runs this test); a
 separate test keeps the two equal.
 """
@@ -122,7 +123,7 @@ def ci_test_command() -> str:
 
 
 def available_needs() -> set[str]:
-    return {"upstream"} if os.environ.get("PINWHEEL_MIRRORS") else set()
+    return {"upstream"}  # the local fixture upstream stands in for it
 
 
 # --------------------------------------------------------------------------- the parser itself
@@ -198,6 +199,17 @@ def test_ci_runs_the_readme_quick_start_test_command() -> None:
     assert not matches[0].needs, "the test command must run on a machine with no GPU or network"
 
 
+def _git(repo: Path, *args: str) -> None:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t.invalid",
+    }
+    subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True)
+
+
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh clone of this checkout (tracked and new files, nothing ignored)."""
@@ -217,16 +229,23 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(src.read_bytes())
         target.chmod(src.stat().st_mode)
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t.invalid",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t.invalid",
-    }
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "readme test clone"]):
-        subprocess.run(["git", *args], cwd=dest, env=env, check=True, capture_output=True)
+        _git(dest, *args)
     return dest
+
+
+@pytest.fixture(scope="module")
+def fixture_upstream(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A real local upstream with PR refs and a two-PR manifest for it: (text, mirror)."""
+    from conftest import make_stack  # the stack the replay tests use
+    from gitfixture import manifest_text
+
+    stack = make_stack(tmp_path_factory.mktemp("upstream"))
+    steps: list[dict[str, object]] = [
+        {"action": "pick", "pr": 1, "head": stack.pr[1]},
+        {"action": "pick", "pr": 2, "head": stack.pr[2]},
+    ]
+    return manifest_text(stack.base, steps), stack.mirror
 
 
 def _block_params() -> list[Any]:
@@ -238,7 +257,7 @@ def _block_params() -> list[Any]:
 
 
 @pytest.mark.parametrize("block", _block_params())
-def test_readme_block_runs(block: Block, clone: Path) -> None:
+def test_readme_block_runs(block: Block, clone: Path, request: pytest.FixtureRequest) -> None:
     have, ci = available_needs(), normalized(ci_test_command())
     script, ran, skipped = ["set -e"], 0, []
     for command in block.commands:
@@ -259,15 +278,28 @@ def test_readme_block_runs(block: Block, clone: Path) -> None:
         ),
         "PINWHEEL_CACHE": str(clone.parent / "cache"),
     }
-    result = subprocess.run(
-        ["bash", "-c", "\n".join(script)],
-        cwd=clone,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        stdin=subprocess.DEVNULL,
-    )
+    env.pop("PINWHEEL_MIRRORS", None)
+    manifest = clone / "manifest.toml"
+    shipped = manifest.read_bytes()
+    if any("upstream" in c.needs for c in block.commands):
+        text, mirror = request.getfixturevalue("fixture_upstream")
+        manifest.write_text(text)
+        _git(clone, "commit", "-q", "-am", "readme test: a manifest on the fixture upstream")
+        env["PINWHEEL_MIRRORS"] = mirror
+    try:
+        result = subprocess.run(
+            ["bash", "-c", "\n".join(script)],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        if manifest.read_bytes() != shipped:  # later blocks read the shipped manifest
+            manifest.write_bytes(shipped)
+            _git(clone, "commit", "-q", "-am", "readme test: the shipped manifest")
     where = re.findall(r"\+ (README\.md:\d+)", result.stderr)
     assert result.returncode == 0, (
         f"{where[-1] if where else 'README'} failed (exit {result.returncode})\n"
