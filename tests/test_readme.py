@@ -258,6 +258,29 @@ def _block_params() -> list[Any]:
 
 @pytest.mark.parametrize("block", _block_params())
 def test_readme_block_runs(block: Block, clone: Path, request: pytest.FixtureRequest) -> None:
+    run_block(block, clone, request)
+
+
+UPSTREAM_SAMPLE = """\
+```sh
+pinwheel drift                  # needs: upstream
+pinwheel lock --update-base     # needs: upstream
+git diff --quiet manifest.toml && exit 9   # lock must have moved the base
+pinwheel plan                   # needs: upstream
+```
+"""
+
+
+def test_upstream_blocks_run_on_the_fixture_upstream(
+    clone: Path, request: pytest.FixtureRequest
+) -> None:
+    # The harness itself, on a block like the README's "update the stack" journey.
+    shipped = (clone / "manifest.toml").read_bytes()
+    run_block(parse_blocks(UPSTREAM_SAMPLE)[0], clone, request)
+    assert (clone / "manifest.toml").read_bytes() == shipped  # restored for later blocks
+
+
+def run_block(block: Block, clone: Path, request: pytest.FixtureRequest) -> None:
     have, ci = available_needs(), normalized(ci_test_command())
     script, ran, skipped = ["set -e"], 0, []
     for command in block.commands:
