@@ -73,8 +73,7 @@ def cuda_so(workdir: Path, name: str, fatbin_section: bytes, **kw: object) -> Pa
     blob = workdir / f"{name}.fatbin"
     blob.write_bytes(fatbin_section)
     subprocess.run(
-        ["objcopy", "--add-section", f".nv_fatbin={blob}",
-         "--set-section-flags", ".nv_fatbin=alloc,readonly,data", str(so)],
+        ["objcopy", "--add-section", f".nv_fatbin={blob}", str(so)],
         check=True,
     )
     return so

@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import elf, fatbin
-from .cudaarch import CudaArch, names
+from .cudaarch import CudaArch, names, parse_arches
 from .errors import UsageError, VerifyError
 from .wheelfile import Issue, record_issues, zip_issues
 
@@ -480,3 +480,21 @@ def check_wheels(paths: Sequence[Path], spec: CheckSpec) -> CheckReport:
         if v
     )
     return CheckReport(spec.arches, tuple(wheels), tuple(findings), tools)
+
+
+def arches_from_build(config: Any) -> tuple[CudaArch, ...]:
+    """The manifest's ``[build] arches`` (``("7.0",)``) and ``ptx`` (PTX for the lowest arch)."""
+    arches = parse_arches(config.arches)
+    if getattr(config, "ptx", False) and arches:
+        arches = (CudaArch(arches[0].sm, True), *arches[1:])
+    return arches
+
+
+def spec_from_build(config: Any, **overrides: Any) -> CheckSpec:
+    """A :class:`CheckSpec` from a :class:`pinwheel.toolchain.BuildConfig`."""
+    fields: dict[str, Any] = {
+        "arches": arches_from_build(config),
+        "required_members": tuple(config.required_members),
+    }
+    fields.update(overrides)
+    return CheckSpec(**fields)
