@@ -396,6 +396,19 @@ LOCKS: dict[str, ToolkitLock] = {
                     *((f"usr/bin/{b}", f"bin/{b}") for b in _BINS),
                 ),
             ),
+            # Only for the static runtime and device runtime: nvcc names
+            # -lcudadevrt on every link and CMake's CUDA compiler check links
+            # cudart_static. The .deb is 900 MB; the two files are read by
+            # streaming its data.tar and stopping once both are out.
+            DebPin(
+                package="nvidia-cuda-dev",
+                version="12.4.127~12.4.1-2",
+                sha256="d846838f914a0176948d48a8bcade5d6dbcccb5c9374343f6475f5503f173ee0",
+                files=(
+                    ("usr/lib/x86_64-linux-gnu/libcudadevrt.a", "lib64/libcudadevrt.a"),
+                    ("usr/lib/x86_64-linux-gnu/libcudart_static.a", "lib64/libcudart_static.a"),
+                ),
+            ),
         ),
         wheels=(
             WheelPin(
@@ -454,7 +467,7 @@ def provision_toolkit(lock: ToolkitLock, cache: Path) -> Path:
         if (final / MARKER).is_file():
             return final
         downloads = base / "downloads"
-        debs = [_fetch_deb(pin, lock, downloads, base / "apt") for pin in lock.debs]
+        debs = _fetch_debs(lock, downloads, base / "apt")
         wheels = [_fetch_wheel(pin, downloads) for pin in lock.wheels]
         with atomic_dir(final) as tmp:
             for pin, path in zip(lock.debs, debs, strict=True):
@@ -479,6 +492,7 @@ def provision_toolkit(lock: ToolkitLock, cache: Path) -> Path:
                 "debs": {p.filename: p.sha256 for p in lock.debs},
                 "wheels": {p.filename: p.sha256 for p in lock.wheels},
             }
+            tmp.chmod(0o755)  # mkdtemp made it private; the toolkit is for every user
             atomic_write_text(tmp / MARKER, json.dumps(record, indent=2, sort_keys=True) + "\n")
         return final
 
@@ -611,15 +625,18 @@ def _apt_config(state: Path, source: AptSource, lock: ToolkitLock) -> Path:
     return conf
 
 
-def _fetch_deb(pin: DebPin, lock: ToolkitLock, downloads: Path, state: Path) -> Path:
-    target = downloads / pin.filename
-    if _verified(target, pin.sha256):
-        return target
+def _fetch_debs(lock: ToolkitLock, downloads: Path, state: Path) -> list[Path]:
+    """The lock's .debs, verified; downloads what the cache lacks with one private apt update."""
+    targets = [downloads / pin.filename for pin in lock.debs]
+    missing = [p for p, t in zip(lock.debs, targets, strict=True) if not _verified(t, p.sha256)]
+    if not missing:
+        return targets
+    names = " ".join(f"{p.package}={p.version}" for p in missing)
     sources = debian_sources()
     if not sources:
         raise ToolchainError(
-            "this machine's apt sources name no Debian archive to fetch "
-            f"{pin.package} from (suite {lock.suite}, component {lock.component})",
+            f"this machine's apt sources name no Debian archive to fetch {names} from "
+            f"(suite {lock.suite}, component {lock.component})",
             where="/etc/apt/sources.list, /etc/apt/sources.list.d/",
             next="add a Debian mirror to the apt sources, or set CUDA_HOME to a CUDA 12.x toolkit",
         )
@@ -629,7 +646,7 @@ def _fetch_deb(pin: DebPin, lock: ToolkitLock, downloads: Path, state: Path) -> 
         env = dict(os.environ, APT_CONFIG=str(_apt_config(state, source, lock)), LC_ALL="C")
         steps = (
             ["apt-get", "-q", "update"],
-            ["apt-get", "-q", "download", f"{pin.package}={pin.version}"],
+            ["apt-get", "-q", "download", *names.split()],
         )
         for cmd in steps:
             out = subprocess.run(
@@ -639,49 +656,73 @@ def _fetch_deb(pin: DebPin, lock: ToolkitLock, downloads: Path, state: Path) -> 
                 errors.append(f"{source.uri}: `{' '.join(cmd)}`: {out.stderr.strip()[-300:]}")
                 break
         else:
-            return _check_download(target, pin.sha256, source.uri)
+            for pin in missing:
+                _check_download(downloads / pin.filename, pin.sha256, source.uri)
+            return targets
     raise ToolchainError(
-        f"could not download {pin.package}={pin.version}: " + " | ".join(errors),
+        f"could not download {names}: " + " | ".join(errors),
         where=f"Debian {lock.suite}/{lock.component}",
         next="check the network and the apt sources, or set CUDA_HOME to a CUDA 12.x toolkit",
     )
 
 
-def _ar_members(data: bytes) -> dict[str, bytes]:
-    """Members of an ``ar`` archive (a .deb is one), no dpkg needed."""
-    if not data.startswith(b"!<arch>\n"):
-        raise ToolchainError("not a Debian package (no ar header)")
-    members, pos = {}, 8
-    while pos + 60 <= len(data):
-        header = data[pos : pos + 60]
-        name = header[:16].decode().strip().rstrip("/")
-        size = int(header[48:58].decode().strip())
-        members[name] = data[pos + 60 : pos + 60 + size]
-        pos += 60 + size + (size % 2)
-    return members
+def _ar_member(path: Path, prefix: str) -> tuple[int, int]:
+    """(offset, size) of the first member named ``prefix*`` in an ``ar`` archive (a .deb)."""
+    with open(path, "rb") as fh:
+        if fh.read(8) != b"!<arch>\n":
+            raise ToolchainError(f"{path.name} is not a Debian package (no ar header)")
+        while header := fh.read(60):
+            name = header[:16].decode().strip().rstrip("/")
+            size = int(header[48:58].decode().strip())
+            if name.startswith(prefix):
+                return fh.tell(), size
+            fh.seek(size + (size % 2), io.SEEK_CUR)
+    raise ToolchainError(f"{path.name} has no {prefix}* member", where=str(path))
+
+
+class _Window(io.RawIOBase):
+    """A read-only view of ``size`` bytes of a file from ``offset``: one ar member."""
+
+    def __init__(self, fh: io.BufferedReader, offset: int, size: int):
+        fh.seek(offset)
+        self._fh, self._left = fh, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = self._fh.readinto(memoryview(buf)[: min(len(buf), self._left)])
+        self._left -= n
+        return n
 
 
 def _unpack_deb(path: Path, pin: DebPin, dest: Path) -> None:
-    members = _ar_members(path.read_bytes())
-    name = next((n for n in members if n.startswith("data.tar")), None)
-    if name is None:
-        raise ToolchainError(f"{path.name} has no data.tar member", where=str(path))
-    with tarfile.open(fileobj=io.BytesIO(members[name])) as tar:
-        wanted = dict(pin.files)
-        for member in tar.getmembers():
-            rel = member.name.removeprefix("./")
-            target = _map(rel, wanted)
-            if target is None or not (member.isfile() or member.isdir()):
-                continue
-            out = dest / target
-            if member.isdir():
-                out.mkdir(parents=True, exist_ok=True)
-                continue
-            out.parent.mkdir(parents=True, exist_ok=True)
-            src = tar.extractfile(member)
-            assert src is not None
-            out.write_bytes(src.read())
-            out.chmod(0o755 if member.mode & 0o111 else 0o644)
+    """Copy the pinned files out of the data.tar, streaming: nvidia-cuda-dev is 900 MB."""
+    offset, size = _ar_member(path, "data.tar")
+    wanted = dict(pin.files)
+    seen: set[str] = set()  # pinned files (not dirs) copied so far
+    with open(path, "rb") as fh:
+        stream = io.BufferedReader(_Window(fh, offset, size), 1 << 20)
+        with tarfile.open(fileobj=stream, mode="r|*") as tar:
+            for member in tar:
+                rel = member.name.removeprefix("./")
+                target = _map(rel, wanted)
+                if target is None or not (member.isfile() or member.isdir()):
+                    continue
+                if member.isfile() and rel in wanted:
+                    seen.add(rel)
+                out = dest / target
+                if member.isdir():
+                    out.mkdir(parents=True, exist_ok=True)
+                else:
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    src = tar.extractfile(member)
+                    assert src is not None
+                    with open(out, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+                    out.chmod(0o755 if member.mode & 0o111 else 0o644)
+                if len(seen) == len(wanted):
+                    break  # every pinned file is out: skip decompressing the rest
     _require(dest, pin.files, path.name)
 
 
