@@ -5,7 +5,6 @@ tests build a real .cu with nvcc 12.4."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -14,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from gitfixture import UPSTREAM_URL, Upstream, git, manifest_text
-from tinyproject import BUILD_TABLE, STANDIN_SETUP, project_files
 
+from gitfixture import UPSTREAM_URL, Upstream, git, manifest_text
 from pinwheel.build import BuildError, build_from_source, compare_builds
 from pinwheel.errors import VerifyError
 from pinwheel.export import export_tree
 from pinwheel.manifest import load
 from pinwheel.provenance import read_receipt
 from pinwheel.replay import replay_manifest
+from tinyproject import BUILD_TABLE, STANDIN_SETUP, project_files
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 WHEEL = f"tiny-0.4.1.dev3+tinycard-cp{PY.replace('.', '')}-cp{PY.replace('.', '')}-linux_x86_64.whl"
@@ -39,25 +38,33 @@ class Tiny:
     base: str
     pr_head: str
 
-    def manifest(self, *, ptx: str = "false", extra_env: str = "", name: str = "m.toml",
-                 threads: int = 2) -> Path:
+    def manifest(
+        self, *, ptx: str = "false", extra_env: str = "", name: str = "m.toml", threads: int = 2
+    ) -> Path:
         table = BUILD_TABLE.format(python=PY, ptx=ptx, extra_env=extra_env, threads=threads)
         path = self.tmp / name
-        path.write_text(manifest_text(self.base, [{"action": "pick", "pr": 7,
-                                                   "head": self.pr_head}], extra=table))
+        path.write_text(
+            manifest_text(
+                self.base, [{"action": "pick", "pr": 7, "head": self.pr_head}], extra=table
+            )
+        )
         return path
 
     def replay(self, manifest: Path):
-        return replay_manifest(load(manifest), cache=self.tmp / "cache",
-                               mirrors={UPSTREAM_URL: str(self.up.bare)})
+        return replay_manifest(
+            load(manifest), cache=self.tmp / "cache", mirrors={UPSTREAM_URL: str(self.up.bare)}
+        )
 
 
 def make_tiny(tmp: Path, setup_py: str = STANDIN_SETUP) -> Tiny:
     up = Upstream(tmp / "gh")
     base = up.commit(project_files(setup_py), "tiny: initial")
     up.checkout("main", "pr7")
-    head = up.commit({"tiny/__init__.py": '"""tiny, patched by PR 7."""\nPATCHED = True\n'},
-                     "tiny: mark patched", author="Pat Ch <pat@example.org>")
+    head = up.commit(
+        {"tiny/__init__.py": '"""tiny, patched by PR 7."""\nPATCHED = True\n'},
+        "tiny: mark patched",
+        author="Pat Ch <pat@example.org>",
+    )
     up.checkout("main")
     up.publish({7: "pr7"})
     return Tiny(up, tmp, base, head)
@@ -71,8 +78,9 @@ def tiny(tmp_path: Path) -> Tiny:
 def build(tiny: Tiny, manifest: Path, out: Path, work: str = "work"):
     result = tiny.replay(manifest)
     source = export_tree(result, tiny.tmp / work / "src")
-    outcome = build_from_source(load(manifest), source, out, toolkit=None, replayed=result,
-                                work=tiny.tmp / work)
+    outcome = build_from_source(
+        load(manifest), source, out, toolkit=None, replayed=result, work=tiny.tmp / work
+    )
     return result, outcome
 
 
@@ -84,16 +92,20 @@ def test_build_checks_sums_and_records_provenance(tiny: Tiny) -> None:
     assert outcome.report.ok
     # SHA256SUMS in sha256sum -c format, checked by the real tool.
     assert (out / "SHA256SUMS").read_text().endswith(f"  {WHEEL}\n")
-    subprocess.run(["sha256sum", "-c", "--strict", "SHA256SUMS"], cwd=out, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["sha256sum", "-c", "--strict", "SHA256SUMS"], cwd=out, check=True, capture_output=True
+    )
     # The replayed tree (PR 7 applied) is what was built, with the environment we set.
     with zipfile.ZipFile(out / WHEEL) as zf:
         assert b"PATCHED = True" in zf.read("tiny/__init__.py")
         env = dict(line.split("=", 1) for line in zf.read("tiny/build_env.txt").decode().split())
     base_time = int(git(tiny.up.work, "show", "-s", "--format=%ct", tiny.base))
     assert env == {
-        "TORCH_CUDA_ARCH_LIST": "7.0", "CUDAARCHS": "70-real", "MAX_JOBS": "2",
-        "NVCC_THREADS": "2", "SOURCE_DATE_EPOCH": str(base_time),
+        "TORCH_CUDA_ARCH_LIST": "7.0",
+        "CUDAARCHS": "70-real",
+        "MAX_JOBS": "2",
+        "NVCC_THREADS": "2",
+        "SOURCE_DATE_EPOCH": str(base_time),
         "VLLM_VERSION_OVERRIDE": "0.4.1.dev3+tinycard",
     }
     receipt = read_receipt(out / "provenance.json")
@@ -112,8 +124,14 @@ def test_build_checks_sums_and_records_provenance(tiny: Tiny) -> None:
     assert receipt["source_date_epoch"] == base_time
     assert receipt["toolchain"]["python"].startswith(PY)
     assert receipt["env"]["TORCH_CUDA_ARCH_LIST"] == "7.0"
-    assert receipt["command"][-6:] == ["build", "--wheel", "--no-isolation", "--outdir",
-                                       "$WORK/dist", "."]
+    assert receipt["command"][-6:] == [
+        "build",
+        "--wheel",
+        "--no-isolation",
+        "--outdir",
+        "$WORK/dist",
+        ".",
+    ]
 
 
 def test_rebuild_is_identical_and_a_changed_build_names_the_members(tiny: Tiny) -> None:
@@ -155,16 +173,31 @@ def test_failing_build_names_the_log_and_shows_its_tail(tiny: Tiny) -> None:
     source = export_tree(result, tiny.tmp / "work" / "src")
     (source / "csrc" / "probe.c").write_text("int broken( {\n")
     with pytest.raises(BuildError) as err:
-        build_from_source(load(manifest), source, tiny.tmp / "wheels", toolkit=None,
-                          replayed=result, work=tiny.tmp / "work")
+        build_from_source(
+            load(manifest),
+            source,
+            tiny.tmp / "wheels",
+            toolkit=None,
+            replayed=result,
+            work=tiny.tmp / "work",
+        )
     assert "wheel build failed" in err.value.what
     assert "probe.c" in err.value.what  # gcc's message is in the tail
     assert "build.log" in (err.value.where or "")
 
 
 def _cli(tiny: Tiny, manifest: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "pinwheel", "--manifest", str(manifest), "--cache",
-           str(tiny.tmp / "cache"), "--offline", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pinwheel",
+        "--manifest",
+        str(manifest),
+        "--cache",
+        str(tiny.tmp / "cache"),
+        "--offline",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=tiny.tmp)
 
 

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+
 from gitfixture import UPSTREAM_URL
+from pinwheel.cli import default_cache
 from test_build import PY, WHEEL, make_tiny
 from tinyproject import NVCC_SETUP
-
-from pinwheel.cli import default_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 
@@ -25,17 +25,27 @@ pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 def cuda12():
     from pinwheel.toolchain import BuildConfig, resolve_toolkit
 
-    config = BuildConfig(python=PY, cuda="12.4", arches=("7.0",), ptx=True, torch=None,
-                         label=None, version=None)
+    config = BuildConfig(
+        python=PY, cuda="12.4", arches=("7.0",), ptx=True, torch=None, label=None, version=None
+    )
     # The toolkit cache is shared with the kernels tests: provisioned once per machine.
     return resolve_toolkit(config, default_cache())
 
 
 def cli(tmp: Path, manifest: Path, toolkit, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CUDA_HOME": str(toolkit.root)}
-    cmd = [sys.executable, "-m", "pinwheel", "--manifest", str(manifest), "--cache",
-           str(tmp / "cache"), "--mirror", f"{UPSTREAM_URL}={tmp / 'gh' / 'upstream.git'}",
-           *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pinwheel",
+        "--manifest",
+        str(manifest),
+        "--cache",
+        str(tmp / "cache"),
+        "--mirror",
+        f"{UPSTREAM_URL}={tmp / 'gh' / 'upstream.git'}",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env)
 
 
@@ -76,7 +86,16 @@ def test_real_sm75_only_wheel_fails_the_sm70_check(tmp_path: Path, cuda12) -> No
     manifest.write_text(manifest.read_text().replace('arches = ["7.0"]', 'arches = ["7.5"]'))
     assert cli(tmp_path, manifest, cuda12, "build", "--out", "wheels").returncode == 0
     wheel = tmp_path / "wheels" / WHEEL
-    proc = cli(tmp_path, manifest, cuda12, "check", "--arch", "7.0",
-               "--cuobjdump", str(cuda12.root / "bin" / "cuobjdump"), str(wheel))
+    proc = cli(
+        tmp_path,
+        manifest,
+        cuda12,
+        "check",
+        "--arch",
+        "7.0",
+        "--cuobjdump",
+        str(cuda12.root / "bin" / "cuobjdump"),
+        str(wheel),
+    )
     assert proc.returncode == 6
     assert f"error: {WHEEL}: tiny/_C.so: no SASS for sm_70: found sm_75, need sm_70" in proc.stdout

@@ -12,13 +12,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from wheelfactory import FakeEntry, cuda_so, fatbin, host_so, make_wheel, section
 
 from pinwheel import elf
 from pinwheel import fatbin as fatbin_reader
-from pinwheel.check import CheckSpec, check_wheels, unsafe_rpath_reason
+from pinwheel.check import CheckSpec, check_wheels, find_tools, unsafe_rpath_reason
 from pinwheel.cudaarch import CudaArch, parse_arches
 from pinwheel.errors import VerifyError
+from wheelfactory import FakeEntry, cuda_so, fatbin, host_so, make_wheel, section
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("gcc") and shutil.which("objcopy")), reason="needs gcc and objcopy"
@@ -87,11 +87,13 @@ def test_private_rpath_fails(tmp_path: Path) -> None:
 
 
 def test_origin_runpath_passes_and_build_dir_runpath_fails(tmp_path: Path) -> None:
-    good = cuda_so(tmp_path / "a", "ok", section(fatbin(SM70)), rpath="$ORIGIN/../torch/lib",
-                   runpath=True)
+    good = cuda_so(
+        tmp_path / "a", "ok", section(fatbin(SM70)), rpath="$ORIGIN/../torch/lib", runpath=True
+    )
     assert check_wheels([wheel_with(tmp_path / "a", good)], SPEC).ok
-    bad = cuda_so(tmp_path / "b", "bad", section(fatbin(SM70)), rpath="/srv/ci/src/build/lib",
-                  runpath=True)
+    bad = cuda_so(
+        tmp_path / "b", "bad", section(fatbin(SM70)), rpath="/srv/ci/src/build/lib", runpath=True
+    )
     report = check_wheels([wheel_with(tmp_path / "b", bad)], SPEC)
     assert [f.rule for f in report.errors] == ["rpath"]
     assert "RUNPATH '/srv/ci/src/build/lib'" in report.errors[0].message
@@ -106,7 +108,10 @@ def test_origin_runpath_passes_and_build_dir_runpath_fails(tmp_path: Path) -> No
         ("/root/.cache/x", "inside a home directory"),
         ("/tmp/pip-build-env-1/lib", "inside a temporary directory"),
         ("lib", "relative path resolves against the process's working directory"),
-        ("/opt/src/cmake-build-release", "looks like a build directory (component 'cmake-build-release')"),
+        (
+            "/opt/src/cmake-build-release",
+            "looks like a build directory (component 'cmake-build-release')",
+        ),
         ("/srv/tree/out", "inside the build directory /srv/tree"),
     ],
 )
@@ -134,7 +139,9 @@ def test_tampered_record_fails_naming_the_member(tmp_path: Path) -> None:
 
 def test_unlisted_and_missing_record_rows_fail(tmp_path: Path) -> None:
     so = cuda_so(tmp_path, "rows", section(fatbin(SM70)))
-    whl = wheel_with(tmp_path, so, record_override={"demo/__init__.py": "demo/gone.py,sha256=AAAA,4"})
+    whl = wheel_with(
+        tmp_path, so, record_override={"demo/__init__.py": "demo/gone.py,sha256=AAAA,4"}
+    )
     found = {(f.member, f.message) for f in check_wheels([whl], SPEC).errors}
     assert ("demo/__init__.py", "not listed in RECORD") in found
     assert ("demo/gone.py", "listed in RECORD but not in the wheel") in found
@@ -142,8 +149,11 @@ def test_unlisted_and_missing_record_rows_fail(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("member", "reason"),
-    [("../evil.py", "'..' component"), ("/etc/cron.d/evil", "absolute path"),
-     ("demo/../../x.pth", "'..' component")],
+    [
+        ("../evil.py", "'..' component"),
+        ("/etc/cron.d/evil", "absolute path"),
+        ("demo/../../x.pth", "'..' component"),
+    ],
 )
 def test_zip_slip_member_fails(tmp_path: Path, member: str, reason: str) -> None:
     so = cuda_so(tmp_path, "slip", section(fatbin(SM70)))
@@ -164,8 +174,9 @@ def test_symlink_member_fails(tmp_path: Path) -> None:
 def test_missing_required_member_fails(tmp_path: Path) -> None:
     so = cuda_so(tmp_path, "req", section(fatbin(SM70)))
     whl = wheel_with(tmp_path, so)
-    spec = CheckSpec(arches=SPEC.arches,
-                     required_members=("demo/_C*.so", "demo:demo/_flashmla_C*.so", "other:x"))
+    spec = CheckSpec(
+        arches=SPEC.arches, required_members=("demo/_C*.so", "demo:demo/_flashmla_C*.so", "other:x")
+    )
     report = check_wheels([whl], spec)
     missing = sorted(f.message for f in report.errors)
     assert len(missing) == 2
@@ -193,42 +204,66 @@ def test_corrupt_fatbin_is_reported(tmp_path: Path) -> None:
 
 def test_parse_arches_spellings() -> None:
     assert parse_arches(["7.0", "sm_70+PTX", "80", "compute_75"]) == (
-        CudaArch(70, True), CudaArch(75, True), CudaArch(80, False))
+        CudaArch(70, True),
+        CudaArch(75, True),
+        CudaArch(80, False),
+    )
     assert parse_arches(["7.0;8.6+PTX"])[1].torch == "8.6+PTX"
 
 
 def test_cli_check_json_and_exit_code(tmp_path: Path) -> None:
     good = wheel_with(tmp_path / "g", cuda_so(tmp_path / "g", "g", section(fatbin(SM70))))
-    bad = wheel_with(tmp_path / "b", cuda_so(tmp_path / "b", "b", section(fatbin([FakeEntry("sass", 75)]))),
-                     dist="bad")
+    bad = wheel_with(
+        tmp_path / "b",
+        cuda_so(tmp_path / "b", "b", section(fatbin([FakeEntry("sass", 75)]))),
+        dist="bad",
+    )
     env = {**os.environ, "PINWHEEL_CACHE": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "pinwheel", "check", "--arch", "7.0", "--no-tools", "--json"]
     ok = subprocess.run([*cmd, str(good)], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["ok"] is True
-    fail = subprocess.run([*cmd, str(good), str(bad)], capture_output=True, text=True, env=env,
-                          cwd=tmp_path)
+    fail = subprocess.run(
+        [*cmd, str(good), str(bad)], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
     assert fail.returncode == 6
     payload = json.loads(fail.stdout)
     assert payload["ok"] is False
     assert payload["findings"][0]["member"] == "demo/_C.abi3.so"
     assert "found sm_75, need sm_70" in payload["findings"][0]["message"]
-    human = subprocess.run([*cmd[:-1], str(bad)], capture_output=True, text=True, env=env,
-                           cwd=tmp_path)
+    human = subprocess.run(
+        [*cmd[:-1], str(bad)], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
     assert human.returncode == 6
     assert f"error: {bad.name}: demo/_C.abi3.so: no SASS for sm_70: found sm_75" in human.stdout
 
 
-@pytest.mark.skipif(not shutil.which("nvcc"), reason="needs an nvcc (any version) to make a real fatbin")
+@pytest.mark.skipif(
+    not shutil.which("nvcc"), reason="needs an nvcc (any version) to make a real fatbin"
+)
 def test_real_nvcc_fatbin_is_read(tmp_path: Path) -> None:
     """An NVIDIA-made .so: whatever nvcc is here (13.x cannot target sm_70) builds sm_75 SASS
     plus compute_75 PTX, compressed; the reader must see exactly that and fail sm_70."""
     src = tmp_path / "k.cu"
-    src.write_text("__global__ void k(float* a) { a[threadIdx.x] *= 2.0f; }\n"
-                   'extern "C" void go(float* a) { k<<<1, 32>>>(a); }\n')
+    src.write_text(
+        "__global__ void k(float* a) { a[threadIdx.x] *= 2.0f; }\n"
+        'extern "C" void go(float* a) { k<<<1, 32>>>(a); }\n'
+    )
     so = tmp_path / "k.so"
-    subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-o", str(so), str(src),
-                    "-gencode", "arch=compute_75,code=[sm_75,compute_75]"], check=True)
+    subprocess.run(
+        [
+            "nvcc",
+            "-shared",
+            "-Xcompiler",
+            "-fPIC",
+            "-o",
+            str(so),
+            str(src),
+            "-gencode",
+            "arch=compute_75,code=[sm_75,compute_75]",
+        ],
+        check=True,
+    )
     data = so.read_bytes()
     image = elf.parse(data)
     blobs = fatbin_reader.parse_section(image.section(".nv_fatbin").data(data))
@@ -237,3 +272,16 @@ def test_real_nvcc_fatbin_is_read(tmp_path: Path) -> None:
     report = check_wheels([wheel_with(tmp_path, so)], SPEC)
     assert [f.rule for f in report.errors] == ["sass", "ptx"]
     assert "found sm_75, need sm_70" in report.errors[0].message
+
+
+def test_auditwheel_show_runs_when_installed(tmp_path: Path) -> None:
+    _, auditwheel = find_tools()
+    if auditwheel is None:
+        pytest.skip("auditwheel not installed")
+    so = cuda_so(tmp_path, "aw", section(fatbin(SM70)))
+    report = check_wheels(
+        [wheel_with(tmp_path, so)], CheckSpec(arches=SPEC.arches, auditwheel=auditwheel)
+    )
+    assert report.ok, messages(report)
+    assert "platform tag" in (report.wheels[0].auditwheel or "")
+    assert any(ln.startswith("  auditwheel show: manylinux_") for ln in report.human_lines())

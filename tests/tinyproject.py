@@ -8,7 +8,7 @@ the slow tests use ``NVCC_SETUP``, which compiles a real .cu with the provisione
 
 from __future__ import annotations
 
-STANDIN_SETUP = r'''
+STANDIN_SETUP = r"""
 import os, struct, subprocess
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
@@ -17,13 +17,16 @@ def arches():
     forced = os.environ.get("TINY_FORCE_SM")  # simulates a build that ignores the arch list
     if forced:
         return [int(forced)]
-    return [int(a.split("+")[0].replace(".", "")) for a in os.environ["TORCH_CUDA_ARCH_LIST"].split(";")]
+    listed = os.environ["TORCH_CUDA_ARCH_LIST"].split(";")
+    return [int(a.split("+")[0].replace(".", "")) for a in listed]
 
 def fatbin(sms):
     body = b""
     for sm in sms:
         payload = b"\x7fELF-standin".ljust(32, b"\0")
-        body += struct.pack("<HHIQIIHHIIIQQQ", 2, 0x101, 64, len(payload), 0, 0, 8, 1, sm, 0, 0, 0x11, 0, 0) + payload
+        head = struct.pack("<HHIQIIHHIIIQQQ", 2, 0x101, 64, len(payload), 0, 0, 8, 1, sm,
+                           0, 0, 0x11, 0, 0)
+        body += head + payload
     return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
 
 class BuildWithSo(build_py):
@@ -48,9 +51,9 @@ class Binary(Distribution):
 
 setup(name="tiny", version=os.environ["SETUPTOOLS_SCM_PRETEND_VERSION"], packages=["tiny"],
       cmdclass={"build_py": BuildWithSo}, distclass=Binary)
-'''
+"""
 
-NVCC_SETUP = r'''
+NVCC_SETUP = r"""
 import os, subprocess
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
@@ -79,7 +82,7 @@ class Binary(Distribution):
 
 setup(name="tiny", version=os.environ["SETUPTOOLS_SCM_PRETEND_VERSION"], packages=["tiny"],
       cmdclass={"build_py": BuildWithCuda}, distclass=Binary)
-'''
+"""
 
 SCALE_CU = r"""
 __global__ void scale(float* x, float k, int n) {

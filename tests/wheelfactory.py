@@ -37,8 +37,20 @@ def fatbin(entries: Iterable[FakeEntry]) -> bytes:
         flags = 0x11 | (0x2000 if e.compressed else 0)
         csize = len(e.payload) if e.compressed else 0
         head = struct.pack(
-            "<HHIQIIHHIIIQQQ", kind, 0x0101, header_size, len(payload), csize, 0,
-            8 if kind == 2 else 0, 1 if kind == 2 else 9, e.arch, 0, 0, flags, 0,
+            "<HHIQIIHHIIIQQQ",
+            kind,
+            0x0101,
+            header_size,
+            len(payload),
+            csize,
+            0,
+            8 if kind == 2 else 0,
+            1 if kind == 2 else 9,
+            e.arch,
+            0,
+            0,
+            flags,
+            0,
             len(e.payload) * 2 if e.compressed else 0,
         )
         body += head + b"\0" * (header_size - 64) + payload
@@ -97,7 +109,9 @@ def make_wheel(
     out_dir.mkdir(parents=True, exist_ok=True)
     info = f"{dist}-{version}.dist-info"
     members = dict(files)
-    members[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode()
+    members[f"{info}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode()
+    )
     members[f"{info}/WHEEL"] = (
         f"Wheel-Version: 1.0\nGenerator: pinwheel-tests\nRoot-Is-Purelib: false\nTag: {tag}\n"
     ).encode()

@@ -109,9 +109,20 @@ def scm_version(repo_path: Path, commit: str) -> str:
     The exported tree has no .git, so the build cannot compute this itself.
     """
     out = subprocess.run(
-        ["git", "--git-dir", str(repo_path), "describe", "--tags", "--long", "--match", "v*",
-         commit],
-        capture_output=True, text=True, check=False,
+        [
+            "git",
+            "--git-dir",
+            str(repo_path),
+            "describe",
+            "--tags",
+            "--long",
+            "--match",
+            "v*",
+            commit,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if out.returncode != 0:
         raise ManifestError(
@@ -188,7 +199,9 @@ def plan_build(
 ) -> BuildPlan:
     running = subprocess.run(
         [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout.strip()
     if running != config.python:
         raise BuildError(
@@ -196,14 +209,26 @@ def plan_build(
             where="[build] python",
             next=f"run pinwheel from a Python {config.python} environment that has torch and build",
         )
-    env, set_env = build_env(config, version=version, source_date_epoch=source_date_epoch,
-                             toolkit=toolkit, base=os.environ if base_env is None else base_env)
+    env, set_env = build_env(
+        config,
+        version=version,
+        source_date_epoch=source_date_epoch,
+        toolkit=toolkit,
+        base=os.environ if base_env is None else base_env,
+    )
     outdir = work / "dist"
     return BuildPlan(
-        source=Path(source), out_dir=Path(out_dir), work=work, python=python,
-        command=wheel_command(python, Path(source), outdir), version=version,
-        arches=arches_from_build(config), set_env=set_env, env=env,
-        source_date_epoch=source_date_epoch, toolkit=toolkit,
+        source=Path(source),
+        out_dir=Path(out_dir),
+        work=work,
+        python=python,
+        command=wheel_command(python, Path(source), outdir),
+        version=version,
+        arches=arches_from_build(config),
+        set_env=set_env,
+        env=env,
+        source_date_epoch=source_date_epoch,
+        toolkit=toolkit,
     )
 
 
@@ -218,13 +243,22 @@ def run_build(plan: BuildPlan) -> tuple[Path, ...]:
     with open(plan.log, "wb") as log:
         log.write(("$ " + " ".join(plan.command) + "\n").encode())
         log.flush()
-        proc = subprocess.run(plan.command, cwd=plan.source, env=dict(plan.env),
-                              stdout=log, stderr=subprocess.STDOUT, check=False)
+        proc = subprocess.run(
+            plan.command,
+            cwd=plan.source,
+            env=dict(plan.env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
     wheels = tuple(sorted(outdir.glob("*.whl")))
     if proc.returncode != 0 or not wheels:
         tail = plan.log.read_text(errors="replace").splitlines()[-LOG_TAIL:]
-        what = (f"wheel build failed (exit {proc.returncode})" if proc.returncode
-                else "the build wrote no wheel")
+        what = (
+            f"wheel build failed (exit {proc.returncode})"
+            if proc.returncode
+            else "the build wrote no wheel"
+        )
         raise BuildError(
             what + ":\n    " + "\n    ".join(tail),
             where=f"{plan.source} (log: {plan.log})",
@@ -263,27 +297,45 @@ def build_from_source(
     config = _build_config(manifest)
     if version is None:
         base_version = config.version or (
-            scm_version(replayed.repo_path, replayed.base) if replayed is not None else None)
+            scm_version(replayed.repo_path, replayed.base) if replayed is not None else None
+        )
         if base_version is None:
-            raise ManifestError("no version for the wheel", where="[build] version",
-                                next='set [build] version = "1.5.2.devN"')
+            raise ManifestError(
+                "no version for the wheel",
+                where="[build] version",
+                next='set [build] version = "1.5.2.devN"',
+            )
         version = f"{base_version}+{config.label}" if config.label else base_version
     if source_date_epoch is None:
         if replayed is None:
-            raise BuildError("SOURCE_DATE_EPOCH unknown for a plain source tree",
-                             where=str(source), next="pass the base commit's date")
+            raise BuildError(
+                "SOURCE_DATE_EPOCH unknown for a plain source tree",
+                where=str(source),
+                next="pass the base commit's date",
+            )
         source_date_epoch = commit_time(replayed.repo_path, replayed.base)
     work = work or Path(tempfile.mkdtemp(prefix="pinwheel-build-"))
     work.mkdir(parents=True, exist_ok=True)
-    plan = plan_build(config, source, out_dir, version=version,
-                      source_date_epoch=source_date_epoch, toolkit=toolkit, work=work)
+    plan = plan_build(
+        config,
+        source,
+        out_dir,
+        version=version,
+        source_date_epoch=source_date_epoch,
+        toolkit=toolkit,
+        work=work,
+    )
     started = time.monotonic()
     built = run_build(plan)
     seconds = time.monotonic() - started
 
     cuobjdump, auditwheel = find_tools(plan.toolkit.root if plan.toolkit is not None else None)
-    spec = spec_from_build(config, build_dirs=(str(plan.source), str(plan.work)),
-                           cuobjdump=cuobjdump, auditwheel=auditwheel)
+    spec = spec_from_build(
+        config,
+        build_dirs=(str(plan.source), str(plan.work)),
+        cuobjdump=cuobjdump,
+        auditwheel=auditwheel,
+    )
     report = check_wheels(built, spec)
     report.raise_if_failed()  # unchecked wheels never reach out_dir
 
@@ -291,12 +343,21 @@ def build_from_source(
     everything = sorted(p.name for p in Path(out_dir).glob("*.whl"))
     sums = write_sums(Path(out_dir), everything)
     digests = {name: sha256_file(Path(out_dir) / name) for name in everything}
-    facts = toolchain_facts(plan.python, toolkit.nvcc if toolkit is not None else None,
-                            toolkit.version if toolkit is not None else None)
+    facts = toolchain_facts(
+        plan.python,
+        toolkit.nvcc if toolkit is not None else None,
+        toolkit.version if toolkit is not None else None,
+    )
     payload = receipt(
-        manifest, replayed, version=version, toolchain=facts,
-        arches=[str(a) for a in plan.arches], env=plan.set_env, wheels=digests,
-        built=[p.name for p in placed], command=_portable(plan.command, plan),
+        manifest,
+        replayed,
+        version=version,
+        toolchain=facts,
+        arches=[str(a) for a in plan.arches],
+        env=plan.set_env,
+        wheels=digests,
+        built=[p.name for p in placed],
+        command=_portable(plan.command, plan),
         source_date_epoch=source_date_epoch,
     )
     prov = write_receipt(Path(out_dir), payload)
@@ -311,8 +372,11 @@ def _portable(command: Sequence[str], plan: BuildPlan) -> list[str]:
 def _build_config(manifest: Any) -> Any:
     config = manifest.stage("build")
     if config is None:
-        raise ManifestError("the manifest has no [build] table", where=str(manifest.path),
-                            next='add [build] with cuda = "12.4" and arches = ["7.0"]')
+        raise ManifestError(
+            "the manifest has no [build] table",
+            where=str(manifest.path),
+            next='add [build] with cuda = "12.4" and arches = ["7.0"]',
+        )
     return config
 
 
@@ -325,8 +389,9 @@ def build_wheels(ctx: Any, manifest: Any, replayed: Any, out_dir: Path) -> Build
     toolkit = resolve_toolkit(config, ctx.cache, provision=not ctx.offline)
     work = ctx.cache / "build" / f"{manifest.name}-{replayed.tree[:12]}"
     source = export_tree(replayed, work / "src")
-    outcome = build_from_source(manifest, source, Path(out_dir), toolkit=toolkit,
-                                replayed=replayed, work=work)
+    outcome = build_from_source(
+        manifest, source, Path(out_dir), toolkit=toolkit, replayed=replayed, work=work
+    )
     ctx.emit(outcome.to_json(), "\n".join(outcome.human_lines()))
     return outcome
 
@@ -366,9 +431,14 @@ class RebuildComparison:
         return {
             "same": self.same,
             "wheels": [
-                {"wheel": w.wheel, "recorded": w.recorded, "rebuilt": w.rebuilt, "same": w.same,
-                 "members": [{"member": m.member, "change": m.change} for m in w.members],
-                 "diffoscope": w.diffoscope}
+                {
+                    "wheel": w.wheel,
+                    "recorded": w.recorded,
+                    "rebuilt": w.rebuilt,
+                    "same": w.same,
+                    "members": [{"member": m.member, "change": m.change} for m in w.members],
+                    "diffoscope": w.diffoscope,
+                }
                 for w in self.wheels
             ],
         }
@@ -384,8 +454,9 @@ class RebuildComparison:
             if w.diffoscope:
                 lines += ["    diffoscope:"] + [f"      {ln}" for ln in w.diffoscope.splitlines()]
         verdict = "reproducible" if self.same else "NOT reproducible"
-        lines.append(f"{verdict}: {sum(w.same for w in self.wheels)}/{len(self.wheels)} "
-                     "wheel(s) identical")
+        lines.append(
+            f"{verdict}: {sum(w.same for w in self.wheels)}/{len(self.wheels)} wheel(s) identical"
+        )
         return lines
 
 
@@ -411,8 +482,13 @@ def _diffoscope(a: Path, b: Path, limit: int = 60) -> str | None:
     tool = shutil.which("diffoscope")
     if not tool:
         return None
-    out = subprocess.run([tool, "--text", "-", str(a), str(b)], capture_output=True, text=True,
-                         timeout=1800, check=False)
+    out = subprocess.run(
+        [tool, "--text", "-", str(a), str(b)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     return "\n".join(out.stdout.splitlines()[:limit]) or None
 
 
@@ -438,7 +514,11 @@ def compare_builds(recorded_dir: Path, rebuilt_dir: Path) -> RebuildComparison:
 
 
 def verify_build(
-    ctx: Any, wheels_dir: Path, *, source: Path | None = None, keep: Path | None = None,
+    ctx: Any,
+    wheels_dir: Path,
+    *,
+    source: Path | None = None,
+    keep: Path | None = None,
     toolkit: Any = None,
 ) -> RebuildComparison:
     """Rebuild what ``wheels_dir/provenance.json`` records and compare sha256s."""
@@ -465,12 +545,20 @@ def verify_build(
         from .export import export_tree
         from .replay import replay_manifest
 
-        replayed = replay_manifest(manifest, cache=ctx.cache, mirrors=ctx.mirrors,
-                                   offline=ctx.offline, write_refs=False)
+        replayed = replay_manifest(
+            manifest, cache=ctx.cache, mirrors=ctx.mirrors, offline=ctx.offline, write_refs=False
+        )
         source = export_tree(replayed, work / "src")
-    build_from_source(manifest, source, out, toolkit=toolkit, replayed=replayed,
-                      version=recorded["version"],
-                      source_date_epoch=int(recorded["source_date_epoch"]), work=work)
+    build_from_source(
+        manifest,
+        source,
+        out,
+        toolkit=toolkit,
+        replayed=replayed,
+        version=recorded["version"],
+        source_date_epoch=int(recorded["source_date_epoch"]),
+        work=work,
+    )
     comparison = compare_builds(Path(wheels_dir), out)
     if not keep:
         shutil.rmtree(out, ignore_errors=True)

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import zipfile
 from collections.abc import Iterable, Sequence
@@ -37,6 +38,7 @@ _HOME = ("/home/", "/root/", "/Users/")
 _TEMP = ("/tmp/", "/var/tmp/", "/dev/shm/")
 _BUILDISH = re.compile(r"^(build|_build|cmake-build.*|pip-.*|\.cache|\.eggs|bdist\..*|temp\..*)$")
 _SM = re.compile(r"\bsm_(\d+)")
+_PLATFORM_TAG = re.compile(r'consistent\s+with\s+the\s+following\s+platform\s+tag:\s+"([^"]+)"')
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class CheckReport:
 
     def human_lines(self) -> list[str]:
         lines = [f"arches: {', '.join(str(a) for a in self.arches) or 'none'}"]
+        lines += [f"{name}: {version}" for name, version in self.tools]
         for w in self.wheels:
             cuda = [s for s in w.shared_objects if s.is_cuda]
             lines.append(
@@ -165,6 +168,11 @@ class CheckReport:
                     f"{', '.join(f'compute_{a}' for a in s.ptx) or 'none'}"
                     f" ({s.fatbins} fatbin(s){', compressed' if s.compressed else ''})"
                 )
+                if s.cuobjdump_sass is not None:
+                    lines.append(f"    cuobjdump agrees: SASS {names(s.cuobjdump_sass)}")
+            if w.auditwheel is not None:
+                tag = _PLATFORM_TAG.search(w.auditwheel)
+                lines.append(f"  auditwheel show: {tag.group(1) if tag else w.auditwheel[:120]}")
         lines.extend(f.line() for f in self.findings)
         n_err, n_warn = len(self.errors), len(self.findings) - len(self.errors)
         verdict = "PASS" if self.ok else "FAIL"
@@ -195,7 +203,9 @@ def find_tools(cuda_home: str | Path | None = None) -> tuple[str | None, str | N
     if cuda_home:
         candidate = Path(cuda_home) / "bin" / "cuobjdump"
         cuobjdump = str(candidate) if os.access(candidate, os.X_OK) else None
-    return cuobjdump or shutil.which("cuobjdump"), shutil.which("auditwheel")
+    beside = Path(sys.executable).parent / "auditwheel"  # same venv, even if not on PATH
+    auditwheel = str(beside) if os.access(beside, os.X_OK) else shutil.which("auditwheel")
+    return cuobjdump or shutil.which("cuobjdump"), auditwheel
 
 
 def _tool_version(tool: str) -> str:
@@ -204,7 +214,7 @@ def _tool_version(tool: str) -> str:
     except OSError as exc:
         return f"{tool} (unrunnable: {exc})"
     text = (out.stdout + out.stderr).strip().splitlines()
-    release = next((ln.strip() for ln in text if "release" in ln.lower()), text[-1] if text else "")
+    release = next((ln.strip() for ln in text if "release" in ln.lower()), text[0] if text else "")
     return f"{tool} ({release})"
 
 

@@ -139,16 +139,24 @@ def receipt(
     else:
         base, head, tree, tag = manifest.upstream.commit, None, None, manifest.result.tag
         steps = [
-            {"number": s.number, "action": s.action, "pr": s.pr, "head": s.head,
-             "patch": s.patch.name if s.patch else None, "commits": []}
+            {
+                "number": s.number,
+                "action": s.action,
+                "pr": s.pr,
+                "head": s.head,
+                "patch": s.patch.name if s.patch else None,
+                "commits": [],
+            }
             for s in manifest.steps
         ]
     return {
         "schema": SCHEMA,
-        "manifest": {"name": manifest.name, "path": manifest.path.name,
-                     "sha256": manifest.sha256},
-        "upstream": {"url": manifest.upstream.url, "branch": manifest.upstream.branch,
-                     "base": base},
+        "manifest": {"name": manifest.name, "path": manifest.path.name, "sha256": manifest.sha256},
+        "upstream": {
+            "url": manifest.upstream.url,
+            "branch": manifest.upstream.branch,
+            "base": base,
+        },
         "steps": steps,
         "head": head,
         "tree": tree,
@@ -178,7 +186,8 @@ def read_receipt(path: Path) -> dict[str, Any]:
         payload = json.loads(path.read_text())
     except FileNotFoundError:
         raise VerifyError(
-            f"no {FILENAME} in {path.parent}", where=str(path),
+            f"no {FILENAME} in {path.parent}",
+            where=str(path),
             next="build first (`tools/replay build`), or pass --wheels DIR of a finished build",
         ) from None
     except json.JSONDecodeError as exc:

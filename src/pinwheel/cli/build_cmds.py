@@ -22,24 +22,51 @@ def register_kernels(sub: Any) -> None:
 def register_check(sub: Any) -> None:
     p = command(sub, "check", "artifact check: SASS per arch, RPATH, zip safety, RECORD", _check)
     p.add_argument("wheels", nargs="+", metavar="WHEEL", type=Path)
-    p.add_argument("--arch", action="append", default=[], metavar="ARCH",
-                   help="required arch (7.0, 7.0+PTX, sm_70; repeatable); default: [build] arches")
-    p.add_argument("--require", action="append", default=[], metavar="PATTERN",
-                   help="required member glob ([dist:]pattern); default: [build] required_members")
-    p.add_argument("--build-dir", action="append", default=[], metavar="DIR",
-                   help="an RPATH into DIR fails the check (repeatable)")
-    p.add_argument("--allow-no-cuda", action="store_true",
-                   help="a wheel with no CUDA shared object passes")
+    p.add_argument(
+        "--arch",
+        action="append",
+        default=[],
+        metavar="ARCH",
+        help="required arch (7.0, 7.0+PTX, sm_70; repeatable); default: [build] arches",
+    )
+    p.add_argument(
+        "--require",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="required member glob ([dist:]pattern); default: [build] required_members",
+    )
+    p.add_argument(
+        "--build-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an RPATH into DIR fails the check (repeatable)",
+    )
+    p.add_argument(
+        "--allow-no-cuda", action="store_true", help="a wheel with no CUDA shared object passes"
+    )
     p.add_argument("--cuobjdump", metavar="PATH", help="cuobjdump to cross-check with")
-    p.add_argument("--no-tools", action="store_true",
-                   help="use neither cuobjdump nor auditwheel, only the built-in readers")
+    p.add_argument(
+        "--no-tools",
+        action="store_true",
+        help="use neither cuobjdump nor auditwheel, only the built-in readers",
+    )
 
-    v = command(sub, "verify-build", "rebuild from the manifest and compare wheel sha256s",
-                _verify_build)
-    v.add_argument("--wheels", type=Path, default=Path("wheels"),
-                   help="the build to verify (holds provenance.json; default: wheels/)")
-    v.add_argument("--source", type=Path,
-                   help="rebuild from this exported tree instead of replaying the manifest")
+    v = command(
+        sub, "verify-build", "rebuild from the manifest and compare wheel sha256s", _verify_build
+    )
+    v.add_argument(
+        "--wheels",
+        type=Path,
+        default=Path("wheels"),
+        help="the build to verify (holds provenance.json; default: wheels/)",
+    )
+    v.add_argument(
+        "--source",
+        type=Path,
+        help="rebuild from this exported tree instead of replaying the manifest",
+    )
     v.add_argument("--keep", type=Path, help="keep the rebuilt wheels in this directory")
 
 
@@ -57,15 +84,19 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
         **tools,
     }
     if args.arch:
-        spec = CheckSpec(arches=parse_arches(args.arch),
-                         required_members=tuple(args.require), **overrides)
+        spec = CheckSpec(
+            arches=parse_arches(args.arch), required_members=tuple(args.require), **overrides
+        )
     else:
         build = ctx.manifest().stage("build")
         if build is None:
             from ..errors import UsageError
 
-            raise UsageError("no arches to check against: the manifest has no [build] table",
-                             where=str(ctx.manifest_path), next="pass --arch 7.0 or add [build]")
+            raise UsageError(
+                "no arches to check against: the manifest has no [build] table",
+                where=str(ctx.manifest_path),
+                next="pass --arch 7.0 or add [build]",
+            )
         if args.require:
             overrides["required_members"] = tuple(args.require)
         spec = spec_from_build(build, **overrides)
