@@ -139,6 +139,20 @@ def scm_version(repo_path: Path, commit: str) -> str:
     return ".".join(parts) + f".dev{distance}"
 
 
+def build_python(environ: Mapping[str, str] | None = None) -> str:
+    """The interpreter that builds: $PINWHEEL_BUILD_PYTHON (a venv with torch and the
+    project's build requirements), else the one running pinwheel."""
+    env = os.environ if environ is None else environ
+    chosen = env.get("PINWHEEL_BUILD_PYTHON") or sys.executable
+    if not shutil.which(chosen):
+        raise BuildError(
+            f"PINWHEEL_BUILD_PYTHON={chosen} is not an executable",
+            where="PINWHEEL_BUILD_PYTHON",
+            next="point it at the python of the build venv (with torch and build installed)",
+        )
+    return chosen
+
+
 def wheel_command(python: str, source: Path, outdir: Path) -> tuple[str, ...]:
     """`python -m build --wheel --no-isolation`, or `setup.py bdist_wheel` without `build`."""
     has_build = subprocess.run([python, "-c", "import build"], capture_output=True).returncode == 0
@@ -292,6 +306,7 @@ def build_from_source(
     version: str | None = None,
     source_date_epoch: int | None = None,
     work: Path | None = None,
+    python: str | None = None,
 ) -> BuildOutcome:
     """Build, check, publish, checksum and record one source tree."""
     config = _build_config(manifest)
@@ -324,6 +339,7 @@ def build_from_source(
         source_date_epoch=source_date_epoch,
         toolkit=toolkit,
         work=work,
+        python=python or build_python(),
     )
     started = time.monotonic()
     built = run_build(plan)
