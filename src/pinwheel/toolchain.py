@@ -313,7 +313,8 @@ def resolve_toolkit(
             f"no usable CUDA {config.cuda} toolkit: {tried}",
             where="[build] cuda",
             next=(
-                "run `pinwheel toolchain --provision` to fetch one into the cache"
+                "run `pinwheel toolchain`: it provisions a pinned CUDA "
+                f"{lock.version} into the cache"
                 if lock
                 else f"set CUDA_HOME to a CUDA {config.cuda} install, or pin a provisionable "
                 f"version in [build] cuda ({can})"

@@ -16,7 +16,10 @@ def register(sub: Any) -> None:
 
 
 def register_kernels(sub: Any) -> None:
-    """`pinwheel kernels`, `pinwheel toolchain` (owned by the kernels work; filled there)."""
+    """`pinwheel kernels`, `pinwheel toolchain` (their code: cli/kernel_cmds.py)."""
+    from .kernel_cmds import add_kernel_commands
+
+    add_kernel_commands(sub)
 
 
 def register_check(sub: Any) -> None:
