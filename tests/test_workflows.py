@@ -317,6 +317,21 @@ def test_release_attests_the_checksums_and_publishes_pinwheel_notes() -> None:
     )
 
 
+def test_every_manifest_kernel_is_built_once() -> None:
+    # In-tree kernels (a path) by cibuildwheel on hosted runners; the others on the box.
+    jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
+    kernels = manifest().get("kernel", [])
+    found = jobs["kernel-packages"]["steps"][-1]["run"]
+    assert "manifest.toml" in found and '"path" in k' in found
+    assert jobs["kernel-wheels"]["strategy"]["matrix"]["package"].startswith(
+        "${{ fromJSON(needs.kernel-packages.outputs.dirs)"
+    )
+    on_box = [argv for argv in pinwheel_invocations(jobs["build"]) if argv[0] == "kernels"]
+    assert len(on_box) == 1
+    named = {on_box[0][i + 1] for i, a in enumerate(on_box[0]) if a == "--name"}
+    assert named == {k["name"] for k in kernels if "path" not in k}
+
+
 # --------------------------------------------------------------------------- hygiene
 
 
