@@ -10,6 +10,8 @@ pinwheel commands that exist, with options the CLI accepts.
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
 import shlex
 import shutil
@@ -317,12 +319,20 @@ def test_release_attests_the_checksums_and_publishes_pinwheel_notes() -> None:
     )
 
 
-def test_every_manifest_kernel_is_built_once() -> None:
+def test_every_manifest_kernel_is_built_once(tmp_path: Path) -> None:
     # In-tree kernels (a path) by cibuildwheel on hosted runners; the others on the box.
     jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
     kernels = manifest().get("kernel", [])
-    found = jobs["kernel-packages"]["steps"][-1]["run"]
-    assert "manifest.toml" in found and '"path" in k' in found
+    output = tmp_path / "github_output"
+    subprocess.run(  # the discovery step itself, as the runner runs it
+        ["bash", "-e", "-c", jobs["kernel-packages"]["steps"][-1]["run"]],
+        cwd=ROOT,
+        env={**os.environ, "GITHUB_OUTPUT": str(output)},
+        check=True,
+    )
+    dirs = json.loads(output.read_text().removeprefix("dirs="))
+    assert dirs == [k["path"] for k in kernels if "path" in k]
+    assert all((ROOT / d / "pyproject.toml").is_file() for d in dirs)
     assert jobs["kernel-wheels"]["strategy"]["matrix"]["package"].startswith(
         "${{ fromJSON(needs.kernel-packages.outputs.dirs)"
     )
