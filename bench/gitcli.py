@@ -1,4 +1,4 @@
-"""The plain git-CLI way to replay a manifest: the baseline pinwheel is measured and checked against.
+"""The plain git-CLI way to replay a manifest: the baseline pinwheel is measured and checked by.
 
 ``git clone --shared``, a checkout of the base, ``git cherry-pick`` per commit
 of each ``pick`` step and ``git merge --no-ff`` for each ``merge`` step, under
@@ -78,7 +78,8 @@ def git(args: list[str], cwd: Path | None, env: dict[str, str], check: bool = Tr
         ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False
     )
     if check and proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        err = proc.stderr.strip()
+        raise RuntimeError(f"git {' '.join(args)} failed ({proc.returncode}): {err}")
     return proc.stdout
 
 
@@ -86,7 +87,7 @@ def absent_paths(mirror: Path, commit: str, env: dict[str, str]) -> tuple[str, .
     """Paths in ``commit``'s tree whose blobs the (partial) mirror does not hold."""
     listing = git(["--git-dir", str(mirror), "ls-tree", "-r", "-z", commit], None, env)
     entries = [e for e in listing.split("\0") if e]
-    blobs = {}
+    blobs: dict[str, list[str]] = {}
     for entry in entries:
         meta, _, path = entry.partition("\t")
         _mode, kind, sha = meta.split()
@@ -104,7 +105,9 @@ def absent_paths(mirror: Path, commit: str, env: dict[str, str]) -> tuple[str, .
     return tuple(sorted(p for sha in missing for p in blobs[sha]))
 
 
-def own_commits(repo: Path, base: str, branch_ref: str, head: str, env: dict[str, str]) -> list[str]:
+def own_commits(
+    repo: Path, base: str, branch_ref: str, head: str, env: dict[str, str]
+) -> list[str]:
     """A PR's own non-merge commits: not in the base, not in the branch's merge-bases with head."""
     bases = git(["merge-base", "--all", branch_ref, head], repo, env, check=False).split()
     rev_args = ["rev-list", "--topo-order", "--reverse", "--no-merges", head, f"^{base}"]

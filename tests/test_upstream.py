@@ -264,5 +264,6 @@ def test_pick_of_pr182_on_old_base_conflicts_like_git(tmp_path):
     m = load(manifest)
     env = sealed_env(tmp_path / "home", m)
     with pytest.raises(CliConflict, match="6878b1488a01e0033257e9dc4f509fd88c195d9a") as git_said:
-        replay_with_git_cli(m, MIRROR, tmp_path / "cli", absent_paths(MIRROR, m.upstream.commit, env))
+        absent = absent_paths(MIRROR, m.upstream.commit, env)
+        replay_with_git_cli(m, MIRROR, tmp_path / "cli", absent)
     assert "awq_sm70_gemm.cu" in str(git_said.value) and "vllm/envs.py" in str(git_said.value)
