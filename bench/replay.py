@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,14 +45,26 @@ from pinwheel.replay import replay_manifest  # noqa: E402
 DEFAULT_MANIFEST = HERE.parent / "recipes" / "examples" / "1cat-stack.toml"
 
 
-def timed(fn: Callable[[], str], runs: int) -> tuple[list[float], set[str]]:
-    """Run ``fn`` (returns a tree id) ``runs`` times: the seconds and the trees seen."""
-    seconds, trees = [], set()
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (git, pinwheel subprocesses)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(fn: Callable[[], str], runs: int) -> tuple[list[float], list[float], set[str]]:
+    """Run ``fn`` (returns a tree id) ``runs`` times: wall seconds, CPU seconds, trees seen.
+
+    CPU seconds are reported beside wall time because a shared machine's load
+    stretches wall time; the ratio of CPU seconds is the load-independent one.
+    """
+    wall, cpu, trees = [], [], set()
     for _ in range(runs):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), cpu_seconds()
         trees.add(fn())
-        seconds.append(time.perf_counter() - start)
-    return seconds, trees
+        wall.append(time.perf_counter() - start)
+        cpu.append(cpu_seconds() - start_cpu)
+    return wall, cpu, trees
 
 
 def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, object]:
@@ -82,9 +95,9 @@ def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, 
     def git_cli() -> str:
         return replay_with_git_cli(manifest, mirror, work / f"git-{next(counter)}", absent).tree
 
-    engine_s, engine_trees = timed(engine, runs)
-    cli_s, cli_trees = timed(engine_cli, runs)
-    git_s, git_trees = timed(git_cli, runs)
+    engine_s, engine_cpu, engine_trees = timed(engine, runs)
+    cli_s, cli_cpu, cli_trees = timed(engine_cli, runs)
+    git_s, git_cpu, git_trees = timed(git_cli, runs)
     trees = engine_trees | cli_trees | git_trees | {cold.tree}
     commits = sum(len(s.commits) for s in cold.steps)
     return {
@@ -100,6 +113,10 @@ def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, 
         "pinwheel_warm_s": statistics.median(engine_s),
         "pinwheel_cli_warm_s": statistics.median(cli_s),
         "git_cli_s": statistics.median(git_s),
+        "pinwheel_warm_cpu_s": statistics.median(engine_cpu),
+        "pinwheel_cli_warm_cpu_s": statistics.median(cli_cpu),
+        "git_cli_cpu_s": statistics.median(git_cpu),
+        "load_average_1m": os.getloadavg()[0],
         "all_s": {"pinwheel": engine_s, "pinwheel_cli": cli_s, "git_cli": git_s},
     }
 
@@ -125,16 +142,21 @@ def main() -> int:
     if args.json:
         print(json.dumps(r, indent=2))
     else:
-        eng, cli, git = r["pinwheel_warm_s"], r["pinwheel_cli_warm_s"], r["git_cli_s"]
-        assert isinstance(eng, float) and isinstance(cli, float) and isinstance(git, float)
+        f = {k: v for k, v in r.items() if isinstance(v, float)}
+        eng, cli, git = f["pinwheel_warm_s"], f["pinwheel_cli_warm_s"], f["git_cli_s"]
+        ceng, ccli = f["pinwheel_warm_cpu_s"], f["pinwheel_cli_warm_cpu_s"]
+        cgit = f["git_cli_cpu_s"]
         print(f"stack {r['manifest']}: {r['steps']} steps, {r['commits_replayed']} commits, "
-              f"median of {r['runs']} runs, tree {r['tree']}")
-        print(f"  pinwheel cold (empty cache)      {r['pinwheel_cold_s']:7.3f} s")
-        print(f"  pinwheel warm, in process        {eng:7.3f} s")
-        print(f"  pinwheel warm, `pinwheel run`    {cli:7.3f} s")
-        print(f"  git CLI (clone, pick, merge)     {git:7.3f} s")
-        print(f"  ratio git CLI / pinwheel:  {git / eng:5.1f}x in process, "
+              f"median of {r['runs']} runs, tree {r['tree']}, load {f['load_average_1m']:.1f}")
+        print("                                      wall      CPU")
+        print(f"  pinwheel cold (empty cache)      {f['pinwheel_cold_s']:7.3f} s")
+        print(f"  pinwheel warm, in process        {eng:7.3f} s {ceng:7.3f} s")
+        print(f"  pinwheel warm, `pinwheel run`    {cli:7.3f} s {ccli:7.3f} s")
+        print(f"  git CLI (clone, pick, merge)     {git:7.3f} s {cgit:7.3f} s")
+        print(f"  ratio git CLI / pinwheel, wall:  {git / eng:5.1f}x in process, "
               f"{git / cli:5.1f}x as a command")
+        print(f"  ratio git CLI / pinwheel, CPU:   {cgit / ceng:5.1f}x in process, "
+              f"{cgit / ccli:5.1f}x as a command")
         print(f"  trees agree across all runs: {r['trees_agree']}")
     return 0 if r["trees_agree"] else 1
 
