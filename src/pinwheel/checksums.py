@@ -35,7 +35,7 @@ def sha256_files(paths: Iterable[Path], workers: int | None = None) -> dict[Path
     paths = list(paths)
     workers = workers or min(len(paths), os.cpu_count() or 1) or 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(zip(paths, pool.map(sha256_file, paths)))
+        return dict(zip(paths, pool.map(sha256_file, paths), strict=True))
 
 
 def format_sums(digests: Mapping[str, str]) -> str:

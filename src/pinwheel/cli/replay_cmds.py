@@ -8,6 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from ..cache import Cache
 from ..replay import ReplayResult, lock_payload, replay_manifest
@@ -18,12 +26,6 @@ def _cache(ctx: Context) -> Cache:
     return Cache(ctx.cache, ctx.mirrors, ctx.offline)
 
 
-def _progress(ctx: Context) -> Any:
-    if ctx.json:
-        return None
-    return lambda msg: ctx.console.print(escape(msg), highlight=False)
-
-
 def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
     manifest = ctx.manifest()
     ctx.console.print(
@@ -31,14 +33,28 @@ def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
         f"{manifest.upstream.commit[:12]} ({escape(manifest.upstream.url)})",
         highlight=False,
     )
-    with ctx.console.status("fetching and replaying", spinner="dots"):
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=ctx.console, transient=True, disable=ctx.json) as bar:
+        task = bar.add_task("fetch + replay", total=len(manifest.steps))
+
+        def progress(msg: str) -> None:
+            if not ctx.json:
+                ctx.console.print(escape(msg), highlight=False)
+            bar.advance(task)
+
         return replay_manifest(
             manifest,
             cache=ctx.cache,
             mirrors=ctx.mirrors,
             offline=ctx.offline,
             allow_drift=getattr(args, "allow_drift", False),
-            progress=_progress(ctx),
+            progress=progress,
         )
 
 
@@ -83,8 +99,11 @@ def cmd_lock(ctx: Context, args: argparse.Namespace) -> int:
     )
     human = [f"  {c.where}: {c.old!s:.14} -> {c.new!s:.60}" for c in outcome.changes]
     ctx.emit(
-        {"changes": [c.__dict__ for c in outcome.changes], "head": outcome.head,
-         "tree": outcome.tree},
+        {
+            "changes": [c.__dict__ for c in outcome.changes],
+            "head": outcome.head,
+            "tree": outcome.tree,
+        },
         "\n".join(human or ["  nothing to change"]) + f"\nlocked {outcome.path.name}: "
         f"tree {outcome.tree}",
     )
@@ -118,17 +137,23 @@ def cmd_resolve(ctx: Context, args: argparse.Namespace) -> int:
     if args.action == "start":
         s = resolve.start(ctx.manifest(), _cache(ctx), Path(args.dir))
         ctx.emit(
-            {"workdir": str(s.workdir), "step": s.step_number, "commit": s.commit,
-             "files": list(s.files)},
+            {
+                "workdir": str(s.workdir),
+                "step": s.step_number,
+                "commit": s.commit,
+                "files": list(s.files),
+            },
             f"step {s.step_number} (PR #{s.pr}) commit {s.commit[:12]} recreated in {s.workdir}\n"
             + "".join(f"  conflict: {f}\n" for f in s.files)
             + f"fix the files, then: pinwheel resolve finish {args.dir}",
         )
     elif args.action == "finish":
         patch, manifest = resolve.finish(Path(args.dir))
-        ctx.emit({"patch": str(patch), "manifest": str(manifest)},
-                 f"recorded {patch.name} in {manifest.name}\nnext: pinwheel run  "
-                 "(then `pinwheel lock` to re-pin [result].tree)")
+        ctx.emit(
+            {"patch": str(patch), "manifest": str(manifest)},
+            f"recorded {patch.name} in {manifest.name}\nnext: pinwheel run  "
+            "(then `pinwheel lock` to re-pin [result].tree)",
+        )
     else:
         resolve.abort(Path(args.dir))
     return 0
