@@ -138,7 +138,9 @@ def replay_with_git_cli(
             for commit in originals:
                 _run_or_conflict(
                     ["cherry-pick", "--allow-empty", "--keep-redundant-commits", commit],
-                    repo, env, f"{step.label} commit {commit}",
+                    repo,
+                    env,
+                    f"{step.label} commit {commit}",
                 )
         elif step.action == "merge":
             originals = [step.head]
@@ -152,7 +154,9 @@ def replay_with_git_cli(
             message = f"Merge PR #{step.pr} ({step.head})"
             _run_or_conflict(
                 ["merge", "-q", "--no-ff", "--no-edit", "-m", message, step.head],
-                repo, merge_env, step.label,
+                repo,
+                merge_env,
+                step.label,
             )
         else:
             raise ValueError(f"{step.label}: the git-CLI baseline does not replay patch steps")

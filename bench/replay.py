@@ -78,9 +78,19 @@ def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, 
     def engine() -> str:
         return replay_manifest(manifest, cache=cache, mirrors=mirrors).tree
 
-    cli_argv = [sys.executable, "-m", "pinwheel", "--manifest", str(manifest.path),
-                "--cache", str(cache), "--mirror", f"{manifest.upstream.url}={mirror}",
-                "--json", "run"]
+    cli_argv = [
+        sys.executable,
+        "-m",
+        "pinwheel",
+        "--manifest",
+        str(manifest.path),
+        "--cache",
+        str(cache),
+        "--mirror",
+        f"{manifest.upstream.url}={mirror}",
+        "--json",
+        "run",
+    ]
 
     def engine_cli() -> str:
         proc = subprocess.run(cli_argv, capture_output=True, text=True, check=True)
@@ -146,17 +156,23 @@ def main() -> int:
         eng, cli, git = f["pinwheel_warm_s"], f["pinwheel_cli_warm_s"], f["git_cli_s"]
         ceng, ccli = f["pinwheel_warm_cpu_s"], f["pinwheel_cli_warm_cpu_s"]
         cgit = f["git_cli_cpu_s"]
-        print(f"stack {r['manifest']}: {r['steps']} steps, {r['commits_replayed']} commits, "
-              f"median of {r['runs']} runs, tree {r['tree']}, load {f['load_average_1m']:.1f}")
+        print(
+            f"stack {r['manifest']}: {r['steps']} steps, {r['commits_replayed']} commits, "
+            f"median of {r['runs']} runs, tree {r['tree']}, load {f['load_average_1m']:.1f}"
+        )
         print("                                      wall      CPU")
         print(f"  pinwheel cold (empty cache)      {f['pinwheel_cold_s']:7.3f} s")
         print(f"  pinwheel warm, in process        {eng:7.3f} s {ceng:7.3f} s")
         print(f"  pinwheel warm, `pinwheel run`    {cli:7.3f} s {ccli:7.3f} s")
         print(f"  git CLI (clone, pick, merge)     {git:7.3f} s {cgit:7.3f} s")
-        print(f"  ratio git CLI / pinwheel, wall:  {git / eng:5.1f}x in process, "
-              f"{git / cli:5.1f}x as a command")
-        print(f"  ratio git CLI / pinwheel, CPU:   {cgit / ceng:5.1f}x in process, "
-              f"{cgit / ccli:5.1f}x as a command")
+        print(
+            f"  ratio git CLI / pinwheel, wall:  {git / eng:5.1f}x in process, "
+            f"{git / cli:5.1f}x as a command"
+        )
+        print(
+            f"  ratio git CLI / pinwheel, CPU:   {cgit / ceng:5.1f}x in process, "
+            f"{cgit / ccli:5.1f}x as a command"
+        )
         print(f"  trees agree across all runs: {r['trees_agree']}")
     return 0 if r["trees_agree"] else 1
 

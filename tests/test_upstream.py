@@ -69,8 +69,19 @@ def pinwheel(
     manifest: Path, command: str, cache: Path, env: dict[str, str] | None = None
 ) -> tuple[int, dict, str]:
     """``pinwheel --json COMMAND`` in a subprocess: (exit code, JSON on stdout, stderr)."""
-    argv = [sys.executable, "-m", "pinwheel", "--manifest", str(manifest), "--cache", str(cache),
-            "--mirror", f"{UPSTREAM_URL}={MIRROR}", "--json", command]
+    argv = [
+        sys.executable,
+        "-m",
+        "pinwheel",
+        "--manifest",
+        str(manifest),
+        "--cache",
+        str(cache),
+        "--mirror",
+        f"{UPSTREAM_URL}={MIRROR}",
+        "--json",
+        command,
+    ]
     base_env = {k: v for k, v in os.environ.items() if k != "PINWHEEL_MIRRORS"}
     proc = subprocess.run(argv, capture_output=True, text=True, env={**base_env, **(env or {})})
     payload = json.loads(proc.stdout) if proc.stdout.strip() else {}
@@ -124,7 +135,9 @@ def test_stack_replays_identically_in_two_caches(tmp_path):
         (repo,) = (tmp_path / cache / "repos").glob("*.git")
         tag = subprocess.run(
             ["git", "--git-dir", str(repo), "rev-parse", "refs/tags/1cat-stack-20260823"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         assert tag == a["head"]
 
@@ -138,8 +151,9 @@ def test_stack_agrees_with_git_cherry_pick_and_merge(tmp_path):
     cli = replay_with_git_cli(
         manifest, MIRROR, tmp_path / "cli", absent_paths(MIRROR, manifest.upstream.commit, env)
     )
-    engine = replay_manifest(manifest, cache=tmp_path / "cache",
-                             mirrors={UPSTREAM_URL: str(MIRROR)}, write_refs=False)
+    engine = replay_manifest(
+        manifest, cache=tmp_path / "cache", mirrors={UPSTREAM_URL: str(MIRROR)}, write_refs=False
+    )
 
     assert [s.tree for s in engine.steps] == [s.tree for s in cli.steps]
     for mine, theirs in zip(engine.steps, cli.steps, strict=True):
@@ -154,8 +168,12 @@ def test_stack_plan_lists_commits_and_no_hazard(tmp_path):
     rc, plan, err = pinwheel(EXAMPLES / "1cat-stack.toml", "plan", tmp_path / "cache")
     assert rc == 0, err
     assert [(s["action"], s["pr"], len(s["commits"])) for s in plan["steps"]] == [
-        ("pick", 256, 1), ("pick", 258, 1), ("pick", 260, 1), ("pick", 261, 1),
-        ("pick", 252, 5), ("merge", 236, 1),
+        ("pick", 256, 1),
+        ("pick", 258, 1),
+        ("pick", 260, 1),
+        ("pick", 261, 1),
+        ("pick", 252, 5),
+        ("merge", 236, 1),
     ]
     assert [s["hazard_count"] for s in plan["steps"]] == [0] * 6
     assert all(s["problem"] is None for s in plan["steps"])
@@ -198,9 +216,13 @@ def test_merge_step_reproduces_every_open_pr_test_merge(tmp_path):
             f'[[step]]\naction = "merge"\npr = {pr}\nhead = "{head}"\n\n'
             f'[result]\ntree = "{tree}"\n'
         )
-        result = replay_manifest(load(path), cache=tmp_path / "cache",
-                                 mirrors={UPSTREAM_URL: str(MIRROR)}, check_tree=False,
-                                 write_refs=False)
+        result = replay_manifest(
+            load(path),
+            cache=tmp_path / "cache",
+            mirrors={UPSTREAM_URL: str(MIRROR)},
+            check_tree=False,
+            write_refs=False,
+        )
         if result.tree != tree:
             wrong[pr] = (result.tree, tree)
     assert not wrong, f"merge trees differ from GitHub's (pinwheel, github): {wrong}"
@@ -256,8 +278,12 @@ def test_pick_of_pr182_on_old_base_conflicts_like_git(tmp_path):
     assert "csrc/sm70_turbomind/ops/awq_sm70_gemm.cu" in err
     assert "vllm/envs.py" in err
     (repo,) = (tmp_path / "cache" / "repos").glob("*.git")
-    refs = subprocess.run(["git", "--git-dir", str(repo), "for-each-ref", "--format=%(refname)"],
-                          capture_output=True, text=True, check=True).stdout.split()
+    refs = subprocess.run(
+        ["git", "--git-dir", str(repo), "for-each-ref", "--format=%(refname)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert not [r for r in refs if r.startswith(("refs/tags/", "refs/pinwheel/stack/"))]
 
     assert MIRROR is not None
