@@ -70,7 +70,11 @@ def main() -> int:
         total = sum(p.stat().st_size for p in paths)
         sha256_files(paths)  # warm the page cache for both contenders
 
-        best = {"sha256sum": float("inf"), "pinwheel": float("inf"), "pinwheel-1-thread": float("inf")}
+        best = {
+            "sha256sum": float("inf"),
+            "pinwheel": float("inf"),
+            "pinwheel-1-thread": float("inf"),
+        }
         reference: dict[Path, str] = {}
         for _ in range(args.repeat):  # interleaved, best of N: fair against noise
             t, reference = time_sha256sum(paths)
@@ -84,13 +88,17 @@ def main() -> int:
             best["pinwheel-1-thread"] = min(best["pinwheel-1-thread"], t)
 
     gb = total / 1e9
-    print(f"files: {args.files} x {args.size_mib} MiB = {gb:.2f} GB, cores: {os.cpu_count()}, "
-          f"best of {args.repeat}, warm page cache")
+    print(
+        f"files: {args.files} x {args.size_mib} MiB = {gb:.2f} GB, cores: {os.cpu_count()}, "
+        f"best of {args.repeat}, warm page cache"
+    )
     for name, seconds in best.items():
         print(f"  {name:18s} {seconds:7.3f} s  {gb / seconds:6.2f} GB/s")
     ratio = best["sha256sum"] / best["pinwheel"]
-    print(f"ratio pinwheel / sha256sum: {ratio:.2f}x "
-          f"(threads alone: {best['pinwheel-1-thread'] / best['pinwheel']:.2f}x)")
+    print(
+        f"ratio pinwheel / sha256sum: {ratio:.2f}x "
+        f"(threads alone: {best['pinwheel-1-thread'] / best['pinwheel']:.2f}x)"
+    )
     if args.min_ratio is not None and ratio < args.min_ratio:
         print(f"FAIL: below the {args.min_ratio}x target", file=sys.stderr)
         return 1

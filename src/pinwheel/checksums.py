@@ -60,7 +60,9 @@ def sha256_files(
     # Largest first: with one big file last, one core would idle while the other finishes it.
     order = sorted(paths, key=lambda p: -_size(p))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        done = dict(zip(order, pool.map(lambda p: sha256_file(p, on_bytes=on_bytes), order)))
+        done = dict(
+            zip(order, pool.map(lambda p: sha256_file(p, on_bytes=on_bytes), order), strict=True)
+        )
     return {p: done[p] for p in paths}
 
 
