@@ -393,7 +393,7 @@ def _parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
     else:
         patch = t.path_under("path", root, "patches")
         patch_sha = t.sha256("sha256")
-        _check_file_sha(t, "path", patch, patch_sha)
+        _check_file_sha(t, "path", patch, patch_sha, verify=not allow_short)
     resolutions = []
     for r in t.subs("resolve"):
         r.only("commit", "path", "sha256")
@@ -402,7 +402,7 @@ def _parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
             raise r.error("commit", "a full commit SHA, or \"merge\" for a merge step", commit)
         p = r.path_under("path", root, "patches")
         digest = r.sha256("sha256")
-        _check_file_sha(r, "path", p, digest)
+        _check_file_sha(r, "path", p, digest, verify=not allow_short)
         resolutions.append(Resolution(commit=commit, patch=p, sha256=digest))
     return Step(
         number=number,
@@ -417,7 +417,8 @@ def _parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
     )
 
 
-def _check_file_sha(t: Table, key: str, path: Path, expected: str) -> None:
+def _check_file_sha(t: Table, key: str, path: Path, expected: str, *, verify: bool) -> None:
+    # In lock mode (verify=False) a changed patch is re-pinned, not refused.
     if not path.is_file():
         raise ManifestError(
             f"patch file {path.name} does not exist",
@@ -425,7 +426,7 @@ def _check_file_sha(t: Table, key: str, path: Path, expected: str) -> None:
             next="restore the file under patches/ or fix the path",
         )
     actual = hashlib.sha256(path.read_bytes()).hexdigest()
-    if actual != expected:
+    if verify and actual != expected:
         raise ManifestError(
             f"sha256 of {path.name} is {actual}, manifest pins {expected}",
             where=t.where("sha256"),
@@ -445,7 +446,11 @@ def _resolve_parser(spec: str) -> Callable[[Any], Any] | None:
 
 
 def load(path: str | Path, *, allow_short: bool = False) -> Manifest:
-    """Read and validate a manifest. ``allow_short`` is for ``pinwheel lock`` only."""
+    """Read and validate a manifest.
+
+    ``allow_short`` is lock mode (``pinwheel lock`` only): short SHAs and missing
+    heads are accepted, and patch checksums are left for lock to re-pin.
+    """
     path = Path(path).absolute()
     try:
         blob = path.read_bytes()
