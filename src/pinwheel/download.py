@@ -248,7 +248,9 @@ class _Partial:
 
     def append_from(self, stream: BinaryIO, chunk: int, progress: Progress) -> None:
         with open(self.path, "ab") as fh:
-            while block := stream.read(chunk):
+            # read1: whatever has arrived (up to chunk), so bytes before a stall are kept.
+            read = getattr(stream, "read1", stream.read)
+            while block := read(chunk):
                 fh.write(block)
                 self.digest.update(block)
                 self.size += len(block)
