@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from releasekit import ReleaseServer, make_key, make_wheel, write_manifest, write_provenance
 
 from pinwheel.checksums import sha256_file, write_sums
 from pinwheel.cli import main
 from pinwheel.download import FetchError, FetchOptions, fetch_release, resolve_source
 from pinwheel.errors import EXIT_VERIFY, VerifyError
+from releasekit import ReleaseServer, make_key, make_wheel, write_manifest, write_provenance
 
 pytestmark = pytest.mark.release
 
@@ -50,7 +50,7 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Kit:
     (build / "qualification.json").write_text(json.dumps(
         {"verdict": "pass", "figures": {"decode_tok_s": 41.5, "needle_7k": True}}))
     key, signers = make_key(root / "keys")
-    manifest = write_manifest(root, release=f"""
+    manifest = write_manifest(root, release="""
 [release]
 allowed_signers = "keys/allowed_signers"
 principal = "release@pinwheel.test"
