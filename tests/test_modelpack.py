@@ -173,3 +173,10 @@ def test_model_fetch_refuses_an_unpinned_revision(tmp_path: Path, capsys) -> Non
     rc = main(["--manifest", str(manifest), "model", "fetch", "--local-dir", str(tmp_path / "m")])
     assert rc == 1
     assert "no pinned revision" in capsys.readouterr().err
+
+
+def test_config_nested_under_text_config_is_found(pack: tuple[Path, Path], capsys) -> None:
+    config = json.loads((pack[1] / "config.json").read_text())
+    (pack[1] / "config.json").write_text(json.dumps({"text_config": config}))
+    rc, text = check(*pack, capsys)
+    assert rc == 0, text

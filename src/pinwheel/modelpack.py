@@ -28,7 +28,7 @@ MAX_HEADER = 100 * 1024 * 1024  # the format's own limit; larger means a corrupt
 
 @dataclass(frozen=True)
 class ModelConfig:
-    repo: str
+    repo: str | None  # fetch refuses without it; check works offline without it
     revision: str | None  # full commit SHA; fetch refuses without it
     shards: int | None
     total_bytes: int | None  # sum of the shard files' sizes
@@ -54,7 +54,7 @@ def parse_model_table(t: Table) -> ModelConfig:
         for name in st.data:
             hashes[name] = st.sha256(name)
     return ModelConfig(
-        repo=t.str("repo"),
+        repo=t.str("repo", None),
         revision=t.sha("revision", None),
         shards=t.int("shards", None, minimum=1),
         total_bytes=t.int("total_bytes", None, minimum=1),
@@ -108,12 +108,17 @@ class ModelReport:
 
 
 def _lookup(config: Mapping[str, Any], dotted: str) -> Any:
-    value: Any = config
-    for part in dotted.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return _ABSENT
-        value = value[part]
-    return value
+    """A dotted key in config.json; multimodal configs nest the text model's under text_config."""
+    for root in (config, config.get("text_config")):
+        value: Any = root
+        for part in dotted.split("."):
+            if not isinstance(value, dict) or part not in value:
+                value = _ABSENT
+                break
+            value = value[part]
+        if value is not _ABSENT:
+            return value
+    return _ABSENT
 
 
 _ABSENT = object()
@@ -224,7 +229,7 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
     if problems:
         raise VerifyError(
             f"model pack check failed ({len(problems)} problems):\n    " + "\n    ".join(problems),
-            where=f"{directory} against [model] {pack.repo}"
+            where=f"{directory} against [model] {pack.repo or '(repo unset)'}"
             + (f"@{pack.revision[:12]}" if pack.revision else ""),
             next="run `pinwheel model fetch` to complete or repair the download",
         )

@@ -217,7 +217,7 @@ def cmd_model_fetch(ctx: Context, args: argparse.Namespace) -> int:
             "--offline: model fetch needs the hub", next="run `pinwheel model check DIR`"
         )
     pack = _model(ctx)
-    local = Path(args.local_dir or pack.local_dir or pack.repo.rsplit("/", 1)[-1])
+    local = Path(args.local_dir or pack.local_dir or (pack.repo or "model").rsplit("/", 1)[-1])
     report = fetch_model(pack, local)
     ctx.emit(
         {"dir": str(report.dir), "shards": len(report.shards)},
