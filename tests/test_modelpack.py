@@ -180,3 +180,10 @@ def test_config_nested_under_text_config_is_found(pack: tuple[Path, Path], capsy
     (pack[1] / "config.json").write_text(json.dumps({"text_config": config}))
     rc, text = check(*pack, capsys)
     assert rc == 0, text
+
+
+def test_model_fetch_refuses_a_missing_repo(tmp_path: Path, capsys) -> None:
+    manifest = write_manifest(tmp_path, model=f'[model]\nrevision = "{"7" * 40}"\n')
+    rc = main(["--manifest", str(manifest), "model", "fetch", "--local-dir", str(tmp_path / "m")])
+    assert rc == 1
+    assert "[model] has no repo" in capsys.readouterr().err

@@ -10,6 +10,7 @@ list is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import html.parser
@@ -458,8 +459,8 @@ def _offered(source: Source, opts: FetchOptions) -> dict[str, str]:
         page = get_small(source.location, opts, "index project page")
         return _links(page, source.location)
     # A GitHub release has no listing; a plain web server's directory page has one.
-    try:
-        page = get_small(source.location, opts, "release listing")
+    try:  # optional, so no retries: a GitHub release base answers 404 at once
+        page = get_small(source.location, dataclasses.replace(opts, retries=0), "release listing")
     except FetchError:
         return {}
     return {n: u for n, u in _links(page, source.location).items() if "?" not in n}
