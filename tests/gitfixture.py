@@ -15,8 +15,10 @@ UPSTREAM_URL = "https://example.invalid/acme/engine.git"
 
 BASE_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_AUTHOR_NAME": "Fixture", "GIT_AUTHOR_EMAIL": "fixture@example.org",
-    "GIT_COMMITTER_NAME": "Fixture", "GIT_COMMITTER_EMAIL": "fixture@example.org",
+    "GIT_AUTHOR_NAME": "Fixture",
+    "GIT_AUTHOR_EMAIL": "fixture@example.org",
+    "GIT_COMMITTER_NAME": "Fixture",
+    "GIT_COMMITTER_EMAIL": "fixture@example.org",
     "GIT_CONFIG_GLOBAL": os.devnull,
     "LC_ALL": "C",
     "TZ": "UTC",
@@ -104,17 +106,35 @@ class Upstream:
         """Push main and set refs/pull/N/head in the bare 'GitHub' repo."""
         git(self.work, "push", "-q", "--force", str(self.bare), "main:refs/heads/main")
         for number, branch in (prs or {}).items():
-            git(self.work, "push", "-q", "--force", str(self.bare),
-                f"{branch}:refs/pull/{number}/head")
+            git(
+                self.work,
+                "push",
+                "-q",
+                "--force",
+                str(self.bare),
+                f"{branch}:refs/pull/{number}/head",
+            )
 
     def github_test_merge(self, number: int) -> str:
         """What GitHub stores as refs/pull/N/merge: main merged with the PR head."""
         scratch = self.root / f"merge-{number}"
         git(self.root, "clone", "-q", str(self.bare), str(scratch))
         git(scratch, "fetch", "-q", "origin", f"refs/pull/{number}/head")
-        git(scratch, "merge", "-q", "--no-ff", "-m", f"Merge {number}", "FETCH_HEAD",
-            env={"GIT_AUTHOR_NAME": "GitHub", "GIT_AUTHOR_EMAIL": "noreply@github.com",
-                 "GIT_COMMITTER_NAME": "GitHub", "GIT_COMMITTER_EMAIL": "noreply@github.com"})
+        git(
+            scratch,
+            "merge",
+            "-q",
+            "--no-ff",
+            "-m",
+            f"Merge {number}",
+            "FETCH_HEAD",
+            env={
+                "GIT_AUTHOR_NAME": "GitHub",
+                "GIT_AUTHOR_EMAIL": "noreply@github.com",
+                "GIT_COMMITTER_NAME": "GitHub",
+                "GIT_COMMITTER_EMAIL": "noreply@github.com",
+            },
+        )
         git(scratch, "push", "-q", str(self.bare), f"HEAD:refs/pull/{number}/merge")
         return git(scratch, "rev-parse", "HEAD^{tree}")
 

@@ -48,26 +48,56 @@ def test_flagship_manifest_loads():
 
 
 CASES = [
-    ("unknown action", GOOD.replace('"pick"', '"rebase"'),
-     "manifest.toml:7: [[step]] #1 (PR 1) key 'action': expected one of 'pick', 'merge', 'patch'"),
-    ("short SHA", GOOD.replace(SHA, "abc1234"),
-     "manifest.toml:3: [upstream] key 'commit': expected a full 40-hex commit SHA, got short"),
-    ("non-hex SHA", GOOD.replace(HEAD, "z" * 40),
-     "manifest.toml:9: [[step]] #1 (PR 1) key 'head': expected a full 40-hex lowercase commit SHA"),
-    ("duplicate PR", GOOD + f'\n[[step]]\naction = "merge"\npr = 1\nhead = "{HEAD}"\n',
-     "PR #1 appears twice (steps 1 and 2)"),
+    (
+        "unknown action",
+        GOOD.replace('"pick"', '"rebase"'),
+        "manifest.toml:7: [[step]] #1 (PR 1) key 'action': expected one of 'pick', 'merge', 'patch'",
+    ),
+    (
+        "short SHA",
+        GOOD.replace(SHA, "abc1234"),
+        "manifest.toml:3: [upstream] key 'commit': expected a full 40-hex commit SHA, got short",
+    ),
+    (
+        "non-hex SHA",
+        GOOD.replace(HEAD, "z" * 40),
+        "manifest.toml:9: [[step]] #1 (PR 1) key 'head': expected a full 40-hex lowercase commit SHA",
+    ),
+    (
+        "duplicate PR",
+        GOOD + f'\n[[step]]\naction = "merge"\npr = 1\nhead = "{HEAD}"\n',
+        "PR #1 appears twice (steps 1 and 2)",
+    ),
     ("syntax error", GOOD + "\n[result\n", "TOML syntax error"),
-    ("unknown key", GOOD + 'heads = "x"\n', "manifest.toml:10: [[step]] #1 (PR 1) key 'heads': unknown key"),
+    (
+        "unknown key",
+        GOOD + 'heads = "x"\n',
+        "manifest.toml:10: [[step]] #1 (PR 1) key 'heads': unknown key",
+    ),
     ("unknown table", GOOD + "\n[buidl]\nx = 1\n", "unknown table [buidl]"),
     ("missing head", GOOD.replace(f'head = "{HEAD}"\n', ""), "PR #1 has no 'head'"),
-    ("date without offset", GOOD + '\n[identity]\ndate = "2026-01-01T00:00:00"\n',
-     "[identity] key 'date': expected a date with an explicit UTC offset"),
-    ("patch escaping", GOOD + '\n[[step]]\naction = "patch"\npath = "patches/../../etc/passwd"\n'
-     f'sha256 = "{"0" * 64}"\n', "key 'path': expected a relative path under patches/"),
-    ("absolute patch", GOOD + '\n[[step]]\naction = "patch"\npath = "/etc/passwd"\n'
-     f'sha256 = "{"0" * 64}"\n', "key 'path': expected a relative path under patches/"),
-    ("missing patch", GOOD + '\n[[step]]\naction = "patch"\npath = "patches/nope.patch"\n'
-     f'sha256 = "{"0" * 64}"\n', "patch file nope.patch does not exist"),
+    (
+        "date without offset",
+        GOOD + '\n[identity]\ndate = "2026-01-01T00:00:00"\n',
+        "[identity] key 'date': expected a date with an explicit UTC offset",
+    ),
+    (
+        "patch escaping",
+        GOOD + '\n[[step]]\naction = "patch"\npath = "patches/../../etc/passwd"\n'
+        f'sha256 = "{"0" * 64}"\n',
+        "key 'path': expected a relative path under patches/",
+    ),
+    (
+        "absolute patch",
+        GOOD + f'\n[[step]]\naction = "patch"\npath = "/etc/passwd"\nsha256 = "{"0" * 64}"\n',
+        "key 'path': expected a relative path under patches/",
+    ),
+    (
+        "missing patch",
+        GOOD + '\n[[step]]\naction = "patch"\npath = "patches/nope.patch"\n'
+        f'sha256 = "{"0" * 64}"\n',
+        "patch file nope.patch does not exist",
+    ),
     ("pick without pr", GOOD.replace("pr = 1\n", ""), "key 'pr': expected a PR number"),
     ("no upstream", "[[step]]\naction = 'patch'\n", "expected an [upstream] table"),
 ]
@@ -87,7 +117,9 @@ def test_bad_manifest(tmp_path, label, text, message):
 def test_wrong_patch_sha256(tmp_path):
     (tmp_path / "patches").mkdir()
     (tmp_path / "patches" / "fix.patch").write_text("diff\n")
-    text = GOOD + f'\n[[step]]\naction = "patch"\npath = "patches/fix.patch"\nsha256 = "{"0" * 64}"\n'
+    text = (
+        GOOD + f'\n[[step]]\naction = "patch"\npath = "patches/fix.patch"\nsha256 = "{"0" * 64}"\n'
+    )
     with pytest.raises(ManifestError) as info:
         load(write(tmp_path, text))
     actual = hashlib.sha256(b"diff\n").hexdigest()

@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pygit2
-import pytest
 
 from gitfixture import UPSTREAM_URL, git
 
@@ -38,7 +36,11 @@ def test_pick_keeps_authors_and_uses_fixed_committer(stack, capsys):
     for c in commits:
         new, old = repo[c["replayed"]], repo[c["original"]]
         assert (new.author.name, new.author.email, new.author.time, new.author.offset) == (
-            old.author.name, old.author.email, old.author.time, old.author.offset)
+            old.author.name,
+            old.author.email,
+            old.author.time,
+            old.author.offset,
+        )
         assert new.raw_message == old.raw_message
         assert (new.committer.name, new.committer.email) == ("Replay Bot", "replay@example.org")
         assert (new.committer.time, new.committer.offset) == (1791590400, 0)
@@ -62,11 +64,20 @@ def test_shas_match_plain_git_cherry_pick(stack, capsys, tmp_path):
     git(tmp_path, "clone", "-q", str(stack.up.bare), str(work))
     git(work, "fetch", "-q", "origin", "+refs/pull/*/head:refs/pull/*/head")
     git(work, "checkout", "-q", stack.base)
-    env = {"GIT_COMMITTER_NAME": "Replay Bot", "GIT_COMMITTER_EMAIL": "replay@example.org",
-           "GIT_COMMITTER_DATE": "1791590400 +0000"}
+    env = {
+        "GIT_COMMITTER_NAME": "Replay Bot",
+        "GIT_COMMITTER_EMAIL": "replay@example.org",
+        "GIT_COMMITTER_DATE": "1791590400 +0000",
+    }
     for key in ("p1a", "p1b", "p1c", "p2a"):
-        git(work, "cherry-pick", "--allow-empty", "--keep-redundant-commits",
-            stack.commits[key], env=env)
+        git(
+            work,
+            "cherry-pick",
+            "--allow-empty",
+            "--keep-redundant-commits",
+            stack.commits[key],
+            env=env,
+        )
     assert git(work, "rev-parse", "HEAD") == out["head"]
 
 
@@ -78,7 +89,7 @@ def test_same_shas_under_other_tz_locale_and_hostile_git_config(stack, capsys, t
     hooks = home / "hooks"
     hooks.mkdir(parents=True)
     for hook in ("prepare-commit-msg", "commit-msg", "pre-commit", "post-commit"):
-        (hooks / hook).write_text("#!/bin/sh\necho HOOKED >> \"$1\"\nexit 1\n")
+        (hooks / hook).write_text('#!/bin/sh\necho HOOKED >> "$1"\nexit 1\n')
         (hooks / hook).chmod(0o755)
     (home / "template.txt").write_text("TEMPLATE LINE\n")
     (home / ".gitconfig").write_text(
@@ -89,12 +100,30 @@ def test_same_shas_under_other_tz_locale_and_hostile_git_config(stack, capsys, t
         "[merge]\n\tlog = true\n[cherry-pick]\n\t\n[format]\n\tsignOff = true\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(HOME=str(home), TZ="Pacific/Chatham", LC_ALL="de_DE.UTF-8",
-               GIT_COMMITTER_NAME="Env Override", GIT_AUTHOR_DATE="1 +0100")
+    env.update(
+        HOME=str(home),
+        TZ="Pacific/Chatham",
+        LC_ALL="de_DE.UTF-8",
+        GIT_COMMITTER_NAME="Env Override",
+        GIT_AUTHOR_DATE="1 +0100",
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "pinwheel", "--manifest", str(m), "--cache",
-         str(tmp_path / "cache2"), "--mirror", stack.mirror, "--json", "run"],
-        env=env, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pinwheel",
+            "--manifest",
+            str(m),
+            "--cache",
+            str(tmp_path / "cache2"),
+            "--mirror",
+            stack.mirror,
+            "--json",
+            "run",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     import json
@@ -103,7 +132,8 @@ def test_same_shas_under_other_tz_locale_and_hostile_git_config(stack, capsys, t
     assert second["head"] == first["head"]
     assert second["tree"] == first["tree"]
     assert [c["replayed"] for s in second["steps"] for c in s["commits"]] == [
-        c["replayed"] for s in first["steps"] for c in s["commits"]]
+        c["replayed"] for s in first["steps"] for c in s["commits"]
+    ]
 
 
 def test_pick_refuses_pr_with_merge_commits(stack, capsys):
@@ -134,7 +164,10 @@ def test_plan_reports_merge_hazard_and_commits(stack, capsys):
     assert rc == 0
     by_pr = {s["pr"]: s for s in plan["steps"]}
     assert [c["sha"] for c in by_pr[1]["commits"]] == [
-        stack.commits["p1a"], stack.commits["p1b"], stack.commits["p1c"]]
+        stack.commits["p1a"],
+        stack.commits["p1b"],
+        stack.commits["p1c"],
+    ]
     assert by_pr[1]["hazard_count"] == 0
     # PR 3 merged newer main: merging it would import main's m1.
     assert by_pr[3]["hazard_count"] == 1
@@ -142,8 +175,9 @@ def test_plan_reports_merge_hazard_and_commits(stack, capsys):
 
 
 def test_conflict_names_step_pr_commit_files_and_leaves_cache_clean(stack, capsys):
-    m = stack.write(steps_with_heads(stack, [{"action": "pick", "pr": 1},
-                                             {"action": "pick", "pr": 4}]))
+    m = stack.write(
+        steps_with_heads(stack, [{"action": "pick", "pr": 1}, {"action": "pick", "pr": 4}])
+    )
     rc = stack.cli(m, "run")[0]
     err = capsys.readouterr().err
     assert rc == 4
@@ -185,8 +219,9 @@ def test_offline_uses_cache_and_fails_clearly_without_it(stack, capsys, tmp_path
     rc, online = stack.cli(m, "run", capsys=capsys)
     from pinwheel.cli import main
 
-    rc = main(["--manifest", str(m), "--cache", str(stack.tmp / "cache"), "--offline", "--json",
-               "run"])
+    rc = main(
+        ["--manifest", str(m), "--cache", str(stack.tmp / "cache"), "--offline", "--json", "run"]
+    )
     import json
 
     assert rc == 0 and json.loads(capsys.readouterr().out)["head"] == online["head"]
@@ -199,12 +234,29 @@ def test_blobless_partial_mirror_replays_same_shas(stack, capsys, tmp_path):
     m = stack.write(steps_with_heads(stack, PICKS))
     rc, full = stack.cli(m, "run", capsys=capsys)
     partial = tmp_path / "partial.git"
-    git(tmp_path, "clone", "-q", "--mirror", "--filter=blob:none",
-        f"file://{stack.up.bare}", str(partial))
+    git(
+        tmp_path,
+        "clone",
+        "-q",
+        "--mirror",
+        "--filter=blob:none",
+        f"file://{stack.up.bare}",
+        str(partial),
+    )
     from pinwheel.cli import main
 
-    rc = main(["--manifest", str(m), "--cache", str(tmp_path / "pc"), "--mirror",
-               f"{UPSTREAM_URL}={partial}", "--json", "run"])
+    rc = main(
+        [
+            "--manifest",
+            str(m),
+            "--cache",
+            str(tmp_path / "pc"),
+            "--mirror",
+            f"{UPSTREAM_URL}={partial}",
+            "--json",
+            "run",
+        ]
+    )
     import json
 
     assert rc == 0
@@ -221,10 +273,23 @@ def test_missing_pr_ref_names_the_pr(stack, capsys):
 def test_two_runs_share_one_cache_lock(stack, tmp_path):
     """Two concurrent runs on one cache both succeed with the same head (file lock)."""
     m = stack.write(steps_with_heads(stack, PICKS))
-    cmd = [sys.executable, "-m", "pinwheel", "--manifest", str(m), "--cache",
-           str(tmp_path / "shared"), "--mirror", stack.mirror, "--json", "run"]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pinwheel",
+        "--manifest",
+        str(m),
+        "--cache",
+        str(tmp_path / "shared"),
+        "--mirror",
+        stack.mirror,
+        "--json",
+        "run",
+    ]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
     import json
 
     heads = set()

@@ -9,7 +9,6 @@ import tarfile
 import pygit2
 
 from gitfixture import git
-from pinwheel.cli import main
 
 
 def heads(stack, steps):
@@ -22,9 +21,17 @@ def make_patch(stack, tmp_path, name="fix.patch", mbox=True):
     git(tmp_path, "clone", "-q", str(stack.up.bare), str(work))
     git(work, "checkout", "-q", stack.base)
     (work / "shared.txt").write_text("one\ntwo\nthree\n")
-    git(work, "commit", "-qam", "shared: add three\n\nBecause three.",
-        env={"GIT_AUTHOR_NAME": "Pat Cher", "GIT_AUTHOR_EMAIL": "pat@example.org",
-             "GIT_AUTHOR_DATE": "1700000000 -0700"})
+    git(
+        work,
+        "commit",
+        "-qam",
+        "shared: add three\n\nBecause three.",
+        env={
+            "GIT_AUTHOR_NAME": "Pat Cher",
+            "GIT_AUTHOR_EMAIL": "pat@example.org",
+            "GIT_AUTHOR_DATE": "1700000000 -0700",
+        },
+    )
     text = git(work, "format-patch", "-1", "--stdout") if mbox else git(work, "diff", "HEAD~1")
     patches = stack.tmp / "patches"
     patches.mkdir(exist_ok=True)
@@ -34,13 +41,21 @@ def make_patch(stack, tmp_path, name="fix.patch", mbox=True):
 
 def test_patch_step_takes_author_from_mbox(stack, capsys, tmp_path):
     path, digest = make_patch(stack, tmp_path)
-    m = stack.write(heads(stack, [{"action": "pick", "pr": 2},
-                                  {"action": "patch", "path": path, "sha256": digest}]))
+    m = stack.write(
+        heads(
+            stack,
+            [{"action": "pick", "pr": 2}, {"action": "patch", "path": path, "sha256": digest}],
+        )
+    )
     rc, out = stack.cli(m, "run", capsys=capsys)
     assert rc == 0, out
     repo = pygit2.Repository(str(next((stack.tmp / "cache" / "repos").glob("*.git"))))
     head = repo[out["head"]]
-    assert (head.author.name, head.author.email, head.author.offset) == ("Pat Cher", "pat@example.org", -420)
+    assert (head.author.name, head.author.email, head.author.offset) == (
+        "Pat Cher",
+        "pat@example.org",
+        -420,
+    )
     assert head.message == "shared: add three\n\nBecause three.\n"
     assert (head.tree / "shared.txt").data == b"one\ntwo\nthree\n"
     assert out["steps"][1]["patch"] == "fix.patch"
@@ -59,8 +74,15 @@ def test_patch_that_does_not_apply_is_a_conflict(stack, capsys, tmp_path):
     patches.mkdir()
     bad = "--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-nothing like this\n+x\n"
     (patches / "bad.patch").write_text(bad)
-    m = stack.write([{"action": "patch", "path": "patches/bad.patch",
-                      "sha256": hashlib.sha256(bad.encode()).hexdigest()}])
+    m = stack.write(
+        [
+            {
+                "action": "patch",
+                "path": "patches/bad.patch",
+                "sha256": hashlib.sha256(bad.encode()).hexdigest(),
+            }
+        ]
+    )
     rc = stack.cli(m, "run")[0]
     err = capsys.readouterr().err
     assert rc == 4 and "patch bad.patch does not apply" in err and "a.txt" in err
@@ -141,11 +163,13 @@ def test_drift_sees_pr_merged_upstream(stack, capsys):
 
 def test_export_is_deterministic_and_extracts_tree(stack, capsys, tmp_path):
     m = stack.write(heads(stack, [{"action": "pick", "pr": 1}]))
-    rc, a = stack.cli(m, "export", "--out", str(tmp_path / "a"), "--dir", str(tmp_path / "src"),
-                      capsys=capsys)
+    rc, a = stack.cli(
+        m, "export", "--out", str(tmp_path / "a"), "--dir", str(tmp_path / "src"), capsys=capsys
+    )
     assert rc == 0
-    rc, b = stack.cli(m, "export", "--out", str(tmp_path / "b"), cache=tmp_path / "c2",
-                      capsys=capsys)
+    rc, b = stack.cli(
+        m, "export", "--out", str(tmp_path / "b"), cache=tmp_path / "c2", capsys=capsys
+    )
     ta, tb = (tmp_path / "a" / "stack-1.tar.gz"), (tmp_path / "b" / "stack-1.tar.gz")
     assert ta.read_bytes() == tb.read_bytes()
     with tarfile.open(ta) as tar:

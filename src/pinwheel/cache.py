@@ -63,7 +63,9 @@ def resolve_source(url: str, mirrors: Mapping[str, str]) -> Source:
                 )
             return Source(url=url, location=str(Path(location).resolve()), local=True)
     if url.startswith("file://") or Path(url).exists():
-        return Source(url=url, location=str(Path(url.removeprefix("file://")).resolve()), local=True)
+        return Source(
+            url=url, location=str(Path(url.removeprefix("file://")).resolve()), local=True
+        )
     return Source(url=url, location=url, local=False)
 
 
@@ -206,7 +208,7 @@ class Cache:
         if proc.returncode == 0:
             return
         # Find which ref is missing so the error can name the PR.
-        for spec, n in zip(refspecs[1:], prs):
+        for spec, n in zip(refspecs[1:], prs, strict=True):
             one = gitcli.git([*args, spec], git_dir=path, user_config=not source.local, check=False)
             if one.returncode != 0:
                 raise PinwheelError(

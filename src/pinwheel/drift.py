@@ -34,7 +34,9 @@ class DriftReport:
     replay_problem: str | None
 
 
-def _merged_upstream(repo: pygit2.Repository, fetched: Fetched, base: str, pr: int, head: str | None) -> str | None:
+def _merged_upstream(
+    repo: pygit2.Repository, fetched: Fetched, base: str, pr: int, head: str | None
+) -> str | None:
     tip = fetched.branch_tip
     if head and head in repo and (head == tip or repo.descendant_of(tip, head)):
         return f"head is in {fetched.branch}"
@@ -69,8 +71,10 @@ def drift_report(manifest: Manifest, cache: Cache) -> DriftReport:
             if s.pr is not None
         )
         # Does the pinned stack still replay on the branch tip? (No refs written.)
-        moved = replace(manifest, upstream=Upstream(manifest.upstream.url, fetched.branch_tip,
-                                                     manifest.upstream.branch))
+        moved = replace(
+            manifest,
+            upstream=Upstream(manifest.upstream.url, fetched.branch_tip, manifest.upstream.branch),
+        )
         problem = None
         try:
             Replayer(moved, fetched, allow_drift=True).run()
@@ -104,8 +108,10 @@ def render_drift(report: DriftReport) -> str:
             state.append(f"already upstream ({p.merged_upstream})")
         lines.append(f"  PR #{p.pr}: " + ("; ".join(state) if state else "unchanged"))
     if report.replays_on_tip:
-        lines.append(f"stack replays cleanly on {report.branch_tip[:12]}: "
-                     "`pinwheel lock --update-base` moves the base there")
+        lines.append(
+            f"stack replays cleanly on {report.branch_tip[:12]}: "
+            "`pinwheel lock --update-base` moves the base there"
+        )
     else:
         lines.append(f"stack does NOT replay on the tip: {report.replay_problem}")
     return "\n".join(lines)

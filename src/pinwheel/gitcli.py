@@ -16,7 +16,9 @@ from pathlib import Path
 from .errors import PinwheelError
 
 
-def hermetic_env(extra: Mapping[str, str] | None = None, *, user_config: bool = False) -> dict[str, str]:
+def hermetic_env(
+    extra: Mapping[str, str] | None = None, *, user_config: bool = False
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(
         LC_ALL="C",
@@ -47,7 +49,14 @@ def git(
     if git_dir is not None:
         cmd += ["--git-dir", str(git_dir)]
     # Hooks and signing are switched off per command as a second fence.
-    cmd += ["-c", "core.hooksPath=/dev/null", "-c", "commit.gpgSign=false", "-c", "tag.gpgSign=false"]
+    cmd += [
+        "-c",
+        "core.hooksPath=/dev/null",
+        "-c",
+        "commit.gpgSign=false",
+        "-c",
+        "tag.gpgSign=false",
+    ]
     cmd += list(args)
     proc = subprocess.run(
         cmd,

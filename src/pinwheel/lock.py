@@ -72,11 +72,13 @@ def lock_manifest(
     with cache.locked(loose.upstream.url):
         fetched = cache.fetch(loose.upstream.url, loose.upstream.branch, loose.prs)
         repo = fetched.open()
-        base = fetched.branch_tip if update_base else _full(
-            repo, loose.upstream.commit, "[upstream] commit"
+        base = (
+            fetched.branch_tip
+            if update_base
+            else _full(repo, loose.upstream.commit, "[upstream] commit")
         )
         setv(doc["upstream"], "commit", base, "[upstream] commit")
-        for step, table in zip(loose.steps, doc.get("step", [])):
+        for step, table in zip(loose.steps, doc.get("step", []), strict=True):
             if step.action == "patch":
                 setv(table, "sha256", _sha256(step.patch), f"{step.label} sha256")
             else:
@@ -100,8 +102,10 @@ def lock_manifest(
                         arr.extend(shas)
                         arr.multiline(True)
                         setv(table, "commits", arr, f"{step.label} commits")
-            for r_table, res in zip(table.get("resolve", []), step.resolutions):
-                setv(r_table, "sha256", _sha256(res.patch), f"{step.label} resolve {res.commit[:12]}")
+            for r_table, res in zip(table.get("resolve", []), step.resolutions, strict=True):
+                setv(
+                    r_table, "sha256", _sha256(res.patch), f"{step.label} resolve {res.commit[:12]}"
+                )
 
         # Replay the locked manifest before writing anything.
         text = tomlkit.dumps(doc)

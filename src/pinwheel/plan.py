@@ -54,7 +54,9 @@ def _planned(c: pygit2.Commit) -> PlannedCommit:
     return PlannedCommit(str(c.id), _subject(c.message), c.author.name, len(c.parents) > 1)
 
 
-def hazard_commits(repo: pygit2.Repository, base: str, branch_tip: str, head: str) -> list[PlannedCommit]:
+def hazard_commits(
+    repo: pygit2.Repository, base: str, branch_tip: str, head: str
+) -> list[PlannedCommit]:
     bases = merge_bases(Path(repo.path), branch_tip, head)
     if not bases:
         return []
@@ -135,7 +137,9 @@ def plan_payload(plan: Plan) -> dict[str, Any]:
 
 
 def render_plan(plan: Plan) -> str:
-    lines = [f"base {plan.base[:12]}  ({plan.manifest.upstream.branch} is at {plan.branch_tip[:12]})"]
+    lines = [
+        f"base {plan.base[:12]}  ({plan.manifest.upstream.branch} is at {plan.branch_tip[:12]})"
+    ]
     for p in plan.steps:
         s = p.step
         lines.append(f"{s.label}" + (f"  head {p.head[:12]}" if p.head else ""))

@@ -99,7 +99,9 @@ def _subject(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else ""
 
 
-def pick_commits(repo: pygit2.Repository, step: Step, base: str, branch_tip: str) -> list[pygit2.Commit]:
+def pick_commits(
+    repo: pygit2.Repository, step: Step, base: str, branch_tip: str
+) -> list[pygit2.Commit]:
     """The PR's own commits, oldest first.
 
     Pinned ``commits`` win (the branch tip moves; a pinned list does not).
@@ -112,7 +114,8 @@ def pick_commits(repo: pygit2.Repository, step: Step, base: str, branch_tip: str
         for sha in step.commits:
             if sha not in repo or not (sha == step.head or repo.descendant_of(step.head, sha)):
                 raise PinwheelError(
-                    f"pinned commit {sha[:12]} is not part of PR #{step.pr}'s head {step.head[:12]}",
+                    f"pinned commit {sha[:12]} is not part of PR #{step.pr}'s head "
+                    f"{step.head[:12]}",
                     where=f"{step.label} commits",
                     next="run `pinwheel lock` to re-pin the PR's commits",
                 )
@@ -132,7 +135,7 @@ def pick_commits(repo: pygit2.Repository, step: Step, base: str, branch_tip: str
             f"'{_subject(first.message)}' ({len(merges)} merge(s) in its range): "
             "its own commits cannot be cherry-picked in order",
             where=step.label,
-            next=f"change step {step.number} to action = \"merge\" (and check `pinwheel plan` "
+            next=f'change step {step.number} to action = "merge" (and check `pinwheel plan` '
             "for the mainline commits a merge would import)",
         )
     return picked
@@ -161,7 +164,9 @@ def apply_patch(repo_path: Path, tree: str, patch: Path, *, where: str) -> str:
         if proc.returncode != 0:
             lines = proc.stderr.decode(errors="replace").splitlines()
             files = tuple(
-                sorted({m.group(1) for ln in lines if (m := re.search(r"patch failed: ([^:]+):", ln))})
+                sorted(
+                    {m.group(1) for ln in lines if (m := re.search(r"patch failed: ([^:]+):", ln))}
+                )
             )
             raise ConflictError(
                 f"patch {patch.name} does not apply: {lines[-1] if lines else '?'}",
@@ -202,7 +207,8 @@ def read_patch_meta(patch: Path) -> PatchMeta:
     author = None
     if name and addr and "date" in fields:
         stamp = email.utils.parsedate_to_datetime(fields["date"])
-        offset = int(stamp.utcoffset().total_seconds() // 60) if stamp.utcoffset() else 0
+        delta = stamp.utcoffset()
+        offset = int(delta.total_seconds() // 60) if delta else 0
         author = pygit2.Signature(name, addr, int(stamp.timestamp()), offset)
     return PatchMeta(author=author, message=message)
 
@@ -219,8 +225,15 @@ def merge_message(step: Step, branch: str) -> str:
 class Replayer:
     """Executes a manifest's steps against a fetched cache repo."""
 
-    def __init__(self, manifest: Manifest, fetched: Fetched, *, base: str | None = None,
-                 allow_drift: bool = False, progress: Progress | None = None):
+    def __init__(
+        self,
+        manifest: Manifest,
+        fetched: Fetched,
+        *,
+        base: str | None = None,
+        allow_drift: bool = False,
+        progress: Progress | None = None,
+    ):
         self.manifest = manifest
         self.fetched = fetched
         self.repo = fetched.open()
@@ -237,8 +250,9 @@ class Replayer:
         pinned = step.head
         if pinned is None:
             if current is None:
-                raise PinwheelError(f"PR #{step.pr} has no head", where=step.label,
-                                    next="run `pinwheel lock`")
+                raise PinwheelError(
+                    f"PR #{step.pr} has no head", where=step.label, next="run `pinwheel lock`"
+                )
             return current, False
         if current is None or current == pinned:
             return pinned, False
@@ -264,8 +278,10 @@ class Replayer:
             note = ""
             if done.drifted:
                 used = "pinned" if done.pr_head == step.head else "NEW (pinned one is gone)"
-                note = f"  [PR head moved upstream; replayed the {used} head {done.pr_head[:12]}]"
-            self.progress(f"  {step.label}: {len(done.commits)} commit(s) -> {done.head[:12]}{note}")
+                note = f"  [PR head moved upstream; replayed the {used} head {done.pr_head}]"
+            self.progress(
+                f"  {step.label}: {len(done.commits)} commit(s) -> {done.head[:12]}{note}"
+            )
         return ReplayResult(
             manifest=self.manifest,
             repo_path=self.fetched.repo_path,
@@ -285,10 +301,22 @@ class Replayer:
             return self._pick(step_at, current, head, drifted)
         return self._merge(step_at, current, head, drifted)
 
-    def _commit(self, author: pygit2.Signature, message: str | bytes, tree: str,
-                parents: list[str], encoding: str | None = None) -> str:
-        args: list[Any] = [None, author, self.committer, message, pygit2.Oid(hex=tree),
-                           [pygit2.Oid(hex=p) for p in parents]]
+    def _commit(
+        self,
+        author: pygit2.Signature,
+        message: str | bytes,
+        tree: str,
+        parents: list[str],
+        encoding: str | None = None,
+    ) -> str:
+        args: list[Any] = [
+            None,
+            author,
+            self.committer,
+            message,
+            pygit2.Oid(hex=tree),
+            [pygit2.Oid(hex=p) for p in parents],
+        ]
         if encoding:
             args.append(encoding)
         return str(self.repo.create_commit(*args))
@@ -357,8 +385,15 @@ class Replayer:
         except (KeyError, pygit2.GitError) as exc:
             raise _missing_object(exc, where) from None
 
-    def _conflict(self, step: Step, where: str, index: pygit2.Index, commit: str,
-                  parent_state: str, theirs: str) -> ReplayConflict:
+    def _conflict(
+        self,
+        step: Step,
+        where: str,
+        index: pygit2.Index,
+        commit: str,
+        parent_state: str,
+        theirs: str,
+    ) -> ReplayConflict:
         files = _conflict_files(index)
         return ReplayConflict(
             f"conflict in {len(files)} file(s)",

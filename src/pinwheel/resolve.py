@@ -26,8 +26,10 @@ from .replay import ReplayConflict, Replayer, fetch_for
 STATE_FILE = "pinwheel-resolve.json"
 # Fixed identity for the scratch merge in the worktree; never part of a result.
 _SCRATCH_ENV = {
-    "GIT_AUTHOR_NAME": "pinwheel", "GIT_AUTHOR_EMAIL": "pinwheel@replay.invalid",
-    "GIT_COMMITTER_NAME": "pinwheel", "GIT_COMMITTER_EMAIL": "pinwheel@replay.invalid",
+    "GIT_AUTHOR_NAME": "pinwheel",
+    "GIT_AUTHOR_EMAIL": "pinwheel@replay.invalid",
+    "GIT_COMMITTER_NAME": "pinwheel",
+    "GIT_COMMITTER_EMAIL": "pinwheel@replay.invalid",
 }
 
 
@@ -49,8 +51,11 @@ def _state_path(workdir: Path) -> Path:
 def start(manifest: Manifest, cache: Cache, workdir: Path) -> ResolveSession:
     workdir = Path(workdir).absolute()
     if workdir.exists() and any(workdir.iterdir()):
-        raise UsageError(f"{workdir} exists and is not empty", where="pinwheel resolve start",
-                         next="choose a new directory")
+        raise UsageError(
+            f"{workdir} exists and is not empty",
+            where="pinwheel resolve start",
+            next="choose a new directory",
+        )
     with cache.locked(manifest.upstream.url):
         fetched = fetch_for(manifest, cache)
         try:
@@ -58,21 +63,28 @@ def start(manifest: Manifest, cache: Cache, workdir: Path) -> ResolveSession:
         except ReplayConflict as exc:
             conflict = exc
         else:
-            raise UsageError("the stack replays without conflicts: nothing to resolve",
-                             next="pinwheel run")
+            raise UsageError(
+                "the stack replays without conflicts: nothing to resolve", next="pinwheel run"
+            )
         ctx = conflict.context
-        gitcli.git(["worktree", "add", "-q", "--detach", str(workdir), ctx.parent_state],
-                   git_dir=fetched.repo_path, what="git worktree add")
+        gitcli.git(
+            ["worktree", "add", "-q", "--detach", str(workdir), ctx.parent_state],
+            git_dir=fetched.repo_path,
+            what="git worktree add",
+        )
     if ctx.commit == "merge":
         args = ["merge", "--no-commit", "--no-ff", ctx.theirs]
     else:
         args = ["cherry-pick", "--no-commit", ctx.theirs]
     gitcli.git(args, cwd=workdir, env=_SCRATCH_ENV, check=False)  # expected to stop on conflicts
     step = manifest.steps[ctx.step_number - 1]
-    session = ResolveSession(workdir, ctx.step_number, step.pr, ctx.commit, ctx.parent_state,
-                             conflict.files)
-    state = {"manifest": str(manifest.path), **{k: v for k, v in session.__dict__.items()
-                                                  if k != "workdir"}}
+    session = ResolveSession(
+        workdir, ctx.step_number, step.pr, ctx.commit, ctx.parent_state, conflict.files
+    )
+    state = {
+        "manifest": str(manifest.path),
+        **{k: v for k, v in session.__dict__.items() if k != "workdir"},
+    }
     atomic_write_text(_state_path(workdir), json.dumps(state, indent=2, default=list))
     return session
 
@@ -84,13 +96,16 @@ def finish(workdir: Path) -> tuple[Path, Path]:
         state_file = _state_path(workdir)
         state = json.loads(state_file.read_text())
     except (PinwheelError, FileNotFoundError):
-        raise UsageError(f"{workdir} is not a pinwheel resolve checkout",
-                         next="pinwheel resolve start DIR") from None
+        raise UsageError(
+            f"{workdir} is not a pinwheel resolve checkout", next="pinwheel resolve start DIR"
+        ) from None
     gitcli.git(["add", "-A"], cwd=workdir)
-    check = gitcli.git(["diff", "--cached", "--check", state["parent_state"]], cwd=workdir,
-                       check=False)
-    leftovers = [ln for ln in check.stdout.decode(errors="replace").splitlines()
-                 if "conflict marker" in ln]
+    check = gitcli.git(
+        ["diff", "--cached", "--check", state["parent_state"]], cwd=workdir, check=False
+    )
+    leftovers = [
+        ln for ln in check.stdout.decode(errors="replace").splitlines() if "conflict marker" in ln
+    ]
     if leftovers:
         raise PinwheelError(
             f"conflict markers remain: {leftovers[0].split(':')[0]}"
@@ -98,8 +113,9 @@ def finish(workdir: Path) -> tuple[Path, Path]:
             where=str(workdir),
             next="edit the files to remove <<<<<<< ======= >>>>>>> then run finish again",
         )
-    diff = gitcli.git(["diff", "--cached", "--binary", "--full-index", state["parent_state"]],
-                      cwd=workdir).stdout
+    diff = gitcli.git(
+        ["diff", "--cached", "--binary", "--full-index", state["parent_state"]], cwd=workdir
+    ).stdout
     manifest_path = Path(state["manifest"])
     tag = "merge" if state["commit"] == "merge" else state["commit"][:12]
     name = f"{state['pr'] or 'step' + str(state['step_number'])}-{tag}.patch"
@@ -110,8 +126,13 @@ def finish(workdir: Path) -> tuple[Path, Path]:
     if "resolve" not in step:
         step["resolve"] = tomlkit.aot()
     entry = tomlkit.table()
-    entry.update({"commit": state["commit"], "path": f"patches/{name}",
-                  "sha256": hashlib.sha256(diff).hexdigest()})
+    entry.update(
+        {
+            "commit": state["commit"],
+            "path": f"patches/{name}",
+            "sha256": hashlib.sha256(diff).hexdigest(),
+        }
+    )
     step["resolve"].append(entry)
     atomic_write_text(manifest_path, tomlkit.dumps(doc))
     abort(workdir)
@@ -121,6 +142,5 @@ def finish(workdir: Path) -> tuple[Path, Path]:
 def abort(workdir: Path) -> None:
     workdir = Path(workdir).absolute()
     common = gitcli.out(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=workdir)
-    gitcli.git(["worktree", "remove", "--force", str(workdir)], git_dir=Path(common),
-               check=False)
+    gitcli.git(["worktree", "remove", "--force", str(workdir)], git_dir=Path(common), check=False)
     shutil.rmtree(workdir, ignore_errors=True)

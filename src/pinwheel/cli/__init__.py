@@ -155,7 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return int(args.func(ctx, args) or 0)
     except PinwheelError as err:
-        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(err))}", markup=True)
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"[bold red]error:[/] {escape(str(err))}", markup=True
+        )
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted; nothing was half-written (writes are atomic)", file=sys.stderr)

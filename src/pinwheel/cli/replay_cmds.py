@@ -26,8 +26,6 @@ def _cache(ctx: Context) -> Cache:
     return Cache(ctx.cache, ctx.mirrors, ctx.offline)
 
 
-
-
 def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
     manifest = ctx.manifest()
     ctx.console.print(
@@ -35,8 +33,13 @@ def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
         f"{manifest.upstream.commit[:12]} ({escape(manifest.upstream.url)})",
         highlight=False,
     )
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-               MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=ctx.console, transient=True, disable=ctx.json) as bar:
         task = bar.add_task("fetch + replay", total=len(manifest.steps))
 
@@ -96,8 +99,11 @@ def cmd_lock(ctx: Context, args: argparse.Namespace) -> int:
     )
     human = [f"  {c.where}: {c.old!s:.14} -> {c.new!s:.60}" for c in outcome.changes]
     ctx.emit(
-        {"changes": [c.__dict__ for c in outcome.changes], "head": outcome.head,
-         "tree": outcome.tree},
+        {
+            "changes": [c.__dict__ for c in outcome.changes],
+            "head": outcome.head,
+            "tree": outcome.tree,
+        },
         "\n".join(human or ["  nothing to change"]) + f"\nlocked {outcome.path.name}: "
         f"tree {outcome.tree}",
     )
@@ -131,17 +137,23 @@ def cmd_resolve(ctx: Context, args: argparse.Namespace) -> int:
     if args.action == "start":
         s = resolve.start(ctx.manifest(), _cache(ctx), Path(args.dir))
         ctx.emit(
-            {"workdir": str(s.workdir), "step": s.step_number, "commit": s.commit,
-             "files": list(s.files)},
+            {
+                "workdir": str(s.workdir),
+                "step": s.step_number,
+                "commit": s.commit,
+                "files": list(s.files),
+            },
             f"step {s.step_number} (PR #{s.pr}) commit {s.commit[:12]} recreated in {s.workdir}\n"
             + "".join(f"  conflict: {f}\n" for f in s.files)
             + f"fix the files, then: pinwheel resolve finish {args.dir}",
         )
     elif args.action == "finish":
         patch, manifest = resolve.finish(Path(args.dir))
-        ctx.emit({"patch": str(patch), "manifest": str(manifest)},
-                 f"recorded {patch.name} in {manifest.name}\nnext: pinwheel run  "
-                 "(then `pinwheel lock` to re-pin [result].tree)")
+        ctx.emit(
+            {"patch": str(patch), "manifest": str(manifest)},
+            f"recorded {patch.name} in {manifest.name}\nnext: pinwheel run  "
+            "(then `pinwheel lock` to re-pin [result].tree)",
+        )
     else:
         resolve.abort(Path(args.dir))
     return 0
