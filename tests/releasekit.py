@@ -55,8 +55,9 @@ def make_key(directory: Path, principal: str = "release@pinwheel.test") -> tuple
     """(private key, allowed_signers) made with the real ssh-keygen."""
     directory.mkdir(parents=True, exist_ok=True)
     key = directory / "release_key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", principal,
-                    "-f", str(key)], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", principal, "-f", str(key)], check=True
+    )
     pub = (directory / "release_key.pub").read_text().split()
     signers = directory / "allowed_signers"
     signers.write_text(f'{principal} namespaces="pinwheel" {pub[0]} {pub[1]}\n')
@@ -101,10 +102,20 @@ def write_provenance(build: Path, wheels: dict[str, str]) -> None:
         "schema": "pinwheel.provenance/1",
         "upstream": {"url": "https://example.invalid/up.git", "base": SHA_BASE},
         "steps": [
-            {"number": 1, "action": "pick", "pr": 11, "head": HEAD_A,
-             "commits": [{"original": "c" * 40, "replayed": "d" * 40, "author": "Ada <ada@x>"}]},
-            {"number": 2, "action": "merge", "pr": 12, "head": HEAD_B,
-             "commits": [{"original": "e" * 40, "replayed": "f" * 40, "author": "Lin <lin@x>"}]},
+            {
+                "number": 1,
+                "action": "pick",
+                "pr": 11,
+                "head": HEAD_A,
+                "commits": [{"original": "c" * 40, "replayed": "d" * 40, "author": "Ada <ada@x>"}],
+            },
+            {
+                "number": 2,
+                "action": "merge",
+                "pr": 12,
+                "head": HEAD_B,
+                "commits": [{"original": "e" * 40, "replayed": "f" * 40, "author": "Lin <lin@x>"}],
+            },
         ],
         "head": "9" * 40,
         "tree": "8" * 40,
@@ -177,8 +188,13 @@ class ReleaseServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def _send(self, h: http.server.BaseHTTPRequestHandler, code: int, body: bytes,
-              ctype: str = "text/plain") -> None:
+    def _send(
+        self,
+        h: http.server.BaseHTTPRequestHandler,
+        code: int,
+        body: bytes,
+        ctype: str = "text/plain",
+    ) -> None:
         h.send_response(code)
         h.send_header("Content-Type", ctype)
         h.send_header("Content-Length", str(len(body)))
@@ -192,8 +208,11 @@ class ReleaseServer:
         if name == "":
             if not self.listing:
                 return self._send(h, 404, b"no listing")
-            links = "".join(f'<a href="{html.escape(p.name)}">{html.escape(p.name)}</a>\n'
-                            for p in sorted(self.root.iterdir()) if p.is_file())
+            links = "".join(
+                f'<a href="{html.escape(p.name)}">{html.escape(p.name)}</a>\n'
+                for p in sorted(self.root.iterdir())
+                if p.is_file()
+            )
             return self._send(h, 200, f"<html><body>{links}</body></html>".encode(), "text/html")
         behaviour = self.behaviour.get(name)
         kind = behaviour.kind if behaviour else ""

@@ -54,11 +54,17 @@ def make_pack(root: Path) -> dict[str, object]:
     for name, tensors in shards.items():
         total += write_shard(root / name, tensors)
         weight_map.update({t: name for t in tensors})
-    (root / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": 4 * 3000}, "weight_map": weight_map}))
-    (root / "config.json").write_text(json.dumps({
-        "model_type": "glm", "quantization_config": {"quant_method": "exl3", "bits": 2.1,
-                                                     "tile_order": "row"}}))
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 4 * 3000}, "weight_map": weight_map})
+    )
+    (root / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "glm",
+                "quantization_config": {"quant_method": "exl3", "bits": 2.1, "tile_order": "row"},
+            }
+        )
+    )
     sha = hashlib.sha256((root / "model-00002-of-00003.safetensors").read_bytes()).hexdigest()
     return {"total": total, "sha2": sha}
 
@@ -66,12 +72,14 @@ def make_pack(root: Path) -> dict[str, object]:
 @pytest.fixture
 def pack(tmp_path: Path) -> tuple[Path, Path]:
     facts = make_pack(tmp_path / "glm")
-    manifest = write_manifest(tmp_path, model=f"""
+    manifest = write_manifest(
+        tmp_path,
+        model=f"""
 [model]
 repo = "org/GLM-test-EXL3"
-revision = "{'7' * 40}"
+revision = "{"7" * 40}"
 shards = 3
-total_bytes = {facts['total']}
+total_bytes = {facts["total"]}
 
 [model.config]
 "quantization_config.quant_method" = "exl3"
@@ -79,8 +87,9 @@ total_bytes = {facts['total']}
 "quantization_config.tile_order" = "row"
 
 [model.sha256]
-"model-00002-of-00003.safetensors" = "{facts['sha2']}"
-""")
+"model-00002-of-00003.safetensors" = "{facts["sha2"]}"
+""",
+    )
     return manifest, tmp_path / "glm"
 
 
@@ -157,11 +166,14 @@ def test_pins_are_checked_even_without_hashes(pack: tuple[Path, Path]) -> None:
 
 
 def test_bad_model_table_names_the_key(tmp_path: Path, capsys) -> None:
-    manifest = write_manifest(tmp_path, model="""
+    manifest = write_manifest(
+        tmp_path,
+        model="""
 [model]
 repo = "org/x"
 revision = "main"
-""")
+""",
+    )
     rc = main(["--manifest", str(manifest), "model", "check", str(tmp_path)])
     assert rc == EXIT_USAGE
     err = capsys.readouterr().err

@@ -47,23 +47,32 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> Kit:
     make_wheel(build, "pwb", "2.0", payload=40_000, seed=2)
     write_sums(build, [BIG, SMALL])
     write_provenance(build, {BIG: sha256_file(build / BIG), SMALL: sha256_file(build / SMALL)})
-    (build / "qualification.json").write_text(json.dumps(
-        {"verdict": "pass", "figures": {"decode_tok_s": 41.5, "needle_7k": True}}))
+    (build / "qualification.json").write_text(
+        json.dumps({"verdict": "pass", "figures": {"decode_tok_s": 41.5, "needle_7k": True}})
+    )
     key, signers = make_key(root / "keys")
-    manifest = write_manifest(root, release="""
+    manifest = write_manifest(
+        root,
+        release="""
 [release]
 allowed_signers = "keys/allowed_signers"
 principal = "release@pinwheel.test"
 torch_backend = "cpu"
-""")
+""",
+    )
     rc = main(["--manifest", str(manifest), "release", "--key", str(key)])
     assert rc == 0
     return Kit(root, manifest, build, root / "release", key, signers)
 
 
 def opts(kit: Kit, **kw: object) -> FetchOptions:
-    base: dict[str, object] = dict(timeout=1.0, retries=2, backoff=0.01,
-                                   allowed_signers=kit.signers, principal="release@pinwheel.test")
+    base: dict[str, object] = dict(
+        timeout=1.0,
+        retries=2,
+        backoff=0.01,
+        allowed_signers=kit.signers,
+        principal="release@pinwheel.test",
+    )
     base.update(kw)
     return FetchOptions(**base)  # type: ignore[arg-type]
 
@@ -84,31 +93,75 @@ def no_final_files(dest: Path) -> list[str]:
 
 def test_release_dir_is_complete_signed_and_checkable_by_hand(kit: Kit) -> None:
     names = sorted(p.name for p in kit.release.iterdir())
-    assert names == sorted([BIG, SMALL, "provenance.json", "qualification.json",
-                            "RELEASE_NOTES.md", "SHA256SUMS", "SHA256SUMS.sig"])
+    assert names == sorted(
+        [
+            BIG,
+            SMALL,
+            "provenance.json",
+            "qualification.json",
+            "RELEASE_NOTES.md",
+            "SHA256SUMS",
+            "SHA256SUMS.sig",
+        ]
+    )
     # The plain tools a V100 owner already uses must agree.
     subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=kit.release, check=True)
     with open(kit.release / "SHA256SUMS", "rb") as fh:
-        subprocess.run(["ssh-keygen", "-Y", "verify", "-f", str(kit.signers), "-I",
-                        "release@pinwheel.test", "-n", "pinwheel", "-s",
-                        str(kit.release / "SHA256SUMS.sig")], stdin=fh, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [
+                "ssh-keygen",
+                "-Y",
+                "verify",
+                "-f",
+                str(kit.signers),
+                "-I",
+                "release@pinwheel.test",
+                "-n",
+                "pinwheel",
+                "-s",
+                str(kit.release / "SHA256SUMS.sig"),
+            ],
+            stdin=fh,
+            check=True,
+            capture_output=True,
+        )
     notes = (kit.release / "RELEASE_NOTES.md").read_text()
-    for expected in ("Fix MTP init on SM70", "EXL3 kernels for V100", "Ada <ada@x>",
-                     "Lin <lin@x>", "8" * 40, "12.4.131", "sm_70", "decode_tok_s", "41.5",
-                     "1" * 40, BIG):
+    for expected in (
+        "Fix MTP init on SM70",
+        "EXL3 kernels for V100",
+        "Ada <ada@x>",
+        "Lin <lin@x>",
+        "8" * 40,
+        "12.4.131",
+        "sm_70",
+        "decode_tok_s",
+        "41.5",
+        "1" * 40,
+        BIG,
+    ):
         assert expected in notes, expected
 
 
-def test_release_refuses_a_wheel_that_differs_from_the_build_sums(kit: Kit, tmp_path: Path,
-                                                                  capsys) -> None:
+def test_release_refuses_a_wheel_that_differs_from_the_build_sums(
+    kit: Kit, tmp_path: Path, capsys
+) -> None:
     build = tmp_path / "wheels"
     shutil.copytree(kit.build, build)
     data = bytearray((build / SMALL).read_bytes())
     data[100] ^= 1
     (build / SMALL).write_bytes(bytes(data))
-    rc = main(["--manifest", str(kit.manifest), "release", "--from", str(build),
-               "--out", str(tmp_path / "rel"), "--no-sign"])
+    rc = main(
+        [
+            "--manifest",
+            str(kit.manifest),
+            "release",
+            "--from",
+            str(build),
+            "--out",
+            str(tmp_path / "rel"),
+            "--no-sign",
+        ]
+    )
     assert rc == EXIT_VERIFY
     assert SMALL in capsys.readouterr().err
     assert not (tmp_path / "rel").exists()
@@ -118,8 +171,18 @@ def test_release_without_provenance_still_writes_notes(kit: Kit, tmp_path: Path)
     build = tmp_path / "wheels"
     build.mkdir()
     shutil.copy(kit.build / SMALL, build)
-    rc = main(["--manifest", str(kit.manifest), "release", "--from", str(build),
-               "--out", str(tmp_path / "rel"), "--no-sign"])
+    rc = main(
+        [
+            "--manifest",
+            str(kit.manifest),
+            "release",
+            "--from",
+            str(build),
+            "--out",
+            str(tmp_path / "rel"),
+            "--no-sign",
+        ]
+    )
     assert rc == 0
     notes = (tmp_path / "rel" / "RELEASE_NOTES.md").read_text()
     assert "not recorded" in notes and "Fix MTP init on SM70" in notes
@@ -136,33 +199,71 @@ def test_clean_fetch_then_install_with_uv_into_a_fresh_venv(kit: Kit, tmp_path: 
     assert rc == 0
     subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=dest, check=True)
     assert not [p for p in dest.iterdir() if p.name.endswith(".part")]
-    rc = main(["--manifest", str(kit.manifest), "install", str(dest), "--venv", str(venv),
-               "--installer", "uv"])
+    rc = main(
+        [
+            "--manifest",
+            str(kit.manifest),
+            "install",
+            str(dest),
+            "--venv",
+            str(venv),
+            "--installer",
+            "uv",
+        ]
+    )
     assert rc == 0
-    out = subprocess.run([str(venv / "bin/python"), "-c",
-                          "import pwa, pwb; print(pwa.VALUE, '|', pwb.VALUE)"],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [str(venv / "bin/python"), "-c", "import pwa, pwb; print(pwa.VALUE, '|', pwb.VALUE)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert out.strip() == "pwa 1.0 | pwb 2.0"
 
 
 def test_install_with_pip_require_hashes(kit: Kit, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
-    rc = main(["--manifest", str(kit.manifest), "--json", "install", str(kit.release),
-               "--venv", str(venv), "--installer", "pip", "--no-deps"])
+    rc = main(
+        [
+            "--manifest",
+            str(kit.manifest),
+            "--json",
+            "install",
+            str(kit.release),
+            "--venv",
+            str(venv),
+            "--installer",
+            "pip",
+            "--no-deps",
+        ]
+    )
     assert rc == 0
-    out = subprocess.run([str(venv / "bin/python"), "-c", "import pwa; print(pwa.VALUE)"],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [str(venv / "bin/python"), "-c", "import pwa; print(pwa.VALUE)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert out.strip() == "pwa 1.0"
 
 
-def test_pip_install_refuses_a_wheel_changed_after_fetch(kit: Kit, tmp_path: Path,
-                                                         capsys) -> None:
+def test_pip_install_refuses_a_wheel_changed_after_fetch(kit: Kit, tmp_path: Path, capsys) -> None:
     wheels = served_copy(kit, tmp_path)
     data = bytearray((wheels / SMALL).read_bytes())
     data[-10] ^= 0xFF
     (wheels / SMALL).write_bytes(bytes(data))
-    rc = main(["--manifest", str(kit.manifest), "install", str(wheels), "--venv",
-               str(tmp_path / "venv"), "--installer", "pip"])
+    rc = main(
+        [
+            "--manifest",
+            str(kit.manifest),
+            "install",
+            str(wheels),
+            "--venv",
+            str(tmp_path / "venv"),
+            "--installer",
+            "pip",
+        ]
+    )
     assert rc == EXIT_VERIFY
     assert "sha256 mismatch" in capsys.readouterr().err
     assert not (tmp_path / "venv").exists()
@@ -238,8 +339,7 @@ def test_wheel_missing_from_sums_is_refused(kit: Kit, tmp_path: Path) -> None:
     # asking for it by name is refused too, with or without a listing
     with ReleaseServer(served) as srv, pytest.raises(VerifyError):
         srv.listing = False
-        fetch_release(resolve_source(srv.url), dest, opts(kit),
-                      only=("evil-0.1-py3-none-any.whl",))
+        fetch_release(resolve_source(srv.url), dest, opts(kit), only=("evil-0.1-py3-none-any.whl",))
     assert no_final_files(dest) == []
 
 
@@ -250,8 +350,18 @@ def test_unsigned_or_badly_signed_sums_are_refused(kit: Kit, tmp_path: Path, cap
     (served / "SHA256SUMS").write_text(sums)
     dest = tmp_path / "dl"
     with ReleaseServer(served) as srv:
-        rc = main(["--manifest", str(kit.manifest), "fetch", srv.url, "--dest", str(dest),
-                   "--retries", "0"])
+        rc = main(
+            [
+                "--manifest",
+                str(kit.manifest),
+                "fetch",
+                srv.url,
+                "--dest",
+                str(dest),
+                "--retries",
+                "0",
+            ]
+        )
         err = capsys.readouterr().err
         assert rc == EXIT_VERIFY
         assert "signature over SHA256SUMS does not verify" in err
@@ -261,20 +371,36 @@ def test_unsigned_or_badly_signed_sums_are_refused(kit: Kit, tmp_path: Path, cap
             fetch_release(resolve_source(srv.url), dest, opts(kit))
     # a signature by a key that is not in allowed_signers
     other_key, _ = make_key(tmp_path / "other", "mallory@x")
-    subprocess.run(["ssh-keygen", "-Y", "sign", "-q", "-f", str(other_key), "-n", "pinwheel",
-                    str(served / "SHA256SUMS")], check=True)
+    subprocess.run(
+        [
+            "ssh-keygen",
+            "-Y",
+            "sign",
+            "-q",
+            "-f",
+            str(other_key),
+            "-n",
+            "pinwheel",
+            str(served / "SHA256SUMS"),
+        ],
+        check=True,
+    )
     with ReleaseServer(served) as srv, pytest.raises(VerifyError, match="does not verify"):
         fetch_release(resolve_source(srv.url), dest, opts(kit, principal=None))
     assert no_final_files(dest) == []
 
 
-@pytest.mark.parametrize("kind, message", [
-    ("404", "not found (HTTP 404)"),
-    ("500", "HTTP 500"),
-    ("stall", "stalled: no data for 0.5 s"),
-])
-def test_server_failures_end_with_a_clear_error(kit: Kit, tmp_path: Path, kind: str,
-                                                message: str) -> None:
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("404", "not found (HTTP 404)"),
+        ("500", "HTTP 500"),
+        ("stall", "stalled: no data for 0.5 s"),
+    ],
+)
+def test_server_failures_end_with_a_clear_error(
+    kit: Kit, tmp_path: Path, kind: str, message: str
+) -> None:
     from releasekit import Behaviour
 
     dest = tmp_path / "dl"
@@ -294,8 +420,18 @@ def test_server_failures_end_with_a_clear_error(kit: Kit, tmp_path: Path, kind: 
 
 def test_sums_404_is_a_clear_error(kit: Kit, tmp_path: Path, capsys) -> None:
     with ReleaseServer(tmp_path) as srv:
-        rc = main(["fetch", srv.url, "--dest", str(tmp_path / "dl"), "--retries", "0",
-                   "--manifest", str(tmp_path / "none.toml")])
+        rc = main(
+            [
+                "fetch",
+                srv.url,
+                "--dest",
+                str(tmp_path / "dl"),
+                "--retries",
+                "0",
+                "--manifest",
+                str(tmp_path / "none.toml"),
+            ]
+        )
     assert rc == 1
     assert "SHA256SUMS: not found (HTTP 404)" in capsys.readouterr().err
 
@@ -305,8 +441,11 @@ def test_disk_full_on_a_tiny_tmpfs(kit: Kit, tmp_path: Path) -> None:
     mnt.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     try:
@@ -336,9 +475,21 @@ def test_cli_reports_exit_code_and_next_step_in_a_subprocess(kit: Kit, tmp_path:
     data[5] ^= 0x40
     (served / SMALL).write_bytes(bytes(data))
     with ReleaseServer(served) as srv:
-        proc = subprocess.run([sys.executable, "-m", "pinwheel", "--manifest", str(kit.manifest),
-                               "fetch", srv.url, "--dest", str(tmp_path / "dl")],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pinwheel",
+                "--manifest",
+                str(kit.manifest),
+                "fetch",
+                srv.url,
+                "--dest",
+                str(tmp_path / "dl"),
+            ],
+            capture_output=True,
+            text=True,
+        )
     assert proc.returncode == EXIT_VERIFY
     assert f"sha256 mismatch for {SMALL}" in proc.stderr and "next:" in proc.stderr
     assert SMALL not in no_final_files(tmp_path / "dl")

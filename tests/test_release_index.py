@@ -38,16 +38,32 @@ def _free_port() -> int:
 @pytest.fixture
 def pypiserver(tmp_path: Path) -> Iterator[str]:
     exe = shutil.which("pypi-server", path=os.path.dirname(sys.executable)) or shutil.which(
-        "pypi-server")
+        "pypi-server"
+    )
     if exe is None:
         pytest.skip("pypiserver is not installed (pip install '.[test]')")
     packages = tmp_path / "index"
     packages.mkdir()
     port = _free_port()
     # -a . -P . : no authentication, so twine's upload needs no real credentials.
-    proc = subprocess.Popen([exe, "run", "-i", "127.0.0.1", "-p", str(port), "-a", ".", "-P", ".",
-                             "--disable-fallback", str(packages)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            exe,
+            "run",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-a",
+            ".",
+            "-P",
+            ".",
+            "--disable-fallback",
+            str(packages),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         for _ in range(200):
@@ -69,10 +85,13 @@ def signed_release(tmp_path: Path) -> tuple[Path, Path]:
     build = tmp_path / "wheels"
     make_wheel(build, "pwidx", "3.1", payload=30_000, seed=3)
     key, _signers = make_key(tmp_path / "keys")
-    manifest = write_manifest(tmp_path, release="""
+    manifest = write_manifest(
+        tmp_path,
+        release="""
 [release]
 allowed_signers = "keys/allowed_signers"
-""")
+""",
+    )
     assert main(["--manifest", str(manifest), "release", "--key", str(key)]) == 0
     return manifest, tmp_path / "release"
 
@@ -84,8 +103,17 @@ def test_twine_upload_then_pip_require_hashes_and_fetch_back(
     env_before = dict(os.environ)
     os.environ.update(TWINE_USERNAME="ci", TWINE_PASSWORD="ci")
     try:
-        rc = main(["--manifest", str(manifest), "publish", "--to", "index",
-                   "--repository-url", pypiserver])
+        rc = main(
+            [
+                "--manifest",
+                str(manifest),
+                "publish",
+                "--to",
+                "index",
+                "--repository-url",
+                pypiserver,
+            ]
+        )
     finally:
         os.environ.clear()
         os.environ.update(env_before)
@@ -96,26 +124,70 @@ def test_twine_upload_then_pip_require_hashes_and_fetch_back(
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     req = tmp_path / "req.txt"
     req.write_text(f"pwidx==3.1 --hash=sha256:{sha256_file(release / WHEEL)}\n")
-    subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", "--require-hashes",
-                    "--no-cache-dir", "--index-url", pypiserver + "simple/", "--no-deps",
-                    "-r", str(req)], check=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
-    out = subprocess.run([str(venv / "bin/python"), "-c", "import pwidx; print(pwidx.VALUE)"],
-                         check=True, capture_output=True, text=True).stdout
+    subprocess.run(
+        [
+            str(venv / "bin/python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--require-hashes",
+            "--no-cache-dir",
+            "--index-url",
+            pypiserver + "simple/",
+            "--no-deps",
+            "-r",
+            str(req),
+        ],
+        check=True,
+        env={**os.environ, "PIP_CONFIG_FILE": os.devnull},
+    )
+    out = subprocess.run(
+        [str(venv / "bin/python"), "-c", "import pwidx; print(pwidx.VALUE)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert out.strip() == "pwidx 3.1"
 
     # a wrong hash must make pip refuse: the check above is a real one
     req.write_text("pwidx==3.1 --hash=sha256:" + "0" * 64 + "\n")
-    bad = subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q",
-                          "--require-hashes", "--no-cache-dir", "--force-reinstall",
-                          "--index-url", pypiserver + "simple/", "--no-deps", "-r", str(req)],
-                         capture_output=True, text=True,
-                         env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+    bad = subprocess.run(
+        [
+            str(venv / "bin/python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--require-hashes",
+            "--no-cache-dir",
+            "--force-reinstall",
+            "--index-url",
+            pypiserver + "simple/",
+            "--no-deps",
+            "-r",
+            str(req),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PIP_CONFIG_FILE": os.devnull},
+    )
     assert bad.returncode != 0 and "HASHES" in bad.stderr.upper()
 
     # pinwheel fetch from the index project page, checked against the signed sums
     dest = tmp_path / "dl"
-    rc = main(["--manifest", str(manifest), "fetch", pypiserver + "simple/pwidx/",
-               "--sums", str(release / "SHA256SUMS"), "--dest", str(dest)])
+    rc = main(
+        [
+            "--manifest",
+            str(manifest),
+            "fetch",
+            pypiserver + "simple/pwidx/",
+            "--sums",
+            str(release / "SHA256SUMS"),
+            "--dest",
+            str(dest),
+        ]
+    )
     assert rc == 0
     assert sha256_file(dest / WHEEL) == sha256_file(release / WHEEL)
 
@@ -127,8 +199,17 @@ def test_publish_refuses_a_release_that_does_not_verify(
     data = bytearray((release / WHEEL).read_bytes())
     data[3] ^= 1
     (release / WHEEL).write_bytes(bytes(data))
-    rc = main(["--manifest", str(manifest), "publish", "--to", "index",
-               "--repository-url", "http://127.0.0.1:9/"])
+    rc = main(
+        [
+            "--manifest",
+            str(manifest),
+            "publish",
+            "--to",
+            "index",
+            "--repository-url",
+            "http://127.0.0.1:9/",
+        ]
+    )
     assert rc == EXIT_VERIFY
     assert "sha256 mismatch" in capsys.readouterr().err
 
