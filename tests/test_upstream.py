@@ -261,7 +261,7 @@ def test_pick_of_pr172_is_refused_because_it_merged_main(tmp_path):
     text = (EXAMPLES / "1cat-hazard-pr172.toml").read_text()
     manifest.write_text(text.replace('action = "merge"', 'action = "pick"'))
     rc, _, err = pinwheel(manifest, "run", tmp_path / "cache")
-    assert rc != 0
+    assert rc == 2  # the manifest asks for the impossible: an edit fixes it
     assert "PR #172 contains merge commit 7ca9f191a4aa" in err
     assert 'action = "merge"' in err
 
