@@ -140,7 +140,7 @@ def test_pick_refuses_pr_with_merge_commits(stack, capsys):
     m = stack.write(steps_with_heads(stack, [{"action": "pick", "pr": 3}]))
     rc = stack.cli(m, "run")[0]
     err = capsys.readouterr().err
-    assert rc == 1
+    assert rc == 2
     assert "PR #3 contains merge commit" in err and 'action = "merge"' in err
 
 

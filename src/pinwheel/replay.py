@@ -26,7 +26,7 @@ from pygit2.enums import MergeFlag, SortMode
 
 from . import gitcli
 from .cache import Cache, Fetched
-from .errors import ConflictError, DriftError, MismatchError, PinwheelError
+from .errors import ConflictError, DriftError, ManifestError, MismatchError, PinwheelError
 from .manifest import Identity, Manifest, Step
 
 Progress = Callable[[str], None]
@@ -130,7 +130,8 @@ def pick_commits(
     merges = [c for c in picked if len(c.parents) > 1]
     if merges:
         first = merges[0]
-        raise PinwheelError(
+        # Exit 2: the manifest asks for something impossible; the fix is an edit.
+        raise ManifestError(
             f"PR #{step.pr} contains merge commit {str(first.id)[:12]} "
             f"'{_subject(first.message)}' ({len(merges)} merge(s) in its range): "
             "its own commits cannot be cherry-picked in order",
