@@ -312,8 +312,13 @@ def test_release_attests_the_checksums_and_publishes_pinwheel_notes() -> None:
     jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
     attest = [s for s in jobs["attest"]["steps"] if "attest-build-provenance" in s.get("uses", "")]
     assert attest and attest[0]["with"] == {"subject-checksums": "release/SHA256SUMS"}
+    # pinwheel verifies the release dir and names the files; gh uploads exactly those.
+    assert ["publish", "release", "--to", "github", "--json"] in list(
+        pinwheel_invocations(jobs["publish"])
+    )
     publish = " ".join(run_scripts(jobs["publish"]))
-    assert "gh release create" in publish and "--notes-file release/RELEASE_NOTES.md" in publish
+    assert "gh release create" in publish and "jq -r .notes" in publish
+    assert '"${files[@]}"' in publish
     assert any(
         argv[0] == "release" and "--key" in argv for argv in pinwheel_invocations(jobs["assemble"])
     )
@@ -529,3 +534,89 @@ def _importable(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+# --------------------------------------------------------------------------- release steps, run
+
+
+def step_named(job: dict[str, Any], prefix: str) -> dict[str, Any]:
+    return next(s for s in job["steps"] if s.get("name", "").startswith(prefix))
+
+
+def run_step(
+    step: dict[str, Any], cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """A step's run: script under bash -e, as GitHub's default shell runs it."""
+    return subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+        cwd=cwd,
+        env={**env, **{k: str(v) for k, v in (step.get("env") or {}).items()}},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_release_steps_sign_and_upload_exactly_the_release(tmp_path: Path) -> None:
+    # The assemble and publish steps' own scripts, on a real build output, with the
+    # real pinwheel release/publish and ssh-keygen. Stand-ins: `gh` (needs GitHub)
+    # records its arguments; tools/replay is the installed pinwheel (its venv
+    # bootstrap is tested in test_launcher.py).
+    from releasekit import make_key, make_wheel, write_manifest
+
+    work, bin_dir, temp = tmp_path / "work", tmp_path / "bin", tmp_path / "runner-temp"
+    for d in (work / "tools", bin_dir, temp):
+        d.mkdir(parents=True)
+    pinwheel = Path(sys.executable).parent / "pinwheel"
+    launcher = work / "tools" / "replay"
+    launcher.write_text(f'#!/bin/sh\nexec "{pinwheel}" "$@"\n')
+    launcher.chmod(0o755)
+    gh_log = tmp_path / "gh.log"
+    gh = bin_dir / "gh"
+    gh.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{gh_log}"\n')
+    gh.chmod(0o755)
+    make_wheel(work / "wheels", "engine", "1.0", payload=1000)
+    key, _ = make_key(work / "keys")
+    write_manifest(
+        work,
+        release='[release]\nallowed_signers = "keys/allowed_signers"\n'
+        '[release.github]\nrepo = "acme/engine"\n',
+    )
+    env = {**os.environ, "RUNNER_TEMP": str(temp), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
+    secret = key.read_text()
+    outputs = ""
+    for name in ("Write the signing key", "SHA256SUMS, signature", "Remove the signing key"):
+        step = step_named(jobs["assemble"], name)
+        step_env = {**env, "SIGN_KEY": secret} if "SIGN_KEY" in (step.get("env") or {}) else env
+        result = run_step({**step, "env": {}}, work, step_env)
+        assert result.returncode == 0, result.stderr
+        outputs += result.stdout + result.stderr
+    assert not (temp / "sign_key").exists(), "the signing key outlived the job"
+    assert "PRIVATE KEY" not in outputs
+    release = work / "release"
+    assert (release / "SHA256SUMS.sig").is_file() and (release / "RELEASE_NOTES.md").is_file()
+
+    verify = step_named(jobs["publish"], "Verify the release")
+    assert run_step(verify, work, env).returncode == 0
+    upload = step_named(jobs["publish"], "GitHub release")
+    env_gh = {"GH_TOKEN": "t", "GH_REPO": "acme/engine", "TAG": "kit-20261010"}
+    result = run_step({**upload, "env": env_gh}, work, env)
+    assert result.returncode == 0, result.stderr
+    args = gh_log.read_text().splitlines()
+    assert args[:7] == [
+        "release",
+        "create",
+        "kit-20261010",
+        "--verify-tag",
+        "--title",
+        "kit-20261010",
+        "--notes-file",
+    ]
+    assert args[7] == "release/RELEASE_NOTES.md"
+    assert sorted(Path(a).name for a in args[8:]) == sorted(p.name for p in release.iterdir())
+
+    gh_log.unlink()
+    wrong = run_step({**upload, "env": {**env_gh, "GH_REPO": "other/fork"}}, work, env)
+    assert wrong.returncode == 2 and "not other/fork@kit-20261010" in wrong.stdout
+    assert not gh_log.exists(), "uploaded to a repository the manifest does not name"
