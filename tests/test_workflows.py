@@ -620,3 +620,68 @@ def test_release_steps_sign_and_upload_exactly_the_release(tmp_path: Path) -> No
     wrong = run_step({**upload, "env": {**env_gh, "GH_REPO": "other/fork"}}, work, env)
     assert wrong.returncode == 2 and "not other/fork@kit-20261010" in wrong.stdout
     assert not gh_log.exists(), "uploaded to a repository the manifest does not name"
+
+
+STAND_IN_SERVER = """\
+import argparse, http.server, subprocess, sys
+p = argparse.ArgumentParser()
+p.add_argument("--port", type=int)
+args, _ = p.parse_known_args(sys.argv[1:])
+worker = subprocess.Popen(["sleep", "600"])  # like the engine's worker processes
+open("worker.pid", "w").write(str(worker.pid))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", args.port), H).serve_forever()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has exited; its parent (here: nobody useful) has not reaped it yet.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_qualify_steps_start_wait_for_and_stop_the_whole_server(tmp_path: Path) -> None:
+    # The start, wait and stop steps' own scripts with a stand-in server (vLLM on a
+    # V100 cannot run here) that has a worker child: stopping must end both.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    work = tmp_path / "work"
+    (work / "tools").mkdir(parents=True)
+    (work / "server.py").write_text(STAND_IN_SERVER)
+    launcher = work / "tools" / "replay"
+    launcher.write_text(
+        f'#!/bin/sh\n[ "$1" = serve ] && shift && exec "{sys.executable}" server.py "$@"\nexit 1\n'
+    )
+    launcher.chmod(0o755)
+    job = load_workflow(WORKFLOWS / "gpu-qualify.yml")["jobs"]["qualify"]
+    env = {k: str(v).replace("${{ github.workspace }}", str(work)) for k, v in job["env"].items()}
+    env["PORT"] = str(port)
+    env = {**os.environ, **env, "PINWHEEL_MODEL_DIR": str(tmp_path / "model")}
+    Path(env["OUT"]).mkdir(parents=True)
+    Path(env["SERVER_PID"]).parent.mkdir(parents=True, exist_ok=True)
+    pids: list[int] = []
+    try:
+        for name in ("Start the server", "Wait for the server"):
+            result = run_step(step_named(job, name), work, env)
+            assert result.returncode == 0, result.stdout + result.stderr
+        pids = [int(Path(env["SERVER_PID"]).read_text()), int((work / "worker.pid").read_text())]
+        assert all(_alive(pid) for pid in pids)
+        result = run_step(step_named(job, "Stop the server"), work, env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert not any(_alive(pid) for pid in pids), "a server process outlived the stop step"
+        # Stopping again (nothing left) is not an error: the step runs under always().
+        assert run_step(step_named(job, "Stop the server"), work, env).returncode == 0
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, 9)
