@@ -108,6 +108,7 @@ class Topology:
 
 
 _GPU_LABEL = re.compile(r"^GPU(\d+)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # some drivers underline the header even when piped
 
 
 def parse_topo(text: str) -> Topology:
@@ -115,7 +116,7 @@ def parse_topo(text: str) -> Topology:
     columns: NICs, CPU/NUMA affinity, GPU NUMA ID)."""
     header: list[int] | None = None
     links: dict[tuple[int, int], str] = {}
-    for line in text.splitlines():
+    for line in _ANSI.sub("", text).splitlines():
         tokens = line.split()
         if not tokens:
             continue

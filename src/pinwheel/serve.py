@@ -184,13 +184,15 @@ def parse_serve_table(table: Table) -> ServeConfig:
     recipe = table.str("recipe")
     if recipe.startswith("/") or ".." in Path(recipe).parts or not recipe.endswith(".sh"):
         raise table.error("recipe", "a relative path to a .sh file inside the repo", recipe)
-    eng = table.sub("engine")
-    eng.only("module", "quantization", "architecture")
-    engine = Engine(
-        module=eng.str("module", "vllm"),
-        quantization=eng.str("quantization", None),
-        architecture=eng.str("architecture", None),
-    )
+    engine = Engine(module="vllm", quantization=None, architecture=None)
+    if table.has("engine"):
+        eng = table.sub("engine")
+        eng.only("module", "quantization", "architecture")
+        engine = Engine(
+            module=eng.str("module", "vllm"),
+            quantization=eng.str("quantization", None),
+            architecture=eng.str("architecture", None),
+        )
     holder = table.sub("profile")
     profiles = tuple(
         _parse_profile(holder.sub(name, label=f"[serve.profile.{name}]"), name)
