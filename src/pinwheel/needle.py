@@ -34,6 +34,7 @@ FILLER = (
     "The church bell rang at noon and again at six in the evening.",
 )
 WORDS = ("amber", "cobalt", "falcon", "granite", "harbor", "juniper", "lantern", "meadow")
+MIN_HAYSTACK = 64  # tokens of filler, at least
 _REPEAT = re.compile(r"(.)\1{19,}", re.S)
 
 
@@ -102,7 +103,7 @@ def needle_value(length: int, depth: float) -> str:
 def build(lay: Layout, needle: Sequence[int], length: int, depth: float) -> list[int]:
     """Token ids of exactly ``length``: template, intro, filler with the needle at ``depth``."""
     room = length - lay.fixed - len(needle)
-    if room < len(lay.filler):
+    if room < MIN_HAYSTACK:
         raise NeedleError(
             f"a {length}-token prompt leaves no room for the haystack "
             f"(template, question and needle take {lay.fixed + len(needle)})",
@@ -131,14 +132,16 @@ class Score:
 
 
 def score(text: str, value: str, finish_reason: str | None) -> Score:
-    """Exact match of the passphrase in the answer; garbage is named, never counted as a miss."""
+    """Exact match of the passphrase in the answer, ignoring letter case (a model that
+    writes "Amber-7932" for "amber-7932" found it); garbage is named, never a miss."""
     answer = text.rsplit("</think>", 1)[-1].strip()
+    found = value.lower() in answer.lower()
     if not answer:
         return Score("garbage", "empty answer", answer)
     if _REPEAT.search(answer):
         return Score("garbage", "a run of one character", answer[:200])
-    if finish_reason == "length" and value not in answer:
+    if finish_reason == "length" and not found:
         return Score("garbage", "hit the length cap without answering", answer[:200])
-    if value in answer:
+    if found:
         return Score("pass", "exact passphrase in the answer", answer[:200])
     return Score("miss", "passphrase not in the answer", answer[:200])
