@@ -38,6 +38,7 @@ def kernels(session: nox.Session) -> None:
 
 @nox.session(name="qualify-cpu", python=PYTHONS)
 def qualify_cpu(session: nox.Session) -> None:
-    """End-to-end qualification against a real CPU vLLM server."""
-    session.install("-e", ".[test]")
+    """End-to-end qualification against a real CPU vLLM server (venv + model cached in
+    $PINWHEEL_TEST_CACHE, default ~/.cache/pinwheel-test)."""
+    session.install("-e", ".[test,qualify]")
     session.run("pytest", "-m", "slow and qualify", *session.posargs, env=dict(os.environ))
