@@ -249,3 +249,49 @@ def test_cpu_profile_skips_gpu_checks(tmp_path):
     assert checks["gpus"].status == SKIP and checks["topology"].status == SKIP
     if shutil.which("gcc"):
         assert checks["gcc"].status == OK
+
+
+def _stand_in_selftest(tmp_path: Path, result: dict) -> Path:
+    """No GPU here: an interpreter that answers the self-test script with a canned result
+    in the shape the real script prints (the real run is in the device report)."""
+    import json
+
+    (tmp_path / "result.json").write_text(json.dumps(result))
+    py = tmp_path / "selftest-python"
+    py.write_text(f"#!/bin/sh\ncat {tmp_path / 'result.json'}\n")
+    py.chmod(0o755)
+    return py
+
+
+def test_selftest_names_a_corrupted_pair_and_the_nccl_fix(tmp_path):
+    from pinwheel.preflight import run_selftest
+
+    result = {
+        "via": "pinwheel_selftest",
+        "devices": 2,
+        "pairs": [
+            {"src": 0, "dst": 1, "peer": True, "ok": True},
+            {"src": 1, "dst": 0, "peer": True, "ok": False},
+        ],
+        "gemm": [
+            {"device": 0, "err": 0.0, "err_kind": "max abs err", "ok": True, "jit": False},
+            {"device": 1, "err": 0.0, "err_kind": "max abs err", "ok": True, "jit": False},
+        ],
+    }
+    opts = _opts(tmp_path, python=_stand_in_selftest(tmp_path, result))
+    p2p, gemm = run_selftest(opts)
+    assert p2p.status == FAIL and "GPU1->GPU0" in p2p.detail and "NCCL_P2P_DISABLE=1" in p2p.next
+    assert gemm.status == OK
+
+
+def test_selftest_on_one_gpu_skips_pairs_but_checks_the_gemm(tmp_path):
+    from pinwheel.preflight import run_selftest
+
+    result = {
+        "via": "torch",
+        "devices": 1,
+        "pairs": [],
+        "gemm": [{"device": 0, "err": 0.5, "err_kind": "max rel err", "ok": False, "jit": None}],
+    }
+    p2p, gemm = run_selftest(_opts(tmp_path, python=_stand_in_selftest(tmp_path, result)))
+    assert p2p.status == SKIP and gemm.status == FAIL and "pinwheel install" in gemm.next
