@@ -295,3 +295,18 @@ def test_selftest_on_one_gpu_skips_pairs_but_checks_the_gemm(tmp_path):
     }
     p2p, gemm = run_selftest(_opts(tmp_path, python=_stand_in_selftest(tmp_path, result)))
     assert p2p.status == SKIP and gemm.status == FAIL and "pinwheel install" in gemm.next
+
+
+def test_real_capture_from_an_h200_with_ansi_underlines():
+    """Captured with `nvidia-smi topo -m > file` on the device machine (driver 580)."""
+    text = (TOPO / "h200-1gpu-captured.txt").read_text()
+    assert "\x1b[4m" in text
+    topo = parse_topo(text)
+    assert topo.gpus == (0,) and topo.links == {}
+
+
+def test_card_profile_on_a_one_gpu_box_fails_count_and_skips_topology(tmp_path):
+    csv = "0, NVIDIA H200, 9.0, 143771, 00000000:00:06.0\n"
+    checks = _by_name(preflight(_opts(tmp_path, csv=csv, topo="h200-1gpu-captured.txt")))
+    assert checks["gpu count"].status == FAIL
+    assert checks["topology"].status == SKIP and "GPU1, GPU2, GPU3" in checks["topology"].detail

@@ -249,6 +249,10 @@ def check_topology(opts: Options, topo: Topology | None, error: str | None) -> l
                 "run `nvidia-smi topo -m` by hand",
             )
         ]
+    absent = [d for d in opts.devices if d not in topo.gpus]
+    if absent:
+        listed = ", ".join(f"GPU{d}" for d in absent)
+        return [Check("topology", SKIP, f"{listed} not in the matrix (see gpu count)")]
     slow = []
     for group in prof.tp_groups:
         phys = [opts.devices[r] for r in group if r < len(opts.devices)]
