@@ -247,3 +247,34 @@ def test_qualify_table_errors_name_the_key(tmp_path):
 
 def test_gate_failure_exit_code_is_seven():
     assert EXIT_GATE == 7
+
+
+def test_a_busy_server_is_not_measured(tmp_path, capsys):
+    class Busy(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            if self.path == "/v1/models":
+                body = json.dumps({"data": [{"id": "m", "max_model_len": 4096}]}).encode()
+            elif self.path == "/metrics":
+                body = b'vllm:num_requests_running{engine="0"} 1.0\nvllm:num_requests_waiting{engine="0"} 2.0\n'
+            else:
+                body = b"{}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = _Server(Busy)
+    try:
+        m = _cpu_manifest(tmp_path, **{"idle_timeout_s = 10": "idle_timeout_s = 1"})
+        code = main(
+            ["qualify", "--manifest", str(m), "--url", srv.url, "--out", str(tmp_path / "out")]
+        )
+    finally:
+        srv.close()
+    assert code == 1
+    assert "not idle: 3 requests running or waiting" in capsys.readouterr().err
