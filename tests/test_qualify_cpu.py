@@ -163,7 +163,7 @@ def test_a_failing_gate_says_fail_and_exits_7(server, tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["qualify", "--manifest", str(m), "--url", server.url, "--out", str(out)])
     assert code == 7
-    err = capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())
     assert "qualification FAILED" in err and "single-stream tok/s" in err
     r = json.loads((out / "receipt.json").read_text())
     gate = next(g for g in r["gates"] if g["name"] == "single-stream tok/s")
@@ -218,6 +218,7 @@ def test_a_server_that_dies_mid_run(cpu, tmp_path):
         pid = int((out / "server.pid").read_text())
         os.killpg(pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
+        err = " ".join(err.split())  # the console wraps long lines
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -233,6 +234,7 @@ def test_a_server_that_never_becomes_healthy(cpu, tmp_path):
     out = tmp_path / "out"
     proc = _qualify_process(cpu, FIXTURE, out, empty)
     _, err = proc.communicate(timeout=600)
+    err = " ".join(err.split())  # the console wraps long lines
     assert proc.returncode == 1
     assert "exited with code" in err and "before it became healthy" in err
     assert "last lines of" in err  # the server's own last words come with the error

@@ -29,6 +29,11 @@ from pinwheel.vllmclient import metric_by_label, metric_total, parse_prometheus
 FIXTURE = Path(__file__).parent / "fixtures" / "qualify-cpu.toml"
 
 
+def _flat(text: str) -> str:
+    """The console wraps long lines; compare words, not line breaks."""
+    return " ".join(text.split())
+
+
 def _profile(**kw):
     base = dict(
         name="p",
@@ -173,7 +178,7 @@ def test_a_server_that_never_becomes_healthy_times_out_with_advice(tmp_path, cap
     finally:
         srv.close()
     assert code == 1
-    err = capsys.readouterr().err
+    err = _flat(capsys.readouterr().err)
     assert "not healthy after 2 s" in err and "health_timeout_s" in err
     receipt = json.loads((tmp_path / "out" / "receipt.json").read_text())
     assert receipt["verdict"] == "ERROR" and receipt["decode"] == []
@@ -220,7 +225,7 @@ def test_a_stream_cut_mid_reply_is_reported_as_the_server_going_away(tmp_path, c
     finally:
         srv.close()
     assert code == 1
-    err = capsys.readouterr().err
+    err = _flat(capsys.readouterr().err)
     assert "stopped answering" in err and "before [DONE]" in err
     assert json.loads((tmp_path / "out" / "receipt.json").read_text())["verdict"] == "ERROR"
 
@@ -257,7 +262,10 @@ def test_a_busy_server_is_not_measured(tmp_path, capsys):
             if self.path == "/v1/models":
                 body = json.dumps({"data": [{"id": "m", "max_model_len": 4096}]}).encode()
             elif self.path == "/metrics":
-                body = b'vllm:num_requests_running{engine="0"} 1.0\nvllm:num_requests_waiting{engine="0"} 2.0\n'
+                body = (
+                    b'vllm:num_requests_running{engine="0"} 1.0\n'
+                    b'vllm:num_requests_waiting{engine="0"} 2.0\n'
+                )
             else:
                 body = b"{}"
             self.send_response(200)
@@ -277,4 +285,4 @@ def test_a_busy_server_is_not_measured(tmp_path, capsys):
     finally:
         srv.close()
     assert code == 1
-    assert "not idle: 3 requests running or waiting" in capsys.readouterr().err
+    assert "not idle: 3 requests running or waiting" in _flat(capsys.readouterr().err)
