@@ -23,7 +23,7 @@ from . import Context, command
 
 
 def _cache(ctx: Context) -> Cache:
-    return Cache(ctx.cache, ctx.mirrors, ctx.offline)
+    return Cache(ctx.cache, ctx.mirrors, ctx.offline, show_progress=not ctx.json)
 
 
 def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
@@ -55,6 +55,7 @@ def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
             offline=ctx.offline,
             allow_drift=getattr(args, "allow_drift", False),
             progress=progress,
+            show_fetch_progress=not ctx.json,
         )
 
 
