@@ -42,3 +42,16 @@ def qualify_cpu(session: nox.Session) -> None:
     $PINWHEEL_TEST_CACHE, default ~/.cache/pinwheel-test)."""
     session.install("-e", ".[test,qualify]")
     session.run("pytest", "-m", "slow and qualify", *session.posargs, env=dict(os.environ))
+
+
+@nox.session(python=PYTHONS)
+def upstream(session: nox.Session) -> None:
+    """Acceptance on the real 1Cat-vLLM upstream, then the replay benchmark.
+
+    Needs PINWHEEL_MIRRORS mapping https://github.com/1CatAI/1Cat-vLLM.git to a
+    local mirror; without it the tests skip and the benchmark is not run.
+    """
+    session.install("-e", ".[test]")
+    session.run("pytest", "-m", "upstream", "-rs", *session.posargs, env=dict(os.environ))
+    if "PINWHEEL_MIRRORS" in os.environ:
+        session.run("python", "bench/replay.py", "--runs", "5", env=dict(os.environ))

@@ -1,7 +1,10 @@
 """SHA256SUMS files (``sha256sum -c`` format) and parallel hashing of large files.
 
 Hashing ~100 GiB of model or wheels is I/O plus one core per file; hashlib
-releases the GIL on large updates, so threads give real parallelism.
+(OpenSSL, SHA-NI where the CPU has it) releases the GIL on large updates, so
+threads give real parallelism. One file cannot be split (SHA-256 is a chain),
+so many files are spread over the cores, largest first, so the last file to
+finish is a small one.
 """
 
 from __future__ import annotations
@@ -9,33 +12,65 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .errors import VerifyError
 from .fsutil import atomic_write_text
 
-CHUNK = 4 * 1024 * 1024
+# 8 MiB reads: few syscalls, and each update hands OpenSSL a block big enough
+# that the GIL stays released for most of the time.
+CHUNK = 8 * 1024 * 1024
 _LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
 
+# Called with a byte count after every read, from the hashing threads.
+ProgressFn = Callable[[int], None]
 
-def sha256_file(path: Path, chunk: int = CHUNK) -> str:
+
+def sha256_file(path: Path, chunk: int = CHUNK, on_bytes: ProgressFn | None = None) -> str:
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as fh:
+        if hasattr(os, "posix_fadvise"):
+            # Tell the kernel we read front to back: it reads ahead further.
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         buf = bytearray(chunk)
         view = memoryview(buf)
         while n := fh.readinto(buf):
             digest.update(view[:n])
+            if on_bytes is not None:
+                on_bytes(n)
     return digest.hexdigest()
 
 
-def sha256_files(paths: Iterable[Path], workers: int | None = None) -> dict[Path, str]:
+def default_workers(count: int) -> int:
+    return max(1, min(count, os.cpu_count() or 1))
+
+
+def sha256_files(
+    paths: Iterable[Path], workers: int | None = None, on_bytes: ProgressFn | None = None
+) -> dict[Path, str]:
     """Hash many files in parallel; returns {path: hexdigest} in input order."""
     paths = list(paths)
-    workers = workers or min(len(paths), os.cpu_count() or 1) or 1
+    if not paths:
+        return {}
+    workers = workers or default_workers(len(paths))
+    if workers == 1 or len(paths) == 1:
+        return {p: sha256_file(p, on_bytes=on_bytes) for p in paths}
+    # Largest first: with one big file last, one core would idle while the other finishes it.
+    order = sorted(paths, key=lambda p: -_size(p))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(zip(paths, pool.map(sha256_file, paths)))
+        done = dict(
+            zip(order, pool.map(lambda p: sha256_file(p, on_bytes=on_bytes), order), strict=True)
+        )
+    return {p: done[p] for p in paths}
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0  # let the hashing raise the real error, with the path in it
 
 
 def format_sums(digests: Mapping[str, str]) -> str:

@@ -13,6 +13,7 @@ their errors look the same and are raised at load time too.
 
 from __future__ import annotations
 
+import builtins
 import datetime as _dt
 import hashlib
 import importlib
@@ -34,6 +35,9 @@ FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 SHORT_SHA = re.compile(r"^[0-9a-f]{4,39}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 ACTIONS = ("pick", "merge", "patch")
+
+# Table's typed getters are named after the types they return (t.str, t.int),
+# so inside its body the builtins are spelled builtins.str etc.
 
 # Stage tables: name -> (module, parser). The parser takes the raw Table (or a
 # list of Tables for arrays of tables) and returns a frozen dataclass. A table
@@ -87,42 +91,46 @@ _MISSING = object()
 class Table:
     """A TOML table with enough context to blame a key: file, line, display name."""
 
-    path: str  # TOML path, e.g. "step" or "serve.profile"
-    index: int  # position in an array of tables, else 0
-    label: str  # what users read, e.g. "[[step]] #2 (PR 1159)"
-    data: Mapping[str, Any]
+    path: builtins.str  # TOML path, e.g. "step" or "serve.profile"
+    index: builtins.int  # position in an array of tables, else 0
+    label: builtins.str  # what users read, e.g. "[[step]] #2 (PR 1159)"
+    data: Mapping[builtins.str, Any]
     source: Path
-    lines: Mapping[tuple[str, int, str], int] = field(repr=False, default_factory=dict)
+    lines: Mapping[tuple[builtins.str, builtins.int, builtins.str], builtins.int] = field(
+        repr=False, default_factory=dict
+    )
 
     # -- blame ---------------------------------------------------------------
-    def line(self, key: str = "") -> int | None:
+    def line(self, key: builtins.str = "") -> builtins.int | None:
         return self.lines.get((self.path, self.index, key)) or self.lines.get(
             (self.path, self.index, "")
         )
 
-    def where(self, key: str = "") -> str:
+    def where(self, key: builtins.str = "") -> builtins.str:
         n = self.line(key)
         loc = f"{self.source.name}:{n}" if n else self.source.name
         return f"{loc}: {self.label}" + (f" key '{key}'" if key else "")
 
-    def error(self, key: str, expected: str, got: Any = _MISSING) -> ManifestError:
+    def error(
+        self, key: builtins.str, expected: builtins.str, got: Any = _MISSING
+    ) -> ManifestError:
         what = f"expected {expected}" + ("" if got is _MISSING else f", got {got!r}")
         return ManifestError(
             what, where=self.where(key), next=f"edit {self.source.name} and run `pinwheel plan`"
         )
 
     # -- typed getters -------------------------------------------------------
-    def has(self, key: str) -> bool:
+    def has(self, key: builtins.str) -> builtins.bool:
         return key in self.data
 
-    def raw(self, key: str, default: Any = _MISSING) -> Any:
+    def raw(self, key: builtins.str, default: Any = _MISSING) -> Any:
         if key in self.data:
             return self.data[key]
         if default is _MISSING:
             raise self.error(key, "this key (it is required)")
         return default
 
-    def str(self, key: str, default: Any = _MISSING) -> Any:
+    def str(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
@@ -130,7 +138,9 @@ class Table:
             raise self.error(key, "a non-empty string", value)
         return value
 
-    def int(self, key: str, default: Any = _MISSING, *, minimum: int | None = None) -> Any:
+    def int(
+        self, key: builtins.str, default: Any = _MISSING, *, minimum: builtins.int | None = None
+    ) -> Any:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
@@ -140,7 +150,7 @@ class Table:
             raise self.error(key, f"an integer >= {minimum}", value)
         return value
 
-    def float(self, key: str, default: Any = _MISSING) -> Any:
+    def float(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
@@ -148,13 +158,15 @@ class Table:
             raise self.error(key, "a number", value)
         return float(value)
 
-    def bool(self, key: str, default: Any = _MISSING) -> Any:
+    def bool(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if not isinstance(value, bool):
             raise self.error(key, "true or false", value)
         return value
 
-    def choice(self, key: str, choices: tuple[str, ...], default: Any = _MISSING) -> Any:
+    def choice(
+        self, key: builtins.str, choices: tuple[builtins.str, ...], default: Any = _MISSING
+    ) -> Any:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
@@ -162,15 +174,17 @@ class Table:
             raise self.error(key, "one of " + ", ".join(repr(c) for c in choices), value)
         return value
 
-    def str_list(self, key: str, default: Any = _MISSING) -> tuple[str, ...]:
+    def str_list(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
-            return tuple(value) if value is not None else value
+            return tuple(value) if value is not None else value  # type: ignore[no-any-return]
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
             raise self.error(key, "a list of non-empty strings", value)
         return tuple(value)
 
-    def str_map(self, key: str, default: Any = _MISSING) -> dict[str, str]:
+    def str_map(
+        self, key: builtins.str, default: Any = _MISSING
+    ) -> dict[builtins.str, builtins.str]:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return dict(value)
@@ -180,7 +194,9 @@ class Table:
             raise self.error(key, "a table of key = value strings", value)
         return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items()}
 
-    def sha(self, key: str, default: Any = _MISSING, *, allow_short: bool = False) -> Any:
+    def sha(
+        self, key: builtins.str, default: Any = _MISSING, *, allow_short: builtins.bool = False
+    ) -> Any:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
@@ -196,7 +212,7 @@ class Table:
             )
         raise self.error(key, "a full 40-hex lowercase commit SHA", value)
 
-    def sha256(self, key: str, default: Any = _MISSING) -> Any:
+    def sha256(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
@@ -204,7 +220,7 @@ class Table:
             raise self.error(key, "a 64-hex lowercase sha256", value)
         return value
 
-    def sub(self, key: str, label: str | None = None) -> Table:
+    def sub(self, key: builtins.str, label: builtins.str | None = None) -> Table:
         """A nested table (``[serve.profile.card]`` or an inline table)."""
         value = self.raw(key)
         if not isinstance(value, dict):
@@ -218,7 +234,7 @@ class Table:
             lines=self.lines,
         )
 
-    def subs(self, key: str) -> tuple[Table, ...]:
+    def subs(self, key: builtins.str) -> tuple[Table, ...]:
         """An array of tables nested in this one (``[[serve.profile]]``)."""
         value = self.raw(key, [])
         if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
@@ -235,7 +251,7 @@ class Table:
             for i, v in enumerate(value)
         )
 
-    def only(self, *allowed: str) -> None:
+    def only(self, *allowed: builtins.str) -> None:
         """Reject unknown keys: a typo must not silently drop a setting."""
         for key in self.data:
             if key not in allowed:
@@ -245,7 +261,7 @@ class Table:
                     next=f"fix the key name in {self.source.name}",
                 )
 
-    def path_under(self, key: str, root: Path, folder: str) -> Path:
+    def path_under(self, key: builtins.str, root: Path, folder: builtins.str) -> Path:
         """A relative path that must stay inside ``root/folder`` (no absolute, no ``..``)."""
         value = self.str(key)
         rel = PurePosixPath(value)
@@ -346,7 +362,9 @@ def parse_date(table: Table, key: str) -> tuple[int, int]:
         try:
             stamp = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
-            raise table.error(key, "an RFC 3339 date like 2026-10-10T00:00:00+00:00", value) from None
+            raise table.error(
+                key, "an RFC 3339 date like 2026-10-10T00:00:00+00:00", value
+            ) from None
     else:
         raise table.error(key, "an RFC 3339 date with an explicit offset", value)
     if stamp.tzinfo is None or stamp.utcoffset() is None:
@@ -393,16 +411,16 @@ def _parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
     else:
         patch = t.path_under("path", root, "patches")
         patch_sha = t.sha256("sha256")
-        _check_file_sha(t, "path", patch, patch_sha)
+        _check_file_sha(t, "path", patch, patch_sha, verify=not allow_short)
     resolutions = []
     for r in t.subs("resolve"):
         r.only("commit", "path", "sha256")
         commit = r.str("commit")
         if commit != "merge" and not FULL_SHA.match(commit):
-            raise r.error("commit", "a full commit SHA, or \"merge\" for a merge step", commit)
+            raise r.error("commit", 'a full commit SHA, or "merge" for a merge step', commit)
         p = r.path_under("path", root, "patches")
         digest = r.sha256("sha256")
-        _check_file_sha(r, "path", p, digest)
+        _check_file_sha(r, "path", p, digest, verify=not allow_short)
         resolutions.append(Resolution(commit=commit, patch=p, sha256=digest))
     return Step(
         number=number,
@@ -417,7 +435,8 @@ def _parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
     )
 
 
-def _check_file_sha(t: Table, key: str, path: Path, expected: str) -> None:
+def _check_file_sha(t: Table, key: str, path: Path, expected: str, *, verify: bool) -> None:
+    # In lock mode (verify=False) a changed patch is re-pinned, not refused.
     if not path.is_file():
         raise ManifestError(
             f"patch file {path.name} does not exist",
@@ -425,7 +444,7 @@ def _check_file_sha(t: Table, key: str, path: Path, expected: str) -> None:
             next="restore the file under patches/ or fix the path",
         )
     actual = hashlib.sha256(path.read_bytes()).hexdigest()
-    if actual != expected:
+    if verify and actual != expected:
         raise ManifestError(
             f"sha256 of {path.name} is {actual}, manifest pins {expected}",
             where=t.where("sha256"),
@@ -445,7 +464,11 @@ def _resolve_parser(spec: str) -> Callable[[Any], Any] | None:
 
 
 def load(path: str | Path, *, allow_short: bool = False) -> Manifest:
-    """Read and validate a manifest. ``allow_short`` is for ``pinwheel lock`` only."""
+    """Read and validate a manifest.
+
+    ``allow_short`` is lock mode (``pinwheel lock`` only): short SHAs and missing
+    heads are accepted, and patch checksums are left for lock to re-pin.
+    """
     path = Path(path).absolute()
     try:
         blob = path.read_bytes()

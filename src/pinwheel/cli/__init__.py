@@ -68,7 +68,7 @@ class Context:
     mirrors: dict[str, str]
     json: bool
     offline: bool
-    console: Console = field(default_factory=lambda: Console(stderr=True))
+    console: Console = field(default_factory=lambda: Console(stderr=True, soft_wrap=True))
     _manifest: Manifest | None = None
 
     def manifest(self, *, allow_short: bool = False) -> Manifest:
@@ -155,7 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return int(args.func(ctx, args) or 0)
     except PinwheelError as err:
-        Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(str(err))}", markup=True)
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"[bold red]error:[/] {escape(str(err))}", markup=True
+        )
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted; nothing was half-written (writes are atomic)", file=sys.stderr)

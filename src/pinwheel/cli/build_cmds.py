@@ -1,0 +1,125 @@
+"""Build-stage commands: kernels and toolchain (``register_kernels``), check and verify-build
+(``register_check``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from . import Context, command
+
+
+def register(sub: Any) -> None:
+    register_kernels(sub)
+    register_check(sub)
+
+
+def register_kernels(sub: Any) -> None:
+    """`pinwheel kernels`, `pinwheel toolchain` (their code: cli/kernel_cmds.py)."""
+    from .kernel_cmds import add_kernel_commands
+
+    add_kernel_commands(sub)
+
+
+def register_check(sub: Any) -> None:
+    p = command(sub, "check", "artifact check: SASS per arch, RPATH, zip safety, RECORD", _check)
+    p.add_argument("wheels", nargs="+", metavar="WHEEL", type=Path)
+    p.add_argument(
+        "--arch",
+        action="append",
+        default=[],
+        metavar="ARCH",
+        help="required arch (7.0, 7.0+PTX, sm_70; repeatable); default: [build] arches",
+    )
+    p.add_argument(
+        "--require",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="required member glob ([dist:]pattern); default: [build] required_members",
+    )
+    p.add_argument(
+        "--build-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an RPATH into DIR fails the check (repeatable)",
+    )
+    p.add_argument(
+        "--allow-no-cuda", action="store_true", help="a wheel with no CUDA shared object passes"
+    )
+    p.add_argument("--cuobjdump", metavar="PATH", help="cuobjdump to cross-check with")
+    p.add_argument(
+        "--no-tools",
+        action="store_true",
+        help="use neither cuobjdump nor auditwheel, only the built-in readers",
+    )
+
+    v = command(
+        sub, "verify-build", "rebuild from the manifest and compare wheel sha256s", _verify_build
+    )
+    v.add_argument(
+        "--wheels",
+        type=Path,
+        default=Path("wheels"),
+        help="the build to verify (holds provenance.json; default: wheels/)",
+    )
+    v.add_argument(
+        "--source",
+        type=Path,
+        help="rebuild from this exported tree instead of replaying the manifest",
+    )
+    v.add_argument("--keep", type=Path, help="keep the rebuilt wheels in this directory")
+
+
+def _check(ctx: Context, args: argparse.Namespace) -> int:
+    from ..check import CheckSpec, check_wheels, find_tools, spec_from_build
+    from ..cudaarch import parse_arches
+
+    tools: dict[str, Any] = {"cuobjdump": None, "auditwheel": None}
+    if not args.no_tools:
+        found_cuobjdump, found_auditwheel = find_tools()
+        tools = {"cuobjdump": args.cuobjdump or found_cuobjdump, "auditwheel": found_auditwheel}
+    overrides: dict[str, Any] = {
+        "build_dirs": tuple(str(Path(d).absolute()) for d in args.build_dir),
+        "require_cuda": not args.allow_no_cuda,
+        **tools,
+    }
+    if args.arch:
+        spec = CheckSpec(
+            arches=parse_arches(args.arch), required_members=tuple(args.require), **overrides
+        )
+    else:
+        build = ctx.manifest().stage("build")
+        if build is None:
+            from ..errors import UsageError
+
+            raise UsageError(
+                "no arches to check against: the manifest has no [build] table",
+                where=str(ctx.manifest_path),
+                next="pass --arch 7.0 or add [build]",
+            )
+        if args.require:
+            overrides["required_members"] = tuple(args.require)
+        spec = spec_from_build(build, **overrides)
+    report = check_wheels(args.wheels, spec)
+    if ctx.json:
+        ctx.emit(report.to_json())
+    else:
+        print("\n".join(report.human_lines()))
+    return 0 if report.ok else report_exit_code()
+
+
+def report_exit_code() -> int:
+    from ..errors import EXIT_VERIFY
+
+    return EXIT_VERIFY
+
+
+def _verify_build(ctx: Context, args: argparse.Namespace) -> int:
+    from ..build import verify_build
+
+    result = verify_build(ctx, args.wheels, source=args.source, keep=args.keep)
+    ctx.emit(result.to_json(), "\n".join(result.human_lines()))
+    return 0 if result.same else result.exit_code

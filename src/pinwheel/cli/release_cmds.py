@@ -1,0 +1,294 @@
+"""Subcommands of the release stage: release, publish, fetch, install, model fetch|check."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..manifest import Manifest
+from . import Context, command
+
+
+def _manifest_or_none(ctx: Context) -> Manifest | None:
+    """fetch and install work without a manifest (a user with only a URL); others need one."""
+    return ctx.manifest() if ctx.manifest_path.exists() else None
+
+
+def _signers(ctx: Context, args: argparse.Namespace) -> tuple[Path | None, str | None]:
+    from ..release import release_config
+
+    config = release_config(_manifest_or_none(ctx))
+    signers = Path(args.allowed_signers) if args.allowed_signers else config.allowed_signers
+    return signers, args.principal or config.principal
+
+
+# --------------------------------------------------------------------------- release / publish
+
+
+def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
+    from ..release import assemble, release_config
+
+    manifest = ctx.manifest()
+    config = release_config(manifest)
+    key = (
+        None if args.no_sign else (Path(args.key).expanduser() if args.key else config.signing_key)
+    )
+    built = assemble(
+        manifest,
+        config,
+        build=Path(args.source) if args.source else config.source,
+        out=Path(args.out) if args.out else config.dir,
+        key=key,
+        qualification=Path(args.qualification) if args.qualification else None,
+    )
+    for warning in built.warnings:
+        ctx.console.print(f"[yellow]warning:[/] {warning}")
+    ctx.emit(
+        {"dir": str(built.dir), "files": list(built.files), "signed": built.signed},
+        f"release in {built.dir}: {len(built.wheels)} wheels, "
+        f"{len(built.files)} files in SHA256SUMS"
+        + (", signed" if built.signed else ", NOT signed"),
+    )
+    return 0
+
+
+def cmd_publish(ctx: Context, args: argparse.Namespace) -> int:
+    from ..release import IndexTarget, github_plan, publish_index, release_config, verify_release
+
+    manifest = ctx.manifest()
+    config = release_config(manifest)
+    directory = Path(args.dir) if args.dir else config.dir
+    verified = verify_release(
+        directory, allowed_signers=config.allowed_signers, principal=config.principal
+    )
+    if args.to == "index":
+        target = IndexTarget(args.repository_url) if args.repository_url else config.index
+        if target is None:
+            raise UsageError(
+                "no index to publish to",
+                where="[release.index] url",
+                next="set [release.index] url or pass --repository-url URL",
+            )
+        wheels = publish_index(verified, target)
+        ctx.emit(
+            {"index": target.url, "uploaded": wheels},
+            f"uploaded {len(wheels)} wheels to {target.url}",
+        )
+    elif args.to == "github":
+        if config.github is None:
+            raise UsageError(
+                "no GitHub target",
+                where="[release.github] repo",
+                next='set [release.github] repo = "owner/name"',
+            )
+        plan = github_plan(verified, config.github, manifest)
+        ctx.emit(plan, " ".join(plan["command"]))
+    else:
+        from ..hub import upload_folder
+
+        hub = config.huggingface
+        if hub is None:
+            raise UsageError(
+                "no Hugging Face target",
+                where="[release.huggingface] repo",
+                next="set [release.huggingface] repo and revision",
+            )
+        url = upload_folder(
+            directory,
+            repo=hub.repo,
+            revision=hub.revision,
+            parent_commit=hub.parent_commit,
+            repo_type=hub.repo_type,
+            path_in_repo=hub.path_in_repo,
+            message=f"pinwheel release {manifest.result.tag or manifest.name}",
+        )
+        ctx.emit(
+            {"repo": hub.repo, "revision": hub.revision, "commit": url},
+            f"uploaded {directory} to {hub.repo}@{hub.revision}: {url}",
+        )
+    return 0
+
+
+# --------------------------------------------------------------------------- fetch / install
+
+
+def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
+    from ..download import FetchOptions, RichProgress, fetch_release, resolve_source
+
+    if ctx.offline and not Path(args.source).is_dir():
+        raise UsageError(
+            "--offline: only a directory source can be fetched",
+            where="pinwheel fetch SOURCE",
+            next="drop --offline or pass a directory",
+        )
+    signers, principal = _signers(ctx, args)
+    opts = FetchOptions(
+        timeout=args.timeout,
+        retries=args.retries,
+        allowed_signers=signers,
+        principal=principal,
+        sums=args.sums,
+    )
+    source = resolve_source(args.source)
+    with RichProgress(ctx.console) as bars:
+        result = fetch_release(source, Path(args.dest), opts, bars, only=tuple(args.file))
+    payload: dict[str, Any] = {
+        "source": source.describe(),
+        "dest": str(result.dest),
+        "signed_by": result.signed_by,
+        "files": [f.__dict__ for f in result.files],
+    }
+    resumed = [f.name for f in result.files if f.resumed_from]
+    ctx.emit(
+        payload,
+        f"fetched {len(result.files)} files into {result.dest}, all sha256 verified"
+        + (f", signature by {result.signed_by}" if result.signed_by else ", unsigned")
+        + (f"; resumed: {', '.join(resumed)}" if resumed else ""),
+    )
+    return 0
+
+
+def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
+    from ..install import install
+    from ..release import release_config
+
+    signers, principal = _signers(ctx, args)
+    backend = args.torch_backend or release_config(_manifest_or_none(ctx)).torch_backend
+    result = install(
+        Path(args.dir),
+        Path(args.venv),
+        torch_backend=backend,
+        installer=args.installer,
+        no_deps=args.no_deps,
+        allowed_signers=signers,
+        principal=principal,
+    )
+    ctx.emit(
+        {
+            "venv": str(result.venv),
+            "installer": result.installer,
+            "wheels": list(result.wheels),
+            "commands": [list(c) for c in result.commands],
+        },
+        f"installed {', '.join(result.wheels)} into {result.venv} with {result.installer}",
+    )
+    return 0
+
+
+# --------------------------------------------------------------------------- model
+
+
+def _model(ctx: Context) -> Any:
+    manifest = ctx.manifest()
+    pack = manifest.stages.get("model")
+    if pack is None:
+        raise UsageError(
+            "the manifest has no [model] table",
+            where=manifest.path.name,
+            next="add [model] repo = ..., revision = ... (see docs/README-release.md)",
+        )
+    return pack
+
+
+def cmd_model_check(ctx: Context, args: argparse.Namespace) -> int:
+    from ..modelpack import check_model
+
+    report = check_model(Path(args.dir), _model(ctx), hashes=not args.no_hash)
+    ctx.emit(
+        {
+            "dir": str(report.dir),
+            "shards": list(report.shards),
+            "total_bytes": report.total_bytes,
+            "hashed": list(report.hashed),
+        },
+        f"model pack OK: {len(report.shards)} shards, {report.total_bytes} bytes"
+        + (f", {len(report.hashed)} hashes match" if report.hashed else ""),
+    )
+    return 0
+
+
+def cmd_model_fetch(ctx: Context, args: argparse.Namespace) -> int:
+    from ..modelpack import fetch_model
+
+    if ctx.offline:
+        raise UsageError(
+            "--offline: model fetch needs the hub", next="run `pinwheel model check DIR`"
+        )
+    pack = _model(ctx)
+    local = Path(args.local_dir or pack.local_dir or (pack.repo or "model").rsplit("/", 1)[-1])
+    report = fetch_model(pack, local)
+    ctx.emit(
+        {"dir": str(report.dir), "shards": len(report.shards)},
+        f"model pack in {report.dir}: {len(report.shards)} shards, checked",
+    )
+    return 0
+
+
+def _model_help(ctx: Context, args: argparse.Namespace) -> int:
+    raise UsageError(
+        "model needs a subcommand", next="pinwheel model check DIR | pinwheel model fetch"
+    )
+
+
+def register(sub: Any) -> None:
+    p = command(sub, "release", "assemble a signed release dir from the build output", cmd_release)
+    p.add_argument(
+        "--from", dest="source", help="build output (default: [release] source, wheels/)"
+    )
+    p.add_argument("--out", help="release dir (default: [release] dir, release/)")
+    p.add_argument(
+        "--key", help="ssh private key to sign SHA256SUMS (default: [release] signing_key)"
+    )
+    p.add_argument("--no-sign", action="store_true", help="leave SHA256SUMS unsigned")
+    p.add_argument("--qualification", help="qualification receipt (JSON) to include in the notes")
+
+    p = command(sub, "publish", "upload a verified release: index (twine), github, hf", cmd_publish)
+    p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
+    p.add_argument("--to", required=True, choices=("index", "github", "hf"))
+    p.add_argument("--repository-url", help="index upload URL (default: [release.index] url)")
+
+    p = command(sub, "fetch", "download a release (URL|DIR|INDEX) and verify every file", cmd_fetch)
+    p.add_argument(
+        "source", help="release base URL, directory, or index project URL (.../simple/NAME/)"
+    )
+    p.add_argument("--dest", default="wheels", help="where verified files go (default: wheels)")
+    p.add_argument("--sums", help="SHA256SUMS URL or path (required for an index source)")
+    p.add_argument("--file", action="append", default=[], help="only this listed file (repeatable)")
+    _signer_options(p)
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds of silence = stall")
+    p.add_argument("--retries", type=int, default=5, help="retries per request, with backoff")
+
+    p = command(sub, "install", "install verified wheels into a venv (uv, else pip)", cmd_install)
+    p.add_argument("dir", nargs="?", default="wheels", help="fetched wheels (default: wheels)")
+    p.add_argument("--venv", default=".venv", help="target venv, created if missing")
+    p.add_argument("--torch-backend", help="uv --torch-backend (default: [release] torch_backend)")
+    p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
+    p.add_argument("--no-deps", action="store_true", help="install only the release wheels")
+    _signer_options(p)
+
+    p = command(
+        sub, "model", "model pack: fetch at the pinned revision, check offline", _model_help
+    )
+    msub = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND")
+    m = command(
+        msub, "check", "check a downloaded model pack against [model] (offline)", cmd_model_check
+    )
+    m.add_argument("dir", help="the model directory")
+    m.add_argument("--no-hash", action="store_true", help="skip the pinned sha256s (fast)")
+    m = command(
+        msub,
+        "fetch",
+        "snapshot_download [model] at its pinned revision, then check",
+        cmd_model_fetch,
+    )
+    m.add_argument("--local-dir", help="download into this dir (default: [model] local_dir)")
+
+
+def _signer_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allowed-signers", help="verify SHA256SUMS.sig with this allowed_signers file")
+    p.add_argument("--principal", help="signer identity in allowed_signers (default: any listed)")
+
+
+__all__ = ["register"]

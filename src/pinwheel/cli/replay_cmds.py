@@ -1,0 +1,184 @@
+"""Replay subcommands: plan, run, build, lock, drift, export, resolve."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from ..cache import Cache
+from ..replay import ReplayResult, lock_payload, replay_manifest
+from . import Context, command
+
+
+def _cache(ctx: Context) -> Cache:
+    return Cache(ctx.cache, ctx.mirrors, ctx.offline, show_progress=not ctx.json)
+
+
+def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
+    manifest = ctx.manifest()
+    ctx.console.print(
+        f"replaying {manifest.name}: {len(manifest.steps)} step(s) on "
+        f"{manifest.upstream.commit[:12]} ({escape(manifest.upstream.url)})",
+        highlight=False,
+    )
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=ctx.console, transient=True, disable=ctx.json) as bar:
+        task = bar.add_task("fetch + replay", total=len(manifest.steps))
+
+        def progress(msg: str) -> None:
+            if not ctx.json:
+                ctx.console.print(escape(msg), highlight=False)
+            bar.advance(task)
+
+        return replay_manifest(
+            manifest,
+            cache=ctx.cache,
+            mirrors=ctx.mirrors,
+            offline=ctx.offline,
+            allow_drift=getattr(args, "allow_drift", False),
+            progress=progress,
+            show_fetch_progress=not ctx.json,
+        )
+
+
+def _summary(result: ReplayResult) -> str:
+    verified = result.manifest.result.tree
+    state = "matches [result].tree" if verified else "UNVERIFIED (no [result].tree pinned)"
+    lines = [f"head {result.head}", f"tree {result.tree}  {state}"]
+    if result.tag:
+        lines.append(f"tag  {result.tag} (in the cache)")
+    return "\n".join(lines)
+
+
+def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
+    result = _replay(ctx, args)
+    ctx.emit(lock_payload(result), _summary(result))
+    return 0
+
+
+def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
+    result = _replay(ctx, args)
+    try:
+        build = importlib.import_module("pinwheel.build")
+    except ModuleNotFoundError:
+        ctx.emit(lock_payload(result), _summary(result) + "\n(wheel build stage not installed)")
+        return 0
+    return int(build.build_wheels(ctx, ctx.manifest(), result, Path(args.out)) or 0)
+
+
+def cmd_plan(ctx: Context, args: argparse.Namespace) -> int:
+    from ..plan import make_plan, plan_payload, render_plan
+
+    plan = make_plan(ctx.manifest(), _cache(ctx))
+    ctx.emit(plan_payload(plan), render_plan(plan))
+    return 0
+
+
+def cmd_lock(ctx: Context, args: argparse.Namespace) -> int:
+    from ..lock import lock_manifest
+
+    outcome = lock_manifest(
+        ctx.manifest_path, _cache(ctx), update_base=args.update_base, update_heads=args.update_heads
+    )
+    human = [f"  {c.where}: {c.old!s:.14} -> {c.new!s:.60}" for c in outcome.changes]
+    ctx.emit(
+        {
+            "changes": [c.__dict__ for c in outcome.changes],
+            "head": outcome.head,
+            "tree": outcome.tree,
+        },
+        "\n".join(human or ["  nothing to change"]) + f"\nlocked {outcome.path.name}: "
+        f"tree {outcome.tree}",
+    )
+    return 0
+
+
+def cmd_drift(ctx: Context, args: argparse.Namespace) -> int:
+    from ..drift import drift_payload, drift_report, render_drift
+
+    report = drift_report(ctx.manifest(), _cache(ctx))
+    ctx.emit(drift_payload(report), render_drift(report))
+    return 0
+
+
+def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
+    from ..export import export_tarball, export_tree
+
+    result = _replay(ctx, args)
+    payload = lock_payload(result)
+    if args.dir:
+        payload["dir"] = str(export_tree(result, Path(args.dir)))
+    tarball, lock = export_tarball(result, Path(args.out))
+    payload.update(tarball=str(tarball), lock=str(lock))
+    ctx.emit(payload, f"{_summary(result)}\nwrote {tarball}\nwrote {lock}")
+    return 0
+
+
+def cmd_resolve(ctx: Context, args: argparse.Namespace) -> int:
+    from .. import resolve
+
+    if args.action == "start":
+        s = resolve.start(ctx.manifest(), _cache(ctx), Path(args.dir))
+        ctx.emit(
+            {
+                "workdir": str(s.workdir),
+                "step": s.step_number,
+                "commit": s.commit,
+                "files": list(s.files),
+            },
+            f"step {s.step_number} (PR #{s.pr}) commit {s.commit[:12]} recreated in {s.workdir}\n"
+            + "".join(f"  conflict: {f}\n" for f in s.files)
+            + f"fix the files, then: pinwheel resolve finish {args.dir}",
+        )
+    elif args.action == "finish":
+        patch, manifest = resolve.finish(Path(args.dir))
+        ctx.emit(
+            {"patch": str(patch), "manifest": str(manifest)},
+            f"recorded {patch.name} in {manifest.name}\nnext: pinwheel run  "
+            "(then `pinwheel lock` to re-pin [result].tree)",
+        )
+    else:
+        resolve.abort(Path(args.dir))
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = command(sub, "plan", "dry run: commits per step, merge hazard, drifted heads", cmd_plan)
+    p = command(sub, "run", "replay the stack in the cache; print head and tree", cmd_run)
+    p.add_argument("--allow-drift", action="store_true", help="replay pinned heads that moved")
+    p = command(sub, "build", "replay, then build the release wheels into wheels/", cmd_build)
+    p.add_argument("--allow-drift", action="store_true", help="replay pinned heads that moved")
+    p.add_argument("--out", default="wheels", help="output directory (default: wheels/)")
+    try:  # the build stage adds its own options (toolchain, arches...)
+        importlib.import_module("pinwheel.build").add_build_arguments(p)
+    except (ModuleNotFoundError, AttributeError):
+        pass
+    p = command(sub, "lock", "pin short SHAs, PR heads, commits and the tree in place", cmd_lock)
+    p.add_argument("--update-base", action="store_true", help="move the base to the branch tip")
+    p.add_argument("--update-heads", action="store_true", help="move PR heads to upstream's")
+    command(sub, "drift", "compare the manifest with upstream now", cmd_drift)
+    p = command(sub, "export", "write the tree as a tarball + lock JSON", cmd_export)
+    p.add_argument("--out", default="wheels", help="directory for the tarball and lock")
+    p.add_argument("--dir", help="also extract the tree into this directory")
+    p.add_argument("--allow-drift", action="store_true", help=argparse.SUPPRESS)
+    p = command(sub, "resolve", "fix a conflict once and record it under patches/", cmd_resolve)
+    p.add_argument("action", choices=("start", "finish", "abort"))
+    p.add_argument("dir", help="checkout directory for the conflict")

@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gitfixture import UPSTREAM_URL, Upstream, manifest_text
+from pinwheel.cli import main
+
+
+@dataclass
+class Stack:
+    """A real upstream with four PRs (see make_stack) and a place for manifests."""
+
+    up: Upstream
+    tmp: Path
+    base: str
+    pr: dict[int, str]  # PR -> head
+    commits: dict[str, str]  # name -> sha
+
+    @property
+    def mirror(self) -> str:
+        return f"{UPSTREAM_URL}={self.up.bare}"
+
+    def write(self, steps: list[dict[str, object]], name: str = "manifest.toml", **kw) -> Path:
+        path = self.tmp / name
+        path.write_text(manifest_text(self.base, steps, **kw))
+        return path
+
+    def cli(
+        self, manifest: Path, *args: str, cache: Path | None = None, capsys=None
+    ) -> tuple[int, dict | str]:
+        cache = cache or self.tmp / "cache"
+        argv = [
+            "--manifest",
+            str(manifest),
+            "--cache",
+            str(cache),
+            "--mirror",
+            self.mirror,
+            "--json",
+            *args,
+        ]
+        rc = main(argv)
+        if capsys is None:
+            return rc, ""
+        out = capsys.readouterr().out
+        try:
+            return rc, json.loads(out)
+        except json.JSONDecodeError:
+            return rc, out
+
+
+def make_stack(tmp: Path) -> Stack:
+    up = Upstream(tmp / "gh")
+    c = {}
+    c["base"] = up.commit(
+        {"a.txt": "alpha\n", "b.txt": "beta\n", "shared.txt": "one\ntwo\n"}, "initial"
+    )
+    # PR 1: odd timezones, an empty commit, a new file.
+    up.checkout("main", "pr1")
+    c["p1a"] = up.commit(
+        {"a.txt": "alpha v2\n"}, "a: v2", author="Kiri Te <kiri@example.nz>", tz="+1245"
+    )
+    c["p1b"] = up.commit(
+        {}, "empty: mark a milestone", author="Mo Q <mo@example.org>", tz="-0930", allow_empty=True
+    )
+    c["p1c"] = up.commit({"new/file.txt": "hello\n"}, "add new/file.txt\n\nWith a body.\n")
+    # PR 2: independent.
+    up.checkout("main")
+    up.checkout("main", "pr2")
+    c["p2a"] = up.commit(
+        {"b.txt": "beta v2\n"}, "b: v2", author="Ravi K <ravi@example.in>", tz="+0530"
+    )
+    # main moves on after the base.
+    up.checkout("main")
+    c["m1"] = up.commit({"c.txt": "main moved\n"}, "main: newer work")
+    # PR 3: branched from base, merged newer main, then more work.
+    up.checkout(c["base"], "pr3")
+    c["p3a"] = up.commit({"d.txt": "pr3\n"}, "pr3: first")
+    c["p3m"] = up.merge("main", "Merge branch 'main' into pr3")
+    c["p3b"] = up.commit({"d.txt": "pr3 v2\n"}, "pr3: second")
+    # PR 4: conflicts with PR 1 on a.txt.
+    up.checkout(c["base"], "pr4")
+    c["p4a"] = up.commit(
+        {"a.txt": "alpha CONFLICT\n"}, "a: rival edit", author="Zed <zed@example.org>"
+    )
+    up.checkout("main")
+    up.publish({1: "pr1", 2: "pr2", 3: "pr3", 4: "pr4"})
+    prs = {1: c["p1c"], 2: c["p2a"], 3: c["p3b"], 4: c["p4a"]}
+    return Stack(up=up, tmp=tmp, base=c["base"], pr=prs, commits=c)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Stack:
+    return make_stack(tmp_path)

@@ -1,0 +1,215 @@
+"""The engine build driver on a real replayed tree: a tiny setuptools project in a real git
+upstream, replayed by the real engine, built with `python -m build --no-isolation`, checked,
+checksummed and recorded. Device code comes from a stand-in (see tinyproject.py); the slow
+tests build a real .cu with nvcc 12.4."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gitfixture import UPSTREAM_URL, Upstream, git, manifest_text
+from pinwheel.build import BuildError, build_from_source, compare_builds
+from pinwheel.errors import VerifyError
+from pinwheel.export import export_tree
+from pinwheel.manifest import load
+from pinwheel.provenance import read_receipt
+from pinwheel.replay import replay_manifest
+from tinyproject import BUILD_TABLE, STANDIN_SETUP, project_files
+
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+WHEEL = f"tiny-0.4.1.dev3+tinycard-cp{PY.replace('.', '')}-cp{PY.replace('.', '')}-linux_x86_64.whl"
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("gcc") and shutil.which("objcopy")), reason="needs gcc and objcopy"
+)
+
+
+@dataclass
+class Tiny:
+    up: Upstream
+    tmp: Path
+    base: str
+    pr_head: str
+
+    def manifest(
+        self, *, ptx: str = "false", extra_env: str = "", name: str = "m.toml", threads: int = 2
+    ) -> Path:
+        table = BUILD_TABLE.format(python=PY, ptx=ptx, extra_env=extra_env, threads=threads)
+        path = self.tmp / name
+        path.write_text(
+            manifest_text(
+                self.base, [{"action": "pick", "pr": 7, "head": self.pr_head}], extra=table
+            )
+        )
+        return path
+
+    def replay(self, manifest: Path):
+        return replay_manifest(
+            load(manifest), cache=self.tmp / "cache", mirrors={UPSTREAM_URL: str(self.up.bare)}
+        )
+
+
+def make_tiny(tmp: Path, setup_py: str = STANDIN_SETUP) -> Tiny:
+    up = Upstream(tmp / "gh")
+    base = up.commit(project_files(setup_py), "tiny: initial")
+    up.checkout("main", "pr7")
+    head = up.commit(
+        {"tiny/__init__.py": '"""tiny, patched by PR 7."""\nPATCHED = True\n'},
+        "tiny: mark patched",
+        author="Pat Ch <pat@example.org>",
+    )
+    up.checkout("main")
+    up.publish({7: "pr7"})
+    return Tiny(up, tmp, base, head)
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Tiny:
+    return make_tiny(tmp_path)
+
+
+def build(tiny: Tiny, manifest: Path, out: Path, work: str = "work"):
+    result = tiny.replay(manifest)
+    source = export_tree(result, tiny.tmp / work / "src")
+    outcome = build_from_source(
+        load(manifest), source, out, toolkit=None, replayed=result, work=tiny.tmp / work
+    )
+    return result, outcome
+
+
+def test_build_checks_sums_and_records_provenance(tiny: Tiny) -> None:
+    manifest = tiny.manifest()
+    out = tiny.tmp / "wheels"
+    result, outcome = build(tiny, manifest, out)
+    assert [p.name for p in outcome.wheels] == [WHEEL]
+    assert outcome.report.ok
+    # SHA256SUMS in sha256sum -c format, checked by the real tool.
+    assert (out / "SHA256SUMS").read_text().endswith(f"  {WHEEL}\n")
+    subprocess.run(
+        ["sha256sum", "-c", "--strict", "SHA256SUMS"], cwd=out, check=True, capture_output=True
+    )
+    # The replayed tree (PR 7 applied) is what was built, with the environment we set.
+    with zipfile.ZipFile(out / WHEEL) as zf:
+        assert b"PATCHED = True" in zf.read("tiny/__init__.py")
+        env = dict(line.split("=", 1) for line in zf.read("tiny/build_env.txt").decode().split())
+    base_time = int(git(tiny.up.work, "show", "-s", "--format=%ct", tiny.base))
+    assert env == {
+        "TORCH_CUDA_ARCH_LIST": "7.0",
+        "CUDAARCHS": "70-real",
+        "MAX_JOBS": "2",
+        "NVCC_THREADS": "2",
+        "SOURCE_DATE_EPOCH": str(base_time),
+        "VLLM_VERSION_OVERRIDE": "0.4.1.dev3+tinycard",
+    }
+    receipt = read_receipt(out / "provenance.json")
+    assert receipt["manifest"]["sha256"] == load(manifest).sha256
+    assert receipt["upstream"] == {"url": UPSTREAM_URL, "branch": "main", "base": tiny.base}
+    (step,) = receipt["steps"]
+    assert (step["pr"], step["head"], step["result_head"]) == (7, tiny.pr_head, result.head)
+    assert step["commits"][0]["original"] == tiny.pr_head
+    assert step["commits"][0]["replayed"] == result.steps[0].commits[0].replayed
+    assert step["commits"][0]["author"] == "Pat Ch <pat@example.org>"
+    assert (receipt["head"], receipt["tree"]) == (result.head, result.tree)
+    assert receipt["arches"] == ["sm_70"]
+    assert receipt["version"] == "0.4.1.dev3+tinycard"
+    assert receipt["wheels"] == {WHEEL: outcome.to_json()["wheels"][WHEEL]}
+    assert receipt["built"] == [WHEEL]
+    assert receipt["source_date_epoch"] == base_time
+    assert receipt["toolchain"]["python"].startswith(PY)
+    assert receipt["env"]["TORCH_CUDA_ARCH_LIST"] == "7.0"
+    assert receipt["command"][-6:] == [
+        "build",
+        "--wheel",
+        "--no-isolation",
+        "--outdir",
+        "$WORK/dist",
+        ".",
+    ]
+
+
+def test_rebuild_is_identical_and_a_changed_build_names_the_members(tiny: Tiny) -> None:
+    manifest = tiny.manifest()
+    first, second = tiny.tmp / "wheels", tiny.tmp / "again"
+    build(tiny, manifest, first)
+    build(tiny, manifest, second)  # a fresh export into the same scratch path
+    same = compare_builds(first, second)
+    assert same.same and same.wheels[0].rebuilt == same.wheels[0].recorded
+    # Another NVCC_THREADS changes build_env.txt, hence RECORD: the diff must name both.
+    changed = tiny.manifest(threads=1, name="changed.toml")
+    other = tiny.tmp / "other"
+    build(tiny, changed, other)
+    diff = compare_builds(first, other)
+    assert not diff.same
+    (wheel,) = diff.wheels
+    assert {(m.member, m.change) for m in wheel.members} == {
+        ("tiny/build_env.txt", "differs"),
+        ("tiny-0.4.1.dev3+tinycard.dist-info/RECORD", "differs"),
+    }
+    lines = diff.human_lines()
+    assert lines[-1] == "NOT reproducible: 0/1 wheel(s) identical"
+    assert any("differs: tiny/build_env.txt" in ln for ln in lines)
+
+
+def test_wheel_without_sm70_never_reaches_wheels_dir(tiny: Tiny) -> None:
+    manifest = tiny.manifest(extra_env=', TINY_FORCE_SM = "75"')
+    out = tiny.tmp / "wheels"
+    with pytest.raises(VerifyError) as err:
+        build(tiny, manifest, out)
+    text = str(err.value)
+    assert f"{WHEEL}: tiny/_C.so: no SASS for sm_70: found sm_75, need sm_70" in text
+    assert not list(out.glob("*.whl")) and not (out / "SHA256SUMS").exists()
+
+
+def test_failing_build_names_the_log_and_shows_its_tail(tiny: Tiny) -> None:
+    manifest = tiny.manifest()
+    result = tiny.replay(manifest)
+    source = export_tree(result, tiny.tmp / "work" / "src")
+    (source / "csrc" / "probe.c").write_text("int broken( {\n")
+    with pytest.raises(BuildError) as err:
+        build_from_source(
+            load(manifest),
+            source,
+            tiny.tmp / "wheels",
+            toolkit=None,
+            replayed=result,
+            work=tiny.tmp / "work",
+        )
+    assert "wheel build failed" in err.value.what
+    assert "probe.c" in err.value.what  # gcc's message is in the tail
+    assert "build.log" in (err.value.where or "")
+
+
+def _cli(tiny: Tiny, manifest: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "pinwheel",
+        "--manifest",
+        str(manifest),
+        "--cache",
+        str(tiny.tmp / "cache"),
+        "--offline",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=tiny.tmp)
+
+
+def test_cli_verify_build_refuses_a_changed_manifest_or_missing_receipt(tiny: Tiny) -> None:
+    manifest = tiny.manifest()
+    out = tiny.tmp / "wheels"
+    build(tiny, manifest, out)
+    edited = tiny.manifest(threads=3)  # same path, different bytes
+    proc = _cli(tiny, edited, "verify-build", "--wheels", str(out))
+    assert proc.returncode == 5, proc.stderr
+    assert "m.toml changed since this build" in proc.stderr
+    empty = tiny.tmp / "empty"
+    empty.mkdir()
+    proc = _cli(tiny, edited, "verify-build", "--wheels", str(empty))
+    assert proc.returncode == 6 and "no provenance.json in" in proc.stderr

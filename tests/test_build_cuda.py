@@ -1,0 +1,101 @@
+"""Slow: the build driver with a real CUDA 12.4 toolkit (resolved or provisioned by
+pinwheel.toolchain). A tiny setuptools project compiles a real .cu with nvcc through
+`pinwheel build` (replay + build), then `pinwheel check` and `pinwheel verify-build`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gitfixture import UPSTREAM_URL
+from pinwheel.cli import default_cache
+from test_build import PY, WHEEL, make_tiny
+from tinyproject import NVCC_SETUP
+
+pytestmark = [pytest.mark.slow, pytest.mark.kernels]
+
+
+@pytest.fixture(scope="module")
+def cuda12():
+    from pinwheel.toolchain import BuildConfig, resolve_toolkit
+
+    config = BuildConfig(
+        python=PY, cuda="12.4", arches=("7.0",), ptx=True, torch=None, label=None, version=None
+    )
+    # The toolkit cache is shared with the kernels tests: provisioned once per machine.
+    return resolve_toolkit(config, default_cache())
+
+
+def cli(tmp: Path, manifest: Path, toolkit, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CUDA_HOME": str(toolkit.root)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pinwheel",
+        "--manifest",
+        str(manifest),
+        "--cache",
+        str(tmp / "cache"),
+        "--mirror",
+        f"{UPSTREAM_URL}={tmp / 'gh' / 'upstream.git'}",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env)
+
+
+def test_real_nvcc_build_check_and_verify(tmp_path: Path, cuda12) -> None:
+    tiny = make_tiny(tmp_path, NVCC_SETUP)
+    manifest = tiny.manifest(ptx="true")
+    started = time.monotonic()
+    proc = cli(tmp_path, manifest, cuda12, "--json", "build", "--out", "wheels")
+    first = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    out = json.loads(proc.stdout)
+    (so,) = [s for s in out["check"]["wheels"][0]["shared_objects"] if s["fatbins"]]
+    assert so["member"] == "tiny/_C.so"
+    assert so["sass"] == ["sm_70"] and so["ptx"] == ["compute_70"]
+    assert so["cuobjdump_sass"] == ["sm_70"]  # cuobjdump 12.4 agrees with the reader
+    assert so["rpath"] == [] and so["runpath"] == []
+    wheels = tmp_path / "wheels"
+    receipt = json.loads((wheels / "provenance.json").read_text())
+    assert receipt["toolchain"]["cuda"] == cuda12.version
+    assert "release 12.4" in receipt["toolchain"]["nvcc"]
+    assert receipt["arches"] == ["sm_70+PTX"]
+    assert receipt["env"]["TORCH_CUDA_ARCH_LIST"] == "7.0+PTX"
+    digest = receipt["wheels"][WHEEL]
+    subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=wheels, check=True)
+
+    started = time.monotonic()
+    again = cli(tmp_path, manifest, cuda12, "verify-build", "--wheels", "wheels")
+    second = time.monotonic() - started
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert f"same     {digest}  {WHEEL}" in again.stdout
+    assert again.stdout.strip().endswith("reproducible: 1/1 wheel(s) identical")
+    print(f"\nreal nvcc build: {first:.1f} s, verify-build: {second:.1f} s, sha256 {digest}")
+
+
+def test_real_sm75_only_wheel_fails_the_sm70_check(tmp_path: Path, cuda12) -> None:
+    tiny = make_tiny(tmp_path, NVCC_SETUP)
+    manifest = tiny.manifest(ptx="false")
+    manifest.write_text(manifest.read_text().replace('arches = ["7.0"]', 'arches = ["7.5"]'))
+    assert cli(tmp_path, manifest, cuda12, "build", "--out", "wheels").returncode == 0
+    wheel = tmp_path / "wheels" / WHEEL
+    proc = cli(
+        tmp_path,
+        manifest,
+        cuda12,
+        "check",
+        "--arch",
+        "7.0",
+        "--cuobjdump",
+        str(cuda12.root / "bin" / "cuobjdump"),
+        str(wheel),
+    )
+    assert proc.returncode == 6
+    assert f"error: {WHEEL}: tiny/_C.so: no SASS for sm_70: found sm_75, need sm_70" in proc.stdout
