@@ -69,8 +69,8 @@ def git(
         stderr=None if stream_stderr else subprocess.PIPE,
     )
     if check and proc.returncode != 0:
-        err = (proc.stderr or b"(see git's output above)").decode(errors="replace").strip()
-        err = err.splitlines()
+        text = (proc.stderr or b"(see git's output above)").decode(errors="replace")
+        err = text.strip().splitlines()
         raise PinwheelError(
             f"{what} failed: {err[-1] if err else 'exit ' + str(proc.returncode)}",
             where=f"git {' '.join(args[:3])}",
