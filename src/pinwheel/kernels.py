@@ -323,6 +323,19 @@ def torch_venv(config: BuildConfig, cache: Path, log: Callable[[str], None] | No
     return python
 
 
+def torch_library_headers(python: Path, existing: str | None) -> str:
+    """CPATH for torch's CUDA headers (cusparse.h, cublas_v2.h...) from its own nvidia wheels.
+
+    The provisioned toolkit carries the compiler and runtime only; torch's
+    ATen/cuda headers also include the math libraries' headers, which the
+    torch venv already holds, matching the libraries torch links against.
+    CPATH comes after -I, so the toolkit's own runtime headers still win.
+    """
+    lib = python.parent.parent / "lib"
+    found = sorted(str(p) for p in lib.glob("python3*/site-packages/nvidia/*/include"))
+    return os.pathsep.join([*found, *([existing] if existing else [])])
+
+
 def build_kernel(
     spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
 ) -> KernelWheel:
@@ -347,6 +360,7 @@ def build_kernel(
         python = torch_venv(config, opts.cache, opts.log)
         extra = []
         env["PATH"] = os.pathsep.join([str(python.parent), env["PATH"]])
+        env["CPATH"] = torch_library_headers(python, env.get("CPATH"))
     cmd = [
         str(python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
         "--no-cache-dir", "-w", str(dist), *extra, str(staged.directory),
