@@ -32,8 +32,15 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHONS)
 def kernels(session: nox.Session) -> None:
     """Provision CUDA 12.x, build the in-tree kernel wheel twice, check it."""
-    session.install("-e", ".[test]")
-    session.run("pytest", "-m", "slow and kernels", *session.posargs)
+    session.install("-e", ".[test,kernels]")
+    session.run("pytest", "-m", "slow and kernels", "-s", *session.posargs)
+
+
+@nox.session(name="flash-attn", python=PYTHONS)
+def flash_attn(session: nox.Session) -> None:
+    """flash-attention-v100 with torch 2.9.1 CUDAExtension: heavy, not in the default run."""
+    session.install("-e", ".[test,kernels]")
+    session.run("pytest", "-m", "flash_attn", "-s", *session.posargs, env=dict(os.environ))
 
 
 @nox.session(name="qualify-cpu", python=PYTHONS)

@@ -24,10 +24,13 @@ def add_kernel_commands(sub: Any) -> None:
     k.add_argument("--name", action="append", metavar="NAME", help="build only NAME (repeatable)")
     k.add_argument("--all", action="store_true", help="also the kernels marked default = false")
     k.add_argument("--out", type=Path, default=None, help="wheel directory (default: wheels/)")
-    k.add_argument("--twice", action="store_true",
-                   help="build each kernel twice and fail unless the wheels are identical")  # fmt: skip
-    k.add_argument("--source-date-epoch", type=int, default=None,
-                   help="timestamp for the wheels (default: date of each kernel's source)")  # fmt: skip
+    k.add_argument(
+        "--twice", action="store_true", help="build twice; fail unless the wheels are identical"
+    )
+    k.add_argument(
+        "--source-date-epoch", type=int, default=None,
+        help="timestamp for the wheels (default: date of each kernel's source)",
+    )  # fmt: skip
     k.add_argument("--no-provision", action="store_true", help="do not provision a toolkit")
 
 
@@ -74,7 +77,14 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
-    from ..kernels import BuildOptions, build_kernel, build_twice, select, write_wheel_sums
+    from ..kernels import (
+        BuildOptions,
+        KernelWheel,
+        build_kernel,
+        build_twice,
+        select,
+        write_wheel_sums,
+    )
 
     manifest = ctx.manifest()
     config = _config(ctx)
@@ -100,7 +110,7 @@ def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
         source_date_epoch=args.source_date_epoch,
         log=log,
     )
-    results = []
+    results: list[tuple[KernelWheel, float | None]] = []
     for spec in specs:
         if args.twice:
             first, second = build_twice(spec, config, toolkit, opts)
