@@ -32,14 +32,22 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHONS)
 def kernels(session: nox.Session) -> None:
     """Provision CUDA 12.x, build the in-tree kernel wheel twice, check it."""
-    session.install("-e", ".[test]")
-    session.run("pytest", "-m", "slow and kernels", *session.posargs)
+    session.install("-e", ".[test,kernels]")
+    session.run("pytest", "-m", "slow and kernels", "-s", *session.posargs)
+
+
+@nox.session(name="flash-attn", python=PYTHONS)
+def flash_attn(session: nox.Session) -> None:
+    """flash-attention-v100 with torch 2.9.1 CUDAExtension: heavy, not in the default run."""
+    session.install("-e", ".[test,kernels]")
+    session.run("pytest", "-m", "flash_attn", "-s", *session.posargs, env=dict(os.environ))
 
 
 @nox.session(name="qualify-cpu", python=PYTHONS)
 def qualify_cpu(session: nox.Session) -> None:
-    """End-to-end qualification against a real CPU vLLM server."""
-    session.install("-e", ".[test]")
+    """End-to-end qualification against a real CPU vLLM server (venv + model cached in
+    $PINWHEEL_TEST_CACHE, default ~/.cache/pinwheel-test)."""
+    session.install("-e", ".[test,qualify]")
     session.run("pytest", "-m", "slow and qualify", *session.posargs, env=dict(os.environ))
 
 

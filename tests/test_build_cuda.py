@@ -99,3 +99,30 @@ def test_real_sm75_only_wheel_fails_the_sm70_check(tmp_path: Path, cuda12) -> No
     )
     assert proc.returncode == 6
     assert f"error: {WHEEL}: tiny/_C.so: no SASS for sm_70: found sm_75, need sm_70" in proc.stdout
+
+
+def test_build_makes_kernel_and_engine_wheels_under_one_sha256sums(tmp_path: Path, cuda12) -> None:
+    """`tools/replay build`: the in-tree kernel wheel and the engine wheel, one SHA256SUMS."""
+    import shutil
+
+    tiny = make_tiny(tmp_path, NVCC_SETUP)
+    manifest = tiny.manifest(ptx="true")
+    shutil.copytree(
+        Path(__file__).resolve().parent.parent / "kernels" / "pinwheel-selftest",
+        manifest.parent / "kernels" / "pinwheel-selftest",
+    )
+    manifest.write_text(
+        manifest.read_text()
+        + '\n[[kernel]]\nname = "pinwheel-selftest"\nbuilder = "cmake"\n'
+        + 'path = "kernels/pinwheel-selftest"\n'
+    )
+    proc = cli(tmp_path, manifest, cuda12, "--json", "build", "--out", "wheels")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    wheels = tmp_path / "wheels"
+    names = sorted(p.name for p in wheels.glob("*.whl"))
+    assert WHEEL in names and any(n.startswith("pinwheel_selftest-") for n in names)
+    listed = {line.split()[1] for line in (wheels / "SHA256SUMS").read_text().splitlines()}
+    assert set(names) <= listed
+    receipt = json.loads((wheels / "provenance.json").read_text())
+    assert set(names) <= set(receipt["wheels"])
+    subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=wheels, check=True)

@@ -12,7 +12,6 @@ from pinwheel.errors import ManifestError
 from pinwheel.kernels import (
     BuildOptions,
     kernel_manifest,
-    parse_kernel_tables,
     select,
     stage_in_tree,
     stage_out_of_tree,
@@ -72,11 +71,15 @@ def test_in_tree_and_out_of_tree(tmp_path: Path) -> None:
         ('name = "a"\nbuilder = "cmake"\npath = "kernels/missing"\n', "existing directory"),
         ('name = "A b"\nbuilder = "cmake"\npath = "kernels/demo"\n', "lowercase name"),
         ('name = "a"\nbuilder = "cmake"\nurl = "u"\ncommit = "abc123"\n', "short 'abc123'"),
-        ('name = "a"\nbuilder = "cmake"\npath = "kernels/demo"\ncommit = "' + SHA + '"\n',
-         "no 'commit' on an in-tree kernel"),
-        ('name = "a"\nbuilder = "cmake"\nurl = "u"\ncommit = "' + SHA + '"\n'
-         '[[kernel.patch]]\npath = "patches/none.patch"\nsha256 = "' + "0" * 64 + '"\n',
-         "none.patch does not exist"),
+        (
+            'name = "a"\nbuilder = "cmake"\npath = "kernels/demo"\ncommit = "' + SHA + '"\n',
+            "no 'commit' on an in-tree kernel",
+        ),
+        (
+            'name = "a"\nbuilder = "cmake"\nurl = "u"\ncommit = "' + SHA + '"\n'
+            '[[kernel.patch]]\npath = "patches/none.patch"\nsha256 = "' + "0" * 64 + '"\n',
+            "none.patch does not exist",
+        ),
     ],
 )
 def test_kernel_table_errors(tmp_path: Path, body: str, needle: str) -> None:
@@ -137,7 +140,9 @@ def test_out_of_tree_kernel_is_replayed_with_its_patch(tmp_path: Path) -> None:
 
 
 def test_in_tree_staging_is_a_clean_copy_at_a_fixed_path(tmp_path: Path) -> None:
-    (spec,) = kernels(tmp_path, '[[kernel]]\nname = "demo"\nbuilder = "cmake"\npath = "kernels/demo"\n')
+    (spec,) = kernels(
+        tmp_path, '[[kernel]]\nname = "demo"\nbuilder = "cmake"\npath = "kernels/demo"\n'
+    )
     src = tmp_path / "kernels" / "demo"
     (src / "CMakeLists.txt").write_text("project(x)\n")
     (src / "build").mkdir()

@@ -92,10 +92,19 @@ class Fetched:
 
 
 class Cache:
-    def __init__(self, root: Path, mirrors: Mapping[str, str], offline: bool = False):
+    def __init__(
+        self,
+        root: Path,
+        mirrors: Mapping[str, str],
+        offline: bool = False,
+        show_progress: bool = False,
+    ):
         self.root = Path(root)
         self.mirrors = dict(mirrors)
         self.offline = offline
+        # Network fetches of a large upstream take minutes: let git's own
+        # progress meter reach the terminal (local mirrors take 0.1 s).
+        self.show_progress = show_progress
 
     def repo_path(self, url: str) -> Path:
         return self.root / "repos" / f"{slug(url)}.git"
@@ -202,6 +211,16 @@ class Cache:
 
     def _fetch(self, path: Path, source: Source, refspecs: list[str], prs: Sequence[int]) -> None:
         args = ["fetch", "-q", "--no-tags", "--no-write-fetch-head", source.location]
+        if self.show_progress and not source.local:
+            progress = gitcli.git(
+                [*args[:1], "--progress", *args[2:], *refspecs],
+                git_dir=path,
+                user_config=True,
+                check=False,
+                stream_stderr=True,
+            )
+            if progress.returncode == 0:
+                return
         proc = gitcli.git(
             [*args, *refspecs], git_dir=path, user_config=not source.local, check=False
         )
@@ -217,7 +236,7 @@ class Cache:
                     next="check the PR number, or fetch PR refs into your mirror "
                     "(git fetch origin '+refs/pull/*/head:refs/pull/*/head')",
                 )
-        err = proc.stderr.decode(errors="replace").strip().splitlines()
+        err = (proc.stderr or b"").decode(errors="replace").strip().splitlines()
         raise PinwheelError(
             f"fetch failed: {err[-1] if err else proc.returncode}",
             where=f"fetch {source.location}",

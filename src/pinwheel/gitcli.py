@@ -44,7 +44,9 @@ def git(
     input: bytes | None = None,
     check: bool = True,
     what: str = "git",
+    stream_stderr: bool = False,
 ) -> subprocess.CompletedProcess[bytes]:
+    """Run git hermetically; ``stream_stderr`` shows git's own progress on the terminal."""
     cmd = ["git"]
     if git_dir is not None:
         cmd += ["--git-dir", str(git_dir)]
@@ -63,10 +65,12 @@ def git(
         cwd=cwd,
         env=hermetic_env(env, user_config=user_config),
         input=input,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=None if stream_stderr else subprocess.PIPE,
     )
     if check and proc.returncode != 0:
-        err = proc.stderr.decode(errors="replace").strip().splitlines()
+        text = (proc.stderr or b"(see git's output above)").decode(errors="replace")
+        err = text.strip().splitlines()
         raise PinwheelError(
             f"{what} failed: {err[-1] if err else 'exit ' + str(proc.returncode)}",
             where=f"git {' '.join(args[:3])}",

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .checksums import sha256_file, write_sums
 from .errors import ManifestError, MismatchError, PinwheelError
-from .manifest import FULL_SHA, Identity, Manifest, Result, Step, Table, Upstream
+from .manifest import Identity, Manifest, Result, Step, Table, Upstream
 from .toolchain import BuildConfig, Toolkit
 
 BUILDERS = ("cmake", "torch-extension")
@@ -255,7 +255,8 @@ def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     export_tree(result, dest)
     epoch = opts.source_date_epoch
     if epoch is None:
-        epoch = pygit2.Repository(str(result.repo_path))[result.base].commit_time
+        base = pygit2.Repository(str(result.repo_path))[result.base]
+        epoch = base.commit_time  # type: ignore[attr-defined]
     return SourceTree(dest, epoch, f"{spec.url}@{spec.commit[:12]}", result.tree)  # type: ignore[index]
 
 
@@ -288,35 +289,51 @@ def _run(cmd: list[str], *, cwd: Path, env: Mapping[str, str], what: str, log_fi
         )
 
 
+# Beside torch: what setup.py-based CUDA extensions import at build time.
+# setuptools >= 77 reads PEP 639 license strings (flash-attention-v100 has one).
+TORCH_BUILD_REQS = ("setuptools>=77", "wheel", "ninja", "packaging", "numpy", "psutil")
+
+
 def torch_venv(config: BuildConfig, cache: Path, log: Callable[[str], None] | None) -> Path:
     """A venv with ``[build].torch`` and the build tools torch extensions need; made once."""
     if not config.torch:
         raise ManifestError(
-            "a torch-extension kernel needs [build] torch (e.g. \"2.9.1\")",
+            'a torch-extension kernel needs [build] torch (e.g. "2.9.1")',
             where="[build] torch",
             next="set [build] torch in the manifest",
         )
     venv = cache / "venvs" / f"torch-{config.torch}-py{sys.version_info[0]}.{sys.version_info[1]}"
     python = venv / "bin" / "python"
-    if (venv / ".pinwheel-ready").is_file():
+    reqs = (f"torch=={config.torch}", *TORCH_BUILD_REQS)
+    marker = venv / ".pinwheel-ready"
+    if marker.is_file() and marker.read_text().split() == list(reqs):
         return python
     if log:
         log(f"creating {venv.name} (torch=={config.torch}); this downloads ~3 GB once")
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     _run(
-        [
-            str(python), "-m", "pip", "install", "-q",
-            f"torch=={config.torch}", "setuptools>=70", "wheel", "ninja", "packaging",
-            "numpy", "psutil",
-        ],
+        [str(python), "-m", "pip", "install", "-q", "--upgrade", *reqs],
         cwd=cache,
         env=os.environ,
         what=f"installing torch=={config.torch}",
         log_file=venv.with_suffix(".log"),
-    )  # fmt: skip
-    (venv / ".pinwheel-ready").write_text(config.torch + "\n")
+    )
+    marker.write_text("\n".join(reqs) + "\n")
     return python
+
+
+def torch_library_headers(python: Path, existing: str | None) -> str:
+    """CPATH for torch's CUDA headers (cusparse.h, cublas_v2.h...) from its own nvidia wheels.
+
+    The provisioned toolkit carries the compiler and runtime only; torch's
+    ATen/cuda headers also include the math libraries' headers, which the
+    torch venv already holds, matching the libraries torch links against.
+    CPATH comes after -I, so the toolkit's own runtime headers still win.
+    """
+    lib = python.parent.parent / "lib"
+    found = sorted(str(p) for p in lib.glob("python3*/site-packages/nvidia/*/include"))
+    return os.pathsep.join([*found, *([existing] if existing else [])])
 
 
 def build_kernel(
@@ -343,6 +360,7 @@ def build_kernel(
         python = torch_venv(config, opts.cache, opts.log)
         extra = []
         env["PATH"] = os.pathsep.join([str(python.parent), env["PATH"]])
+        env["CPATH"] = torch_library_headers(python, env.get("CPATH"))
     cmd = [
         str(python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
         "--no-cache-dir", "-w", str(dist), *extra, str(staged.directory),
@@ -371,7 +389,10 @@ def build_kernel(
 
 
 def _require_modules(python: Path, modules: tuple[str, ...], spec: KernelSpec) -> None:
-    probe = "import importlib.util,sys;sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))"
+    probe = (
+        "import importlib.util, sys; "
+        "sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))"
+    )
     if subprocess.run([str(python), "-c", probe, *modules], check=False).returncode != 0:
         raise KernelBuildError(
             f"building {spec.name} needs {', '.join(modules)} in this Python",
@@ -421,7 +442,9 @@ def build_twice(
     return first, second
 
 
-def select(specs: tuple[KernelSpec, ...], names: list[str] | None, *, all_: bool) -> list[KernelSpec]:
+def select(
+    specs: tuple[KernelSpec, ...], names: list[str] | None, *, all_: bool
+) -> list[KernelSpec]:
     if names:
         known = {s.name: s for s in specs}
         missing = [n for n in names if n not in known]
@@ -433,7 +456,3 @@ def select(specs: tuple[KernelSpec, ...], names: list[str] | None, *, all_: bool
             )
         return [known[n] for n in names]
     return [s for s in specs if all_ or s.default]
-
-
-def full_sha(value: str) -> bool:
-    return bool(FULL_SHA.match(value))

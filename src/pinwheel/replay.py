@@ -446,9 +446,10 @@ def replay_manifest(
     check_tree: bool = True,
     write_refs: bool = True,
     progress: Progress | None = None,
+    show_fetch_progress: bool = False,
 ) -> ReplayResult:
     """Fetch, replay, check the tree, and tag: the whole of ``pinwheel run``."""
-    store = Cache(cache, mirrors or {}, offline)
+    store = Cache(cache, mirrors or {}, offline, show_progress=show_fetch_progress)
     with store.locked(manifest.upstream.url):
         fetched = fetch_for(manifest, store)
         result = Replayer(manifest, fetched, allow_drift=allow_drift, progress=progress).run()

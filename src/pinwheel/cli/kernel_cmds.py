@@ -24,10 +24,13 @@ def add_kernel_commands(sub: Any) -> None:
     k.add_argument("--name", action="append", metavar="NAME", help="build only NAME (repeatable)")
     k.add_argument("--all", action="store_true", help="also the kernels marked default = false")
     k.add_argument("--out", type=Path, default=None, help="wheel directory (default: wheels/)")
-    k.add_argument("--twice", action="store_true",
-                   help="build each kernel twice and fail unless the wheels are identical")  # fmt: skip
-    k.add_argument("--source-date-epoch", type=int, default=None,
-                   help="timestamp for the wheels (default: date of each kernel's source)")  # fmt: skip
+    k.add_argument(
+        "--twice", action="store_true", help="build twice; fail unless the wheels are identical"
+    )
+    k.add_argument(
+        "--source-date-epoch", type=int, default=None,
+        help="timestamp for the wheels (default: date of each kernel's source)",
+    )  # fmt: skip
     k.add_argument("--no-provision", action="store_true", help="do not provision a toolkit")
 
 
@@ -73,20 +76,29 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
-    from ..kernels import BuildOptions, build_kernel, build_twice, select, write_wheel_sums
+def build_kernel_wheels(
+    ctx: Context,
+    out: Path,
+    *,
+    names: list[str] | None = None,
+    all_: bool = False,
+    twice: bool = False,
+    source_date_epoch: int | None = None,
+    provision: bool = True,
+) -> tuple[Any, list[tuple[Any, float | None]]]:
+    """Build the selected [[kernel]] wheels into ``out``; shared by `kernels` and `build`."""
+    from ..kernels import BuildOptions, build_kernel, build_twice, select
 
     manifest = ctx.manifest()
     config = _config(ctx)
-    specs = select(manifest.stage("kernel") or (), args.name, all_=args.all)
+    specs = select(manifest.stage("kernel") or (), names, all_=all_)
     if not specs:
         raise ManifestError(
             "no [[kernel]] to build",
             where=manifest.path.name,
             next="add a [[kernel]] table, or pass --all for the non-default ones",
         )
-    toolkit, _ = _toolkit(ctx, config, not args.no_provision)
-    out = (args.out or manifest.root / "wheels").absolute()
+    toolkit, _ = _toolkit(ctx, config, provision)
 
     def log(msg: str) -> None:
         if not ctx.json:
@@ -97,16 +109,32 @@ def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
         out=out,
         mirrors=ctx.mirrors,
         offline=ctx.offline,
-        source_date_epoch=args.source_date_epoch,
+        source_date_epoch=source_date_epoch,
         log=log,
     )
-    results = []
+    results: list[tuple[Any, float | None]] = []
     for spec in specs:
-        if args.twice:
+        if twice:
             first, second = build_twice(spec, config, toolkit, opts)
             results.append((second, first.seconds))
         else:
             results.append((build_kernel(spec, config, toolkit, opts), None))
+    return toolkit, results
+
+
+def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
+    from ..kernels import write_wheel_sums
+
+    out = (args.out or ctx.manifest().root / "wheels").absolute()
+    toolkit, results = build_kernel_wheels(
+        ctx,
+        out,
+        names=args.name,
+        all_=args.all,
+        twice=args.twice,
+        source_date_epoch=args.source_date_epoch,
+        provision=not args.no_provision,
+    )
     sums = write_wheel_sums(out)
     payload: dict[str, Any] = {
         "toolkit": toolkit.facts(),

@@ -23,7 +23,7 @@ from . import Context, command
 
 
 def _cache(ctx: Context) -> Cache:
-    return Cache(ctx.cache, ctx.mirrors, ctx.offline)
+    return Cache(ctx.cache, ctx.mirrors, ctx.offline, show_progress=not ctx.json)
 
 
 def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
@@ -55,6 +55,7 @@ def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
             offline=ctx.offline,
             allow_drift=getattr(args, "allow_drift", False),
             progress=progress,
+            show_fetch_progress=not ctx.json,
         )
 
 
@@ -74,13 +75,20 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
+    """Replay, then the kernel wheels, then the engine wheel: SHA256SUMS covers all of them."""
     result = _replay(ctx, args)
     try:
         build = importlib.import_module("pinwheel.build")
     except ModuleNotFoundError:
         ctx.emit(lock_payload(result), _summary(result) + "\n(wheel build stage not installed)")
         return 0
-    return int(build.build_wheels(ctx, ctx.manifest(), result, Path(args.out)) or 0)
+    manifest = ctx.manifest()
+    out = Path(args.out).absolute()
+    if manifest.stage("kernel") and not args.no_kernels:
+        from .kernel_cmds import build_kernel_wheels
+
+        build_kernel_wheels(ctx, out)
+    return int(build.build_wheels(ctx, manifest, result, out) or 0)
 
 
 def cmd_plan(ctx: Context, args: argparse.Namespace) -> int:
@@ -166,6 +174,7 @@ def register(sub: Any) -> None:
     p = command(sub, "build", "replay, then build the release wheels into wheels/", cmd_build)
     p.add_argument("--allow-drift", action="store_true", help="replay pinned heads that moved")
     p.add_argument("--out", default="wheels", help="output directory (default: wheels/)")
+    p.add_argument("--no-kernels", action="store_true", help="skip the [[kernel]] wheels")
     try:  # the build stage adds its own options (toolchain, arches...)
         importlib.import_module("pinwheel.build").add_build_arguments(p)
     except (ModuleNotFoundError, AttributeError):

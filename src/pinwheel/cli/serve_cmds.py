@@ -1,0 +1,315 @@
+"""`pinwheel preflight`, `pinwheel serve`, `pinwheel qualify`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..errors import PinwheelError, UsageError
+from ..fsutil import atomic_write_text
+from ..serve import ServeConfig, launch, render_recipe
+from . import Context, command
+
+
+def register(sub: Any) -> None:
+    p = command(
+        sub,
+        "preflight",
+        "check GPUs, topology, toolchain and engine against [serve]",
+        run_preflight,
+    )
+    _profile_options(p)
+    p.add_argument(
+        "--selftest",
+        action="store_true",
+        help="also copy a patterned buffer between every GPU pair and check an fp16 GEMM",
+    )
+    p.add_argument("--nvidia-smi", default="nvidia-smi", help=argparse.SUPPRESS)
+
+    p = command(
+        sub,
+        "serve",
+        "start the engine with the [serve] profile (the recipe, as a command)",
+        run_serve,
+    )
+    _profile_options(p)
+    p.add_argument("--host", default=None, help="bind address (default: $HOST or 0.0.0.0)")
+    p.add_argument("--port", type=int, default=None, help="port (default: $PORT or 8000)")
+    p.add_argument("--print-recipe", action="store_true", help="print the generated shell recipe")
+    p.add_argument(
+        "--write-recipe", action="store_true", help="rewrite [serve].recipe from the manifest"
+    )
+    p.add_argument("--check-recipe", action="store_true", help="fail if [serve].recipe differs")
+
+    p = command(
+        sub,
+        "qualify",
+        "measure a server against [qualify] gates; writes receipt, report, plots",
+        run_qualify,
+    )
+    _profile_options(p)
+    p.add_argument("--url", default=None, help="attach to a running server instead of starting one")
+    p.add_argument("--log", default=None, help="the attached server's log (for start-up markers)")
+    p.add_argument("--out", required=True, help="directory for receipt.json, report.md and plots")
+    p.add_argument(
+        "--provenance",
+        default=None,
+        help="the build's provenance.json (default: wheels/provenance.json if present)",
+    )
+    p.add_argument(
+        "--port", type=int, default=None, help="port for a server qualify starts (default: free)"
+    )
+
+
+def _profile_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--profile", default=None, help="[serve.profile.NAME] (default: [serve].default)"
+    )
+    p.add_argument("--model", default=None, help="model directory (default: $<env_prefix>_MODEL)")
+    p.add_argument(
+        "--python", default=None, help="the engine's python (default: $PYTHON or python3)"
+    )
+    p.add_argument(
+        "--devices", default=None, help="GPU indices (default: $CUDA_VISIBLE_DEVICES or profile)"
+    )
+
+
+def _serve_config(ctx: Context) -> ServeConfig:
+    m = ctx.manifest()
+    config = m.stage("serve")
+    if config is None:
+        raise UsageError(
+            "the manifest has no [serve] table",
+            where=m.path.name,
+            next="add [serve] (see docs/README-qualify.md)",
+        )
+    return config
+
+
+def _resolve(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+    """Options resolved once, flags before environment."""
+    config = _serve_config(ctx)
+    profile = config.profile(args.profile or os.environ.get(f"{config.env_prefix}_PROFILE"))
+    model = args.model or os.environ.get(config.model_var)
+    return {
+        "config": config,
+        "profile": profile,
+        "model": Path(model) if model else None,
+        "python": args.python or os.environ.get("PYTHON") or "python3",
+        "devices": args.devices or os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
+    from ..preflight import FAIL, Options, PreflightFailed, device_indices, preflight
+
+    r = _resolve(ctx, args)
+    start = time.monotonic()
+    opts = Options(
+        profile=r["profile"],
+        config=r["config"],
+        python=r["python"],
+        model=r["model"],
+        devices=device_indices(r["profile"], r["devices"]),
+        selftest=args.selftest,
+        nvidia_smi=args.nvidia_smi,
+    )
+    checks = preflight(opts)
+    took = time.monotonic() - start
+    failed = [c for c in checks if c.status == FAIL]
+    ctx.emit(
+        {
+            "profile": opts.profile.name,
+            "seconds": round(took, 3),
+            "checks": [asdict(c) for c in checks],
+        }
+    )
+    if not ctx.json:
+        marks = {
+            "ok": "[green]ok  [/]",
+            "warn": "[yellow]warn[/]",
+            "fail": "[red]FAIL[/]",
+            "skip": "skip",
+        }
+        ctx.console.print(
+            f"preflight for profile [bold]{opts.profile.name}[/] ({took:.2f} s)", highlight=False
+        )
+        for c in checks:
+            ctx.console.print(
+                f"  {marks[c.status]} {c.name}: {c.detail}", highlight=False, markup=True
+            )
+            if c.next and c.status in ("fail", "warn"):
+                ctx.console.print(f"        next: {c.next}", highlight=False, markup=False)
+    if failed:
+        raise PreflightFailed(
+            f"{len(failed)} preflight check(s) failed: " + ", ".join(c.name for c in failed),
+            where=f"profile '{opts.profile.name}'",
+            next=failed[0].next,
+        )
+    return 0
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def run_serve(ctx: Context, args: argparse.Namespace) -> int:
+    config = _serve_config(ctx)
+    m = ctx.manifest()
+    text = render_recipe(config, m.path.name)
+    recipe = m.root / config.recipe
+    if args.print_recipe:
+        sys.stdout.write(text)
+        return 0
+    if args.write_recipe:
+        atomic_write_text(recipe, text, mode=0o755)
+        ctx.emit({"recipe": str(recipe)}, f"wrote {config.recipe}")
+        return 0
+    if args.check_recipe:
+        if not recipe.is_file() or recipe.read_text() != text:
+            raise UsageError(
+                f"{config.recipe} differs from [serve] in {m.path.name}",
+                where=config.recipe,
+                next="run `pinwheel serve --write-recipe` and commit it",
+            )
+        ctx.emit({"recipe": str(recipe), "ok": True}, f"{config.recipe} matches [serve]")
+        return 0
+    r = _resolve(ctx, args)
+    if r["model"] is None:
+        raise UsageError(
+            "no model directory",
+            where="--model / $" + config.model_var,
+            next=f"pass --model DIR or export {config.model_var}=DIR (`pinwheel model` fetches it)",
+        )
+    seqs = os.environ.get(config.seqs_var)
+    run = launch(
+        config,
+        r["profile"],
+        model=str(r["model"]),
+        python=r["python"],
+        host=args.host or os.environ.get("HOST", "0.0.0.0"),
+        port=args.port or int(os.environ.get("PORT", "8000")),
+        max_num_seqs=int(seqs) if seqs else None,
+        devices=r["devices"],
+    )
+    env = dict(os.environ) | dict(run.env)
+    os.execvpe(run.argv[0], list(run.argv), env)
+    return 0  # pragma: no cover
+
+
+# --------------------------------------------------------------------------- qualify
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterator[Any]:
+    """Start the profile's server (its own process group), log to out/server.log, stop it after."""
+    from ..qualify import Target
+
+    r = _resolve(ctx, args)
+    config = r["config"]
+    if r["model"] is None:
+        raise UsageError(
+            "no model directory to start a server with",
+            where="--model / $" + config.model_var,
+            next="pass --model DIR (or --url URL to attach to a running server)",
+        )
+    port = args.port or _free_port()
+    seqs = os.environ.get(config.seqs_var)
+    run = launch(
+        config,
+        r["profile"],
+        model=str(r["model"]),
+        python=r["python"],
+        host="127.0.0.1",
+        port=port,
+        max_num_seqs=int(seqs) if seqs else None,
+        devices=r["devices"],
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "server.log"
+    with open(log, "wb") as fh:
+        try:
+            proc = subprocess.Popen(
+                list(run.argv),
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ) | dict(run.env),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise PinwheelError(
+                f"could not start the server: {exc}",
+                where=run.argv[0],
+                next="pass --python with the engine venv's python",
+            ) from None
+        atomic_write_text(out / "server.pid", f"{proc.pid}\n")
+        ctx.console.print(
+            f"started server pid {proc.pid} on port {port}; log: {log}", highlight=False
+        )
+        try:
+            yield Target(url=f"http://127.0.0.1:{port}", log=log, alive=proc.poll)
+        finally:
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
+    from ..qualify import Target, qualify
+
+    m = ctx.manifest()
+    out = Path(args.out)
+    config = _serve_config(ctx)
+    profile = config.profile(args.profile or os.environ.get(f"{config.env_prefix}_PROFILE")).name
+    prov = Path(args.provenance) if args.provenance else m.root / "wheels" / "provenance.json"
+    if args.provenance and not prov.is_file():
+        raise UsageError(
+            f"no provenance file at {prov}",
+            where="--provenance",
+            next="pass the provenance.json of the build being qualified",
+        )
+
+    def progress(msg: str) -> None:
+        ctx.console.print(f"  {msg}", highlight=False, markup=False)
+
+    if args.url:
+        target = Target(url=args.url, log=Path(args.log) if args.log else None)
+        server: Any = contextlib.nullcontext(target)
+    else:
+        server = _started_server(ctx, args, out)
+    with server as target:
+        receipt = qualify(m, profile, target, out, provenance=prov, progress=progress)
+    ctx.emit(
+        {"verdict": receipt.verdict, "out": str(out)},
+        f"qualification {receipt.verdict}: {out / 'report.md'}",
+    )
+    return 0

@@ -1,0 +1,312 @@
+"""Preflight on this GPU-less machine.
+
+The topology parser reads real `nvidia-smi topo -m` formats (fixtures under
+tests/fixtures/topo: a DGX-1 V100 hybrid cube-mesh with NICs and ANSI
+underlines, a PCIe-only two-socket box from a newer driver, a terminal copy
+with spaces). nvidia-smi itself cannot run here (no GPU, no driver), so the
+whole-preflight tests put a stand-in `nvidia-smi` script on PATH that prints
+captured output; gcc, ninja, the Python probe and the disk check are real.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pinwheel import manifest
+from pinwheel.cli import main
+from pinwheel.preflight import (
+    FAIL,
+    OK,
+    SKIP,
+    WARN,
+    Options,
+    check_engine,
+    device_indices,
+    parse_gpu_csv,
+    parse_nvcc_release,
+    parse_topo,
+    preflight,
+)
+from pinwheel.serve import Engine
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPO = Path(__file__).parent / "fixtures" / "topo"
+V100_CSV = "".join(
+    f"{i}, Tesla V100-SXM2-32GB, 7.0, 32768, 00000000:{0x1A + i:02X}:00.0\n" for i in range(8)
+)
+
+
+def test_dgx1_v100_cube_mesh():
+    topo = parse_topo((TOPO / "dgx1-v100.txt").read_text())
+    assert topo.gpus == tuple(range(8))
+    assert topo.link(0, 3) == "NV2" and topo.link(0, 1) == "NV1" and topo.link(0, 4) == "NV2"
+    assert topo.link(0, 5) == "SYS" and topo.link(5, 0) == "SYS"
+    # each GPU: 3 links inside its quad + 1 across
+    assert len(topo.nvlink_pairs) == 16 and len(topo.pcie_pairs) == 12
+    assert all(topo.nvlinked(a, b) for a in range(4) for b in range(4) if a != b)
+
+
+def test_pcie_only_box_from_a_newer_driver():
+    topo = parse_topo((TOPO / "pcie-4x-v100.txt").read_text())
+    assert topo.gpus == (0, 1, 2, 3)
+    assert topo.nvlink_pairs == ()
+    assert topo.link(0, 1) == "PIX" and topo.link(1, 2) == "SYS" and topo.link(2, 3) == "PIX"
+
+
+def test_space_separated_terminal_copy():
+    topo = parse_topo((TOPO / "sxm2-4x-v100-spaces.txt").read_text())
+    assert len(topo.nvlink_pairs) == 6 and topo.pcie_pairs == ()
+
+
+def test_topo_without_a_matrix_says_what_to_run():
+    with pytest.raises(Exception, match="nvidia-smi topo -m"):
+        parse_topo("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
+
+
+def test_gpu_csv_including_unified_memory_and_old_drivers():
+    gpus = parse_gpu_csv("0, NVIDIA GB10, 12.1, [N/A], 0000000F:01:00.0\n")
+    assert gpus[0].compute_capability == "12.1" and gpus[0].memory_mib is None
+    assert parse_gpu_csv(V100_CSV)[7].memory_mib == 32768
+    with pytest.raises(Exception, match="driver"):
+        parse_gpu_csv('Field "compute_cap" is not a valid field to query.\n')
+
+
+def test_nvcc_release():
+    text = (
+        "Cuda compilation tools, release 12.4, V12.4.131\nBuild cuda_12.4.r12.4/compiler.34097967_0"
+    )
+    assert parse_nvcc_release(text) == "12.4"
+
+
+# --------------------------------------------------------------------------- whole preflight
+
+
+def _stand_in_smi(tmp_path: Path, csv: str, topo: str) -> Path:
+    """A stand-in for nvidia-smi (no driver here) printing captured output."""
+    (tmp_path / "gpus.csv").write_text(csv)
+    (tmp_path / "topo.txt").write_text(topo)
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        textwrap.dedent(f"""\
+        #!/bin/sh
+        case "$1" in
+          topo) cat {tmp_path / "topo.txt"} ;;
+          --query-gpu=*) cat {tmp_path / "gpus.csv"} ;;
+          *) echo "unexpected: $*" >&2; exit 9 ;;
+        esac
+        """)
+    )
+    smi.chmod(0o755)
+    return smi
+
+
+def _fake_engine(tmp_path: Path, quant: str, arch: str) -> Path:
+    """An installed-looking engine package whose registries name ``quant`` and ``arch``."""
+    pkg = tmp_path / "site" / "vllm"
+    (pkg / "model_executor/layers/quantization").mkdir(parents=True)
+    (pkg / "model_executor/models").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "model_executor/layers/quantization/__init__.py").write_text(
+        f'QUANTIZATION_METHODS = ["awq", "{quant}"]\n'
+    )
+    (pkg / "model_executor/models/registry.py").write_text(f'_MODELS = {{"{arch}": ("x", "y")}}\n')
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={tmp_path / "site"} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def _opts(
+    tmp_path,
+    profile="card",
+    topo="dgx1-v100.txt",
+    devices=None,
+    csv=V100_CSV,
+    python=None,
+    model=None,
+):
+    serve = manifest.load(ROOT / "manifest.toml").stage("serve")
+    prof = serve.profile(profile)
+    return Options(
+        profile=prof,
+        config=serve,
+        python=str(python or _fake_engine(tmp_path, "exl3", "GlmMoeDsaForCausalLM")),
+        model=model,
+        devices=device_indices(prof, devices),
+        nvidia_smi=str(_stand_in_smi(tmp_path, csv, (TOPO / topo).read_text())),
+    )
+
+
+def _by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_card_on_a_dgx1_quad_is_clean_on_gpus_and_topology(tmp_path):
+    checks = _by_name(preflight(_opts(tmp_path, devices="0,1,2,3", model=tmp_path / "model")))
+    assert checks["gpu count"].status == OK
+    assert checks["compute capability"].status == OK
+    assert checks["gpu memory"].status == OK
+    assert checks["topology"].status == OK, checks["topology"].detail
+    assert checks["engine"].status == OK and "exl3" in checks["engine"].detail
+    assert checks["python"].status == OK
+    assert checks["disk"].status in (OK, FAIL)  # real free space of this disk
+    # every failing or warning check names its next command
+    assert all(c.next for c in checks.values() if c.status in (FAIL, WARN))
+
+
+def test_tp_group_across_the_cube_mesh_warns_with_nccl_advice(tmp_path):
+    checks = _by_name(preflight(_opts(tmp_path, devices="0,1,4,5")))
+    topo = checks["topology"]
+    assert topo.status == WARN
+    assert "GPU0-GPU5 SYS" in topo.detail and "GPU1-GPU4 SYS" in topo.detail
+    assert "NCCL_P2P_LEVEL=NVL" in topo.next
+
+
+def test_pcie_box_warns_for_every_pair(tmp_path):
+    checks = _by_name(preflight(_opts(tmp_path, topo="pcie-4x-v100.txt")))
+    assert checks["topology"].status == WARN
+    assert checks["topology"].detail.count("GPU") == 12  # 6 pairs, 2 GPUs each
+
+
+def test_wrong_gpus_fail_with_the_fix(tmp_path):
+    csv = "0, NVIDIA H200, 9.0, 143771, 00000000:19:00.0\n"
+    checks = _by_name(preflight(_opts(tmp_path, csv=csv, topo="sxm2-4x-v100-spaces.txt")))
+    assert (
+        checks["gpu count"].status == FAIL and "needs 4 GPUs, found 1" in checks["gpu count"].detail
+    )
+    assert "--profile" in checks["gpu count"].next
+
+
+def test_small_or_wrong_arch_gpus_fail(tmp_path):
+    csv = "".join(f"{i}, Tesla V100-PCIE-16GB, 7.0, 16384, 0:{i}\n" for i in range(3))
+    csv += "3, Tesla T4, 7.5, 15360, 0:3\n"
+    checks = _by_name(preflight(_opts(tmp_path, csv=csv, topo="pcie-4x-v100.txt")))
+    assert (
+        checks["compute capability"].status == FAIL
+        and "GPU3 is cc 7.5" in checks["compute capability"].detail
+    )
+    assert checks["gpu memory"].status == FAIL and "32 GiB" in checks["gpu memory"].detail
+
+
+def test_stock_vllm_is_refused():
+    info = {"path": "/nowhere/vllm", "version": "0.11.0", "python": [3, 11, 7]}
+    check = check_engine(Engine("vllm", "exl3", "GlmMoeDsaForCausalLM"), info)
+    assert check.status == FAIL and "pinwheel install" in check.next
+
+
+def test_engine_missing_architecture_is_named(tmp_path):
+    python = _fake_engine(tmp_path, "exl3", "DeepseekV3ForCausalLM")
+    checks = _by_name(preflight(_opts(tmp_path, python=python)))
+    assert checks["engine"].status == FAIL
+    assert "architecture 'GlmMoeDsaForCausalLM'" in checks["engine"].detail
+
+
+def test_missing_engine_interpreter(tmp_path):
+    checks = _by_name(preflight(_opts(tmp_path, python=tmp_path / "no-such-python")))
+    assert checks["python"].status == FAIL and "--python" in checks["python"].next
+
+
+def test_cli_prints_every_check_and_exits_1_on_failure(tmp_path, capsys, monkeypatch):
+    smi = _stand_in_smi(
+        tmp_path, "0, NVIDIA H200, 9.0, 143771, 0:19\n", (TOPO / "dgx1-v100.txt").read_text()
+    )
+    python = _fake_engine(tmp_path, "exl3", "GlmMoeDsaForCausalLM")
+    code = main(
+        [
+            "preflight",
+            "--manifest",
+            str(ROOT / "manifest.toml"),
+            "--nvidia-smi",
+            str(smi),
+            "--python",
+            str(python),
+            "--json",
+        ]
+    )
+    assert code == 1
+    out = capsys.readouterr()
+    assert '"gpu count"' in out.out and "next:" in out.err
+    print(out.out)  # the seconds it took, for the log (no timing assert)
+
+
+def test_cpu_profile_skips_gpu_checks(tmp_path):
+    m = manifest.load(Path(__file__).parent / "fixtures" / "qualify-cpu.toml")
+    serve = m.stage("serve")
+    opts = Options(
+        profile=serve.profile(),
+        config=serve,
+        python=sys.executable,
+        model=None,
+        devices=(),
+        nvidia_smi=str(tmp_path / "absent"),
+    )
+    checks = _by_name(preflight(opts))
+    assert checks["gpus"].status == SKIP and checks["topology"].status == SKIP
+    if shutil.which("gcc"):
+        assert checks["gcc"].status == OK
+
+
+def _stand_in_selftest(tmp_path: Path, result: dict) -> Path:
+    """No GPU here: an interpreter that answers the self-test script with a canned result
+    in the shape the real script prints (the real run is in the device report)."""
+    import json
+
+    (tmp_path / "result.json").write_text(json.dumps(result))
+    py = tmp_path / "selftest-python"
+    py.write_text(f"#!/bin/sh\ncat {tmp_path / 'result.json'}\n")
+    py.chmod(0o755)
+    return py
+
+
+def test_selftest_names_a_corrupted_pair_and_the_nccl_fix(tmp_path):
+    from pinwheel.preflight import run_selftest
+
+    result = {
+        "via": "pinwheel_selftest",
+        "devices": 2,
+        "pairs": [
+            {"src": 0, "dst": 1, "peer": True, "ok": True},
+            {"src": 1, "dst": 0, "peer": True, "ok": False},
+        ],
+        "gemm": [
+            {"device": 0, "err": 0.0, "err_kind": "max abs err", "ok": True, "jit": False},
+            {"device": 1, "err": 0.0, "err_kind": "max abs err", "ok": True, "jit": False},
+        ],
+    }
+    opts = _opts(tmp_path, python=_stand_in_selftest(tmp_path, result))
+    p2p, gemm = run_selftest(opts)
+    assert p2p.status == FAIL and "GPU1->GPU0" in p2p.detail and "NCCL_P2P_DISABLE=1" in p2p.next
+    assert gemm.status == OK
+
+
+def test_selftest_on_one_gpu_skips_pairs_but_checks_the_gemm(tmp_path):
+    from pinwheel.preflight import run_selftest
+
+    result = {
+        "via": "torch",
+        "devices": 1,
+        "pairs": [],
+        "gemm": [{"device": 0, "err": 0.5, "err_kind": "max rel err", "ok": False, "jit": None}],
+    }
+    p2p, gemm = run_selftest(_opts(tmp_path, python=_stand_in_selftest(tmp_path, result)))
+    assert p2p.status == SKIP and gemm.status == FAIL and "pinwheel install" in gemm.next
+
+
+def test_real_capture_from_an_h200_with_ansi_underlines():
+    """Captured with `nvidia-smi topo -m > file` on the device machine (driver 580)."""
+    text = (TOPO / "h200-1gpu-captured.txt").read_text()
+    assert "\x1b[4m" in text
+    topo = parse_topo(text)
+    assert topo.gpus == (0,) and topo.links == {}
+
+
+def test_card_profile_on_a_one_gpu_box_fails_count_and_skips_topology(tmp_path):
+    csv = "0, NVIDIA H200, 9.0, 143771, 00000000:00:06.0\n"
+    checks = _by_name(preflight(_opts(tmp_path, csv=csv, topo="h200-1gpu-captured.txt")))
+    assert checks["gpu count"].status == FAIL
+    assert checks["topology"].status == SKIP and "GPU1, GPU2, GPU3" in checks["topology"].detail
