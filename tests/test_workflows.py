@@ -324,8 +324,8 @@ def test_release_attests_the_checksums_and_publishes_pinwheel_notes() -> None:
     )
 
 
-def test_every_manifest_kernel_is_built_once(tmp_path: Path) -> None:
-    # In-tree kernels (a path) by cibuildwheel on hosted runners; the others on the box.
+def test_every_manifest_kernel_is_built(tmp_path: Path) -> None:
+    # All on the box into the release; the in-tree ones also as manylinux wheels.
     jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
     kernels = manifest().get("kernel", [])
     output = tmp_path / "github_output"
@@ -341,10 +341,16 @@ def test_every_manifest_kernel_is_built_once(tmp_path: Path) -> None:
     assert jobs["kernel-wheels"]["strategy"]["matrix"]["package"].startswith(
         "${{ fromJSON(needs.kernel-packages.outputs.dirs)"
     )
-    on_box = [argv for argv in pinwheel_invocations(jobs["build"]) if argv[0] == "kernels"]
-    assert len(on_box) == 1
-    named = {on_box[0][i + 1] for i, a in enumerate(on_box[0]) if a == "--name"}
-    assert named == {k["name"] for k in kernels if "path" not in k}
+    # On the box, `build` makes the default kernels; `kernels --name` the rest.
+    on_box = list(pinwheel_invocations(jobs["build"]))
+    assert ["build"] in on_box and not any("--no-kernels" in argv for argv in on_box)
+    extra = [argv for argv in on_box if argv[0] == "kernels"]
+    named = {argv[i + 1] for argv in extra for i, a in enumerate(argv) if a == "--name"}
+    assert named == {k["name"] for k in kernels if k.get("default", True) is False}
+    order = [argv[0] for argv in on_box]
+    # verify-build compares what `build` made; check sees every wheel, the extras too.
+    assert order.index("build") < order.index("verify-build") < order.index("kernels")
+    assert order.index("kernels") < order.index("check")
 
 
 # --------------------------------------------------------------------------- hygiene
