@@ -8,7 +8,8 @@ that a test machine has not got::
     tools/replay build   # needs: gpu, network
 
 Known needs: ``gpu``; ``editor`` (an interactive editor); ``network``
-(anything past the package registries); ``upstream`` (an upstream repository
+(anything past the package registries); ``build`` (a real build's output);
+``model`` (a downloaded model pack); ``upstream`` (an upstream repository
 with PR refs: such a block runs against a real local one, the stack that
 tests/conftest.py builds, with the clone's manifest.toml pointing at it
 through PINWHEEL_MIRRORS for that block). A command equal to
@@ -32,7 +33,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SHELL_LANGS = {"sh", "bash", "shell", "console", "zsh"}
-KNOWN_NEEDS = {"gpu", "network", "upstream", "editor"}
+# What a test machine has not got: gpu, network, editor, build (the output of a
+# real `tools/replay build`), model (a downloaded model pack); upstream is
+# provided (the fixture upstream below).
+KNOWN_NEEDS = {"gpu", "network", "upstream", "editor", "build", "model"}
 NEEDS = re.compile(r"#\s*needs:\s*([a-z][a-z, -]*?)\s*$")
 
 
