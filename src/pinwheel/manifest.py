@@ -18,16 +18,11 @@ import datetime as _dt
 import hashlib
 import importlib
 import re
-import sys
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 from .errors import ManifestError
 
