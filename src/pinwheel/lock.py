@@ -8,7 +8,7 @@ checksums and writes the replayed ``[result].tree``. Comments and layout survive
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import tomlkit
 from .cache import Cache
 from .errors import PinwheelError
 from .fsutil import atomic_write_text
-from .manifest import FULL_SHA, Manifest, loads
+from .manifest import FULL_SHA, Manifest, load, loads
 from .replay import Replayer, check_result_tree, fetch_for, pick_commits, write_result_refs
 
 
@@ -57,8 +57,6 @@ def lock_manifest(
     update_base: bool = False,
     update_heads: bool = False,
 ) -> LockOutcome:
-    from .manifest import load
-
     loose = load(manifest_path, allow_short=True)
     doc = tomlkit.parse(Path(manifest_path).read_text())
     changes: list[LockChange] = []
@@ -93,8 +91,6 @@ def lock_manifest(
                     head = current
                 setv(table, "head", head, f"{step.label} head")
                 if step.action == "pick":
-                    from dataclasses import replace
-
                     probe = replace(step, head=head, commits=None)
                     shas = [str(c.id) for c in pick_commits(repo, probe, base, fetched.branch_tip)]
                     if list(table.get("commits", [])) != shas:
@@ -124,8 +120,6 @@ def lock_manifest(
 
 
 def _with_manifest(result: Any, manifest: Manifest) -> Any:
-    from dataclasses import replace
-
     return replace(result, manifest=manifest)
 
 

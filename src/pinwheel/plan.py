@@ -17,7 +17,7 @@ from pygit2.enums import SortMode
 
 from .cache import Cache, Fetched
 from .manifest import Manifest, Step
-from .replay import _subject, fetch_for, merge_bases, pick_commits
+from .replay import fetch_for, merge_bases, pick_commits, subject_line
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Plan:
 
 
 def _planned(c: pygit2.Commit) -> PlannedCommit:
-    return PlannedCommit(str(c.id), _subject(c.message), c.author.name, len(c.parents) > 1)
+    return PlannedCommit(str(c.id), subject_line(c.message), c.author.name, len(c.parents) > 1)
 
 
 def hazard_commits(

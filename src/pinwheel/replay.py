@@ -16,7 +16,7 @@ import email.utils
 import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.header import decode_header, make_header
 from pathlib import Path
 from typing import Any
@@ -95,7 +95,7 @@ def committer_for(identity: Identity, base: pygit2.Commit) -> pygit2.Signature:
     return pygit2.Signature(identity.name, identity.email, identity.time, identity.offset or 0)
 
 
-def _subject(message: str) -> str:
+def subject_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else ""
 
 
@@ -133,7 +133,7 @@ def pick_commits(
         # Exit 2: the manifest asks for something impossible; the fix is an edit.
         raise ManifestError(
             f"PR #{step.pr} contains merge commit {str(first.id)[:12]} "
-            f"'{_subject(first.message)}' ({len(merges)} merge(s) in its range): "
+            f"'{subject_line(first.message)}' ({len(merges)} merge(s) in its range): "
             "its own commits cannot be cherry-picked in order",
             where=step.label,
             next=f'change step {step.number} to action = "merge" (and check `pinwheel plan` '
@@ -333,7 +333,7 @@ class Replayer:
         state = current
         for c in pick_commits(self.repo, step, self.base, self.fetched.branch_tip):
             sha = str(c.id)
-            where = f"{step.label} commit {sha[:12]} '{_subject(c.message)}'"
+            where = f"{step.label} commit {sha[:12]} '{subject_line(c.message)}'"
             fix = self._resolution(step, sha)
             if fix is not None:
                 tree = apply_patch(self.fetched.repo_path, str(state.tree_id), fix, where=where)
@@ -345,7 +345,7 @@ class Replayer:
                 tree = str(index.write_tree(self.repo))
             new = self._commit(c.author, c.raw_message, tree, [str(state.id)], c.message_encoding)
             replayed.append(
-                ReplayedCommit(sha, new, _subject(c.message), c.author.name, c.author.email)
+                ReplayedCommit(sha, new, subject_line(c.message), c.author.name, c.author.email)
             )
             state = self.repo[new].peel(pygit2.Commit)
         return StepResult(step, head, drifted, tuple(replayed), str(state.id), str(state.tree_id))
@@ -366,7 +366,7 @@ class Replayer:
         message = merge_message(step, self.manifest.upstream.branch)
         ident = self.committer
         new = self._commit(ident, message, tree, [str(current.id), head])
-        commit = ReplayedCommit(None, new, _subject(message), ident.name, ident.email)
+        commit = ReplayedCommit(None, new, subject_line(message), ident.name, ident.email)
         merged = self.repo[new].peel(pygit2.Commit)
         return StepResult(step, head, drifted, (commit,), new, str(merged.tree_id))
 
@@ -377,7 +377,7 @@ class Replayer:
         meta = read_patch_meta(step.patch)
         author = meta.author or self.committer
         new = self._commit(author, meta.message, tree, [str(current.id)])
-        commit = ReplayedCommit(None, new, _subject(meta.message), author.name, author.email)
+        commit = ReplayedCommit(None, new, subject_line(meta.message), author.name, author.email)
         return StepResult(step, None, False, (commit,), new, tree)
 
     def _merge_trees(self, ancestor: Any, ours: Any, theirs: Any, where: str) -> pygit2.Index:
@@ -407,8 +407,7 @@ class Replayer:
 
 
 def _with_head(step: Step, head: str) -> Step:
-    from dataclasses import replace
-
+    # A moved head invalidates the pinned commit list: recompute it from the new head.
     return replace(step, head=head, commits=None)
 
 
