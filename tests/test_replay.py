@@ -298,3 +298,24 @@ def test_two_runs_share_one_cache_lock(stack, tmp_path):
         assert p.returncode == 0, err
         heads.add(json.loads(out)["head"])
     assert len(heads) == 1
+
+
+def test_unreachable_source_is_a_fetch_error_not_blamed_on_a_pr(stack, capsys, tmp_path):
+    """No mirror and a host that cannot resolve: the error names the source, not PR #1."""
+    from pinwheel.cli import main
+
+    m = stack.write(steps_with_heads(stack, PICKS))
+    rc = main(["--manifest", str(m), "--cache", str(tmp_path / "c"), "run"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "fetch failed" in err and "example.invalid" in err
+    assert "has no refs/pull" not in err
+    assert "--mirror URL=PATH" in err
+
+
+def test_missing_branch_is_a_fetch_error(stack, capsys):
+    m = stack.write(steps_with_heads(stack, PICKS))
+    m.write_text(m.read_text().replace('branch = "main"', 'branch = "nope"'))
+    rc = stack.cli(m, "run")[0]
+    err = capsys.readouterr().err
+    assert rc == 1 and "fetch failed" in err and "nope" in err

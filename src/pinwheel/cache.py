@@ -226,16 +226,25 @@ class Cache:
         )
         if proc.returncode == 0:
             return
-        # Find which ref is missing so the error can name the PR.
-        for spec, n in zip(refspecs[1:], prs, strict=True):
-            one = gitcli.git([*args, spec], git_dir=path, user_config=not source.local, check=False)
-            if one.returncode != 0:
-                raise PinwheelError(
-                    f"PR #{n} has no refs/pull/{n}/head at {source.location}",
-                    where=f"fetch PR #{n}",
-                    next="check the PR number, or fetch PR refs into your mirror "
-                    "(git fetch origin '+refs/pull/*/head:refs/pull/*/head')",
+        # Find what failed so the error can name it: the source itself (network,
+        # bad URL, missing branch) or one PR's ref.
+        branch = gitcli.git(
+            [*args, refspecs[0]], git_dir=path, user_config=not source.local, check=False
+        )
+        if branch.returncode == 0:
+            for spec, n in zip(refspecs[1:], prs, strict=True):
+                one = gitcli.git(
+                    [*args, spec], git_dir=path, user_config=not source.local, check=False
                 )
+                if one.returncode != 0:
+                    raise PinwheelError(
+                        f"PR #{n} has no refs/pull/{n}/head at {source.location}",
+                        where=f"fetch PR #{n}",
+                        next="check the PR number, or fetch PR refs into your mirror "
+                        "(git fetch origin '+refs/pull/*/head:refs/pull/*/head')",
+                    )
+        else:
+            proc = branch
         err = (proc.stderr or b"").decode(errors="replace").strip().splitlines()
         raise PinwheelError(
             f"fetch failed: {err[-1] if err else proc.returncode}",
