@@ -37,10 +37,9 @@ EPILOG = """exit codes: 0 ok, 1 error, 2 bad manifest or usage, 3 drift (PR head
 
 
 def default_cache() -> Path:
-    base = os.environ.get("PINWHEEL_CACHE") or os.environ.get("XDG_CACHE_HOME")
     if os.environ.get("PINWHEEL_CACHE"):
         return Path(os.environ["PINWHEEL_CACHE"])
-    return Path(base or Path.home() / ".cache") / "pinwheel"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pinwheel"
 
 
 def parse_mirrors(items: Sequence[str], env: str | None) -> dict[str, str]:
