@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .checksums import sha256_file, write_sums
 from .errors import ManifestError, MismatchError, PinwheelError
-from .manifest import Identity, Manifest, Result, Step, Table, Upstream
+from .manifest import Identity, Manifest, Result, Step, Table, Upstream, check_file_sha
 from .toolchain import BuildConfig, Toolkit
 
 BUILDERS = ("cmake", "torch-extension")
@@ -109,7 +109,7 @@ def parse_kernel_tables(tables: tuple[Table, ...]) -> tuple[KernelSpec, ...]:
                 p.only("path", "sha256")
                 file = p.path_under("path", root, "patches")
                 digest = p.sha256("sha256")
-                _check_patch(p, file, digest)
+                check_file_sha(p, "path", file, digest, repin="update its sha256 in the manifest")
                 patches.append(KernelPatch(file, digest))
         specs.append(
             KernelSpec(
@@ -126,22 +126,6 @@ def parse_kernel_tables(tables: tuple[Table, ...]) -> tuple[KernelSpec, ...]:
             )
         )
     return tuple(specs)
-
-
-def _check_patch(t: Table, path: Path, expected: str) -> None:
-    if not path.is_file():
-        raise ManifestError(
-            f"patch file {path.name} does not exist",
-            where=t.where("path"),
-            next="restore the file under patches/ or fix the path",
-        )
-    actual = hashlib.sha256(path.read_bytes()).hexdigest()
-    if actual != expected:
-        raise ManifestError(
-            f"sha256 of {path.name} is {actual}, the manifest pins {expected}",
-            where=t.where("sha256"),
-            next="if the patch change is intended, update its sha256 in the manifest",
-        )
 
 
 # --------------------------------------------------------------------------- building

@@ -406,7 +406,7 @@ def _parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
     else:
         patch = t.path_under("path", root, "patches")
         patch_sha = t.sha256("sha256")
-        _check_file_sha(t, "path", patch, patch_sha, verify=not allow_short)
+        check_file_sha(t, "path", patch, patch_sha, verify=not allow_short)
     resolutions = []
     for r in t.subs("resolve"):
         r.only("commit", "path", "sha256")
@@ -415,7 +415,7 @@ def _parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
             raise r.error("commit", 'a full commit SHA, or "merge" for a merge step', commit)
         p = r.path_under("path", root, "patches")
         digest = r.sha256("sha256")
-        _check_file_sha(r, "path", p, digest, verify=not allow_short)
+        check_file_sha(r, "path", p, digest, verify=not allow_short)
         resolutions.append(Resolution(commit=commit, patch=p, sha256=digest))
     return Step(
         number=number,
@@ -430,8 +430,19 @@ def _parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
     )
 
 
-def _check_file_sha(t: Table, key: str, path: Path, expected: str, *, verify: bool) -> None:
-    # In lock mode (verify=False) a changed patch is re-pinned, not refused.
+def check_file_sha(
+    t: Table,
+    key: str,
+    path: Path,
+    expected: str,
+    *,
+    verify: bool = True,
+    repin: str = "run `pinwheel lock` to re-pin it",
+) -> None:
+    """A pinned file (a patch) must exist and match its sha256.
+
+    In lock mode (verify=False) a changed file is re-pinned, not refused.
+    """
     if not path.is_file():
         raise ManifestError(
             f"patch file {path.name} does not exist",
@@ -443,7 +454,7 @@ def _check_file_sha(t: Table, key: str, path: Path, expected: str, *, verify: bo
         raise ManifestError(
             f"sha256 of {path.name} is {actual}, manifest pins {expected}",
             where=t.where("sha256"),
-            next="if the patch change is intended, run `pinwheel lock` to re-pin it",
+            next=f"if the patch change is intended, {repin}",
         )
 
 
