@@ -9,7 +9,6 @@ GLM-5.3 V100 card recipe broke: merging PR branches pulled a newer main.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pygit2
@@ -17,7 +16,7 @@ from pygit2.enums import SortMode
 
 from .cache import Cache, Fetched
 from .manifest import Manifest, Step
-from .replay import fetch_for, merge_bases, pick_commits, subject_line
+from .replay import commits_between, fetch_for, merge_bases, pick_commits, subject_line
 
 
 @dataclass(frozen=True)
@@ -55,9 +54,9 @@ def _planned(c: pygit2.Commit) -> PlannedCommit:
 
 
 def hazard_commits(
-    repo: pygit2.Repository, base: str, branch_tip: str, head: str
+    repo: pygit2.Repository, base: str, bases: list[str]
 ) -> list[PlannedCommit]:
-    bases = merge_bases(Path(repo.path), branch_tip, head)
+    """Mainline commits reachable from the merge-bases ``bases`` but not from ``base``."""
     if not bases:
         return []
     walker = repo.walk(bases[0], SortMode.TOPOLOGICAL | SortMode.REVERSE)
@@ -78,15 +77,12 @@ def plan_fetched(manifest: Manifest, fetched: Fetched) -> Plan:
             plans.append(StepPlan(step, None, None, (), (), None))
             continue
         problem = None
-        hazard = tuple(hazard_commits(repo, base, fetched.branch_tip, head))
+        bases = merge_bases(fetched.repo_path, fetched.branch_tip, head)
+        hazard = tuple(hazard_commits(repo, base, bases))
         if step.action == "pick":
-            walker = repo.walk(head, SortMode.TOPOLOGICAL | SortMode.REVERSE)
-            walker.hide(base)
-            for mb in merge_bases(fetched.repo_path, fetched.branch_tip, head):
-                walker.hide(mb)
-            commits = tuple(_planned(c) for c in walker)
+            commits = tuple(_planned(c) for c in commits_between(repo, head, [base, *bases]))
             try:
-                pick_commits(repo, step, base, fetched.branch_tip)
+                pick_commits(repo, step, base, fetched.branch_tip, bases)
             except Exception as exc:  # noqa: BLE001 - reported, not raised, in a plan
                 problem = getattr(exc, "what", str(exc))
             if step.commits and tuple(c.sha for c in commits) != step.commits:
@@ -95,9 +91,7 @@ def plan_fetched(manifest: Manifest, fetched: Fetched) -> Plan:
                     "(replay uses the pinned list)"
                 )
         else:
-            walker = repo.walk(head, SortMode.TOPOLOGICAL | SortMode.REVERSE)
-            walker.hide(base)
-            commits = tuple(_planned(c) for c in walker)
+            commits = tuple(_planned(c) for c in commits_between(repo, head, [base]))
         plans.append(StepPlan(step, head, current, commits, hazard, problem))
     return Plan(manifest, base, fetched.branch_tip, tuple(plans))
 

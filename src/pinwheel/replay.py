@@ -99,14 +99,29 @@ def subject_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else ""
 
 
+def commits_between(
+    repo: pygit2.Repository, head: str, hide: Sequence[str]
+) -> list[pygit2.Commit]:
+    """Commits reachable from ``head`` and from none of ``hide``, oldest first."""
+    walker = repo.walk(head, SortMode.TOPOLOGICAL | SortMode.REVERSE)
+    for sha in hide:
+        walker.hide(sha)
+    return list(walker)
+
+
 def pick_commits(
-    repo: pygit2.Repository, step: Step, base: str, branch_tip: str
+    repo: pygit2.Repository,
+    step: Step,
+    base: str,
+    branch_tip: str,
+    bases: Sequence[str] | None = None,
 ) -> list[pygit2.Commit]:
     """The PR's own commits, oldest first.
 
     Pinned ``commits`` win (the branch tip moves; a pinned list does not).
     Otherwise: reachable from the head, not from the base, and not from the
-    upstream branch's merge-bases with the head (main merged into the PR).
+    upstream branch's merge-bases with the head (main merged into the PR);
+    pass ``bases`` when the caller has computed those already.
     """
     assert step.head is not None
     if step.commits:
@@ -121,12 +136,9 @@ def pick_commits(
                 )
             picked.append(repo[sha].peel(pygit2.Commit))
     else:
-        walker = repo.walk(step.head, SortMode.TOPOLOGICAL | SortMode.REVERSE)
-        walker.hide(base)
-        repo_path = Path(repo.path)
-        for mb in merge_bases(repo_path, branch_tip, step.head):
-            walker.hide(mb)
-        picked = list(walker)
+        if bases is None:
+            bases = merge_bases(Path(repo.path), branch_tip, step.head)
+        picked = commits_between(repo, step.head, [base, *bases])
     merges = [c for c in picked if len(c.parents) > 1]
     if merges:
         first = merges[0]
