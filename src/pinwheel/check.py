@@ -15,7 +15,6 @@ decides to raise (:meth:`CheckReport.raise_if_failed`).
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 import re
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import elf, fatbin
+from .checksums import sha256_file
 from .cudaarch import CudaArch, names, parse_arches
 from .errors import UsageError, VerifyError
 from .wheelfile import Issue, record_issues, zip_issues
@@ -457,7 +457,7 @@ def check_wheel(path: Path, spec: CheckSpec) -> tuple[WheelCheck, list[Finding],
         audit, problem_finding = _auditwheel(spec.auditwheel, path)
         if problem_finding:
             findings.append(problem_finding)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = sha256_file(path)
     summary = WheelCheck(name, str(path), digest, len(members), tuple(shared), audit)
     return summary, findings, members
 

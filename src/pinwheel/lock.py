@@ -7,7 +7,6 @@ checksums and writes the replayed ``[result].tree``. Comments and layout survive
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pygit2
 import tomlkit
 
 from .cache import Cache
+from .checksums import sha256_file
 from .errors import PinwheelError
 from .fsutil import atomic_write_text
 from .manifest import FULL_SHA, Manifest, load, loads
@@ -78,7 +78,8 @@ def lock_manifest(
         setv(doc["upstream"], "commit", base, "[upstream] commit")
         for step, table in zip(loose.steps, doc.get("step", []), strict=True):
             if step.action == "patch":
-                setv(table, "sha256", _sha256(step.patch), f"{step.label} sha256")
+                assert step.patch is not None  # the manifest model requires it for patch steps
+                setv(table, "sha256", sha256_file(step.patch), f"{step.label} sha256")
             else:
                 assert step.pr is not None
                 current = fetched.pr_heads.get(step.pr)
@@ -100,7 +101,10 @@ def lock_manifest(
                         setv(table, "commits", arr, f"{step.label} commits")
             for r_table, res in zip(table.get("resolve", []), step.resolutions, strict=True):
                 setv(
-                    r_table, "sha256", _sha256(res.patch), f"{step.label} resolve {res.commit[:12]}"
+                    r_table,
+                    "sha256",
+                    sha256_file(res.patch),
+                    f"{step.label} resolve {res.commit[:12]}",
                 )
 
         # Replay the locked manifest before writing anything.
@@ -121,8 +125,3 @@ def lock_manifest(
 
 def _with_manifest(result: Any, manifest: Manifest) -> Any:
     return replace(result, manifest=manifest)
-
-
-def _sha256(path: Path | None) -> str:
-    assert path is not None
-    return hashlib.sha256(path.read_bytes()).hexdigest()
