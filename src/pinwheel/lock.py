@@ -18,7 +18,7 @@ from .cache import Cache
 from .checksums import sha256_file
 from .errors import PinwheelError
 from .fsutil import atomic_write_text
-from .manifest import FULL_SHA, Manifest, load, loads
+from .manifest import FULL_SHA, load, loads
 from .replay import Replayer, check_result_tree, fetch_for, pick_commits, write_result_refs
 
 
@@ -117,11 +117,9 @@ def lock_manifest(
         setv(doc["result"], "tree", result.tree, "[result] tree")
         text = tomlkit.dumps(doc)
         final = loads(text.encode(), Path(manifest_path).absolute())
-        check_result_tree(_with_manifest(result, final))
-        write_result_refs(_with_manifest(result, final))
+        # The result as the locked manifest describes it (now with its tree).
+        locked_result = replace(result, manifest=final)
+        check_result_tree(locked_result)
+        write_result_refs(locked_result)
     atomic_write_text(Path(manifest_path), text)
     return LockOutcome(Path(manifest_path), tuple(changes), result.head, result.tree)
-
-
-def _with_manifest(result: Any, manifest: Manifest) -> Any:
-    return replace(result, manifest=manifest)
