@@ -23,7 +23,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from pinwheel.vllmclient import Client
+from pinwheel.serve.client import Client
 
 CARD_MS_PER_TOKEN = 11.0
 

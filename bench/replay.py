@@ -37,10 +37,10 @@ sys.path.insert(0, str(HERE))
 
 from gitcli import absent_paths, replay_with_git_cli, sealed_env  # noqa: E402
 
-from pinwheel.cache import resolve_source  # noqa: E402
 from pinwheel.cli import parse_mirrors  # noqa: E402
 from pinwheel.manifest import Manifest, load  # noqa: E402
-from pinwheel.replay import replay_manifest  # noqa: E402
+from pinwheel.source.cache import resolve_source  # noqa: E402
+from pinwheel.source.replay import replay_manifest  # noqa: E402
 
 DEFAULT_MANIFEST = HERE.parent / "recipes" / "examples" / "1cat-stack.toml"
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from gitfixture import UPSTREAM_URL, Upstream, git, manifest_text
-from pinwheel.build import BuildError, build_from_source, compare_builds
+from pinwheel.build.engine import BuildError, build_from_source, compare_builds
+from pinwheel.build.provenance import read_receipt
 from pinwheel.errors import VerifyError
-from pinwheel.export import export_tree
 from pinwheel.manifest import load
-from pinwheel.provenance import read_receipt
-from pinwheel.replay import replay_manifest
+from pinwheel.source.export import export_tree
+from pinwheel.source.replay import replay_manifest
 from tinyproject import BUILD_TABLE, STANDIN_SETUP, project_files
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 
 @pytest.fixture(scope="module")
 def cuda12():
-    from pinwheel.toolchain import BuildConfig, resolve_toolkit
+    from pinwheel.build.toolchain import BuildConfig, resolve_toolkit
 
     config = BuildConfig(
         python=PY, cuda="12.4", arches=("7.0",), ptx=True, torch=None, label=None, version=None

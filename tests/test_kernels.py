@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.errors import ManifestError
-from pinwheel.kernels import (
+from pinwheel.build.kernels import (
     BuildOptions,
     kernel_manifest,
     select,
     stage_in_tree,
     stage_out_of_tree,
 )
+from pinwheel.errors import ManifestError
 from pinwheel.manifest import loads
 
 pytestmark = pytest.mark.kernels
@@ -33,7 +33,7 @@ def kernels(tmp_path: Path, body: str):
     path = tmp_path / "manifest.toml"
     text = HEAD + body
     path.write_text(text)
-    return loads(text.encode(), path).stage("kernel")
+    return loads(text.encode(), path).kernels
 
 
 def test_in_tree_and_out_of_tree(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.toolchain import MARKER, BuildConfig, resolve_toolkit
+from pinwheel.build.toolchain import MARKER, BuildConfig, resolve_toolkit
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 

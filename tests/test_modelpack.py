@@ -18,7 +18,7 @@ import pytest
 from pinwheel.cli import main
 from pinwheel.errors import EXIT_USAGE, EXIT_VERIFY
 from pinwheel.manifest import load
-from pinwheel.modelpack import ModelConfig, check_model, safetensors_layout
+from pinwheel.release.modelpack import ModelConfig, check_model, safetensors_layout
 from releasekit import write_manifest
 
 pytestmark = pytest.mark.release
@@ -159,7 +159,7 @@ def test_index_names_a_tensor_the_shard_lacks(pack: tuple[Path, Path], capsys) -
 
 def test_pins_are_checked_even_without_hashes(pack: tuple[Path, Path]) -> None:
     manifest, directory = pack
-    cfg: ModelConfig = load(manifest).stages["model"]
+    cfg: ModelConfig = load(manifest).model
     wrong = ModelConfig(cfg.repo, cfg.revision, 4, cfg.total_bytes, cfg.config, {}, None)
     with pytest.raises(Exception, match="3 shards, \\[model\\] shards pins 4"):
         check_model(directory, wrong)

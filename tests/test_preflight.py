@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel import manifest
 from pinwheel.cli import main
-from pinwheel.preflight import (
+from pinwheel.manifest import model as manifest
+from pinwheel.serve.preflight import (
     FAIL,
     OK,
     SKIP,
@@ -32,7 +32,7 @@ from pinwheel.preflight import (
     parse_topo,
     preflight,
 )
-from pinwheel.serve import Engine
+from pinwheel.serve.recipe import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPO = Path(__file__).parent / "fixtures" / "topo"
@@ -130,7 +130,7 @@ def _opts(
     python=None,
     model=None,
 ):
-    serve = manifest.load(ROOT / "manifest.toml").stage("serve")
+    serve = manifest.load(ROOT / "manifest.toml").serve
     prof = serve.profile(profile)
     return Options(
         profile=prof,
@@ -236,7 +236,7 @@ def test_cli_prints_every_check_and_exits_1_on_failure(tmp_path, capsys, monkeyp
 
 def test_cpu_profile_skips_gpu_checks(tmp_path):
     m = manifest.load(Path(__file__).parent / "fixtures" / "qualify-cpu.toml")
-    serve = m.stage("serve")
+    serve = m.serve
     opts = Options(
         profile=serve.profile(),
         config=serve,
@@ -264,7 +264,7 @@ def _stand_in_selftest(tmp_path: Path, result: dict) -> Path:
 
 
 def test_selftest_names_a_corrupted_pair_and_the_nccl_fix(tmp_path):
-    from pinwheel.preflight import run_selftest
+    from pinwheel.serve.preflight import run_selftest
 
     result = {
         "via": "pinwheel_selftest",
@@ -285,7 +285,7 @@ def test_selftest_names_a_corrupted_pair_and_the_nccl_fix(tmp_path):
 
 
 def test_selftest_on_one_gpu_skips_pairs_but_checks_the_gemm(tmp_path):
-    from pinwheel.preflight import run_selftest
+    from pinwheel.serve.preflight import run_selftest
 
     result = {
         "via": "torch",

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel import manifest
 from pinwheel.cli import main
-from pinwheel.qualify import Target, wait_healthy
-from pinwheel.serve import launch
-from pinwheel.vllmclient import Client
+from pinwheel.manifest import model as manifest
+from pinwheel.serve.client import Client
+from pinwheel.serve.qualify import Target, wait_healthy
+from pinwheel.serve.recipe import launch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_vllm import provision  # noqa: E402
@@ -46,7 +46,7 @@ def cpu():
 def server(cpu, tmp_path_factory):
     """One real server for the attach-mode tests, started from the fixture's [serve] profile."""
     m = manifest.load(FIXTURE)
-    serve = m.stage("serve")
+    serve = m.serve
     port = _free_port()
     run = launch(
         serve,

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel import manifest, needle
 from pinwheel.cli import main
 from pinwheel.errors import EXIT_GATE
-from pinwheel.qualify import (
+from pinwheel.manifest import model as manifest
+from pinwheel.serve import needle
+from pinwheel.serve.client import metric_by_label, metric_total, parse_prometheus
+from pinwheel.serve.qualify import (
     ConcurrencyResult,
     MarkerResult,
     NeedleResult,
@@ -24,7 +26,6 @@ from pinwheel.qualify import (
     judge,
     shown,
 )
-from pinwheel.vllmclient import metric_by_label, metric_total, parse_prometheus
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qualify-cpu.toml"
 

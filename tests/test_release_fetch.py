@@ -19,8 +19,8 @@ import pytest
 
 from pinwheel.checksums import sha256_file, write_sums
 from pinwheel.cli import main
-from pinwheel.download import FetchError, FetchOptions, fetch_release, resolve_source
 from pinwheel.errors import EXIT_VERIFY, VerifyError
+from pinwheel.release.download import FetchError, FetchOptions, fetch_release, resolve_source
 from releasekit import ReleaseServer, make_key, make_wheel, write_manifest, write_provenance
 
 pytestmark = pytest.mark.release
@@ -455,7 +455,7 @@ def test_disk_full_on_a_tiny_tmpfs(kit: Kit, tmp_path: Path) -> None:
         assert BIG in text and ("not enough space" in text or "disk full" in text)
         assert BIG not in no_final_files(mnt) and f".{BIG}.part" not in no_final_files(mnt)
         # the real ENOSPC path too, with the free-space check out of the way
-        import pinwheel.download as dl
+        import pinwheel.release.download as dl
 
         real_check = dl._check_space
         dl._check_space = lambda *a: None  # type: ignore[assignment]

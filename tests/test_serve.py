@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel import manifest
 from pinwheel.cli import main
 from pinwheel.errors import ManifestError
-from pinwheel.serve import launch, render_recipe
+from pinwheel.manifest import model as manifest
+from pinwheel.serve.recipe import launch, render_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "manifest.toml"
@@ -27,7 +27,7 @@ def card():
 
 
 def test_card_profile_has_the_cards_facts(card):
-    serve = card.stage("serve")
+    serve = card.serve
     p = serve.profile("card")
     assert (p.gpus, p.compute_capability, p.gpu_memory_gib) == (4, "7.0", 32)
     assert (p.tensor_parallel_size, p.pipeline_parallel_size, p.max_model_len) == (4, 1, 131072)
@@ -55,7 +55,7 @@ def test_card_profile_has_the_cards_facts(card):
 
 
 def test_eight_gpu_profile_is_tp4_pp2_million_context_no_mtp(card):
-    p = card.stage("serve").profile("8gpu")
+    p = card.serve.profile("8gpu")
     assert (p.gpus, p.tensor_parallel_size, p.pipeline_parallel_size) == (8, 4, 2)
     assert p.max_model_len == 1_048_576
     assert p.speculative == ()
@@ -63,7 +63,7 @@ def test_eight_gpu_profile_is_tp4_pp2_million_context_no_mtp(card):
 
 
 def test_committed_recipe_equals_the_generated_one(card):
-    serve = card.stage("serve")
+    serve = card.serve
     committed = (ROOT / serve.recipe).read_text()
     assert committed == render_recipe(serve, MANIFEST.name), (
         "recipes/serve_glm53.sh drifted from [serve]: run `pinwheel serve --write-recipe`"
@@ -97,7 +97,7 @@ def _fake_python(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("profile,seqs", [("card", None), ("card", "2"), ("8gpu", None)])
 def test_recipe_runs_the_same_command_as_launch(tmp_path, card, profile, seqs):
-    serve = card.stage("serve")
+    serve = card.serve
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "GLM53_SEQS")}
     env |= {
         "GLM53_MODEL": "/models/glm 5.3",
@@ -131,7 +131,7 @@ def test_recipe_runs_the_same_command_as_launch(tmp_path, card, profile, seqs):
 
 
 def test_recipe_refuses_an_unknown_profile_and_a_missing_model(tmp_path, card):
-    serve = card.stage("serve")
+    serve = card.serve
     env = dict(os.environ, GLM53_MODEL="/m", PYTHON=str(_fake_python(tmp_path)))
     bad = subprocess.run(
         ["bash", str(ROOT / serve.recipe), "nope"], env=env, capture_output=True, text=True
@@ -147,7 +147,7 @@ def test_recipe_refuses_an_unknown_profile_and_a_missing_model(tmp_path, card):
 @pytest.mark.parametrize("name", ["gb10-k2.toml", "sm120-tp2.toml"])
 def test_example_manifests_parse(name):
     m = manifest.load(ROOT / "recipes" / "examples" / name)
-    serve = m.stage("serve")
+    serve = m.serve
     p = serve.profile()
     if name.startswith("gb10"):
         assert (p.compute_capability, p.num_speculative_tokens, p.gpus, p.cuda) == (
@@ -162,7 +162,7 @@ def test_example_manifests_parse(name):
             2,
             "exl3",
         )
-    assert m.stage("qualify").profile(p.name).needle_lengths
+    assert m.qualify.profile(p.name).needle_lengths
 
 
 def _manifest_with(tmp_path: Path, serve_body: str) -> Path:

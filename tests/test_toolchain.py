@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.errors import ManifestError
-from pinwheel.manifest import loads
-from pinwheel.toolchain import (
+from pinwheel.build.toolchain import (
     LOCKS,
     BuildConfig,
     DebPin,
@@ -24,6 +22,8 @@ from pinwheel.toolchain import (
     probe_arches,
     resolve_toolkit,
 )
+from pinwheel.errors import ManifestError
+from pinwheel.manifest import loads
 
 pytestmark = pytest.mark.kernels
 
@@ -37,7 +37,7 @@ def build_table(tmp_path: Path, body: str) -> BuildConfig:
     path = tmp_path / "manifest.toml"
     text = HEAD + "\n[build]\n" + body
     path.write_text(text)
-    return loads(text.encode(), path).stage("build")
+    return loads(text.encode(), path).build
 
 
 def test_build_table_full(tmp_path: Path) -> None:

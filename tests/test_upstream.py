@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.cache import resolve_source
 from pinwheel.cli import parse_mirrors
 from pinwheel.manifest import load
-from pinwheel.replay import replay_manifest
+from pinwheel.source.cache import resolve_source
+from pinwheel.source.replay import replay_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "recipes" / "examples"

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .errors import VerifyError
-from .fsutil import atomic_write_text
+from pinwheel.errors import VerifyError
+from pinwheel.fsutil import atomic_write_text
 
 # 8 MiB reads: few syscalls, and each update hands OpenSSL a block big enough
 # that the GIL stays released for most of the time.

@@ -20,9 +20,9 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from .. import __version__
-from ..errors import EXIT_ERROR, PinwheelError, UsageError
-from ..manifest import Manifest, load
+from pinwheel import __version__
+from pinwheel.errors import EXIT_ERROR, PinwheelError, UsageError
+from pinwheel.manifest import Manifest, load
 
 # Modules that contribute subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (

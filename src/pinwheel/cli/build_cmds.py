@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from . import Context, command
+from pinwheel.cli import Context, command
 
 
 def register(sub: Any) -> None:
@@ -17,7 +17,7 @@ def register(sub: Any) -> None:
 
 def register_kernels(sub: Any) -> None:
     """`pinwheel kernels`, `pinwheel toolchain` (their code: cli/kernel_cmds.py)."""
-    from .kernel_cmds import add_kernel_commands
+    from pinwheel.cli.kernel_cmds import add_kernel_commands
 
     add_kernel_commands(sub)
 
@@ -74,8 +74,8 @@ def register_check(sub: Any) -> None:
 
 
 def _check(ctx: Context, args: argparse.Namespace) -> int:
-    from ..check import CheckSpec, check_wheels, find_tools, spec_from_build
-    from ..cudaarch import parse_arches
+    from pinwheel.build.check import CheckSpec, check_wheels, find_tools, spec_from_build
+    from pinwheel.build.cudaarch import parse_arches
 
     tools: dict[str, Any] = {"cuobjdump": None, "auditwheel": None}
     if not args.no_tools:
@@ -91,9 +91,9 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
             arches=parse_arches(args.arch), required_members=tuple(args.require), **overrides
         )
     else:
-        build = ctx.manifest().stage("build")
+        build = ctx.manifest().build
         if build is None:
-            from ..errors import UsageError
+            from pinwheel.errors import UsageError
 
             raise UsageError(
                 "no arches to check against: the manifest has no [build] table",
@@ -112,13 +112,13 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def report_exit_code() -> int:
-    from ..errors import EXIT_VERIFY
+    from pinwheel.errors import EXIT_VERIFY
 
     return EXIT_VERIFY
 
 
 def _verify_build(ctx: Context, args: argparse.Namespace) -> int:
-    from ..build import verify_build
+    from pinwheel.build.engine import verify_build
 
     result = verify_build(ctx, args.wheels, source=args.source, keep=args.keep)
     ctx.emit(result.to_json(), "\n".join(result.human_lines()))

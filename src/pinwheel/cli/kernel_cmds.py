@@ -9,9 +9,9 @@ from typing import Any
 
 from rich.markup import escape
 
-from ..errors import ManifestError
-from ..toolchain import BuildConfig, Toolkit, resolve_toolkit
-from . import Context, command
+from pinwheel.build.toolchain import BuildConfig, Toolkit, resolve_toolkit
+from pinwheel.cli import Context, command
+from pinwheel.errors import ManifestError
 
 
 def add_kernel_commands(sub: Any) -> None:
@@ -36,13 +36,7 @@ def add_kernel_commands(sub: Any) -> None:
 
 def _config(ctx: Context) -> BuildConfig:
     manifest = ctx.manifest()
-    config = manifest.stage("build")
-    if not isinstance(config, BuildConfig):
-        raise ManifestError(
-            "the manifest has no [build] table",
-            where=manifest.path.name,
-            next='add [build] with at least cuda = "12.4" and arches = ["7.0"]',
-        )
+    config: BuildConfig = manifest.require("build")
     return config
 
 
@@ -87,11 +81,11 @@ def build_kernel_wheels(
     provision: bool = True,
 ) -> tuple[Any, list[tuple[Any, float | None]]]:
     """Build the selected [[kernel]] wheels into ``out``; shared by `kernels` and `build`."""
-    from ..kernels import BuildOptions, build_kernel, build_twice, select
+    from pinwheel.build.kernels import BuildOptions, build_kernel, build_twice, select
 
     manifest = ctx.manifest()
     config = _config(ctx)
-    specs = select(manifest.stage("kernel") or (), names, all_=all_)
+    specs = select(manifest.kernels, names, all_=all_)
     if not specs:
         raise ManifestError(
             "no [[kernel]] to build",
@@ -123,7 +117,7 @@ def build_kernel_wheels(
 
 
 def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
-    from ..kernels import write_wheel_sums
+    from pinwheel.build.kernels import write_wheel_sums
 
     out = (args.out or ctx.manifest().root / "wheels").absolute()
     toolkit, results = build_kernel_wheels(

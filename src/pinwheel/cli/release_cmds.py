@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
-from ..manifest import Manifest
-from . import Context, command
+from pinwheel.cli import Context, command
+from pinwheel.errors import UsageError
+from pinwheel.manifest import Manifest
 
 
 def _manifest_or_none(ctx: Context) -> Manifest | None:
@@ -17,7 +17,7 @@ def _manifest_or_none(ctx: Context) -> Manifest | None:
 
 
 def _signers(ctx: Context, args: argparse.Namespace) -> tuple[Path | None, str | None]:
-    from ..release import release_config
+    from pinwheel.release.assemble import release_config
 
     config = release_config(_manifest_or_none(ctx))
     signers = Path(args.allowed_signers) if args.allowed_signers else config.allowed_signers
@@ -28,7 +28,7 @@ def _signers(ctx: Context, args: argparse.Namespace) -> tuple[Path | None, str |
 
 
 def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
-    from ..release import assemble, release_config
+    from pinwheel.release.assemble import assemble, release_config
 
     manifest = ctx.manifest()
     config = release_config(manifest)
@@ -55,7 +55,13 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_publish(ctx: Context, args: argparse.Namespace) -> int:
-    from ..release import IndexTarget, github_plan, publish_index, release_config, verify_release
+    from pinwheel.release.assemble import (
+        IndexTarget,
+        github_plan,
+        publish_index,
+        release_config,
+        verify_release,
+    )
 
     manifest = ctx.manifest()
     config = release_config(manifest)
@@ -86,7 +92,7 @@ def cmd_publish(ctx: Context, args: argparse.Namespace) -> int:
         plan = github_plan(verified, config.github, manifest)
         ctx.emit(plan, " ".join(plan["command"]))
     else:
-        from ..hub import upload_folder
+        from pinwheel.release.hub import upload_folder
 
         hub = config.huggingface
         if hub is None:
@@ -115,7 +121,7 @@ def cmd_publish(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
-    from ..download import FetchOptions, RichProgress, fetch_release, resolve_source
+    from pinwheel.release.download import FetchOptions, RichProgress, fetch_release, resolve_source
 
     if ctx.offline and not Path(args.source).is_dir():
         raise UsageError(
@@ -151,8 +157,8 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
-    from ..install import install
-    from ..release import release_config
+    from pinwheel.release.assemble import release_config
+    from pinwheel.release.install import install
 
     signers, principal = _signers(ctx, args)
     backend = args.torch_backend or release_config(_manifest_or_none(ctx)).torch_backend
@@ -182,18 +188,12 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
 
 def _model(ctx: Context) -> Any:
     manifest = ctx.manifest()
-    pack = manifest.stages.get("model")
-    if pack is None:
-        raise UsageError(
-            "the manifest has no [model] table",
-            where=manifest.path.name,
-            next="add [model] repo = ..., revision = ... (see docs/README-release.md)",
-        )
+    pack = manifest.require("model")
     return pack
 
 
 def cmd_model_check(ctx: Context, args: argparse.Namespace) -> int:
-    from ..modelpack import check_model
+    from pinwheel.release.modelpack import check_model
 
     report = check_model(Path(args.dir), _model(ctx), hashes=not args.no_hash)
     ctx.emit(
@@ -210,7 +210,7 @@ def cmd_model_check(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_model_fetch(ctx: Context, args: argparse.Namespace) -> int:
-    from ..modelpack import fetch_model
+    from pinwheel.release.modelpack import fetch_model
 
     if ctx.offline:
         raise UsageError(

@@ -17,9 +17,9 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from ..cache import Cache
-from ..replay import ReplayResult, lock_payload, replay_manifest
-from . import Context, command
+from pinwheel.cli import Context, command
+from pinwheel.source.cache import Cache
+from pinwheel.source.replay import ReplayResult, lock_payload, replay_manifest
 
 
 def _cache(ctx: Context) -> Cache:
@@ -78,21 +78,21 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     """Replay, then the kernel wheels, then the engine wheel: SHA256SUMS covers all of them."""
     result = _replay(ctx, args)
     try:
-        build = importlib.import_module("pinwheel.build")
+        build = importlib.import_module("pinwheel.build.engine")
     except ModuleNotFoundError:
         ctx.emit(lock_payload(result), _summary(result) + "\n(wheel build stage not installed)")
         return 0
     manifest = ctx.manifest()
     out = Path(args.out).absolute()
-    if manifest.stage("kernel") and not args.no_kernels:
-        from .kernel_cmds import build_kernel_wheels
+    if manifest.kernels and not args.no_kernels:
+        from pinwheel.cli.kernel_cmds import build_kernel_wheels
 
         build_kernel_wheels(ctx, out)
     return int(build.build_wheels(ctx, manifest, result, out) or 0)
 
 
 def cmd_plan(ctx: Context, args: argparse.Namespace) -> int:
-    from ..plan import make_plan, plan_payload, render_plan
+    from pinwheel.source.plan import make_plan, plan_payload, render_plan
 
     plan = make_plan(ctx.manifest(), _cache(ctx))
     ctx.emit(plan_payload(plan), render_plan(plan))
@@ -100,7 +100,7 @@ def cmd_plan(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_lock(ctx: Context, args: argparse.Namespace) -> int:
-    from ..lock import lock_manifest
+    from pinwheel.source.lock import lock_manifest
 
     outcome = lock_manifest(
         ctx.manifest_path, _cache(ctx), update_base=args.update_base, update_heads=args.update_heads
@@ -119,7 +119,7 @@ def cmd_lock(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_drift(ctx: Context, args: argparse.Namespace) -> int:
-    from ..drift import drift_payload, drift_report, render_drift
+    from pinwheel.source.drift import drift_payload, drift_report, render_drift
 
     report = drift_report(ctx.manifest(), _cache(ctx))
     ctx.emit(drift_payload(report), render_drift(report))
@@ -127,7 +127,7 @@ def cmd_drift(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
-    from ..export import export_tarball, export_tree
+    from pinwheel.source.export import export_tarball, export_tree
 
     result = _replay(ctx, args)
     payload = lock_payload(result)
@@ -140,7 +140,7 @@ def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_resolve(ctx: Context, args: argparse.Namespace) -> int:
-    from .. import resolve
+    from pinwheel.source import resolve
 
     if args.action == "start":
         s = resolve.start(ctx.manifest(), _cache(ctx), Path(args.dir))
@@ -176,7 +176,7 @@ def register(sub: Any) -> None:
     p.add_argument("--out", default="wheels", help="output directory (default: wheels/)")
     p.add_argument("--no-kernels", action="store_true", help="skip the [[kernel]] wheels")
     try:  # the build stage adds its own options (toolchain, arches...)
-        importlib.import_module("pinwheel.build").add_build_arguments(p)
+        importlib.import_module("pinwheel.build.engine").add_build_arguments(p)
     except (ModuleNotFoundError, AttributeError):
         pass
     p = command(sub, "lock", "pin short SHAs, PR heads, commits and the tree in place", cmd_lock)

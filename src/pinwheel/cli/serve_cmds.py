@@ -15,10 +15,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..errors import PinwheelError, UsageError
-from ..fsutil import atomic_write_text
-from ..serve import ServeConfig, launch, render_recipe
-from . import Context, command
+from pinwheel.cli import Context, command
+from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.fsutil import atomic_write_text
+from pinwheel.serve.recipe import ServeConfig, launch, render_recipe
 
 
 def register(sub: Any) -> None:
@@ -86,13 +86,7 @@ def _profile_options(p: argparse.ArgumentParser) -> None:
 
 def _serve_config(ctx: Context) -> ServeConfig:
     m = ctx.manifest()
-    config = m.stage("serve")
-    if config is None:
-        raise UsageError(
-            "the manifest has no [serve] table",
-            where=m.path.name,
-            next="add [serve] (see docs/README-qualify.md)",
-        )
+    config: ServeConfig = m.require("serve")
     return config
 
 
@@ -114,7 +108,7 @@ def _resolve(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
-    from ..preflight import FAIL, Options, PreflightFailed, device_indices, preflight
+    from pinwheel.serve.preflight import FAIL, Options, PreflightFailed, device_indices, preflight
 
     r = _resolve(ctx, args)
     start = time.monotonic()
@@ -221,7 +215,7 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterator[Any]:
     """Start the profile's server (its own process group), log to out/server.log, stop it after."""
-    from ..qualify import Target
+    from pinwheel.serve.qualify import Target
 
     r = _resolve(ctx, args)
     config = r["config"]
@@ -284,7 +278,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
-    from ..qualify import Target, qualify
+    from pinwheel.serve.qualify import Target, qualify
 
     m = ctx.manifest()
     out = Path(args.out)

@@ -1,0 +1,510 @@
+"""The artifact check: does each wheel really carry what a V100 owner needs, and nothing unsafe?
+
+For every wheel: each CUDA shared object carries SASS (machine code) for every
+requested arch, and PTX where the arch asks for it (``7.0+PTX``), read from the
+ELF ``.nv_fatbin`` section in pure Python (:mod:`pinwheel.fatbin`) so the
+check needs no NVIDIA tools; cuobjdump, when given, must agree. Required
+members are present; no ELF member has an RPATH/RUNPATH into a build, temp or
+home directory; no member is absolute, escapes with ``..``, or is a symlink;
+RECORD hashes match; ``auditwheel show`` runs when installed.
+
+Everything found is collected into a frozen :class:`CheckReport`; a caller
+decides to raise (:meth:`CheckReport.raise_if_failed`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pinwheel.build import elf, fatbin
+from pinwheel.build.cudaarch import CudaArch, names, parse_arches
+from pinwheel.build.wheelfile import Issue, record_issues, zip_issues
+from pinwheel.checksums import sha256_file
+from pinwheel.errors import UsageError, VerifyError
+
+ERROR, WARNING = "error", "warning"
+_HOME = ("/home/", "/root/", "/Users/")
+_TEMP = ("/tmp/", "/var/tmp/", "/dev/shm/")
+_BUILDISH = re.compile(r"^(build|_build|cmake-build.*|pip-.*|\.cache|\.eggs|bdist\..*|temp\..*)$")
+_SM = re.compile(r"\bsm_(\d+)")
+_PLATFORM_TAG = re.compile(r'consistent\s+with\s+the\s+following\s+platform\s+tag:\s+"([^"]+)"')
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """What the wheels must satisfy. Tools are resolved once by the caller (:func:`find_tools`)."""
+
+    arches: tuple[CudaArch, ...]
+    required_members: tuple[str, ...] = ()  # fnmatch patterns; "dist:pattern" binds one wheel
+    build_dirs: tuple[str, ...] = ()  # extra RPATH prefixes that must not appear
+    require_cuda: bool = True  # a wheel with no CUDA shared object fails
+    cuobjdump: str | None = None
+    auditwheel: str | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # "error" | "warning"
+    rule: (
+        str  # sass | ptx | cuda | fatbin | cuobjdump | rpath | zip | record | required | auditwheel
+    )
+    wheel: str
+    member: str | None
+    message: str
+
+    def line(self) -> str:
+        where = f"{self.wheel}: {self.member}" if self.member else self.wheel
+        return f"{self.severity}: {where}: {self.message}"
+
+
+@dataclass(frozen=True)
+class SharedObject:
+    member: str
+    sass: tuple[int, ...]
+    ptx: tuple[int, ...]
+    fatbins: int
+    compressed: bool
+    needed: tuple[str, ...]
+    rpath: tuple[str, ...]
+    runpath: tuple[str, ...]
+    cuobjdump_sass: tuple[int, ...] | None = None
+    cuobjdump_ptx: tuple[int, ...] | None = None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.fatbins > 0
+
+
+@dataclass(frozen=True)
+class WheelCheck:
+    wheel: str  # file name
+    path: str
+    sha256: str
+    members: int
+    shared_objects: tuple[SharedObject, ...]
+    auditwheel: str | None = None  # `auditwheel show` output, when it ran
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    arches: tuple[CudaArch, ...]
+    wheels: tuple[WheelCheck, ...]
+    findings: tuple[Finding, ...]
+    tools: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def errors(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity == ERROR)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "arches": [str(a) for a in self.arches],
+            "tools": dict(self.tools),
+            "wheels": [
+                {
+                    "wheel": w.wheel,
+                    "sha256": w.sha256,
+                    "members": w.members,
+                    "auditwheel": w.auditwheel,
+                    "shared_objects": [
+                        {
+                            "member": s.member,
+                            "sass": [f"sm_{a}" for a in s.sass],
+                            "ptx": [f"compute_{a}" for a in s.ptx],
+                            "fatbins": s.fatbins,
+                            "compressed": s.compressed,
+                            "needed": list(s.needed),
+                            "rpath": list(s.rpath),
+                            "runpath": list(s.runpath),
+                            "cuobjdump_sass": None
+                            if s.cuobjdump_sass is None
+                            else [f"sm_{a}" for a in s.cuobjdump_sass],
+                        }
+                        for s in w.shared_objects
+                    ],
+                }
+                for w in self.wheels
+            ],
+            "findings": [
+                {
+                    "severity": f.severity,
+                    "rule": f.rule,
+                    "wheel": f.wheel,
+                    "member": f.member,
+                    "message": f.message,
+                }
+                for f in self.findings
+            ],
+        }
+
+    def human_lines(self) -> list[str]:
+        lines = [f"arches: {', '.join(str(a) for a in self.arches) or 'none'}"]
+        lines += [f"{name}: {version}" for name, version in self.tools]
+        for w in self.wheels:
+            cuda = [s for s in w.shared_objects if s.is_cuda]
+            lines.append(
+                f"{w.wheel}  sha256 {w.sha256[:16]}…  {w.members} members, "
+                f"{len(cuda)} CUDA shared object(s)"
+            )
+            for s in cuda:
+                lines.append(
+                    f"  {s.member}: SASS {names(s.sass)}; PTX "
+                    f"{', '.join(f'compute_{a}' for a in s.ptx) or 'none'}"
+                    f" ({s.fatbins} fatbin(s){', compressed' if s.compressed else ''})"
+                )
+                if s.cuobjdump_sass is not None:
+                    lines.append(f"    cuobjdump agrees: SASS {names(s.cuobjdump_sass)}")
+            if w.auditwheel is not None:
+                tag = _PLATFORM_TAG.search(w.auditwheel)
+                lines.append(f"  auditwheel show: {tag.group(1) if tag else w.auditwheel[:120]}")
+        lines.extend(f.line() for f in self.findings)
+        n_err, n_warn = len(self.errors), len(self.findings) - len(self.errors)
+        verdict = "PASS" if self.ok else "FAIL"
+        lines.append(
+            f"{verdict}: {len(self.wheels)} wheel(s), {n_err} error(s), {n_warn} warning(s)"
+        )
+        return lines
+
+    def raise_if_failed(self) -> None:
+        if self.ok:
+            return
+        shown = "\n    ".join(f.line() for f in self.errors[:20])
+        more = f"\n    … and {len(self.errors) - 20} more" if len(self.errors) > 20 else ""
+        raise VerifyError(
+            f"artifact check failed ({len(self.errors)} error(s)):\n    {shown}{more}",
+            where=", ".join(w.wheel for w in self.wheels),
+            next="rebuild with the manifest's [build] arches (TORCH_CUDA_ARCH_LIST) and "
+            "rerun `pinwheel check WHEEL...`",
+        )
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def find_tools(cuda_home: str | Path | None = None) -> tuple[str | None, str | None]:
+    """(cuobjdump, auditwheel) paths: cuobjdump from ``cuda_home/bin`` first, then PATH."""
+    cuobjdump = None
+    if cuda_home:
+        candidate = Path(cuda_home) / "bin" / "cuobjdump"
+        cuobjdump = str(candidate) if os.access(candidate, os.X_OK) else None
+    beside = Path(sys.executable).parent / "auditwheel"  # same venv, even if not on PATH
+    auditwheel = str(beside) if os.access(beside, os.X_OK) else shutil.which("auditwheel")
+    return cuobjdump or shutil.which("cuobjdump"), auditwheel
+
+
+def _tool_version(tool: str) -> str:
+    try:
+        out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        return f"{tool} (unrunnable: {exc})"
+    text = (out.stdout + out.stderr).strip().splitlines()
+    release = next((ln.strip() for ln in text if "release" in ln.lower()), text[0] if text else "")
+    return f"{tool} ({release})"
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def unsafe_rpath_reason(entry: str, build_dirs: Sequence[str] = ()) -> str | None:
+    """Why an RPATH/RUNPATH entry would make the installed library load from the build machine."""
+    if entry.startswith(("$ORIGIN", "${ORIGIN}")):
+        return None
+    if not entry.startswith("/"):
+        return "relative path resolves against the process's working directory"
+    for prefix in build_dirs:
+        prefix = prefix.rstrip("/")
+        if entry == prefix or entry.startswith(prefix + "/"):
+            return f"inside the build directory {prefix}"
+    probe = entry.rstrip("/") + "/"
+    if probe.startswith(_HOME) or probe == "/root/":
+        return "inside a home directory"
+    if probe.startswith(_TEMP):
+        return "inside a temporary directory"
+    for part in PurePosixPath(entry).parts[1:]:
+        if _BUILDISH.match(part):
+            return f"looks like a build directory (component {part!r})"
+    return None
+
+
+def _arch_findings(wheel: str, so: SharedObject, arches: Sequence[CudaArch]) -> list[Finding]:
+    found: list[Finding] = []
+    have_sass, have_ptx = set(so.sass), set(so.ptx)
+    for arch in arches:
+        if arch.sm not in have_sass:
+            found.append(
+                Finding(
+                    ERROR,
+                    "sass",
+                    wheel,
+                    so.member,
+                    f"no SASS for {arch.name}: found {names(have_sass)}, need {arch.name}"
+                    + (f" (PTX only: compute_{arch.sm})" if arch.sm in have_ptx else ""),
+                )
+            )
+        if arch.ptx and not any(p <= arch.sm for p in have_ptx):
+            found.append(
+                Finding(
+                    ERROR,
+                    "ptx",
+                    wheel,
+                    so.member,
+                    f"no PTX for compute_{arch.sm} or older: found "
+                    f"{', '.join(f'compute_{p}' for p in sorted(have_ptx)) or 'none'}",
+                )
+            )
+    return found
+
+
+def _required_findings(
+    wheels: Sequence[tuple[str, list[str]]], patterns: Sequence[str]
+) -> list[Finding]:
+    found: list[Finding] = []
+    for pattern in patterns:
+        dist, sep, glob = pattern.partition(":")
+        if not sep:
+            dist, glob = "", pattern
+        pool = [(w, m) for w, m in wheels if not dist or _dist_name(w) == _normalize(dist)]
+        if any(fnmatch.fnmatchcase(name, glob) for _, members in pool for name in members):
+            continue
+        where = ", ".join(w for w, _ in pool) or f"(no wheel of distribution {dist!r})"
+        found.append(
+            Finding(
+                ERROR,
+                "required",
+                where,
+                None,
+                f"required member {glob!r} is missing (from [build] required_members)",
+            )
+        )
+    return found
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _dist_name(wheel: str) -> str:
+    return _normalize(wheel.split("-", 1)[0])
+
+
+# --------------------------------------------------------------------------- per wheel
+
+
+def _inspect_elf(member: str, data: bytes) -> tuple[SharedObject | None, str | None]:
+    try:
+        image = elf.parse(data)
+        dyn = elf.dynamic(image, data)
+    except elf.ElfError as exc:
+        return None, f"cannot read ELF: {exc}"
+    sass: set[int] = set()
+    ptx: set[int] = set()
+    count, compressed, problem = 0, False, None
+    sections = [s for s in image.sections if s.name in fatbin.SECTIONS]
+    for section in sections:
+        try:
+            blobs = fatbin.parse_section(section.data(data))
+        except fatbin.FatbinError as exc:
+            problem = f"section {section.name}: {exc}"
+            continue
+        count += len(blobs)
+        for blob in blobs:
+            sass |= blob.sass
+            ptx |= blob.ptx
+            compressed = compressed or any(e.compressed for e in blob.entries)
+    if not sections and image.section(".nvFatBinSegment") is not None:
+        problem = "has a .nvFatBinSegment wrapper but no .nv_fatbin section"
+    return SharedObject(
+        member=member,
+        sass=tuple(sorted(sass)),
+        ptx=tuple(sorted(ptx)),
+        fatbins=count,
+        compressed=compressed,
+        needed=dyn.needed,
+        rpath=dyn.rpath,
+        runpath=dyn.runpath,
+    ), problem
+
+
+def _cuobjdump_arches(tool: str, path: Path, flag: str) -> tuple[int, ...] | str:
+    out = subprocess.run([tool, flag, str(path)], capture_output=True, text=True, timeout=600)
+    text = out.stdout + out.stderr
+    if out.returncode != 0:
+        # No fatbin at all is not an error to us; cuobjdump says so with rc 255.
+        if "does not contain device code" in text:
+            return ()
+        return text.strip().splitlines()[-1] if text.strip() else f"exit {out.returncode}"
+    return tuple(sorted({int(m) for m in _SM.findall(out.stdout)}))
+
+
+def _with_cuobjdump(
+    wheel: str, so: SharedObject, data: bytes, tool: str
+) -> tuple[SharedObject, list[Finding]]:
+    with tempfile.TemporaryDirectory(prefix="pinwheel-check-") as tmp:
+        path = Path(tmp) / PurePosixPath(so.member).name
+        path.write_bytes(data)
+        sass = _cuobjdump_arches(tool, path, "--list-elf")
+        ptx = _cuobjdump_arches(tool, path, "--list-ptx")
+    if isinstance(sass, str) or isinstance(ptx, str):
+        msg = sass if isinstance(sass, str) else ptx
+        return so, [
+            Finding(
+                WARNING,
+                "cuobjdump",
+                wheel,
+                so.member,
+                f"cuobjdump could not list device code ({msg}); "
+                "the built-in fatbin reader's result stands",
+            )
+        ]
+    updated = SharedObject(**{**so.__dict__, "cuobjdump_sass": sass, "cuobjdump_ptx": ptx})
+    if set(sass) != set(so.sass) or set(ptx) != set(so.ptx):
+        return updated, [
+            Finding(
+                ERROR,
+                "cuobjdump",
+                wheel,
+                so.member,
+                f"cuobjdump sees SASS {names(sass)} / PTX {list(ptx)}, the fatbin reader "
+                f"SASS {names(so.sass)} / PTX {list(so.ptx)}",
+            )
+        ]
+    return updated, []
+
+
+def _auditwheel(tool: str, wheel: Path) -> tuple[str, Finding | None]:
+    out = subprocess.run([tool, "show", str(wheel)], capture_output=True, text=True, timeout=600)
+    text = (out.stdout + out.stderr).strip()
+    if out.returncode != 0:
+        last = text.splitlines()[-1] if text else f"exit {out.returncode}"
+        return text, Finding(WARNING, "auditwheel", wheel.name, None, f"auditwheel show: {last}")
+    return text, None
+
+
+def check_wheel(path: Path, spec: CheckSpec) -> tuple[WheelCheck, list[Finding], list[str]]:
+    """One wheel: (summary, findings, member names) — required members are checked across wheels."""
+    name = path.name
+    findings: list[Finding] = []
+
+    def add(issues: Iterable[Issue], rule: str) -> None:
+        findings.extend(Finding(ERROR, rule, name, i.member, i.message) for i in issues)
+
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise VerifyError(
+            f"not a readable wheel: {exc}",
+            where=str(path),
+            next="rebuild the wheel or re-download it",
+        ) from None
+    shared: list[SharedObject] = []
+    with zf:
+        add(zip_issues(zf), "zip")
+        add(record_issues(zf), "record")
+        members = [i.filename for i in zf.infolist()]
+        for info in zf.infolist():
+            if info.is_dir() or not _looks_native(info.filename):
+                continue
+            data = zf.read(info)
+            if not elf.is_elf(data):
+                continue
+            so, problem = _inspect_elf(info.filename, data)
+            if problem:
+                findings.append(Finding(ERROR, "fatbin", name, info.filename, problem))
+            if so is None:
+                continue
+            for kind, entries in (("RPATH", so.rpath), ("RUNPATH", so.runpath)):
+                for entry in entries:
+                    reason = unsafe_rpath_reason(entry, spec.build_dirs)
+                    if reason:
+                        findings.append(
+                            Finding(ERROR, "rpath", name, so.member, f"{kind} {entry!r}: {reason}")
+                        )
+            if so.is_cuda:
+                findings.extend(_arch_findings(name, so, spec.arches))
+                if spec.cuobjdump:
+                    so, extra = _with_cuobjdump(name, so, data, spec.cuobjdump)
+                    findings.extend(extra)
+            shared.append(so)
+    if spec.require_cuda and spec.arches and not any(s.is_cuda for s in shared):
+        elves = ", ".join(s.member for s in shared) or "no ELF members"
+        findings.append(
+            Finding(
+                ERROR,
+                "cuda",
+                name,
+                None,
+                f"no CUDA shared object (no .nv_fatbin section) in the wheel; ELF members: {elves}",
+            )
+        )
+    audit = None
+    if spec.auditwheel:
+        audit, problem_finding = _auditwheel(spec.auditwheel, path)
+        if problem_finding:
+            findings.append(problem_finding)
+    digest = sha256_file(path)
+    summary = WheelCheck(name, str(path), digest, len(members), tuple(shared), audit)
+    return summary, findings, members
+
+
+def _looks_native(name: str) -> bool:
+    base = PurePosixPath(name).name
+    return base.endswith(".so") or ".so." in base or "/bin/" in f"/{name}" or "." not in base
+
+
+def check_wheels(paths: Sequence[Path], spec: CheckSpec) -> CheckReport:
+    if not paths:
+        raise UsageError(
+            "no wheels to check", next="pass WHEEL files: `pinwheel check wheels/*.whl`"
+        )
+    for p in paths:
+        if not Path(p).is_file():
+            raise UsageError(f"no such wheel: {p}", next="build first: `tools/replay build`")
+    wheels: list[WheelCheck] = []
+    findings: list[Finding] = []
+    listing: list[tuple[str, list[str]]] = []
+    for p in paths:
+        summary, found, members = check_wheel(Path(p), spec)
+        wheels.append(summary)
+        findings.extend(found)
+        listing.append((summary.wheel, members))
+    findings.extend(_required_findings(listing, spec.required_members))
+    tools = tuple(
+        (k, _tool_version(v))
+        for k, v in (("cuobjdump", spec.cuobjdump), ("auditwheel", spec.auditwheel))
+        if v
+    )
+    return CheckReport(spec.arches, tuple(wheels), tuple(findings), tools)
+
+
+def arches_from_build(config: Any) -> tuple[CudaArch, ...]:
+    """The manifest's ``[build] arches`` (``("7.0",)``) and ``ptx`` (PTX for the lowest arch)."""
+    arches = parse_arches(config.arches)
+    if getattr(config, "ptx", False) and arches:
+        arches = (CudaArch(arches[0].sm, True), *arches[1:])
+    return arches
+
+
+def spec_from_build(config: Any, **overrides: Any) -> CheckSpec:
+    """A :class:`CheckSpec` from a :class:`pinwheel.toolchain.BuildConfig`."""
+    fields: dict[str, Any] = {
+        "arches": arches_from_build(config),
+        "required_members": tuple(config.required_members),
+    }
+    fields.update(overrides)
+    return CheckSpec(**fields)

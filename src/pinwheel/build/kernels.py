@@ -1,0 +1,352 @@
+"""Kernel packages: the manifest's ``[[kernel]]`` tables, and one reproducible wheel for each.
+
+A kernel is either in-tree (``path = "kernels/NAME"``, a scikit-build-core +
+CMake package) or out-of-tree (``url`` + ``commit`` + ``[[kernel.patch]]``),
+replayed with the same engine as the main stack and built with torch's
+CUDAExtension in a venv holding ``[build].torch``.
+
+Wheels land in ``wheels/`` with ``SOURCE_DATE_EPOCH`` set, built from a
+staging copy at a fixed path under the cache, so two builds of the same
+inputs give the same bytes (``--twice`` proves it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pinwheel.build.toolchain import BuildConfig, Toolkit
+from pinwheel.checksums import sha256_file, write_sums
+from pinwheel.errors import ManifestError, MismatchError, PinwheelError
+from pinwheel.manifest import Identity, Manifest, Result, Step, Upstream
+from pinwheel.manifest.build import KernelPatch, KernelSpec, parse_kernel_tables  # noqa: F401
+
+# Earliest time a zip member can carry; used when nothing better dates the source.
+ZIP_EPOCH = 315532800  # 1980-01-01T00:00:00Z
+
+
+class KernelBuildError(PinwheelError):
+    """A kernel package failed to build."""
+
+
+# --------------------------------------------------------------------------- building
+
+
+@dataclass(frozen=True)
+class SourceTree:
+    """A kernel's source, staged at a fixed path so outputs do not depend on the checkout."""
+
+    directory: Path
+    source_date_epoch: int
+    origin: str  # "kernels/NAME" or "URL@COMMIT"
+    tree: str | None  # replayed git tree (out-of-tree kernels)
+
+
+@dataclass(frozen=True)
+class KernelWheel:
+    name: str
+    wheel: Path
+    sha256: str
+    seconds: float
+    origin: str
+    tree: str | None
+    source_date_epoch: int
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Resolved once by the CLI (or a test) and passed down."""
+
+    cache: Path
+    out: Path  # wheels/
+    mirrors: Mapping[str, str]
+    offline: bool = False
+    source_date_epoch: int | None = None  # None: date of the kernel's source
+    log: Callable[[str], None] | None = None
+
+
+_IGNORE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".git", "_skbuild")
+
+
+def stage_in_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
+    assert spec.path is not None
+    dest = opts.cache / "kernels" / spec.name / "src"
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(spec.path, dest, ignore=_IGNORE)
+    epoch = opts.source_date_epoch
+    if epoch is None:
+        epoch = _git_date(spec.path) or ZIP_EPOCH
+    rel = f"{spec.path.parent.name}/{spec.path.name}"
+    return SourceTree(dest, epoch, rel, None)
+
+
+def _git_date(path: Path) -> int | None:
+    """Committer time of the last commit touching ``path`` (its checkout's history)."""
+    out = subprocess.run(
+        ["git", "log", "-1", "--format=%ct", "--", "."],
+        cwd=path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    value = out.stdout.strip()
+    return int(value) if out.returncode == 0 and value.isdigit() else None
+
+
+def kernel_manifest(spec: KernelSpec) -> Manifest:
+    """The out-of-tree kernel as a stack the replay engine understands: base + patch steps."""
+    assert spec.url and spec.commit
+    steps = tuple(
+        Step(
+            number=i,
+            action="patch",
+            pr=None,
+            head=None,
+            title=None,
+            commits=None,
+            patch=p.path,
+            patch_sha256=p.sha256,
+        )
+        for i, p in enumerate(spec.patches, start=1)
+    )
+    digest = hashlib.sha256(
+        "\n".join([spec.url, spec.commit, *(p.sha256 for p in spec.patches)]).encode()
+    ).hexdigest()
+    return Manifest(
+        path=spec.source,
+        sha256=digest,
+        name=f"kernel-{spec.name}",
+        upstream=Upstream(url=spec.url, commit=spec.commit, branch=spec.branch),
+        steps=steps,
+        identity=Identity(name="pinwheel", email="pinwheel@replay.invalid", time=None, offset=None),
+        result=Result(tree=spec.tree, tag=None),
+    )
+
+
+def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
+    import pygit2  # the replay engine's dependency; imported here to keep parsing light
+
+    from pinwheel.source.export import export_tree
+    from pinwheel.source.replay import replay_manifest
+
+    result = replay_manifest(
+        kernel_manifest(spec),
+        cache=opts.cache,
+        mirrors=dict(opts.mirrors),
+        offline=opts.offline,
+        write_refs=False,
+    )
+    dest = opts.cache / "kernels" / spec.name / "src"
+    export_tree(result, dest)
+    epoch = opts.source_date_epoch
+    if epoch is None:
+        base = pygit2.Repository(str(result.repo_path))[result.base]
+        epoch = base.commit_time  # type: ignore[attr-defined]
+    return SourceTree(dest, epoch, f"{spec.url}@{spec.commit[:12]}", result.tree)  # type: ignore[index]
+
+
+def build_env(config: BuildConfig, toolkit: Toolkit, epoch: int) -> dict[str, str]:
+    env = toolkit.env()
+    env.update(config.env)
+    env.update(
+        SOURCE_DATE_EPOCH=str(epoch),
+        TORCH_CUDA_ARCH_LIST=config.torch_arch_list,
+        CMAKE_CUDA_ARCHITECTURES=config.cmake_architectures,
+        # nvcc names host-stub temp files after its pid; the symbols that carry
+        # them make setuptools-built .so files differ run to run. Strip them.
+        LDFLAGS=(env.get("LDFLAGS", "") + " -Wl,--strip-all").strip(),
+        PYTHONHASHSEED="0",
+        LC_ALL="C",
+    )
+    return env
+
+
+def _run(cmd: list[str], *, cwd: Path, env: Mapping[str, str], what: str, log_file: Path) -> None:
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "wb") as log:
+        proc = subprocess.run(cmd, cwd=cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = log_file.read_text(errors="replace").strip().splitlines()[-15:]
+        raise KernelBuildError(
+            f"{what} failed (exit {proc.returncode}):\n    " + "\n    ".join(tail),
+            where=f"{' '.join(cmd[:4])} ... (full log: {log_file})",
+            next="read the log; `pinwheel toolchain` shows the toolkit in use",
+        )
+
+
+# Beside torch: what setup.py-based CUDA extensions import at build time.
+# setuptools >= 77 reads PEP 639 license strings (flash-attention-v100 has one).
+TORCH_BUILD_REQS = ("setuptools>=77", "wheel", "ninja", "packaging", "numpy", "psutil")
+
+
+def torch_venv(config: BuildConfig, cache: Path, log: Callable[[str], None] | None) -> Path:
+    """A venv with ``[build].torch`` and the build tools torch extensions need; made once."""
+    if not config.torch:
+        raise ManifestError(
+            'a torch-extension kernel needs [build] torch (e.g. "2.9.1")',
+            where="[build] torch",
+            next="set [build] torch in the manifest",
+        )
+    venv = cache / "venvs" / f"torch-{config.torch}-py{sys.version_info[0]}.{sys.version_info[1]}"
+    python = venv / "bin" / "python"
+    reqs = (f"torch=={config.torch}", *TORCH_BUILD_REQS)
+    marker = venv / ".pinwheel-ready"
+    if marker.is_file() and marker.read_text().split() == list(reqs):
+        return python
+    if log:
+        log(f"creating {venv.name} (torch=={config.torch}); this downloads ~3 GB once")
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    _run(
+        [str(python), "-m", "pip", "install", "-q", "--upgrade", *reqs],
+        cwd=cache,
+        env=os.environ,
+        what=f"installing torch=={config.torch}",
+        log_file=venv.with_suffix(".log"),
+    )
+    marker.write_text("\n".join(reqs) + "\n")
+    return python
+
+
+def torch_library_headers(python: Path, existing: str | None) -> str:
+    """CPATH for torch's CUDA headers (cusparse.h, cublas_v2.h...) from its own nvidia wheels.
+
+    The provisioned toolkit carries the compiler and runtime only; torch's
+    ATen/cuda headers also include the math libraries' headers, which the
+    torch venv already holds, matching the libraries torch links against.
+    CPATH comes after -I, so the toolkit's own runtime headers still win.
+    """
+    lib = python.parent.parent / "lib"
+    found = sorted(str(p) for p in lib.glob("python3*/site-packages/nvidia/*/include"))
+    return os.pathsep.join([*found, *([existing] if existing else [])])
+
+
+def build_kernel(
+    spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
+) -> KernelWheel:
+    """Stage the source, build its wheel into ``opts.out``; returns the wheel and its sha256."""
+    started = time.monotonic()
+    staged = stage_in_tree(spec, opts) if spec.in_tree else stage_out_of_tree(spec, opts)
+    env = build_env(config, toolkit, staged.source_date_epoch)
+    work = opts.cache / "kernels" / spec.name
+    dist = work / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    dist.mkdir(parents=True)
+    if spec.builder == "cmake":
+        python = Path(sys.executable)
+        _require_modules(python, ("scikit_build_core", "cmake", "ninja"), spec)
+        extra = [
+            f"-Ccmake.define.CMAKE_CUDA_ARCHITECTURES={config.cmake_architectures}",
+            f"-Ccmake.define.CMAKE_CUDA_COMPILER={toolkit.nvcc}",
+            f"-Cbuild-dir={work / 'build'}",
+        ]
+        shutil.rmtree(work / "build", ignore_errors=True)
+    else:
+        python = torch_venv(config, opts.cache, opts.log)
+        extra = []
+        env["PATH"] = os.pathsep.join([str(python.parent), env["PATH"]])
+        env["CPATH"] = torch_library_headers(python, env.get("CPATH"))
+    cmd = [
+        str(python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+        "--no-cache-dir", "-w", str(dist), *extra, str(staged.directory),
+    ]  # fmt: skip
+    if opts.log:
+        opts.log(f"building {spec.name} ({spec.builder}) from {staged.origin}")
+    _run(cmd, cwd=work, env=env, what=f"building kernel {spec.name}", log_file=work / "build.log")
+    built = sorted(dist.glob("*.whl"))
+    if len(built) != 1:
+        raise KernelBuildError(
+            f"expected one wheel, found {[p.name for p in built]}",
+            where=f"{spec.where} ({dist})",
+        )
+    opts.out.mkdir(parents=True, exist_ok=True)
+    final = opts.out / built[0].name
+    os.replace(built[0], final)
+    return KernelWheel(
+        name=spec.name,
+        wheel=final,
+        sha256=sha256_file(final),
+        seconds=time.monotonic() - started,
+        origin=staged.origin,
+        tree=staged.tree,
+        source_date_epoch=staged.source_date_epoch,
+    )
+
+
+def _require_modules(python: Path, modules: tuple[str, ...], spec: KernelSpec) -> None:
+    probe = (
+        "import importlib.util, sys; "
+        "sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))"
+    )
+    if subprocess.run([str(python), "-c", probe, *modules], check=False).returncode != 0:
+        raise KernelBuildError(
+            f"building {spec.name} needs {', '.join(modules)} in this Python",
+            where=spec.where,
+            next="pip install 'pinwheel[kernels]'",
+        )
+
+
+def write_wheel_sums(out: Path) -> Path:
+    """SHA256SUMS over every wheel in ``out`` (``sha256sum -c`` format)."""
+    return write_sums(out, [p.name for p in sorted(out.glob("*.whl"))])
+
+
+def differing_members(a: Path, b: Path) -> list[str]:
+    """Zip members whose bytes (or presence) differ between two wheels."""
+    with zipfile.ZipFile(a) as za, zipfile.ZipFile(b) as zb:
+        names = sorted(set(za.namelist()) | set(zb.namelist()))
+        differ = []
+        for name in names:
+            try:
+                if za.read(name) != zb.read(name):
+                    differ.append(name)
+            except KeyError:
+                differ.append(name + " (only in one)")
+        if not differ:
+            differ = ["(zip metadata: timestamps, order or permissions)"]
+        return differ
+
+
+def build_twice(
+    spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
+) -> tuple[KernelWheel, KernelWheel]:
+    """Build, keep a copy, build again; raise naming the members if the bytes differ."""
+    first = build_kernel(spec, config, toolkit, opts)
+    with tempfile.TemporaryDirectory(prefix="pinwheel-twice-") as tmp:
+        kept = Path(tmp) / first.wheel.name
+        shutil.copy2(first.wheel, kept)
+        second = build_kernel(spec, config, toolkit, opts)
+        if second.sha256 != first.sha256:
+            members = differing_members(kept, second.wheel)
+            raise MismatchError(
+                f"two builds of {spec.name} differ: {first.sha256[:16]} vs {second.sha256[:16]}; "
+                f"members: {', '.join(members)}",
+                where=f"{spec.where} ({second.wheel.name})",
+                next="compare them with diffoscope; fix the non-deterministic step",
+            )
+    return first, second
+
+
+def select(
+    specs: tuple[KernelSpec, ...], names: list[str] | None, *, all_: bool
+) -> list[KernelSpec]:
+    if names:
+        known = {s.name: s for s in specs}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise ManifestError(
+                f"no [[kernel]] named {', '.join(missing)} (known: {', '.join(known) or 'none'})",
+                where="--name",
+                next="pick one of the known names",
+            )
+        return [known[n] for n in names]
+    return [s for s in specs if all_ or s.default]

@@ -1,0 +1,198 @@
+"""The provenance receipt (``provenance.json``, schema ``pinwheel.provenance/1``).
+
+It says exactly what went into the wheels beside it: the manifest (by sha256),
+the upstream base, every replayed step with its PR head and replayed commits,
+the tree, the toolchain versions, arches, the build environment pinwheel set,
+each wheel's sha256, and facts about the build host. ``pinwheel verify-build``
+reads it back to rebuild the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pinwheel.errors import VerifyError
+from pinwheel.fsutil import atomic_write_text
+
+SCHEMA = "pinwheel.provenance/1"
+FILENAME = "provenance.json"
+
+
+@dataclass(frozen=True)
+class ToolchainFacts:
+    cuda: str | None  # "12.4.131"
+    nvcc: str | None  # the nvcc --version release line
+    gcc: str | None  # first line of gcc --version
+    torch: str | None  # torch.__version__ in the build interpreter, if installed
+    python: str  # "3.11.7"
+
+
+def _first_line(cmd: list[str], pattern: str | None = None) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    except OSError:
+        return None
+    if out.returncode != 0:
+        return None
+    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+    if pattern:
+        lines = [ln for ln in lines if re.search(pattern, ln)]
+    return lines[0] if lines else None
+
+
+def toolchain_facts(python: str, nvcc: Path | None, cuda: str | None) -> ToolchainFacts:
+    """Versions as the build saw them: ask each tool, never assume."""
+    probe = (
+        "import platform, importlib.util as u; v = platform.python_version(); "
+        "t = None\n"
+        "if u.find_spec('torch'):\n"
+        "    import torch; t = torch.__version__\n"
+        "print(v); print(t or '')"
+    )
+    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300)
+    lines = out.stdout.splitlines() if out.returncode == 0 else []
+    py = lines[0] if lines else platform.python_version()
+    torch = lines[1] if len(lines) > 1 and lines[1] else None
+    return ToolchainFacts(
+        cuda=cuda,
+        nvcc=_first_line([str(nvcc), "--version"], r"release") if nvcc else None,
+        gcc=_first_line([os.environ.get("CXX", "g++"), "--version"]),
+        torch=torch,
+        python=py,
+    )
+
+
+def host_facts() -> dict[str, Any]:
+    """What about the build machine could change the output (no host name, no user)."""
+    facts: dict[str, Any] = {
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "kernel": platform.release(),
+        "libc": "-".join(x for x in platform.libc_ver() if x) or None,
+        "cpus": os.cpu_count(),
+    }
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        facts["memory_gib"] = round(pages * size / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        facts["memory_gib"] = None
+    try:
+        release = Path("/etc/os-release").read_text()
+        m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', release, re.M)
+        facts["os"] = m.group(1) if m else None
+    except OSError:
+        facts["os"] = None
+    return facts
+
+
+def _steps(replayed: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "number": s.step.number,
+            "action": s.step.action,
+            "pr": s.step.pr,
+            "head": s.pr_head,
+            "patch": s.step.patch.name if s.step.patch else None,
+            "result_head": s.head,
+            "result_tree": s.tree,
+            "commits": [
+                {
+                    "original": c.original,
+                    "replayed": c.replayed,
+                    "author": f"{c.author} <{c.author_email}>",
+                    "subject": c.subject,
+                }
+                for c in s.commits
+            ],
+        }
+        for s in replayed.steps
+    ]
+
+
+def receipt(
+    manifest: Any,
+    replayed: Any | None,
+    *,
+    version: str,
+    toolchain: ToolchainFacts,
+    arches: list[str],
+    env: Mapping[str, str],
+    wheels: Mapping[str, str],
+    built: list[str],
+    command: list[str],
+    source_date_epoch: int,
+    host: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The receipt as a JSON-able dict. ``replayed`` is a ``pinwheel.replay.ReplayResult``
+    (None for a build from a plain source directory: steps are then the manifest's)."""
+    if replayed is not None:
+        base, head, tree, tag = replayed.base, replayed.head, replayed.tree, replayed.tag
+        steps = _steps(replayed)
+    else:
+        base, head, tree, tag = manifest.upstream.commit, None, None, manifest.result.tag
+        steps = [
+            {
+                "number": s.number,
+                "action": s.action,
+                "pr": s.pr,
+                "head": s.head,
+                "patch": s.patch.name if s.patch else None,
+                "commits": [],
+            }
+            for s in manifest.steps
+        ]
+    return {
+        "schema": SCHEMA,
+        "manifest": {"name": manifest.name, "path": manifest.path.name, "sha256": manifest.sha256},
+        "upstream": {
+            "url": manifest.upstream.url,
+            "branch": manifest.upstream.branch,
+            "base": base,
+        },
+        "steps": steps,
+        "head": head,
+        "tree": tree,
+        "tag": tag,
+        "version": version,
+        "toolchain": asdict(toolchain),
+        "arches": arches,
+        "env": dict(sorted(env.items())),
+        "command": command,
+        "wheels": dict(sorted(wheels.items())),
+        "built": sorted(built),
+        "host": dict(host if host is not None else host_facts()),
+        "source_date_epoch": source_date_epoch,
+    }
+
+
+def write_receipt(out_dir: Path, payload: Mapping[str, Any]) -> Path:
+    """Write ``provenance.json`` atomically beside the wheels and SHA256SUMS."""
+    target = Path(out_dir) / FILENAME
+    atomic_write_text(target, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    return target
+
+
+def read_receipt(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        payload = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise VerifyError(
+            f"no {FILENAME} in {path.parent}",
+            where=str(path),
+            next="build first (`tools/replay build`), or pass --wheels DIR of a finished build",
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise VerifyError(f"{FILENAME} is not JSON: {exc}", where=str(path)) from None
+    if not isinstance(payload, dict) or payload.get("schema") != SCHEMA:
+        got = payload.get("schema") if isinstance(payload, dict) else type(payload).__name__
+        raise VerifyError(f"unknown receipt schema {got!r}, expected {SCHEMA!r}", where=str(path))
+    return payload

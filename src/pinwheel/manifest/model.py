@@ -1,0 +1,339 @@
+"""The manifest model: ``manifest.toml`` parsed and validated once, into frozen dataclasses.
+
+Commands never read TOML themselves; they take a :class:`Manifest`. Every
+validation error names the file, line, table and key, and says what was
+expected (``manifest.toml:14: [[step]] #2 (PR 1159): key 'head': expected a
+full 40-hex commit SHA, got 'abc123'``).
+
+The stage tables (``[build]``, ``[[kernel]]``, ``[release]``, ``[model]``,
+``[serve]``, ``[qualify]``) are typed here too (``manifest.build``,
+``manifest.release``, ``manifest.serve``), read by the same :class:`Table`
+reader, so their errors look the same and are raised at load time.
+A stage asks for its table with :meth:`Manifest.require`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pinwheel.errors import ManifestError
+from pinwheel.manifest.build import BuildConfig, KernelSpec, parse_build_table, parse_kernel_tables
+from pinwheel.manifest.release import (
+    ModelConfig,
+    ReleaseConfig,
+    parse_model_table,
+    parse_release_table,
+)
+from pinwheel.manifest.serve import (
+    QualifyConfig,
+    ServeConfig,
+    parse_qualify_table,
+    parse_serve_table,
+)
+from pinwheel.manifest.table import (
+    FULL_SHA,
+    SHORT_SHA,
+    Table,
+    _key_lines,
+    check_file_sha,
+    parse_date,
+)
+
+ACTIONS = ("pick", "merge", "patch")
+CORE_TABLES = ("upstream", "step", "identity", "result", "manifest")
+# Stage table name in the TOML -> Manifest field, and its parser.
+STAGE_TABLES = {
+    "build": "build",
+    "kernel": "kernels",
+    "release": "release",
+    "model": "model",
+    "serve": "serve",
+    "qualify": "qualify",
+}
+_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "build": parse_build_table,
+    "kernel": parse_kernel_tables,
+    "release": parse_release_table,
+    "model": parse_model_table,
+    "serve": parse_serve_table,
+    "qualify": parse_qualify_table,
+}
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True)
+class Upstream:
+    url: str
+    commit: str  # full SHA (short only while locking)
+    branch: str
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A recorded conflict fix: apply ``patch`` instead of merging ``commit``."""
+
+    commit: str  # the original commit whose replay conflicted ("merge" for a merge step)
+    patch: Path
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Step:
+    number: int  # 1-based position in the stack
+    action: str  # pick | merge | patch
+    pr: int | None
+    head: str | None
+    title: str | None
+    commits: tuple[str, ...] | None  # expected original commits (audit)
+    patch: Path | None
+    patch_sha256: str | None
+    resolutions: tuple[Resolution, ...] = ()
+
+    @property
+    def label(self) -> str:
+        if self.pr is not None:
+            return f"step {self.number} ({self.action} PR #{self.pr})"
+        name = self.patch.name if self.patch else "?"
+        return f"step {self.number} ({self.action} {name})"
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    email: str
+    # Unix time + UTC offset in minutes; None = the base commit's committer date.
+    time: int | None
+    offset: int | None
+
+
+@dataclass(frozen=True)
+class Result:
+    tree: str | None
+    tag: str | None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    sha256: str  # of the manifest file bytes, recorded in receipts
+    name: str
+    upstream: Upstream
+    steps: tuple[Step, ...]
+    identity: Identity
+    result: Result
+    # Stage tables; None when the manifest has no such table.
+    build: BuildConfig | None = None
+    kernels: tuple[KernelSpec, ...] = ()
+    release: ReleaseConfig | None = None
+    model: ModelConfig | None = None
+    serve: ServeConfig | None = None
+    qualify: QualifyConfig | None = None
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+    def require(self, table: str) -> Any:
+        """The parsed ``[table]``, or the one error for a manifest that lacks it."""
+        value = getattr(self, STAGE_TABLES[table])
+        if value is None or value == ():
+            header = f"[[{table}]]" if table == "kernel" else f"[{table}]"
+            raise ManifestError(
+                f"manifest has no {header} table",
+                where=self.path.name,
+                next=f"add a {header} table to {self.path.name} (see README: The manifest)",
+            )
+        return value
+
+    @property
+    def prs(self) -> tuple[int, ...]:
+        return tuple(s.pr for s in self.steps if s.pr is not None)
+
+
+DEFAULT_IDENTITY = ("pinwheel", "pinwheel@replay.invalid")
+
+
+def _parse_upstream(t: Table, allow_short: bool) -> Upstream:
+    t.only("url", "commit", "branch")
+    return Upstream(
+        url=t.str("url"),
+        commit=t.sha("commit", allow_short=allow_short),
+        branch=t.str("branch", "main"),
+    )
+
+
+def _parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
+    t.only("action", "pr", "head", "title", "commits", "path", "sha256", "resolve")
+    action = t.choice("action", ACTIONS)
+    pr = t.int("pr", None, minimum=1)
+    head = t.sha("head", None, allow_short=allow_short)
+    title = t.str("title", None)
+    commits = None
+    if t.has("commits"):
+        commits = t.str_list("commits")
+        for c in commits:
+            if not (FULL_SHA.match(c) or (allow_short and SHORT_SHA.match(c))):
+                raise t.error("commits", "a list of full 40-hex commit SHAs", c)
+    patch = patch_sha = None
+    if action in ("pick", "merge"):
+        if pr is None:
+            raise t.error("pr", f"a PR number (action '{action}' replays a pull request)")
+        if head is None and not allow_short:
+            raise ManifestError(
+                f"PR #{pr} has no 'head'",
+                where=t.where("head"),
+                next="run `pinwheel lock` to pin the PR's current head",
+            )
+        for k in ("path", "sha256"):
+            if t.has(k):
+                raise t.error(k, f"no '{k}' on a '{action}' step (only 'patch' steps take one)")
+    else:
+        patch = t.path_under("path", root, "patches")
+        patch_sha = t.sha256("sha256")
+        check_file_sha(t, "path", patch, patch_sha, verify=not allow_short)
+    resolutions = []
+    for r in t.subs("resolve"):
+        r.only("commit", "path", "sha256")
+        commit = r.str("commit")
+        if commit != "merge" and not FULL_SHA.match(commit):
+            raise r.error("commit", 'a full commit SHA, or "merge" for a merge step', commit)
+        p = r.path_under("path", root, "patches")
+        digest = r.sha256("sha256")
+        check_file_sha(r, "path", p, digest, verify=not allow_short)
+        resolutions.append(Resolution(commit=commit, patch=p, sha256=digest))
+    return Step(
+        number=number,
+        action=action,
+        pr=pr,
+        head=head,
+        title=title,
+        commits=commits,
+        patch=patch,
+        patch_sha256=patch_sha,
+        resolutions=tuple(resolutions),
+    )
+
+
+def load(path: str | Path, *, allow_short: bool = False) -> Manifest:
+    """Read and validate a manifest.
+
+    ``allow_short`` is lock mode (``pinwheel lock`` only): short SHAs and missing
+    heads are accepted, and patch checksums are left for lock to re-pin.
+    """
+    path = Path(path).absolute()
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError(
+            f"no manifest at {path}",
+            next="pass --manifest PATH, or run from the directory that holds manifest.toml",
+        ) from None
+    return loads(blob, path, allow_short=allow_short)
+
+
+def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
+    text = blob.decode("utf-8")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(
+            f"TOML syntax error: {exc}", where=path.name, next=f"fix the syntax of {path.name}"
+        ) from None
+    lines = _key_lines(text)
+    root = path.parent
+
+    def table(name: str, label: str | None = None, index: int = 0, value: Any = None) -> Table:
+        return Table(
+            path=name,
+            index=index,
+            label=label or f"[{name}]",
+            data=data.get(name, {}) if value is None else value,
+            source=path,
+            lines=lines,
+        )
+
+    top = table("", "top level", value=data)
+    for key in data:
+        if key not in CORE_TABLES and key not in STAGE_TABLES:
+            raise ManifestError(
+                f"unknown table [{key}] (known: {', '.join(CORE_TABLES + tuple(STAGE_TABLES))})",
+                where=f"{path.name}:{lines.get((key, 0, ''), '?')}",
+                next=f"fix the table name in {path.name}",
+            )
+    if "upstream" not in data:
+        raise top.error("upstream", "an [upstream] table with url, commit and branch")
+    name = path.stem
+    if "manifest" in data:
+        meta = table("manifest")
+        meta.only("name", "note")
+        name = meta.str("name", name)
+    upstream = _parse_upstream(table("upstream"), allow_short)
+
+    raw_steps = data.get("step", [])
+    if not isinstance(raw_steps, list):
+        raise top.error("step", "an array of tables written [[step]]")
+    steps: list[Step] = []
+    seen_prs: dict[int, int] = {}
+    for i, raw in enumerate(raw_steps):
+        pr = raw.get("pr") if isinstance(raw, dict) else None
+        label = f"[[step]] #{i + 1}" + (f" (PR {pr})" if isinstance(pr, int) else "")
+        t = table("step", label, index=i, value=raw)
+        step = _parse_step(t, i + 1, root, allow_short)
+        if step.pr is not None:
+            if step.pr in seen_prs:
+                raise ManifestError(
+                    f"PR #{step.pr} appears twice (steps {seen_prs[step.pr]} and {step.number})",
+                    where=t.where("pr"),
+                    next="remove the duplicate step",
+                )
+            seen_prs[step.pr] = step.number
+        steps.append(step)
+
+    ident = table("identity")
+    ident.only("name", "email", "date")
+    time = offset = None
+    if ident.has("date"):
+        time, offset = parse_date(ident, "date")
+    identity = Identity(
+        name=ident.str("name", DEFAULT_IDENTITY[0]),
+        email=ident.str("email", DEFAULT_IDENTITY[1]),
+        time=time,
+        offset=offset,
+    )
+    res = table("result")
+    res.only("tree", "tag")
+    result = Result(tree=res.sha("tree", None, allow_short=False), tag=res.str("tag", None))
+    if result.tag is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._\-/]*$", result.tag):
+        raise res.error("tag", "a git tag name (letters, digits, . _ - /)", result.tag)
+
+    stages: dict[str, Any] = {}
+    for key in STAGE_TABLES:
+        if key not in data:
+            continue
+        value = data[key]
+        if isinstance(value, list):
+            raw_tables: Any = tuple(
+                table(key, f"[[{key}]] #{i + 1}", index=i, value=v) for i, v in enumerate(value)
+            )
+        else:
+            raw_tables = table(key)
+        stages[STAGE_TABLES[key]] = _PARSERS[key](raw_tables)
+
+    return Manifest(
+        path=path,
+        sha256=hashlib.sha256(blob).hexdigest(),
+        name=name,
+        upstream=upstream,
+        steps=tuple(steps),
+        identity=identity,
+        result=result,
+        **stages,
+    )

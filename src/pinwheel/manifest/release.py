@@ -1,0 +1,136 @@
+"""The ``[release]`` and ``[model]`` tables: where a release goes and the pack it serves."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pinwheel.manifest.table import Table
+
+
+@dataclass(frozen=True)
+class IndexTarget:
+    url: str  # twine --repository-url (an upload endpoint of a PEP 503 index)
+
+
+@dataclass(frozen=True)
+class GithubTarget:
+    repo: str  # owner/name
+    tag: str | None  # default: [result].tag
+
+
+@dataclass(frozen=True)
+class HubTarget:
+    repo: str
+    revision: str  # branch the upload commits to
+    parent_commit: str | None  # pin: refuse if the branch moved since
+    repo_type: str
+    path_in_repo: str
+
+
+@dataclass(frozen=True)
+class ReleaseConfig:
+    source: Path  # the build output (wheels/)
+    dir: Path  # where `pinwheel release` assembles
+    signing_key: Path | None
+    allowed_signers: Path | None
+    principal: str | None
+    torch_backend: str | None
+    index: IndexTarget | None
+    github: GithubTarget | None
+    huggingface: HubTarget | None
+
+
+def _path(t: Table, key: str, default: str | None = None) -> Path | None:
+    value = t.str(key, default)
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else t.source.parent / path
+
+
+def parse_release_table(t: Table) -> ReleaseConfig:
+    t.only(
+        "source",
+        "dir",
+        "signing_key",
+        "allowed_signers",
+        "principal",
+        "torch_backend",
+        "index",
+        "github",
+        "huggingface",
+    )
+    index = github = hub = None
+    if t.has("index"):
+        it = t.sub("index")
+        it.only("url")
+        index = IndexTarget(url=it.str("url"))
+    if t.has("github"):
+        gt = t.sub("github")
+        gt.only("repo", "tag")
+        repo = gt.str("repo")
+        if repo.count("/") != 1:
+            raise gt.error("repo", "owner/name", repo)
+        github = GithubTarget(repo=repo, tag=gt.str("tag", None))
+    if t.has("huggingface"):
+        ht = t.sub("huggingface")
+        ht.only("repo", "revision", "parent_commit", "repo_type", "path_in_repo")
+        hub = HubTarget(
+            repo=ht.str("repo"),
+            revision=ht.str("revision", "main"),
+            parent_commit=ht.sha("parent_commit", None),
+            repo_type=ht.choice("repo_type", ("model", "dataset"), "model"),
+            path_in_repo=ht.str("path_in_repo", "."),
+        )
+    return ReleaseConfig(
+        source=_path(t, "source", "wheels"),  # type: ignore[arg-type]
+        dir=_path(t, "dir", "release"),  # type: ignore[arg-type]
+        signing_key=_path(t, "signing_key"),
+        allowed_signers=_path(t, "allowed_signers"),
+        principal=t.str("principal", None),
+        torch_backend=t.str("torch_backend", None),
+        index=index,
+        github=github,
+        huggingface=hub,
+    )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    repo: str | None  # fetch refuses without it; check works offline without it
+    revision: str | None  # full commit SHA; fetch refuses without it
+    shards: int | None
+    total_bytes: int | None  # sum of the shard files' sizes
+    config: Mapping[str, Any]  # dotted config.json key -> required value
+    sha256: Mapping[str, str]  # file -> sha256
+    local_dir: str | None
+
+
+def parse_model_table(t: Table) -> ModelConfig:
+    t.only("repo", "revision", "shards", "total_bytes", "config", "sha256", "local_dir")
+    required: dict[str, Any] = {}
+    if t.has("config"):
+        ct = t.sub("config")
+        for key, value in ct.data.items():
+            if isinstance(value, dict | list):
+                raise ct.error(
+                    key, "a string, number or boolean (use dotted keys for nesting)", value
+                )
+            required[key] = value
+    hashes: dict[str, str] = {}
+    if t.has("sha256"):
+        st = t.sub("sha256")
+        for name in st.data:
+            hashes[name] = st.sha256(name)
+    return ModelConfig(
+        repo=t.str("repo", None),
+        revision=t.sha("revision", None),
+        shards=t.int("shards", None, minimum=1),
+        total_bytes=t.int("total_bytes", None, minimum=1),
+        config=required,
+        sha256=hashes,
+        local_dir=t.str("local_dir", None),
+    )

@@ -1,0 +1,294 @@
+"""The table reader every manifest table uses: typed getters, errors with file, line and key.
+
+In: one TOML table (a dict) and where it came from. Out: validated values, or a
+:class:`~pinwheel.errors.ManifestError` that names the file, line, table and key
+and says what was expected.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime as _dt
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pinwheel.errors import ManifestError
+
+FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+SHORT_SHA = re.compile(r"^[0-9a-f]{4,39}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+# Table's typed getters are named after the types they return (t.str, t.int),
+# so inside its body the builtins are spelled builtins.str etc.
+
+
+# --------------------------------------------------------------------------- locating keys
+
+
+def _key_lines(text: str) -> dict[tuple[str, int, str], int]:
+    """Map (table path, array index, key) -> 1-based line, for keys written as ``key = ...``.
+
+    tomllib gives no positions, so we scan the text: good enough for the plain
+    style manifests use (headers on their own line, one key per line).
+    """
+    lines: dict[tuple[str, int, str], int] = {}
+    counters: dict[str, int] = {}
+    table, index = "", 0
+    header = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-\" ]+?)\s*\]\]?\s*(#.*)?$")
+    keyline = re.compile(r"^\s*([A-Za-z0-9_\-]+|\"[^\"]*\")\s*=")
+    for n, raw in enumerate(text.splitlines(), start=1):
+        m = header.match(raw)
+        if m:
+            table = m.group(2).replace('"', "").replace(" ", "")
+            if m.group(1) == "[[":
+                counters[table] = counters.get(table, -1) + 1
+                index = counters[table]
+            else:
+                index = 0
+            lines[(table, index, "")] = n
+            continue
+        k = keyline.match(raw)
+        if k:
+            lines.setdefault((table, index, k.group(1).strip('"')), n)
+    return lines
+
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Table:
+    """A TOML table with enough context to blame a key: file, line, display name."""
+
+    path: builtins.str  # TOML path, e.g. "step" or "serve.profile"
+    index: builtins.int  # position in an array of tables, else 0
+    label: builtins.str  # what users read, e.g. "[[step]] #2 (PR 1159)"
+    data: Mapping[builtins.str, Any]
+    source: Path
+    lines: Mapping[tuple[builtins.str, builtins.int, builtins.str], builtins.int] = field(
+        repr=False, default_factory=dict
+    )
+
+    # -- blame ---------------------------------------------------------------
+    def line(self, key: builtins.str = "") -> builtins.int | None:
+        return self.lines.get((self.path, self.index, key)) or self.lines.get(
+            (self.path, self.index, "")
+        )
+
+    def where(self, key: builtins.str = "") -> builtins.str:
+        n = self.line(key)
+        loc = f"{self.source.name}:{n}" if n else self.source.name
+        return f"{loc}: {self.label}" + (f" key '{key}'" if key else "")
+
+    def error(
+        self, key: builtins.str, expected: builtins.str, got: Any = _MISSING
+    ) -> ManifestError:
+        what = f"expected {expected}" + ("" if got is _MISSING else f", got {got!r}")
+        return ManifestError(
+            what, where=self.where(key), next=f"edit {self.source.name} and run `pinwheel plan`"
+        )
+
+    # -- typed getters -------------------------------------------------------
+    def has(self, key: builtins.str) -> builtins.bool:
+        return key in self.data
+
+    def raw(self, key: builtins.str, default: Any = _MISSING) -> Any:
+        if key in self.data:
+            return self.data[key]
+        if default is _MISSING:
+            raise self.error(key, "this key (it is required)")
+        return default
+
+    def str(self, key: builtins.str, default: Any = _MISSING) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if not isinstance(value, str) or not value:
+            raise self.error(key, "a non-empty string", value)
+        return value
+
+    def int(
+        self, key: builtins.str, default: Any = _MISSING, *, minimum: builtins.int | None = None
+    ) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.error(key, "an integer", value)
+        if minimum is not None and value < minimum:
+            raise self.error(key, f"an integer >= {minimum}", value)
+        return value
+
+    def float(self, key: builtins.str, default: Any = _MISSING) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise self.error(key, "a number", value)
+        return float(value)
+
+    def bool(self, key: builtins.str, default: Any = _MISSING) -> Any:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, "true or false", value)
+        return value
+
+    def choice(
+        self, key: builtins.str, choices: tuple[builtins.str, ...], default: Any = _MISSING
+    ) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if value not in choices:
+            raise self.error(key, "one of " + ", ".join(repr(c) for c in choices), value)
+        return value
+
+    def str_list(self, key: builtins.str, default: Any = _MISSING) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return tuple(value) if value is not None else value  # type: ignore[no-any-return]
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise self.error(key, "a list of non-empty strings", value)
+        return tuple(value)
+
+    def str_map(
+        self, key: builtins.str, default: Any = _MISSING
+    ) -> dict[builtins.str, builtins.str]:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return dict(value)
+        if not isinstance(value, dict) or not all(
+            isinstance(v, (str, int, float, bool)) for v in value.values()
+        ):
+            raise self.error(key, "a table of key = value strings", value)
+        return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items()}
+
+    def sha(
+        self, key: builtins.str, default: Any = _MISSING, *, allow_short: builtins.bool = False
+    ) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if isinstance(value, str) and FULL_SHA.match(value):
+            return value
+        if allow_short and isinstance(value, str) and SHORT_SHA.match(value):
+            return value
+        if isinstance(value, str) and SHORT_SHA.match(value):
+            raise ManifestError(
+                f"expected a full 40-hex commit SHA, got short {value!r}",
+                where=self.where(key),
+                next="run `pinwheel lock` to resolve short SHAs in place",
+            )
+        raise self.error(key, "a full 40-hex lowercase commit SHA", value)
+
+    def sha256(self, key: builtins.str, default: Any = _MISSING) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if not isinstance(value, str) or not SHA256.match(value):
+            raise self.error(key, "a 64-hex lowercase sha256", value)
+        return value
+
+    def sub(self, key: builtins.str, label: builtins.str | None = None) -> Table:
+        """A nested table (``[serve.profile.card]`` or an inline table)."""
+        value = self.raw(key)
+        if not isinstance(value, dict):
+            raise self.error(key, "a table", value)
+        return Table(
+            path=f"{self.path}.{key}",
+            index=0,
+            label=label or f"[{self.path}.{key}]",
+            data=value,
+            source=self.source,
+            lines=self.lines,
+        )
+
+    def subs(self, key: builtins.str) -> tuple[Table, ...]:
+        """An array of tables nested in this one (``[[serve.profile]]``)."""
+        value = self.raw(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise self.error(key, "an array of tables", value)
+        return tuple(
+            Table(
+                path=f"{self.path}.{key}",
+                index=i,
+                label=f"[[{self.path}.{key}]] #{i + 1}",
+                data=v,
+                source=self.source,
+                lines=self.lines,
+            )
+            for i, v in enumerate(value)
+        )
+
+    def only(self, *allowed: builtins.str) -> None:
+        """Reject unknown keys: a typo must not silently drop a setting."""
+        for key in self.data:
+            if key not in allowed:
+                raise ManifestError(
+                    f"unknown key '{key}' (known: {', '.join(allowed)})",
+                    where=self.where(key),
+                    next=f"fix the key name in {self.source.name}",
+                )
+
+    def path_under(self, key: builtins.str, root: Path, folder: builtins.str) -> Path:
+        """A relative path that must stay inside ``root/folder`` (no absolute, no ``..``)."""
+        value = self.str(key)
+        rel = PurePosixPath(value)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts or rel.parts[0] != folder:
+            raise self.error(key, f"a relative path under {folder}/", value)
+        resolved = (root / rel).resolve()
+        if not resolved.is_relative_to((root / folder).resolve()):
+            raise self.error(key, f"a path that stays under {folder}/", value)
+        return resolved
+
+
+def parse_date(table: Table, key: str) -> tuple[int, int]:
+    value = table.raw(key)
+    if isinstance(value, _dt.datetime):
+        stamp = value
+    elif isinstance(value, str):
+        try:
+            stamp = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise table.error(
+                key, "an RFC 3339 date like 2026-10-10T00:00:00+00:00", value
+            ) from None
+    else:
+        raise table.error(key, "an RFC 3339 date with an explicit offset", value)
+    if stamp.tzinfo is None or stamp.utcoffset() is None:
+        # Without an offset the commit time would follow the machine's TZ.
+        raise table.error(key, "a date with an explicit UTC offset (e.g. +00:00)", str(value))
+    offset = int(stamp.utcoffset().total_seconds() // 60)  # type: ignore[union-attr]
+    return int(stamp.timestamp()), offset
+
+
+def check_file_sha(
+    t: Table,
+    key: str,
+    path: Path,
+    expected: str,
+    *,
+    verify: bool = True,
+    repin: str = "run `pinwheel lock` to re-pin it",
+) -> None:
+    """A pinned file (a patch) must exist and match its sha256.
+
+    In lock mode (verify=False) a changed file is re-pinned, not refused.
+    """
+    if not path.is_file():
+        raise ManifestError(
+            f"patch file {path.name} does not exist",
+            where=t.where(key),
+            next="restore the file under patches/ or fix the path",
+        )
+    actual = hashlib.sha256(path.read_bytes()).hexdigest()
+    if verify and actual != expected:
+        raise ManifestError(
+            f"sha256 of {path.name} is {actual}, manifest pins {expected}",
+            where=t.where("sha256"),
+            next=f"if the patch change is intended, {repin}",
+        )

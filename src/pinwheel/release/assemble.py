@@ -1,0 +1,407 @@
+"""Release assembly: the build output, signed SHA256SUMS, generated notes; and publishing.
+
+A release directory holds the wheels, ``provenance.json``, an optional
+``qualification.json``, ``RELEASE_NOTES.md``, ``SHA256SUMS`` over all of those,
+and ``SHA256SUMS.sig`` (``ssh-keygen -Y sign -n pinwheel``). The GitHub
+release uploads exactly these files; the package index gets the wheels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pinwheel.checksums import format_sums, parse_sums, sha256_files, verify_dir
+from pinwheel.errors import PinwheelError, VerifyError
+from pinwheel.fsutil import atomic_dir, atomic_write_text
+from pinwheel.manifest import Manifest
+from pinwheel.manifest.release import GithubTarget, HubTarget, IndexTarget, ReleaseConfig  # noqa: F401
+from pinwheel.release import signing
+
+SUMS = "SHA256SUMS"
+SIG = "SHA256SUMS.sig"
+NOTES = "RELEASE_NOTES.md"
+PROVENANCE = "provenance.json"
+QUALIFICATION = "qualification.json"
+
+
+# --------------------------------------------------------------------------- [release]
+
+
+def release_config(manifest: Manifest | None) -> ReleaseConfig:
+    """The manifest's [release], or the defaults relative to the current directory."""
+    if manifest is not None and manifest.release is not None:
+        return manifest.release
+    root = manifest.path.parent if manifest is not None else Path.cwd()
+    return ReleaseConfig(
+        root / "wheels", root / "release", None, None, None, None, None, None, None
+    )
+
+
+# --------------------------------------------------------------------------- release notes
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise VerifyError(
+            f"not valid JSON: {exc}",
+            where=str(path),
+            next="rebuild (`pinwheel build`) so the receipt is rewritten",
+        ) from None
+    return value if isinstance(value, dict) else {}
+
+
+def _flatten(value: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, str]]:
+    """Scalar leaves as (dotted key, text): qualification receipts vary, show what is there."""
+    if isinstance(value, dict) and depth < 3:
+        rows: list[tuple[str, str]] = []
+        for key, item in value.items():
+            rows += _flatten(item, f"{prefix}.{key}" if prefix else str(key), depth + 1)
+        return rows
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return [(prefix, json.dumps(value) if not isinstance(value, str) else value)]
+    return []
+
+
+def render_notes(
+    manifest: Manifest,
+    provenance: Mapping[str, Any],
+    files: Mapping[str, tuple[str, int]],
+    qualification: Mapping[str, Any] | None,
+    config: ReleaseConfig,
+) -> str:
+    """RELEASE_NOTES.md from the manifest and the receipts; deterministic (no clock)."""
+    tag = provenance.get("tag") or manifest.result.tag or manifest.name
+    upstream = provenance.get("upstream") or {}
+    base = upstream.get("base") or manifest.upstream.commit
+    url = upstream.get("url") or manifest.upstream.url
+    out = [f"# {manifest.name} {tag}", ""]
+    out += [f"- Base: `{url}` at `{base}`"]
+    tree = provenance.get("tree") or manifest.result.tree
+    out += [f"- Tree: `{tree}`" if tree else "- Tree: not pinned ([result].tree unset)"]
+    if provenance.get("head"):
+        out += [f"- Head: `{provenance['head']}`"]
+    out += [f"- Manifest: `{manifest.path.name}` sha256 `{manifest.sha256}`", ""]
+
+    out += [
+        "## Steps",
+        "",
+        "| # | action | PR | title | head | authors |",
+        "|---|---|---|---|---|---|",
+    ]
+    receipts = {s.get("number"): s for s in provenance.get("steps") or [] if isinstance(s, dict)}
+    for step in manifest.steps:
+        got = receipts.get(step.number, {})
+        authors = sorted({c.get("author", "") for c in got.get("commits") or []} - {""})
+        pr = f"#{step.pr}" if step.pr else (step.patch.name if step.patch else "")
+        head = (got.get("head") or step.head or "")[:12]
+        title = (step.title or "").replace("|", "\\|")
+        out += [
+            f"| {step.number} | {step.action} | {pr} | {title} | `{head}` | "
+            f"{', '.join(authors) or 'n/a'} |"
+        ]
+    out += [""]
+
+    toolchain = provenance.get("toolchain") or {}
+    if toolchain or provenance.get("arches"):
+        out += ["## Toolchain", ""]
+        out += [f"- {k}: `{v}`" for k, v in sorted(toolchain.items())]
+        if provenance.get("arches"):
+            out += [f"- arches: `{', '.join(map(str, provenance['arches']))}`"]
+        if provenance.get("source_date_epoch") is not None:
+            out += [f"- SOURCE_DATE_EPOCH: `{provenance['source_date_epoch']}`"]
+        out += [""]
+    else:
+        out += ["## Toolchain", "", "- not recorded (no provenance.json in the build output)", ""]
+
+    if qualification:
+        out += ["## Qualification", "", "| figure | value |", "|---|---|"]
+        out += [f"| {k} | {v} |" for k, v in _flatten(qualification)[:60]]
+        out += [""]
+
+    out += ["## Files", "", "| file | bytes | sha256 |", "|---|---|---|"]
+    out += [f"| {name} | {size} | `{digest}` |" for name, (digest, size) in sorted(files.items())]
+    out += [
+        "",
+        "## Install",
+        "",
+        "```sh",
+        "pinwheel fetch <release URL> --dest wheels"
+        + (" --allowed-signers allowed_signers" if config.allowed_signers else ""),
+        f"pinwheel install wheels --venv .venv --torch-backend {config.torch_backend or 'cu128'}",
+        "```",
+        "",
+        "By hand: `sha256sum -c SHA256SUMS`",
+    ]
+    if config.allowed_signers:
+        principal = config.principal or "<principal>"
+        out += [
+            f"and `ssh-keygen -Y verify -f allowed_signers -I {principal} -n pinwheel "
+            "-s SHA256SUMS.sig < SHA256SUMS`"
+        ]
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- assembly
+
+
+@dataclass(frozen=True)
+class Release:
+    dir: Path
+    files: tuple[str, ...]  # everything SHA256SUMS lists
+    wheels: tuple[str, ...]
+    signed: bool
+    warnings: tuple[str, ...]
+
+
+def _check_build_output(
+    build: Path, wheels: list[str], digests: Mapping[str, str], provenance: Mapping[str, Any]
+) -> list[str]:
+    """Cross-check the build's own SHA256SUMS and provenance against the wheels on disk."""
+    warnings = []
+    sums_path = build / SUMS
+    if sums_path.is_file():
+        listed = parse_sums(sums_path.read_text(), str(sums_path))
+        unlisted = [w for w in wheels if w not in listed]
+        if unlisted:
+            raise VerifyError(
+                f"wheel not listed in the build's SHA256SUMS: {', '.join(unlisted)}",
+                where=str(sums_path),
+                next="rebuild, or remove the stray wheel",
+            )
+        bad = [w for w in wheels if listed[w] != digests[w]]
+        if bad:
+            raise VerifyError(
+                f"sha256 differs from the build's SHA256SUMS: {', '.join(bad)}",
+                where=str(sums_path),
+                next="rebuild (`pinwheel build`)",
+            )
+    else:
+        warnings.append(f"no {SUMS} in {build}: hashed the wheels as found")
+    pinned = provenance.get("wheels")
+    if isinstance(pinned, dict):
+        bad = [w for w in wheels if w in pinned and pinned[w] != digests[w]]
+        if bad:
+            raise VerifyError(
+                f"sha256 differs from provenance.json: {', '.join(bad)}",
+                where=str(build / PROVENANCE),
+                next="rebuild (`pinwheel build`)",
+            )
+    if not provenance:
+        warnings.append(f"no {PROVENANCE} in {build}: notes carry the manifest only")
+    return warnings
+
+
+def assemble(
+    manifest: Manifest,
+    config: ReleaseConfig,
+    *,
+    build: Path,
+    out: Path,
+    key: Path | None,
+    qualification: Path | None = None,
+) -> Release:
+    """Make the release directory ``out`` from the build output ``build`` (atomically)."""
+    wheels = sorted(p.name for p in build.glob("*.whl"))
+    if not wheels:
+        raise PinwheelError(
+            f"no wheels in {build}",
+            where=str(build),
+            next="run `pinwheel build` first, or pass --from DIR",
+        )
+    hashed = sha256_files([build / w for w in wheels])
+    digests = {w: hashed[build / w] for w in wheels}
+    provenance = _load_json(build / PROVENANCE)
+    warnings = _check_build_output(build, wheels, digests, provenance)
+    qual_path = qualification or (build / QUALIFICATION)
+    qual = _load_json(qual_path) if qual_path.is_file() else None
+    if qualification is not None and not qualification.is_file():
+        raise PinwheelError(
+            f"no qualification receipt at {qualification}",
+            next="run `pinwheel qualify` first, or drop --qualification",
+        )
+
+    same_dir = out.resolve() == build.resolve()
+    with atomic_dir(out) if not same_dir else _in_place(out) as tmp:
+        if not same_dir:
+            for w in wheels:
+                _link_or_copy(build / w, tmp / w)
+            if provenance:
+                shutil.copy2(build / PROVENANCE, tmp / PROVENANCE)
+        if qual is not None and qual_path.resolve() != (tmp / QUALIFICATION).resolve():
+            shutil.copy2(qual_path, tmp / QUALIFICATION)
+        extras = [n for n in (PROVENANCE, QUALIFICATION) if (tmp / n).is_file()]
+        extra_hashes = sha256_files([tmp / n for n in extras])
+        listing = dict(digests) | {n: extra_hashes[tmp / n] for n in extras}
+        sized = {n: (d, (tmp / n).stat().st_size) for n, d in listing.items()}
+        notes = render_notes(manifest, provenance, sized, qual, config)
+        atomic_write_text(tmp / NOTES, notes)
+        listing[NOTES] = sha256_files([tmp / NOTES])[tmp / NOTES]
+        atomic_write_text(tmp / SUMS, format_sums(listing))
+        signed = False
+        (tmp / SIG).unlink(missing_ok=True)  # a stale signature must never sit beside new sums
+        if key is not None:
+            signing.sign(tmp / SUMS, key)
+            signed = True
+            if config.allowed_signers:  # catch a key that the published signers file lacks
+                signing.verify(
+                    (tmp / SUMS).read_bytes(),
+                    (tmp / SIG).read_bytes(),
+                    config.allowed_signers,
+                    config.principal,
+                )
+        else:
+            warnings.append("not signed: no --key and no [release] signing_key")
+    return Release(
+        dir=out,
+        files=tuple(sorted(listing)),
+        wheels=tuple(wheels),
+        signed=signed,
+        warnings=tuple(warnings),
+    )
+
+
+class _in_place:
+    """Context manager twin of atomic_dir for a release made inside the build dir."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)  # multi-GiB wheels: no second copy on the same filesystem
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+# --------------------------------------------------------------------------- checking a release
+
+
+@dataclass(frozen=True)
+class Verified:
+    dir: Path
+    sums: dict[str, str]
+    signed_by: str | None
+
+
+def verify_release(
+    directory: Path,
+    *,
+    allowed_signers: Path | None,
+    principal: str | None,
+    require_all: bool = True,
+) -> Verified:
+    """SHA256SUMS (+ signature when signers are configured) and every file it lists."""
+    sums_path = directory / SUMS
+    if not sums_path.is_file():
+        raise VerifyError(
+            f"no {SUMS} in {directory}",
+            where=str(directory),
+            next="run `pinwheel release` (or `pinwheel fetch`) to make one",
+        )
+    data = sums_path.read_bytes()
+    signed_by = None
+    if allowed_signers is not None:
+        sig_path = directory / SIG
+        if not sig_path.is_file():
+            raise VerifyError(
+                f"{SIG} missing but allowed_signers is configured",
+                where=str(directory),
+                next="fetch the signature with the release",
+            )
+        signed_by = signing.verify(data, sig_path.read_bytes(), allowed_signers, principal)
+    sums = parse_sums(data.decode(), str(sums_path))
+    stray = sorted(p.name for p in directory.glob("*.whl") if p.name not in sums)
+    if stray:
+        raise VerifyError(
+            f"wheel not listed in {SUMS}, refused: {', '.join(stray)}",
+            where=str(directory),
+            next="remove it; only listed wheels are installed",
+        )
+    if require_all:
+        verify_dir(directory, sums)
+    else:
+        verify_dir(directory, {n: d for n, d in sums.items() if (directory / n).exists()})
+    return Verified(dir=directory, sums=sums, signed_by=signed_by)
+
+
+# --------------------------------------------------------------------------- publishing
+
+
+def publish_index(release: Verified, target: IndexTarget) -> list[str]:
+    """Upload the release's wheels with twine; credentials come from TWINE_* variables."""
+    wheels = sorted(n for n in release.sums if n.endswith(".whl"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "twine",
+        "upload",
+        "--non-interactive",
+        "--disable-progress-bar",
+        "--repository-url",
+        target.url,
+        *(str(release.dir / w) for w in wheels),
+    ]
+    try:
+        import twine  # noqa: F401
+    except ImportError:
+        raise PinwheelError(
+            "twine is not installed", next="pip install 'pinwheel[release]'"
+        ) from None
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
+        raise PinwheelError(
+            "twine upload failed:\n    " + "\n    ".join(tail),
+            where=target.url,
+            next="check TWINE_USERNAME/TWINE_PASSWORD and the index URL",
+        )
+    return wheels
+
+
+def github_plan(release: Verified, target: GithubTarget, manifest: Manifest) -> dict[str, Any]:
+    """Exactly what the workflow uploads: the files SHA256SUMS lists, the sums, the signature."""
+    tag = target.tag or manifest.result.tag
+    if not tag:
+        raise PinwheelError(
+            "no release tag",
+            where="[release.github] tag / [result] tag",
+            next="set [result].tag in the manifest",
+        )
+    files = sorted(release.sums) + [SUMS] + ([SIG] if (release.dir / SIG).is_file() else [])
+    paths = [str(release.dir / f) for f in files]
+    return {
+        "repo": target.repo,
+        "tag": tag,
+        "notes": str(release.dir / NOTES),
+        "files": paths,
+        "command": [
+            "gh",
+            "release",
+            "create",
+            tag,
+            "--repo",
+            target.repo,
+            "--notes-file",
+            str(release.dir / NOTES),
+            *paths,
+        ],
+    }

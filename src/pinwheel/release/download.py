@@ -1,0 +1,600 @@
+"""``pinwheel fetch``: a release from a URL, a directory or a package index, verified.
+
+Order of trust: SHA256SUMS first (and its signature when allowed_signers is
+configured), then each listed file. Every file is hashed while it streams
+(one pass), written as ``.NAME.part``, resumed with an HTTP Range request after
+an interruption, and renamed to NAME only once its sha256 matches. A mismatch
+deletes the partial file. A wheel the source offers that SHA256SUMS does not
+list is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hashlib
+import html.parser
+import http.client
+import os
+import re
+import shutil
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from pinwheel.checksums import format_sums, parse_sums
+from pinwheel.errors import PinwheelError, VerifyError
+from pinwheel.fsutil import atomic_write_bytes
+from pinwheel.release import signing
+
+SUMS = "SHA256SUMS"
+SIG = "SHA256SUMS.sig"
+USER_AGENT = "pinwheel-fetch/1"
+
+
+class FetchError(PinwheelError):
+    """Network or disk trouble: the download did not complete (exit 1)."""
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    timeout: float = 30.0  # connect timeout and longest silence mid-body (a stall)
+    retries: int = 5  # extra attempts per request after the first
+    backoff: float = 1.0  # first wait; doubles each retry, capped at max_backoff
+    max_backoff: float = 30.0
+    chunk: int = 1024 * 1024
+    allowed_signers: Path | None = None
+    principal: str | None = None
+    sums: str | None = None  # SHA256SUMS location for an index source
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "dir" | "url" | "index"
+    location: str  # a directory path, a base URL ending in "/", or a PEP 503 project page
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.location}"
+
+
+@dataclass(frozen=True)
+class FetchedFile:
+    name: str
+    sha256: str
+    size: int
+    resumed_from: int  # bytes kept from an earlier attempt (0 = fresh)
+    attempts: int
+    skipped: bool = False  # already present with the right hash
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    source: Source
+    dest: Path
+    files: tuple[FetchedFile, ...]
+    signed_by: str | None
+
+
+class Progress(Protocol):
+    def start(self, name: str, total: int | None, done: int) -> None: ...
+    def advance(self, n: int) -> None: ...
+    def finish(self) -> None: ...
+
+
+class NoProgress:
+    def start(self, name: str, total: int | None, done: int) -> None:
+        pass
+
+    def advance(self, n: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def resolve_source(text: str) -> Source:
+    """URL (GitHub-release style base), DIR, or INDEX (a PEP 503 ``.../simple/<project>/``)."""
+    if re.match(r"^https?://", text):
+        url_path = urllib.parse.urlsplit(text).path
+        base = text if text.endswith("/") else text + "/"
+        return Source("index" if "/simple/" in url_path else "url", base)
+    if text.startswith("file://"):
+        text = urllib.parse.unquote(urllib.parse.urlsplit(text).path)
+    path = Path(text)
+    if not path.is_dir():
+        raise PinwheelError(
+            f"{text} is neither an http(s) URL nor a directory",
+            where="pinwheel fetch SOURCE",
+            next="pass a release base URL, a directory, or an index project URL",
+        )
+    return Source("dir", str(path.resolve()))
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.hrefs += [v for k, v in attrs if k == "href" and v]
+
+
+def _links(page: bytes, base: str) -> dict[str, str]:
+    """{file name: absolute URL (with any #sha256= fragment)} for the page's links."""
+    parser = _Links()
+    parser.feed(page.decode("utf-8", errors="replace"))
+    out = {}
+    for href in parser.hrefs:
+        url = urllib.parse.urljoin(base, href)
+        name = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
+        if name:
+            out[name] = url
+    return out
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def _retryable_status(code: int) -> bool:
+    return code in (408, 425, 429) or code >= 500
+
+
+def _request(url: str, opts: FetchOptions, headers: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, **(headers or {})})
+    return urllib.request.urlopen(req, timeout=opts.timeout)
+
+
+_TRANSIENT = (
+    urllib.error.URLError,
+    TimeoutError,
+    socket.timeout,
+    ConnectionError,
+    http.client.HTTPException,
+)
+
+
+def _describe(exc: BaseException, opts: FetchOptions) -> str:
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    if isinstance(exc, (TimeoutError, socket.timeout)) or "timed out" in str(exc):
+        return f"stalled: no data for {opts.timeout:g} s"
+    if isinstance(exc, urllib.error.URLError):
+        return f"cannot connect: {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _with_retries(
+    url: str, opts: FetchOptions, what: str, attempt_fn: Callable[[int], bytes]
+) -> bytes:
+    """Run ``attempt_fn`` until it succeeds; 404 and other 4xx fail at once."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return attempt_fn(attempt)
+        except urllib.error.HTTPError as exc:
+            if not _retryable_status(exc.code):
+                raise _http_error(exc, url, what) from None
+            last: BaseException = exc
+        except _TRANSIENT as exc:
+            last = exc
+        if attempt > opts.retries:
+            raise FetchError(
+                f"{what}: {_describe(last, opts)} (gave up after {attempt} attempts)",
+                where=url,
+                next="check the server, then rerun the same `pinwheel fetch`",
+            ) from None
+        opts.sleep(min(opts.backoff * 2 ** (attempt - 1), opts.max_backoff))
+
+
+def _http_error(exc: urllib.error.HTTPError, url: str, what: str) -> PinwheelError:
+    if exc.code in (404, 410):
+        return FetchError(
+            f"{what}: not found (HTTP {exc.code})",
+            where=url,
+            next="check the release URL and tag; the file must be uploaded",
+        )
+    return FetchError(
+        f"{what}: HTTP {exc.code} {exc.reason}", where=url, next="check the URL and credentials"
+    )
+
+
+def get_small(url: str, opts: FetchOptions, what: str) -> bytes:
+    """A small document (SHA256SUMS, signature, index page) into memory, with retries."""
+
+    def once(_: int) -> bytes:
+        with _request(url, opts) as resp:
+            data: bytes = resp.read()
+            length = resp.headers.get("Content-Length")
+            if length is not None and len(data) < int(length):
+                raise http.client.IncompleteRead(data, int(length) - len(data))
+            return data
+
+    return _with_retries(url, opts, what, once)
+
+
+# --------------------------------------------------------------------------- one file
+
+
+class _Partial:
+    """``.NAME.part`` beside the final name, with the running hash of what it holds."""
+
+    def __init__(self, dest: Path, name: str):
+        self.final = dest / name
+        self.path = dest / f".{name}.part"
+        self.digest = hashlib.sha256()
+        self.size = 0
+        if self.path.exists():  # left by an interrupted run: hash it once, then resume
+            with open(self.path, "rb") as fh:
+                while block := fh.read(8 * 1024 * 1024):
+                    self.digest.update(block)
+                    self.size += len(block)
+        self.resumed_from = self.size
+
+    def reset(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def append_from(self, stream: BinaryIO, chunk: int, progress: Progress) -> None:
+        with open(self.path, "ab") as fh:
+            # read1: whatever has arrived (up to chunk), so bytes before a stall are kept.
+            read = getattr(stream, "read1", stream.read)
+            while block := read(chunk):
+                fh.write(block)
+                self.digest.update(block)
+                self.size += len(block)
+                progress.advance(len(block))
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def commit(self, expected: str, where: str) -> str:
+        actual = self.digest.hexdigest()
+        if actual != expected:
+            self.reset()
+            raise VerifyError(
+                f"sha256 mismatch for {self.final.name}: got {actual}, "
+                f"SHA256SUMS lists {expected}; "
+                "the partial file was deleted",
+                where=where,
+                next="do not use this source; fetch from the publisher again or report it",
+            )
+        os.replace(self.path, self.final)
+        return actual
+
+
+def _check_space(dest: Path, needed: int, name: str) -> None:
+    free = shutil.disk_usage(dest).free
+    if needed > free:
+        raise FetchError(
+            f"not enough space for {name}: needs {needed} more bytes, {free} free",
+            where=str(dest),
+            next="free space or pass --dest on a larger disk",
+        )
+
+
+def _disk_full(part: _Partial, dest: Path) -> FetchError:
+    part.reset()
+    return FetchError(
+        f"disk full while writing {part.final.name}; the partial file was deleted",
+        where=str(dest),
+        next="free space or pass --dest on a larger disk, then rerun",
+    )
+
+
+def _already_there(final: Path, expected: str) -> bool:
+    if not final.is_file():
+        return False
+    digest = hashlib.sha256()
+    with open(final, "rb") as fh:
+        while block := fh.read(8 * 1024 * 1024):
+            digest.update(block)
+    return digest.hexdigest() == expected
+
+
+def download(
+    url: str,
+    dest: Path,
+    name: str,
+    expected: str,
+    opts: FetchOptions,
+    progress: Progress | None = None,
+) -> FetchedFile:
+    """Stream ``url`` to ``dest/name``, hashing as it goes; resume with Range after a break."""
+    progress = progress or NoProgress()
+    if _already_there(dest / name, expected):
+        return FetchedFile(name, expected, (dest / name).stat().st_size, 0, 0, skipped=True)
+    part = _Partial(dest, name)
+    resumed_from = part.resumed_from
+    restarted_after_resume = False
+    while True:
+        attempts = 0
+
+        def once(attempt: int) -> bytes:
+            nonlocal attempts
+            attempts = attempt
+            headers = {"Range": f"bytes={part.size}-"} if part.size else {}
+            try:
+                resp = _request(url, opts, headers)
+            except urllib.error.HTTPError as exc:
+                if exc.code == 416 and part.size:  # the partial is longer than the file
+                    part.reset()
+                    raise ConnectionError("range not satisfiable; restarting from zero") from None
+                raise
+            with resp:
+                if part.size and resp.status == 206:
+                    start = _content_range_start(resp.headers.get("Content-Range", ""))
+                    if start != part.size:
+                        part.reset()
+                        raise ConnectionError("server resumed at the wrong offset; restarting")
+                elif part.size:  # 200: the server ignored Range, start over
+                    part.reset()
+                length = resp.headers.get("Content-Length")
+                total = part.size + int(length) if length is not None else None
+                if length is not None:
+                    _check_space(dest, int(length), name)
+                progress.start(name, total, part.size)
+                try:
+                    part.append_from(resp, opts.chunk, progress)
+                except OSError as exc:
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise _disk_full(part, dest) from None
+                    raise
+                if total is not None and part.size < total:
+                    raise http.client.IncompleteRead(b"", total - part.size)
+            return b""
+
+        try:
+            _with_retries(url, opts, name, once)
+        except FetchError as err:
+            if part.size:
+                err.next = (
+                    f"rerun the same `pinwheel fetch`: it resumes {name} from byte {part.size}"
+                )
+            raise
+        finally:
+            progress.finish()
+        try:
+            digest = part.commit(expected, url)
+        except VerifyError:
+            if resumed_from and not restarted_after_resume:
+                # The bytes kept from an earlier run may be the bad ones: one clean try.
+                restarted_after_resume = True
+                resumed_from = 0
+                continue
+            raise
+        return FetchedFile(name, digest, part.size, resumed_from, attempts)
+
+
+def _content_range_start(value: str) -> int | None:
+    m = re.match(r"^bytes (\d+)-\d+/(\d+|\*)$", value.strip())
+    return int(m.group(1)) if m else None
+
+
+def copy_verified(
+    src: Path, dest: Path, name: str, expected: str, progress: Progress | None = None
+) -> FetchedFile:
+    """The directory-source twin of :func:`download`: copy, hash in the same pass, rename."""
+    progress = progress or NoProgress()
+    if _already_there(dest / name, expected):
+        return FetchedFile(name, expected, (dest / name).stat().st_size, 0, 0, skipped=True)
+    if not src.is_file():
+        raise FetchError(
+            f"{name} is listed in SHA256SUMS but missing",
+            where=str(src.parent),
+            next="the release directory is incomplete; copy it again",
+        )
+    part = _Partial(dest, name)
+    part.reset()  # a local copy is cheap to redo: never trust an old partial
+    _check_space(dest, src.stat().st_size, name)
+    progress.start(name, src.stat().st_size, 0)
+    try:
+        with open(src, "rb") as fh:
+            part.append_from(fh, 8 * 1024 * 1024, progress)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _disk_full(part, dest) from None
+        raise
+    finally:
+        progress.finish()
+    digest = part.commit(expected, str(src))
+    return FetchedFile(name, digest, part.size, 0, 1)
+
+
+# --------------------------------------------------------------------------- a whole release
+
+
+def _read_location(
+    location: str, opts: FetchOptions, what: str, *, optional: bool = False
+) -> bytes | None:
+    if re.match(r"^https?://", location):
+        try:
+            return get_small(location, opts, what)
+        except FetchError as err:
+            if optional and "not found" in err.what:
+                return None
+            raise
+    path = Path(location)
+    if not path.is_file():
+        if optional:
+            return None
+        raise FetchError(
+            f"{what}: not found",
+            where=str(path),
+            next="check the path; a release directory holds SHA256SUMS",
+        )
+    return path.read_bytes()
+
+
+def _sums_location(source: Source, opts: FetchOptions) -> str:
+    if source.kind == "index":
+        if not opts.sums:
+            raise PinwheelError(
+                "an index does not carry SHA256SUMS: say where the release's SHA256SUMS is",
+                where=source.location,
+                next="pass --sums URL|PATH (the release's SHA256SUMS)",
+            )
+        return opts.sums
+    if source.kind == "url":
+        return source.location + SUMS
+    return str(Path(source.location) / SUMS)
+
+
+def _offered(source: Source, opts: FetchOptions) -> dict[str, str]:
+    """Files the source offers beside SHA256SUMS: {name: URL or path}."""
+    if source.kind == "dir":
+        return {p.name: str(p) for p in Path(source.location).iterdir() if p.is_file()}
+    if source.kind == "index":
+        page = get_small(source.location, opts, "index project page")
+        return _links(page, source.location)
+    # A GitHub release has no listing; a plain web server's directory page has one.
+    try:  # optional, so no retries: a GitHub release base answers 404 at once
+        page = get_small(source.location, dataclasses.replace(opts, retries=0), "release listing")
+    except FetchError:
+        return {}
+    return {n: u for n, u in _links(page, source.location).items() if "?" not in n}
+
+
+def fetch_release(
+    source: Source,
+    dest: Path,
+    opts: FetchOptions,
+    progress: Progress | None = None,
+    only: tuple[str, ...] = (),
+) -> FetchResult:
+    """Verify SHA256SUMS (and its signature), then fetch and verify every listed file."""
+    sums_at = _sums_location(source, opts)
+    sums_bytes = _read_location(sums_at, opts, SUMS)
+    assert sums_bytes is not None
+    signed_by = None
+    sig: bytes | None = None
+    if opts.allowed_signers is not None:
+        sig = _read_location(sums_at + ".sig", opts, SIG, optional=True)
+        if sig is None:
+            raise VerifyError(
+                f"{SIG} not found but allowed_signers is configured",
+                where=sums_at + ".sig",
+                next="the release is unsigned or incomplete: do not install it",
+            )
+        signed_by = signing.verify(sums_bytes, sig, opts.allowed_signers, opts.principal)
+    sums = parse_sums(sums_bytes.decode("utf-8", errors="replace"), sums_at)
+
+    offered = _offered(source, opts)
+    wheels_offered = {n for n in offered if n.endswith(".whl")}
+    if source.kind == "index":
+        # An index holds other versions too: take the listed ones, check its hashes agree.
+        for name in wheels_offered & set(sums):
+            frag = urllib.parse.urlsplit(offered[name]).fragment
+            if frag.startswith("sha256=") and frag[7:] != sums[name]:
+                raise VerifyError(
+                    f"the index's sha256 for {name} differs from SHA256SUMS",
+                    where=offered[name],
+                    next="do not install from this index",
+                )
+        wanted = sorted(n for n in sums if n.endswith(".whl"))
+        missing = [n for n in wanted if n not in offered]
+        if missing:
+            raise FetchError(
+                f"not on the index: {', '.join(missing)}",
+                where=source.location,
+                next="upload them with `pinwheel publish --to index`",
+            )
+    else:
+        stray = sorted(wheels_offered - set(sums))
+        if stray:
+            raise VerifyError(
+                f"wheel not listed in SHA256SUMS, refused: {', '.join(stray)}",
+                where=source.location,
+                next="the release is inconsistent: ask the publisher to fix it",
+            )
+        wanted = sorted(sums)
+    for name in only:
+        if name not in sums:
+            raise VerifyError(
+                f"{name} is not listed in SHA256SUMS, refused",
+                where=sums_at,
+                next="pick a file that SHA256SUMS lists",
+            )
+    if only:
+        wanted = sorted(only)
+
+    dest.mkdir(parents=True, exist_ok=True)
+    fetched = []
+    for name in wanted:
+        if source.kind == "dir":
+            fetched.append(
+                copy_verified(Path(source.location) / name, dest, name, sums[name], progress)
+            )
+        else:
+            url = offered.get(name) or urllib.parse.urljoin(
+                source.location, urllib.parse.quote(name)
+            )
+            url = url.split("#", 1)[0]
+            fetched.append(download(url, dest, name, sums[name], opts, progress))
+    # The sums (and signature) last: a directory with SHA256SUMS is a complete one.
+    kept = {n: sums[n] for n in wanted}
+    atomic_write_bytes(dest / SUMS, sums_bytes if kept == sums else format_sums(kept).encode())
+    if sig is not None and kept == sums:
+        atomic_write_bytes(dest / SIG, sig)
+    return FetchResult(source=source, dest=dest, files=tuple(fetched), signed_by=signed_by)
+
+
+# --------------------------------------------------------------------------- progress bars
+
+
+class RichProgress:
+    """One bar per file with bytes, rate and time left (rich, on stderr)."""
+
+    def __init__(self, console) -> None:  # type: ignore[no-untyped-def]
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._bars = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self._task: Any = None
+
+    def __enter__(self) -> RichProgress:
+        self._bars.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bars.stop()
+
+    def start(self, name: str, total: int | None, done: int) -> None:
+        if self._task is None:
+            self._task = self._bars.add_task(name, total=total, completed=done)
+        else:
+            self._bars.reset(self._task, description=name, total=total, completed=done)
+
+    def advance(self, n: int) -> None:
+        if self._task is not None:
+            self._bars.advance(self._task, n)
+
+    def finish(self) -> None:
+        if self._task is not None:
+            self._bars.stop_task(self._task)
+            self._task = None

@@ -1,0 +1,145 @@
+"""``pinwheel install``: verified wheels into a venv (uv when present, else pip with hashes).
+
+The wheel directory is checked against SHA256SUMS (and its signature when
+allowed_signers is configured) right before installing. With uv, the torch
+backend (``--torch-backend=cu128``) picks the matching torch index. With pip,
+a generated requirements file pins each release wheel by hash; their
+dependencies then resolve from the configured index as usual (``--no-deps``
+skips that step).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.release.assemble import verify_release
+
+INSTALLERS = ("auto", "uv", "pip")
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    venv: Path
+    installer: str
+    wheels: tuple[str, ...]
+    commands: tuple[tuple[str, ...], ...]
+    signed_by: str | None
+
+
+def find_uv() -> str | None:
+    exe = shutil.which("uv")
+    if exe:
+        return exe
+    try:  # the PyPI `uv` package ships the binary inside the wheel
+        import uv
+
+        found: str = uv.find_uv_bin()
+        return found
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+
+
+def _run(cmd: list[str], what: str, venv: Path) -> tuple[str, ...]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-8:]
+        raise PinwheelError(
+            f"{what} failed (exit {proc.returncode}):\n    " + "\n    ".join(tail),
+            where=str(venv),
+            next="fix the cause above and rerun `pinwheel install`",
+        )
+    return tuple(cmd)
+
+
+def _ensure_venv(venv: Path, uv: str | None, installer: str) -> list[tuple[str, ...]]:
+    if venv_python(venv).exists():
+        return []
+    if installer == "uv" and uv:
+        return [
+            _run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], "uv venv", venv)
+        ]
+    return [_run([sys.executable, "-m", "venv", str(venv)], "python -m venv", venv)]
+
+
+def install(
+    wheel_dir: Path,
+    venv: Path,
+    *,
+    torch_backend: str | None,
+    installer: str = "auto",
+    no_deps: bool = False,
+    allowed_signers: Path | None = None,
+    principal: str | None = None,
+) -> InstallResult:
+    if installer not in INSTALLERS:
+        raise UsageError(f"unknown installer {installer!r}", next="use auto, uv or pip")
+    verified = verify_release(
+        wheel_dir, allowed_signers=allowed_signers, principal=principal, require_all=False
+    )
+    wheels = sorted(n for n in verified.sums if n.endswith(".whl") and (wheel_dir / n).is_file())
+    if not wheels:
+        raise PinwheelError(
+            f"no listed wheels in {wheel_dir}",
+            where=str(wheel_dir),
+            next="run `pinwheel fetch SOURCE --dest DIR` first",
+        )
+    uv = find_uv()
+    chosen = ("uv" if uv else "pip") if installer == "auto" else installer
+    if chosen == "uv" and not uv:
+        raise PinwheelError("uv not found", next="pip install uv, or pass --installer pip")
+    commands = _ensure_venv(venv, uv, chosen)
+    python = str(venv_python(venv))
+    paths = [str((wheel_dir / w).resolve()) for w in wheels]
+    if chosen == "uv":
+        assert uv is not None
+        cmd = [uv, "pip", "install", "--python", python]
+        cmd += [f"--torch-backend={torch_backend}"] if torch_backend else []
+        cmd += ["--no-deps"] if no_deps else []
+        commands.append(_run(cmd + paths, "uv pip install", venv))
+    else:
+        with tempfile.TemporaryDirectory(prefix="pinwheel-install.") as tmp:
+            req = Path(tmp) / "requirements.txt"
+            req.write_text(
+                "".join(
+                    f"{p} --hash=sha256:{verified.sums[w]}\n"
+                    for p, w in zip(paths, wheels, strict=True)
+                )
+            )
+            # --no-deps here: --require-hashes would demand a hash for every dependency too.
+            commands.append(
+                _run(
+                    [
+                        python,
+                        "-m",
+                        "pip",
+                        "install",
+                        "--require-hashes",
+                        "--no-deps",
+                        "-r",
+                        str(req),
+                    ],
+                    "pip install --require-hashes",
+                    venv,
+                )
+            )
+        if not no_deps:
+            commands.append(
+                _run([python, "-m", "pip", "install", *paths], "pip install (dependencies)", venv)
+            )
+    return InstallResult(
+        venv=venv,
+        installer=chosen,
+        wheels=tuple(wheels),
+        commands=tuple(commands),
+        signed_by=verified.signed_by,
+    )

@@ -1,0 +1,113 @@
+"""Signatures over SHA256SUMS with OpenSSH (``ssh-keygen -Y``): nothing new to install.
+
+Signing covers every file in a release through SHA256SUMS. Verification is
+offline: an ``allowed_signers`` file (``principal namespaces="pinwheel" ssh-ed25519 AAAA...``)
+committed beside the manifest says whose keys count.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from pinwheel.errors import PinwheelError, VerifyError
+
+NAMESPACE = "pinwheel"
+
+
+def _ssh_keygen() -> str:
+    exe = shutil.which("ssh-keygen")
+    if exe is None:
+        raise PinwheelError(
+            "ssh-keygen not found (OpenSSH 8.1+ signs and verifies releases)",
+            next="install openssh-client, or pass --no-sign / leave allowed_signers unset",
+        )
+    return exe
+
+
+def sign(path: Path, key: Path) -> Path:
+    """Write ``path.sig``, signed with the private key ``key`` (or its .pub with an agent)."""
+    sig = path.with_name(path.name + ".sig")
+    sig.unlink(missing_ok=True)  # ssh-keygen refuses to overwrite
+    if not key.exists():
+        raise PinwheelError(
+            f"signing key {key} does not exist",
+            where="[release] signing_key / --key",
+            next="pass --key PATH to an ssh private key, or --no-sign",
+        )
+    proc = subprocess.run(
+        [_ssh_keygen(), "-Y", "sign", "-q", "-f", str(key), "-n", NAMESPACE, str(path)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    if proc.returncode != 0 or not sig.exists():
+        raise PinwheelError(
+            f"ssh-keygen could not sign {path.name}: {proc.stderr.strip()}",
+            where=str(key),
+            next="check the key (with a passphrase: run ssh-agent and pass the .pub)",
+        )
+    return sig
+
+
+def verify(
+    data: bytes,
+    signature: bytes,
+    allowed_signers: Path,
+    principal: str | None,
+    *,
+    what: str = "SHA256SUMS",
+) -> str:
+    """Check ``signature`` over ``data``; return the principal that signed it, else raise."""
+    if not allowed_signers.is_file():
+        raise VerifyError(
+            f"allowed_signers file {allowed_signers} does not exist",
+            where="[release] allowed_signers / --allowed-signers",
+            next="point it at the release's published allowed_signers file",
+        )
+    exe = _ssh_keygen()
+    with tempfile.TemporaryDirectory(prefix="pinwheel-sig.") as tmp:
+        sig = Path(tmp) / "sig"
+        sig.write_bytes(signature)
+        principals = [principal] if principal else _find_principals(exe, sig, allowed_signers)
+        for name in principals:
+            proc = subprocess.run(
+                [
+                    exe,
+                    "-Y",
+                    "verify",
+                    "-f",
+                    str(allowed_signers),
+                    "-I",
+                    name,
+                    "-n",
+                    NAMESPACE,
+                    "-s",
+                    str(sig),
+                ],
+                input=data,
+                capture_output=True,
+            )
+            if proc.returncode == 0:
+                return name
+        detail = (
+            proc.stderr.decode(errors="replace").strip()
+            if principals
+            else ("no key in allowed_signers made this signature")
+        )
+    raise VerifyError(
+        f"signature over {what} does not verify: {detail}",
+        where=f"{what}.sig against {allowed_signers}",
+        next="do not install this release; fetch it from the publisher again",
+    )
+
+
+def _find_principals(exe: str, sig: Path, allowed_signers: Path) -> list[str]:
+    proc = subprocess.run(
+        [exe, "-Y", "find-principals", "-s", str(sig), "-f", str(allowed_signers)],
+        capture_output=True,
+        text=True,
+    )
+    return [line.strip() for line in proc.stdout.splitlines() if line.strip()]

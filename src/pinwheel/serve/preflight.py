@@ -1,0 +1,619 @@
+"""Preflight: is this box able to serve the profile? Answers in under 2 s, or names the fix.
+
+Every probe is a subprocess or a file read, run concurrently: GPUs from
+``nvidia-smi --query-gpu`` (CSV) against the ``[serve]`` profile, the
+``nvidia-smi topo -m`` matrix parsed into NVLink/PCIe pairs (a warning for
+tensor-parallel pairs without NVLink), CUDA 12.x nvcc, gcc/g++, ninja, the
+engine's Python, free disk for the model, and the engine package registering
+the fork's quantization method and architecture (read from its files, not
+imported: importing vLLM takes longer than the whole preflight may).
+
+The opt-in self-test (``--selftest``) copies a patterned buffer between every
+GPU pair and compares checksums (a V100 build lost days to cross-socket PCIe
+P2P that returned garbage with no error), and checks a half-precision GEMM
+against an fp32 reference. It runs in the engine's Python through the kernel
+wheel ``pinwheel_selftest`` when installed, else through torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pinwheel.errors import PinwheelError
+from pinwheel.serve.recipe import Engine, ServeConfig, ServeProfile
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+GPU_QUERY = "index,name,compute_cap,memory.total,pci.bus_id"
+PYTHON_RANGE = ((3, 10), (3, 13))  # what vLLM supports
+
+
+class PreflightFailed(PinwheelError):
+    """One or more preflight checks failed (exit code 1); each printed its next command."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail | skip
+    detail: str
+    next: str | None = None  # the command or edit that fixes it
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    compute_capability: str | None  # None where the driver cannot say
+    memory_mib: int | None  # None on unified-memory parts (GB10 reports [N/A])
+    bus_id: str
+
+
+def parse_gpu_csv(text: str) -> tuple[Gpu, ...]:
+    """Rows of ``nvidia-smi --query-gpu=index,name,compute_cap,memory.total,pci.bus_id
+    --format=csv,noheader,nounits``."""
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 5 or not cells[0].isdigit():
+            raise PinwheelError(
+                f"unexpected nvidia-smi line {line!r}",
+                where="nvidia-smi --query-gpu",
+                next="update the NVIDIA driver (compute_cap needs driver >= 510)",
+            )
+        idx, name, cc, mem, bus = cells
+        gpus.append(
+            Gpu(
+                index=int(idx),
+                name=name,
+                compute_capability=cc if re.fullmatch(r"\d+\.\d+", cc) else None,
+                memory_mib=int(float(mem)) if re.fullmatch(r"\d+(\.\d+)?", mem) else None,
+                bus_id=bus,
+            )
+        )
+    return tuple(gpus)
+
+
+@dataclass(frozen=True)
+class Topology:
+    gpus: tuple[int, ...]
+    links: dict[tuple[int, int], str]  # (i, j) with i < j -> "NV2", "SYS", "PHB", ...
+
+    def link(self, a: int, b: int) -> str | None:
+        return self.links.get((min(a, b), max(a, b)))
+
+    def nvlinked(self, a: int, b: int) -> bool:
+        return (self.link(a, b) or "").startswith("NV")
+
+    @property
+    def nvlink_pairs(self) -> tuple[tuple[int, int], ...]:
+        return tuple(p for p, kind in sorted(self.links.items()) if kind.startswith("NV"))
+
+    @property
+    def pcie_pairs(self) -> tuple[tuple[int, int], ...]:
+        return tuple(p for p, kind in sorted(self.links.items()) if not kind.startswith("NV"))
+
+
+_GPU_LABEL = re.compile(r"^GPU(\d+)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # some drivers underline the header even when piped
+
+
+def parse_topo(text: str) -> Topology:
+    """The GPU x GPU block of ``nvidia-smi topo -m`` (tabs or spaces, any driver's extra
+    columns: NICs, CPU/NUMA affinity, GPU NUMA ID)."""
+    header: list[int] | None = None
+    links: dict[tuple[int, int], str] = {}
+    for line in _ANSI.sub("", text).splitlines():
+        tokens = line.split()
+        if not tokens:
+            continue
+        if header is None:
+            if _GPU_LABEL.match(tokens[0]):
+                header = [int(m.group(1)) for t in tokens if (m := _GPU_LABEL.match(t))]
+            continue
+        row = _GPU_LABEL.match(tokens[0])
+        if not row:
+            if tokens[0].rstrip(":") in ("Legend", "NIC"):
+                break
+            continue
+        a = int(row.group(1))
+        for b, cell in zip(header, tokens[1 : 1 + len(header)], strict=False):
+            if a != b:
+                links[(min(a, b), max(a, b))] = cell
+    if header is None:
+        raise PinwheelError(
+            "no GPU matrix in `nvidia-smi topo -m` output",
+            where="nvidia-smi topo -m",
+            next="run `nvidia-smi topo -m` by hand and check the driver is loaded",
+        )
+    return Topology(gpus=tuple(header), links=links)
+
+
+def parse_nvcc_release(text: str) -> str | None:
+    m = re.search(r"release (\d+\.\d+)", text)
+    return m.group(1) if m else None
+
+
+# --------------------------------------------------------------------------- probes
+
+
+@dataclass(frozen=True)
+class Options:
+    profile: ServeProfile
+    config: ServeConfig
+    python: str  # the engine's interpreter
+    model: Path | None
+    devices: tuple[int, ...]  # physical GPU indices of the profile's ranks, in order
+    selftest: bool = False
+    nvidia_smi: str = "nvidia-smi"
+    timeout_s: float = 10.0
+
+
+def _run(argv: Sequence[str], timeout: float) -> tuple[int, str] | None:
+    """(exit code, stdout+stderr), or None when the program is not installed."""
+    if shutil.which(argv[0]) is None and not Path(argv[0]).is_file():
+        return None
+    try:
+        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, str(exc)
+    return p.returncode, p.stdout + p.stderr
+
+
+def check_gpus(opts: Options, gpus: tuple[Gpu, ...] | None, error: str | None) -> list[Check]:
+    prof = opts.profile
+    if prof.gpus == 0:
+        return [Check("gpus", SKIP, f"profile '{prof.name}' needs no GPU")]
+    if gpus is None:
+        return [
+            Check(
+                "gpus",
+                FAIL,
+                error or "nvidia-smi not found",
+                "install the NVIDIA driver (nvidia-smi) and check `nvidia-smi` lists the GPUs",
+            )
+        ]
+    out = []
+    by_index = {g.index: g for g in gpus}
+    missing = [i for i in opts.devices if i not in by_index]
+    listing = "; ".join(f"{g.index}: {g.name} cc {g.compute_capability} {_gib(g)}" for g in gpus)
+    if len(opts.devices) != prof.gpus or missing:
+        out.append(
+            Check(
+                "gpu count",
+                FAIL,
+                f"profile '{prof.name}' needs {prof.gpus} GPUs, found {len(gpus)} ({listing})",
+                f"run on a box with {prof.gpus} GPUs, or pass --profile for a smaller one",
+            )
+        )
+        return out
+    out.append(Check("gpu count", OK, f"{prof.gpus} of {len(gpus)}: {listing}"))
+    chosen = [by_index[i] for i in opts.devices]
+    if prof.compute_capability:
+        bad = [g for g in chosen if g.compute_capability != prof.compute_capability]
+        out.append(
+            Check(
+                "compute capability",
+                FAIL,
+                ", ".join(f"GPU{g.index} is cc {g.compute_capability}" for g in bad)
+                + f"; the build targets cc {prof.compute_capability}",
+                "use the profile/manifest built for this GPU (`pinwheel preflight --profile NAME`)",
+            )
+            if bad
+            else Check("compute capability", OK, f"all cc {prof.compute_capability}")
+        )
+    if prof.gpu_memory_gib:
+        need = prof.gpu_memory_gib * 1024 * 0.95  # drivers report a little under the nominal size
+        small = [g for g in chosen if g.memory_mib is not None and g.memory_mib < need]
+        out.append(
+            Check(
+                "gpu memory",
+                FAIL,
+                ", ".join(f"GPU{g.index} has {_gib(g)}" for g in small)
+                + f"; the profile needs {prof.gpu_memory_gib} GiB each",
+                "use GPUs with more memory or a profile with a smaller max_model_len",
+            )
+            if small
+            else Check("gpu memory", OK, f">= {prof.gpu_memory_gib} GiB each")
+        )
+    return out
+
+
+def _gib(g: Gpu) -> str:
+    return "unified memory" if g.memory_mib is None else f"{g.memory_mib / 1024:.1f} GiB"
+
+
+def check_topology(opts: Options, topo: Topology | None, error: str | None) -> list[Check]:
+    prof = opts.profile
+    if prof.gpus < 2 or prof.tensor_parallel_size < 2:
+        return [Check("topology", SKIP, "no tensor-parallel group to check")]
+    if topo is None:
+        return [
+            Check(
+                "topology",
+                WARN,
+                error or "nvidia-smi topo -m gave nothing",
+                "run `nvidia-smi topo -m` by hand",
+            )
+        ]
+    absent = [d for d in opts.devices if d not in topo.gpus]
+    if absent:
+        listed = ", ".join(f"GPU{d}" for d in absent)
+        return [Check("topology", SKIP, f"{listed} not in the matrix (see gpu count)")]
+    slow = []
+    for group in prof.tp_groups:
+        phys = [opts.devices[r] for r in group if r < len(opts.devices)]
+        for i, a in enumerate(phys):
+            for b in phys[i + 1 :]:
+                if not topo.nvlinked(a, b):
+                    slow.append(f"GPU{a}-GPU{b} {topo.link(a, b) or '?'}")
+    summary = f"{len(topo.nvlink_pairs)} NVLink pairs, {len(topo.pcie_pairs)} PCIe/system pairs"
+    if slow:
+        return [
+            Check(
+                "topology",
+                WARN,
+                f"{summary}; tensor-parallel pairs without NVLink: {', '.join(slow)}",
+                "export NCCL_P2P_LEVEL=NVL (keep NCCL off PCIe P2P across sockets), "
+                "then run `pinwheel preflight --selftest`",
+            )
+        ]
+    return [Check("topology", OK, f"{summary}; every tensor-parallel pair is NVLinked")]
+
+
+def check_nvcc(opts: Options) -> Check:
+    want = str(opts.profile.cuda)
+    candidates = []
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(str(Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc"))
+    candidates += [shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc"]
+    for nvcc in [c for c in candidates if c and Path(c).is_file()]:
+        res = _run([nvcc, "--version"], opts.timeout_s)
+        release = parse_nvcc_release(res[1]) if res else None
+        if release and release.split(".")[0] == want:
+            return Check("cuda toolkit", OK, f"nvcc {release} at {nvcc}")
+        if release:
+            return Check(
+                "cuda toolkit",
+                FAIL,
+                f"nvcc {release} at {nvcc}; TileLang/Triton JIT at start-up need CUDA {want}.x",
+                f"provision CUDA {want}.x (`pinwheel toolchain`) and export CUDA_HOME to it",
+            )
+    return Check(
+        "cuda toolkit",
+        FAIL,
+        "no nvcc (CUDA_HOME, PATH, /usr/local/cuda)",
+        f"provision CUDA {want}.x (`pinwheel toolchain`) and export CUDA_HOME to it",
+    )
+
+
+def check_program(name: str, argv: Sequence[str], fix: str, timeout: float) -> Check:
+    res = _run(argv, timeout)
+    if res is None or res[0] != 0:
+        return Check(name, FAIL, f"`{' '.join(argv)}` did not run", fix)
+    return Check(name, OK, res[1].strip().splitlines()[0] if res[1].strip() else "present")
+
+
+_ENGINE_PROBE = """
+import importlib.metadata as md, importlib.util as u, json, sys
+spec = u.find_spec(sys.argv[1])
+loc = list(spec.submodule_search_locations or []) if spec else []
+try:
+    version = md.version(sys.argv[1])
+except md.PackageNotFoundError:
+    version = next((d.version for d in md.distributions()
+                    if (d.metadata["Name"] or "").lower().startswith(sys.argv[1])), None)
+print(json.dumps({"python": list(sys.version_info[:3]), "path": loc[0] if loc else None,
+                  "version": version}))
+"""
+
+
+def probe_engine(opts: Options) -> tuple[dict | None, str | None]:
+    res = _run([opts.python, "-c", _ENGINE_PROBE, opts.config.engine.module], opts.timeout_s)
+    if res is None:
+        return None, f"engine interpreter {opts.python!r} not found"
+    if res[0] != 0:
+        return None, res[1].strip().splitlines()[-1] if res[1].strip() else f"exit {res[0]}"
+    return json.loads(res[1].strip().splitlines()[-1]), None
+
+
+def check_python(opts: Options, info: dict | None, error: str | None) -> Check:
+    if info is None:
+        return Check(
+            "python",
+            FAIL,
+            error or "engine interpreter did not run",
+            "pass --python PATH to the engine venv's python (`pinwheel install` makes one)",
+        )
+    v = tuple(info["python"][:2])
+    text = ".".join(map(str, info["python"]))
+    lo, hi = PYTHON_RANGE
+    if not lo <= v <= hi:
+        return Check(
+            "python",
+            FAIL,
+            f"engine Python {text}; vLLM supports {lo[0]}.{lo[1]}-{hi[0]}.{hi[1]}",
+            "recreate the engine venv with a supported Python and `pinwheel install` into it",
+        )
+    return Check("python", OK, f"engine Python {text} ({opts.python})")
+
+
+def check_engine(engine: Engine, info: dict | None) -> Check:
+    fix = "install this build's wheel: `pinwheel install` (stock vLLM lacks the fork's kernels)"
+    if info is None or not info.get("path"):
+        return Check(
+            "engine", FAIL, f"'{engine.module}' is not importable by the engine Python", fix
+        )
+    root = Path(info["path"])
+    missing = []
+    if engine.quantization and not _mentions(
+        root / "model_executor/layers/quantization/__init__.py", engine.quantization
+    ):
+        missing.append(f"quantization method '{engine.quantization}'")
+    if engine.architecture and not _mentions(
+        root / "model_executor/models/registry.py", engine.architecture
+    ):
+        missing.append(f"architecture '{engine.architecture}'")
+    where = f"{engine.module} {info.get('version')} at {root}"
+    if missing:
+        return Check("engine", FAIL, f"{where} does not register {' or '.join(missing)}", fix)
+    return Check(
+        "engine",
+        OK,
+        f"{where} registers "
+        + ", ".join(x for x in (engine.quantization, engine.architecture) if x),
+    )
+
+
+def _mentions(path: Path, name: str) -> bool:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return False
+    return f'"{name}"' in text or f"'{name}'" in text
+
+
+def check_disk(opts: Options) -> Check:
+    need = opts.config.model_disk_gib
+    if opts.model is None:
+        return Check("disk", SKIP, f"no model path given ({opts.config.model_var} / --model)")
+    if opts.model.is_dir() and any(opts.model.iterdir()):
+        return Check("disk", OK, f"model present at {opts.model}")
+    probe = opts.model
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free / 2**30
+    if free < need:
+        return Check(
+            "disk",
+            FAIL,
+            f"{free:.0f} GiB free at {probe}, the model needs {need} GiB",
+            f"free space or point {opts.config.model_var} at a bigger disk, then `pinwheel model`",
+        )
+    return Check(
+        "disk",
+        OK,
+        f"{free:.0f} GiB free at {probe} (model needs {need} GiB); fetch it with `pinwheel model`",
+    )
+
+
+# The self-test runs in the engine's Python (where torch and the kernel wheel live).
+SELFTEST = r"""
+import json, sys
+out = {"via": None, "pairs": [], "gemm": [], "devices": 0}
+nbytes = int(sys.argv[1])
+try:
+    import pinwheel_selftest as st
+except ImportError:
+    st = None
+if st is not None:
+    # The kernel wheel: driver API only, SM70 mma.sync GEMM checked exactly on the host.
+    out["via"] = "pinwheel_selftest"
+    n = out["devices"] = len(st.devices())
+    for a in range(n):
+        for b in range(n):
+            if a != b:
+                r = st.p2p_check(a, b, nbytes).as_dict()
+                out["pairs"].append({"src": a, "dst": b, "peer": r["peer_access"], "ok": r["ok"]})
+    for d in range(n):
+        g = st.gemm_selftest(d).as_dict()
+        out["gemm"].append({"device": d, "err": g["max_abs_err"], "err_kind": "max abs err",
+                            "ok": g["ok"], "jit": g["jit"]})
+else:
+    import torch
+    n = out["devices"] = torch.cuda.device_count()
+    out["via"] = "torch"
+    elems = nbytes // 4
+    def pattern(dev, seed):
+        i = torch.arange(elems, device=dev, dtype=torch.int64)
+        return ((i * 2654435761 + seed) % 2147483647).to(torch.int32)
+    def checksum(t):
+        w = torch.arange(1, t.numel() + 1, device=t.device, dtype=torch.int64)
+        return int(((t.to(torch.int64) * w) % 1000000007).sum().item())
+    for a in range(n):
+        for b in range(n):
+            if a == b:
+                continue
+            src = pattern(f"cuda:{a}", 7919 * a + b)
+            dst = torch.empty_like(src, device=f"cuda:{b}")
+            dst.copy_(src)
+            torch.cuda.synchronize(b)
+            peer = torch.cuda.can_device_access_peer(a, b)
+            out["pairs"].append({"src": a, "dst": b, "peer": peer,
+                                 "ok": checksum(src) == checksum(dst)})
+    for d in range(n):
+        g = torch.Generator(device=f"cuda:{d}").manual_seed(0)
+        x = torch.randn(1024, 1024, device=f"cuda:{d}", generator=g)
+        y = torch.randn(1024, 1024, device=f"cuda:{d}", generator=g)
+        ref = x @ y
+        got = (x.half() @ y.half()).float()
+        err = float(((got - ref).abs().max() / ref.abs().max()).item())
+        out["gemm"].append({"device": d, "err": err, "err_kind": "max rel err", "ok": err < 1e-2,
+                            "jit": None})
+print(json.dumps(out))
+"""
+
+
+def run_selftest(opts: Options, nbytes: int = 64 << 20) -> list[Check]:
+    env_fix = (
+        "check the driver and the engine's torch: "
+        "`python -c 'import torch; print(torch.cuda.is_available())'`"
+    )
+    try:
+        p = subprocess.run(
+            [opts.python, "-c", SELFTEST, str(nbytes)], capture_output=True, text=True, timeout=300
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [Check("p2p self-test", FAIL, str(exc), env_fix)]
+    if p.returncode != 0:
+        tail = (p.stderr.strip().splitlines() or ["?"])[-1]
+        return [Check("p2p self-test", FAIL, f"self-test crashed: {tail}", env_fix)]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    checks = []
+    pairs = res["pairs"]
+    bad = [f"GPU{r['src']}->GPU{r['dst']}" for r in pairs if not r["ok"]]
+    if res["devices"] < 2:
+        checks.append(
+            Check("p2p self-test", SKIP, f"{res['devices']} GPU visible: no pair to copy between")
+        )
+    elif bad:
+        checks.append(
+            Check(
+                "p2p self-test",
+                FAIL,
+                f"corrupted copies ({res['via']}): {', '.join(bad)}",
+                "export NCCL_P2P_DISABLE=1 (or NCCL_P2P_LEVEL=NVL) and check ACS/IOMMU "
+                "settings in the BIOS; rerun `pinwheel preflight --selftest`",
+            )
+        )
+    else:
+        peer = sum(1 for r in pairs if r.get("peer"))
+        checks.append(
+            Check(
+                "p2p self-test",
+                OK,
+                f"{len(pairs)} directed pairs copied {nbytes >> 20} MiB intact "
+                f"({peer} over peer access, via {res['via']})",
+            )
+        )
+    gbad = [f"GPU{g['device']} {g['err_kind']} {g['err']:.2e}" for g in res["gemm"] if not g["ok"]]
+    detail = ", ".join(
+        f"GPU{g['device']} {g['err_kind']} {g['err']:.1e}" + (" (PTX JIT)" if g.get("jit") else "")
+        for g in res["gemm"]
+    )
+    checks.append(
+        Check(
+            "gemm self-test",
+            FAIL,
+            f"fp16 GEMM wrong: {', '.join(gbad)}",
+            "reinstall the build's kernel wheel (`pinwheel install`) and check the GPU",
+        )
+        if gbad
+        else Check(
+            "gemm self-test",
+            OK if res["gemm"] else SKIP,
+            (detail or "no GPU") + f" (via {res['via']})",
+        )
+    )
+    return checks
+
+
+# --------------------------------------------------------------------------- the whole preflight
+
+
+def preflight(opts: Options) -> tuple[Check, ...]:
+    """Every check, probes run concurrently; never raises for a failed check."""
+    smi = opts.nvidia_smi
+    needs_gpu = opts.profile.gpus > 0
+
+    def gpus() -> tuple[tuple[Gpu, ...] | None, str | None]:
+        if not needs_gpu:
+            return None, None
+        res = _run(
+            [smi, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"], opts.timeout_s
+        )
+        if res is None:
+            return None, "nvidia-smi not found"
+        if res[0] != 0:
+            return None, res[1].strip()[:200]
+        return parse_gpu_csv(res[1]), None
+
+    def topo() -> tuple[Topology | None, str | None]:
+        if opts.profile.tensor_parallel_size < 2:
+            return None, None
+        res = _run([smi, "topo", "-m"], opts.timeout_s)
+        if res is None or res[0] != 0:
+            return None, "nvidia-smi topo -m failed" + (f": {res[1].strip()[:200]}" if res else "")
+        return parse_topo(res[1]), None
+
+    tools: dict[str, Callable[[], object]] = {
+        "gpus": gpus,
+        "topo": topo,
+        "engine": lambda: probe_engine(opts),
+        "nvcc": lambda: check_nvcc(opts),
+        "gcc": lambda: check_program(
+            "gcc",
+            ["gcc", "-dumpfullversion"],
+            "apt-get install -y gcc g++ (TileLang/Triton JIT compile at start-up)",
+            opts.timeout_s,
+        ),
+        "g++": lambda: check_program(
+            "g++", ["g++", "-dumpfullversion"], "apt-get install -y g++", opts.timeout_s
+        ),
+        "ninja": lambda: check_program(
+            "ninja",
+            ["ninja", "--version"],
+            "apt-get install -y ninja-build (or pip install ninja in the engine venv)",
+            opts.timeout_s,
+        ),
+        "disk": lambda: check_disk(opts),
+    }
+    with ThreadPoolExecutor(max_workers=len(tools)) as pool:
+        futures = {k: pool.submit(f) for k, f in tools.items()}
+        got: dict[str, Any] = {k: f.result() for k, f in futures.items()}
+    g, g_err = got["gpus"]
+    t, t_err = got["topo"]
+    info, info_err = got["engine"]
+    checks: list[Check] = []
+    checks += check_gpus(opts, g, g_err)
+    checks += check_topology(opts, t, t_err)
+    checks.append(got["nvcc"])
+    checks += [got["gcc"], got["g++"], got["ninja"]]
+    checks.append(check_python(opts, info, info_err))
+    checks.append(check_engine(opts.config.engine, info))
+    checks.append(got["disk"])
+    if opts.selftest:
+        checks += (
+            run_selftest(opts)
+            if needs_gpu
+            else [Check("self-test", SKIP, "no GPU in this profile")]
+        )
+    return tuple(checks)
+
+
+def device_indices(profile: ServeProfile, devices: str | None) -> tuple[int, ...]:
+    """Physical GPU indices of the profile's ranks: CUDA_VISIBLE_DEVICES order (PCI bus order)."""
+    text = devices or profile.devices
+    if not text:
+        return tuple(range(profile.gpus))
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise PinwheelError(
+            f"CUDA_VISIBLE_DEVICES {text!r} is not a list of GPU indices",
+            where="--devices / CUDA_VISIBLE_DEVICES",
+            next="use indices like 0,1,2,3 (UUIDs are not supported by preflight)",
+        ) from None

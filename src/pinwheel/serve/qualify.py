@@ -1,0 +1,654 @@
+"""Qualification: prove a running build serves the model at the card's numbers.
+
+Phases, in order: wait for health, check start-up log markers, check the
+server is idle, decode (warm-up, then repeats over several prompts, steady
+tok/s without TTFT, ms per forward pass and draft acceptance from Prometheus
+counter deltas around each run), concurrency (N parallel streams, aggregate
+tok/s), needle ladder (exact token lengths x depths). Then gates from
+``[qualify]`` are judged on raw numbers: a miss is FAIL, never rounded.
+
+Outputs in ``--out``: ``receipt.json`` (schema ``pinwheel.qualify/1``, with
+the manifest and provenance hashes), ``report.md`` and PNG plots. A gate that
+fails raises :class:`~pinwheel.errors.GateFailed` (exit 7) after they are written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pinwheel.checksums import sha256_file
+from pinwheel.errors import GateFailed, PinwheelError
+from pinwheel.fsutil import atomic_write_text
+from pinwheel.manifest import Manifest
+from pinwheel.manifest.serve import QualifyConfig, QualifyProfile  # noqa: F401
+from pinwheel.serve import needle
+from pinwheel.serve.client import Client, ServerGone, ServerRefused, metric_by_label, metric_total
+
+SCHEMA = "pinwheel.qualify/1"
+
+# Prometheus names (vLLM >= 0.10). iteration_tokens_total's _count is one per engine step.
+M_ITERATIONS = "vllm:iteration_tokens_total_count"
+M_DRAFTS = "vllm:spec_decode_num_drafts_total"
+M_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+M_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+M_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+M_RUNNING = "vllm:num_requests_running"
+M_WAITING = "vllm:num_requests_waiting"
+
+
+# --------------------------------------------------------------------------- the table
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class DecodeSample:
+    prompt: int  # index into [qualify].prompts
+    repeat: int
+    tokens: int
+    ttft_s: float
+    decode_s: float
+    tok_s: float
+    passes: int | None  # forward passes after the first token
+    passes_from: str  # which counter gave them
+    ms_per_pass: float | None
+    drafts: float | None
+    draft_tokens: float | None
+    accepted: float | None
+    accepted_per_pass: float | None  # accepted draft tokens per verify pass
+    accepted_per_pos: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def relative(self) -> float:
+        return (self.high - self.low) / self.median if self.median else 0.0
+
+
+def spread(values: Sequence[float]) -> Spread | None:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return Spread(statistics.median(vals), min(vals), max(vals), len(vals))
+
+
+@dataclass(frozen=True)
+class ConcurrencyResult:
+    streams: int
+    total_tokens: int
+    wall_s: float
+    aggregate_tok_s: float
+    per_stream_tok_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class NeedleResult:
+    length: int
+    depth: float
+    prompt_tokens: int  # as the server counted them
+    value: str
+    status: str  # pass | miss | garbage | skipped
+    reason: str
+    answer: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class MarkerResult:
+    pattern: str
+    status: str  # found | missing | unchecked
+    line: str | None
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    status: str  # PASS | FAIL | SKIP
+    measured: str
+    threshold: str
+    detail: str = ""
+
+
+def shown(value: float, threshold: float) -> str:
+    """Enough decimals that a miss never prints as the threshold (91.0 vs 90.996)."""
+    for digits in range(1, 7):
+        if f"{value:.{digits}f}" != f"{threshold:.{digits}f}":
+            return f"{value:.{digits}f}"
+    return repr(value)
+
+
+def judge(
+    prof: QualifyProfile,
+    single: Spread | None,
+    ms_pass: Spread | None,
+    conc: Sequence[ConcurrencyResult],
+    needles: Sequence[NeedleResult],
+    markers: Sequence[MarkerResult],
+) -> tuple[Gate, ...]:
+    gates: list[Gate] = []
+    if prof.min_tok_s is not None:
+        t = prof.min_tok_s
+        if single is None:
+            gates.append(Gate("single-stream tok/s", "FAIL", "not measured", f">= {t}"))
+        else:
+            ok = single.median >= t
+            gates.append(
+                Gate(
+                    "single-stream tok/s",
+                    "PASS" if ok else "FAIL",
+                    shown(single.median, t),
+                    f">= {t}",
+                    f"median of {single.n}, {single.low:.2f}-{single.high:.2f}",
+                )
+            )
+    if prof.max_ms_per_pass is not None:
+        t = prof.max_ms_per_pass
+        if ms_pass is None:
+            gates.append(
+                Gate(
+                    "ms per forward pass",
+                    "FAIL",
+                    "not measured",
+                    f"<= {t}",
+                    "the server exposed no step counters",
+                )
+            )
+        else:
+            ok = ms_pass.median <= t
+            gates.append(
+                Gate(
+                    "ms per forward pass",
+                    "PASS" if ok else "FAIL",
+                    shown(ms_pass.median, t),
+                    f"<= {t}",
+                    f"median of {ms_pass.n}, {ms_pass.low:.2f}-{ms_pass.high:.2f}",
+                )
+            )
+    if prof.min_aggregate_tok_s is not None:
+        t = prof.min_aggregate_tok_s
+        top = max(conc, key=lambda c: c.streams, default=None)
+        if top is None or top.streams < 2:
+            gates.append(Gate("aggregate tok/s", "FAIL", "not measured", f">= {t}"))
+        else:
+            ok = top.aggregate_tok_s >= t
+            gates.append(
+                Gate(
+                    f"aggregate tok/s at {top.streams} streams",
+                    "PASS" if ok else "FAIL",
+                    shown(top.aggregate_tok_s, t),
+                    f">= {t}",
+                )
+            )
+    if prof.needle_required is not None:
+        at = [n for n in needles if n.length == prof.needle_required]
+        bad = [n for n in at if n.status != "pass"]
+        status = "PASS" if at and not bad else "FAIL"
+        measured = f"{len(at) - len(bad)}/{len(prof.needle_depths)} depths pass"
+        detail = "; ".join(f"depth {n.depth}: {n.status} ({n.reason})" for n in bad)
+        gates.append(
+            Gate(
+                f"needle at {prof.needle_required} tokens", status, measured, "every depth", detail
+            )
+        )
+    for m in markers:
+        status = {"found": "PASS", "missing": "FAIL"}.get(m.status, "SKIP")
+        gates.append(
+            Gate(
+                f"start-up marker /{m.pattern}/",
+                status,
+                m.status,
+                "found",
+                m.line or ("no log to check: pass --log" if status == "SKIP" else ""),
+            )
+        )
+    return tuple(gates)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class Target:
+    """The server under test and, when pinwheel started it, how to watch it."""
+
+    url: str
+    log: Path | None  # start-up log, for markers and error reports
+    alive: Callable[[], int | None] | None = None  # poll(): None while running, else exit code
+
+
+@dataclass(frozen=True)
+class Provenance:
+    path: str
+    sha256: str
+    head: str | None
+    tree: str | None
+    tag: str | None
+
+
+def read_provenance(path: Path | None) -> Provenance | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        raise PinwheelError(
+            "provenance.json is not JSON", where=str(path), next="pass the build's provenance.json"
+        ) from None
+    return Provenance(
+        str(path), sha256_file(path), data.get("head"), data.get("tree"), data.get("tag")
+    )
+
+
+def log_tail(log: Path | None, lines: int = 25) -> str:
+    if log is None or not log.is_file():
+        return ""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_healthy(client: Client, target: Target, timeout_s: float, poll_s: float = 1.0) -> float:
+    """Seconds until GET /health answered 200; raises if the server exits or time runs out."""
+    start = time.monotonic()
+    while True:
+        if client.healthy():
+            return time.monotonic() - start
+        code = target.alive() if target.alive else None
+        if code is not None:
+            raise PinwheelError(
+                f"the server exited with code {code} before it became healthy",
+                where=str(target.log or target.url),
+                next="read the log above, fix the cause, then run `pinwheel qualify` again"
+                + _tail_block(target.log),
+            )
+        if time.monotonic() - start > timeout_s:
+            raise PinwheelError(
+                f"the server was not healthy after {timeout_s:.0f} s (GET /health)",
+                where=target.url,
+                next="check the server log; raise [qualify].health_timeout_s if it is only slow"
+                + _tail_block(target.log),
+            )
+        time.sleep(poll_s)
+
+
+def _tail_block(log: Path | None) -> str:
+    tail = log_tail(log)
+    return (
+        f"\n  last lines of {log}:\n" + "\n".join("    " + ln for ln in tail.splitlines())
+        if tail
+        else ""
+    )
+
+
+def check_markers(patterns: Sequence[str], log: Path | None) -> tuple[MarkerResult, ...]:
+    if log is None or not log.is_file():
+        return tuple(MarkerResult(p, "unchecked", None) for p in patterns)
+    text = log.read_text(errors="replace").splitlines()
+    out = []
+    for p in patterns:
+        rx = re.compile(p)
+        line = next((ln.strip() for ln in text if rx.search(ln)), None)
+        out.append(MarkerResult(p, "found" if line else "missing", line[:300] if line else None))
+    return tuple(out)
+
+
+def wait_idle(client: Client, timeout_s: float, poll_s: float = 0.5) -> None:
+    """Measure only an idle server: someone else's requests would skew every number."""
+    start = time.monotonic()
+    while True:
+        m = client.metrics()
+        busy = (metric_total(m, M_RUNNING) or 0) + (metric_total(m, M_WAITING) or 0)
+        if busy == 0:
+            return
+        if time.monotonic() - start >= timeout_s:
+            raise PinwheelError(
+                f"the server is not idle: {busy:.0f} requests running or waiting",
+                where=client.url,
+                next="stop other clients of this server, then run `pinwheel qualify` again",
+            )
+        time.sleep(poll_s)
+
+
+def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -> float | None:
+    a, b = metric_total(after, name), metric_total(before, name)
+    return None if a is None or b is None else a - b
+
+
+def decode_sample(
+    client: Client, model: str, prompt: str, max_tokens: int, index: int, repeat: int
+) -> DecodeSample:
+    before = client.metrics()
+    s = client.stream_chat(model, prompt, max_tokens)
+    after = client.metrics()
+    drafts = _delta(before, after, M_DRAFTS)
+    draft_tokens = _delta(before, after, M_DRAFT_TOKENS)
+    accepted = _delta(before, after, M_ACCEPTED)
+    steps = _delta(before, after, M_ITERATIONS)
+    # Passes after the first token: engine steps less the prefill step (decode
+    # prompts are short: one prefill step); else one pass per draft; else per token.
+    if steps is not None and steps > 1:
+        passes, source = int(steps) - 1, "engine steps - 1"
+    elif drafts:
+        passes, source = int(drafts), "spec-decode drafts"
+    else:
+        passes, source = s.completion_tokens - 1, "tokens - 1 (no counters)"
+    per_pos_b = metric_by_label(before, M_PER_POS, "position")
+    per_pos = {
+        k: v - per_pos_b.get(k, 0.0)
+        for k, v in metric_by_label(after, M_PER_POS, "position").items()
+    }
+    return DecodeSample(
+        prompt=index,
+        repeat=repeat,
+        tokens=s.completion_tokens,
+        ttft_s=s.ttft_s,
+        decode_s=s.decode_s,
+        tok_s=s.decode_tok_s,
+        passes=passes,
+        passes_from=source,
+        ms_per_pass=(s.decode_s * 1000 / passes) if passes > 0 else None,
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted=accepted,
+        accepted_per_pass=(accepted / drafts) if drafts and accepted is not None else None,
+        accepted_per_pos=per_pos,
+    )
+
+
+def run_concurrency(
+    client_factory: Callable[[], Client],
+    model: str,
+    prompts: Sequence[str],
+    streams: int,
+    max_tokens: int,
+) -> ConcurrencyResult:
+    results: list[Any] = [None] * streams
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        c = client_factory()
+        try:
+            results[i] = c.stream_chat(model, prompts[i % len(prompts)], max_tokens)
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    start = min(r.started for r in results)
+    end = max(r.last for r in results)
+    total = sum(r.completion_tokens for r in results)
+    return ConcurrencyResult(
+        streams=streams,
+        total_tokens=total,
+        wall_s=end - start,
+        aggregate_tok_s=total / (end - start) if end > start else 0.0,
+        per_stream_tok_s=tuple(r.decode_tok_s for r in results),
+    )
+
+
+def run_needles(
+    client: Client,
+    model: str,
+    prof: QualifyProfile,
+    max_len: int | None,
+    progress: Callable[[str], None],
+) -> tuple[NeedleResult, ...]:
+    if not prof.needle_lengths:
+        return ()
+
+    def tokenize(**kw: Any) -> list[int]:
+        return client.tokenize(model, **kw)
+
+    lay = needle.layout(tokenize)
+    out = []
+    for length in prof.needle_lengths:
+        for depth in prof.needle_depths:
+            value = needle.needle_value(length, depth)
+            if max_len is not None and length + prof.needle_max_tokens > max_len:
+                out.append(
+                    NeedleResult(
+                        length,
+                        depth,
+                        0,
+                        value,
+                        "skipped",
+                        f"over the server's max_model_len {max_len}",
+                        "",
+                        0.0,
+                    )
+                )
+                continue
+            ids = needle.build(
+                lay, tokenize(prompt=f" The secret passphrase is {value}."), length, depth
+            )
+            t0 = time.perf_counter()
+            c = client.complete(model, ids, prof.needle_max_tokens)
+            secs = time.perf_counter() - t0
+            if c.prompt_tokens and c.prompt_tokens != length:
+                raise needle.NeedleError(
+                    f"the server counted {c.prompt_tokens} prompt tokens, expected {length}",
+                    where=f"needle {length} x {depth}",
+                    next="report this: the haystack builder and the server disagree",
+                )
+            sc = needle.score(c.text, value, c.finish_reason)
+            out.append(
+                NeedleResult(
+                    length, depth, c.prompt_tokens, value, sc.status, sc.reason, sc.answer, secs
+                )
+            )
+            progress(f"needle {length} @ {depth}: {sc.status} ({secs:.1f} s)")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Receipt:
+    schema: str
+    verdict: str  # PASS | FAIL | ERROR
+    profile: str
+    manifest: Mapping[str, str]
+    provenance: Provenance | None
+    server: Mapping[str, Any]
+    started: str
+    seconds: float
+    markers: tuple[MarkerResult, ...]
+    decode: tuple[DecodeSample, ...]
+    summary: Mapping[str, Any]
+    concurrency: tuple[ConcurrencyResult, ...]
+    needles: tuple[NeedleResult, ...]
+    gates: tuple[Gate, ...]
+    reference: Mapping[str, str]
+    error: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True, default=str) + "\n"
+
+
+@dataclass
+class _Partial:
+    """What has been measured so far, so a run that breaks still leaves a receipt."""
+
+    server: dict[str, Any] = field(default_factory=dict)
+    markers: tuple[MarkerResult, ...] = ()
+    decode: list[DecodeSample] = field(default_factory=list)
+    concurrency: list[ConcurrencyResult] = field(default_factory=list)
+    needles: tuple[NeedleResult, ...] = ()
+
+
+def qualify(
+    manifest: Manifest,
+    profile_name: str,
+    target: Target,
+    out: Path,
+    *,
+    provenance: Path | None = None,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> Receipt:
+    """Run every phase against ``target`` and write the receipt, report and plots to ``out``."""
+    config: QualifyConfig = manifest.require("qualify")
+    prof = config.profile(profile_name)
+    prov = read_provenance(provenance)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    t0 = time.monotonic()
+    part = _Partial()
+    client = Client(target.url)
+    error: PinwheelError | None = None
+    try:
+        part.server["health_wait_s"] = round(
+            wait_healthy(client, target, config.health_timeout_s), 2
+        )
+        progress(f"healthy after {part.server['health_wait_s']} s")
+        part.markers = check_markers(config.markers, target.log)
+        models = client.models()
+        if not models:
+            raise PinwheelError("the server lists no model", where=f"{target.url}/v1/models")
+        model = str(models[0]["id"])
+        part.server |= {
+            "url": target.url,
+            "model": model,
+            "version": client.version(),
+            "max_model_len": models[0].get("max_model_len"),
+        }
+        wait_idle(client, config.idle_timeout_s)
+        for w in range(config.warmup):
+            client.stream_chat(model, config.prompts[w % len(config.prompts)], config.max_tokens)
+        for r in range(config.repeats):
+            for i, p in enumerate(config.prompts):
+                _check_alive(target)
+                s = decode_sample(client, model, p, config.max_tokens, i, r)
+                part.decode.append(s)
+                progress(
+                    f"decode prompt {i} repeat {r}: {s.tok_s:.2f} tok/s, "
+                    f"{s.ms_per_pass or 0:.2f} ms/pass"
+                )
+        for n in prof.concurrency:
+            if n < 2:
+                continue
+            _check_alive(target)
+            c = run_concurrency(
+                lambda: Client(target.url), model, config.prompts, n, config.max_tokens
+            )
+            part.concurrency.append(c)
+            progress(f"{n} streams: {c.aggregate_tok_s:.2f} tok/s aggregate")
+        _check_alive(target)
+        part.needles = run_needles(client, model, prof, part.server.get("max_model_len"), progress)
+    except (ServerGone, ServerRefused) as exc:
+        error = _explain(exc, target)
+    except PinwheelError as exc:
+        error = exc
+    finally:
+        client.close()
+
+    single = spread([s.tok_s for s in part.decode])
+    ms_pass = spread([s.ms_per_pass for s in part.decode if s.ms_per_pass is not None])
+    gates = judge(prof, single, ms_pass, part.concurrency, part.needles, part.markers)
+    verdict = "ERROR" if error else ("FAIL" if any(g.status == "FAIL" for g in gates) else "PASS")
+    receipt = Receipt(
+        schema=SCHEMA,
+        verdict=verdict,
+        profile=prof.name,
+        manifest={"name": manifest.name, "path": manifest.path.name, "sha256": manifest.sha256},
+        provenance=prov,
+        server=part.server,
+        started=started,
+        seconds=round(time.monotonic() - t0, 2),
+        markers=part.markers,
+        decode=tuple(part.decode),
+        summary=_summary(part.decode, single, ms_pass),
+        concurrency=tuple(part.concurrency),
+        needles=part.needles,
+        gates=gates,
+        reference=dict(prof.reference),
+        error=str(error) if error else None,
+    )
+    write_outputs(receipt, out)
+    if error:
+        raise error
+    failed = [g for g in gates if g.status == "FAIL"]
+    if failed:
+        raise GateFailed(
+            "qualification FAILED: "
+            + "; ".join(f"{g.name} {g.measured} (needs {g.threshold})" for g in failed),
+            where=str(out / "report.md"),
+            next="read the report; compare builds by ms/pass, then rerun `pinwheel qualify`",
+        )
+    return receipt
+
+
+def _check_alive(target: Target) -> None:
+    code = target.alive() if target.alive else None
+    if code is not None:
+        raise PinwheelError(
+            f"the server exited with code {code} during qualification",
+            where=str(target.log or target.url),
+            next="read the server log, fix the cause, run `pinwheel qualify` again"
+            + _tail_block(target.log),
+        )
+
+
+def _explain(exc: PinwheelError, target: Target) -> PinwheelError:
+    """A transport error plus the server's own last words, when pinwheel started it."""
+    code = target.alive() if target.alive else None
+    if code is None and target.alive is not None:
+        time.sleep(1.0)  # a dying server may need a moment to be reaped
+        code = target.alive()
+    if code is not None:
+        return PinwheelError(
+            f"the server died mid-run (exit code {code}): {exc.what}",
+            where=str(target.log or target.url),
+            next="read the server log, fix the cause, run `pinwheel qualify` again"
+            + _tail_block(target.log),
+        )
+    return exc
+
+
+def _summary(
+    decode: Sequence[DecodeSample], single: Spread | None, ms_pass: Spread | None
+) -> dict[str, Any]:
+    acc = spread([s.accepted_per_pass for s in decode if s.accepted_per_pass is not None])
+    drafts = sum(s.drafts or 0 for s in decode)
+    draft_tokens = sum(s.draft_tokens or 0 for s in decode)
+    accepted = sum(s.accepted or 0 for s in decode)
+    per_prompt = {}
+    for i in sorted({s.prompt for s in decode}):
+        one = spread([s.tok_s for s in decode if s.prompt == i])
+        per_prompt[str(i)] = asdict(one) if one else None
+    return {
+        "tok_s": asdict(single) | {"relative_spread": round(single.relative, 4)}
+        if single
+        else None,
+        "ms_per_pass": asdict(ms_pass) if ms_pass else None,
+        "accepted_per_pass": asdict(acc) if acc else None,
+        "acceptance_rate": (accepted / draft_tokens) if draft_tokens else None,
+        "mean_acceptance_length": (1 + accepted / drafts) if drafts else None,
+        "ttft_s": asdict(ttft) if (ttft := spread([s.ttft_s for s in decode])) else None,
+        "per_prompt_tok_s": per_prompt,
+    }
+
+
+def write_outputs(receipt: Receipt, out: Path) -> None:
+    from pinwheel.serve.report import render_markdown, render_plots
+
+    out.mkdir(parents=True, exist_ok=True)
+    plots = render_plots(receipt, out)
+    atomic_write_text(out / "receipt.json", receipt.to_json())
+    atomic_write_text(out / "report.md", render_markdown(receipt, plots))

@@ -1,0 +1,253 @@
+"""The fetch cache: one bare repository per upstream URL, guarded by a file lock.
+
+Layout: ``<cache>/repos/<slug>.git`` and ``<cache>/locks/<slug>.lock``. Fetched
+refs live under ``refs/pinwheel/`` so they never clash with tags the replay
+writes. A local mirror (``--mirror URL=PATH``) is attached as an alternate
+object store, so fetching from it copies no objects (0.1 s for the 17k-commit
+1Cat-vLLM mirror) and a partial (promisor) mirror works: objects it lacks are
+only an error if a merge actually needs their content.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pygit2
+from filelock import FileLock, Timeout
+
+from pinwheel.errors import PinwheelError
+from pinwheel.source import gitcli
+
+LOCK_TIMEOUT_S = 600
+UPSTREAM_PREFIX = "refs/pinwheel/upstream/"
+PULL_PREFIX = "refs/pinwheel/pull/"
+
+# Replay writes trees that may name blobs a partial mirror lacks; libgit2's
+# strict creation would refuse them although their ids are known-good.
+pygit2.settings.enable_strict_object_creation(False)
+
+
+def _normalize(url: str) -> str:
+    return url.rstrip("/").removesuffix(".git").lower()
+
+
+def slug(url: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9]+", "-", _normalize(url).split("://")[-1]).strip("-")
+    return f"{name[-60:]}-{hashlib.sha256(_normalize(url).encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the objects for ``url`` really come from."""
+
+    url: str
+    location: str  # mirror path or the URL itself
+    local: bool  # a directory on this machine (no network needed)
+
+
+def resolve_source(url: str, mirrors: Mapping[str, str]) -> Source:
+    wanted = _normalize(url)
+    for key, path in mirrors.items():
+        if _normalize(key) == wanted:
+            location = path.removeprefix("file://")
+            if not Path(location).exists():
+                raise PinwheelError(
+                    f"mirror for {url} does not exist: {location}",
+                    where="--mirror / PINWHEEL_MIRRORS",
+                    next="fix the mapping or create the mirror (git clone --mirror URL PATH)",
+                )
+            return Source(url=url, location=str(Path(location).resolve()), local=True)
+    if url.startswith("file://") or Path(url).exists():
+        return Source(
+            url=url, location=str(Path(url.removeprefix("file://")).resolve()), local=True
+        )
+    return Source(url=url, location=url, local=False)
+
+
+def _objects_dir(location: str) -> Path:
+    path = Path(location)
+    for candidate in (path / "objects", path / ".git" / "objects"):
+        if candidate.is_dir():
+            return candidate
+    raise PinwheelError(f"{location} is not a git repository", where="mirror")
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What a fetch left in the cache: the repo and the refs as the source had them."""
+
+    repo_path: Path
+    source: Source
+    branch: str
+    branch_tip: str
+    pr_heads: Mapping[int, str]  # PR -> current refs/pull/N/head
+
+    def open(self) -> pygit2.Repository:
+        return pygit2.Repository(str(self.repo_path))
+
+
+class Cache:
+    def __init__(
+        self,
+        root: Path,
+        mirrors: Mapping[str, str],
+        offline: bool = False,
+        show_progress: bool = False,
+    ):
+        self.root = Path(root)
+        self.mirrors = dict(mirrors)
+        self.offline = offline
+        # Network fetches of a large upstream take minutes: let git's own
+        # progress meter reach the terminal (local mirrors take 0.1 s).
+        self.show_progress = show_progress
+
+    def repo_path(self, url: str) -> Path:
+        return self.root / "repos" / f"{slug(url)}.git"
+
+    @contextlib.contextmanager
+    def locked(self, url: str) -> Iterator[Path]:
+        """Hold the cache lock for ``url``: two runs never write one repo at once."""
+        lock_path = self.root / "locks" / f"{slug(url)}.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S):
+                yield self._ensure_repo(url)
+        except Timeout:
+            raise PinwheelError(
+                f"another pinwheel run has held the cache lock for {LOCK_TIMEOUT_S}s",
+                where=str(lock_path),
+                next="wait for it to finish, or pass --cache DIR to use a separate cache",
+            ) from None
+
+    def _ensure_repo(self, url: str) -> Path:
+        path = self.repo_path(url)
+        if not (path / "HEAD").exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".init")
+            gitcli.git(["init", "-q", "--bare", str(tmp)], what="git init")
+            tmp.rename(path)  # atomic: a half-initialised cache repo never has the final name
+        return path
+
+    def fetch(
+        self,
+        url: str,
+        branch: str,
+        prs: Sequence[int],
+        want: Sequence[str] = (),
+        *,
+        progress: object = None,
+    ) -> Fetched:
+        """Fetch ``branch`` and ``refs/pull/N/head`` for ``prs``; make sure ``want`` commits exist.
+
+        Call inside :meth:`locked`.
+        """
+        path = self.repo_path(url)
+        source = resolve_source(url, self.mirrors)
+        if source.local:
+            self._attach_alternate(path, source)
+        can_fetch = source.local or not self.offline
+        if can_fetch:
+            refspecs = [f"+refs/heads/{branch}:{UPSTREAM_PREFIX}{branch}"]
+            refspecs += [f"+refs/pull/{n}/head:{PULL_PREFIX}{n}/head" for n in prs]
+            self._fetch(path, source, refspecs, prs)
+        repo = pygit2.Repository(str(path))
+        missing = [sha for sha in want if sha not in repo]
+        if missing and can_fetch:
+            # Pinned commits no longer reachable from a ref (force-pushed PRs):
+            # upload-pack still serves them by id on GitHub and local mirrors.
+            gitcli.git(
+                ["fetch", "-q", "--no-tags", source.location, *missing],
+                git_dir=path,
+                user_config=not source.local,
+                check=False,
+            )
+            missing = [sha for sha in want if sha not in repo]
+        if missing:
+            raise PinwheelError(
+                f"commit(s) {', '.join(m[:12] for m in missing)} not found in {url}"
+                + (" (offline: cache only)" if not can_fetch else ""),
+                where=f"cache {path.name}",
+                next=(
+                    "run again without --offline"
+                    if not can_fetch
+                    else "check the SHAs in the manifest, or point --mirror at a complete mirror"
+                ),
+            )
+        tip_ref = f"{UPSTREAM_PREFIX}{branch}"
+        if tip_ref not in repo.references:
+            raise PinwheelError(
+                f"branch '{branch}' is not in the cache" + ("" if can_fetch else " (offline)"),
+                where=f"[upstream] {url}",
+                next="run without --offline once to fill the cache"
+                if not can_fetch
+                else "check [upstream].branch",
+            )
+        pr_heads = {}
+        for n in prs:
+            ref = f"{PULL_PREFIX}{n}/head"
+            if ref in repo.references:
+                pr_heads[n] = str(repo.references[ref].target)
+        return Fetched(
+            repo_path=path,
+            source=source,
+            branch=branch,
+            branch_tip=str(repo.references[tip_ref].target),
+            pr_heads=pr_heads,
+        )
+
+    @staticmethod
+    def _attach_alternate(path: Path, source: Source) -> None:
+        alternates = path / "objects" / "info" / "alternates"
+        objects = str(_objects_dir(source.location).resolve())
+        current = alternates.read_text().split() if alternates.exists() else []
+        if objects not in current:
+            alternates.parent.mkdir(parents=True, exist_ok=True)
+            alternates.write_text("\n".join([*current, objects]) + "\n")
+
+    def _fetch(self, path: Path, source: Source, refspecs: list[str], prs: Sequence[int]) -> None:
+        args = ["fetch", "-q", "--no-tags", "--no-write-fetch-head", source.location]
+        if self.show_progress and not source.local:
+            progress = gitcli.git(
+                [*args[:1], "--progress", *args[2:], *refspecs],
+                git_dir=path,
+                user_config=True,
+                check=False,
+                stream_stderr=True,
+            )
+            if progress.returncode == 0:
+                return
+        proc = gitcli.git(
+            [*args, *refspecs], git_dir=path, user_config=not source.local, check=False
+        )
+        if proc.returncode == 0:
+            return
+        # Find what failed so the error can name it: the source itself (network,
+        # bad URL, missing branch) or one PR's ref.
+        branch = gitcli.git(
+            [*args, refspecs[0]], git_dir=path, user_config=not source.local, check=False
+        )
+        if branch.returncode == 0:
+            for spec, n in zip(refspecs[1:], prs, strict=True):
+                one = gitcli.git(
+                    [*args, spec], git_dir=path, user_config=not source.local, check=False
+                )
+                if one.returncode != 0:
+                    raise PinwheelError(
+                        f"PR #{n} has no refs/pull/{n}/head at {source.location}",
+                        where=f"fetch PR #{n}",
+                        next="check the PR number, or fetch PR refs into your mirror "
+                        "(git fetch origin '+refs/pull/*/head:refs/pull/*/head')",
+                    )
+        else:
+            proc = branch
+        err = (proc.stderr or b"").decode(errors="replace").strip().splitlines()
+        raise PinwheelError(
+            f"fetch failed: {err[-1] if err else proc.returncode}",
+            where=f"fetch {source.location}",
+            next="check the network or use --mirror URL=PATH with a local mirror",
+        )

@@ -1,0 +1,117 @@
+"""How far the manifest has drifted from upstream, per PR, and whether it still replays."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pygit2
+from pygit2.enums import SortMode
+
+from pinwheel.errors import PinwheelError
+from pinwheel.manifest import Manifest, Upstream
+from pinwheel.source.cache import Cache, Fetched
+from pinwheel.source.replay import Replayer, fetch_for
+
+
+@dataclass(frozen=True)
+class PrDrift:
+    pr: int
+    pinned: str | None
+    current: str | None
+    moved: bool
+    merged_upstream: str | None  # how: "ancestor of <branch>" or "squash <sha>"
+
+
+@dataclass(frozen=True)
+class DriftReport:
+    base: str
+    branch_tip: str
+    new_upstream_commits: int
+    prs: tuple[PrDrift, ...]
+    replays_on_tip: bool
+    replay_problem: str | None
+
+
+def _merged_upstream(
+    repo: pygit2.Repository, fetched: Fetched, base: str, pr: int, head: str | None
+) -> str | None:
+    tip = fetched.branch_tip
+    if head and head in repo and (head == tip or repo.descendant_of(tip, head)):
+        return f"head is in {fetched.branch}"
+    # Squash and rebase merges on GitHub end the subject with "(#N)".
+    marker = re.compile(rf"\(#{pr}\)\s*$")
+    walker = repo.walk(tip, SortMode.TOPOLOGICAL)
+    walker.hide(base)
+    for c in walker:
+        first = c.message.strip().splitlines()[0] if c.message.strip() else ""
+        if marker.search(first):
+            return f"squashed as {str(c.id)[:12]}"
+    return None
+
+
+def drift_report(manifest: Manifest, cache: Cache) -> DriftReport:
+    with cache.locked(manifest.upstream.url):
+        fetched = fetch_for(manifest, cache)
+        repo = fetched.open()
+        base = manifest.upstream.commit
+        walker = repo.walk(fetched.branch_tip, SortMode.NONE)
+        walker.hide(base)
+        new_commits = sum(1 for _ in walker)
+        prs = tuple(
+            PrDrift(
+                pr=s.pr,
+                pinned=s.head,
+                current=fetched.pr_heads.get(s.pr),
+                moved=bool(s.head and fetched.pr_heads.get(s.pr) not in (None, s.head)),
+                merged_upstream=_merged_upstream(repo, fetched, base, s.pr, s.head),
+            )
+            for s in manifest.steps
+            if s.pr is not None
+        )
+        # Does the pinned stack still replay on the branch tip? (No refs written.)
+        moved = replace(
+            manifest,
+            upstream=Upstream(manifest.upstream.url, fetched.branch_tip, manifest.upstream.branch),
+        )
+        problem = None
+        try:
+            Replayer(moved, fetched, allow_drift=True).run()
+        except PinwheelError as exc:
+            problem = f"{exc.where}: {exc.what}" if exc.where else exc.what
+    return DriftReport(base, fetched.branch_tip, new_commits, prs, problem is None, problem)
+
+
+def drift_payload(report: DriftReport) -> dict[str, Any]:
+    return {
+        "schema": "pinwheel.drift/1",
+        "base": report.base,
+        "branch_tip": report.branch_tip,
+        "new_upstream_commits": report.new_upstream_commits,
+        "replays_on_tip": report.replays_on_tip,
+        "replay_problem": report.replay_problem,
+        "prs": [p.__dict__ for p in report.prs],
+    }
+
+
+def render_drift(report: DriftReport) -> str:
+    lines = [
+        f"upstream: {report.new_upstream_commits} new commit(s) since base "
+        f"{report.base[:12]} (tip {report.branch_tip[:12]})"
+    ]
+    for p in report.prs:
+        state = []
+        if p.moved:
+            state.append(f"head moved {str(p.pinned)[:12]} -> {str(p.current)[:12]}")
+        if p.merged_upstream:
+            state.append(f"already upstream ({p.merged_upstream})")
+        lines.append(f"  PR #{p.pr}: " + ("; ".join(state) if state else "unchanged"))
+    if report.replays_on_tip:
+        lines.append(
+            f"stack replays cleanly on {report.branch_tip[:12]}: "
+            "`pinwheel lock --update-base` moves the base there"
+        )
+    else:
+        lines.append(f"stack does NOT replay on the tip: {report.replay_problem}")
+    return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""``pinwheel lock``: pin everything the manifest leaves loose, rewriting it in place.
+
+Resolves short SHAs, missing PR heads and pick commit lists, re-pins patch
+checksums and writes the replayed ``[result].tree``. Comments and layout survive
+(tomlkit). The file is replaced only after the new manifest replayed cleanly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pygit2
+import tomlkit
+
+from pinwheel.checksums import sha256_file
+from pinwheel.errors import PinwheelError
+from pinwheel.fsutil import atomic_write_text
+from pinwheel.manifest import FULL_SHA, load, loads
+from pinwheel.source.cache import Cache
+from pinwheel.source.replay import (
+    Replayer,
+    check_result_tree,
+    fetch_for,
+    pick_commits,
+    write_result_refs,
+)
+
+
+@dataclass(frozen=True)
+class LockChange:
+    where: str
+    old: Any
+    new: Any
+
+
+@dataclass(frozen=True)
+class LockOutcome:
+    path: Path
+    changes: tuple[LockChange, ...]
+    head: str
+    tree: str
+
+
+def _full(repo: pygit2.Repository, value: str, where: str) -> str:
+    if FULL_SHA.match(value):
+        return value
+    try:
+        return str(repo.revparse_single(value).peel(pygit2.Commit).id)
+    except (KeyError, ValueError):
+        raise PinwheelError(
+            f"cannot resolve {value!r} to one commit (unknown or ambiguous)",
+            where=where,
+            next="give a longer SHA",
+        ) from None
+
+
+def lock_manifest(
+    manifest_path: Path,
+    cache: Cache,
+    *,
+    update_base: bool = False,
+    update_heads: bool = False,
+) -> LockOutcome:
+    loose = load(manifest_path, allow_short=True)
+    doc = tomlkit.parse(Path(manifest_path).read_text())
+    changes: list[LockChange] = []
+
+    def setv(table: Any, key: str, value: Any, where: str) -> None:
+        old = table.get(key)
+        if old != value:
+            table[key] = value
+            changes.append(LockChange(where, old, value))
+
+    with cache.locked(loose.upstream.url):
+        fetched = cache.fetch(loose.upstream.url, loose.upstream.branch, loose.prs)
+        repo = fetched.open()
+        base = (
+            fetched.branch_tip
+            if update_base
+            else _full(repo, loose.upstream.commit, "[upstream] commit")
+        )
+        setv(doc["upstream"], "commit", base, "[upstream] commit")
+        for step, table in zip(loose.steps, doc.get("step", []), strict=True):
+            if step.action == "patch":
+                assert step.patch is not None  # the manifest model requires it for patch steps
+                setv(table, "sha256", sha256_file(step.patch), f"{step.label} sha256")
+            else:
+                assert step.pr is not None
+                current = fetched.pr_heads.get(step.pr)
+                head = step.head
+                if head is not None:
+                    head = _full(repo, head, f"{step.label} head")
+                if head is None or (update_heads and current):
+                    if current is None:
+                        raise PinwheelError(f"PR #{step.pr} has no head upstream", where=step.label)
+                    head = current
+                setv(table, "head", head, f"{step.label} head")
+                if step.action == "pick":
+                    probe = replace(step, head=head, commits=None)
+                    shas = [str(c.id) for c in pick_commits(repo, probe, base, fetched.branch_tip)]
+                    if list(table.get("commits", [])) != shas:
+                        arr = tomlkit.array()
+                        arr.extend(shas)
+                        arr.multiline(True)
+                        setv(table, "commits", arr, f"{step.label} commits")
+            for r_table, res in zip(table.get("resolve", []), step.resolutions, strict=True):
+                setv(
+                    r_table,
+                    "sha256",
+                    sha256_file(res.patch),
+                    f"{step.label} resolve {res.commit[:12]}",
+                )
+
+        # Replay the locked manifest before writing anything.
+        text = tomlkit.dumps(doc)
+        locked = loads(text.encode(), Path(manifest_path).absolute())
+        fetched = fetch_for(locked, cache)
+        result = Replayer(locked, fetched).run()
+        if "result" not in doc:
+            doc["result"] = tomlkit.table()
+        setv(doc["result"], "tree", result.tree, "[result] tree")
+        text = tomlkit.dumps(doc)
+        final = loads(text.encode(), Path(manifest_path).absolute())
+        # The result as the locked manifest describes it (now with its tree).
+        locked_result = replace(result, manifest=final)
+        check_result_tree(locked_result)
+        write_result_refs(locked_result)
+    atomic_write_text(Path(manifest_path), text)
+    return LockOutcome(Path(manifest_path), tuple(changes), result.head, result.tree)

@@ -1,0 +1,525 @@
+"""The replay engine: rebuild a manifest's stack in memory with libgit2.
+
+No worktree, no hooks, no config: each step becomes trees merged by libgit2
+and commits created with fixed bytes. Authors are the original ones (name,
+email, date, timezone); the committer is the manifest's ``[identity]``; messages
+are copied byte for byte. So the same manifest gives the same SHAs anywhere.
+
+Plan first (``plan_step_commits``), then execute (``replay_manifest``); refs
+are written only after every step succeeded, so a failed run leaves the cache
+as it found it (unreferenced objects aside, which git gc removes).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from email.header import decode_header, make_header
+from pathlib import Path
+from typing import Any
+
+import pygit2
+from pygit2.enums import MergeFlag, SortMode
+
+from pinwheel.errors import ConflictError, DriftError, ManifestError, MismatchError, PinwheelError
+from pinwheel.manifest import Identity, Manifest, Step
+from pinwheel.source import gitcli
+from pinwheel.source.cache import Cache, Fetched
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ReplayedCommit:
+    original: str | None  # None for merge commits and plain-diff patches
+    replayed: str
+    subject: str
+    author: str
+    author_email: str
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: Step
+    pr_head: str | None  # the PR head actually used
+    drifted: bool  # the PR ref no longer points at the pinned head
+    commits: tuple[ReplayedCommit, ...]
+    head: str
+    tree: str
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    manifest: Manifest = field(repr=False)
+    repo_path: Path
+    base: str
+    head: str
+    tree: str
+    steps: tuple[StepResult, ...]
+    tag: str | None
+
+
+@dataclass(frozen=True)
+class ConflictContext:
+    """Where a replay stopped, so ``pinwheel resolve`` can recreate the conflict."""
+
+    step_number: int
+    commit: str  # original commit, or "merge"
+    parent_state: str  # stack head before the conflicting commit
+    theirs: str  # the original commit (pick) or PR head (merge)
+
+
+class ReplayConflict(ConflictError):
+    def __init__(self, what: str, *, context: ConflictContext, **kw: Any):
+        super().__init__(what, **kw)
+        self.context = context
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def merge_bases(repo_path: Path, a: str, b: str) -> list[str]:
+    """``git merge-base --all a b`` (pygit2 exposes only a single base)."""
+    proc = gitcli.git(["merge-base", "--all", a, b], git_dir=repo_path, check=False)
+    return proc.stdout.decode().split()
+
+
+def committer_for(identity: Identity, base: pygit2.Commit) -> pygit2.Signature:
+    if identity.time is None:  # default: the base commit's committer date, fixed by the manifest
+        return pygit2.Signature(
+            identity.name, identity.email, base.committer.time, base.committer.offset
+        )
+    return pygit2.Signature(identity.name, identity.email, identity.time, identity.offset or 0)
+
+
+def subject_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else ""
+
+
+def commits_between(
+    repo: pygit2.Repository, head: str, hide: Sequence[str]
+) -> list[pygit2.Commit]:
+    """Commits reachable from ``head`` and from none of ``hide``, oldest first."""
+    walker = repo.walk(head, SortMode.TOPOLOGICAL | SortMode.REVERSE)
+    for sha in hide:
+        walker.hide(sha)
+    return list(walker)
+
+
+def pick_commits(
+    repo: pygit2.Repository,
+    step: Step,
+    base: str,
+    branch_tip: str,
+    bases: Sequence[str] | None = None,
+) -> list[pygit2.Commit]:
+    """The PR's own commits, oldest first.
+
+    Pinned ``commits`` win (the branch tip moves; a pinned list does not).
+    Otherwise: reachable from the head, not from the base, and not from the
+    upstream branch's merge-bases with the head (main merged into the PR);
+    pass ``bases`` when the caller has computed those already.
+    """
+    assert step.head is not None
+    if step.commits:
+        picked = []
+        for sha in step.commits:
+            if sha not in repo or not (sha == step.head or repo.descendant_of(step.head, sha)):
+                raise PinwheelError(
+                    f"pinned commit {sha[:12]} is not part of PR #{step.pr}'s head "
+                    f"{step.head[:12]}",
+                    where=f"{step.label} commits",
+                    next="run `pinwheel lock` to re-pin the PR's commits",
+                )
+            picked.append(repo[sha].peel(pygit2.Commit))
+    else:
+        if bases is None:
+            bases = merge_bases(Path(repo.path), branch_tip, step.head)
+        picked = commits_between(repo, step.head, [base, *bases])
+    merges = [c for c in picked if len(c.parents) > 1]
+    if merges:
+        first = merges[0]
+        # Exit 2: the manifest asks for something impossible; the fix is an edit.
+        raise ManifestError(
+            f"PR #{step.pr} contains merge commit {str(first.id)[:12]} "
+            f"'{subject_line(first.message)}' ({len(merges)} merge(s) in its range): "
+            "its own commits cannot be cherry-picked in order",
+            where=step.label,
+            next=f'change step {step.number} to action = "merge" (and check `pinwheel plan` '
+            "for the mainline commits a merge would import)",
+        )
+    return picked
+
+
+def _conflict_files(index: pygit2.Index) -> tuple[str, ...]:
+    files = set()
+    for ancestor, ours, theirs in index.conflicts or ():
+        for entry in (ancestor, ours, theirs):
+            if entry is not None:
+                files.add(entry.path)
+    return tuple(sorted(files))
+
+
+def apply_patch(repo_path: Path, tree: str, patch: Path, *, where: str) -> str:
+    """Apply a diff or mbox to ``tree`` in a throwaway index; return the new tree id."""
+    with tempfile.TemporaryDirectory(prefix="pinwheel-apply-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        gitcli.git(["read-tree", tree], git_dir=repo_path, env=env, what="git read-tree")
+        proc = gitcli.git(
+            ["apply", "--cached", "--whitespace=nowarn", "--binary", str(patch)],
+            git_dir=repo_path,
+            env=env,
+            check=False,
+        )
+        if proc.returncode != 0:
+            lines = proc.stderr.decode(errors="replace").splitlines()
+            files = tuple(
+                sorted(
+                    {m.group(1) for ln in lines if (m := re.search(r"patch failed: ([^:]+):", ln))}
+                )
+            )
+            raise ConflictError(
+                f"patch {patch.name} does not apply: {lines[-1] if lines else '?'}",
+                files=files,
+                where=where,
+                next=f"refresh {patch.name} against the stack (`pinwheel resolve start`), "
+                "then `pinwheel lock`",
+            )
+        return gitcli.out(["write-tree"], git_dir=repo_path, env=env)
+
+
+@dataclass(frozen=True)
+class PatchMeta:
+    author: pygit2.Signature | None
+    message: str
+
+
+def read_patch_meta(patch: Path) -> PatchMeta:
+    """Author and message from a ``git format-patch`` mbox; none for a plain diff."""
+    head = patch.read_bytes().split(b"\ndiff --git ", 1)[0].decode("utf-8", "replace")
+    if not head.startswith("From "):
+        return PatchMeta(author=None, message=f"Apply {patch.name}\n")
+    headers, _, body = head.partition("\n\n")
+    fields: dict[str, str] = {}
+    last = None
+    for line in headers.splitlines()[1:]:
+        if line[:1] in (" ", "\t") and last:
+            fields[last] += " " + line.strip()
+        elif ":" in line:
+            last, _, value = line.partition(":")
+            last = last.lower()
+            fields[last] = value.strip()
+    name, addr = email.utils.parseaddr(str(make_header(decode_header(fields.get("from", "")))))
+    subject = str(make_header(decode_header(fields.get("subject", patch.name))))
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+    body = body.split("\n---\n", 1)[0].strip()
+    message = subject + ("\n\n" + body if body else "") + "\n"
+    author = None
+    if name and addr and "date" in fields:
+        stamp = email.utils.parsedate_to_datetime(fields["date"])
+        delta = stamp.utcoffset()
+        offset = int(delta.total_seconds() // 60) if delta else 0
+        author = pygit2.Signature(name, addr, int(stamp.timestamp()), offset)
+    return PatchMeta(author=author, message=message)
+
+
+def merge_message(step: Step, branch: str) -> str:
+    """Fixed merge message: a function of the manifest only (not of ref spelling)."""
+    title = f"\n\n{step.title}" if step.title else ""
+    return f"Merge PR #{step.pr} into {branch}{title}\n\nhead {step.head}\n"
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class Replayer:
+    """Executes a manifest's steps against a fetched cache repo."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        fetched: Fetched,
+        *,
+        base: str | None = None,
+        allow_drift: bool = False,
+        progress: Progress | None = None,
+    ):
+        self.manifest = manifest
+        self.fetched = fetched
+        self.repo = fetched.open()
+        self.base = base or manifest.upstream.commit
+        self.allow_drift = allow_drift
+        self.progress = progress or (lambda _msg: None)
+        base_commit = self.repo[self.base].peel(pygit2.Commit)
+        self.committer = committer_for(manifest.identity, base_commit)
+
+    def pr_head(self, step: Step) -> tuple[str, bool]:
+        """The head to replay and whether the PR ref has moved away from it."""
+        assert step.pr is not None
+        current = self.fetched.pr_heads.get(step.pr)
+        pinned = step.head
+        if pinned is None:
+            if current is None:
+                raise PinwheelError(
+                    f"PR #{step.pr} has no head", where=step.label, next="run `pinwheel lock`"
+                )
+            return current, False
+        if current is None or current == pinned:
+            return pinned, False
+        if not self.allow_drift:
+            raise DriftError(
+                f"PR #{step.pr} head moved: manifest pins {pinned[:12]}, "
+                f"upstream now has {current[:12]} (force-push or new commits)",
+                where=step.label,
+                next="review the change, then `pinwheel lock --update-heads` to move the pin, "
+                "or rerun with --allow-drift to replay the pinned head",
+            )
+        if pinned in self.repo:
+            return pinned, True
+        return current, True
+
+    def run(self) -> ReplayResult:
+        current = self.repo[self.base].peel(pygit2.Commit)
+        results = []
+        for step in self.manifest.steps:
+            results.append(self._step(step, current))
+            current = self.repo[results[-1].head].peel(pygit2.Commit)
+            done = results[-1]
+            note = ""
+            if done.drifted:
+                used = "pinned" if done.pr_head == step.head else "NEW (pinned one is gone)"
+                note = f"  [PR head moved upstream; replayed the {used} head {done.pr_head}]"
+            self.progress(
+                f"  {step.label}: {len(done.commits)} commit(s) -> {done.head[:12]}{note}"
+            )
+        return ReplayResult(
+            manifest=self.manifest,
+            repo_path=self.fetched.repo_path,
+            base=self.base,
+            head=str(current.id),
+            tree=str(current.tree_id),
+            steps=tuple(results),
+            tag=self.manifest.result.tag,
+        )
+
+    def _step(self, step: Step, current: pygit2.Commit) -> StepResult:
+        if step.action == "patch":
+            return self._patch(step, current)
+        head, drifted = self.pr_head(step)
+        step_at = step if head == step.head else _with_head(step, head)
+        if step.action == "pick":
+            return self._pick(step_at, current, head, drifted)
+        return self._merge(step_at, current, head, drifted)
+
+    def _commit(
+        self,
+        author: pygit2.Signature,
+        message: str | bytes,
+        tree: str,
+        parents: list[str],
+        encoding: str | None = None,
+    ) -> str:
+        args: list[Any] = [
+            None,
+            author,
+            self.committer,
+            message,
+            pygit2.Oid(hex=tree),
+            [pygit2.Oid(hex=p) for p in parents],
+        ]
+        if encoding:
+            args.append(encoding)
+        return str(self.repo.create_commit(*args))
+
+    def _resolution(self, step: Step, commit: str) -> Path | None:
+        for r in step.resolutions:
+            if r.commit == commit:
+                return r.patch
+        return None
+
+    def _pick(self, step: Step, current: pygit2.Commit, head: str, drifted: bool) -> StepResult:
+        replayed = []
+        state = current
+        for c in pick_commits(self.repo, step, self.base, self.fetched.branch_tip):
+            sha = str(c.id)
+            where = f"{step.label} commit {sha[:12]} '{subject_line(c.message)}'"
+            fix = self._resolution(step, sha)
+            if fix is not None:
+                tree = apply_patch(self.fetched.repo_path, str(state.tree_id), fix, where=where)
+            else:
+                parent_tree = c.parents[0].tree if c.parents else self.repo[_empty_tree(self.repo)]
+                index = self._merge_trees(parent_tree, state.tree, c.tree, where)
+                if index.conflicts:
+                    raise self._conflict(step, where, index, sha, str(state.id), sha)
+                tree = str(index.write_tree(self.repo))
+            new = self._commit(c.author, c.raw_message, tree, [str(state.id)], c.message_encoding)
+            replayed.append(
+                ReplayedCommit(sha, new, subject_line(c.message), c.author.name, c.author.email)
+            )
+            state = self.repo[new].peel(pygit2.Commit)
+        return StepResult(step, head, drifted, tuple(replayed), str(state.id), str(state.tree_id))
+
+    def _merge(self, step: Step, current: pygit2.Commit, head: str, drifted: bool) -> StepResult:
+        where = f"{step.label} head {head[:12]}"
+        fix = self._resolution(step, "merge")
+        if fix is not None:
+            tree = apply_patch(self.fetched.repo_path, str(current.tree_id), fix, where=where)
+        else:
+            try:
+                index = self.repo.merge_commits(current, head, flags=MergeFlag.FIND_RENAMES)
+            except (KeyError, pygit2.GitError) as exc:
+                raise _missing_object(exc, where) from None
+            if index.conflicts:
+                raise self._conflict(step, where, index, "merge", str(current.id), head)
+            tree = str(index.write_tree(self.repo))
+        message = merge_message(step, self.manifest.upstream.branch)
+        ident = self.committer
+        new = self._commit(ident, message, tree, [str(current.id), head])
+        commit = ReplayedCommit(None, new, subject_line(message), ident.name, ident.email)
+        merged = self.repo[new].peel(pygit2.Commit)
+        return StepResult(step, head, drifted, (commit,), new, str(merged.tree_id))
+
+    def _patch(self, step: Step, current: pygit2.Commit) -> StepResult:
+        assert step.patch is not None
+        where = f"{step.label} file patches/{step.patch.name}"
+        tree = apply_patch(self.fetched.repo_path, str(current.tree_id), step.patch, where=where)
+        meta = read_patch_meta(step.patch)
+        author = meta.author or self.committer
+        new = self._commit(author, meta.message, tree, [str(current.id)])
+        commit = ReplayedCommit(None, new, subject_line(meta.message), author.name, author.email)
+        return StepResult(step, None, False, (commit,), new, tree)
+
+    def _merge_trees(self, ancestor: Any, ours: Any, theirs: Any, where: str) -> pygit2.Index:
+        try:
+            return self.repo.merge_trees(ancestor, ours, theirs, flags=MergeFlag.FIND_RENAMES)
+        except (KeyError, pygit2.GitError) as exc:
+            raise _missing_object(exc, where) from None
+
+    def _conflict(
+        self,
+        step: Step,
+        where: str,
+        index: pygit2.Index,
+        commit: str,
+        parent_state: str,
+        theirs: str,
+    ) -> ReplayConflict:
+        files = _conflict_files(index)
+        return ReplayConflict(
+            f"conflict in {len(files)} file(s)",
+            files=files,
+            where=where,
+            next=f"pinwheel resolve start DIR  (recreates step {step.number}'s conflict in DIR; "
+            "fix it, then `pinwheel resolve finish DIR` records the fix under patches/)",
+            context=ConflictContext(step.number, commit, parent_state, theirs),
+        )
+
+
+def _with_head(step: Step, head: str) -> Step:
+    # A moved head invalidates the pinned commit list: recompute it from the new head.
+    return replace(step, head=head, commits=None)
+
+
+def _empty_tree(repo: pygit2.Repository) -> pygit2.Oid:
+    return repo.TreeBuilder().write()
+
+
+def _missing_object(exc: Exception, where: str) -> PinwheelError:
+    return PinwheelError(
+        f"an object this step needs is missing from the mirror ({exc})",
+        where=where,
+        next="use a complete mirror for this step (git clone --mirror), or `git fetch "
+        "--refetch` in the partial one",
+    )
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def fetch_for(manifest: Manifest, cache: Cache, *, extra_want: Sequence[str] = ()) -> Fetched:
+    """Fetch what the manifest names (call inside ``cache.locked``)."""
+    want = [manifest.upstream.commit] + [s.head for s in manifest.steps if s.head]
+    return cache.fetch(
+        manifest.upstream.url, manifest.upstream.branch, manifest.prs, [*want, *extra_want]
+    )
+
+
+def replay_manifest(
+    manifest: Manifest,
+    *,
+    cache: Path,
+    mirrors: Mapping[str, str] | None = None,
+    offline: bool = False,
+    allow_drift: bool = False,
+    check_tree: bool = True,
+    write_refs: bool = True,
+    progress: Progress | None = None,
+    show_fetch_progress: bool = False,
+) -> ReplayResult:
+    """Fetch, replay, check the tree, and tag: the whole of ``pinwheel run``."""
+    store = Cache(cache, mirrors or {}, offline, show_progress=show_fetch_progress)
+    with store.locked(manifest.upstream.url):
+        fetched = fetch_for(manifest, store)
+        result = Replayer(manifest, fetched, allow_drift=allow_drift, progress=progress).run()
+        if check_tree:
+            check_result_tree(result)
+        if write_refs:
+            write_result_refs(result)
+    return result
+
+
+def check_result_tree(result: ReplayResult) -> None:
+    expected = result.manifest.result.tree
+    if expected and expected != result.tree:
+        raise MismatchError(
+            f"replayed tree {result.tree} differs from the pinned {expected}",
+            where=f"{result.manifest.path.name} [result].tree (head {result.head[:12]})",
+            next="run `pinwheel plan` to see what changed; if intended, `pinwheel lock` re-pins",
+        )
+
+
+def write_result_refs(result: ReplayResult) -> None:
+    repo = pygit2.Repository(str(result.repo_path))
+    repo.references.create(f"refs/pinwheel/stack/{result.manifest.name}", result.head, force=True)
+    if result.tag:
+        repo.references.create(f"refs/tags/{result.tag}", result.head, force=True)
+
+
+def lock_payload(result: ReplayResult) -> dict[str, Any]:
+    """The JSON record of a replay (``--json`` output and the exported lock file)."""
+    m = result.manifest
+    return {
+        "schema": "pinwheel.lock/1",
+        "manifest": {"name": m.name, "path": m.path.name, "sha256": m.sha256},
+        "upstream": {"url": m.upstream.url, "branch": m.upstream.branch, "base": result.base},
+        "head": result.head,
+        "tree": result.tree,
+        "tag": result.tag,
+        "tree_verified": bool(m.result.tree) and m.result.tree == result.tree,
+        "steps": [
+            {
+                "number": s.step.number,
+                "action": s.step.action,
+                "pr": s.step.pr,
+                "title": s.step.title,
+                "head": s.pr_head,
+                "drifted": s.drifted,
+                "patch": s.step.patch.name if s.step.patch else None,
+                "result": s.head,
+                "tree": s.tree,
+                "commits": [
+                    {
+                        "original": c.original,
+                        "replayed": c.replayed,
+                        "subject": c.subject,
+                        "author": f"{c.author} <{c.author_email}>",
+                    }
+                    for c in s.commits
+                ],
+            }
+            for s in result.steps
+        ],
+    }

@@ -1,0 +1,146 @@
+"""Conflict resolution that travels: fix once in a checkout, record it as a patch.
+
+``start`` replays up to the first conflict and recreates it in a git worktree
+(conflict markers and all). The user edits. ``finish`` stores the fix as
+``patches/<pr>-<commit>.patch`` plus a ``[[step.resolve]]`` entry, so every
+machine replays the same fix (git rerere would stay on this one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomlkit
+
+from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
+from pinwheel.manifest import Manifest
+from pinwheel.source import gitcli
+from pinwheel.source.cache import Cache
+from pinwheel.source.replay import ReplayConflict, Replayer, fetch_for
+
+STATE_FILE = "pinwheel-resolve.json"
+# Fixed identity for the scratch merge in the worktree; never part of a result.
+_SCRATCH_ENV = {
+    "GIT_AUTHOR_NAME": "pinwheel",
+    "GIT_AUTHOR_EMAIL": "pinwheel@replay.invalid",
+    "GIT_COMMITTER_NAME": "pinwheel",
+    "GIT_COMMITTER_EMAIL": "pinwheel@replay.invalid",
+}
+
+
+@dataclass(frozen=True)
+class ResolveSession:
+    workdir: Path
+    step_number: int
+    pr: int | None
+    commit: str  # original commit or "merge"
+    parent_state: str
+    files: tuple[str, ...]
+
+
+def _state_path(workdir: Path) -> Path:
+    gitdir = gitcli.out(["rev-parse", "--absolute-git-dir"], cwd=workdir)
+    return Path(gitdir) / STATE_FILE
+
+
+def start(manifest: Manifest, cache: Cache, workdir: Path) -> ResolveSession:
+    workdir = Path(workdir).absolute()
+    if workdir.exists() and any(workdir.iterdir()):
+        raise UsageError(
+            f"{workdir} exists and is not empty",
+            where="pinwheel resolve start",
+            next="choose a new directory",
+        )
+    with cache.locked(manifest.upstream.url):
+        fetched = fetch_for(manifest, cache)
+        try:
+            Replayer(manifest, fetched).run()
+        except ReplayConflict as exc:
+            conflict = exc
+        else:
+            raise UsageError(
+                "the stack replays without conflicts: nothing to resolve", next="pinwheel run"
+            )
+        ctx = conflict.context
+        gitcli.git(
+            ["worktree", "add", "-q", "--detach", str(workdir), ctx.parent_state],
+            git_dir=fetched.repo_path,
+            what="git worktree add",
+        )
+    if ctx.commit == "merge":
+        args = ["merge", "--no-commit", "--no-ff", ctx.theirs]
+    else:
+        args = ["cherry-pick", "--no-commit", ctx.theirs]
+    gitcli.git(args, cwd=workdir, env=_SCRATCH_ENV, check=False)  # expected to stop on conflicts
+    step = manifest.steps[ctx.step_number - 1]
+    session = ResolveSession(
+        workdir, ctx.step_number, step.pr, ctx.commit, ctx.parent_state, conflict.files
+    )
+    state = {
+        "manifest": str(manifest.path),
+        **{k: v for k, v in session.__dict__.items() if k != "workdir"},
+    }
+    atomic_write_text(_state_path(workdir), json.dumps(state, indent=2, default=list))
+    return session
+
+
+def finish(workdir: Path) -> tuple[Path, Path]:
+    """Record the fix; returns (patch path, manifest path)."""
+    workdir = Path(workdir).absolute()
+    try:
+        state_file = _state_path(workdir)
+        state = json.loads(state_file.read_text())
+    except (PinwheelError, FileNotFoundError):
+        raise UsageError(
+            f"{workdir} is not a pinwheel resolve checkout", next="pinwheel resolve start DIR"
+        ) from None
+    gitcli.git(["add", "-A"], cwd=workdir)
+    check = gitcli.git(
+        ["diff", "--cached", "--check", state["parent_state"]], cwd=workdir, check=False
+    )
+    leftovers = [
+        ln for ln in check.stdout.decode(errors="replace").splitlines() if "conflict marker" in ln
+    ]
+    if leftovers:
+        raise PinwheelError(
+            f"conflict markers remain: {leftovers[0].split(':')[0]}"
+            + (f" and {len(leftovers) - 1} more" if len(leftovers) > 1 else ""),
+            where=str(workdir),
+            next="edit the files to remove <<<<<<< ======= >>>>>>> then run finish again",
+        )
+    diff = gitcli.git(
+        ["diff", "--cached", "--binary", "--full-index", state["parent_state"]], cwd=workdir
+    ).stdout
+    manifest_path = Path(state["manifest"])
+    tag = "merge" if state["commit"] == "merge" else state["commit"][:12]
+    name = f"{state['pr'] or 'step' + str(state['step_number'])}-{tag}.patch"
+    patch = manifest_path.parent / "patches" / name
+    atomic_write_bytes(patch, diff)
+    doc = tomlkit.parse(manifest_path.read_text())
+    step = doc["step"][state["step_number"] - 1]
+    if "resolve" not in step:
+        step["resolve"] = tomlkit.aot()
+    entry = tomlkit.table()
+    entry.update(
+        {
+            "commit": state["commit"],
+            "path": f"patches/{name}",
+            "sha256": hashlib.sha256(diff).hexdigest(),
+        }
+    )
+    step["resolve"].append(entry)
+    atomic_write_text(manifest_path, tomlkit.dumps(doc))
+    abort(workdir)
+    return patch, manifest_path
+
+
+def abort(workdir: Path) -> None:
+    workdir = Path(workdir).absolute()
+    common = gitcli.out(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=workdir)
+    gitcli.git(["worktree", "remove", "--force", str(workdir)], git_dir=Path(common), check=False)
+    shutil.rmtree(workdir, ignore_errors=True)
