@@ -5,6 +5,7 @@ tests build a real .cu with nvcc 12.4."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -15,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from gitfixture import UPSTREAM_URL, Upstream, git, manifest_text
-from pinwheel.build.engine import BuildError, build_from_source, compare_builds
-from pinwheel.build.provenance import read_receipt
+from pinwheel.build.engine import BuildError
+from pinwheel.build.pipeline import BuildRequest
+from pinwheel.build.pipeline import build as run_build
+from pinwheel.build.provenance import component, read_receipt
+from pinwheel.build.verify import compare_builds
 from pinwheel.errors import VerifyError
 from pinwheel.manifest import load
 from pinwheel.source.export import export_tree
@@ -75,21 +79,31 @@ def tiny(tmp_path: Path) -> Tiny:
     return make_tiny(tmp_path)
 
 
+def request(tiny: Tiny, manifest: Path, out: Path, result, work: str = "work", **kw):
+    return BuildRequest(
+        manifest=load(manifest),
+        cache=tiny.tmp / "cache",
+        out_dir=out,
+        environ=dict(os.environ),
+        replayed=result,
+        kernels=(),
+        cuda=False,  # the stand-in compiler needs no toolkit (tinyproject.py)
+        engine_workdir=tiny.tmp / work,
+        **kw,
+    )
+
+
 def build(tiny: Tiny, manifest: Path, out: Path, work: str = "work"):
     result = tiny.replay(manifest)
-    source = export_tree(result, tiny.tmp / work / "src")
-    outcome = build_from_source(
-        load(manifest), source, out, toolkit=None, replayed=result, work=tiny.tmp / work
-    )
-    return result, outcome
+    return result, run_build(request(tiny, manifest, out, result, work))
 
 
 def test_build_checks_sums_and_records_provenance(tiny: Tiny) -> None:
     manifest = tiny.manifest()
     out = tiny.tmp / "wheels"
     result, outcome = build(tiny, manifest, out)
-    assert [p.name for p in outcome.wheels] == [WHEEL]
-    assert outcome.report.ok
+    assert [p.name for p in outcome.wheels.built] == [WHEEL]
+    assert outcome.wheels.report.ok
     # SHA256SUMS in sha256sum -c format, checked by the real tool.
     assert (out / "SHA256SUMS").read_text().endswith(f"  {WHEEL}\n")
     subprocess.run(
@@ -123,8 +137,11 @@ def test_build_checks_sums_and_records_provenance(tiny: Tiny) -> None:
     assert receipt["built"] == [WHEEL]
     assert receipt["source_date_epoch"] == base_time
     assert receipt["toolchain"]["python"].startswith(PY)
-    assert receipt["env"]["TORCH_CUDA_ARCH_LIST"] == "7.0"
-    assert receipt["command"][-6:] == [
+    engine = component(receipt, "engine")
+    assert engine is not None and engine["wheel"] == WHEEL and engine["kind"] == "engine"
+    assert engine["source"]["tree"] == result.tree
+    assert engine["env"]["TORCH_CUDA_ARCH_LIST"] == "7.0"
+    assert engine["command"][-6:] == [
         "build",
         "--wheel",
         "--no-isolation",
@@ -173,14 +190,7 @@ def test_failing_build_names_the_log_and_shows_its_tail(tiny: Tiny) -> None:
     source = export_tree(result, tiny.tmp / "work" / "src")
     (source / "csrc" / "probe.c").write_text("int broken( {\n")
     with pytest.raises(BuildError) as err:
-        build_from_source(
-            load(manifest),
-            source,
-            tiny.tmp / "wheels",
-            toolkit=None,
-            replayed=result,
-            work=tiny.tmp / "work",
-        )
+        run_build(request(tiny, manifest, tiny.tmp / "wheels", result, engine_source=source))
     assert "wheel build failed" in err.value.what
     assert "probe.c" in err.value.what  # gcc's message is in the tail
     assert "build.log" in (err.value.where or "")

@@ -67,7 +67,8 @@ def test_real_nvcc_build_check_and_verify(tmp_path: Path, cuda12) -> None:
     assert receipt["toolchain"]["cuda"] == cuda12.version
     assert "release 12.4" in receipt["toolchain"]["nvcc"]
     assert receipt["arches"] == ["sm_70+PTX"]
-    assert receipt["env"]["TORCH_CUDA_ARCH_LIST"] == "7.0+PTX"
+    (engine,) = [c for c in receipt["components"] if c["kind"] == "engine"]
+    assert engine["env"]["TORCH_CUDA_ARCH_LIST"] == "7.0+PTX"
     digest = receipt["wheels"][WHEEL]
     subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=wheels, check=True)
 
@@ -125,4 +126,9 @@ def test_build_makes_kernel_and_engine_wheels_under_one_sha256sums(tmp_path: Pat
     assert set(names) <= listed
     receipt = json.loads((wheels / "provenance.json").read_text())
     assert set(names) <= set(receipt["wheels"])
+    assert {c["name"] for c in receipt["components"]} == {"engine", "pinwheel-selftest"}
     subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=wheels, check=True)
+    # verify-build rebuilds every component the receipt lists, kernels included.
+    again = cli(tmp_path, manifest, cuda12, "verify-build", "--wheels", "wheels")
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert again.stdout.strip().endswith("reproducible: 2/2 wheel(s) identical")

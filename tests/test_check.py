@@ -16,7 +16,7 @@ import pytest
 from pinwheel.build import elf
 from pinwheel.build import fatbin as fatbin_reader
 from pinwheel.build.check import CheckSpec, check_wheels, find_tools, unsafe_rpath_reason
-from pinwheel.build.cudaarch import CudaArch, parse_arches
+from pinwheel.cudaarch import CudaArch, parse_arches
 from pinwheel.errors import VerifyError
 from wheelfactory import FakeEntry, cuda_so, fatbin, host_so, make_wheel, section
 

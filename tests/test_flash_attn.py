@@ -34,7 +34,7 @@ def test_flash_attention_v100_wheel_has_sm70(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     took = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-4000:]
-    (w,) = json.loads(proc.stdout)["wheels"]
+    (w,) = json.loads(proc.stdout)["components"]
     print(f"\nflash-attention-v100: {took:.0f} s end to end, build {w['seconds']} s, "
           f"sha256 {w['sha256']}, tree {w['tree']}")  # fmt: skip
     with zipfile.ZipFile(tmp_path / w["wheel"]) as zf:

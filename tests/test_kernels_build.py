@@ -73,7 +73,7 @@ def selftest_wheel(toolkit, cache: Path, tmp_path_factory: pytest.TempPathFactor
     proc = pinwheel(cache, "--json", "kernels", "--name", "pinwheel-selftest", "--twice",
                     "--out", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (built,) = json.loads(proc.stdout)["wheels"]
+    (built,) = json.loads(proc.stdout)["components"]
     built["path"] = out / built["wheel"]
     built["sums"] = (out / "SHA256SUMS").read_text()
     return built

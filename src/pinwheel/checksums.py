@@ -28,6 +28,10 @@ _LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
 ProgressFn = Callable[[int], None]
 
 
+SUMS = "SHA256SUMS"
+SIG = "SHA256SUMS.sig"
+
+
 def sha256_file(path: Path, chunk: int = CHUNK, on_bytes: ProgressFn | None = None) -> str:
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as fh:
@@ -77,7 +81,7 @@ def format_sums(digests: Mapping[str, str]) -> str:
     return "".join(f"{digests[name]}  {name}\n" for name in sorted(digests))
 
 
-def write_sums(directory: Path, names: Iterable[str], filename: str = "SHA256SUMS") -> Path:
+def write_sums(directory: Path, names: Iterable[str], filename: str = SUMS) -> Path:
     """Write ``filename`` in ``directory`` listing ``names`` (relative to it)."""
     directory = Path(directory)
     names = sorted(names)
@@ -88,7 +92,7 @@ def write_sums(directory: Path, names: Iterable[str], filename: str = "SHA256SUM
     return target
 
 
-def parse_sums(text: str, source: str = "SHA256SUMS") -> dict[str, str]:
+def parse_sums(text: str, source: str = SUMS) -> dict[str, str]:
     """{name: sha256} from ``sha256sum`` output; rejects malformed lines and unsafe names."""
     sums: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), start=1):

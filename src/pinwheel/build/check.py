@@ -28,9 +28,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pinwheel.build import elf, fatbin
-from pinwheel.build.cudaarch import CudaArch, names, parse_arches
 from pinwheel.build.wheelfile import Issue, record_issues, zip_issues
 from pinwheel.checksums import sha256_file
+from pinwheel.cudaarch import CudaArch, names
 from pinwheel.errors import UsageError, VerifyError
 
 ERROR, WARNING = "error", "warning"
@@ -467,7 +467,11 @@ def _looks_native(name: str) -> bool:
     return base.endswith(".so") or ".so." in base or "/bin/" in f"/{name}" or "." not in base
 
 
-def check_wheels(paths: Sequence[Path], spec: CheckSpec) -> CheckReport:
+def check_wheels(
+    paths: Sequence[Path], spec: CheckSpec, *, alongside: Sequence[Path] = ()
+) -> CheckReport:
+    """Check ``paths``; ``alongside`` (wheels already checked, kept in the same set) only
+    count toward ``required_members``."""
     if not paths:
         raise UsageError(
             "no wheels to check", next="pass WHEEL files: `pinwheel check wheels/*.whl`"
@@ -483,6 +487,9 @@ def check_wheels(paths: Sequence[Path], spec: CheckSpec) -> CheckReport:
         wheels.append(summary)
         findings.extend(found)
         listing.append((summary.wheel, members))
+    for p in alongside:
+        with zipfile.ZipFile(p) as zf:
+            listing.append((Path(p).name, zf.namelist()))
     findings.extend(_required_findings(listing, spec.required_members))
     tools = tuple(
         (k, _tool_version(v))
@@ -492,18 +499,10 @@ def check_wheels(paths: Sequence[Path], spec: CheckSpec) -> CheckReport:
     return CheckReport(spec.arches, tuple(wheels), tuple(findings), tools)
 
 
-def arches_from_build(config: Any) -> tuple[CudaArch, ...]:
-    """The manifest's ``[build] arches`` (``("7.0",)``) and ``ptx`` (PTX for the lowest arch)."""
-    arches = parse_arches(config.arches)
-    if getattr(config, "ptx", False) and arches:
-        arches = (CudaArch(arches[0].sm, True), *arches[1:])
-    return arches
-
-
 def spec_from_build(config: Any, **overrides: Any) -> CheckSpec:
     """A :class:`CheckSpec` from a :class:`pinwheel.toolchain.BuildConfig`."""
     fields: dict[str, Any] = {
-        "arches": arches_from_build(config),
+        "arches": config.targets,
         "required_members": tuple(config.required_members),
     }
     fields.update(overrides)

@@ -5,13 +5,16 @@ CMake package) or out-of-tree (``url`` + ``commit`` + ``[[kernel.patch]]``),
 replayed with the same engine as the main stack and built with torch's
 CUDAExtension in a venv holding ``[build].torch``.
 
-Wheels land in ``wheels/`` with ``SOURCE_DATE_EPOCH`` set, built from a
-staging copy at a fixed path under the cache, so two builds of the same
-inputs give the same bytes (``--twice`` proves it).
+Each build returns a :class:`~pinwheel.build.wheelset.Built` (the wheel still
+in scratch); :mod:`pinwheel.build.wheelset` checks and publishes it with the
+rest. Builds run with ``SOURCE_DATE_EPOCH`` set, from a staging copy at a
+fixed path under the cache, so two builds of the same inputs give the same
+bytes (``--twice`` proves it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -19,13 +22,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pinwheel.build.buildenv import build_env
 from pinwheel.build.toolchain import BuildConfig, Toolkit
-from pinwheel.checksums import sha256_file, write_sums
+from pinwheel.build.wheeldiff import diff_members
+from pinwheel.build.wheelset import Built
+from pinwheel.checksums import sha256_file
 from pinwheel.errors import ManifestError, MismatchError, PinwheelError
 from pinwheel.manifest import Identity, Manifest, Result, Step, Upstream
 from pinwheel.manifest.build import KernelPatch, KernelSpec, parse_kernel_tables  # noqa: F401
@@ -52,23 +57,12 @@ class SourceTree:
 
 
 @dataclass(frozen=True)
-class KernelWheel:
-    name: str
-    wheel: Path
-    sha256: str
-    seconds: float
-    origin: str
-    tree: str | None
-    source_date_epoch: int
-
-
-@dataclass(frozen=True)
 class BuildOptions:
     """Resolved once by the CLI (or a test) and passed down."""
 
     cache: Path
-    out: Path  # wheels/
     mirrors: Mapping[str, str]
+    environ: Mapping[str, str]  # the caller's environment, resolved once
     offline: bool = False
     source_date_epoch: int | None = None  # None: date of the kernel's source
     log: Callable[[str], None] | None = None
@@ -154,22 +148,6 @@ def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     return SourceTree(dest, epoch, f"{spec.url}@{spec.commit[:12]}", result.tree)  # type: ignore[index]
 
 
-def build_env(config: BuildConfig, toolkit: Toolkit, epoch: int) -> dict[str, str]:
-    env = toolkit.env()
-    env.update(config.env)
-    env.update(
-        SOURCE_DATE_EPOCH=str(epoch),
-        TORCH_CUDA_ARCH_LIST=config.torch_arch_list,
-        CMAKE_CUDA_ARCHITECTURES=config.cmake_architectures,
-        # nvcc names host-stub temp files after its pid; the symbols that carry
-        # them make setuptools-built .so files differ run to run. Strip them.
-        LDFLAGS=(env.get("LDFLAGS", "") + " -Wl,--strip-all").strip(),
-        PYTHONHASHSEED="0",
-        LC_ALL="C",
-    )
-    return env
-
-
 def _run(cmd: list[str], *, cwd: Path, env: Mapping[str, str], what: str, log_file: Path) -> None:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "wb") as log:
@@ -188,7 +166,9 @@ def _run(cmd: list[str], *, cwd: Path, env: Mapping[str, str], what: str, log_fi
 TORCH_BUILD_REQS = ("setuptools>=77", "wheel", "ninja", "packaging", "numpy", "psutil")
 
 
-def torch_venv(config: BuildConfig, cache: Path, log: Callable[[str], None] | None) -> Path:
+def torch_venv(
+    config: BuildConfig, cache: Path, log: Callable[[str], None] | None, environ: Mapping[str, str]
+) -> Path:
     """A venv with ``[build].torch`` and the build tools torch extensions need; made once."""
     if not config.torch:
         raise ManifestError(
@@ -209,7 +189,7 @@ def torch_venv(config: BuildConfig, cache: Path, log: Callable[[str], None] | No
     _run(
         [str(python), "-m", "pip", "install", "-q", "--upgrade", *reqs],
         cwd=cache,
-        env=os.environ,
+        env=environ,
         what=f"installing torch=={config.torch}",
         log_file=venv.with_suffix(".log"),
     )
@@ -232,11 +212,13 @@ def torch_library_headers(python: Path, existing: str | None) -> str:
 
 def build_kernel(
     spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
-) -> KernelWheel:
-    """Stage the source, build its wheel into ``opts.out``; returns the wheel and its sha256."""
+) -> Built:
+    """Stage the source and build its wheel into scratch (``<cache>/kernels/NAME/dist``)."""
     started = time.monotonic()
     staged = stage_in_tree(spec, opts) if spec.in_tree else stage_out_of_tree(spec, opts)
-    env = build_env(config, toolkit, staged.source_date_epoch)
+    env, set_env = build_env(
+        config, toolkit=toolkit, source_date_epoch=staged.source_date_epoch, base=opts.environ
+    )
     work = opts.cache / "kernels" / spec.name
     dist = work / "dist"
     shutil.rmtree(dist, ignore_errors=True)
@@ -251,7 +233,7 @@ def build_kernel(
         ]
         shutil.rmtree(work / "build", ignore_errors=True)
     else:
-        python = torch_venv(config, opts.cache, opts.log)
+        python = torch_venv(config, opts.cache, opts.log, opts.environ)
         extra = []
         env["PATH"] = os.pathsep.join([str(python.parent), env["PATH"]])
         env["CPATH"] = torch_library_headers(python, env.get("CPATH"))
@@ -268,18 +250,17 @@ def build_kernel(
             f"expected one wheel, found {[p.name for p in built]}",
             where=f"{spec.where} ({dist})",
         )
-    opts.out.mkdir(parents=True, exist_ok=True)
-    final = opts.out / built[0].name
-    os.replace(built[0], final)
-    return KernelWheel(
-        name=spec.name,
-        wheel=final,
-        sha256=sha256_file(final),
+    return Built(
+        component=spec.name,
+        kind="kernel",
+        wheel=built[0],
         seconds=time.monotonic() - started,
-        origin=staged.origin,
-        tree=staged.tree,
-        source_date_epoch=staged.source_date_epoch,
-    )
+        source={"origin": staged.origin, "url": spec.url, "commit": spec.commit,
+                "tree": staged.tree, "path": str(spec.path.relative_to(spec.source.parent))
+                if spec.path else None},
+        build={"builder": spec.builder, "source_date_epoch": staged.source_date_epoch,
+               "env": dict(sorted(set_env.items())), "arches": [str(a) for a in config.targets]},
+    )  # fmt: skip
 
 
 def _require_modules(python: Path, modules: tuple[str, ...], spec: KernelSpec) -> None:
@@ -295,40 +276,21 @@ def _require_modules(python: Path, modules: tuple[str, ...], spec: KernelSpec) -
         )
 
 
-def write_wheel_sums(out: Path) -> Path:
-    """SHA256SUMS over every wheel in ``out`` (``sha256sum -c`` format)."""
-    return write_sums(out, [p.name for p in sorted(out.glob("*.whl"))])
-
-
-def differing_members(a: Path, b: Path) -> list[str]:
-    """Zip members whose bytes (or presence) differ between two wheels."""
-    with zipfile.ZipFile(a) as za, zipfile.ZipFile(b) as zb:
-        names = sorted(set(za.namelist()) | set(zb.namelist()))
-        differ = []
-        for name in names:
-            try:
-                if za.read(name) != zb.read(name):
-                    differ.append(name)
-            except KeyError:
-                differ.append(name + " (only in one)")
-        if not differ:
-            differ = ["(zip metadata: timestamps, order or permissions)"]
-        return differ
-
-
 def build_twice(
     spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
-) -> tuple[KernelWheel, KernelWheel]:
+) -> tuple[Built, Built]:
     """Build, keep a copy, build again; raise naming the members if the bytes differ."""
     first = build_kernel(spec, config, toolkit, opts)
     with tempfile.TemporaryDirectory(prefix="pinwheel-twice-") as tmp:
         kept = Path(tmp) / first.wheel.name
         shutil.copy2(first.wheel, kept)
+        first = dataclasses.replace(first, wheel=kept)
         second = build_kernel(spec, config, toolkit, opts)
-        if second.sha256 != first.sha256:
-            members = differing_members(kept, second.wheel)
+        a, b = sha256_file(kept), sha256_file(second.wheel)
+        if a != b:
+            members = [f"{m.member} ({m.change})" for m in diff_members(kept, second.wheel)]
             raise MismatchError(
-                f"two builds of {spec.name} differ: {first.sha256[:16]} vs {second.sha256[:16]}; "
+                f"two builds of {spec.name} differ: {a[:16]} vs {b[:16]}; "
                 f"members: {', '.join(members)}",
                 where=f"{spec.where} ({second.wheel.name})",
                 next="compare them with diffoscope; fix the non-deterministic step",

@@ -121,18 +121,14 @@ def receipt(
     manifest: Any,
     replayed: Any | None,
     *,
-    version: str,
     toolchain: ToolchainFacts,
     arches: list[str],
-    env: Mapping[str, str],
-    wheels: Mapping[str, str],
-    built: list[str],
-    command: list[str],
-    source_date_epoch: int,
     host: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The receipt as a JSON-able dict. ``replayed`` is a ``pinwheel.replay.ReplayResult``
-    (None for a build from a plain source directory: steps are then the manifest's)."""
+    """The receipt of a wheel set, minus what :func:`pinwheel.build.wheelset.publish` adds
+    (``wheels``, ``built``, ``components`` and the engine's ``version`` and
+    ``source_date_epoch``). ``replayed`` is a ``ReplayResult`` (None when the engine
+    was not replayed by this run: steps are then the manifest's)."""
     if replayed is not None:
         base, head, tree, tag = replayed.base, replayed.head, replayed.tree, replayed.tag
         steps = _steps(replayed)
@@ -161,16 +157,18 @@ def receipt(
         "head": head,
         "tree": tree,
         "tag": tag,
-        "version": version,
         "toolchain": asdict(toolchain),
         "arches": arches,
-        "env": dict(sorted(env.items())),
-        "command": command,
-        "wheels": dict(sorted(wheels.items())),
-        "built": sorted(built),
         "host": dict(host if host is not None else host_facts()),
-        "source_date_epoch": source_date_epoch,
     }
+
+
+def component(payload: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """The ``components`` entry called ``name`` (``"engine"`` for the engine wheel)."""
+    for entry in payload.get("components") or []:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            return entry
+    return None
 
 
 def write_receipt(out_dir: Path, payload: Mapping[str, Any]) -> Path:

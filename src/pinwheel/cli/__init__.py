@@ -8,11 +8,12 @@ Each stage registers its subcommands from its own module under ``pinwheel.cli``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from rich.markup import escape
 from pinwheel import __version__
 from pinwheel.errors import EXIT_ERROR, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
+from pinwheel.progress import SILENT, LineReporter, Reporter
 
 # Modules that contribute subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (
@@ -68,7 +70,18 @@ class Context:
     json: bool
     offline: bool
     console: Console = field(default_factory=lambda: Console(stderr=True, soft_wrap=True))
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ), repr=False)
+    verbose: bool = False
     _manifest: Manifest | None = None
+
+    @property
+    def reporter(self) -> Reporter:
+        """Progress for stages: nothing with --json, rich on a terminal, plain lines otherwise."""
+        if self.json:
+            return SILENT
+        if self.console.is_terminal:
+            return RichReporter(self.console)
+        return LineReporter()
 
     def manifest(self, *, allow_short: bool = False) -> Manifest:
         if allow_short:
@@ -83,6 +96,30 @@ class Context:
             sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
         elif human:
             print(human)
+
+
+class RichReporter:
+    """A spinner while a step runs, its lines above it."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.depth = 0
+
+    def info(self, message: str) -> None:
+        self.console.print(escape(message), highlight=False)
+
+    @contextlib.contextmanager
+    def status(self, message: str) -> Iterator[None]:
+        if self.depth:  # one live display at a time: an inner step is a line
+            self.info(message)
+            yield
+            return
+        self.depth += 1
+        try:
+            with self.console.status(escape(message)):
+                yield
+        finally:
+            self.depth -= 1
 
 
 def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:

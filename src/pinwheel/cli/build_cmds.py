@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel.cli import Context, command
+from pinwheel.errors import EXIT_VERIFY
 
 
 def register(sub: Any) -> None:
@@ -75,7 +76,7 @@ def register_check(sub: Any) -> None:
 
 def _check(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.build.check import CheckSpec, check_wheels, find_tools, spec_from_build
-    from pinwheel.build.cudaarch import parse_arches
+    from pinwheel.cudaarch import parse_arches
 
     tools: dict[str, Any] = {"cuobjdump": None, "auditwheel": None}
     if not args.no_tools:
@@ -108,18 +109,39 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit(report.to_json())
     else:
         print("\n".join(report.human_lines()))
-    return 0 if report.ok else report_exit_code()
-
-
-def report_exit_code() -> int:
-    from pinwheel.errors import EXIT_VERIFY
-
-    return EXIT_VERIFY
+    return 0 if report.ok else EXIT_VERIFY
 
 
 def _verify_build(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.build.engine import verify_build
+    from pinwheel.build.pipeline import BuildRequest
+    from pinwheel.build.provenance import FILENAME, component, read_receipt
+    from pinwheel.build.verify import verify_build
 
-    result = verify_build(ctx, args.wheels, source=args.source, keep=args.keep)
+    manifest = ctx.manifest()
+    recorded = read_receipt(Path(args.wheels) / FILENAME)
+    replayed = None
+    if component(recorded, "engine") is not None and args.source is None:
+        from pinwheel.source.replay import replay_manifest
+
+        with ctx.reporter.status(f"replaying {manifest.name}"):
+            replayed = replay_manifest(
+                manifest,
+                cache=ctx.cache,
+                mirrors=ctx.mirrors,
+                offline=ctx.offline,
+                write_refs=False,
+            )
+    request = BuildRequest(
+        manifest=manifest,
+        cache=ctx.cache,
+        out_dir=Path(args.wheels),
+        environ=ctx.environ,
+        mirrors=ctx.mirrors,
+        offline=ctx.offline,
+        provision=not ctx.offline,
+        replayed=replayed,
+        engine_source=args.source.absolute() if args.source else None,
+    )
+    result = verify_build(request, args.wheels, keep=args.keep, reporter=ctx.reporter)
     ctx.emit(result.to_json(), "\n".join(result.human_lines()))
     return 0 if result.same else result.exit_code

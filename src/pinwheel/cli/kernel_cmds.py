@@ -7,11 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-
 from pinwheel.build.toolchain import BuildConfig, Toolkit, resolve_toolkit
 from pinwheel.cli import Context, command
-from pinwheel.errors import ManifestError
 
 
 def add_kernel_commands(sub: Any) -> None:
@@ -70,89 +67,23 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-def build_kernel_wheels(
-    ctx: Context,
-    out: Path,
-    *,
-    names: list[str] | None = None,
-    all_: bool = False,
-    twice: bool = False,
-    source_date_epoch: int | None = None,
-    provision: bool = True,
-) -> tuple[Any, list[tuple[Any, float | None]]]:
-    """Build the selected [[kernel]] wheels into ``out``; shared by `kernels` and `build`."""
-    from pinwheel.build.kernels import BuildOptions, build_kernel, build_twice, select
-
-    manifest = ctx.manifest()
-    config = _config(ctx)
-    specs = select(manifest.kernels, names, all_=all_)
-    if not specs:
-        raise ManifestError(
-            "no [[kernel]] to build",
-            where=manifest.path.name,
-            next="add a [[kernel]] table, or pass --all for the non-default ones",
-        )
-    toolkit, _ = _toolkit(ctx, config, provision)
-
-    def log(msg: str) -> None:
-        if not ctx.json:
-            ctx.console.print(escape(msg), highlight=False)
-
-    opts = BuildOptions(
-        cache=ctx.cache,
-        out=out,
-        mirrors=ctx.mirrors,
-        offline=ctx.offline,
-        source_date_epoch=source_date_epoch,
-        log=log,
-    )
-    results: list[tuple[Any, float | None]] = []
-    for spec in specs:
-        if twice:
-            first, second = build_twice(spec, config, toolkit, opts)
-            results.append((second, first.seconds))
-        else:
-            results.append((build_kernel(spec, config, toolkit, opts), None))
-    return toolkit, results
-
-
 def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.build.kernels import write_wheel_sums
+    from pinwheel.build.pipeline import BuildRequest, build
 
     out = (args.out or ctx.manifest().root / "wheels").absolute()
-    toolkit, results = build_kernel_wheels(
-        ctx,
-        out,
-        names=args.name,
-        all_=args.all,
+    request = BuildRequest(
+        manifest=ctx.manifest(),
+        cache=ctx.cache,
+        out_dir=out,
+        environ=ctx.environ,
+        mirrors=ctx.mirrors,
+        offline=ctx.offline,
+        provision=not args.no_provision,
+        kernels=tuple(args.name or ()) or None,
+        all_kernels=args.all,
         twice=args.twice,
         source_date_epoch=args.source_date_epoch,
-        provision=not args.no_provision,
     )
-    sums = write_wheel_sums(out)
-    payload: dict[str, Any] = {
-        "toolkit": toolkit.facts(),
-        "wheels": [
-            {
-                "name": w.name,
-                "wheel": w.wheel.name,
-                "sha256": w.sha256,
-                "seconds": round(w.seconds, 1),
-                "first_build_seconds": None if cold is None else round(cold, 1),
-                "origin": w.origin,
-                "tree": w.tree,
-                "source_date_epoch": w.source_date_epoch,
-                "reproduced": args.twice,
-            }
-            for w, cold in results
-        ],
-        "sha256sums": str(sums),
-    }
-    human = "\n".join(
-        f"{w.sha256}  {w.wheel.name}  ({w.seconds:.1f} s"
-        + (f", first build {cold:.1f} s, identical" if cold is not None else "")
-        + ")"
-        for w, cold in results
-    )
-    ctx.emit(payload, human + f"\nwrote {sums}")
+    outcome = build(request, ctx.reporter)
+    ctx.emit(outcome.to_json(), "\n".join(outcome.human_lines()))
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -75,20 +74,30 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
-    """Replay, then the kernel wheels, then the engine wheel: SHA256SUMS covers all of them."""
-    result = _replay(ctx, args)
-    try:
-        build = importlib.import_module("pinwheel.build.engine")
-    except ModuleNotFoundError:
-        ctx.emit(lock_payload(result), _summary(result) + "\n(wheel build stage not installed)")
-        return 0
-    manifest = ctx.manifest()
-    out = Path(args.out).absolute()
-    if manifest.kernels and not args.no_kernels:
-        from pinwheel.cli.kernel_cmds import build_kernel_wheels
+    """Check [build] and the toolkit first, replay, then kernel + engine wheels as one set."""
+    from pinwheel.build.pipeline import BuildRequest, build, build_config
+    from pinwheel.build.toolchain import resolve_toolkit
 
-        build_kernel_wheels(ctx, out)
-    return int(build.build_wheels(ctx, manifest, result, out) or 0)
+    manifest = ctx.manifest()
+    config = build_config(manifest)  # before the replay: a bad [build] fails in a second
+    with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
+        toolkit = resolve_toolkit(config, ctx.cache, provision=not ctx.offline)
+    result = _replay(ctx, args)
+    request = BuildRequest(
+        manifest=manifest,
+        cache=ctx.cache,
+        out_dir=Path(args.out).absolute(),
+        environ=ctx.environ,
+        mirrors=ctx.mirrors,
+        offline=ctx.offline,
+        provision=not ctx.offline,
+        replayed=result,
+        kernels=() if args.no_kernels else None,
+        toolkit=toolkit,
+    )
+    outcome = build(request, ctx.reporter)
+    ctx.emit(outcome.to_json(), _summary(result) + "\n" + "\n".join(outcome.human_lines()))
+    return 0
 
 
 def cmd_plan(ctx: Context, args: argparse.Namespace) -> int:
@@ -175,10 +184,6 @@ def register(sub: Any) -> None:
     p.add_argument("--allow-drift", action="store_true", help="replay pinned heads that moved")
     p.add_argument("--out", default="wheels", help="output directory (default: wheels/)")
     p.add_argument("--no-kernels", action="store_true", help="skip the [[kernel]] wheels")
-    try:  # the build stage adds its own options (toolchain, arches...)
-        importlib.import_module("pinwheel.build.engine").add_build_arguments(p)
-    except (ModuleNotFoundError, AttributeError):
-        pass
     p = command(sub, "lock", "pin short SHAs, PR heads, commits and the tree in place", cmd_lock)
     p.add_argument("--update-base", action="store_true", help="move the base to the branch tip")
     p.add_argument("--update-heads", action="store_true", help="move PR heads to upstream's")

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pinwheel.cudaarch import CudaArch, cmake_architectures, targets, torch_arch_list
 from pinwheel.errors import ManifestError
 from pinwheel.manifest.table import Table, check_file_sha
 
@@ -43,25 +44,19 @@ class BuildConfig:
     runner_labels: tuple[str, ...] = ()  # release workflow's runs-on
 
     @property
-    def sm(self) -> tuple[str, ...]:
-        """("70",) for ("7.0",)."""
-        return tuple(a.replace(".", "") for a in self.arches)
+    def targets(self) -> tuple[CudaArch, ...]:
+        """The arches as :class:`~pinwheel.cudaarch.CudaArch`, PTX on the lowest when ``ptx``."""
+        return targets(self.arches, self.ptx)
 
     @property
     def cmake_architectures(self) -> str:
         """CMAKE_CUDA_ARCHITECTURES: SASS for each arch, PTX for the lowest one."""
-        parts = [f"{sm}-real" for sm in self.sm]
-        if self.ptx:
-            parts.append(f"{self.sm[0]}-virtual")
-        return ";".join(parts)
+        return cmake_architectures(self.targets)
 
     @property
     def torch_arch_list(self) -> str:
         """TORCH_CUDA_ARCH_LIST: "7.0+PTX" style."""
-        items = list(self.arches)
-        if self.ptx:
-            items[0] = items[0] + "+PTX"
-        return ";".join(items)
+        return torch_arch_list(self.targets)
 
     @property
     def full_version(self) -> str | None:

@@ -18,15 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel.checksums import format_sums, parse_sums, sha256_files, verify_dir
+from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_files, verify_dir
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_text
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.release import GithubTarget, HubTarget, IndexTarget, ReleaseConfig  # noqa: F401
 from pinwheel.release import signing
 
-SUMS = "SHA256SUMS"
-SIG = "SHA256SUMS.sig"
 NOTES = "RELEASE_NOTES.md"
 PROVENANCE = "provenance.json"
 QUALIFICATION = "qualification.json"

@@ -28,13 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from pinwheel.checksums import format_sums, parse_sums
+from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.release import signing
 
-SUMS = "SHA256SUMS"
-SIG = "SHA256SUMS.sig"
 USER_AGENT = "pinwheel-fetch/1"
 
 

@@ -14,9 +14,7 @@ fails raises :class:`~pinwheel.errors.GateFailed` (exit 7) after they are writte
 
 from __future__ import annotations
 
-import json
 import re
-import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,15 +22,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel.checksums import sha256_file
 from pinwheel.errors import GateFailed, PinwheelError
-from pinwheel.fsutil import atomic_write_text
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.serve import QualifyConfig, QualifyProfile  # noqa: F401
 from pinwheel.serve import needle
 from pinwheel.serve.client import Client, ServerGone, ServerRefused, metric_by_label, metric_total
-
-SCHEMA = "pinwheel.qualify/1"
+from pinwheel.serve.receipt import (  # noqa: F401  (re-exported: qualify's public results)
+    SCHEMA,
+    ConcurrencyResult,
+    DecodeSample,
+    Gate,
+    MarkerResult,
+    NeedleResult,
+    Provenance,
+    Receipt,
+    Spread,
+    judge,
+    read_provenance,
+    shown,
+    spread,
+)
+from pinwheel.serve.report import write_outputs
 
 # Prometheus names (vLLM >= 0.10). iteration_tokens_total's _count is one per engine step.
 M_ITERATIONS = "vllm:iteration_tokens_total_count"
@@ -47,178 +57,6 @@ M_WAITING = "vllm:num_requests_waiting"
 # --------------------------------------------------------------------------- the table
 
 
-# --------------------------------------------------------------------------- results
-
-
-@dataclass(frozen=True)
-class DecodeSample:
-    prompt: int  # index into [qualify].prompts
-    repeat: int
-    tokens: int
-    ttft_s: float
-    decode_s: float
-    tok_s: float
-    passes: int | None  # forward passes after the first token
-    passes_from: str  # which counter gave them
-    ms_per_pass: float | None
-    drafts: float | None
-    draft_tokens: float | None
-    accepted: float | None
-    accepted_per_pass: float | None  # accepted draft tokens per verify pass
-    accepted_per_pos: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Spread:
-    median: float
-    low: float
-    high: float
-    n: int
-
-    @property
-    def relative(self) -> float:
-        return (self.high - self.low) / self.median if self.median else 0.0
-
-
-def spread(values: Sequence[float]) -> Spread | None:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return None
-    return Spread(statistics.median(vals), min(vals), max(vals), len(vals))
-
-
-@dataclass(frozen=True)
-class ConcurrencyResult:
-    streams: int
-    total_tokens: int
-    wall_s: float
-    aggregate_tok_s: float
-    per_stream_tok_s: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class NeedleResult:
-    length: int
-    depth: float
-    prompt_tokens: int  # as the server counted them
-    value: str
-    status: str  # pass | miss | garbage | skipped
-    reason: str
-    answer: str
-    seconds: float
-
-
-@dataclass(frozen=True)
-class MarkerResult:
-    pattern: str
-    status: str  # found | missing | unchecked
-    line: str | None
-
-
-@dataclass(frozen=True)
-class Gate:
-    name: str
-    status: str  # PASS | FAIL | SKIP
-    measured: str
-    threshold: str
-    detail: str = ""
-
-
-def shown(value: float, threshold: float) -> str:
-    """Enough decimals that a miss never prints as the threshold (91.0 vs 90.996)."""
-    for digits in range(1, 7):
-        if f"{value:.{digits}f}" != f"{threshold:.{digits}f}":
-            return f"{value:.{digits}f}"
-    return repr(value)
-
-
-def judge(
-    prof: QualifyProfile,
-    single: Spread | None,
-    ms_pass: Spread | None,
-    conc: Sequence[ConcurrencyResult],
-    needles: Sequence[NeedleResult],
-    markers: Sequence[MarkerResult],
-) -> tuple[Gate, ...]:
-    gates: list[Gate] = []
-    if prof.min_tok_s is not None:
-        t = prof.min_tok_s
-        if single is None:
-            gates.append(Gate("single-stream tok/s", "FAIL", "not measured", f">= {t}"))
-        else:
-            ok = single.median >= t
-            gates.append(
-                Gate(
-                    "single-stream tok/s",
-                    "PASS" if ok else "FAIL",
-                    shown(single.median, t),
-                    f">= {t}",
-                    f"median of {single.n}, {single.low:.2f}-{single.high:.2f}",
-                )
-            )
-    if prof.max_ms_per_pass is not None:
-        t = prof.max_ms_per_pass
-        if ms_pass is None:
-            gates.append(
-                Gate(
-                    "ms per forward pass",
-                    "FAIL",
-                    "not measured",
-                    f"<= {t}",
-                    "the server exposed no step counters",
-                )
-            )
-        else:
-            ok = ms_pass.median <= t
-            gates.append(
-                Gate(
-                    "ms per forward pass",
-                    "PASS" if ok else "FAIL",
-                    shown(ms_pass.median, t),
-                    f"<= {t}",
-                    f"median of {ms_pass.n}, {ms_pass.low:.2f}-{ms_pass.high:.2f}",
-                )
-            )
-    if prof.min_aggregate_tok_s is not None:
-        t = prof.min_aggregate_tok_s
-        top = max(conc, key=lambda c: c.streams, default=None)
-        if top is None or top.streams < 2:
-            gates.append(Gate("aggregate tok/s", "FAIL", "not measured", f">= {t}"))
-        else:
-            ok = top.aggregate_tok_s >= t
-            gates.append(
-                Gate(
-                    f"aggregate tok/s at {top.streams} streams",
-                    "PASS" if ok else "FAIL",
-                    shown(top.aggregate_tok_s, t),
-                    f">= {t}",
-                )
-            )
-    if prof.needle_required is not None:
-        at = [n for n in needles if n.length == prof.needle_required]
-        bad = [n for n in at if n.status != "pass"]
-        status = "PASS" if at and not bad else "FAIL"
-        measured = f"{len(at) - len(bad)}/{len(prof.needle_depths)} depths pass"
-        detail = "; ".join(f"depth {n.depth}: {n.status} ({n.reason})" for n in bad)
-        gates.append(
-            Gate(
-                f"needle at {prof.needle_required} tokens", status, measured, "every depth", detail
-            )
-        )
-    for m in markers:
-        status = {"found": "PASS", "missing": "FAIL"}.get(m.status, "SKIP")
-        gates.append(
-            Gate(
-                f"start-up marker /{m.pattern}/",
-                status,
-                m.status,
-                "found",
-                m.line or ("no log to check: pass --log" if status == "SKIP" else ""),
-            )
-        )
-    return tuple(gates)
-
-
 # --------------------------------------------------------------------------- the run
 
 
@@ -229,29 +67,6 @@ class Target:
     url: str
     log: Path | None  # start-up log, for markers and error reports
     alive: Callable[[], int | None] | None = None  # poll(): None while running, else exit code
-
-
-@dataclass(frozen=True)
-class Provenance:
-    path: str
-    sha256: str
-    head: str | None
-    tree: str | None
-    tag: str | None
-
-
-def read_provenance(path: Path | None) -> Provenance | None:
-    if path is None or not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except ValueError:
-        raise PinwheelError(
-            "provenance.json is not JSON", where=str(path), next="pass the build's provenance.json"
-        ) from None
-    return Provenance(
-        str(path), sha256_file(path), data.get("head"), data.get("tree"), data.get("tag")
-    )
 
 
 def log_tail(log: Path | None, lines: int = 25) -> str:
@@ -460,29 +275,6 @@ def run_needles(
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class Receipt:
-    schema: str
-    verdict: str  # PASS | FAIL | ERROR
-    profile: str
-    manifest: Mapping[str, str]
-    provenance: Provenance | None
-    server: Mapping[str, Any]
-    started: str
-    seconds: float
-    markers: tuple[MarkerResult, ...]
-    decode: tuple[DecodeSample, ...]
-    summary: Mapping[str, Any]
-    concurrency: tuple[ConcurrencyResult, ...]
-    needles: tuple[NeedleResult, ...]
-    gates: tuple[Gate, ...]
-    reference: Mapping[str, str]
-    error: str | None = None
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True, default=str) + "\n"
-
-
 @dataclass
 class _Partial:
     """What has been measured so far, so a run that breaks still leaves a receipt."""
@@ -643,12 +435,3 @@ def _summary(
         "ttft_s": asdict(ttft) if (ttft := spread([s.ttft_s for s in decode])) else None,
         "per_prompt_tok_s": per_prompt,
     }
-
-
-def write_outputs(receipt: Receipt, out: Path) -> None:
-    from pinwheel.serve.report import render_markdown, render_plots
-
-    out.mkdir(parents=True, exist_ok=True)
-    plots = render_plots(receipt, out)
-    atomic_write_text(out / "receipt.json", receipt.to_json())
-    atomic_write_text(out / "report.md", render_markdown(receipt, plots))

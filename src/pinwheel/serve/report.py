@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from pinwheel.serve.qualify import Receipt
+from pinwheel.fsutil import atomic_write_text
+from pinwheel.serve.receipt import Receipt
 
 STATUS_COLOURS = {"pass": "#2e7d32", "miss": "#c62828", "garbage": "#6a1b9a", "skipped": "#9e9e9e"}
 
@@ -176,3 +176,10 @@ def render_plots(r: Receipt, out: Path) -> dict[str, str]:
         plt.close(fig)
         made["needle"] = "needle_grid.png"
     return made
+
+
+def write_outputs(receipt: Receipt, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    plots = render_plots(receipt, out)
+    atomic_write_text(out / "receipt.json", receipt.to_json())
+    atomic_write_text(out / "report.md", render_markdown(receipt, plots))

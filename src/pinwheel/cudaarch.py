@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pinwheel.errors import UsageError
 
 _FORMS = (
-    re.compile(r"^(?P<major>\d{1,2})\.(?P<minor>\d)[af]?(?P<ptx>\+PTX)?$", re.I),  # 7.0, 9.0a
-    re.compile(r"^(?:sm_|compute_)?(?P<sm>\d{2,3})[af]?(?P<ptx>\+PTX)?$", re.I),  # sm_70, 70
+    re.compile(r"^(?P<major>\d{1,2})\.(?P<minor>\d)(?P<suffix>[af]?)(?P<ptx>\+PTX)?$", re.I),
+    re.compile(r"^(?:sm_|compute_)?(?P<sm>\d{2,3})(?P<suffix>[af]?)(?P<ptx>\+PTX)?$", re.I),
 )
 
 
@@ -23,18 +23,24 @@ _FORMS = (
 class CudaArch:
     sm: int  # 70 for Volta
     ptx: bool = False  # also require compute_XX PTX (JIT on newer GPUs)
+    suffix: str = ""  # "a" (arch-specific, sm_90a) or "f" (family); "" for plain
 
     @property
     def name(self) -> str:
-        return f"sm_{self.sm}"
+        return f"sm_{self.sm}{self.suffix}"
+
+    @property
+    def dotted(self) -> str:
+        """``7.0``, ``9.0a``: how the manifest writes it."""
+        return f"{self.sm // 10}.{self.sm % 10}{self.suffix}"
 
     @property
     def torch(self) -> str:
-        return f"{self.sm // 10}.{self.sm % 10}" + ("+PTX" if self.ptx else "")
+        return self.dotted + ("+PTX" if self.ptx else "")
 
     @property
     def cmake(self) -> str:
-        return f"{self.sm}" if self.ptx else f"{self.sm}-real"
+        return f"{self.sm}{self.suffix}" if self.ptx else f"{self.sm}{self.suffix}-real"
 
     def __str__(self) -> str:
         return self.name + ("+PTX" if self.ptx else "")
@@ -52,7 +58,11 @@ def parse_arch(text: str) -> CudaArch:
             if groups.get("sm")
             else int(groups["major"]) * 10 + int(groups["minor"])
         )
-        return CudaArch(sm=sm, ptx=bool(groups.get("ptx")) or raw.lower().startswith("compute_"))
+        return CudaArch(
+            sm=sm,
+            ptx=bool(groups.get("ptx")) or raw.lower().startswith("compute_"),
+            suffix=(groups.get("suffix") or "").lower(),
+        )
     raise UsageError(
         f"cannot read CUDA arch {text!r}",
         next="write arches like 7.0, 7.0+PTX, sm_70 or 70",
@@ -61,13 +71,31 @@ def parse_arch(text: str) -> CudaArch:
 
 def parse_arches(items: Iterable[str]) -> tuple[CudaArch, ...]:
     """Parse and merge (``7.0`` and ``7.0+PTX`` -> one arch needing PTX); sorted."""
-    merged: dict[int, bool] = {}
+    merged: dict[tuple[int, str], bool] = {}
     for item in items:
         for part in re.split(r"[;,\s]+", item):
             if part:
                 arch = parse_arch(part)
-                merged[arch.sm] = merged.get(arch.sm, False) or arch.ptx
-    return tuple(CudaArch(sm, ptx) for sm, ptx in sorted(merged.items()))
+                key = (arch.sm, arch.suffix)
+                merged[key] = merged.get(key, False) or arch.ptx
+    return tuple(CudaArch(sm, ptx, suffix) for (sm, suffix), ptx in sorted(merged.items()))
+
+
+def targets(arches: Iterable[str], ptx: bool) -> tuple[CudaArch, ...]:
+    """``[build] arches`` + ``ptx``: SASS for each arch, PTX for the lowest when ``ptx``."""
+    parsed = parse_arches(arches)
+    if ptx and parsed:
+        first = parsed[0]
+        parsed = (CudaArch(first.sm, True, first.suffix), *parsed[1:])
+    return parsed
+
+
+def cmake_architectures(arches: Iterable[CudaArch]) -> str:
+    """CMAKE_CUDA_ARCHITECTURES: ``70-real;80-real;70-virtual`` (SASS each, PTX where asked)."""
+    listed = list(arches)
+    parts = [f"{a.sm}{a.suffix}-real" for a in listed]
+    parts += [f"{a.sm}{a.suffix}-virtual" for a in listed if a.ptx]
+    return ";".join(parts)
 
 
 def torch_arch_list(arches: Iterable[CudaArch]) -> str:

@@ -1,0 +1,218 @@
+"""The build stage's entry point: a frozen :class:`BuildRequest` in, a :class:`BuildOutcome` out.
+
+Order: resolve the toolkit once (it refuses one that cannot compile the
+manifest's arches), build the selected ``[[kernel]]`` wheels, export the
+replayed tree and build the engine wheel, then hand every wheel to
+:func:`pinwheel.build.wheelset.publish` (check -> SHA256SUMS -> provenance ->
+``wheels/`` as one set). ``tools/replay build``, ``pinwheel kernels`` and
+``pinwheel verify-build`` all come through here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pinwheel.build.check import find_tools, spec_from_build
+from pinwheel.build.engine import build_engine, commit_time, engine_version
+from pinwheel.build.kernels import BuildOptions, build_kernel, build_twice, select
+from pinwheel.build.provenance import receipt, toolchain_facts
+from pinwheel.build.toolchain import Toolkit, resolve_toolkit
+from pinwheel.build.wheelset import Built, WheelSet, publish
+from pinwheel.errors import ManifestError
+from pinwheel.manifest import Manifest
+from pinwheel.manifest.build import BuildConfig
+from pinwheel.progress import SILENT, CallbackReporter, Reporter
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """Everything a build needs, resolved once from flags, environment and manifest."""
+
+    manifest: Manifest
+    cache: Path
+    out_dir: Path
+    environ: Mapping[str, str] = field(repr=False)
+    mirrors: Mapping[str, str] = field(default_factory=dict)
+    offline: bool = False
+    provision: bool = True
+    replayed: Any = None  # ReplayResult of the manifest: build the engine from it
+    kernels: tuple[str, ...] | None = None  # names; None = the default ones; () = none
+    all_kernels: bool = False
+    twice: bool = False  # kernels: build twice, fail unless identical
+    source_date_epoch: int | None = None  # kernels: override the source's date
+    version: str | None = None  # engine: override (verify-build replays the recorded one)
+    engine_epoch: int | None = None  # engine: override SOURCE_DATE_EPOCH (verify-build)
+    engine_source: Path | None = None  # engine: build this directory instead of exporting
+    engine_workdir: Path | None = None  # engine: scratch path (default: by manifest and tree)
+    toolkit: Toolkit | None = None  # resolved already (by the caller, before a long replay)
+    cuda: bool = True  # False: no CUDA toolkit at all (CPU-only projects, stand-in builds)
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    toolkit: Toolkit | None
+    built: tuple[Built, ...]
+    wheels: WheelSet
+    twice: Mapping[str, float] = field(default_factory=dict)  # kernel -> first build seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "toolkit": self.toolkit.facts() if self.toolkit else None,
+            **self.wheels.to_json(),
+            "components": [
+                {
+                    "name": b.component,
+                    "kind": b.kind,
+                    "wheel": b.wheel.name,
+                    "sha256": self.wheels.wheels[b.wheel.name],
+                    "seconds": round(b.seconds, 1),
+                    "first_build_seconds": self.twice.get(b.component),
+                    "reproduced": b.component in self.twice,
+                    **dict(b.source),
+                }
+                for b in self.built
+            ],
+        }
+
+    def human_lines(self) -> list[str]:
+        tk = self.toolkit
+        lines = [f"CUDA {tk.version} ({tk.source}) at {tk.root}" if tk else "no CUDA toolkit"]
+        for b in self.built:
+            first = self.twice.get(b.component)
+            extra = f", first build {first:.1f} s, identical" if first is not None else ""
+            lines.append(f"{b.kind} {b.component}: {b.seconds:.1f} s{extra}")
+        return lines + self.wheels.human_lines()
+
+
+def build_config(manifest: Manifest) -> BuildConfig:
+    config: BuildConfig = manifest.require("build")
+    return config
+
+
+def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
+    """Kernels, then the engine; every wheel checked and published as one set."""
+    manifest = request.manifest
+    config = build_config(manifest)
+    engine = request.replayed is not None or request.engine_source is not None
+    specs = select(manifest.kernels, list(request.kernels or []), all_=request.all_kernels)
+    if request.kernels == ():
+        specs = []
+    if not specs and not engine:
+        raise ManifestError(
+            "nothing to build: no [[kernel]] selected and no engine tree",
+            where=manifest.path.name,
+            next="add a [[kernel]] table, pass --all for the non-default ones, "
+            "or run `tools/replay build` for the engine",
+        )
+    toolkit = request.toolkit
+    if toolkit is None and request.cuda:
+        with reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
+            toolkit = resolve_toolkit(config, request.cache, provision=request.provision)
+
+    built: list[Built] = []
+    twice: dict[str, float] = {}
+    opts = BuildOptions(
+        cache=request.cache,
+        mirrors=request.mirrors,
+        environ=request.environ,
+        offline=request.offline,
+        source_date_epoch=request.source_date_epoch,
+        log=reporter.info,
+    )
+    for spec in specs:
+        if toolkit is None:
+            raise ManifestError(
+                f"[[kernel]] {spec.name} needs a CUDA toolkit",
+                where=spec.where,
+                next="build it with the toolkit (drop cuda=False from the request)",
+            )
+        with reporter.status(f"building kernel {spec.name} ({spec.builder})"):
+            if request.twice:
+                first, second = build_twice(spec, config, toolkit, opts)
+                twice[spec.name] = round(first.seconds, 1)
+                built.append(second)
+            else:
+                built.append(build_kernel(spec, config, toolkit, opts))
+
+    if engine:
+        built.append(_engine(request, config, toolkit, reporter))
+
+    cuobjdump, auditwheel = find_tools(toolkit.root if toolkit else None)
+    check_spec = spec_from_build(
+        config,
+        build_dirs=(str(request.cache),),
+        cuobjdump=cuobjdump,
+        auditwheel=auditwheel,
+    )
+    python = request.environ.get("PINWHEEL_BUILD_PYTHON") or sys.executable
+    facts = toolchain_facts(
+        python, toolkit.nvcc if toolkit else None, toolkit.version if toolkit else None
+    )
+    payload = receipt(
+        manifest,
+        request.replayed,
+        toolchain=facts,
+        arches=[str(a) for a in config.targets],
+    )
+    with reporter.status(f"checking {len(built)} wheel(s)"):
+        wheels = publish(built, request.out_dir, spec=check_spec, receipt=payload)
+    return BuildOutcome(toolkit=toolkit, built=tuple(built), wheels=wheels, twice=twice)
+
+
+def engine_workdir(request: BuildRequest) -> Path:
+    """Fixed per manifest and tree: compilers embed source paths, so rebuilds must match."""
+    if request.engine_workdir is not None:
+        return request.engine_workdir
+    manifest = request.manifest
+    tree = request.replayed.tree if request.replayed is not None else "source"
+    return request.cache / "build" / f"{manifest.name}-{str(tree)[:12]}"
+
+
+def _engine(
+    request: BuildRequest, config: BuildConfig, toolkit: Toolkit | None, reporter: Reporter
+) -> Built:
+    from pinwheel.source.export import export_tree
+
+    replayed = request.replayed
+    work = engine_workdir(request)
+    if request.engine_source is not None:
+        source = request.engine_source
+    else:
+        with reporter.status(f"exporting tree {replayed.tree[:12]}"):
+            source = export_tree(replayed, work / "src")
+    version = request.version or engine_version(config, replayed)
+    if request.engine_epoch is not None:
+        epoch = request.engine_epoch
+    elif replayed is not None:
+        epoch = commit_time(replayed.repo_path, replayed.base)
+    else:
+        raise ManifestError(
+            "SOURCE_DATE_EPOCH unknown for a plain source tree",
+            where=str(source),
+            next="pass the base commit's date",
+        )
+    origin = {
+        "url": request.manifest.upstream.url,
+        "commit": replayed.base if replayed is not None else request.manifest.upstream.commit,
+        "head": replayed.head if replayed is not None else None,
+        "tree": replayed.tree if replayed is not None else None,
+        "origin": "replayed stack" if replayed is not None else str(source),
+    }
+    with reporter.status(f"building the engine wheel {version}"):
+        return build_engine(
+            config,
+            source,
+            work=work,
+            toolkit=toolkit,
+            version=version,
+            source_date_epoch=epoch,
+            environ=request.environ,
+            origin=origin,
+        )
+
+
+__all__ = ["BuildOutcome", "BuildRequest", "CallbackReporter", "build", "build_config"]

@@ -1,0 +1,178 @@
+"""``pinwheel verify-build``: rebuild what a provenance receipt records and compare, wheel by wheel.
+
+In: a build output directory (wheels + provenance.json) and the manifest it
+was built from. Out: a :class:`RebuildComparison` naming every wheel that
+differs and, inside it, every member that differs (and diffoscope's view
+when it is installed). Every component is rebuilt: the engine from the
+replayed stack at the recorded version and SOURCE_DATE_EPOCH, each kernel at
+its recorded date.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pinwheel.build.pipeline import BuildRequest, build
+from pinwheel.build.provenance import FILENAME, component, read_receipt
+from pinwheel.build.wheeldiff import MemberDiff, diff_members
+from pinwheel.checksums import sha256_file
+from pinwheel.errors import EXIT_MISMATCH, MismatchError
+from pinwheel.progress import SILENT, Reporter
+
+
+@dataclass(frozen=True)
+class WheelComparison:
+    wheel: str
+    recorded: str
+    rebuilt: str | None  # None: the rebuild made no wheel of that name
+    members: tuple[MemberDiff, ...] = ()
+    diffoscope: str | None = None
+
+    @property
+    def same(self) -> bool:
+        return self.recorded == self.rebuilt
+
+
+@dataclass(frozen=True)
+class RebuildComparison:
+    wheels: tuple[WheelComparison, ...]
+    exit_code: int = EXIT_MISMATCH
+
+    @property
+    def same(self) -> bool:
+        return all(w.same for w in self.wheels)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "same": self.same,
+            "wheels": [
+                {
+                    "wheel": w.wheel,
+                    "recorded": w.recorded,
+                    "rebuilt": w.rebuilt,
+                    "same": w.same,
+                    "members": [{"member": m.member, "change": m.change} for m in w.members],
+                    "diffoscope": w.diffoscope,
+                }
+                for w in self.wheels
+            ],
+        }
+
+    def human_lines(self) -> list[str]:
+        lines = []
+        for w in self.wheels:
+            if w.same:
+                lines.append(f"same     {w.recorded}  {w.wheel}")
+                continue
+            lines.append(f"DIFFERS  {w.wheel}: recorded {w.recorded}, rebuilt {w.rebuilt}")
+            lines += [f"    {m.change}: {m.member}" for m in w.members]
+            if w.diffoscope:
+                lines += ["    diffoscope:"] + [f"      {ln}" for ln in w.diffoscope.splitlines()]
+        verdict = "reproducible" if self.same else "NOT reproducible"
+        lines.append(
+            f"{verdict}: {sum(w.same for w in self.wheels)}/{len(self.wheels)} wheel(s) identical"
+        )
+        return lines
+
+
+def _diffoscope(a: Path, b: Path, limit: int = 60) -> str | None:
+    tool = shutil.which("diffoscope")
+    if not tool:
+        return None
+    out = subprocess.run(
+        [tool, "--text", "-", str(a), str(b)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    return "\n".join(out.stdout.splitlines()[:limit]) or None
+
+
+def compare_builds(recorded_dir: Path, rebuilt_dir: Path) -> RebuildComparison:
+    """Compare every wheel the recorded set holds with the rebuild's wheel of the same name."""
+    recorded = read_receipt(Path(recorded_dir) / FILENAME)
+    names = [c["wheel"] for c in recorded.get("components") or []] or list(recorded["built"])
+    results = []
+    for name in sorted(names):
+        want = recorded["wheels"][name]
+        ours = Path(recorded_dir) / name
+        theirs = Path(rebuilt_dir) / name
+        got = sha256_file(theirs) if theirs.is_file() else None
+        if got == want:
+            results.append(WheelComparison(name, want, got))
+            continue
+        members: tuple[MemberDiff, ...] = ()
+        diffo = None
+        if got is not None and ours.is_file():
+            members = diff_members(ours, theirs)
+            diffo = _diffoscope(ours, theirs)
+        results.append(WheelComparison(name, want, got, members, diffo))
+    return RebuildComparison(tuple(results))
+
+
+def verify_build(
+    request: BuildRequest,
+    wheels_dir: Path,
+    *,
+    keep: Path | None = None,
+    reporter: Reporter = SILENT,
+) -> RebuildComparison:
+    """Rebuild every component ``wheels_dir/provenance.json`` records and compare sha256s.
+
+    ``request`` carries the manifest, cache and environment; its ``replayed`` is
+    the manifest replayed again (needed when the receipt records an engine wheel).
+    """
+    recorded = read_receipt(Path(wheels_dir) / FILENAME)
+    manifest = request.manifest
+    if recorded["manifest"]["sha256"] != manifest.sha256:
+        raise MismatchError(
+            f"{manifest.path.name} changed since this build (sha256 {manifest.sha256[:16]}…, "
+            f"the receipt records {recorded['manifest']['sha256'][:16]}…)",
+            where=str(Path(wheels_dir) / FILENAME),
+            next="check out the manifest the build used, or rebuild with `tools/replay build`",
+        )
+    comps = recorded.get("components") or []
+    kernels = tuple(c["name"] for c in comps if c.get("kind") == "kernel")
+    engine = component(recorded, "engine")
+    epochs = {c.get("source_date_epoch") for c in comps if c.get("kind") == "kernel"}
+    out = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="pinwheel-rebuild-"))
+    try:
+        rebuild = replace(
+            request,
+            out_dir=out,
+            kernels=kernels,
+            all_kernels=False,
+            twice=False,
+            replayed=request.replayed if engine is not None else None,
+            engine_source=request.engine_source if engine is not None else None,
+            engine_workdir=_recorded_workdir(request, engine),
+            version=engine.get("version") if engine else None,
+            engine_epoch=engine.get("source_date_epoch") if engine else None,
+            source_date_epoch=epochs.pop() if len(epochs) == 1 else None,
+        )
+        build(rebuild, reporter)
+        return compare_builds(Path(wheels_dir), out)
+    finally:
+        if not keep:
+            shutil.rmtree(out, ignore_errors=True)
+
+
+def recorded_components(wheels_dir: Path) -> Mapping[str, Any]:
+    """name -> component record of a build output (for messages and the CLI)."""
+    recorded = read_receipt(Path(wheels_dir) / FILENAME)
+    return {c["name"]: c for c in recorded.get("components") or []}
+
+
+def _recorded_workdir(request: BuildRequest, engine: Mapping[str, Any] | None) -> Path | None:
+    """The first build's engine scratch path: compilers embed it, so the rebuild reuses it."""
+    if engine is None:
+        return None
+    tree = (engine.get("source") or {}).get("tree") or "source"
+    return request.cache / "build" / f"{request.manifest.name}-{str(tree)[:12]}"

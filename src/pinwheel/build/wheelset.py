@@ -1,0 +1,232 @@
+"""One path for every wheel: built -> checked -> SHA256SUMS -> provenance -> ``wheels/``.
+
+Producers (the engine build, in-tree and out-of-tree kernels, components) only
+build: each returns a :class:`Built` whose wheel is still in scratch. Then
+:func:`publish` checks every new wheel together, and places the new set in
+the output directory as one unit: wheels from an earlier build that this one
+does not replace are kept only if ``SHA256SUMS`` and ``provenance.json`` vouch
+for them, SHA256SUMS and provenance.json are written in a staging directory
+beside it, and the staging directory replaces the old one by rename. A failed
+or interrupted build leaves the previous consistent set (or nothing), never a
+wheel without its SHA256SUMS line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pinwheel.build.check import CheckReport, CheckSpec, check_wheels
+from pinwheel.build.provenance import FILENAME, read_receipt, write_receipt
+from pinwheel.checksums import SUMS, parse_sums, sha256_file, write_sums
+from pinwheel.errors import PinwheelError
+
+
+@dataclass(frozen=True)
+class Built:
+    """One wheel a producer made, not yet checked or published."""
+
+    component: str  # "engine" or the [[kernel]] name
+    kind: str  # "engine" | "kernel"
+    wheel: Path  # in the producer's scratch directory
+    seconds: float
+    source: Mapping[str, Any]  # url, commit, tree, origin: what it was built from
+    build: Mapping[str, Any] = field(default_factory=dict)  # version, env, command, epoch...
+
+    def record(self, sha256: str) -> dict[str, Any]:
+        """This wheel's entry under provenance.json ``components``."""
+        return {
+            "name": self.component,
+            "kind": self.kind,
+            "wheel": self.wheel.name,
+            "sha256": sha256,
+            "seconds": round(self.seconds, 1),
+            "source": dict(self.source),
+            **{k: v for k, v in self.build.items()},
+        }
+
+
+@dataclass(frozen=True)
+class WheelSet:
+    """The consistent set now in ``out_dir``."""
+
+    out_dir: Path
+    built: tuple[Path, ...]  # placed by this run
+    kept: tuple[str, ...]  # earlier wheels kept (vouched for by the old SUMS + provenance)
+    wheels: Mapping[str, str]  # every wheel in the set -> sha256
+    sums: Path
+    provenance: Path
+    report: CheckReport
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "wheels": dict(self.wheels),
+            "built": [p.name for p in self.built],
+            "kept": list(self.kept),
+            "sha256sums": str(self.sums),
+            "provenance": str(self.provenance),
+            "check": self.report.to_json(),
+        }
+
+    def human_lines(self) -> list[str]:
+        lines = [f"built {len(self.built)} wheel(s):"]
+        lines += [f"  {self.wheels[p.name]}  {p.name}" for p in self.built]
+        if self.kept:
+            lines.append(f"kept {len(self.kept)} earlier wheel(s): {', '.join(self.kept)}")
+        lines += self.report.human_lines()
+        lines += [f"wrote {self.sums}", f"wrote {self.provenance}"]
+        return lines
+
+
+def dist_name(wheel: str) -> str:
+    """The distribution part of a wheel file name, normalized."""
+    return wheel.split("-", 1)[0].lower().replace(".", "_")
+
+
+def recover(out_dir: Path) -> None:
+    """Finish or undo a swap that an interrupted run left half done."""
+    old = _sibling(out_dir, "old")
+    if not out_dir.exists() and old.is_dir():
+        os.replace(old, out_dir)  # crashed between the two renames: put the old set back
+    shutil.rmtree(old, ignore_errors=True)
+    for stale in out_dir.parent.glob(f".{out_dir.name}.staging-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _sibling(out_dir: Path, what: str) -> Path:
+    return out_dir.parent / f".{out_dir.name}.{what}"
+
+
+def vouched(out_dir: Path) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """Wheels of the current set that SHA256SUMS lists, exist, and match; and the receipt."""
+    sums_path = out_dir / SUMS
+    if not sums_path.is_file():
+        return {}, None
+    try:
+        listed = parse_sums(sums_path.read_text())
+    except (PinwheelError, UnicodeDecodeError):
+        return {}, None
+    receipt = read_receipt(out_dir / FILENAME) if (out_dir / FILENAME).is_file() else None
+    good = {
+        name: digest
+        for name, digest in listed.items()
+        if name.endswith(".whl")
+        and (out_dir / name).is_file()
+        and sha256_file(out_dir / name) == digest
+    }
+    return good, receipt
+
+
+def publish(
+    built: Sequence[Built],
+    out_dir: Path,
+    *,
+    spec: CheckSpec,
+    receipt: Mapping[str, Any],
+    keep_others: bool = True,
+) -> WheelSet:
+    """Check ``built``, then make ``out_dir`` hold them plus the earlier wheels they don't replace.
+
+    ``receipt`` is the provenance payload for the whole set minus ``components``,
+    ``wheels`` and ``built``, which are filled in here.
+    """
+    out_dir = Path(out_dir).absolute()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    recover(out_dir)
+    new_dists = {dist_name(b.wheel.name) for b in built}
+    old, old_receipt = vouched(out_dir) if keep_others else ({}, None)
+    kept = {n: d for n, d in old.items() if dist_name(n) not in new_dists}
+    # Required members count over the whole set: a kernel-only build keeps the engine.
+    report = check_wheels([b.wheel for b in built], spec, alongside=[out_dir / n for n in kept])
+    report.raise_if_failed()  # unchecked wheels never reach out_dir
+    old_components = {
+        c["wheel"]: c for c in (old_receipt or {}).get("components", []) if c.get("wheel") in kept
+    }
+
+    staging = _sibling(out_dir, f"staging-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        for name in kept:
+            _link_or_copy(out_dir / name, staging / name)
+        digests: dict[str, str] = dict(kept)
+        components: list[dict[str, Any]] = [old_components[n] for n in sorted(old_components)]
+        for b in built:
+            target = staging / b.wheel.name
+            shutil.copy2(b.wheel, target)
+            digests[target.name] = sha256_file(target)
+            components.append(b.record(digests[target.name]))
+        names = sorted(digests)
+        write_sums(staging, names)
+        payload = dict(receipt)
+        if not any(b.kind == "engine" for b in built) and old_receipt is not None:
+            if any(c.get("kind") == "engine" for c in old_components.values()):
+                # the kept engine wheel was replayed by an earlier run: keep what it recorded
+                for key in ("upstream", "steps", "head", "tree", "tag"):
+                    payload[key] = old_receipt.get(key)
+        payload["wheels"] = {n: digests[n] for n in names}
+        payload["built"] = sorted(b.wheel.name for b in built)
+        payload["components"] = sorted(components, key=lambda c: (c["kind"], c["name"]))
+        engine = next((c for c in components if c["kind"] == "engine"), None)
+        payload["version"] = engine.get("version") if engine else None
+        payload["source_date_epoch"] = engine.get("source_date_epoch") if engine else None
+        write_receipt(staging, payload)
+        _fsync_dir(staging)
+        _swap(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    placed = tuple(out_dir / b.wheel.name for b in built)
+    return WheelSet(
+        out_dir=out_dir,
+        built=placed,
+        kept=tuple(sorted(kept)),
+        wheels={n: digests[n] for n in names},
+        sums=out_dir / SUMS,
+        provenance=out_dir / FILENAME,
+        report=report,
+    )
+
+
+def _swap(staging: Path, out_dir: Path) -> None:
+    """Replace out_dir by staging. Files in out_dir that are not wheels or the set's own
+    files (e.g. a user's notes) move over too."""
+    if out_dir.exists():
+        for entry in out_dir.iterdir():
+            if entry.name.endswith(".whl") or entry.name in (SUMS, FILENAME):
+                continue
+            if not (staging / entry.name).exists():
+                _link_or_copy(entry, staging / entry.name)
+        old = _sibling(out_dir, "old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out_dir, old)
+        os.replace(staging, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, out_dir)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    if src.is_dir():
+        shutil.copytree(src, dst, symlinks=True)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _fsync_dir(path: Path) -> None:
+    for entry in path.iterdir():
+        if entry.is_file():
+            with open(entry, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

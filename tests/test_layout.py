@@ -1,0 +1,135 @@
+"""The package's shape is the pipeline: stages import only earlier stages, never the CLI.
+
+The import graph is read from the source with ``ast`` (every import, including
+the ones inside functions), so a lazy import cannot hide a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "pinwheel"
+# Stage order: a module may import its own stage, the foundation, and earlier stages.
+STAGES = ("manifest", "source", "build", "release", "serve")
+FOUNDATION = {"errors", "fsutil", "checksums", "cudaarch", "progress", "__init__"}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path, package: str | None = None) -> set[str]:
+    """Every pinwheel module ``path`` imports, resolved to a dotted name."""
+    tree = ast.parse(path.read_text(), str(path))
+    if package is None:
+        name = module_name(path)
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("pinwheel")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if not mod.startswith("pinwheel"):
+                continue
+            found.add(mod)
+            for alias in node.names:  # `from pinwheel.build import engine` imports a module
+                if (
+                    (SRC.parent / (mod + "." + alias.name).replace(".", "/"))
+                    .with_suffix(".py")
+                    .exists()
+                ):
+                    found.add(f"{mod}.{alias.name}")
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {module_name(p): imports(p) for p in SRC.rglob("*.py")}
+
+
+def stage_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "foundation"
+    if parts[1] == "__main__":  # `python -m pinwheel` is the CLI's entry point
+        return "cli"
+    if parts[1] in STAGES or parts[1] == "cli":
+        return parts[1]
+    return "foundation" if parts[1] in FOUNDATION else parts[1]
+
+
+def test_every_module_belongs_to_a_stage_or_the_foundation() -> None:
+    strays = [m for m in graph() if stage_of(m) not in (*STAGES, "cli", "foundation")]
+    assert not strays, f"modules outside the stage folders: {strays}"
+
+
+def test_no_stage_imports_the_cli_or_a_later_stage() -> None:
+    bad = []
+    for module, deps in graph().items():
+        mine = stage_of(module)
+        if mine == "cli":
+            continue
+        for dep in deps:
+            theirs = stage_of(dep)
+            if theirs == "cli":
+                bad.append(f"{module} -> {dep} (the CLI)")
+            elif mine == "foundation" and theirs != "foundation":
+                bad.append(f"{module} -> {dep} (foundation imports a stage)")
+            elif mine in STAGES and theirs in STAGES and STAGES.index(theirs) > STAGES.index(mine):
+                bad.append(f"{module} -> {dep} (a later stage)")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    nodes = graph()
+    g = {m: {d for d in deps if d in nodes} for m, deps in nodes.items()}
+    # Package __init__ re-exports are edges too; a cycle is a path back to the start.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(g.get(node, ())):
+            if nxt == node or _is_parent_package(nxt, node):
+                continue
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(g):
+        if node not in state and (cycle := visit(node)):
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+
+
+def _is_parent_package(candidate: str, module: str) -> bool:
+    """Importing a submodule runs its package's __init__: not a cycle of ours."""
+    return module.startswith(candidate + ".")
+
+
+def test_the_checker_sees_a_planted_violation(tmp_path: Path) -> None:
+    """The graph reader is not vacuous: lazy and relative imports inside functions are found."""
+    mod = tmp_path / "x.py"
+    mod.write_text(
+        "def f():\n    from pinwheel.cli import main\n    from ..serve import qualify\n"
+        "    return main, qualify\n"
+    )
+    found = imports(mod, package="pinwheel.build")
+    assert {"pinwheel.cli", "pinwheel.serve", "pinwheel.serve.qualify"} <= found
+    assert stage_of("pinwheel.serve.qualify") == "serve" and stage_of("pinwheel.cli") == "cli"
