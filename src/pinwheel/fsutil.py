@@ -39,14 +39,32 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         yield tmp
-        if final.exists():
-            old = final.with_name(f".{final.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        swap_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def swap_dir(new: Path, final: Path) -> None:
+    """Put directory ``new`` at ``final``, replacing what is there.
+
+    Two renames: ``final`` -> ``.final.old``, ``new`` -> ``final``. A crash
+    between them leaves ``.final.old`` beside a missing ``final``;
+    :func:`recover_dir` puts it back.
+    """
+    if final.exists():
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(new, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new, final)
+
+
+def recover_dir(final: Path) -> None:
+    """Undo a :func:`swap_dir` that was interrupted between its two renames."""
+    old = final.with_name(f".{final.name}.old")
+    if not final.exists() and old.is_dir():
+        os.replace(old, final)
+    shutil.rmtree(old, ignore_errors=True)

@@ -111,7 +111,9 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     toolkit = request.toolkit
     if toolkit is None and request.cuda:
         with reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
-            toolkit = resolve_toolkit(config, request.cache, provision=request.provision)
+            toolkit = resolve_toolkit(
+                config, request.cache, provision=request.provision, environ=request.environ
+            )
 
     built: list[Built] = []
     twice: dict[str, float] = {}

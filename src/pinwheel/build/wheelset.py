@@ -24,6 +24,7 @@ from pinwheel.build.check import CheckReport, CheckSpec, check_wheels
 from pinwheel.build.provenance import FILENAME, read_receipt, write_receipt
 from pinwheel.checksums import SUMS, parse_sums, sha256_file, write_sums
 from pinwheel.errors import PinwheelError
+from pinwheel.fsutil import recover_dir, swap_dir
 
 
 @dataclass(frozen=True)
@@ -88,11 +89,8 @@ def dist_name(wheel: str) -> str:
 
 
 def recover(out_dir: Path) -> None:
-    """Finish or undo a swap that an interrupted run left half done."""
-    old = _sibling(out_dir, "old")
-    if not out_dir.exists() and old.is_dir():
-        os.replace(old, out_dir)  # crashed between the two renames: put the old set back
-    shutil.rmtree(old, ignore_errors=True)
+    """Undo a swap that an interrupted run left half done; drop stale staging dirs."""
+    recover_dir(out_dir)
     for stale in out_dir.parent.glob(f".{out_dir.name}.staging-*"):
         shutil.rmtree(stale, ignore_errors=True)
 
@@ -201,13 +199,7 @@ def _swap(staging: Path, out_dir: Path) -> None:
                 continue
             if not (staging / entry.name).exists():
                 _link_or_copy(entry, staging / entry.name)
-        old = _sibling(out_dir, "old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out_dir, old)
-        os.replace(staging, out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, out_dir)
+    swap_dir(staging, out_dir)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

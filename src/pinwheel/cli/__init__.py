@@ -16,15 +16,15 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.markup import escape
+from typing import TYPE_CHECKING, Any
 
 from pinwheel import __version__
 from pinwheel.errors import EXIT_ERROR, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
 from pinwheel.progress import SILENT, LineReporter, Reporter
+
+if TYPE_CHECKING:  # rich is imported when a command first prints through it
+    from rich.console import Console
 
 # Modules that contribute subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (
@@ -69,17 +69,30 @@ class Context:
     mirrors: dict[str, str]
     json: bool
     offline: bool
-    console: Console = field(default_factory=lambda: Console(stderr=True, soft_wrap=True))
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ), repr=False)
     verbose: bool = False
     _manifest: Manifest | None = None
+    _console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        """A rich console on stderr, made on first use (rich costs ~50 ms to import)."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=True, soft_wrap=True)
+        return self._console
+
+    @property
+    def is_terminal(self) -> bool:
+        return sys.stderr.isatty() and self.environ.get("TERM") != "dumb"
 
     @property
     def reporter(self) -> Reporter:
         """Progress for stages: nothing with --json, rich on a terminal, plain lines otherwise."""
         if self.json:
             return SILENT
-        if self.console.is_terminal:
+        if self.is_terminal:
             return RichReporter(self.console)
         return LineReporter()
 
@@ -106,10 +119,14 @@ class RichReporter:
         self.depth = 0
 
     def info(self, message: str) -> None:
+        from rich.markup import escape
+
         self.console.print(escape(message), highlight=False)
 
     @contextlib.contextmanager
     def status(self, message: str) -> Iterator[None]:
+        from rich.markup import escape
+
         if self.depth:  # one live display at a time: an inner step is a line
             self.info(message)
             yield
@@ -191,9 +208,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return int(args.func(ctx, args) or 0)
     except PinwheelError as err:
-        Console(stderr=True, highlight=False, soft_wrap=True).print(
-            f"[bold red]error:[/] {escape(str(err))}", markup=True
-        )
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.markup import escape
+
+            Console(stderr=True, highlight=False, soft_wrap=True).print(
+                f"[bold red]error:[/] {escape(str(err))}", markup=True
+            )
+        else:
+            print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted; nothing was half-written (writes are atomic)", file=sys.stderr)

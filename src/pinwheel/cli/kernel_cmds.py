@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pinwheel.build.toolchain import BuildConfig, Toolkit, resolve_toolkit
 from pinwheel.cli import Context, command
+
+if TYPE_CHECKING:
+    from pinwheel.build.toolchain import BuildConfig, Toolkit
 
 
 def add_kernel_commands(sub: Any) -> None:
@@ -38,9 +40,11 @@ def _config(ctx: Context) -> BuildConfig:
 
 
 def _toolkit(ctx: Context, config: BuildConfig, provision: bool) -> tuple[Toolkit, float]:
+    from pinwheel.build.toolchain import resolve_toolkit
+
     started = time.monotonic()
-    with ctx.console.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
-        toolkit = resolve_toolkit(config, ctx.cache, provision=provision)
+    with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
+        toolkit = resolve_toolkit(config, ctx.cache, provision=provision, environ=ctx.environ)
     return toolkit, time.monotonic() - started
 
 

@@ -4,34 +4,50 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
-
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from typing import TYPE_CHECKING, Any
 
 from pinwheel.cli import Context, command
-from pinwheel.source.cache import Cache
-from pinwheel.source.replay import ReplayResult, lock_payload, replay_manifest
+
+if TYPE_CHECKING:  # imported where used: `pinwheel --help` should not load libgit2
+    from pinwheel.source.cache import Cache
+    from pinwheel.source.replay import ReplayResult
 
 
 def _cache(ctx: Context) -> Cache:
+    from pinwheel.source.cache import Cache
+
     return Cache(ctx.cache, ctx.mirrors, ctx.offline, show_progress=not ctx.json)
 
 
 def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
+    from pinwheel.source.replay import replay_manifest
+
     manifest = ctx.manifest()
-    ctx.console.print(
+    report = ctx.reporter
+    report.info(
         f"replaying {manifest.name}: {len(manifest.steps)} step(s) on "
-        f"{manifest.upstream.commit[:12]} ({escape(manifest.upstream.url)})",
-        highlight=False,
+        f"{manifest.upstream.commit[:12]} ({manifest.upstream.url})"
     )
+    kwargs = dict(
+        cache=ctx.cache,
+        mirrors=ctx.mirrors,
+        offline=ctx.offline,
+        allow_drift=getattr(args, "allow_drift", False),
+        show_fetch_progress=not ctx.json,
+    )
+    if ctx.json or not ctx.is_terminal:  # plain lines (or nothing): no live display to load
+        return replay_manifest(manifest, progress=report.info, **kwargs)  # type: ignore[arg-type]
+
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     columns = (
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -39,23 +55,14 @@ def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=ctx.console, transient=True, disable=ctx.json) as bar:
+    with Progress(*columns, console=ctx.console, transient=True) as bar:
         task = bar.add_task("fetch + replay", total=len(manifest.steps))
 
         def progress(msg: str) -> None:
-            if not ctx.json:
-                ctx.console.print(escape(msg), highlight=False)
+            ctx.console.print(escape(msg), highlight=False)
             bar.advance(task)
 
-        return replay_manifest(
-            manifest,
-            cache=ctx.cache,
-            mirrors=ctx.mirrors,
-            offline=ctx.offline,
-            allow_drift=getattr(args, "allow_drift", False),
-            progress=progress,
-            show_fetch_progress=not ctx.json,
-        )
+        return replay_manifest(manifest, progress=progress, **kwargs)  # type: ignore[arg-type]
 
 
 def _summary(result: ReplayResult) -> str:
@@ -68,6 +75,8 @@ def _summary(result: ReplayResult) -> str:
 
 
 def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.source.replay import lock_payload
+
     result = _replay(ctx, args)
     ctx.emit(lock_payload(result), _summary(result))
     return 0
@@ -81,7 +90,7 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     manifest = ctx.manifest()
     config = build_config(manifest)  # before the replay: a bad [build] fails in a second
     with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
-        toolkit = resolve_toolkit(config, ctx.cache, provision=not ctx.offline)
+        toolkit = resolve_toolkit(config, ctx.cache, provision=not ctx.offline, environ=ctx.environ)
     result = _replay(ctx, args)
     request = BuildRequest(
         manifest=manifest,
@@ -137,6 +146,7 @@ def cmd_drift(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.source.export import export_tarball, export_tree
+    from pinwheel.source.replay import lock_payload
 
     result = _replay(ctx, args)
     payload = lock_payload(result)

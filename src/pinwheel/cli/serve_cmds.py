@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -16,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel.cli import Context, command
-from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.errors import UsageError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.serve.recipe import ServeConfig, launch, render_recipe
 
@@ -93,14 +90,14 @@ def _serve_config(ctx: Context) -> ServeConfig:
 def _resolve(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
     """Options resolved once, flags before environment."""
     config = _serve_config(ctx)
-    profile = config.profile(args.profile or os.environ.get(f"{config.env_prefix}_PROFILE"))
-    model = args.model or os.environ.get(config.model_var)
+    profile = config.profile(args.profile or ctx.environ.get(f"{config.env_prefix}_PROFILE"))
+    model = args.model or ctx.environ.get(config.model_var)
     return {
         "config": config,
         "profile": profile,
         "model": Path(model) if model else None,
-        "python": args.python or os.environ.get("PYTHON") or "python3",
-        "devices": args.devices or os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "python": args.python or ctx.environ.get("PYTHON") or "python3",
+        "devices": args.devices or ctx.environ.get("CUDA_VISIBLE_DEVICES"),
     }
 
 
@@ -187,18 +184,18 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
             where="--model / $" + config.model_var,
             next=f"pass --model DIR or export {config.model_var}=DIR (`pinwheel model` fetches it)",
         )
-    seqs = os.environ.get(config.seqs_var)
+    seqs = ctx.environ.get(config.seqs_var)
     run = launch(
         config,
         r["profile"],
         model=str(r["model"]),
         python=r["python"],
-        host=args.host or os.environ.get("HOST", "0.0.0.0"),
-        port=args.port or int(os.environ.get("PORT", "8000")),
+        host=args.host or ctx.environ.get("HOST", "0.0.0.0"),
+        port=args.port or int(ctx.environ.get("PORT", "8000")),
         max_num_seqs=int(seqs) if seqs else None,
         devices=r["devices"],
     )
-    env = dict(os.environ) | dict(run.env)
+    env = dict(ctx.environ) | dict(run.env)
     os.execvpe(run.argv[0], list(run.argv), env)
     return 0  # pragma: no cover
 
@@ -206,16 +203,10 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- qualify
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterator[Any]:
-    """Start the profile's server (its own process group), log to out/server.log, stop it after."""
-    from pinwheel.serve.qualify import Target
+    """Start the profile's server for qualification; stopped when the block ends."""
+    from pinwheel.serve.supervise import free_port, started_server
 
     r = _resolve(ctx, args)
     config = r["config"]
@@ -225,8 +216,8 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
             where="--model / $" + config.model_var,
             next="pass --model DIR (or --url URL to attach to a running server)",
         )
-    port = args.port or _free_port()
-    seqs = os.environ.get(config.seqs_var)
+    port = args.port or free_port()
+    seqs = ctx.environ.get(config.seqs_var)
     run = launch(
         config,
         r["profile"],
@@ -237,44 +228,9 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
         max_num_seqs=int(seqs) if seqs else None,
         devices=r["devices"],
     )
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / "server.log"
-    with open(log, "wb") as fh:
-        try:
-            proc = subprocess.Popen(
-                list(run.argv),
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ) | dict(run.env),
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise PinwheelError(
-                f"could not start the server: {exc}",
-                where=run.argv[0],
-                next="pass --python with the engine venv's python",
-            ) from None
-        atomic_write_text(out / "server.pid", f"{proc.pid}\n")
-        ctx.console.print(
-            f"started server pid {proc.pid} on port {port}; log: {log}", highlight=False
-        )
-        try:
-            yield Target(url=f"http://127.0.0.1:{port}", log=log, alive=proc.poll)
-        finally:
-            _stop(proc)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    url = f"http://127.0.0.1:{port}"
+    with started_server(run, out, environ=ctx.environ, url=url, reporter=ctx.reporter) as target:
+        yield target
 
 
 def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
@@ -283,7 +239,7 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     m = ctx.manifest()
     out = Path(args.out)
     config = _serve_config(ctx)
-    profile = config.profile(args.profile or os.environ.get(f"{config.env_prefix}_PROFILE")).name
+    profile = config.profile(args.profile or ctx.environ.get(f"{config.env_prefix}_PROFILE")).name
     prov = Path(args.provenance) if args.provenance else m.root / "wheels" / "provenance.json"
     if args.provenance and not prov.is_file():
         raise UsageError(

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import builtins
 import datetime as _dt
-import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from pinwheel.checksums import sha256_file
 from pinwheel.errors import ManifestError
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -285,7 +285,7 @@ def check_file_sha(
             where=t.where(key),
             next="restore the file under patches/ or fix the path",
         )
-    actual = hashlib.sha256(path.read_bytes()).hexdigest()
+    actual = sha256_file(path)
     if verify and actual != expected:
         raise ManifestError(
             f"sha256 of {path.name} is {actual}, manifest pins {expected}",
