@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel.build.buildenv import build_env
+from pinwheel.build.sources import undeclared_downloads
 from pinwheel.build.wheelset import Built
 from pinwheel.cudaarch import CudaArch
 from pinwheel.errors import ManifestError, PinwheelError
@@ -138,7 +139,11 @@ def plan_build(
     work: Path,
     python: str,
     base_env: Mapping[str, str],
+    extra_env: Mapping[str, str] | None = None,
+    wrapper: Sequence[str] = (),
 ) -> BuildPlan:
+    """``extra_env``: what the build sources and the build venv add (recorded as set);
+    ``wrapper``: a prefix such as ``unshare -rn`` (no network for the build)."""
     running = subprocess.run(
         [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
         capture_output=True,
@@ -158,13 +163,16 @@ def plan_build(
         toolkit=toolkit,
         base=base_env,
     )
+    if extra_env:
+        env.update(extra_env)
+        set_env.update(extra_env)
     outdir = work / "dist"
     return BuildPlan(
         source=Path(source),
         out_dir=Path(out_dir),
         work=work,
         python=python,
-        command=wheel_command(python, Path(source), outdir),
+        command=(*wrapper, *wheel_command(python, Path(source), outdir)),
         version=version,
         arches=config.targets,
         set_env=set_env,
@@ -234,8 +242,16 @@ def build_engine(
     environ: Mapping[str, str],
     origin: Mapping[str, Any],
     python: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    wrapper: Sequence[str] = (),
+    record: Mapping[str, Any] | None = None,
+    supplied: Sequence[str] = (),
 ) -> Built:
-    """Build the engine wheel from ``source`` into ``work/dist``; nothing is published here."""
+    """Build the engine wheel from ``source`` into ``work/dist``; nothing is published here.
+
+    ``supplied`` names the build sources handed over; a dependency the build log
+    shows CMake wanted beyond them fails the build (see :mod:`pinwheel.build.sources`).
+    """
     work.mkdir(parents=True, exist_ok=True)
     plan = plan_build(
         config,
@@ -247,10 +263,20 @@ def build_engine(
         work=work,
         python=python or build_python(environ),
         base_env=environ,
+        extra_env=extra_env,
+        wrapper=wrapper,
     )
     started = time.monotonic()
     built = run_build(plan)
     seconds = time.monotonic() - started
+    wanted = undeclared_downloads(plan.log.read_text(errors="replace"), supplied)
+    if wanted:
+        raise BuildError(
+            f"the build wanted sources no [[build.source]] supplies: {'; '.join(wanted[:5])}",
+            where=f"{plan.source} (log: {plan.log})",
+            next="declare and pin them: `pinwheel plan` lists the sources, `pinwheel lock` "
+            "pins them",
+        )
     if len(built) != 1:
         raise BuildError(
             f"expected one engine wheel, the build wrote {[p.name for p in built]}",
@@ -269,6 +295,7 @@ def build_engine(
             "env": dict(sorted(plan.set_env.items())),
             "command": _portable(plan.command, plan),
             "arches": [str(a) for a in plan.arches],
+            **dict(record or {}),
         },
     )
 

@@ -10,22 +10,29 @@ replayed tree and build the engine wheel, then hand every wheel to
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pinwheel.build.buildvenv import ensure_build_venv
 from pinwheel.build.check import find_tools, spec_from_build
 from pinwheel.build.engine import build_engine, commit_time, engine_version
 from pinwheel.build.kernels import BuildOptions, build_kernel, build_twice, select
 from pinwheel.build.provenance import receipt, toolchain_facts
+from pinwheel.build.sources import plan_env, supply
 from pinwheel.build.toolchain import Toolkit, resolve_toolkit
 from pinwheel.build.wheelset import Built, WheelSet, publish
 from pinwheel.errors import ManifestError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.progress import SILENT, CallbackReporter, Reporter
+from pinwheel.source.cache import Cache
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,7 @@ class BuildRequest:
     version: str | None = None  # engine: override (verify-build replays the recorded one)
     engine_epoch: int | None = None  # engine: override SOURCE_DATE_EPOCH (verify-build)
     engine_source: Path | None = None  # engine: build this directory instead of exporting
+    wheelhouse: Path | None = None  # offline source of the pinned build requirements
     engine_workdir: Path | None = None  # engine: scratch path (default: by manifest and tree)
     toolkit: Toolkit | None = None  # resolved already (by the caller, before a long replay)
     cuda: bool = True  # False: no CUDA toolkit at all (CPU-only projects, stand-in builds)
@@ -185,7 +193,7 @@ def _engine(
         source = request.engine_source
     else:
         with reporter.status(f"exporting tree {replayed.tree[:12]}"):
-            source = export_tree(replayed, work / "src")
+            source = export_tree(replayed, work / "src", exclude=config.exclude)
     version = request.version or engine_version(config, replayed)
     if request.engine_epoch is not None:
         epoch = request.engine_epoch
@@ -204,8 +212,40 @@ def _engine(
         "tree": replayed.tree if replayed is not None else None,
         "origin": "replayed stack" if replayed is not None else str(source),
     }
+    extra_env: dict[str, str] = {}
+    record: dict[str, Any] = {"excluded": list(config.exclude)}
+    python = None
+    if config.requirements is not None:
+        venv = ensure_build_venv(
+            config.requirements,
+            request.cache,
+            environ=request.environ,
+            offline=request.offline,
+            wheelhouse=request.wheelhouse,
+            reporter=reporter,
+        )
+        python = str(venv.python)
+        path = request.environ.get("PATH", os.defpath)
+        if toolkit is not None:
+            path = f"{toolkit.root / 'bin'}{os.pathsep}{path}"
+        extra_env["PATH"] = f"{venv.python.parent}{os.pathsep}{path}"
+        record["requirements"] = venv.record()
+    supplied = supply(
+        config.sources,
+        project=source,
+        dest=work / "deps",
+        cache=Cache(request.cache, request.mirrors, request.offline),
+        reporter=reporter,
+    )
+    if supplied:
+        extra_env.update(plan_env(supplied, request.environ.get("CMAKE_ARGS")))
+    record["sources"] = [s.record() for s in supplied]
+    wrapper, network = network_wrapper(config.network)
+    record["network"] = network
+    if network != "none" and config.network == "none":
+        reporter.info("no network namespace here (unshare -rn failed): building with network")
     with reporter.status(f"building the engine wheel {version}"):
-        return build_engine(
+        built = build_engine(
             config,
             source,
             work=work,
@@ -214,7 +254,26 @@ def _engine(
             source_date_epoch=epoch,
             environ=request.environ,
             origin=origin,
+            python=python,
+            extra_env=extra_env,
+            wrapper=wrapper,
+            record=record,
+            supplied=[s.name for s in supplied],
         )
+    # Recorded without this machine's cache path: provenance travels with the release.
+    env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build["env"].items()}
+    return dataclasses.replace(built, build={**built.build, "env": env})
+
+
+def network_wrapper(mode: str) -> tuple[tuple[str, ...], str]:
+    """(command prefix, what provenance records): a user+network namespace when asked and
+    possible, so an undeclared download fails loudly instead of fetching."""
+    if mode != "none":
+        return (), "allowed"
+    unshare = shutil.which("unshare")
+    if unshare and subprocess.run([unshare, "-rn", "true"], capture_output=True).returncode == 0:
+        return (unshare, "-rn"), "none"
+    return (), "host (no network namespace available)"
 
 
 __all__ = ["BuildOutcome", "BuildRequest", "CallbackReporter", "build", "build_config"]

@@ -16,6 +16,7 @@ manifest's arches must stop the build here, not an hour into it.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import io
 import json
@@ -194,10 +195,15 @@ def resolve_toolkit(
         if not _same_minor(version, config.cuda):
             rejected.append(f"{source} {root}: CUDA {version}, [build] cuda pins {config.cuda}")
             continue
+        if config.cuda_dev and (lacks := [p for p in DEV_PROBES if not (root / p).exists()]):
+            rejected.append(f"{source} {root}: no {', '.join(lacks)} ([build] cuda_dev)")
+            continue
         probe_arches(nvcc, config.arches, env=environ)
         return Toolkit(root, nvcc, version, config.arches, source)
 
     lock = LOCKS.get(config.cuda)
+    if lock is not None and config.cuda_dev:
+        lock = lock.with_dev()
     cached = cache / "toolchains" / lock.dirname if lock else None
     if lock and cached and (cached / MARKER).is_file():
         return _checked(cached, config, "provisioned", environ)
@@ -263,10 +269,45 @@ class ToolkitLock:
     component: str
     debs: tuple[DebPin, ...]
     wheels: tuple[WheelPin, ...]
+    # What an engine build needs beyond a kernel's: (package, files) added to that
+    # package's pin by with_dev(): math-library, nvrtc and nvtx3 headers, driver stubs.
+    dev: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    variant: str = ""
 
     @property
     def dirname(self) -> str:
-        return f"cuda-{self.version}"
+        return f"cuda-{self.version}" + (f"-{self.variant}" if self.variant else "")
+
+    def with_dev(self) -> ToolkitLock:
+        """This toolkit plus the dev files: a separate tree (``cuda-X.Y.Z-dev``)."""
+        extra = dict(self.dev)
+        debs = tuple(
+            dataclasses.replace(p, files=p.files + extra[p.package]) if p.package in extra else p
+            for p in self.debs
+        )
+        return dataclasses.replace(self, debs=debs, dev=(), variant="dev")
+
+
+# Headers and link stubs CMake's FindCUDAToolkit wants for an engine build
+# (CUDA::nvrtc, CUDA::cuda_driver, cublas/cusparse/cusolver/curand, nvtx3).
+_DEV_HEADERS = (
+    "cublas.h", "cublasLt.h", "cublasXt.h", "cublas_api.h", "cublas_v2.h", "cusparse.h",
+    "cusparse_v2.h", "cusolverDn.h", "cusolverMg.h", "cusolverRf.h", "cusolverSp.h",
+    "cusolverSp_LOWLEVEL_PREVIEW.h", "cusolver_common.h", "nvrtc.h", "nvToolsExt.h",
+    "nvToolsExtCuda.h", "nvToolsExtCudaRt.h", "nvToolsExtOpenCL.h", "nvToolsExtSync.h",
+    "nvtx3", "cuda_profiler_api.h", "cudaProfiler.h", "cudalibxt.h", "nvJitLink.h",
+    "nvfunctional", "crt/nvfunctional", "curand.h", "curand_discrete.h", "curand_discrete2.h",
+    "curand_globals.h", "curand_kernel.h", "curand_lognormal.h", "curand_mrg32k3a.h",
+    "curand_mtgp32.h", "curand_mtgp32_host.h", "curand_mtgp32_kernel.h",
+    "curand_mtgp32dc_p_11213.h", "curand_normal.h", "curand_normal_static.h",
+    "curand_philox4x32_x.h", "curand_poisson.h", "curand_precalc.h", "curand_uniform.h",
+)  # fmt: skip
+DEV_FILES = (
+    *((f"usr/include/{h}", f"include/{h}") for h in _DEV_HEADERS),
+    ("usr/lib/x86_64-linux-gnu/stubs", "lib64/stubs"),
+)
+# What an installed toolkit must hold to count for an engine build.
+DEV_PROBES = ("include/cublas_v2.h", "include/nvrtc.h", "include/nvtx3")
 
 
 _TK = "usr/lib/nvidia-cuda-toolkit"
@@ -306,6 +347,7 @@ LOCKS: dict[str, ToolkitLock] = {
                 ),
             ),
         ),
+        dev=(("nvidia-cuda-dev", DEV_FILES),),
         wheels=(
             WheelPin(
                 project="nvidia-cuda-nvcc-cu12",

@@ -103,10 +103,16 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
         replayed=result,
         kernels=() if args.no_kernels else None,
         toolkit=toolkit,
+        wheelhouse=_wheelhouse(ctx, args),
     )
     outcome = build(request, ctx.reporter)
     ctx.emit(outcome.to_json(), _summary(result) + "\n" + "\n".join(outcome.human_lines()))
     return 0
+
+
+def _wheelhouse(ctx: Context, args: argparse.Namespace) -> Path | None:
+    chosen = args.wheelhouse or ctx.environ.get("PINWHEEL_WHEELHOUSE")
+    return Path(chosen).absolute() if chosen else None
 
 
 def cmd_plan(ctx: Context, args: argparse.Namespace) -> int:
@@ -194,6 +200,12 @@ def register(sub: Any) -> None:
     p.add_argument("--allow-drift", action="store_true", help="replay pinned heads that moved")
     p.add_argument("--out", default="wheels", help="output directory (default: wheels/)")
     p.add_argument("--no-kernels", action="store_true", help="skip the [[kernel]] wheels")
+    p.add_argument(
+        "--wheelhouse",
+        type=Path,
+        help="install [build.requirements] from this directory of wheels, not the index "
+        "(also $PINWHEEL_WHEELHOUSE)",
+    )
     p = command(sub, "lock", "pin short SHAs, PR heads, commits and the tree in place", cmd_lock)
     p.add_argument("--update-base", action="store_true", help="move the base to the branch tip")
     p.add_argument("--update-heads", action="store_true", help="move PR heads to upstream's")

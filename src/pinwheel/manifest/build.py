@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from pinwheel.cudaarch import CudaArch, cmake_architectures, targets, torch_arch_list
 from pinwheel.errors import ManifestError
@@ -25,7 +25,63 @@ BUILD_KEYS = (
     "env",
     "required_members",
     "runner_labels",
+    "source",
+    "exclude",
+    "requirements",
+    "cuda_dev",
+    "network",
 )
+SOURCE_KEYS = (
+    "name", "url", "commit", "ref", "variables", "patches", "submodule", "exclude", "omit",
+    "reason", "used",
+)  # fmt: skip
+_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NETWORK = ("none", "allowed")
+
+
+@dataclass(frozen=True)
+class Submodule:
+    """A git submodule of a build source, pinned by the gitlink its commit records."""
+
+    path: str  # inside the source, e.g. "csrc/cutlass"
+    url: str
+    commit: str
+
+
+@dataclass(frozen=True)
+class BuildSource:
+    """One ``[[build.source]]``: source code the engine's own build would download, pinned.
+
+    The build hands it to the project through ``variables`` (the project's
+    ``*_SRC_DIR`` override and ``FETCHCONTENT_SOURCE_DIR_<NAME>``), after applying
+    ``patches`` (paths in the replayed tree: the declaration's PATCH_COMMAND, which an
+    override skips). ``omit`` leaves an empty stand-in, said in provenance and notes.
+    """
+
+    name: str  # the FetchContent name, e.g. "vllm-flash-attn"
+    url: str | None
+    commit: str | None
+    ref: str | None  # what the declaration names (a tag or branch), for humans and drift
+    variables: tuple[str, ...]
+    patches: tuple[str, ...]
+    submodules: tuple[Submodule, ...]
+    exclude: tuple[str, ...]  # pathspecs left out of the export (blobs a mirror lacks)
+    omit: bool
+    reason: str | None
+    used: str | None  # "yes" | "no" | "unknown": as `lock` found it for the arches
+
+    @property
+    def fetchcontent_var(self) -> str:
+        return "FETCHCONTENT_SOURCE_DIR_" + self.name.upper()  # CMake keeps the dashes
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """A hashed requirements file (pip --require-hashes) for the isolated build environment."""
+
+    path: Path
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -42,6 +98,11 @@ class BuildConfig:
     env: Mapping[str, str] = field(default_factory=dict)  # MAX_JOBS, NVCC_THREADS...
     required_members: tuple[str, ...] = ()  # wheel members the check insists on
     runner_labels: tuple[str, ...] = ()  # release workflow's runs-on
+    sources: tuple[BuildSource, ...] = ()  # [[build.source]]: what the build would download
+    exclude: tuple[str, ...] = ()  # paths of the replayed tree the build does not need
+    requirements: Requirements | None = None  # pinned, hashed build requirements
+    cuda_dev: bool = False  # also the CUDA dev headers + driver/nvrtc stubs an engine links
+    network: str = "none"  # "none": build in a network namespace where the machine allows
 
     @property
     def targets(self) -> tuple[CudaArch, ...]:
@@ -107,6 +168,80 @@ def parse_build_table(table: Table) -> BuildConfig:
         env=env,
         required_members=table.str_list("required_members", ()),
         runner_labels=table.str_list("runner_labels", ()),
+        sources=tuple(_parse_source(s) for s in table.subs("source")),
+        exclude=_pathspecs(table, "exclude"),
+        requirements=_requirements(table),
+        cuda_dev=table.bool("cuda_dev", False),
+        network=table.choice("network", NETWORK, "none"),
+    )
+
+
+def _pathspecs(t: Table, key: str) -> tuple[str, ...]:
+    specs = t.str_list(key, ())
+    for spec in specs:
+        if spec.startswith(("/", "-", ":")) or ".." in spec.split("/"):
+            raise t.error(key, "relative paths or globs inside the tree (no /, -, : or ..)", spec)
+    return tuple(specs)
+
+
+def _requirements(t: Table) -> Requirements | None:
+    if not t.has("requirements"):
+        return None
+    r = t.sub("requirements")
+    r.only("path", "sha256")
+    value = r.str("path")
+    rel = PurePosixPath(value)
+    root = t.source.parent.resolve()
+    path = (root / rel).resolve()
+    if rel.is_absolute() or ".." in rel.parts or not path.is_relative_to(root):
+        raise r.error("path", "a relative path beside the manifest (no /, no ..)", value)
+    digest = r.sha256("sha256")
+    check_file_sha(r, "path", path, digest, repin="update [build.requirements] sha256")
+    return Requirements(path=path, sha256=digest)
+
+
+def _parse_source(t: Table) -> BuildSource:
+    t.only(*SOURCE_KEYS)
+    name = t.str("name")
+    if not _SOURCE_NAME.fullmatch(name):
+        raise t.error("name", "the FetchContent name (letters, digits, . _ -)", name)
+    omit = t.bool("omit", False)
+    url = t.str("url", None)
+    commit = t.sha("commit", None)
+    reason = t.str("reason", None)
+    if omit and not reason:
+        raise t.error("reason", "why the source is omitted (provenance and notes say it)")
+    if not omit and (url is None or commit is None):
+        raise ManifestError(
+            f"build source {name} is not pinned (no url + commit)",
+            where=t.where("commit"),
+            next="run `pinwheel lock` to pin it, or set omit = true with a reason",
+        )
+    variables = t.str_list("variables", ())
+    for var in variables:
+        if not _VAR.fullmatch(var):
+            raise t.error("variables", "CMake/environment variable names", var)
+    patches = _pathspecs(t, "patches")
+    subs = []
+    for s in t.subs("submodule"):
+        s.only("path", "url", "commit")
+        subs.append(Submodule(path=s.str("path"),
+                              url=s.str("url"), commit=s.sha("commit")))  # fmt: skip
+    for sub in subs:
+        if sub.path.startswith("/") or ".." in sub.path.split("/"):
+            raise t.error("submodule", "submodule paths inside the source", sub.path)
+    return BuildSource(
+        name=name,
+        url=url,
+        commit=commit,
+        ref=t.str("ref", None),
+        variables=variables,
+        patches=patches,
+        submodules=tuple(subs),
+        exclude=_pathspecs(t, "exclude"),
+        omit=omit,
+        reason=reason,
+        used=t.choice("used", ("yes", "no", "unknown"), None),
     )
 
 

@@ -200,6 +200,63 @@ class Cache:
             pr_heads=pr_heads,
         )
 
+    def ensure_commits(self, url: str, commits: Sequence[str]) -> Path:
+        """Make ``commits`` (and what they reach) present in the cache repo of ``url``.
+
+        For pinned sources that are no branch tip: a mirror is attached as an
+        alternate; otherwise the commits are fetched by id. Call inside :meth:`locked`.
+        """
+        path = self.repo_path(url)
+        source = resolve_source(url, self.mirrors)
+        if source.local:
+            self._attach_alternate(path, source)
+        repo = pygit2.Repository(str(path))
+        missing = [sha for sha in commits if sha not in repo]
+        if missing and (source.local or not self.offline):
+            gitcli.git(
+                ["fetch", "-q", "--no-tags", "--", source.location, *missing],
+                git_dir=path,
+                user_config=not source.local,
+                check=False,
+            )
+            missing = [sha for sha in commits if sha not in repo]
+        if missing:
+            raise PinwheelError(
+                f"commit(s) {', '.join(m[:12] for m in missing)} not found in {url}"
+                + (" (offline: cache only)" if self.offline and not source.local else ""),
+                where=f"cache {path.name}",
+                next="run without --offline, or point --mirror URL=PATH at a mirror that has them",
+            )
+        return path
+
+    def resolve_ref(self, url: str, ref: str) -> str:
+        """The commit ``ref`` (a tag, branch or SHA) names at ``url`` now (for ``lock``)."""
+        if re.fullmatch(r"[0-9a-f]{40}", ref):
+            return ref
+        source = resolve_source(url, self.mirrors)
+        if self.offline and not source.local:
+            raise PinwheelError(
+                f"cannot resolve {ref!r} of {url} offline",
+                where=f"build source {url}",
+                next="run without --offline, or pass --mirror URL=PATH",
+            )
+        proc = gitcli.git(
+            ["ls-remote", "--", source.location, ref, f"{ref}^{{}}"],
+            user_config=not source.local,
+            check=False,
+        )
+        rows = [line.split("\t") for line in proc.stdout.decode().splitlines() if "\t" in line]
+        peeled = [sha for sha, name in rows if name.endswith("^{}")]
+        plain = [sha for sha, name in rows if not name.endswith("^{}")]
+        if proc.returncode != 0 or not (peeled or plain):
+            err = proc.stderr.decode(errors="replace").strip().splitlines()
+            raise PinwheelError(
+                f"{url} has no ref {ref!r}" + (f" ({err[-1]})" if err else ""),
+                where=f"build source {url}",
+                next="check the declared ref, or pin the commit by hand in [[build.source]]",
+            )
+        return (peeled or plain)[0]
+
     @staticmethod
     def _attach_alternate(path: Path, source: Source) -> None:
         alternates = path / "objects" / "info" / "alternates"

@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from pinwheel.errors import PinwheelError
@@ -14,10 +15,11 @@ from pinwheel.source import gitcli
 from pinwheel.source.replay import ReplayResult, lock_payload
 
 
-def _archive(result: ReplayResult, prefix: str) -> bytes:
+def _archive(result: ReplayResult, prefix: str, exclude: Sequence[str] = ()) -> bytes:
     # git archive stamps every member with the commit time: no wall clock inside.
+    specs = ["--", ".", *(f":(exclude){e}" for e in exclude)] if exclude else []
     proc = gitcli.git(
-        ["archive", "--format=tar", f"--prefix={prefix}/", result.head],
+        ["archive", "--format=tar", f"--prefix={prefix}/", result.head, *specs],
         git_dir=result.repo_path,
         check=False,
     )
@@ -50,9 +52,10 @@ def export_tarball(result: ReplayResult, out_dir: Path) -> tuple[Path, Path]:
     return tarball, lock
 
 
-def export_tree(result: ReplayResult, dest: Path) -> Path:
-    """Write the replayed tree into directory ``dest`` (replaced atomically)."""
-    raw = _archive(result, "src")
+def export_tree(result: ReplayResult, dest: Path, exclude: Sequence[str] = ()) -> Path:
+    """Write the replayed tree into directory ``dest`` (replaced atomically), leaving out
+    the ``exclude`` pathspecs (``[build] exclude``: paths the build does not need)."""
+    raw = _archive(result, "src", exclude)
     with atomic_dir(Path(dest)) as tmp:
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
             tar.extractall(tmp, filter="data")

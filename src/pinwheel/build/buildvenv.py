@@ -1,0 +1,135 @@
+"""The isolated build environment: a hashed requirements file in, a venv's python out.
+
+The engine's Python build requirements (torch == 2.10.0, cmake >= 3.26,
+setuptools-scm, ...) are part of what is pinned: ``[build.requirements]`` names
+a ``pip --require-hashes`` file (its sha256 is pinned in the manifest). The venv
+is made once per file digest under ``<cache>/venvs/build-<digest>``, installed
+with ``--require-hashes --no-deps`` (so nothing unlisted gets in), from the
+package index or, offline, from a wheelhouse; then recorded in provenance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from pinwheel.errors import PinwheelError
+from pinwheel.fsutil import atomic_write_text
+from pinwheel.manifest.build import Requirements
+from pinwheel.progress import SILENT, Reporter
+
+READY = ".pinwheel-build-venv.json"
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+
+
+class BuildVenvError(PinwheelError):
+    """The build environment could not be made."""
+
+
+@dataclass(frozen=True)
+class BuildVenv:
+    python: Path
+    requirements: Mapping[str, tuple[str, tuple[str, ...]]]  # name -> (version, sha256s)
+    digest: str  # sha256 of the requirements file
+
+    def record(self) -> dict[str, object]:
+        return {
+            "requirements_sha256": self.digest,
+            "packages": {n: {"version": v, "sha256": list(h)} for n, (v, h) in
+                         sorted(self.requirements.items())},
+        }  # fmt: skip
+
+
+def parse_requirements(text: str, source: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """``name==version --hash=sha256:...`` lines (continuations joined); every line pinned."""
+    logical = text.replace("\\\n", " ")
+    pins: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for n, line in enumerate(logical.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = _PIN.match(line)
+        hashes = tuple(_HASH.findall(line))
+        if not m or not hashes:
+            raise BuildVenvError(
+                f"requirement {line[:60]!r} is not pinned with == and --hash=sha256",
+                where=f"{source} (logical line {n})",
+                next="regenerate it with `pip-compile --generate-hashes` or `uv pip compile "
+                "--generate-hashes`",
+            )
+        pins[m.group(1).lower().replace("_", "-")] = (m.group(2), hashes)
+    if not pins:
+        raise BuildVenvError(f"{source} lists no requirements", where=source)
+    return pins
+
+
+def ensure_build_venv(
+    reqs: Requirements,
+    cache: Path,
+    *,
+    environ: Mapping[str, str],
+    offline: bool,
+    wheelhouse: Path | None = None,
+    reporter: Reporter = SILENT,
+) -> BuildVenv:
+    """The venv for ``reqs``, made once (atomically, under a lock) and reused."""
+    pins = parse_requirements(reqs.path.read_text(), reqs.path.name)
+    base = cache / "venvs"
+    final = base / f"build-{reqs.sha256[:16]}"
+    base.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(base / f".{final.name}.lock")):
+        marker = final / READY
+        if not (marker.is_file() and json.loads(marker.read_text()).get("sha256") == reqs.sha256):
+            if offline and wheelhouse is None:
+                raise BuildVenvError(
+                    f"the build environment {final.name} is not made yet and this run is offline",
+                    where=str(reqs.path),
+                    next="run once with network, or pass --wheelhouse DIR holding the wheels",
+                )
+            with reporter.status(f"making the build environment ({len(pins)} pinned packages)"):
+                _make(final, reqs, environ, wheelhouse)
+    return BuildVenv(python=final / "bin" / "python", requirements=pins, digest=reqs.sha256)
+
+
+def _make(
+    final: Path, reqs: Requirements, environ: Mapping[str, str], wheelhouse: Path | None
+) -> None:
+    """Made in place (venvs do not move), the marker written last: a venv without
+    the marker is a half-made one and is made again."""
+    shutil.rmtree(final, ignore_errors=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(final)], check=True)
+        # pip's own config (extra indexes, find-links) must not add anything.
+        env = {k: v for k, v in environ.items() if not k.startswith("PIP_")}
+        env["PIP_CONFIG_FILE"] = os.devnull
+        cmd = [
+            str(final / "bin" / "python"), "-m", "pip", "install", "-q",
+            "--disable-pip-version-check", "--require-hashes", "--no-deps",
+            "--only-binary=:all:",
+        ]  # fmt: skip
+        if wheelhouse is not None:
+            cmd += ["--no-index", "--find-links", str(wheelhouse)]
+        cmd += ["-r", str(reqs.path)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
+            raise BuildVenvError(
+                "installing the build requirements failed:\n    " + "\n    ".join(tail),
+                where=str(reqs.path),
+                next="check the network or --wheelhouse; a hash mismatch means the index "
+                "serves another file than the one pinned",
+            )
+        atomic_write_text(final / READY, json.dumps({"sha256": reqs.sha256}) + "\n")
+    except BaseException:
+        shutil.rmtree(final, ignore_errors=True)
+        raise
