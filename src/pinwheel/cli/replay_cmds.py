@@ -116,10 +116,17 @@ def _wheelhouse(ctx: Context, args: argparse.Namespace) -> Path | None:
 
 
 def cmd_plan(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.source.buildsources import plan_sources
     from pinwheel.source.plan import make_plan, plan_payload, render_plan
 
-    plan = make_plan(ctx.manifest(), _cache(ctx))
-    ctx.emit(plan_payload(plan), render_plan(plan))
+    manifest = ctx.manifest()
+    plan = make_plan(manifest, _cache(ctx))
+    payload, human = plan_payload(plan), render_plan(plan)
+    sources = plan_sources(manifest, _cache(ctx))
+    if sources is not None:
+        payload["build_sources"] = sources.to_json()
+        human += "\n" + "\n".join(sources.human_lines())
+    ctx.emit(payload, human)
     return 0
 
 
@@ -143,10 +150,19 @@ def cmd_lock(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_drift(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.source.buildsources import drift_lines, plan_sources
     from pinwheel.source.drift import drift_payload, drift_report, render_drift
 
-    report = drift_report(ctx.manifest(), _cache(ctx))
-    ctx.emit(drift_payload(report), render_drift(report))
+    manifest = ctx.manifest()
+    report = drift_report(manifest, _cache(ctx))
+    payload, human = drift_payload(report), render_drift(report)
+    if manifest.build is not None and manifest.build.sources:
+        sources = plan_sources(manifest, _cache(ctx))
+        assert sources is not None
+        rows = drift_lines(sources.declared, manifest.build.sources, _cache(ctx))
+        payload["build_sources"] = rows
+        human += "\nbuild sources:\n" + "\n".join(f"  {r['name']}: {r['state']}" for r in rows)
+    ctx.emit(payload, human)
     return 0
 
 

@@ -18,6 +18,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.manifest import FULL_SHA, load, loads
+from pinwheel.source.buildsources import NO, Declared, discover, pin
 from pinwheel.source.cache import Cache
 from pinwheel.source.replay import (
     Replayer,
@@ -54,6 +55,49 @@ def _full(repo: pygit2.Repository, value: str, where: str) -> str:
             where=where,
             next="give a longer SHA",
         ) from None
+
+
+def _pin_build_sources(
+    doc: Any, loose: Any, declared: tuple[Declared, ...], cache: Cache, changes: list[LockChange]
+) -> None:
+    """Add a ``[[build.source]]`` for every used (or maybe used) declaration the manifest
+    does not pin yet; existing tables (pins, omissions) are left as written."""
+    have = {s.name for s in loose.build.sources}
+    build = doc["build"]
+    for d in declared:
+        if d.used == NO or d.name in have:
+            continue
+        try:
+            p = pin(d, cache)
+        except PinwheelError as exc:
+            raise PinwheelError(
+                f"cannot pin build source {d.name} ({d.url} @ {d.ref}): {exc.what}",
+                where=d.where,
+                next=f"fetch it into a mirror and pass --mirror {d.url}=PATH, or add "
+                f'[[build.source]] name = "{d.name}" omit = true reason = "..."',
+            ) from None
+        table = tomlkit.table()
+        table["name"] = p.name
+        table["url"] = p.url
+        if p.ref:
+            table["ref"] = p.ref
+        table["commit"] = p.commit
+        if p.variables:
+            table["variables"] = list(p.variables)
+        if p.patches:
+            table["patches"] = list(p.patches)
+        table["used"] = p.used
+        if p.submodules:
+            subs = tomlkit.aot()
+            for path, url, commit in p.submodules:
+                sub = tomlkit.table()
+                sub.update({"path": path, "url": url, "commit": commit})
+                subs.append(sub)
+            table["submodule"] = subs
+        if "source" not in build:
+            build["source"] = tomlkit.aot()
+        build["source"].append(table)
+        changes.append(LockChange(f"[[build.source]] {p.name}", d.ref, p.commit))
 
 
 def lock_manifest(
@@ -121,6 +165,10 @@ def lock_manifest(
         if "result" not in doc:
             doc["result"] = tomlkit.table()
         setv(doc["result"], "tree", result.tree, "[result] tree")
+        if loose.build is not None:
+            repo = pygit2.Repository(str(result.repo_path))
+            _pin_build_sources(doc, loose, discover(repo, result.tree, loose.build.arches,
+                               loose.build.cuda), cache, changes)  # fmt: skip
         text = tomlkit.dumps(doc)
         final = loads(text.encode(), Path(manifest_path).absolute())
         # The result as the locked manifest describes it (now with its tree).
