@@ -23,6 +23,7 @@ from rich.markup import escape
 from pinwheel import __version__
 from pinwheel.errors import EXIT_ERROR, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
+from pinwheel.urls import redact, redact_text, url_problem
 
 # Modules that contribute subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (
@@ -53,6 +54,15 @@ def parse_mirrors(items: Sequence[str], env: str | None) -> dict[str, str]:
                 f"bad mirror mapping {pair!r}: expected URL=PATH",
                 where="--mirror / PINWHEEL_MIRRORS",
                 next="e.g. --mirror https://github.com/1CatAI/1Cat-vLLM.git=/srv/mirrors/1cat.git",
+            )
+        problem = url_problem(url)
+        if problem or path.startswith("-"):
+            raise UsageError(
+                f"bad mirror mapping {redact(pair)!r}: "
+                + (f"URL: {problem}" if problem else "PATH starts with '-'"),
+                where="--mirror / PINWHEEL_MIRRORS",
+                next="give URL=PATH with a repository URL and a mirror path "
+                "(write ./-name for a path that starts with '-')",
             )
         mirrors[url] = path
     return mirrors
@@ -155,12 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(ctx, args) or 0)
     except PinwheelError as err:
         Console(stderr=True, highlight=False, soft_wrap=True).print(
-            f"[bold red]error:[/] {escape(str(err))}", markup=True
+            f"[bold red]error:[/] {escape(redact_text(str(err)))}", markup=True
         )
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted; nothing was half-written (writes are atomic)", file=sys.stderr)
         return 130
     except OSError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {redact_text(str(err))}", file=sys.stderr)
         return EXIT_ERROR

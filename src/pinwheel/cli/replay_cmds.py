@@ -20,6 +20,7 @@ from rich.progress import (
 from pinwheel.cli import Context, command
 from pinwheel.source.cache import Cache
 from pinwheel.source.replay import ReplayResult, lock_payload, replay_manifest
+from pinwheel.urls import redact
 
 
 def _cache(ctx: Context) -> Cache:
@@ -30,7 +31,7 @@ def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
     manifest = ctx.manifest()
     ctx.console.print(
         f"replaying {manifest.name}: {len(manifest.steps)} step(s) on "
-        f"{manifest.upstream.commit[:12]} ({escape(manifest.upstream.url)})",
+        f"{manifest.upstream.commit[:12]} ({escape(redact(manifest.upstream.url))})",
         highlight=False,
     )
     columns = (

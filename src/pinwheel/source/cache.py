@@ -22,6 +22,7 @@ from filelock import FileLock, Timeout
 
 from pinwheel.errors import PinwheelError
 from pinwheel.source import gitcli
+from pinwheel.urls import redact
 
 LOCK_TIMEOUT_S = 600
 UPSTREAM_PREFIX = "refs/pinwheel/upstream/"
@@ -57,7 +58,7 @@ def resolve_source(url: str, mirrors: Mapping[str, str]) -> Source:
             location = path.removeprefix("file://")
             if not Path(location).exists():
                 raise PinwheelError(
-                    f"mirror for {url} does not exist: {location}",
+                    f"mirror for {redact(url)} does not exist: {location}",
                     where="--mirror / PINWHEEL_MIRRORS",
                     next="fix the mapping or create the mirror (git clone --mirror URL PATH)",
                 )
@@ -99,7 +100,8 @@ class Cache:
         offline: bool = False,
         show_progress: bool = False,
     ):
-        self.root = Path(root)
+        # Absolute: a cache path never reaches git looking like an option.
+        self.root = Path(root).absolute()
         self.mirrors = dict(mirrors)
         self.offline = offline
         # Network fetches of a large upstream take minutes: let git's own
@@ -129,7 +131,7 @@ class Cache:
         if not (path / "HEAD").exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".init")
-            gitcli.git(["init", "-q", "--bare", str(tmp)], what="git init")
+            gitcli.git(["init", "-q", "--bare", "--", str(tmp)], what="git init")
             tmp.rename(path)  # atomic: a half-initialised cache repo never has the final name
         return path
 
@@ -161,7 +163,7 @@ class Cache:
             # Pinned commits no longer reachable from a ref (force-pushed PRs):
             # upload-pack still serves them by id on GitHub and local mirrors.
             gitcli.git(
-                ["fetch", "-q", "--no-tags", source.location, *missing],
+                ["fetch", "-q", "--no-tags", "--", source.location, *missing],
                 git_dir=path,
                 user_config=not source.local,
                 check=False,
@@ -169,7 +171,7 @@ class Cache:
             missing = [sha for sha in want if sha not in repo]
         if missing:
             raise PinwheelError(
-                f"commit(s) {', '.join(m[:12] for m in missing)} not found in {url}"
+                f"commit(s) {', '.join(m[:12] for m in missing)} not found in {redact(url)}"
                 + (" (offline: cache only)" if not can_fetch else ""),
                 where=f"cache {path.name}",
                 next=(
@@ -182,7 +184,7 @@ class Cache:
         if tip_ref not in repo.references:
             raise PinwheelError(
                 f"branch '{branch}' is not in the cache" + ("" if can_fetch else " (offline)"),
-                where=f"[upstream] {url}",
+                where=f"[upstream] {redact(url)}",
                 next="run without --offline once to fill the cache"
                 if not can_fetch
                 else "check [upstream].branch",
@@ -210,10 +212,11 @@ class Cache:
             alternates.write_text("\n".join([*current, objects]) + "\n")
 
     def _fetch(self, path: Path, source: Source, refspecs: list[str], prs: Sequence[int]) -> None:
-        args = ["fetch", "-q", "--no-tags", "--no-write-fetch-head", source.location]
+        # "--": the location comes from a manifest or a flag and must never be an option.
+        args = ["fetch", "-q", "--no-tags", "--no-write-fetch-head", "--", source.location]
         if self.show_progress and not source.local:
             progress = gitcli.git(
-                [*args[:1], "--progress", *args[2:], *refspecs],
+                [args[0], "--progress", *args[2:], *refspecs],
                 git_dir=path,
                 user_config=True,
                 check=False,
@@ -238,16 +241,16 @@ class Cache:
                 )
                 if one.returncode != 0:
                     raise PinwheelError(
-                        f"PR #{n} has no refs/pull/{n}/head at {source.location}",
+                        f"PR #{n} has no refs/pull/{n}/head at {redact(source.location)}",
                         where=f"fetch PR #{n}",
                         next="check the PR number, or fetch PR refs into your mirror "
                         "(git fetch origin '+refs/pull/*/head:refs/pull/*/head')",
                     )
         else:
             proc = branch
-        err = (proc.stderr or b"").decode(errors="replace").strip().splitlines()
+        err = gitcli.stderr_lines(proc)
         raise PinwheelError(
             f"fetch failed: {err[-1] if err else proc.returncode}",
-            where=f"fetch {source.location}",
+            where=f"fetch {redact(source.location)}",
             next="check the network or use --mirror URL=PATH with a local mirror",
         )

@@ -17,12 +17,12 @@ from pinwheel.source.replay import ReplayResult, lock_payload
 def _archive(result: ReplayResult, prefix: str) -> bytes:
     # git archive stamps every member with the commit time: no wall clock inside.
     proc = gitcli.git(
-        ["archive", "--format=tar", f"--prefix={prefix}/", result.head],
+        ["archive", "--format=tar", f"--prefix={prefix}/", "--end-of-options", result.head],
         git_dir=result.repo_path,
         check=False,
     )
     if proc.returncode != 0:
-        err = proc.stderr.decode(errors="replace").strip().splitlines()
+        err = gitcli.stderr_lines(proc)
         raise PinwheelError(
             f"cannot export tree {result.tree[:12]}: {err[-1] if err else proc.returncode}",
             where=f"export of {result.head[:12]}",

@@ -68,14 +68,14 @@ def start(manifest: Manifest, cache: Cache, workdir: Path) -> ResolveSession:
             )
         ctx = conflict.context
         gitcli.git(
-            ["worktree", "add", "-q", "--detach", str(workdir), ctx.parent_state],
+            ["worktree", "add", "-q", "--detach", "--", str(workdir), ctx.parent_state],
             git_dir=fetched.repo_path,
             what="git worktree add",
         )
     if ctx.commit == "merge":
-        args = ["merge", "--no-commit", "--no-ff", ctx.theirs]
+        args = ["merge", "--no-commit", "--no-ff", "--end-of-options", ctx.theirs]
     else:
-        args = ["cherry-pick", "--no-commit", ctx.theirs]
+        args = ["cherry-pick", "--no-commit", "--end-of-options", ctx.theirs]
     gitcli.git(args, cwd=workdir, env=_SCRATCH_ENV, check=False)  # expected to stop on conflicts
     step = manifest.steps[ctx.step_number - 1]
     session = ResolveSession(
@@ -101,7 +101,7 @@ def finish(workdir: Path) -> tuple[Path, Path]:
         ) from None
     gitcli.git(["add", "-A"], cwd=workdir)
     check = gitcli.git(
-        ["diff", "--cached", "--check", state["parent_state"]], cwd=workdir, check=False
+        ["diff", "--cached", "--check", state["parent_state"], "--"], cwd=workdir, check=False
     )
     leftovers = [
         ln for ln in check.stdout.decode(errors="replace").splitlines() if "conflict marker" in ln
@@ -114,7 +114,7 @@ def finish(workdir: Path) -> tuple[Path, Path]:
             next="edit the files to remove <<<<<<< ======= >>>>>>> then run finish again",
         )
     diff = gitcli.git(
-        ["diff", "--cached", "--binary", "--full-index", state["parent_state"]], cwd=workdir
+        ["diff", "--cached", "--binary", "--full-index", state["parent_state"], "--"], cwd=workdir
     ).stdout
     manifest_path = Path(state["manifest"])
     tag = "merge" if state["commit"] == "merge" else state["commit"][:12]
@@ -142,5 +142,7 @@ def finish(workdir: Path) -> tuple[Path, Path]:
 def abort(workdir: Path) -> None:
     workdir = Path(workdir).absolute()
     common = gitcli.out(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=workdir)
-    gitcli.git(["worktree", "remove", "--force", str(workdir)], git_dir=Path(common), check=False)
+    gitcli.git(
+        ["worktree", "remove", "--force", "--", str(workdir)], git_dir=Path(common), check=False
+    )
     shutil.rmtree(workdir, ignore_errors=True)
