@@ -44,7 +44,7 @@ class LockOutcome:
 
 
 def _full(repo: pygit2.Repository, value: str, where: str) -> str:
-    if FULL_SHA.match(value):
+    if FULL_SHA.fullmatch(value):
         return value
     try:
         return str(repo.revparse_single(value).peel(pygit2.Commit).id)
@@ -126,6 +126,7 @@ def lock_manifest(
         # The result as the locked manifest describes it (now with its tree).
         locked_result = replace(result, manifest=final)
         check_result_tree(locked_result)
-        write_result_refs(locked_result)
+        # Only the stack ref: the release tag is made by `pinwheel run` on the locked file.
+        write_result_refs(locked_result, tag=False)
     atomic_write_text(Path(manifest_path), text)
     return LockOutcome(Path(manifest_path), tuple(changes), result.head, result.tree)
