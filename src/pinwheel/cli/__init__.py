@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "pinwheel.cli.build_cmds",
     "pinwheel.cli.release_cmds",
     "pinwheel.cli.serve_cmds",
+    "pinwheel.cli.cache_cmds",
 )
 
 EPILOG = """exit codes: 0 ok, 1 error, 2 bad manifest or usage, 3 drift (PR head moved),
@@ -148,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def ctx_cache(args: argparse.Namespace) -> Path:
+    return Path(args.cache) if getattr(args, "cache", None) else default_cache()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -171,6 +176,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; nothing was half-written (writes are atomic)", file=sys.stderr)
         return 130
-    except OSError as err:
+    except Exception as err:
+        from pinwheel.source import faults
+
+        # libgit2 errors that escaped a stage: a full disk or a damaged cache, said so.
+        if type(err).__module__.split(".")[0] not in ("pygit2", "_pygit2") and not isinstance(
+            err, OSError
+        ):
+            raise
+        fault = faults.classify_exception(err, ctx_cache(args))
+        if fault is not None:
+            print(f"error: {redact_text(str(fault))}", file=sys.stderr)
+            return fault.exit_code
+
         print(f"error: {redact_text(str(err))}", file=sys.stderr)
         return EXIT_ERROR

@@ -21,6 +21,7 @@ import pygit2
 from filelock import FileLock, Timeout
 
 from pinwheel.errors import PinwheelError
+from pinwheel.fsutil import atomic_write_text
 from pinwheel.source import gitcli
 from pinwheel.urls import redact
 
@@ -38,7 +39,9 @@ def _normalize(url: str) -> str:
 
 
 def slug(url: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9]+", "-", _normalize(url).split("://")[-1]).strip("-")
+    # The readable part never carries credentials (https://user:token@host/...).
+    readable = _normalize(redact(url)).split("://")[-1].split("@")[-1]
+    name = re.sub(r"[^A-Za-z0-9]+", "-", readable).strip("-")
     return f"{name[-60:]}-{hashlib.sha256(_normalize(url).encode()).hexdigest()[:8]}"
 
 
@@ -208,8 +211,7 @@ class Cache:
         objects = str(_objects_dir(source.location).resolve())
         current = alternates.read_text().split() if alternates.exists() else []
         if objects not in current:
-            alternates.parent.mkdir(parents=True, exist_ok=True)
-            alternates.write_text("\n".join([*current, objects]) + "\n")
+            atomic_write_text(alternates, "\n".join([*current, objects]) + "\n")
 
     def _fetch(self, path: Path, source: Source, refspecs: list[str], prs: Sequence[int]) -> None:
         # "--": the location comes from a manifest or a flag and must never be an option.

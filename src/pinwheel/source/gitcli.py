@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pinwheel.errors import PinwheelError
+from pinwheel.source import faults
 from pinwheel.urls import redact_text
 
 
@@ -73,6 +74,14 @@ def git(
         stdout=subprocess.PIPE,
         stderr=None if stream_stderr else subprocess.PIPE,
     )
+    if proc.returncode != 0 and proc.stderr:
+        # A full disk or a corrupt object is never "a patch that does not apply" or
+        # "a network problem", whatever the caller would have made of the failure.
+        fault = faults.classify(
+            proc.stderr.decode(errors="replace"), Path(git_dir or cwd or Path.cwd())
+        )
+        if fault is not None:
+            raise fault
     if check and proc.returncode != 0:
         err = stderr_lines(proc)
         raise PinwheelError(

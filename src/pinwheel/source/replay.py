@@ -26,7 +26,7 @@ from pygit2.enums import MergeFlag, SortMode
 
 from pinwheel.errors import ConflictError, DriftError, ManifestError, MismatchError, PinwheelError
 from pinwheel.manifest import Identity, Manifest, Step
-from pinwheel.source import gitcli
+from pinwheel.source import faults, gitcli
 from pinwheel.source.cache import Cache, Fetched
 from pinwheel.urls import redact
 
@@ -298,6 +298,20 @@ class Replayer:
         return current, True
 
     def run(self) -> ReplayResult:
+        try:
+            return self._run()
+        except (pygit2.GitError, OSError) as exc:
+            # libgit2 writing objects into the cache: a full disk or a damaged object.
+            fault = faults.classify_exception(exc, self.fetched.repo_path)
+            if fault is not None:
+                raise fault from None
+            raise PinwheelError(
+                f"libgit2 failed in the cache: {exc}",
+                where=str(self.fetched.repo_path),
+                next="`pinwheel cache verify` checks the cache repositories",
+            ) from None
+
+    def _run(self) -> ReplayResult:
         current = self.repo[self.base].peel(pygit2.Commit)
         results = []
         for step in self.manifest.steps:
@@ -387,7 +401,7 @@ class Replayer:
             try:
                 index = self.repo.merge_commits(current, head, flags=MergeFlag.FIND_RENAMES)
             except (KeyError, pygit2.GitError) as exc:
-                raise _missing_object(exc, where) from None
+                raise _missing_object(exc, where, self.fetched.repo_path) from None
             if index.conflicts:
                 raise self._conflict(step, where, index, "merge", str(current.id), head)
             tree = str(index.write_tree(self.repo))
@@ -412,7 +426,7 @@ class Replayer:
         try:
             return self.repo.merge_trees(ancestor, ours, theirs, flags=MergeFlag.FIND_RENAMES)
         except (KeyError, pygit2.GitError) as exc:
-            raise _missing_object(exc, where) from None
+            raise _missing_object(exc, where, self.fetched.repo_path) from None
 
     def _conflict(
         self,
@@ -443,7 +457,10 @@ def _empty_tree(repo: pygit2.Repository) -> pygit2.Oid:
     return repo.TreeBuilder().write()
 
 
-def _missing_object(exc: Exception, where: str) -> PinwheelError:
+def _missing_object(exc: Exception, where: str, repo_path: Path) -> PinwheelError:
+    fault = faults.classify_exception(exc, repo_path)
+    if fault is not None:
+        return fault
     return PinwheelError(
         f"an object this step needs is missing from the mirror ({exc})",
         where=where,
