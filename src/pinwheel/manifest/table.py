@@ -343,9 +343,11 @@ def check_file_sha(
     """
     if not path.is_file():
         raise ManifestError(
-            f"patch file {path.name} does not exist",
+            f"patch file {path.name} does not exist (looked for {path})",
             where=t.where(key),
-            next="restore the file under patches/ or fix the path",
+            next=f"paths in a manifest resolve relative to its own folder ({t.source.parent}): "
+            "restore the file under patches/ there, copy patches/ along with a copied "
+            "manifest, or fix the path",
         )
     actual = hashlib.sha256(path.read_bytes()).hexdigest()
     if verify and actual != expected:
