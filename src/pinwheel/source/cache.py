@@ -90,6 +90,7 @@ class Fetched:
     branch: str
     branch_tip: str
     pr_heads: Mapping[int, str]  # PR -> current refs/pull/N/head
+    missing_prs: tuple[int, ...] = ()  # PRs without refs/pull/N/head (missing_ok fetches)
 
     def open(self) -> pygit2.Repository:
         return pygit2.Repository(str(self.repo_path))
@@ -146,10 +147,13 @@ class Cache:
         want: Sequence[str] = (),
         *,
         progress: object = None,
+        missing_ok: bool = False,
     ) -> Fetched:
         """Fetch ``branch`` and ``refs/pull/N/head`` for ``prs``; make sure ``want`` commits exist.
 
-        Call inside :meth:`locked`.
+        Call inside :meth:`locked`. With ``missing_ok`` a PR without a ref and a
+        ``want`` commit that cannot be found are reported in the result
+        (``missing_prs``), not raised: drift reports every PR.
         """
         path = self.repo_path(url)
         source = resolve_source(url, self.mirrors)
@@ -159,7 +163,7 @@ class Cache:
         if can_fetch:
             refspecs = [f"+refs/heads/{branch}:{UPSTREAM_PREFIX}{branch}"]
             refspecs += [f"+refs/pull/{n}/head:{PULL_PREFIX}{n}/head" for n in prs]
-            self._fetch(path, source, refspecs, prs)
+            self._fetch(path, source, refspecs, prs, missing_ok=missing_ok)
         repo = pygit2.Repository(str(path))
         missing = [sha for sha in want if sha not in repo]
         if missing and can_fetch:
@@ -172,7 +176,7 @@ class Cache:
                 check=False,
             )
             missing = [sha for sha in want if sha not in repo]
-        if missing:
+        if missing and not missing_ok:
             raise PinwheelError(
                 f"commit(s) {', '.join(m[:12] for m in missing)} not found in {redact(url)}"
                 + (" (offline: cache only)" if not can_fetch else ""),
@@ -203,6 +207,7 @@ class Cache:
             branch=branch,
             branch_tip=str(repo.references[tip_ref].target),
             pr_heads=pr_heads,
+            missing_prs=tuple(n for n in prs if n not in pr_heads),
         )
 
     @staticmethod
@@ -213,7 +218,16 @@ class Cache:
         if objects not in current:
             atomic_write_text(alternates, "\n".join([*current, objects]) + "\n")
 
-    def _fetch(self, path: Path, source: Source, refspecs: list[str], prs: Sequence[int]) -> None:
+    def _fetch(
+        self,
+        path: Path,
+        source: Source,
+        refspecs: list[str],
+        prs: Sequence[int],
+        *,
+        missing_ok: bool = False,
+    ) -> list[int]:
+        """Fetch the refspecs; the PRs whose ref is missing (raised unless ``missing_ok``)."""
         # "--": the location comes from a manifest or a flag and must never be an option.
         args = ["fetch", "-q", "--no-tags", "--no-write-fetch-head", "--", source.location]
         if self.show_progress and not source.local:
@@ -225,31 +239,38 @@ class Cache:
                 stream_stderr=True,
             )
             if progress.returncode == 0:
-                return
+                return []
         proc = gitcli.git(
             [*args, *refspecs], git_dir=path, user_config=not source.local, check=False
         )
         if proc.returncode == 0:
-            return
+            return []
         # Find what failed so the error can name it: the source itself (network,
         # bad URL, missing branch) or one PR's ref.
         branch = gitcli.git(
             [*args, refspecs[0]], git_dir=path, user_config=not source.local, check=False
         )
+        proc = branch
         if branch.returncode == 0:
+            missing = []
             for spec, n in zip(refspecs[1:], prs, strict=True):
                 one = gitcli.git(
                     [*args, spec], git_dir=path, user_config=not source.local, check=False
                 )
-                if one.returncode != 0:
+                if one.returncode != 0 and missing_ok:
+                    # Forget a ref fetched earlier: upstream no longer has it.
+                    gitcli.git(
+                        ["update-ref", "-d", f"{PULL_PREFIX}{n}/head"], git_dir=path, check=False
+                    )
+                    missing.append(n)
+                elif one.returncode != 0:
                     raise PinwheelError(
                         f"PR #{n} has no refs/pull/{n}/head at {redact(source.location)}",
                         where=f"fetch PR #{n}",
                         next="check the PR number, or fetch PR refs into your mirror "
                         "(git fetch origin '+refs/pull/*/head:refs/pull/*/head')",
                     )
-        else:
-            proc = branch
+            return missing  # each ref fetched one by one
         err = gitcli.stderr_lines(proc)
         raise PinwheelError(
             f"fetch failed: {err[-1] if err else proc.returncode}",
