@@ -21,6 +21,7 @@ from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
 from pinwheel.manifest import Manifest
 from pinwheel.source import gitcli
 from pinwheel.source.cache import Cache
+from pinwheel.source.export import missing_paths, partial_mirror_error
 from pinwheel.source.replay import ReplayConflict, Replayer, fetch_for
 
 STATE_FILE = "pinwheel-resolve.json"
@@ -67,6 +68,15 @@ def start(manifest: Manifest, cache: Cache, workdir: Path) -> ResolveSession:
                 "the stack replays without conflicts: nothing to resolve", next="pinwheel run"
             )
         ctx = conflict.context
+        # A checkout needs every file; a partial mirror may lack some: name them first.
+        for commit in (ctx.parent_state, ctx.theirs):
+            if missing_paths(fetched.repo_path, commit):
+                raise partial_mirror_error(
+                    fetched.repo_path,
+                    commit,
+                    "cannot recreate the conflict in a checkout",
+                    f"pinwheel resolve start (step {ctx.step_number})",
+                )
         gitcli.git(
             ["worktree", "add", "-q", "--detach", "--", str(workdir), ctx.parent_state],
             git_dir=fetched.repo_path,
