@@ -17,7 +17,9 @@ SCHEMES = ("https", "http", "ssh", "git", "file")
 
 _SCHEME_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://(?P<rest>\S+)")
 # [user@]host:path, where the host names no scheme ("://") and no slash before the colon.
-_SCP = re.compile(r"(?:[A-Za-z0-9._~+\-]+@)?[A-Za-z0-9][A-Za-z0-9.\-]*:(?!//)[^\s]+")
+# "host::x" is not scp-style: git reads "<transport>::<address>" as a remote helper
+# (ext::, fd::), so a second colon right after the host is refused.
+_SCP = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._~+\-]*@)?[A-Za-z0-9][A-Za-z0-9.\-]*:(?!:)(?!//)\S+")
 # Anything "scheme://userinfo@" in free text: keep the user name, drop the secret.
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/@\s]+)@")
 
@@ -45,6 +47,8 @@ def url_problem(url: str) -> str | None:
         return "a URL that starts with '-' (git would read it as an option)"
     if any(ord(c) < 32 or ord(c) == 127 for c in url):
         return "a URL with control characters"
+    if "::" in url.split("/")[0]:
+        return "a remote-helper address ('<transport>::...'; git would run a helper program)"
     m = _SCHEME_URL.fullmatch(url)
     if m:
         if m.group("scheme").lower() not in SCHEMES:
