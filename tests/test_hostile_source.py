@@ -280,6 +280,20 @@ def test_disk_full_in_libgit2_is_not_missing_from_mirror(stack, capsys, monkeypa
     assert rc == 1 and "disk full" in err and "Traceback" not in err
 
 
+def test_object_dropped_on_full_disk_is_disk_full(stack, capsys, monkeypatch):
+    """Seen on a full tmpfs: libgit2 returned a commit id it never stored (then KeyError)."""
+    from pinwheel.source import faults
+
+    m = stack.write([{"action": "pick", "pr": 1, "head": stack.pr[1]}])
+    monkeypatch.setattr(pygit2.Repository, "create_commit", lambda self, *a: pygit2.Oid(hex=SHA))
+    monkeypatch.setattr(faults, "low_space", lambda path: True)
+    rc = stack.cli(m, "run")[0]
+    err = capsys.readouterr().err
+    assert rc == 1 and "disk full" in err and f"could not store commit {SHA[:12]}" in err
+    assert "KeyError" not in err and "Traceback" not in err
+    assert "refs/tags/stack-1" not in cache_repo(stack).references
+
+
 def test_corrupt_cache_object_is_named_with_repair(stack, capsys):
     m = stack.write([{"action": "pick", "pr": 1, "head": stack.pr[1]}])
     rc, out = stack.cli(m, "run", capsys=capsys)

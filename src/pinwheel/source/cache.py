@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,7 +136,14 @@ class Cache:
         if not (path / "HEAD").exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".init")
-            gitcli.git(["init", "-q", "--bare", "--", str(tmp)], what="git init")
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a run that was killed
+            try:
+                gitcli.git(
+                    ["init", "-q", "--bare", "--", str(tmp)], cwd=path.parent, what="git init"
+                )
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             tmp.rename(path)  # atomic: a half-initialised cache repo never has the final name
         return path
 

@@ -42,6 +42,32 @@ def free_space(path: Path) -> str:
     return "unknown"  # pragma: no cover
 
 
+# Below this much free space a write that failed without a reason is taken as disk full
+# (libgit2 may drop a loose object on ENOSPC and still return its id).
+LOW_SPACE = 1024 * 1024
+
+
+def low_space(path: Path) -> bool:
+    probe = Path(path).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free < LOW_SPACE
+    except OSError:
+        return False
+
+
+def write_failed(repo: Path, what: str) -> PinwheelError:
+    """libgit2 returned an id for an object it did not store."""
+    if low_space(repo):
+        return disk_full(repo, f"libgit2 could not store {what}")
+    return PinwheelError(
+        f"libgit2 could not store {what} in the cache repository",
+        where=str(repo),
+        next=f"check that {repo} is writable and `pinwheel cache verify` passes, then run again",
+    )
+
+
 def disk_full(path: Path, detail: str = "") -> PinwheelError:
     return PinwheelError(
         f"disk full: no space left writing under {path} ({free_space(path)} free)"

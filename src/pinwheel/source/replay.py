@@ -300,11 +300,15 @@ class Replayer:
     def run(self) -> ReplayResult:
         try:
             return self._run()
-        except (pygit2.GitError, OSError) as exc:
+        except (pygit2.GitError, OSError, KeyError) as exc:
             # libgit2 writing objects into the cache: a full disk or a damaged object.
             fault = faults.classify_exception(exc, self.fetched.repo_path)
+            if fault is None and faults.low_space(self.fetched.repo_path):
+                fault = faults.disk_full(self.fetched.repo_path, f"object {exc} not stored")
             if fault is not None:
                 raise fault from None
+            if isinstance(exc, KeyError):
+                raise
             raise PinwheelError(
                 f"libgit2 failed in the cache: {exc}",
                 where=str(self.fetched.repo_path),
@@ -362,7 +366,10 @@ class Replayer:
         ]
         if encoding:
             args.append(encoding)
-        return str(self.repo.create_commit(*args))
+        new = self.repo.create_commit(*args)
+        if new not in self.repo:  # libgit2 can drop a loose object on ENOSPC and say nothing
+            raise faults.write_failed(self.fetched.repo_path, f"commit {str(new)[:12]}")
+        return str(new)
 
     def _resolution(self, step: Step, commit: str) -> Path | None:
         for r in step.resolutions:
