@@ -410,3 +410,34 @@ def test_export_on_partial_mirror_names_missing_files(stack, capsys, tmp_path):
     assert "missing from the partial mirror" in err and "shared.txt" in err
     assert "--refetch" in err and "next:" in err
     assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+def test_resolve_start_on_partial_mirror_names_missing_files(stack, capsys, tmp_path):
+    from test_replay import make_partial_mirror
+
+    partial = make_partial_mirror(stack, tmp_path)
+    m = stack.write(
+        [
+            {"action": "pick", "pr": 1, "head": stack.pr[1]},
+            {"action": "pick", "pr": 4, "head": stack.pr[4]},
+        ]
+    )
+    work = tmp_path / "fix"
+    rc = main(
+        [
+            "--manifest",
+            str(m),
+            "--cache",
+            str(tmp_path / "pc"),
+            "--mirror",
+            f"{UPSTREAM_URL}={partial}",
+            "resolve",
+            "start",
+            str(work),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 1, err  # not 4: the conflict cannot even be computed without the blobs
+    assert "step 2 (pick PR #4)" in err and "missing from the mirror" in err
+    assert "a.txt" in err and "--refetch" in err and "next:" in err
+    assert not work.exists()

@@ -408,7 +408,11 @@ class Replayer:
             try:
                 index = self.repo.merge_commits(current, head, flags=MergeFlag.FIND_RENAMES)
             except (KeyError, pygit2.GitError) as exc:
-                raise _missing_object(exc, where, self.fetched.repo_path) from None
+                ours, theirs = current.tree, self.repo[head].peel(pygit2.Commit).tree
+                base_id = self.repo.merge_base(current.id, head)
+                ancestor = self.repo[base_id].peel(pygit2.Commit).tree if base_id else ours
+                paths = _paths_without_content(self.repo, ancestor, ours, theirs)
+                raise _missing_object(exc, where, self.fetched.repo_path, paths) from None
             if index.conflicts:
                 raise self._conflict(step, where, index, "merge", str(current.id), head)
             tree = str(index.write_tree(self.repo))
@@ -433,7 +437,8 @@ class Replayer:
         try:
             return self.repo.merge_trees(ancestor, ours, theirs, flags=MergeFlag.FIND_RENAMES)
         except (KeyError, pygit2.GitError) as exc:
-            raise _missing_object(exc, where, self.fetched.repo_path) from None
+            paths = _paths_without_content(self.repo, ancestor, ours, theirs)
+            raise _missing_object(exc, where, self.fetched.repo_path, paths) from None
 
     def _conflict(
         self,
@@ -464,12 +469,40 @@ def _empty_tree(repo: pygit2.Repository) -> pygit2.Oid:
     return repo.TreeBuilder().write()
 
 
-def _missing_object(exc: Exception, where: str, repo_path: Path) -> PinwheelError:
+def _paths_without_content(
+    repo: pygit2.Repository, ancestor: Any, ours: Any, theirs: Any
+) -> list[str]:
+    """Files changed on both sides of a merge whose blobs the cache and mirrors lack."""
+    try:
+        ours_changed = {d.new_file.path for d in repo.diff(ancestor, ours).deltas}
+        theirs_changed = {d.new_file.path for d in repo.diff(ancestor, theirs).deltas}
+        missing = []
+        for path in sorted(ours_changed & theirs_changed):
+            for tree in (ancestor, ours, theirs):
+                try:
+                    entry = tree[path]
+                except KeyError:
+                    continue
+                if entry.id not in repo:
+                    missing.append(path)
+                    break
+        return missing
+    except (KeyError, pygit2.GitError):
+        return []
+
+
+def _missing_object(
+    exc: Exception, where: str, repo_path: Path, paths: Sequence[str] = ()
+) -> PinwheelError:
     fault = faults.classify_exception(exc, repo_path)
     if fault is not None:
         return fault
+    named = f": {', '.join(paths[:20])}" + (" ..." if len(paths) > 20 else "") if paths else ""
     return PinwheelError(
-        f"an object this step needs is missing from the mirror ({exc})",
+        f"an object this step needs is missing from the mirror ({exc}); "
+        f"{len(paths)} file(s) to merge have no content here{named}"
+        if paths
+        else f"an object this step needs is missing from the mirror ({exc})",
         where=where,
         next="use a complete mirror for this step (git clone --mirror), or `git fetch "
         "--refetch` in the partial one",
