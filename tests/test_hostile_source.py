@@ -66,6 +66,10 @@ BAD_MANIFESTS = {
         'identity = "bob"\n' + UPSTREAM,
         ["key 'identity'", "a table written [identity]"],
     ),
+    "identity-header-injection": (
+        UPSTREAM + '\n[identity]\nname = "Bot\\ngpgsig x"\n',
+        ["[identity] key 'name'", "one line"],
+    ),
     "sha-trailing-newline": (
         f'[upstream]\nurl = "{UPSTREAM_URL}"\ncommit = "{SHA}\\n"\n',
         ["[upstream] key 'commit'", "40-hex"],

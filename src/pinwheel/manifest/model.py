@@ -344,6 +344,11 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
         time=time,
         offset=offset,
     )
+    for key in ("name", "email"):
+        value = getattr(identity, key)
+        # Both go into the commit header verbatim: no line breaks, no angle brackets.
+        if any(ord(c) < 32 or c in "<>" for c in value):
+            raise ident.error(key, "one line without '<' or '>'", value)
     res = table("result")
     res.only("tree", "tag")
     result = Result(tree=res.sha("tree", None, allow_short=False), tag=res.ref("tag", None))
