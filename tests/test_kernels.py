@@ -66,17 +66,25 @@ def test_in_tree_and_out_of_tree(tmp_path: Path) -> None:
     [
         ('name = "a"\nbuilder = "make"\npath = "kernels/demo"\n', "one of 'cmake'"),
         ('name = "a"\nbuilder = "cmake"\n', "exactly one of 'path'"),
-        ('name = "a"\nbuilder = "cmake"\npath = "kernels/demo"\nurl = "u"\n', "exactly one"),
+        (
+            'name = "a"\nbuilder = "cmake"\npath = "kernels/demo"\nurl = "https://x.invalid/u.git"\n',
+            "exactly one",
+        ),
         ('name = "a"\nbuilder = "cmake"\npath = "../x"\n', "relative path under kernels/"),
         ('name = "a"\nbuilder = "cmake"\npath = "kernels/missing"\n', "existing directory"),
         ('name = "A b"\nbuilder = "cmake"\npath = "kernels/demo"\n', "lowercase name"),
-        ('name = "a"\nbuilder = "cmake"\nurl = "u"\ncommit = "abc123"\n', "short 'abc123'"),
+        (
+            'name = "a"\nbuilder = "cmake"\nurl = "https://x.invalid/u.git"\ncommit = "abc123"\n',
+            "short 'abc123'",
+        ),
         (
             'name = "a"\nbuilder = "cmake"\npath = "kernels/demo"\ncommit = "' + SHA + '"\n',
             "no 'commit' on an in-tree kernel",
         ),
         (
-            'name = "a"\nbuilder = "cmake"\nurl = "u"\ncommit = "' + SHA + '"\n'
+            'name = "a"\nbuilder = "cmake"\nurl = "https://x.invalid/u.git"\ncommit = "'
+            + SHA
+            + '"\n'
             '[[kernel.patch]]\npath = "patches/none.patch"\nsha256 = "' + "0" * 64 + '"\n',
             "none.patch does not exist",
         ),
@@ -96,7 +104,7 @@ def test_duplicate_names_and_wrong_patch_sha(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="manifest pins"):
         kernels(
             tmp_path,
-            f'[[kernel]]\nname = "a"\nbuilder = "cmake"\nurl = "u"\ncommit = "{SHA}"\n'
+            f'[[kernel]]\nname = "a"\nbuilder = "cmake"\nurl = "https://x.invalid/u.git"\ncommit = "{SHA}"\n'
             f'[[kernel.patch]]\npath = "patches/p.patch"\nsha256 = "{"1" * 64}"\n',
         )
 

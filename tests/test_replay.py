@@ -230,10 +230,13 @@ def test_offline_uses_cache_and_fails_clearly_without_it(stack, capsys, tmp_path
     assert rc == 1 and "offline" in err and "without --offline" in err
 
 
-def test_blobless_partial_mirror_replays_same_shas(stack, capsys, tmp_path):
-    m = stack.write(steps_with_heads(stack, PICKS))
-    rc, full = stack.cli(m, "run", capsys=capsys)
+def make_partial_mirror(stack, tmp_path):
+    """A real blobless clone: over file:// with filters allowed on the source.
+
+    (--filter over a plain local path is ignored and copies every blob.)
+    """
     partial = tmp_path / "partial.git"
+    git(stack.up.bare, "config", "uploadpack.allowFilter", "true")
     git(
         tmp_path,
         "clone",
@@ -243,6 +246,19 @@ def test_blobless_partial_mirror_replays_same_shas(stack, capsys, tmp_path):
         f"file://{stack.up.bare}",
         str(partial),
     )
+    # --missing=print never fetches lazily; every blob must be missing here.
+    listing = git(partial, "rev-list", "--objects", "--all", "--missing=print")
+    missing = {line[1:] for line in listing.splitlines() if line.startswith("?")}
+    blob = git(stack.up.bare, "rev-parse", f"{stack.pr[1]}:a.txt")
+    assert blob in missing, "the mirror is not partial: the test would prove nothing"
+    assert blob not in pygit2.Repository(str(partial))
+    return partial
+
+
+def test_blobless_partial_mirror_replays_same_shas(stack, capsys, tmp_path):
+    m = stack.write(steps_with_heads(stack, PICKS))
+    rc, full = stack.cli(m, "run", capsys=capsys)
+    partial = make_partial_mirror(stack, tmp_path)
     from pinwheel.cli import main
 
     rc = main(

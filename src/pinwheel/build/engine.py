@@ -80,6 +80,7 @@ def scm_version(repo_path: Path, commit: str) -> str:
             "--long",
             "--match",
             "v*",
+            "--end-of-options",
             commit,
         ],
         capture_output=True,

@@ -34,6 +34,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.errors import ManifestError, MismatchError, PinwheelError
 from pinwheel.manifest import Identity, Manifest, Result, Step, Upstream
 from pinwheel.manifest.build import KernelPatch, KernelSpec, parse_kernel_tables  # noqa: F401
+from pinwheel.urls import redact
 
 # Earliest time a zip member can carry; used when nothing better dates the source.
 ZIP_EPOCH = 315532800  # 1980-01-01T00:00:00Z
@@ -145,7 +146,7 @@ def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     if epoch is None:
         base = pygit2.Repository(str(result.repo_path))[result.base]
         epoch = base.commit_time  # type: ignore[attr-defined]
-    return SourceTree(dest, epoch, f"{spec.url}@{spec.commit[:12]}", result.tree)  # type: ignore[index]
+    return SourceTree(dest, epoch, f"{redact(spec.url or '')}@{spec.commit[:12]}", result.tree)  # type: ignore[index]
 
 
 def _run(cmd: list[str], *, cwd: Path, env: Mapping[str, str], what: str, log_file: Path) -> None:

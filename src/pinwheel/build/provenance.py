@@ -21,6 +21,7 @@ from typing import Any
 
 from pinwheel.errors import VerifyError
 from pinwheel.fsutil import atomic_write_text
+from pinwheel.urls import redact
 
 SCHEMA = "pinwheel.provenance/1"
 FILENAME = "provenance.json"
@@ -149,7 +150,7 @@ def receipt(
         "schema": SCHEMA,
         "manifest": {"name": manifest.name, "path": manifest.path.name, "sha256": manifest.sha256},
         "upstream": {
-            "url": manifest.upstream.url,
+            "url": redact(manifest.upstream.url),
             "branch": manifest.upstream.branch,
             "base": base,
         },

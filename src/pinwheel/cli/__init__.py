@@ -22,6 +22,7 @@ from pinwheel import __version__
 from pinwheel.errors import EXIT_ERROR, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
 from pinwheel.progress import SILENT, LineReporter, Reporter
+from pinwheel.urls import redact, redact_text, url_problem
 
 if TYPE_CHECKING:  # rich is imported when a command first prints through it
     from rich.console import Console
@@ -32,6 +33,7 @@ COMMAND_MODULES = (
     "pinwheel.cli.build_cmds",
     "pinwheel.cli.release_cmds",
     "pinwheel.cli.serve_cmds",
+    "pinwheel.cli.cache_cmds",
 )
 
 EPILOG = """exit codes: 0 ok, 1 error, 2 bad manifest or usage, 3 drift (PR head moved),
@@ -55,6 +57,15 @@ def parse_mirrors(items: Sequence[str], env: str | None) -> dict[str, str]:
                 f"bad mirror mapping {pair!r}: expected URL=PATH",
                 where="--mirror / PINWHEEL_MIRRORS",
                 next="e.g. --mirror https://github.com/1CatAI/1Cat-vLLM.git=/srv/mirrors/1cat.git",
+            )
+        problem = url_problem(url)
+        if problem or path.startswith("-"):
+            raise UsageError(
+                f"bad mirror mapping {redact(pair)!r}: "
+                + (f"URL: {problem}" if problem else "PATH starts with '-'"),
+                where="--mirror / PINWHEEL_MIRRORS",
+                next="give URL=PATH with a repository URL and a mirror path "
+                "(write ./-name for a path that starts with '-')",
             )
         mirrors[url] = path
     return mirrors
@@ -192,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def ctx_cache(args: argparse.Namespace) -> Path:
+    return Path(args.cache) if getattr(args, "cache", None) else default_cache()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -208,19 +223,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return int(args.func(ctx, args) or 0)
     except PinwheelError as err:
+        message = redact_text(str(err))
         if sys.stderr.isatty():
             from rich.console import Console
             from rich.markup import escape
 
             Console(stderr=True, highlight=False, soft_wrap=True).print(
-                f"[bold red]error:[/] {escape(str(err))}", markup=True
+                f"[bold red]error:[/] {escape(message)}", markup=True
             )
         else:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"error: {message}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted; nothing was half-written (writes are atomic)", file=sys.stderr)
         return 130
-    except OSError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except Exception as err:
+        from pinwheel.source import faults
+
+        # libgit2 errors that escaped a stage: a full disk or a damaged cache, said so.
+        if type(err).__module__.split(".")[0] not in ("pygit2", "_pygit2") and not isinstance(
+            err, OSError
+        ):
+            raise
+        fault = faults.classify_exception(err, ctx_cache(args))
+        if fault is not None:
+            print(f"error: {redact_text(str(fault))}", file=sys.stderr)
+            return fault.exit_code
+
+        print(f"error: {redact_text(str(err))}", file=sys.stderr)
         return EXIT_ERROR

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pinwheel.cli import Context, command
+from pinwheel.urls import redact
 
 if TYPE_CHECKING:  # imported where used: `pinwheel --help` should not load libgit2
     from pinwheel.source.cache import Cache
@@ -26,7 +27,7 @@ def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
     report = ctx.reporter
     report.info(
         f"replaying {manifest.name}: {len(manifest.steps)} step(s) on "
-        f"{manifest.upstream.commit[:12]} ({manifest.upstream.url})"
+        f"{manifest.upstream.commit[:12]} ({redact(manifest.upstream.url)})"
     )
     kwargs = dict(
         cache=ctx.cache,

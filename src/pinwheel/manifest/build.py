@@ -14,6 +14,13 @@ from pinwheel.manifest.table import Table, check_file_sha
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)$")
 _CUDA = re.compile(r"^(\d+)\.(\d+)$")
 _PY = re.compile(r"^3\.\d+$")
+
+
+def _arch_key(arch: str) -> tuple[int, int]:
+    m = _ARCH.fullmatch(arch)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
 BUILD_KEYS = (
     "python",
     "cuda",
@@ -130,32 +137,32 @@ class BuildConfig:
 def parse_build_table(table: Table) -> BuildConfig:
     table.only(*BUILD_KEYS)
     python = table.str("python", "3.11")
-    if not _PY.match(python):
+    if not _PY.fullmatch(python):
         raise table.error("python", 'a Python minor version like "3.11"', python)
     cuda = table.str("cuda")
-    if not _CUDA.match(cuda):
+    if not _CUDA.fullmatch(cuda):
         raise table.error("cuda", 'a CUDA major.minor like "12.4"', cuda)
     arches = table.str_list("arches")
     if not arches:
         raise table.error("arches", 'at least one arch, like ["7.0"]', [])
     for arch in arches:
-        if not _ARCH.match(arch):
+        if not _ARCH.fullmatch(arch):
             raise table.error("arches", 'arches written like "7.0" or "9.0a"', arch)
     if len(set(arches)) != len(arches):
         raise table.error("arches", "each arch once", list(arches))
-    arches = tuple(sorted(arches, key=lambda a: tuple(int(x) for x in _ARCH.match(a).groups()[:2])))  # type: ignore[union-attr]
+    arches = tuple(sorted(arches, key=_arch_key))
     label = table.str("label", None)
-    if label is not None and not re.match(r"^[a-z0-9]+(\.[a-z0-9]+)*$", label):
+    if label is not None and not re.fullmatch(r"[a-z0-9]+(\.[a-z0-9]+)*", label):
         raise table.error("label", "a PEP 440 local label: lowercase letters, digits, dots", label)
     version = table.str("version", None)
-    if version is not None and not re.match(
+    if version is not None and not re.fullmatch(
         r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$", version
     ):
         raise table.error("version", 'a PEP 440 public version like "1.5.2.dev1486"', version)
     torch = table.str("torch", None)
     env = table.str_map("env", {})
     for key in env:
-        if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
             raise table.error("env", "environment variable names (A-Z, 0-9, _)", key)
     return BuildConfig(
         python=python,
@@ -286,7 +293,7 @@ def parse_kernel_tables(tables: tuple[Table, ...]) -> tuple[KernelSpec, ...]:
     for t in tables:
         t.only(*KERNEL_KEYS)
         name = t.str("name")
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise t.error("name", "a lowercase name (letters, digits, . _ -)", name)
         if name in seen:
             raise t.error("name", "a name no other [[kernel]] uses", name)
@@ -311,7 +318,7 @@ def parse_kernel_tables(tables: tuple[Table, ...]) -> tuple[KernelSpec, ...]:
             if not path.is_dir():
                 raise t.error("path", "an existing directory under kernels/", t.raw("path"))
         else:
-            url = t.str("url")
+            url = t.url("url")
             commit = t.sha("commit")
             tree = t.sha("tree", None)
             for p in t.subs("patch"):
@@ -327,7 +334,7 @@ def parse_kernel_tables(tables: tuple[Table, ...]) -> tuple[KernelSpec, ...]:
                 path=path,
                 url=url,
                 commit=commit,
-                branch=t.str("branch", "main"),
+                branch=t.ref("branch", "main"),
                 tree=tree,
                 patches=tuple(patches),
                 default=t.bool("default", True),

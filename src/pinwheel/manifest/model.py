@@ -38,6 +38,7 @@ from pinwheel.manifest.serve import (
 )
 from pinwheel.manifest.table import (
     FULL_SHA,
+    SAFE_NAME,
     SHORT_SHA,
     Table,
     _key_lines,
@@ -164,9 +165,9 @@ DEFAULT_IDENTITY = ("pinwheel", "pinwheel@replay.invalid")
 def _parse_upstream(t: Table, allow_short: bool) -> Upstream:
     t.only("url", "commit", "branch")
     return Upstream(
-        url=t.str("url"),
+        url=t.url("url"),
         commit=t.sha("commit", allow_short=allow_short),
-        branch=t.str("branch", "main"),
+        branch=t.ref("branch", "main"),
     )
 
 
@@ -180,7 +181,7 @@ def _parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
     if t.has("commits"):
         commits = t.str_list("commits")
         for c in commits:
-            if not (FULL_SHA.match(c) or (allow_short and SHORT_SHA.match(c))):
+            if not (FULL_SHA.fullmatch(c) or (allow_short and SHORT_SHA.fullmatch(c))):
                 raise t.error("commits", "a list of full 40-hex commit SHAs", c)
     patch = patch_sha = None
     if action in ("pick", "merge"):
@@ -203,7 +204,7 @@ def _parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
     for r in t.subs("resolve"):
         r.only("commit", "path", "sha256")
         commit = r.str("commit")
-        if commit != "merge" and not FULL_SHA.match(commit):
+        if commit != "merge" and not FULL_SHA.fullmatch(commit):
             raise r.error("commit", 'a full commit SHA, or "merge" for a merge step', commit)
         p = r.path_under("path", root, "patches")
         digest = r.sha256("sha256")
@@ -239,8 +240,27 @@ def load(path: str | Path, *, allow_short: bool = False) -> Manifest:
     return loads(blob, path, allow_short=allow_short)
 
 
+def _decode(blob: bytes, path: Path) -> str:
+    """UTF-8 text; a leading byte-order mark (Windows editors write one) is accepted."""
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = blob[: exc.start].count(b"\n") + 1
+        raise ManifestError(
+            f"not UTF-8: byte 0x{blob[exc.start]:02x} at offset {exc.start}",
+            where=f"{path.name}:{line}",
+            next=f"save {path.name} as UTF-8 (TOML requires it)",
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
+def _safe_default_name(stem: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9._\-]+", "-", stem).strip(".-")
+    return name[:100] if name and ".." not in name else "manifest"
+
+
 def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
-    text = blob.decode("utf-8")
+    text = _decode(blob, path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -270,16 +290,32 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
             )
     if "upstream" not in data:
         raise top.error("upstream", "an [upstream] table with url, commit and branch")
-    name = path.stem
+    # A key that should be a table but is a number, string or array: exit 2, not a traceback.
+    for key in ("upstream", "identity", "result", "manifest", *STAGE_TABLES):
+        if key not in data:
+            continue
+        if key == "kernel":
+            if not isinstance(data[key], list) or not all(isinstance(v, dict) for v in data[key]):
+                raise top.error(key, "an array of tables written [[kernel]]", data[key])
+        elif not isinstance(data[key], dict):
+            raise top.error(key, f"a table written [{key}]", data[key])
+    name = _safe_default_name(path.stem)
     if "manifest" in data:
         meta = table("manifest")
         meta.only("name", "note")
         name = meta.str("name", name)
+        if not SAFE_NAME.fullmatch(name) or ".." in name or name.endswith(".lock"):
+            raise meta.error(
+                "name",
+                "a name of letters, digits, '.', '_' and '-' (no '/', no '..'; it names refs "
+                "and files)",
+                name,
+            )
     upstream = _parse_upstream(table("upstream"), allow_short)
 
     raw_steps = data.get("step", [])
-    if not isinstance(raw_steps, list):
-        raise top.error("step", "an array of tables written [[step]]")
+    if not isinstance(raw_steps, list) or not all(isinstance(r, dict) for r in raw_steps):
+        raise top.error("step", "an array of tables written [[step]]", raw_steps)
     steps: list[Step] = []
     seen_prs: dict[int, int] = {}
     for i, raw in enumerate(raw_steps):
@@ -308,11 +344,14 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
         time=time,
         offset=offset,
     )
+    for key in ("name", "email"):
+        value = getattr(identity, key)
+        # Both go into the commit header verbatim: no line breaks, no angle brackets.
+        if any(ord(c) < 32 or c in "<>" for c in value):
+            raise ident.error(key, "one line without '<' or '>'", value)
     res = table("result")
     res.only("tree", "tag")
-    result = Result(tree=res.sha("tree", None, allow_short=False), tag=res.str("tag", None))
-    if result.tag is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._\-/]*$", result.tag):
-        raise res.error("tag", "a git tag name (letters, digits, . _ - /)", result.tag)
+    result = Result(tree=res.sha("tree", None, allow_short=False), tag=res.ref("tag", None))
 
     stages: dict[str, Any] = {}
     for key in STAGE_TABLES:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,12 @@ def parse_release_table(t: Table) -> ReleaseConfig:
     if t.has("index"):
         it = t.sub("index")
         it.only("url")
-        index = IndexTarget(url=it.str("url"))
+        index_url = it.str("url")
+        if not re.fullmatch(r"https?://[^\s/\-][^\s]*", index_url):
+            raise it.error(
+                "url", "an https:// (or http://) upload URL of a package index", index_url
+            )
+        index = IndexTarget(url=index_url)
     if t.has("github"):
         gt = t.sub("github")
         gt.only("repo", "tag")

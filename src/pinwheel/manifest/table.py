@@ -17,10 +17,45 @@ from typing import Any
 
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import ManifestError
+from pinwheel.urls import redact, url_problem
 
-FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
-SHORT_SHA = re.compile(r"^[0-9a-f]{4,39}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Validate with .fullmatch(): "$" would accept a trailing newline.
+FULL_SHA = re.compile(r"[0-9a-f]{40}")
+SHORT_SHA = re.compile(r"[0-9a-f]{4,39}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+# A name that becomes part of refs and file names: [manifest].name.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,99}")
+
+
+def ref_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid git ref name (``git check-ref-format --allow-onelevel``).
+
+    None when it is valid. Also refuses a leading '-' so a name can never be an option.
+    """
+    if not name:
+        return "an empty name"
+    if name.startswith("-"):
+        return "it starts with '-'"
+    if name == "@":
+        return "it is '@'"
+    bad = sorted({c for c in name if ord(c) < 32 or ord(c) == 127 or c in " ~^:?*[\\"})
+    if bad:
+        return "it contains " + " ".join(repr(c) for c in bad)
+    if ".." in name:
+        return "it contains '..'"
+    if "@{" in name:
+        return "it contains '@{'"
+    if name.startswith("/") or name.endswith("/") or "//" in name:
+        return "it starts or ends with '/' or contains '//'"
+    if name.endswith("."):
+        return "it ends with '.'"
+    for part in name.split("/"):
+        if part.startswith("."):
+            return f"component {part!r} starts with '.'"
+        if part.endswith(".lock"):
+            return f"component {part!r} ends with '.lock'"
+    return None
+
 
 # Table's typed getters are named after the types they return (t.str, t.int),
 # so inside its body the builtins are spelled builtins.str etc.
@@ -87,6 +122,8 @@ class Table:
     def error(
         self, key: builtins.str, expected: builtins.str, got: Any = _MISSING
     ) -> ManifestError:
+        if isinstance(got, builtins.str):
+            got = redact(got)
         what = f"expected {expected}" + ("" if got is _MISSING else f", got {got!r}")
         return ManifestError(
             what, where=self.where(key), next=f"edit {self.source.name} and run `pinwheel plan`"
@@ -167,17 +204,42 @@ class Table:
             raise self.error(key, "a table of key = value strings", value)
         return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items()}
 
+    def url(self, key: builtins.str, default: Any = _MISSING) -> Any:
+        """A git remote: a known scheme, scp-style or an absolute path; never an option."""
+        value = self.str(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        problem = url_problem(value)
+        if problem:
+            raise ManifestError(
+                f"unsafe or unsupported repository URL {redact(value)!r}: {problem}",
+                where=self.where(key),
+                next=f"use an https://, ssh://, git://, file:// URL, user@host:path or an "
+                f"absolute path in {self.source.name}",
+            )
+        return value
+
+    def ref(self, key: builtins.str, default: Any = _MISSING) -> Any:
+        """A branch or tag name, by git's ref-format rules (never an option, never a refspec)."""
+        value = self.str(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        problem = ref_name_problem(value)
+        if problem:
+            raise self.error(key, f"a git ref name ({problem})", value)
+        return value
+
     def sha(
         self, key: builtins.str, default: Any = _MISSING, *, allow_short: builtins.bool = False
     ) -> Any:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
-        if isinstance(value, str) and FULL_SHA.match(value):
+        if isinstance(value, str) and FULL_SHA.fullmatch(value):
             return value
-        if allow_short and isinstance(value, str) and SHORT_SHA.match(value):
+        if allow_short and isinstance(value, str) and SHORT_SHA.fullmatch(value):
             return value
-        if isinstance(value, str) and SHORT_SHA.match(value):
+        if isinstance(value, str) and SHORT_SHA.fullmatch(value):
             raise ManifestError(
                 f"expected a full 40-hex commit SHA, got short {value!r}",
                 where=self.where(key),
@@ -189,7 +251,7 @@ class Table:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
-        if not isinstance(value, str) or not SHA256.match(value):
+        if not isinstance(value, str) or not SHA256.fullmatch(value):
             raise self.error(key, "a 64-hex lowercase sha256", value)
         return value
 
@@ -281,9 +343,11 @@ def check_file_sha(
     """
     if not path.is_file():
         raise ManifestError(
-            f"patch file {path.name} does not exist",
+            f"patch file {path.name} does not exist (looked for {path})",
             where=t.where(key),
-            next="restore the file under patches/ or fix the path",
+            next=f"paths in a manifest resolve relative to its own folder ({t.source.parent}): "
+            "restore the file under patches/ there, copy patches/ along with a copied "
+            "manifest, or fix the path",
         )
     actual = sha256_file(path)
     if verify and actual != expected:

@@ -24,6 +24,7 @@ from pinwheel.fsutil import atomic_dir, atomic_write_text
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.release import GithubTarget, HubTarget, IndexTarget, ReleaseConfig  # noqa: F401
 from pinwheel.release import signing
+from pinwheel.urls import redact
 
 NOTES = "RELEASE_NOTES.md"
 PROVENANCE = "provenance.json"
@@ -83,7 +84,7 @@ def render_notes(
     tag = provenance.get("tag") or manifest.result.tag or manifest.name
     upstream = provenance.get("upstream") or {}
     base = upstream.get("base") or manifest.upstream.commit
-    url = upstream.get("url") or manifest.upstream.url
+    url = redact(upstream.get("url") or manifest.upstream.url)
     out = [f"# {manifest.name} {tag}", ""]
     out += [f"- Base: `{url}` at `{base}`"]
     tree = provenance.get("tree") or manifest.result.tree

@@ -38,7 +38,9 @@ def sign(path: Path, key: Path) -> Path:
             next="pass --key PATH to an ssh private key, or --no-sign",
         )
     proc = subprocess.run(
-        [_ssh_keygen(), "-Y", "sign", "-q", "-f", str(key), "-n", NAMESPACE, str(path)],
+        # Absolute paths: a file name can never be read as an option.
+        [_ssh_keygen(), "-Y", "sign", "-q", "-f", str(key.absolute()), "-n", NAMESPACE]
+        + [str(path.absolute())],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
@@ -79,13 +81,13 @@ def verify(
                     "-Y",
                     "verify",
                     "-f",
-                    str(allowed_signers),
+                    str(allowed_signers.absolute()),
                     "-I",
                     name,
                     "-n",
                     NAMESPACE,
                     "-s",
-                    str(sig),
+                    str(sig.absolute()),
                 ],
                 input=data,
                 capture_output=True,
@@ -106,7 +108,8 @@ def verify(
 
 def _find_principals(exe: str, sig: Path, allowed_signers: Path) -> list[str]:
     proc = subprocess.run(
-        [exe, "-Y", "find-principals", "-s", str(sig), "-f", str(allowed_signers)],
+        [exe, "-Y", "find-principals", "-s", str(sig.absolute()), "-f"]
+        + [str(allowed_signers.absolute())],
         capture_output=True,
         text=True,
     )

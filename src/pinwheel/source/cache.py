@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,9 @@ import pygit2
 from filelock import FileLock, Timeout
 
 from pinwheel.errors import PinwheelError
+from pinwheel.fsutil import atomic_write_text
 from pinwheel.source import gitcli
+from pinwheel.urls import redact
 
 LOCK_TIMEOUT_S = 600
 UPSTREAM_PREFIX = "refs/pinwheel/upstream/"
@@ -37,7 +40,9 @@ def _normalize(url: str) -> str:
 
 
 def slug(url: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9]+", "-", _normalize(url).split("://")[-1]).strip("-")
+    # The readable part never carries credentials (https://user:token@host/...).
+    readable = _normalize(redact(url)).split("://")[-1].split("@")[-1]
+    name = re.sub(r"[^A-Za-z0-9]+", "-", readable).strip("-")
     return f"{name[-60:]}-{hashlib.sha256(_normalize(url).encode()).hexdigest()[:8]}"
 
 
@@ -57,7 +62,7 @@ def resolve_source(url: str, mirrors: Mapping[str, str]) -> Source:
             location = path.removeprefix("file://")
             if not Path(location).exists():
                 raise PinwheelError(
-                    f"mirror for {url} does not exist: {location}",
+                    f"mirror for {redact(url)} does not exist: {location}",
                     where="--mirror / PINWHEEL_MIRRORS",
                     next="fix the mapping or create the mirror (git clone --mirror URL PATH)",
                 )
@@ -86,6 +91,7 @@ class Fetched:
     branch: str
     branch_tip: str
     pr_heads: Mapping[int, str]  # PR -> current refs/pull/N/head
+    missing_prs: tuple[int, ...] = ()  # PRs without refs/pull/N/head (missing_ok fetches)
 
     def open(self) -> pygit2.Repository:
         return pygit2.Repository(str(self.repo_path))
@@ -99,7 +105,8 @@ class Cache:
         offline: bool = False,
         show_progress: bool = False,
     ):
-        self.root = Path(root)
+        # Absolute: a cache path never reaches git looking like an option.
+        self.root = Path(root).absolute()
         self.mirrors = dict(mirrors)
         self.offline = offline
         # Network fetches of a large upstream take minutes: let git's own
@@ -129,7 +136,14 @@ class Cache:
         if not (path / "HEAD").exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".init")
-            gitcli.git(["init", "-q", "--bare", str(tmp)], what="git init")
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a run that was killed
+            try:
+                gitcli.git(
+                    ["init", "-q", "--bare", "--", str(tmp)], cwd=path.parent, what="git init"
+                )
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             tmp.rename(path)  # atomic: a half-initialised cache repo never has the final name
         return path
 
@@ -141,10 +155,13 @@ class Cache:
         want: Sequence[str] = (),
         *,
         progress: object = None,
+        missing_ok: bool = False,
     ) -> Fetched:
         """Fetch ``branch`` and ``refs/pull/N/head`` for ``prs``; make sure ``want`` commits exist.
 
-        Call inside :meth:`locked`.
+        Call inside :meth:`locked`. With ``missing_ok`` a PR without a ref and a
+        ``want`` commit that cannot be found are reported in the result
+        (``missing_prs``), not raised: drift reports every PR.
         """
         path = self.repo_path(url)
         source = resolve_source(url, self.mirrors)
@@ -154,22 +171,22 @@ class Cache:
         if can_fetch:
             refspecs = [f"+refs/heads/{branch}:{UPSTREAM_PREFIX}{branch}"]
             refspecs += [f"+refs/pull/{n}/head:{PULL_PREFIX}{n}/head" for n in prs]
-            self._fetch(path, source, refspecs, prs)
+            self._fetch(path, source, refspecs, prs, missing_ok=missing_ok)
         repo = pygit2.Repository(str(path))
         missing = [sha for sha in want if sha not in repo]
         if missing and can_fetch:
             # Pinned commits no longer reachable from a ref (force-pushed PRs):
             # upload-pack still serves them by id on GitHub and local mirrors.
             gitcli.git(
-                ["fetch", "-q", "--no-tags", source.location, *missing],
+                ["fetch", "-q", "--no-tags", "--", source.location, *missing],
                 git_dir=path,
                 user_config=not source.local,
                 check=False,
             )
             missing = [sha for sha in want if sha not in repo]
-        if missing:
+        if missing and not missing_ok:
             raise PinwheelError(
-                f"commit(s) {', '.join(m[:12] for m in missing)} not found in {url}"
+                f"commit(s) {', '.join(m[:12] for m in missing)} not found in {redact(url)}"
                 + (" (offline: cache only)" if not can_fetch else ""),
                 where=f"cache {path.name}",
                 next=(
@@ -182,7 +199,7 @@ class Cache:
         if tip_ref not in repo.references:
             raise PinwheelError(
                 f"branch '{branch}' is not in the cache" + ("" if can_fetch else " (offline)"),
-                where=f"[upstream] {url}",
+                where=f"[upstream] {redact(url)}",
                 next="run without --offline once to fill the cache"
                 if not can_fetch
                 else "check [upstream].branch",
@@ -198,6 +215,7 @@ class Cache:
             branch=branch,
             branch_tip=str(repo.references[tip_ref].target),
             pr_heads=pr_heads,
+            missing_prs=tuple(n for n in prs if n not in pr_heads),
         )
 
     def ensure_commits(self, url: str, commits: Sequence[str]) -> Path:
@@ -263,48 +281,64 @@ class Cache:
         objects = str(_objects_dir(source.location).resolve())
         current = alternates.read_text().split() if alternates.exists() else []
         if objects not in current:
-            alternates.parent.mkdir(parents=True, exist_ok=True)
-            alternates.write_text("\n".join([*current, objects]) + "\n")
+            atomic_write_text(alternates, "\n".join([*current, objects]) + "\n")
 
-    def _fetch(self, path: Path, source: Source, refspecs: list[str], prs: Sequence[int]) -> None:
-        args = ["fetch", "-q", "--no-tags", "--no-write-fetch-head", source.location]
+    def _fetch(
+        self,
+        path: Path,
+        source: Source,
+        refspecs: list[str],
+        prs: Sequence[int],
+        *,
+        missing_ok: bool = False,
+    ) -> list[int]:
+        """Fetch the refspecs; the PRs whose ref is missing (raised unless ``missing_ok``)."""
+        # "--": the location comes from a manifest or a flag and must never be an option.
+        args = ["fetch", "-q", "--no-tags", "--no-write-fetch-head", "--", source.location]
         if self.show_progress and not source.local:
             progress = gitcli.git(
-                [*args[:1], "--progress", *args[2:], *refspecs],
+                [args[0], "--progress", *args[2:], *refspecs],
                 git_dir=path,
                 user_config=True,
                 check=False,
                 stream_stderr=True,
             )
             if progress.returncode == 0:
-                return
+                return []
         proc = gitcli.git(
             [*args, *refspecs], git_dir=path, user_config=not source.local, check=False
         )
         if proc.returncode == 0:
-            return
+            return []
         # Find what failed so the error can name it: the source itself (network,
         # bad URL, missing branch) or one PR's ref.
         branch = gitcli.git(
             [*args, refspecs[0]], git_dir=path, user_config=not source.local, check=False
         )
+        proc = branch
         if branch.returncode == 0:
+            missing = []
             for spec, n in zip(refspecs[1:], prs, strict=True):
                 one = gitcli.git(
                     [*args, spec], git_dir=path, user_config=not source.local, check=False
                 )
-                if one.returncode != 0:
+                if one.returncode != 0 and missing_ok:
+                    # Forget a ref fetched earlier: upstream no longer has it.
+                    gitcli.git(
+                        ["update-ref", "-d", f"{PULL_PREFIX}{n}/head"], git_dir=path, check=False
+                    )
+                    missing.append(n)
+                elif one.returncode != 0:
                     raise PinwheelError(
-                        f"PR #{n} has no refs/pull/{n}/head at {source.location}",
+                        f"PR #{n} has no refs/pull/{n}/head at {redact(source.location)}",
                         where=f"fetch PR #{n}",
                         next="check the PR number, or fetch PR refs into your mirror "
                         "(git fetch origin '+refs/pull/*/head:refs/pull/*/head')",
                     )
-        else:
-            proc = branch
-        err = (proc.stderr or b"").decode(errors="replace").strip().splitlines()
+            return missing  # each ref fetched one by one
+        err = gitcli.stderr_lines(proc)
         raise PinwheelError(
             f"fetch failed: {err[-1] if err else proc.returncode}",
-            where=f"fetch {source.location}",
+            where=f"fetch {redact(source.location)}",
             next="check the network or use --mirror URL=PATH with a local mirror",
         )

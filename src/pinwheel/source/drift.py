@@ -12,7 +12,7 @@ from pygit2.enums import SortMode
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest import Manifest, Upstream
 from pinwheel.source.cache import Cache, Fetched
-from pinwheel.source.replay import Replayer, fetch_for
+from pinwheel.source.replay import Replayer
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class PrDrift:
     current: str | None
     moved: bool
     merged_upstream: str | None  # how: "ancestor of <branch>" or "squash <sha>"
+    status: str = "ok"  # "ok", "missing ref" (no refs/pull/N/head), "missing head"
 
 
 @dataclass(frozen=True)
@@ -53,34 +54,64 @@ def _merged_upstream(
 
 def drift_report(manifest: Manifest, cache: Cache) -> DriftReport:
     with cache.locked(manifest.upstream.url):
-        fetched = fetch_for(manifest, cache)
-        repo = fetched.open()
+        # Every PR is reported, even when some refs or pinned heads are gone upstream.
         base = manifest.upstream.commit
+        heads = [s.head for s in manifest.steps if s.head]
+        fetched = cache.fetch(
+            manifest.upstream.url,
+            manifest.upstream.branch,
+            manifest.prs,
+            [base, *heads],
+            missing_ok=True,
+        )
+        repo = fetched.open()
+        if base not in repo:
+            raise PinwheelError(
+                f"base commit {base[:12]} is not in {manifest.upstream.branch}'s history here",
+                where=f"{manifest.path.name} [upstream] commit",
+                next="check [upstream].commit, or point --mirror at a complete mirror",
+            )
         walker = repo.walk(fetched.branch_tip, SortMode.NONE)
         walker.hide(base)
         new_commits = sum(1 for _ in walker)
-        prs = tuple(
-            PrDrift(
-                pr=s.pr,
-                pinned=s.head,
-                current=fetched.pr_heads.get(s.pr),
-                moved=bool(s.head and fetched.pr_heads.get(s.pr) not in (None, s.head)),
-                merged_upstream=_merged_upstream(repo, fetched, base, s.pr, s.head),
+        prs = []
+        for s in manifest.steps:
+            if s.pr is None:
+                continue
+            current = fetched.pr_heads.get(s.pr)
+            status = "ok"
+            if s.pr in fetched.missing_prs:
+                status = "missing ref"
+            if s.head and s.head not in repo:
+                status = "missing head" if status == "ok" else "missing ref and head"
+            known = s.head if s.head and s.head in repo else None
+            prs.append(
+                PrDrift(
+                    pr=s.pr,
+                    pinned=s.head,
+                    current=current,
+                    moved=bool(s.head and current not in (None, s.head)),
+                    merged_upstream=_merged_upstream(repo, fetched, base, s.pr, known),
+                    status=status,
+                )
             )
-            for s in manifest.steps
-            if s.pr is not None
-        )
         # Does the pinned stack still replay on the branch tip? (No refs written.)
-        moved = replace(
-            manifest,
-            upstream=Upstream(manifest.upstream.url, fetched.branch_tip, manifest.upstream.branch),
-        )
+        gone = [p for p in prs if p.status != "ok" and not (p.pinned and p.pinned in repo)]
         problem = None
-        try:
-            Replayer(moved, fetched, allow_drift=True).run()
-        except PinwheelError as exc:
-            problem = f"{exc.where}: {exc.what}" if exc.where else exc.what
-    return DriftReport(base, fetched.branch_tip, new_commits, prs, problem is None, problem)
+        if gone:
+            problem = "cannot replay: " + ", ".join(f"PR #{p.pr} ({p.status})" for p in gone)
+        else:
+            moved = replace(
+                manifest,
+                upstream=Upstream(
+                    manifest.upstream.url, fetched.branch_tip, manifest.upstream.branch
+                ),
+            )
+            try:
+                Replayer(moved, fetched, allow_drift=True).run()
+            except PinwheelError as exc:
+                problem = f"{exc.where}: {exc.what}" if exc.where else exc.what
+    return DriftReport(base, fetched.branch_tip, new_commits, tuple(prs), problem is None, problem)
 
 
 def drift_payload(report: DriftReport) -> dict[str, Any]:
@@ -102,6 +133,12 @@ def render_drift(report: DriftReport) -> str:
     ]
     for p in report.prs:
         state = []
+        if p.status != "ok":
+            state.append(
+                f"{p.status}: upstream has no refs/pull/{p.pr}/head"
+                if p.status == "missing ref"
+                else f"{p.status} (pinned {str(p.pinned)[:12]} not found)"
+            )
         if p.moved:
             state.append(f"head moved {str(p.pinned)[:12]} -> {str(p.current)[:12]}")
         if p.merged_upstream:
@@ -114,4 +151,9 @@ def render_drift(report: DriftReport) -> str:
         )
     else:
         lines.append(f"stack does NOT replay on the tip: {report.replay_problem}")
+    if any(p.status != "ok" for p in report.prs):
+        lines.append(
+            "next: check those PR numbers upstream; a deleted PR can be kept by keeping its "
+            "pinned head in a --mirror, or remove its step"
+        )
     return "\n".join(lines)

@@ -9,22 +9,66 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import pygit2
+
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_dir, atomic_write_bytes, atomic_write_text
 from pinwheel.source import gitcli
 from pinwheel.source.replay import ReplayResult, lock_payload
 
 
+def missing_paths(repo_path: Path, commit: str) -> list[str]:
+    """Files of ``commit``'s tree whose content the cache (and its mirrors) lack, sorted."""
+    repo = pygit2.Repository(str(repo_path))
+    missing: list[str] = []
+
+    def walk(tree: pygit2.Tree, prefix: str) -> None:
+        for entry in tree:
+            path = f"{prefix}{entry.name}"
+            if entry.type_str == "tree":
+                if entry.id in repo:
+                    walk(repo[entry.id].peel(pygit2.Tree), path + "/")
+                else:
+                    missing.append(path + "/")
+            elif entry.type_str == "blob" and entry.id not in repo:
+                missing.append(path)
+
+    walk(repo[commit].peel(pygit2.Tree), "")
+    return sorted(missing)
+
+
+def partial_mirror_error(repo_path: Path, commit: str, what: str, where: str) -> PinwheelError:
+    """Name the files a partial mirror lacks and how to get them."""
+    paths = missing_paths(repo_path, commit)
+    shown = "\n".join(f"    {p}" for p in paths[:20])
+    more = f"\n    ... and {len(paths) - 20} more" if len(paths) > 20 else ""
+    return PinwheelError(
+        f"{what}: {len(paths)} file(s) of {commit[:12]} are missing from the partial mirror:"
+        f"\n{shown}{more}",
+        where=where,
+        next="fetch the missing blobs into the mirror (git -C MIRROR fetch --refetch origin, or "
+        "clone it without --filter) or point --mirror at a complete mirror; "
+        "`pinwheel run` itself does not need them",
+    )
+
+
 def _archive(result: ReplayResult, prefix: str, exclude: Sequence[str] = ()) -> bytes:
     # git archive stamps every member with the commit time: no wall clock inside.
     specs = ["--", ".", *(f":(exclude){e}" for e in exclude)] if exclude else []
     proc = gitcli.git(
-        ["archive", "--format=tar", f"--prefix={prefix}/", result.head, *specs],
+        ["archive", "--format=tar", f"--prefix={prefix}/", "--end-of-options", result.head, *specs],
         git_dir=result.repo_path,
         check=False,
     )
     if proc.returncode != 0:
-        err = proc.stderr.decode(errors="replace").strip().splitlines()
+        if missing_paths(result.repo_path, result.head):
+            raise partial_mirror_error(
+                result.repo_path,
+                result.head,
+                f"cannot export tree {result.tree[:12]}",
+                f"export of {result.head[:12]}",
+            )
+        err = gitcli.stderr_lines(proc)
         raise PinwheelError(
             f"cannot export tree {result.tree[:12]}: {err[-1] if err else proc.returncode}",
             where=f"export of {result.head[:12]}",

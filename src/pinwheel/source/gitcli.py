@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pinwheel.errors import PinwheelError
+from pinwheel.source import faults
+from pinwheel.urls import redact_text
 
 
 def hermetic_env(
@@ -46,7 +48,11 @@ def git(
     what: str = "git",
     stream_stderr: bool = False,
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run git hermetically; ``stream_stderr`` shows git's own progress on the terminal."""
+    """Run git hermetically; ``stream_stderr`` shows git's own progress on the terminal.
+
+    Callers put values that come from a manifest, a flag or a server after ``--``
+    (or ``--end-of-options``) so git can never read them as options.
+    """
     cmd = ["git"]
     if git_dir is not None:
         cmd += ["--git-dir", str(git_dir)]
@@ -68,14 +74,27 @@ def git(
         stdout=subprocess.PIPE,
         stderr=None if stream_stderr else subprocess.PIPE,
     )
+    if proc.returncode != 0 and proc.stderr:
+        # A full disk or a corrupt object is never "a patch that does not apply" or
+        # "a network problem", whatever the caller would have made of the failure.
+        fault = faults.classify(
+            proc.stderr.decode(errors="replace"), Path(git_dir or cwd or Path.cwd())
+        )
+        if fault is not None:
+            raise fault
     if check and proc.returncode != 0:
-        text = (proc.stderr or b"(see git's output above)").decode(errors="replace")
-        err = text.strip().splitlines()
+        err = stderr_lines(proc)
         raise PinwheelError(
             f"{what} failed: {err[-1] if err else 'exit ' + str(proc.returncode)}",
-            where=f"git {' '.join(args[:3])}",
+            where=redact_text(f"git {' '.join(args[:3])}"),
         )
     return proc
+
+
+def stderr_lines(proc: subprocess.CompletedProcess[bytes]) -> list[str]:
+    """git's stderr as lines, credentials in any URL it echoes redacted."""
+    text = (proc.stderr or b"(see git's output above)").decode(errors="replace")
+    return redact_text(text).strip().splitlines()
 
 
 def out(args: Sequence[str], **kw) -> str:  # type: ignore[no-untyped-def]

@@ -7,6 +7,8 @@ checksums and writes the replayed ``[result].tree``. Comments and layout survive
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import tomlkit
 
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_text
+from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.manifest import FULL_SHA, load, loads
 from pinwheel.source.buildsources import NO, Declared, discover, pin
 from pinwheel.source.cache import Cache
@@ -45,7 +47,7 @@ class LockOutcome:
 
 
 def _full(repo: pygit2.Repository, value: str, where: str) -> str:
-    if FULL_SHA.match(value):
+    if FULL_SHA.fullmatch(value):
         return value
     try:
         return str(repo.revparse_single(value).peel(pygit2.Commit).id)
@@ -100,6 +102,56 @@ def _pin_build_sources(
         changes.append(LockChange(f"[[build.source]] {p.name}", d.ref, p.commit))
 
 
+# fsutil.atomic_write_bytes stages ".<name>.<random>.tmp" beside the target; one older
+# than this was left by a killed run (a live write takes milliseconds).
+STALE_TMP_S = 60
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """How the manifest is stored, so the rewrite keeps it: target, mode, newlines, BOM."""
+
+    target: Path  # the file itself; a symlink is written through, never replaced
+    mode: int
+    crlf: bool
+    bom: bool
+    text: str  # LF newlines, no BOM: what tomlkit edits
+
+    @classmethod
+    def read(cls, path: Path) -> ManifestFile:
+        target = Path(path).resolve()
+        raw = target.read_bytes()
+        bom = raw.startswith(b"\xef\xbb\xbf")
+        text = raw.removeprefix(b"\xef\xbb\xbf").decode("utf-8")
+        return cls(
+            target=target,
+            mode=target.stat().st_mode & 0o7777,
+            crlf=b"\r\n" in raw,
+            bom=bom,
+            text=text.replace("\r\n", "\n"),
+        )
+
+    def encode(self, text: str) -> bytes:
+        if self.crlf:
+            text = text.replace("\r\n", "\n").replace("\n", "\r\n")
+        return (b"\xef\xbb\xbf" if self.bom else b"") + text.encode("utf-8")
+
+    def write(self, text: str) -> None:
+        atomic_write_bytes(self.target, self.encode(text), mode=self.mode)
+
+
+def remove_stale_temps(target: Path, *, now: float | None = None) -> list[Path]:
+    """Temp files an interrupted lock left beside ``target`` (``.<name>.*.tmp``)."""
+    removed = []
+    cutoff = (now or time.time()) - STALE_TMP_S
+    for tmp in target.parent.glob(f".{target.name}.*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            if tmp.is_file() and tmp.stat().st_mtime < cutoff:
+                tmp.unlink()
+                removed.append(tmp)
+    return removed
+
+
 def lock_manifest(
     manifest_path: Path,
     cache: Cache,
@@ -108,7 +160,9 @@ def lock_manifest(
     update_heads: bool = False,
 ) -> LockOutcome:
     loose = load(manifest_path, allow_short=True)
-    doc = tomlkit.parse(Path(manifest_path).read_text())
+    stored = ManifestFile.read(Path(manifest_path))
+    remove_stale_temps(stored.target)
+    doc = tomlkit.parse(stored.text)
     changes: list[LockChange] = []
 
     def setv(table: Any, key: str, value: Any, where: str) -> None:
@@ -174,6 +228,7 @@ def lock_manifest(
         # The result as the locked manifest describes it (now with its tree).
         locked_result = replace(result, manifest=final)
         check_result_tree(locked_result)
-        write_result_refs(locked_result)
-    atomic_write_text(Path(manifest_path), text)
+        # Only the stack ref: the release tag is made by `pinwheel run` on the locked file.
+        write_result_refs(locked_result, tag=False)
+    stored.write(text)
     return LockOutcome(Path(manifest_path), tuple(changes), result.head, result.tree)

@@ -26,8 +26,9 @@ from pygit2.enums import MergeFlag, SortMode
 
 from pinwheel.errors import ConflictError, DriftError, ManifestError, MismatchError, PinwheelError
 from pinwheel.manifest import Identity, Manifest, Step
-from pinwheel.source import gitcli
+from pinwheel.source import faults, gitcli
 from pinwheel.source.cache import Cache, Fetched
+from pinwheel.urls import redact
 
 Progress = Callable[[str], None]
 
@@ -83,7 +84,9 @@ class ReplayConflict(ConflictError):
 
 def merge_bases(repo_path: Path, a: str, b: str) -> list[str]:
     """``git merge-base --all a b`` (pygit2 exposes only a single base)."""
-    proc = gitcli.git(["merge-base", "--all", a, b], git_dir=repo_path, check=False)
+    proc = gitcli.git(
+        ["merge-base", "--all", "--end-of-options", a, b], git_dir=repo_path, check=False
+    )
     return proc.stdout.decode().split()
 
 
@@ -99,9 +102,7 @@ def subject_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else ""
 
 
-def commits_between(
-    repo: pygit2.Repository, head: str, hide: Sequence[str]
-) -> list[pygit2.Commit]:
+def commits_between(repo: pygit2.Repository, head: str, hide: Sequence[str]) -> list[pygit2.Commit]:
     """Commits reachable from ``head`` and from none of ``hide``, oldest first."""
     walker = repo.walk(head, SortMode.TOPOLOGICAL | SortMode.REVERSE)
     for sha in hide:
@@ -139,6 +140,16 @@ def pick_commits(
         if bases is None:
             bases = merge_bases(Path(repo.path), branch_tip, step.head)
         picked = commits_between(repo, step.head, [base, *bases])
+        if not picked:
+            # The head is an ancestor of the base (or of main): nothing to replay.
+            # Exit 2: replaying "nothing" silently would hide a stale step.
+            raise ManifestError(
+                f"PR #{step.pr} selects 0 commits: its head {step.head[:12]} is already "
+                f"contained in the base {base[:12]}",
+                where=step.label,
+                next=f"remove step {step.number} from the manifest (the PR is already in the "
+                "base), or run `pinwheel drift` to see which PRs are upstream",
+            )
     merges = [c for c in picked if len(c.parents) > 1]
     if merges:
         first = merges[0]
@@ -167,15 +178,20 @@ def apply_patch(repo_path: Path, tree: str, patch: Path, *, where: str) -> str:
     """Apply a diff or mbox to ``tree`` in a throwaway index; return the new tree id."""
     with tempfile.TemporaryDirectory(prefix="pinwheel-apply-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        gitcli.git(["read-tree", tree], git_dir=repo_path, env=env, what="git read-tree")
+        gitcli.git(
+            ["read-tree", "--end-of-options", tree],
+            git_dir=repo_path,
+            env=env,
+            what="git read-tree",
+        )
         proc = gitcli.git(
-            ["apply", "--cached", "--whitespace=nowarn", "--binary", str(patch)],
+            ["apply", "--cached", "--whitespace=nowarn", "--binary", "--", str(patch.absolute())],
             git_dir=repo_path,
             env=env,
             check=False,
         )
         if proc.returncode != 0:
-            lines = proc.stderr.decode(errors="replace").splitlines()
+            lines = gitcli.stderr_lines(proc)
             files = tuple(
                 sorted(
                     {m.group(1) for ln in lines if (m := re.search(r"patch failed: ([^:]+):", ln))}
@@ -282,6 +298,24 @@ class Replayer:
         return current, True
 
     def run(self) -> ReplayResult:
+        try:
+            return self._run()
+        except (pygit2.GitError, OSError, KeyError) as exc:
+            # libgit2 writing objects into the cache: a full disk or a damaged object.
+            fault = faults.classify_exception(exc, self.fetched.repo_path)
+            if fault is None and faults.low_space(self.fetched.repo_path):
+                fault = faults.disk_full(self.fetched.repo_path, f"object {exc} not stored")
+            if fault is not None:
+                raise fault from None
+            if isinstance(exc, KeyError):
+                raise
+            raise PinwheelError(
+                f"libgit2 failed in the cache: {exc}",
+                where=str(self.fetched.repo_path),
+                next="`pinwheel cache verify` checks the cache repositories",
+            ) from None
+
+    def _run(self) -> ReplayResult:
         current = self.repo[self.base].peel(pygit2.Commit)
         results = []
         for step in self.manifest.steps:
@@ -332,7 +366,10 @@ class Replayer:
         ]
         if encoding:
             args.append(encoding)
-        return str(self.repo.create_commit(*args))
+        new = self.repo.create_commit(*args)
+        if new not in self.repo:  # libgit2 can drop a loose object on ENOSPC and say nothing
+            raise faults.write_failed(self.fetched.repo_path, f"commit {str(new)[:12]}")
+        return str(new)
 
     def _resolution(self, step: Step, commit: str) -> Path | None:
         for r in step.resolutions:
@@ -371,7 +408,11 @@ class Replayer:
             try:
                 index = self.repo.merge_commits(current, head, flags=MergeFlag.FIND_RENAMES)
             except (KeyError, pygit2.GitError) as exc:
-                raise _missing_object(exc, where) from None
+                ours, theirs = current.tree, self.repo[head].peel(pygit2.Commit).tree
+                base_id = self.repo.merge_base(current.id, head)
+                ancestor = self.repo[base_id].peel(pygit2.Commit).tree if base_id else ours
+                paths = _paths_without_content(self.repo, ancestor, ours, theirs)
+                raise _missing_object(exc, where, self.fetched.repo_path, paths) from None
             if index.conflicts:
                 raise self._conflict(step, where, index, "merge", str(current.id), head)
             tree = str(index.write_tree(self.repo))
@@ -396,7 +437,8 @@ class Replayer:
         try:
             return self.repo.merge_trees(ancestor, ours, theirs, flags=MergeFlag.FIND_RENAMES)
         except (KeyError, pygit2.GitError) as exc:
-            raise _missing_object(exc, where) from None
+            paths = _paths_without_content(self.repo, ancestor, ours, theirs)
+            raise _missing_object(exc, where, self.fetched.repo_path, paths) from None
 
     def _conflict(
         self,
@@ -427,9 +469,40 @@ def _empty_tree(repo: pygit2.Repository) -> pygit2.Oid:
     return repo.TreeBuilder().write()
 
 
-def _missing_object(exc: Exception, where: str) -> PinwheelError:
+def _paths_without_content(
+    repo: pygit2.Repository, ancestor: Any, ours: Any, theirs: Any
+) -> list[str]:
+    """Files changed on both sides of a merge whose blobs the cache and mirrors lack."""
+    try:
+        ours_changed = {d.new_file.path for d in repo.diff(ancestor, ours).deltas}
+        theirs_changed = {d.new_file.path for d in repo.diff(ancestor, theirs).deltas}
+        missing = []
+        for path in sorted(ours_changed & theirs_changed):
+            for tree in (ancestor, ours, theirs):
+                try:
+                    entry = tree[path]
+                except KeyError:
+                    continue
+                if entry.id not in repo:
+                    missing.append(path)
+                    break
+        return missing
+    except (KeyError, pygit2.GitError):
+        return []
+
+
+def _missing_object(
+    exc: Exception, where: str, repo_path: Path, paths: Sequence[str] = ()
+) -> PinwheelError:
+    fault = faults.classify_exception(exc, repo_path)
+    if fault is not None:
+        return fault
+    named = f": {', '.join(paths[:20])}" + (" ..." if len(paths) > 20 else "") if paths else ""
     return PinwheelError(
-        f"an object this step needs is missing from the mirror ({exc})",
+        f"an object this step needs is missing from the mirror ({exc}); "
+        f"{len(paths)} file(s) to merge have no content here{named}"
+        if paths
+        else f"an object this step needs is missing from the mirror ({exc})",
         where=where,
         next="use a complete mirror for this step (git clone --mirror), or `git fetch "
         "--refetch` in the partial one",
@@ -481,11 +554,35 @@ def check_result_tree(result: ReplayResult) -> None:
         )
 
 
-def write_result_refs(result: ReplayResult) -> None:
+def write_result_refs(result: ReplayResult, *, tag: bool = True) -> None:
+    """Point the stack ref (and create the tag) in one transaction, after everything succeeded.
+
+    The stack ref follows the latest replay of this manifest name; a tag never
+    moves: one that already names another commit is an error, not an overwrite.
+    """
     repo = pygit2.Repository(str(result.repo_path))
-    repo.references.create(f"refs/pinwheel/stack/{result.manifest.name}", result.head, force=True)
-    if result.tag:
-        repo.references.create(f"refs/tags/{result.tag}", result.head, force=True)
+    lines = ["start", f"update refs/pinwheel/stack/{result.manifest.name} {result.head}"]
+    if tag and result.tag:
+        ref = f"refs/tags/{result.tag}"
+        if ref in repo.references:
+            current = str(repo.references[ref].peel(pygit2.Commit).id)
+            if current != result.head:
+                raise ManifestError(
+                    f"tag {result.tag} already exists in the cache at {current[:12]}; this "
+                    f"replay made {result.head[:12]} and a tag is never moved",
+                    where=f"{result.manifest.path.name} [result] tag",
+                    next=f"give this stack its own [result].tag, or delete the old tag: "
+                    f"git --git-dir {result.repo_path} tag -d {result.tag}",
+                )
+        else:
+            lines.append(f"create {ref} {result.head}")
+    lines += ["prepare", "commit"]
+    gitcli.git(
+        ["update-ref", "--stdin"],
+        git_dir=result.repo_path,
+        input=("\n".join(lines) + "\n").encode(),
+        what="writing the stack ref and tag",
+    )
 
 
 def lock_payload(result: ReplayResult) -> dict[str, Any]:
@@ -494,7 +591,11 @@ def lock_payload(result: ReplayResult) -> dict[str, Any]:
     return {
         "schema": "pinwheel.lock/1",
         "manifest": {"name": m.name, "path": m.path.name, "sha256": m.sha256},
-        "upstream": {"url": m.upstream.url, "branch": m.upstream.branch, "base": result.base},
+        "upstream": {
+            "url": redact(m.upstream.url),
+            "branch": m.upstream.branch,
+            "base": result.base,
+        },
         "head": result.head,
         "tree": result.tree,
         "tag": result.tag,

@@ -21,6 +21,7 @@ from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
 from pinwheel.manifest import Manifest
 from pinwheel.source import gitcli
 from pinwheel.source.cache import Cache
+from pinwheel.source.export import missing_paths, partial_mirror_error
 from pinwheel.source.replay import ReplayConflict, Replayer, fetch_for
 
 STATE_FILE = "pinwheel-resolve.json"
@@ -67,15 +68,24 @@ def start(manifest: Manifest, cache: Cache, workdir: Path) -> ResolveSession:
                 "the stack replays without conflicts: nothing to resolve", next="pinwheel run"
             )
         ctx = conflict.context
+        # A checkout needs every file; a partial mirror may lack some: name them first.
+        for commit in (ctx.parent_state, ctx.theirs):
+            if missing_paths(fetched.repo_path, commit):
+                raise partial_mirror_error(
+                    fetched.repo_path,
+                    commit,
+                    "cannot recreate the conflict in a checkout",
+                    f"pinwheel resolve start (step {ctx.step_number})",
+                )
         gitcli.git(
-            ["worktree", "add", "-q", "--detach", str(workdir), ctx.parent_state],
+            ["worktree", "add", "-q", "--detach", "--", str(workdir), ctx.parent_state],
             git_dir=fetched.repo_path,
             what="git worktree add",
         )
     if ctx.commit == "merge":
-        args = ["merge", "--no-commit", "--no-ff", ctx.theirs]
+        args = ["merge", "--no-commit", "--no-ff", "--end-of-options", ctx.theirs]
     else:
-        args = ["cherry-pick", "--no-commit", ctx.theirs]
+        args = ["cherry-pick", "--no-commit", "--end-of-options", ctx.theirs]
     gitcli.git(args, cwd=workdir, env=_SCRATCH_ENV, check=False)  # expected to stop on conflicts
     step = manifest.steps[ctx.step_number - 1]
     session = ResolveSession(
@@ -101,7 +111,7 @@ def finish(workdir: Path) -> tuple[Path, Path]:
         ) from None
     gitcli.git(["add", "-A"], cwd=workdir)
     check = gitcli.git(
-        ["diff", "--cached", "--check", state["parent_state"]], cwd=workdir, check=False
+        ["diff", "--cached", "--check", state["parent_state"], "--"], cwd=workdir, check=False
     )
     leftovers = [
         ln for ln in check.stdout.decode(errors="replace").splitlines() if "conflict marker" in ln
@@ -114,7 +124,7 @@ def finish(workdir: Path) -> tuple[Path, Path]:
             next="edit the files to remove <<<<<<< ======= >>>>>>> then run finish again",
         )
     diff = gitcli.git(
-        ["diff", "--cached", "--binary", "--full-index", state["parent_state"]], cwd=workdir
+        ["diff", "--cached", "--binary", "--full-index", state["parent_state"], "--"], cwd=workdir
     ).stdout
     manifest_path = Path(state["manifest"])
     tag = "merge" if state["commit"] == "merge" else state["commit"][:12]
@@ -142,5 +152,7 @@ def finish(workdir: Path) -> tuple[Path, Path]:
 def abort(workdir: Path) -> None:
     workdir = Path(workdir).absolute()
     common = gitcli.out(["rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=workdir)
-    gitcli.git(["worktree", "remove", "--force", str(workdir)], git_dir=Path(common), check=False)
+    gitcli.git(
+        ["worktree", "remove", "--force", "--", str(workdir)], git_dir=Path(common), check=False
+    )
     shutil.rmtree(workdir, ignore_errors=True)
