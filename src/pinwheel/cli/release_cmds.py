@@ -170,6 +170,7 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
         no_deps=args.no_deps,
         allowed_signers=signers,
         principal=principal,
+        allow_partial=args.allow_partial,
     )
     ctx.emit(
         {
@@ -266,6 +267,11 @@ def register(sub: Any) -> None:
     p.add_argument("--torch-backend", help="uv --torch-backend (default: [release] torch_backend)")
     p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     p.add_argument("--no-deps", action="store_true", help="install only the release wheels")
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="install the listed wheels present even when others listed in SHA256SUMS are missing",
+    )
     _signer_options(p)
 
     p = command(
