@@ -42,6 +42,7 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
         out=Path(args.out) if args.out else config.dir,
         key=key,
         qualification=Path(args.qualification) if args.qualification else None,
+        allow_unverified=args.allow_unverified,
     )
     for warning in built.warnings:
         ctx.console.print(f"[yellow]warning:[/] {warning}")
@@ -244,6 +245,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--no-sign", action="store_true", help="leave SHA256SUMS unsigned")
     p.add_argument("--qualification", help="qualification receipt (JSON) to include in the notes")
+    p.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="release a build that `check` rejects or whose tree is not pinned; "
+        "RELEASE_NOTES.md then says UNVERIFIED in its first line",
+    )
 
     p = command(sub, "publish", "upload a verified release: index (twine), github, hf", cmd_publish)
     p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
