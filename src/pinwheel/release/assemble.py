@@ -172,7 +172,7 @@ def _check_build_output(
     warnings = []
     sums_path = build / SUMS
     if sums_path.is_file():
-        listed = parse_sums(sums_path.read_text(), str(sums_path))
+        listed = parse_sums(sums_path.read_bytes(), str(sums_path))
         unlisted = [w for w in wheels if w not in listed]
         if unlisted:
             raise VerifyError(
@@ -379,7 +379,7 @@ def verify_release(
                 next="fetch the signature with the release",
             )
         signed_by = signing.verify(data, sig_path.read_bytes(), allowed_signers, principal)
-    sums = parse_sums(data.decode(), str(sums_path))
+    sums = parse_sums(data, str(sums_path))
     stray = sorted(p.name for p in directory.glob("*.whl") if p.name not in sums)
     if stray:
         raise VerifyError(
