@@ -134,6 +134,8 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
     opts = FetchOptions(
         timeout=args.timeout,
         retries=args.retries,
+        min_rate=args.min_rate,
+        deadline=args.deadline,
         allowed_signers=signers,
         principal=principal,
         sums=args.sums,
@@ -145,13 +147,19 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
         "source": source.describe(),
         "dest": str(result.dest),
         "signed_by": result.signed_by,
+        "signature": result.signature,
         "files": [f.__dict__ for f in result.files],
     }
     resumed = [f.name for f in result.files if f.resumed_from]
     ctx.emit(
         payload,
         f"fetched {len(result.files)} files into {result.dest}, all sha256 verified"
-        + (f", signature by {result.signed_by}" if result.signed_by else ", unsigned")
+        + {
+            "verified": f", signature by {result.signed_by}",
+            "present": ", signature present, not verified (no allowed_signers: pass "
+            "--allowed-signers FILE)",
+            "absent": ", unsigned",
+        }[result.signature]
         + (f"; resumed: {', '.join(resumed)}" if resumed else ""),
     )
     return 0
@@ -267,6 +275,18 @@ def register(sub: Any) -> None:
     _signer_options(p)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds of silence = stall")
     p.add_argument("--retries", type=int, default=5, help="retries per request, with backoff")
+    p.add_argument(
+        "--min-rate",
+        type=float,
+        default=10 * 1024,
+        help="bytes/s a transfer must average over each minute (0: off; default 10240)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=6 * 3600.0,
+        help="seconds the whole fetch may take (0: none; default 21600)",
+    )
 
     p = command(sub, "install", "install verified wheels into a venv (uv, else pip)", cmd_install)
     p.add_argument("dir", nargs="?", default="wheels", help="fetched wheels (default: wheels)")
