@@ -181,7 +181,21 @@ class CheckReport:
         lines.append(
             f"{verdict}: {len(self.wheels)} wheel(s), {n_err} error(s), {n_warn} warning(s)"
         )
+        if not self.ok:
+            lines.append(f"  next: {self.next_step()}")
         return lines
+
+    def next_step(self) -> str:
+        """What to do about the errors: a damaged archive is not an arch problem."""
+        if any(f.rule in ("zip", "record") for f in self.errors):
+            return (
+                "do not install or release these wheels: rebuild them (`tools/replay build`) "
+                "or fetch them again (`pinwheel fetch`), then rerun `pinwheel check WHEEL...`"
+            )
+        return (
+            "rebuild with the manifest's [build] arches (TORCH_CUDA_ARCH_LIST) and "
+            "rerun `pinwheel check WHEEL...`"
+        )
 
     def raise_if_failed(self) -> None:
         if self.ok:
@@ -191,8 +205,7 @@ class CheckReport:
         raise VerifyError(
             f"artifact check failed ({len(self.errors)} error(s)):\n    {shown}{more}",
             where=", ".join(w.wheel for w in self.wheels),
-            next="rebuild with the manifest's [build] arches (TORCH_CUDA_ARCH_LIST) and "
-            "rerun `pinwheel check WHEEL...`",
+            next=self.next_step(),
         )
 
 

@@ -234,6 +234,11 @@ def _describe(exc: BaseException, opts: FetchOptions) -> str:
         return f"stalled: no data for {opts.timeout:g} s"
     if isinstance(exc, urllib.error.URLError):
         return f"cannot connect: {exc.reason}"
+    if isinstance(exc, http.client.IncompleteRead):
+        return (
+            f"the server closed the connection {exc.expected} bytes short of its "
+            "Content-Length (wrong length or a dropped connection)"
+        )
     return f"{type(exc).__name__}: {exc}"
 
 
