@@ -90,9 +90,13 @@ def _ensure_venv(venv: Path, uv: str | None, installer: str) -> list[tuple[str, 
         return []
     if installer == "uv" and uv:
         return [
-            _run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], "uv venv", venv)
+            _run(
+                [uv, "venv", "--quiet", "--python", sys.executable, str(venv.absolute())],
+                "uv venv",
+                venv,
+            )
         ]
-    return [_run([sys.executable, "-m", "venv", str(venv)], "python -m venv", venv)]
+    return [_run([sys.executable, "-m", "venv", str(venv.absolute())], "python -m venv", venv)]
 
 
 def install(
