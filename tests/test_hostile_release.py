@@ -106,6 +106,13 @@ def crc_mismatch(out: Path) -> Path:
     return whl
 
 
+def size_lie(out: Path) -> Path:
+    """The directory claims 100 bytes for a member whose deflate stream holds 12 KB."""
+    whl = good_wheel(out)
+    _patch_both(whl, "demo/__init__.py", 22, 24, struct.pack("<I", 100))
+    return whl
+
+
 def non_utf8_record(out: Path) -> Path:
     whl = good_wheel(out)
     rebuilt = out / "x" / whl.name
@@ -163,6 +170,7 @@ DAMAGE = {
     "encrypted": Damage(encrypted, "demo/__init__.py", "encrypted member"),
     "unknown-compression": Damage(unknown_method, "demo/__init__.py", "compression method 99"),
     "crc-mismatch": Damage(crc_mismatch, "demo/data.txt", "CRC-32 mismatch"),
+    "size-lie": Damage(size_lie, "demo/__init__.py", "damaged member, cannot be read"),
     "non-utf8-record": Damage(non_utf8_record, "demo-1.0.dist-info/RECORD", "not UTF-8"),
     "duplicate-member": Damage(duplicate_member, "demo/__init__.py", "duplicate zip member"),
     "zip-slip": Damage(zip_slip, "../../evil.pth", "'..' component"),
