@@ -64,6 +64,9 @@ def make_key(directory: Path, principal: str = "release@pinwheel.test") -> tuple
     return key, signers
 
 
+TREE = "8" * 40  # the pinned [result].tree, and what provenance.json says was built
+
+
 def write_manifest(directory: Path, release: str = "", model: str = "") -> Path:
     text = f"""
 [manifest]
@@ -87,6 +90,7 @@ title = "EXL3 kernels for V100"
 
 [result]
 tag = "kit-20261010"
+tree = "{TREE}"
 {release}
 {model}
 """
@@ -118,7 +122,7 @@ def write_provenance(build: Path, wheels: dict[str, str]) -> None:
             },
         ],
         "head": "9" * 40,
-        "tree": "8" * 40,
+        "tree": TREE,
         "tag": "kit-20261010",
         "toolchain": {"cuda": "12.4.131", "gcc": "12.2.0", "torch": "2.9.1", "python": "3.11"},
         "arches": ["sm_70"],

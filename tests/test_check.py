@@ -238,40 +238,99 @@ def test_cli_check_json_and_exit_code(tmp_path: Path) -> None:
     assert f"error: {bad.name}: demo/_C.abi3.so: no SASS for sm_70: found sm_75" in human.stdout
 
 
-@pytest.mark.skipif(
-    not shutil.which("nvcc"), reason="needs an nvcc (any version) to make a real fatbin"
-)
-def test_real_nvcc_fatbin_is_read(tmp_path: Path) -> None:
-    """An NVIDIA-made .so: whatever nvcc is here (13.x cannot target sm_70) builds sm_75 SASS
-    plus compute_75 PTX, compressed; the reader must see exactly that and fail sm_70."""
+def _nvcc_so(tmp_path: Path, gencode: list[str]) -> Path:
     src = tmp_path / "k.cu"
     src.write_text(
         "__global__ void k(float* a) { a[threadIdx.x] *= 2.0f; }\n"
         'extern "C" void go(float* a) { k<<<1, 32>>>(a); }\n'
     )
     so = tmp_path / "k.so"
-    subprocess.run(
-        [
-            "nvcc",
-            "-shared",
-            "-Xcompiler",
-            "-fPIC",
-            "-o",
-            str(so),
-            str(src),
-            "-gencode",
-            "arch=compute_75,code=[sm_75,compute_75]",
-        ],
-        check=True,
+    cmd = ["nvcc", "-shared", "-Xcompiler", "-fPIC", "-o", str(so), str(src)]
+    for code in gencode:
+        cmd += ["-gencode", code]
+    subprocess.run(cmd, check=True)
+    return so
+
+
+@pytest.fixture(scope="module")
+def nvcc_so(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An NVIDIA-made .so: sm_80 and sm_90 SASS, each with its PTX (nvcc 12.x and 13.x both
+    target these). Not made by the reader's own writer, so the reader can be wrong here."""
+    if not shutil.which("nvcc"):
+        pytest.skip("needs an nvcc (any version) to make a real fatbin")
+    return _nvcc_so(
+        tmp_path_factory.mktemp("nvcc"),
+        ["arch=compute_80,code=[sm_80,compute_80]", "arch=compute_90,code=[sm_90,compute_90]"],
     )
-    data = so.read_bytes()
+
+
+def test_real_nvcc_fatbin_is_read(nvcc_so: Path, tmp_path: Path) -> None:
+    data = nvcc_so.read_bytes()
     image = elf.parse(data)
-    blobs = fatbin_reader.parse_section(image.section(".nv_fatbin").data(data))
-    assert set().union(*(b.sass for b in blobs)) == {75}
-    assert set().union(*(b.ptx for b in blobs)) == {75}
-    report = check_wheels([wheel_with(tmp_path, so)], SPEC)
-    assert [f.rule for f in report.errors] == ["sass", "ptx"]
-    assert "found sm_75, need sm_70" in report.errors[0].message
+    section = image.section(".nv_fatbin")
+    assert section is not None
+    blobs = fatbin_reader.parse_section(section.data(data))
+    assert set().union(*(b.sass for b in blobs)) == {80, 90}
+    assert set().union(*(b.ptx for b in blobs)) == {80, 90}
+    # The same through a file reader (what check uses: pread, never the whole file).
+    with open(nvcc_so, "rb") as fh:
+        reader = elf.FileReader(fh)
+        from_file = fatbin_reader.parse_section(reader, section.offset, section.size)
+    assert [b.entries for b in from_file] == [b.entries for b in blobs]
+
+    ok = check_wheels(
+        [wheel_with(tmp_path / "ok", nvcc_so)], CheckSpec(parse_arches(["8.0+PTX", "9.0"]))
+    )
+    assert ok.ok, messages(ok)
+    (so,) = [s for s in ok.wheels[0].shared_objects if s.is_cuda]
+    assert (so.sass, so.ptx) == ((80, 90), (80, 90))
+    report = check_wheels([wheel_with(tmp_path / "bad", nvcc_so)], SPEC)
+    assert [f.rule for f in report.errors] == ["sass", "ptx"]  # no sm_70, no PTX <= 70
+    assert "found sm_80, sm_90, need sm_70" in report.errors[0].message
+
+
+def _garbled(data: bytes, rng) -> list[bytes]:
+    """Truncations at random points (and at header edges), and random bytes flipped."""
+    cuts = {0, 3, 4, 16, 51, 52, 63, 64, len(data) // 2, len(data) - 1}
+    cuts |= {rng.randrange(len(data)) for _ in range(40)}
+    out = [data[:c] for c in sorted(cuts)]
+    for _ in range(40):
+        flipped = bytearray(data)
+        for _ in range(rng.randrange(1, 16)):
+            flipped[rng.randrange(len(flipped))] = rng.randrange(256)
+        out.append(bytes(flipped))
+    return out
+
+
+def test_elf_and_fatbin_readers_never_crash_on_truncated_or_garbled_input(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    import random
+
+    rng = random.Random(1234)
+    samples = [cuda_so(tmp_path, "fz", section(fatbin(SM70), fatbin([FakeEntry("sass", 75)])))]
+    if shutil.which("nvcc"):
+        samples.append(request.getfixturevalue("nvcc_so"))
+    tried = 0
+    for so in samples:
+        for blob in _garbled(so.read_bytes(), rng):
+            tried += 1
+            try:
+                image = elf.parse(blob)
+                elf.dynamic(image, blob)
+                for sec in image.sections:
+                    if sec.name in fatbin_reader.SECTIONS and sec.type != elf.SHT_NOBITS:
+                        fatbin_reader.parse_section(blob, sec.offset, sec.size)
+            except (elf.ElfError, fatbin_reader.FatbinError):
+                pass  # a clean refusal; anything else fails the test
+    assert tried >= 90
+    # Through the whole check: a garbled .so is a finding, never a traceback.
+    bad = bytearray(samples[0].read_bytes())
+    bad[40:48] = (len(bad) * 4).to_bytes(8, "little")  # e_shoff past the end of the file
+    garbled = tmp_path / "garbled.so"
+    garbled.write_bytes(bytes(bad))
+    report = check_wheels([wheel_with(tmp_path / "g", garbled)], SPEC)
+    assert any(f.rule == "fatbin" and "cannot read ELF" in f.message for f in report.errors)
 
 
 def test_auditwheel_show_runs_when_installed(tmp_path: Path) -> None:

@@ -129,7 +129,7 @@ def test_selftest_runs_without_torch_and_reports_a_missing_gpu(
 def test_cibuildwheel_table_is_valid() -> None:
     tool = shutil.which("cibuildwheel") or str(Path(sys.executable).parent / "cibuildwheel")
     if not Path(tool).exists():
-        pytest.skip("cibuildwheel is not installed (pip install 'pinwheel[kernels]')")
+        pytest.skip("cibuildwheel is not installed (tools/replay installs the kernels extra)")
     proc = subprocess.run([tool, "--print-build-identifiers", "--platform", "linux",
                            str(SELFTEST)], capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pinwheel.cli import main
-from pinwheel.errors import EXIT_USAGE, EXIT_VERIFY
+from pinwheel.errors import EXIT_USAGE, EXIT_VERIFY, VerifyError
 from pinwheel.manifest import load
 from pinwheel.release.modelpack import ModelConfig, check_model, safetensors_layout
 from releasekit import write_manifest
@@ -161,7 +161,7 @@ def test_pins_are_checked_even_without_hashes(pack: tuple[Path, Path]) -> None:
     manifest, directory = pack
     cfg: ModelConfig = load(manifest).model
     wrong = ModelConfig(cfg.repo, cfg.revision, 4, cfg.total_bytes, cfg.config, {}, None)
-    with pytest.raises(Exception, match="3 shards, \\[model\\] shards pins 4"):
+    with pytest.raises(VerifyError, match="3 shards, \\[model\\] shards pins 4"):
         check_model(directory, wrong)
 
 

@@ -10,6 +10,7 @@ captured output; gcc, ninja, the Python probe and the disk check are real.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from pinwheel.cli import main
+from pinwheel.errors import PinwheelError
 from pinwheel.manifest import model as manifest
 from pinwheel.serve.preflight import (
     FAIL,
@@ -64,7 +66,7 @@ def test_space_separated_terminal_copy():
 
 
 def test_topo_without_a_matrix_says_what_to_run():
-    with pytest.raises(Exception, match="nvidia-smi topo -m"):
+    with pytest.raises(PinwheelError, match="nvidia-smi topo -m"):
         parse_topo("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
 
 
@@ -72,7 +74,7 @@ def test_gpu_csv_including_unified_memory_and_old_drivers():
     gpus = parse_gpu_csv("0, NVIDIA GB10, 12.1, [N/A], 0000000F:01:00.0\n")
     assert gpus[0].compute_capability == "12.1" and gpus[0].memory_mib is None
     assert parse_gpu_csv(V100_CSV)[7].memory_mib == 32768
-    with pytest.raises(Exception, match="driver"):
+    with pytest.raises(PinwheelError, match="driver"):
         parse_gpu_csv('Field "compute_cap" is not a valid field to query.\n')
 
 
@@ -154,7 +156,10 @@ def test_card_on_a_dgx1_quad_is_clean_on_gpus_and_topology(tmp_path):
     assert checks["topology"].status == OK, checks["topology"].detail
     assert checks["engine"].status == OK and "exl3" in checks["engine"].detail
     assert checks["python"].status == OK
-    assert checks["disk"].status in (OK, FAIL)  # real free space of this disk
+    # real free space of this disk against the profile's model_disk_gib
+    free_gib = shutil.disk_usage(tmp_path).free / 2**30
+    need = float(re.search(r"needs (\d+) GiB", checks["disk"].detail).group(1))
+    assert checks["disk"].status == (OK if free_gib >= need else FAIL), checks["disk"].detail
     # every failing or warning check names its next command
     assert all(c.next for c in checks.values() if c.status in (FAIL, WARN))
 
@@ -310,3 +315,13 @@ def test_card_profile_on_a_one_gpu_box_fails_count_and_skips_topology(tmp_path):
     checks = _by_name(preflight(_opts(tmp_path, csv=csv, topo="h200-1gpu-captured.txt")))
     assert checks["gpu count"].status == FAIL
     assert checks["topology"].status == SKIP and "GPU1, GPU2, GPU3" in checks["topology"].detail
+
+
+def test_preflight_says_which_python_it_tests(tmp_path, capsys):
+    m = tmp_path / "manifest.toml"
+    shutil.copy(Path(__file__).parent / "fixtures" / "qualify-cpu.toml", m)
+    main(["preflight", "--manifest", str(m), "--python", sys.executable])
+    seen = capsys.readouterr()
+    out = " ".join((seen.out + seen.err).split())
+    assert f"engine python: {sys.executable} (from --python)" in out
+    assert "pass --python VENV/bin/python" in out

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pinwheel.cli import main
-from pinwheel.errors import EXIT_GATE
+from pinwheel.errors import ManifestError
 from pinwheel.manifest import model as manifest
 from pinwheel.serve import needle
 from pinwheel.serve.client import metric_by_label, metric_total, parse_prometheus
@@ -233,7 +233,7 @@ def test_a_stream_cut_mid_reply_is_reported_as_the_server_going_away(tmp_path, c
 
 def test_qualify_table_errors_name_the_key(tmp_path):
     m = _cpu_manifest(tmp_path, **{"needle_required = 3072": "needle_required = 5000"})
-    with pytest.raises(Exception, match="needle_required"):
+    with pytest.raises(ManifestError, match="needle_required"):
         manifest.load(m)
     assert (
         main(
@@ -251,8 +251,31 @@ def test_qualify_table_errors_name_the_key(tmp_path):
     )
 
 
-def test_gate_failure_exit_code_is_seven():
-    assert EXIT_GATE == 7
+def test_a_refused_port_fails_in_seconds_with_the_reason(tmp_path, capsys):
+    import time
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    m = _cpu_manifest(tmp_path)  # health_timeout_s = 300
+    start = time.monotonic()
+    code = main(
+        [
+            "qualify",
+            "--manifest",
+            str(m),
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    took = time.monotonic() - start
+    assert code == 1
+    assert took < 30, f"waited {took:.0f} s for a port that refuses connections"
+    err = _flat(capsys.readouterr().err)
+    assert f"nothing is listening at 127.0.0.1:{port} (connection refused" in err
+    assert "next: start the server first" in err
 
 
 def test_a_busy_server_is_not_measured(tmp_path, capsys):

@@ -167,24 +167,22 @@ def test_release_refuses_a_wheel_that_differs_from_the_build_sums(
     assert not (tmp_path / "rel").exists()
 
 
-def test_release_without_provenance_still_writes_notes(kit: Kit, tmp_path: Path) -> None:
+def test_release_without_provenance_is_refused_unless_allow_unverified(
+    kit: Kit, tmp_path: Path, capsys
+) -> None:
     build = tmp_path / "wheels"
     build.mkdir()
     shutil.copy(kit.build / SMALL, build)
-    rc = main(
-        [
-            "--manifest",
-            str(kit.manifest),
-            "release",
-            "--from",
-            str(build),
-            "--out",
-            str(tmp_path / "rel"),
-            "--no-sign",
-        ]
-    )
-    assert rc == 0
+    cmd = ["--manifest", str(kit.manifest), "release", "--from", str(build)]
+    cmd += ["--out", str(tmp_path / "rel"), "--no-sign"]
+    assert main(cmd) == EXIT_VERIFY
+    err = capsys.readouterr().err
+    assert "no provenance.json" in err and "--allow-unverified" in err
+    assert not (tmp_path / "rel").exists()
+    assert main([*cmd, "--allow-unverified"]) == 0
     notes = (tmp_path / "rel" / "RELEASE_NOTES.md").read_text()
+    assert notes.splitlines()[0].startswith("**UNVERIFIED RELEASE**")
+    assert "no provenance.json" in notes.splitlines()[0]
     assert "not recorded" in notes and "Fix MTP init on SM70" in notes
     assert not (tmp_path / "rel" / "SHA256SUMS.sig").exists()
 

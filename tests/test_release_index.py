@@ -22,7 +22,7 @@ import pytest
 from pinwheel.checksums import sha256_file
 from pinwheel.cli import main
 from pinwheel.errors import EXIT_VERIFY
-from releasekit import make_key, make_wheel, write_manifest
+from releasekit import make_key, make_wheel, write_manifest, write_provenance
 
 pytestmark = pytest.mark.release
 
@@ -83,7 +83,8 @@ def pypiserver(tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def signed_release(tmp_path: Path) -> tuple[Path, Path]:
     build = tmp_path / "wheels"
-    make_wheel(build, "pwidx", "3.1", payload=30_000, seed=3)
+    made = make_wheel(build, "pwidx", "3.1", payload=30_000, seed=3)
+    write_provenance(build, {made.name: sha256_file(made)})  # release refuses an unpinned build
     key, _signers = make_key(tmp_path / "keys")
     manifest = write_manifest(
         tmp_path,

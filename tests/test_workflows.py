@@ -564,7 +564,8 @@ def test_release_steps_sign_and_upload_exactly_the_release(tmp_path: Path) -> No
     # real pinwheel release/publish and ssh-keygen. Stand-ins: `gh` (needs GitHub)
     # records its arguments; tools/replay is the installed pinwheel (its venv
     # bootstrap is tested in test_launcher.py).
-    from releasekit import make_key, make_wheel, write_manifest
+    from pinwheel.checksums import sha256_file
+    from releasekit import make_key, make_wheel, write_manifest, write_provenance
 
     work, bin_dir, temp = tmp_path / "work", tmp_path / "bin", tmp_path / "runner-temp"
     for d in (work / "tools", bin_dir, temp):
@@ -577,7 +578,8 @@ def test_release_steps_sign_and_upload_exactly_the_release(tmp_path: Path) -> No
     gh = bin_dir / "gh"
     gh.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{gh_log}"\n')
     gh.chmod(0o755)
-    make_wheel(work / "wheels", "engine", "1.0", payload=1000)
+    made = make_wheel(work / "wheels", "engine", "1.0", payload=1000)
+    write_provenance(work / "wheels", {made.name: sha256_file(made)})  # a pinned build
     key, _ = make_key(work / "keys")
     write_manifest(
         work,

@@ -22,7 +22,9 @@ from pinwheel.fsutil import atomic_write_text
 # 8 MiB reads: few syscalls, and each update hands OpenSSL a block big enough
 # that the GIL stays released for most of the time.
 CHUNK = 8 * 1024 * 1024
-_LINE = re.compile(r"^([0-9a-f]{64}) [ *](.+)$")
+# As `sha256sum -c` reads it: hex in either case, then " " and " " (text) or "*" (binary).
+_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # Called with a byte count after every read, from the hashing threads.
 ProgressFn = Callable[[int], None]
@@ -92,8 +94,22 @@ def write_sums(directory: Path, names: Iterable[str], filename: str = SUMS) -> P
     return target
 
 
-def parse_sums(text: str, source: str = SUMS) -> dict[str, str]:
-    """{name: sha256} from ``sha256sum`` output; rejects malformed lines and unsafe names."""
+def parse_sums(text: str | bytes, source: str = SUMS, *, flat: bool = True) -> dict[str, str]:
+    """{name: sha256 (lower-case)} from ``sha256sum`` output, read as ``sha256sum -c`` reads it.
+
+    Refused: a malformed line, no entries at all, a name listed twice, a name that is
+    absolute, has a ``..`` component or control characters, and (``flat``, the default
+    for releases) any name with a directory part: nothing may land outside the folder.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise VerifyError(
+                f"not UTF-8 text (byte {exc.start})",
+                where=source,
+                next="regenerate it with `pinwheel release` or `sha256sum FILES > SHA256SUMS`",
+            ) from None
     sums: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -105,11 +121,46 @@ def parse_sums(text: str, source: str = SUMS) -> dict[str, str]:
                 where=f"{source}:{n}",
                 next="regenerate it with `pinwheel release` or `sha256sum FILES > SHA256SUMS`",
             )
-        digest, name = m.group(1), m.group(2)
-        if name.startswith("/") or ".." in Path(name).parts:
-            raise VerifyError(f"unsafe file name {name!r}", where=f"{source}:{n}")
+        digest, name = m.group(1).lower(), m.group(2)
+        reason = _unsafe_name(name, flat)
+        if reason:
+            raise VerifyError(
+                f"unsafe file name {name[:120]!r}: {reason}; nothing was written",
+                where=f"{source}:{n}",
+                next="do not use this release; ask the publisher for a SHA256SUMS of plain "
+                "file names",
+            )
+        if name in sums:
+            raise VerifyError(
+                f"{name!r} is listed twice"
+                + (" with different hashes" if sums[name] != digest else ""),
+                where=f"{source}:{n}",
+                next="do not use this release; ask the publisher to regenerate SHA256SUMS",
+            )
         sums[name] = digest
+    if not sums:
+        raise VerifyError(
+            "lists no files",
+            where=source,
+            next="the release is incomplete: ask the publisher to regenerate SHA256SUMS",
+        )
     return sums
+
+
+def _unsafe_name(name: str, flat: bool) -> str | None:
+    if _CONTROL.search(name):
+        return "control character in the name"
+    norm = name.replace("\\", "/")
+    if norm.startswith("/") or re.match(r"^[A-Za-z]:", norm):
+        return "absolute path"
+    parts = norm.split("/")
+    if ".." in parts:
+        return "'..' component"
+    if flat and len(parts) > 1:
+        return "has a directory part (a release is one flat folder)"
+    if name in (".", "") or parts[-1] in (".", ""):
+        return "not a file name"
+    return None
 
 
 def verify_dir(directory: Path, sums: Mapping[str, str]) -> None:

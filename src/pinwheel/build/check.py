@@ -18,17 +18,18 @@ import fnmatch
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pinwheel.build import elf, fatbin
-from pinwheel.build.wheelfile import Issue, record_issues, zip_issues
+from pinwheel.build.wheelfile import Limits, audit
 from pinwheel.checksums import sha256_file
 from pinwheel.cudaarch import CudaArch, names
 from pinwheel.errors import UsageError, VerifyError
@@ -51,6 +52,7 @@ class CheckSpec:
     require_cuda: bool = True  # a wheel with no CUDA shared object fails
     cuobjdump: str | None = None
     auditwheel: str | None = None
+    limits: Limits = field(default_factory=Limits)  # zip-bomb limits (pinwheel.wheelfile)
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,21 @@ class CheckReport:
         lines.append(
             f"{verdict}: {len(self.wheels)} wheel(s), {n_err} error(s), {n_warn} warning(s)"
         )
+        if not self.ok:
+            lines.append(f"  next: {self.next_step()}")
         return lines
+
+    def next_step(self) -> str:
+        """What to do about the errors: a damaged archive is not an arch problem."""
+        if any(f.rule in ("zip", "record") for f in self.errors):
+            return (
+                "do not install or release these wheels: rebuild them (`tools/replay build`) "
+                "or fetch them again (`pinwheel fetch`), then rerun `pinwheel check WHEEL...`"
+            )
+        return (
+            "rebuild with the manifest's [build] arches (TORCH_CUDA_ARCH_LIST) and "
+            "rerun `pinwheel check WHEEL...`"
+        )
 
     def raise_if_failed(self) -> None:
         if self.ok:
@@ -189,8 +205,7 @@ class CheckReport:
         raise VerifyError(
             f"artifact check failed ({len(self.errors)} error(s)):\n    {shown}{more}",
             where=", ".join(w.wheel for w in self.wheels),
-            next="rebuild with the manifest's [build] arches (TORCH_CUDA_ARCH_LIST) and "
-            "rerun `pinwheel check WHEEL...`",
+            next=self.next_step(),
         )
 
 
@@ -306,7 +321,7 @@ def _dist_name(wheel: str) -> str:
 # --------------------------------------------------------------------------- per wheel
 
 
-def _inspect_elf(member: str, data: bytes) -> tuple[SharedObject | None, str | None]:
+def _inspect_elf(member: str, data: elf.Reader) -> tuple[SharedObject | None, str | None]:
     try:
         image = elf.parse(data)
         dyn = elf.dynamic(image, data)
@@ -317,8 +332,10 @@ def _inspect_elf(member: str, data: bytes) -> tuple[SharedObject | None, str | N
     count, compressed, problem = 0, False, None
     sections = [s for s in image.sections if s.name in fatbin.SECTIONS]
     for section in sections:
+        if section.type == elf.SHT_NOBITS:
+            continue
         try:
-            blobs = fatbin.parse_section(section.data(data))
+            blobs = fatbin.parse_section(data, section.offset, section.size)
         except fatbin.FatbinError as exc:
             problem = f"section {section.name}: {exc}"
             continue
@@ -342,7 +359,10 @@ def _inspect_elf(member: str, data: bytes) -> tuple[SharedObject | None, str | N
 
 
 def _cuobjdump_arches(tool: str, path: Path, flag: str) -> tuple[int, ...] | str:
-    out = subprocess.run([tool, flag, str(path)], capture_output=True, text=True, timeout=600)
+    # path is a temp file (absolute, never an option); cuobjdump takes no "--".
+    out = subprocess.run(
+        [tool, flag, str(path.resolve())], capture_output=True, text=True, timeout=600
+    )
     text = out.stdout + out.stderr
     if out.returncode != 0:
         # No fatbin at all is not an error to us; cuobjdump says so with rc 255.
@@ -353,13 +373,10 @@ def _cuobjdump_arches(tool: str, path: Path, flag: str) -> tuple[int, ...] | str
 
 
 def _with_cuobjdump(
-    wheel: str, so: SharedObject, data: bytes, tool: str
+    wheel: str, so: SharedObject, path: Path, tool: str
 ) -> tuple[SharedObject, list[Finding]]:
-    with tempfile.TemporaryDirectory(prefix="pinwheel-check-") as tmp:
-        path = Path(tmp) / PurePosixPath(so.member).name
-        path.write_bytes(data)
-        sass = _cuobjdump_arches(tool, path, "--list-elf")
-        ptx = _cuobjdump_arches(tool, path, "--list-ptx")
+    sass = _cuobjdump_arches(tool, path, "--list-elf")
+    ptx = _cuobjdump_arches(tool, path, "--list-ptx")
     if isinstance(sass, str) or isinstance(ptx, str):
         msg = sass if isinstance(sass, str) else ptx
         return so, [
@@ -388,7 +405,9 @@ def _with_cuobjdump(
 
 
 def _auditwheel(tool: str, wheel: Path) -> tuple[str, Finding | None]:
-    out = subprocess.run([tool, "show", str(wheel)], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [tool, "show", str(wheel.resolve())], capture_output=True, text=True, timeout=600
+    )
     text = (out.stdout + out.stderr).strip()
     if out.returncode != 0:
         last = text.splitlines()[-1] if text else f"exit {out.returncode}"
@@ -396,36 +415,52 @@ def _auditwheel(tool: str, wheel: Path) -> tuple[str, Finding | None]:
     return text, None
 
 
+# What zipfile raises on a file that is not a readable zip (a truncated or crafted one).
+_OPEN_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    OSError,
+    ValueError,
+    EOFError,
+    struct.error,
+    UnicodeDecodeError,
+)
+
+
 def check_wheel(path: Path, spec: CheckSpec) -> tuple[WheelCheck, list[Finding], list[str]]:
-    """One wheel: (summary, findings, member names) — required members are checked across wheels."""
+    """One wheel: (summary, findings, member names) — required members are checked across wheels.
+
+    Members are streamed once (bounded memory); native ones are spooled to a temp file
+    and their ELF headers read from there with ``pread``.
+    """
     name = path.name
     findings: list[Finding] = []
-
-    def add(issues: Iterable[Issue], rule: str) -> None:
-        findings.extend(Finding(ERROR, rule, name, i.member, i.message) for i in issues)
-
     try:
         zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as exc:
+    except _OPEN_ERRORS as exc:
         raise VerifyError(
             f"not a readable wheel: {exc}",
             where=str(path),
             next="rebuild the wheel or re-download it",
         ) from None
     shared: list[SharedObject] = []
-    with zf:
-        add(zip_issues(zf), "zip")
-        add(record_issues(zf), "record")
-        members = [i.filename for i in zf.infolist()]
-        for info in zf.infolist():
-            if info.is_dir() or not _looks_native(info.filename):
-                continue
-            data = zf.read(info)
-            if not elf.is_elf(data):
-                continue
-            so, problem = _inspect_elf(info.filename, data)
+    with zf, tempfile.TemporaryDirectory(prefix="pinwheel-check-") as tmp:
+        found = audit(
+            zf,
+            spec.limits,
+            spool=lambda info: not info.is_dir() and _looks_native(info.filename),
+            spool_dir=Path(tmp),
+        )
+        findings.extend(Finding(ERROR, i.rule, name, i.member, i.message) for i in found.issues)
+        members = found.members
+        for member, spooled in found.spooled.items():
+            with open(spooled, "rb") as fh:
+                reader = elf.FileReader(fh)
+                if reader.read_at(0, 4) != elf.ELF_MAGIC:
+                    continue
+                so, problem = _inspect_elf(member, reader)
             if problem:
-                findings.append(Finding(ERROR, "fatbin", name, info.filename, problem))
+                findings.append(Finding(ERROR, "fatbin", name, member, problem))
             if so is None:
                 continue
             for kind, entries in (("RPATH", so.rpath), ("RUNPATH", so.runpath)):
@@ -438,7 +473,7 @@ def check_wheel(path: Path, spec: CheckSpec) -> tuple[WheelCheck, list[Finding],
             if so.is_cuda:
                 findings.extend(_arch_findings(name, so, spec.arches))
                 if spec.cuobjdump:
-                    so, extra = _with_cuobjdump(name, so, data, spec.cuobjdump)
+                    so, extra = _with_cuobjdump(name, so, spooled, spec.cuobjdump)
                     findings.extend(extra)
             shared.append(so)
     if spec.require_cuda and spec.arches and not any(s.is_cuda for s in shared):
@@ -452,13 +487,13 @@ def check_wheel(path: Path, spec: CheckSpec) -> tuple[WheelCheck, list[Finding],
                 f"no CUDA shared object (no .nv_fatbin section) in the wheel; ELF members: {elves}",
             )
         )
-    audit = None
+    audit_out = None
     if spec.auditwheel:
-        audit, problem_finding = _auditwheel(spec.auditwheel, path)
+        audit_out, problem_finding = _auditwheel(spec.auditwheel, path)
         if problem_finding:
             findings.append(problem_finding)
     digest = sha256_file(path)
-    summary = WheelCheck(name, str(path), digest, len(members), tuple(shared), audit)
+    summary = WheelCheck(name, str(path), digest, len(members), tuple(shared), audit_out)
     return summary, findings, members
 
 

@@ -4,22 +4,83 @@ Pure Python so the artifact check runs on a machine with no binutils and no
 NVIDIA tools. It reads only what the check needs (``.nv_fatbin`` and
 DT_NEEDED/DT_RPATH/DT_RUNPATH) and rejects anything malformed with
 :class:`ElfError` rather than guessing.
+
+It reads through a :class:`Reader` (bytes in memory, or a file read with
+``pread``), so a 200 MB shared object is never loaded whole: the check reads
+the headers, the section name table and the dynamic section, each capped.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
+from typing import BinaryIO, Protocol
 
 ELF_MAGIC = b"\x7fELF"
 SHT_NOBITS = 8
 SHT_DYNAMIC = 6
 DT_NULL, DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1, 14, 15, 29
 SHN_XINDEX = 0xFFFF
+MAX_SECTIONS = 1 << 20  # real files have tens of thousands at most
+MAX_TABLE = 64 * 1024 * 1024  # a section name or dynamic string table larger than this is refused
 
 
 class ElfError(ValueError):
     """The bytes are not a well-formed ELF file (the caller adds which file)."""
+
+
+class Reader(Protocol):
+    """Random access to a file's bytes without holding them: ``size`` and ``read_at``."""
+
+    @property
+    def size(self) -> int: ...
+
+    def read_at(self, offset: int, n: int) -> bytes: ...
+
+
+class BytesReader:
+    def __init__(self, blob: bytes | bytearray | memoryview):
+        self._view = memoryview(blob)
+
+    @property
+    def size(self) -> int:
+        return len(self._view)
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        if offset < 0 or n < 0:
+            raise ElfError(f"negative offset {offset} or size {n}")
+        return bytes(self._view[offset : offset + n])
+
+
+class FileReader:
+    """``pread`` on an open file: memory use is what the caller asks for, not the file size."""
+
+    def __init__(self, fh: BinaryIO):
+        self._fd = fh.fileno()
+        self._size = os.fstat(self._fd).st_size
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        if offset < 0 or n < 0:
+            raise ElfError(f"negative offset {offset} or size {n}")
+        n = max(0, min(n, self._size - offset))
+        out = bytearray()
+        while len(out) < n:
+            block = os.pread(self._fd, n - len(out), offset + len(out))
+            if not block:
+                break
+            out += block
+        return bytes(out)
+
+
+def as_reader(blob: bytes | bytearray | memoryview | Reader) -> Reader:
+    if isinstance(blob, (bytes, bytearray, memoryview)):
+        return BytesReader(blob)
+    return blob
 
 
 @dataclass(frozen=True)
@@ -30,10 +91,13 @@ class Section:
     size: int
     link: int
 
-    def data(self, blob: bytes | memoryview) -> memoryview:
+    def data(self, blob: bytes | bytearray | memoryview | Reader) -> memoryview:
+        """The section's bytes (for small sections; read large ones through a Reader)."""
         if self.type == SHT_NOBITS:
             return memoryview(b"")
-        return memoryview(blob)[self.offset : self.offset + self.size]
+        if isinstance(blob, (bytes, bytearray, memoryview)):
+            return memoryview(blob)[self.offset : self.offset + self.size]
+        return memoryview(blob.read_at(self.offset, self.size))
 
 
 @dataclass(frozen=True)
@@ -59,24 +123,34 @@ def is_elf(blob: bytes | memoryview) -> bool:
     return bytes(blob[:4]) == ELF_MAGIC
 
 
-def parse(blob: bytes | memoryview) -> ElfFile:
-    view = memoryview(blob)
-    if len(view) < 52 or bytes(view[:4]) != ELF_MAGIC:
-        raise ElfError("not an ELF file (bad magic)")
-    klass, data = view[4], view[5]
+def _unpack(fmt: str, buf: bytes, at: int, what: str) -> tuple[int, ...]:
+    try:
+        return struct.unpack_from(fmt, buf, at)
+    except struct.error:
+        raise ElfError(f"truncated {what}") from None
+
+
+def parse(blob: bytes | bytearray | memoryview | Reader) -> ElfFile:
+    src = as_reader(blob)
+    head = src.read_at(0, 64)
+    if len(head) < 52 or head[:4] != ELF_MAGIC:
+        raise ElfError("not an ELF file (bad magic or shorter than an ELF header)")
+    klass, data = head[4], head[5]
     if klass not in (1, 2) or data not in (1, 2):
         raise ElfError(f"unknown ELF class/encoding {klass}/{data}")
     bits = 64 if klass == 2 else 32
     e = "<" if data == 1 else ">"
     if bits == 64:
-        (machine,) = struct.unpack_from(e + "H", view, 18)
-        (shoff,) = struct.unpack_from(e + "Q", view, 40)
-        shentsize, shnum, shstrndx = struct.unpack_from(e + "HHH", view, 58)
+        if len(head) < 64:
+            raise ElfError("truncated ELF header")
+        (machine,) = _unpack(e + "H", head, 18, "ELF header")
+        (shoff,) = _unpack(e + "Q", head, 40, "ELF header")
+        shentsize, shnum, shstrndx = _unpack(e + "HHH", head, 58, "ELF header")
         shfmt = e + "IIQQQQIIQQ"
     else:
-        (machine,) = struct.unpack_from(e + "H", view, 18)
-        (shoff,) = struct.unpack_from(e + "I", view, 32)
-        shentsize, shnum, shstrndx = struct.unpack_from(e + "HHH", view, 46)
+        (machine,) = _unpack(e + "H", head, 18, "ELF header")
+        (shoff,) = _unpack(e + "I", head, 32, "ELF header")
+        shentsize, shnum, shstrndx = _unpack(e + "HHH", head, 46, "ELF header")
         shfmt = e + "IIIIIIIIII"
     if shoff == 0:
         return ElfFile(bits, e, machine, ())  # no section headers (sstrip'ed)
@@ -85,24 +159,28 @@ def parse(blob: bytes | memoryview) -> ElfFile:
 
     def header(i: int) -> tuple[int, ...]:
         at = shoff + i * shentsize
-        if at + shentsize > len(view):
+        raw = src.read_at(at, shentsize)
+        if len(raw) < shentsize:
             raise ElfError(f"section header {i} lies past the end of the file")
-        return struct.unpack_from(shfmt, view, at)
+        return _unpack(shfmt, raw, 0, f"section header {i}")
 
     first = header(0)
     if shnum == 0:  # extended numbering: the real count is in section 0's sh_size
         shnum = first[5]
     if shstrndx == SHN_XINDEX:
         shstrndx = first[6]
-    raw = [header(i) for i in range(shnum)]
+    if shnum > MAX_SECTIONS or shoff + shnum * shentsize > src.size:
+        raise ElfError(f"{shnum} section headers at offset {shoff} run past the end of the file")
+    table = src.read_at(shoff, shnum * shentsize)
+    raw = [_unpack(shfmt, table, i * shentsize, f"section header {i}") for i in range(shnum)]
     if shstrndx >= shnum:
         raise ElfError(f"section name table index {shstrndx} out of range ({shnum} sections)")
     names_hdr = raw[shstrndx]
-    names = bytes(view[names_hdr[4] : names_hdr[4] + names_hdr[5]])
+    names = _table(src, names_hdr[4], names_hdr[5], "section name table")
     sections = []
     for h in raw:
         name_off, sh_type, _flags, _addr, offset, size, link = h[:7]
-        if sh_type != SHT_NOBITS and offset + size > len(view):
+        if sh_type != SHT_NOBITS and offset + size > src.size:
             raise ElfError(f"section at offset {offset} size {size} runs past the end of the file")
         end = names.find(b"\0", name_off)
         name = names[name_off : end if end >= 0 else None].decode("utf-8", "replace")
@@ -110,17 +188,27 @@ def parse(blob: bytes | memoryview) -> ElfFile:
     return ElfFile(bits, e, machine, tuple(sections))
 
 
-def dynamic(elf: ElfFile, blob: bytes | memoryview) -> Dynamic:
+def _table(src: Reader, offset: int, size: int, what: str) -> bytes:
+    if size > MAX_TABLE:
+        raise ElfError(f"{what} is {size} bytes (more than {MAX_TABLE})")
+    if offset + size > src.size:
+        raise ElfError(f"{what} at offset {offset} size {size} runs past the end of the file")
+    return src.read_at(offset, size)
+
+
+def dynamic(elf: ElfFile, blob: bytes | bytearray | memoryview | Reader) -> Dynamic:
     """DT_NEEDED, DT_RPATH, DT_RUNPATH and DT_SONAME from the SHT_DYNAMIC section."""
+    src = as_reader(blob)
     dyn = next((s for s in elf.sections if s.type == SHT_DYNAMIC), None)
     if dyn is None:
         return Dynamic((), (), (), None)
     if dyn.link >= len(elf.sections):
         raise ElfError(f"dynamic section links to missing string table {dyn.link}")
-    strtab = bytes(elf.sections[dyn.link].data(blob))
+    link = elf.sections[dyn.link]
+    strtab = b"" if link.type == SHT_NOBITS else _table(src, link.offset, link.size, ".dynstr")
     fmt = elf.endian + ("qQ" if elf.bits == 64 else "iI")
     step = struct.calcsize(fmt)
-    data = dyn.data(blob)
+    data = _table(src, dyn.offset, dyn.size, "dynamic section")
 
     def string(off: int) -> str:
         if off >= len(strtab):

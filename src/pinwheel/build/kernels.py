@@ -273,7 +273,8 @@ def _require_modules(python: Path, modules: tuple[str, ...], spec: KernelSpec) -
         raise KernelBuildError(
             f"building {spec.name} needs {', '.join(modules)} in this Python",
             where=spec.where,
-            next="pip install 'pinwheel[kernels]'",
+            next="run it through tools/replay (it installs the kernels extra), "
+            "or from the checkout: pip install -e '.[kernels]'",
         )
 
 

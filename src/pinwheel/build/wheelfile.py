@@ -1,7 +1,15 @@
-"""Wheel archive integrity: safe member names and types, and RECORD (PEP 376/427) hashes.
+"""Wheel archive integrity: safe member names and types, bounded reads, RECORD hashes.
 
-Each function returns the problems it found as ``Issue(member, message)``;
-the artifact check (:mod:`pinwheel.check`) turns them into findings.
+Everything here is hostile-input safe: member sizes come from the central
+directory and are judged before a byte is decompressed (zip bombs: per-member
+size, total size, compression ratio); members are then streamed in chunks
+(memory stays at one chunk whatever the member size), and a damaged member
+(bad deflate data, encryption, an unknown compression method, a CRC mismatch)
+becomes an :class:`Issue` naming it, never an exception.
+
+:func:`audit` makes one pass: the header rules, RECORD (PEP 376/427) against
+a streamed hash of every member, and optionally a spool of chosen members to
+files (the ELF check reads those with ``pread``).
 """
 
 from __future__ import annotations
@@ -10,19 +18,63 @@ import base64
 import csv
 import hashlib
 import io
+import lzma
 import re
 import stat
+import struct
+import tempfile
 import zipfile
-from pathlib import PurePosixPath
-from typing import NamedTuple
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, NamedTuple
 
 SAFE_HASHES = ("sha256", "sha384", "sha512")  # PEP 427: no md5/sha1
 _DRIVE = re.compile(r"^[A-Za-z]:")
+# zipfile can read these; anything else is refused by name rather than failing mid-read.
+METHODS = {
+    zipfile.ZIP_STORED: "stored",
+    zipfile.ZIP_DEFLATED: "deflate",
+    zipfile.ZIP_BZIP2: "bzip2",
+    zipfile.ZIP_LZMA: "lzma",
+}
+CHUNK = 1024 * 1024
+MiB, GiB = 1024 * 1024, 1024 * 1024 * 1024
+
+# What a damaged member raises from zipfile and its decompressors.
+READ_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    lzma.LZMAError,
+    EOFError,
+    OSError,  # bz2: "Invalid data stream"
+    NotImplementedError,  # unsupported compression
+    RuntimeError,  # encrypted
+    ValueError,
+    struct.error,
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Zip-bomb limits, judged from the central directory before anything is decompressed.
+
+    Defaults are generous for real engine wheels (a 200 MB CUDA .so compresses 2-5x) and
+    still refuse a 1 MB wheel that unpacks to 1 GiB.
+    """
+
+    member: int = 8 * GiB  # uncompressed bytes of one member
+    total: int = 32 * GiB  # uncompressed bytes of all members
+    ratio: float = 200.0  # uncompressed / compressed, for members larger than ratio_floor
+    ratio_floor: int = 16 * MiB
+    record: int = 64 * MiB  # RECORD itself
 
 
 class Issue(NamedTuple):
     member: str | None
     message: str
+    rule: str = "zip"  # "zip" (archive structure) | "record" (RECORD rows and hashes)
 
 
 def unsafe_name_reason(name: str) -> str | None:
@@ -50,27 +102,106 @@ def member_type(info: zipfile.ZipInfo) -> str:
     return "special"
 
 
-def zip_issues(zf: zipfile.ZipFile) -> list[Issue]:
+def _size(n: int) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB" if n >= MiB else f"{n} B"
+
+
+def header_issues(zf: zipfile.ZipFile, limits: Limits) -> tuple[list[Issue], set[str]]:
+    """Rules judged from the central directory alone; and the members not safe to read."""
     issues: list[Issue] = []
+    unreadable: set[str] = set()
     seen: set[str] = set()
+    total = 0
     for info in zf.infolist():
         name = info.filename
         if name in seen:
             issues.append(Issue(name, "duplicate zip member (installers disagree on which wins)"))
+            unreadable.add(name)
         seen.add(name)
         reason = unsafe_name_reason(name)
         if reason:
             issues.append(Issue(name, f"unsafe member name: {reason}"))
         kind = member_type(info)
-        if kind == "symlink":
-            target = zf.read(info)[:200].decode("utf-8", "replace")
-            issues.append(
-                Issue(name, f"symlink member (-> {target!r}); wheels must hold plain files")
-            )
-        elif kind == "special":
+        if kind == "special":
             mode = info.external_attr >> 16
             issues.append(Issue(name, f"special file member (mode 0o{mode:o})"))
-    return issues
+        if info.flag_bits & 0x1:
+            issues.append(Issue(name, "encrypted member (wheels are never encrypted)"))
+            unreadable.add(name)
+        if info.compress_type not in METHODS:
+            issues.append(
+                Issue(
+                    name,
+                    f"unknown compression method {info.compress_type} "
+                    f"(readable: {', '.join(METHODS.values())})",
+                )
+            )
+            unreadable.add(name)
+        size, packed = info.file_size, info.compress_size
+        total += size
+        if size > limits.member:
+            issues.append(
+                Issue(
+                    name,
+                    f"member unpacks to {_size(size)}, over the {_size(limits.member)} "
+                    "per-member limit (zip bomb?)",
+                )
+            )
+            unreadable.add(name)
+        elif size > limits.ratio_floor and size > limits.ratio * max(packed, 1):
+            issues.append(
+                Issue(
+                    name,
+                    f"member unpacks {size / max(packed, 1):.0f}x ({_size(packed)} -> "
+                    f"{_size(size)}), over the {limits.ratio:g}x ratio limit (zip bomb?)",
+                )
+            )
+            unreadable.add(name)
+    if total > limits.total:
+        issues.append(
+            Issue(
+                None,
+                f"members unpack to {_size(total)} in all, over the {_size(limits.total)} "
+                "limit (zip bomb?)",
+            )
+        )
+        unreadable.update(i.filename for i in zf.infolist())
+    return issues, unreadable
+
+
+def zip_issues(zf: zipfile.ZipFile, limits: Limits | None = None) -> list[Issue]:
+    return header_issues(zf, limits or Limits())[0]
+
+
+def stream_member(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, sink: Callable[[bytes], Any], limit: int
+) -> str | None:
+    """Feed the member to ``sink`` in chunks; the reason it is unreadable, or None.
+
+    zipfile stops at the central directory's size and checks the CRC at the end, so
+    a member that lies about its size is caught here too; ``limit`` is a second fence.
+    """
+    read = 0
+    try:
+        with zf.open(info) as fh:
+            while block := fh.read(CHUNK):
+                read += len(block)
+                if read > limit:
+                    return f"member is larger than {_size(limit)} when unpacked (zip bomb?)"
+                sink(block)
+    except READ_ERRORS as exc:
+        return f"damaged member, cannot be read: {_read_error(exc)}"
+    return None
+
+
+def _read_error(exc: BaseException) -> str:
+    if isinstance(exc, zlib.error):
+        return f"bad deflate data ({exc})"
+    if isinstance(exc, zipfile.BadZipFile) and "CRC" in str(exc):
+        return "CRC-32 mismatch (the data was altered or truncated)"
+    if isinstance(exc, EOFError):
+        return "compressed data ends early (truncated)"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def record_name(zf: zipfile.ZipFile) -> str | None:
@@ -78,53 +209,157 @@ def record_name(zf: zipfile.ZipFile) -> str | None:
     return records[0] if len(records) == 1 else None
 
 
-def _digest(algo: str, data: bytes) -> str:
-    raw = hashlib.new(algo, data).digest()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+@dataclass
+class Audit:
+    """What one pass over a wheel found; ``spooled`` maps member -> file (caller cleans up)."""
+
+    issues: list[Issue] = field(default_factory=list)
+    members: list[str] = field(default_factory=list)
+    spooled: dict[str, Path] = field(default_factory=dict)
 
 
-def record_issues(zf: zipfile.ZipFile) -> list[Issue]:
-    """Every file listed with a matching hash and size; nothing listed that is absent."""
-    record = record_name(zf)
-    if record is None:
-        found = [n for n in zf.namelist() if n.endswith("RECORD")]
-        return [
-            Issue(None, f"expected exactly one <name>.dist-info/RECORD, found {found or 'none'}")
-        ]
+def _read_record(
+    zf: zipfile.ZipFile, record: str, limits: Limits, unreadable: set[str]
+) -> tuple[dict[str, tuple[str, str]] | None, list[Issue]]:
+    """RECORD's rows, or None (with the reason) when it cannot be read at all."""
     issues: list[Issue] = []
+    if record in unreadable:
+        return None, [
+            Issue(record, "RECORD cannot be read (see above); nothing was verified", "record")
+        ]
+    buf = io.BytesIO()
+    problem = stream_member(zf, zf.getinfo(record), buf.write, limits.record)
+    if problem:
+        return None, [Issue(record, problem, "record")]
+    try:
+        text = buf.getvalue().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, [
+            Issue(record, f"RECORD is not UTF-8 (byte {exc.start}: {exc.reason})", "record")
+        ]
     listed: dict[str, tuple[str, str]] = {}
-    text = zf.read(record).decode("utf-8")
-    for row in csv.reader(io.StringIO(text)):
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        return None, [Issue(record, f"RECORD is not valid CSV: {exc}", "record")]
+    for row in rows:
         if not row:
             continue
         if len(row) != 3:
-            issues.append(Issue(record, f"malformed RECORD row {row!r}"))
+            issues.append(Issue(record, f"malformed RECORD row {row!r}"[:300], "record"))
             continue
+        if row[0] in listed:
+            issues.append(Issue(record, f"RECORD lists {row[0]!r} twice", "record"))
         listed[row[0]] = (row[1], row[2])
-    signatures = (record, record + ".jws", record + ".p7s")
-    members = {i.filename: i for i in zf.infolist() if member_type(i) != "dir"}
+    return listed, issues
+
+
+def audit(
+    zf: zipfile.ZipFile,
+    limits: Limits | None = None,
+    *,
+    spool: Callable[[zipfile.ZipInfo], bool] | None = None,
+    spool_dir: Path | None = None,
+) -> Audit:
+    """Header rules, then every member streamed once: RECORD hash and size, CRC, spooling."""
+    limits = limits or Limits()
+    result = Audit(members=[i.filename for i in zf.infolist()])
+    issues, unreadable = header_issues(zf, limits)
+    result.issues.extend(issues)
+    record = record_name(zf)
+    listed: dict[str, tuple[str, str]] | None = None
+    if record is None:
+        found = [n for n in zf.namelist() if n.endswith("RECORD")]
+        result.issues.append(
+            Issue(
+                None,
+                f"expected exactly one <name>.dist-info/RECORD, found {found or 'none'}",
+                "record",
+            )
+        )
+    else:
+        listed, problems = _read_record(zf, record, limits, unreadable)
+        result.issues.extend(problems)
+    signatures = {record, f"{record}.jws", f"{record}.p7s"} if record else set()
+    members: dict[str, zipfile.ZipInfo] = {}
+    for info in zf.infolist():
+        if member_type(info) != "dir":
+            members.setdefault(info.filename, info)
     for name, info in members.items():
+        kind = member_type(info)
+        if name in unreadable:
+            continue
+        if kind == "symlink":
+            target = bytearray()
+            stream_member(zf, info, target.extend, 4096)
+            result.issues.append(
+                Issue(
+                    name,
+                    f"symlink member (-> {bytes(target[:200]).decode('utf-8', 'replace')!r}); "
+                    "wheels must hold plain files",
+                )
+            )
+            continue
         if name in signatures:
             continue
-        if name not in listed:
-            issues.append(Issue(name, "not listed in RECORD"))
-            continue
-        hash_field, size_field = listed[name]
-        algo, _, expected = hash_field.partition("=")
-        if algo not in SAFE_HASHES or not expected:
-            issues.append(Issue(name, f"RECORD hash {hash_field!r} is not sha256 or stronger"))
-            continue
-        data = zf.read(info)
-        actual = _digest(algo, data)
-        if actual != expected:
-            issues.append(
-                Issue(name, f"RECORD {algo} mismatch: RECORD says {expected}, file is {actual}")
+        row = listed.get(name) if listed is not None else None
+        algo, expected = "sha256", ""
+        if listed is not None and row is None:
+            result.issues.append(Issue(name, "not listed in RECORD", "record"))
+        elif row is not None:
+            algo, _, expected = row[0].partition("=")
+            if algo not in SAFE_HASHES or not expected:
+                result.issues.append(
+                    Issue(name, f"RECORD hash {row[0]!r} is not sha256 or stronger", "record")
+                )
+                algo, expected = "sha256", ""
+        digest = hashlib.new(algo)
+        size = 0
+        out = None
+        if spool is not None and spool(info):
+            out = tempfile.NamedTemporaryFile(
+                dir=spool_dir, prefix="member-", suffix=".bin", delete=False
             )
-        if size_field and size_field != str(len(data)):
-            issues.append(
-                Issue(name, f"RECORD size mismatch: RECORD says {size_field}, file is {len(data)}")
-            )
-    for name in listed:
+        sinks: list[Callable[[bytes], Any]] = [digest.update]
+        if out is not None:
+            sinks.append(out.write)
+
+        def sink(block: bytes, sinks: list[Callable[[bytes], Any]] = sinks) -> None:
+            nonlocal size
+            size += len(block)
+            for s in sinks:
+                s(block)
+
+        problem = stream_member(zf, info, sink, limits.member)
+        if out is not None:
+            out.close()
+            if problem:
+                Path(out.name).unlink(missing_ok=True)
+            else:
+                result.spooled[name] = Path(out.name)
+        if problem:
+            result.issues.append(Issue(name, problem))
+            continue
+        if expected:
+            actual = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+            if actual != expected:
+                result.issues.append(
+                    Issue(
+                        name,
+                        f"RECORD {algo} mismatch: RECORD says {expected}, file is {actual}",
+                        "record",
+                    )
+                )
+            size_field = row[1] if row else ""
+            if size_field and size_field != str(size):
+                result.issues.append(
+                    Issue(
+                        name,
+                        f"RECORD size mismatch: RECORD says {size_field}, file is {size}",
+                        "record",
+                    )
+                )
+    for name in listed or {}:
         if name not in members and name not in signatures:
-            issues.append(Issue(name, "listed in RECORD but not in the wheel"))
-    return issues
+            result.issues.append(Issue(name, "listed in RECORD but not in the wheel", "record"))
+    return result

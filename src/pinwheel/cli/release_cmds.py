@@ -42,6 +42,7 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
         out=Path(args.out) if args.out else config.dir,
         key=key,
         qualification=Path(args.qualification) if args.qualification else None,
+        allow_unverified=args.allow_unverified,
     )
     for warning in built.warnings:
         ctx.console.print(f"[yellow]warning:[/] {warning}")
@@ -133,6 +134,8 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
     opts = FetchOptions(
         timeout=args.timeout,
         retries=args.retries,
+        min_rate=args.min_rate,
+        deadline=args.deadline,
         allowed_signers=signers,
         principal=principal,
         sums=args.sums,
@@ -144,13 +147,19 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
         "source": source.describe(),
         "dest": str(result.dest),
         "signed_by": result.signed_by,
+        "signature": result.signature,
         "files": [f.__dict__ for f in result.files],
     }
     resumed = [f.name for f in result.files if f.resumed_from]
     ctx.emit(
         payload,
         f"fetched {len(result.files)} files into {result.dest}, all sha256 verified"
-        + (f", signature by {result.signed_by}" if result.signed_by else ", unsigned")
+        + {
+            "verified": f", signature by {result.signed_by}",
+            "present": ", signature present, not verified (no allowed_signers: pass "
+            "--allowed-signers FILE)",
+            "absent": ", unsigned",
+        }[result.signature]
         + (f"; resumed: {', '.join(resumed)}" if resumed else ""),
     )
     return 0
@@ -170,6 +179,7 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
         no_deps=args.no_deps,
         allowed_signers=signers,
         principal=principal,
+        allow_partial=args.allow_partial,
     )
     ctx.emit(
         {
@@ -243,6 +253,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--no-sign", action="store_true", help="leave SHA256SUMS unsigned")
     p.add_argument("--qualification", help="qualification receipt (JSON) to include in the notes")
+    p.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="release a build that `check` rejects or whose tree is not pinned; "
+        "RELEASE_NOTES.md then says UNVERIFIED in its first line",
+    )
 
     p = command(sub, "publish", "upload a verified release: index (twine), github, hf", cmd_publish)
     p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
@@ -259,6 +275,18 @@ def register(sub: Any) -> None:
     _signer_options(p)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds of silence = stall")
     p.add_argument("--retries", type=int, default=5, help="retries per request, with backoff")
+    p.add_argument(
+        "--min-rate",
+        type=float,
+        default=10 * 1024,
+        help="bytes/s a transfer must average over each minute (0: off; default 10240)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=6 * 3600.0,
+        help="seconds the whole fetch may take (0: none; default 21600)",
+    )
 
     p = command(sub, "install", "install verified wheels into a venv (uv, else pip)", cmd_install)
     p.add_argument("dir", nargs="?", default="wheels", help="fetched wheels (default: wheels)")
@@ -266,6 +294,11 @@ def register(sub: Any) -> None:
     p.add_argument("--torch-backend", help="uv --torch-backend (default: [release] torch_backend)")
     p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     p.add_argument("--no-deps", action="store_true", help="install only the release wheels")
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="install the listed wheels present even when others listed in SHA256SUMS are missing",
+    )
     _signer_options(p)
 
     p = command(

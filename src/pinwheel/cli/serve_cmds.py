@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -97,8 +98,20 @@ def _resolve(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
         "profile": profile,
         "model": Path(model) if model else None,
         "python": args.python or ctx.environ.get("PYTHON") or "python3",
+        "python_from": "--python"
+        if args.python
+        else ("$PYTHON" if ctx.environ.get("PYTHON") else "default"),
         "devices": args.devices or ctx.environ.get("CUDA_VISIBLE_DEVICES"),
     }
+
+
+def python_line(r: dict[str, Any]) -> str:
+    """Which Python the engine checks run in, and how to point them at the installed venv."""
+    found = shutil.which(r["python"]) or r["python"]
+    return (
+        f"engine python: {found} (from {r['python_from']}); to test the venv `pinwheel install` "
+        "made, pass --python VENV/bin/python (or set PYTHON)"
+    )
 
 
 # --------------------------------------------------------------------------- preflight
@@ -124,6 +137,7 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
     ctx.emit(
         {
             "profile": opts.profile.name,
+            "python": shutil.which(r["python"]) or r["python"],
             "seconds": round(took, 3),
             "checks": [asdict(c) for c in checks],
         }
@@ -138,6 +152,7 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
         ctx.console.print(
             f"preflight for profile [bold]{opts.profile.name}[/] ({took:.2f} s)", highlight=False
         )
+        ctx.console.print(f"  {python_line(r)}", highlight=False, markup=False)
         for c in checks:
             ctx.console.print(
                 f"  {marks[c.status]} {c.name}: {c.detail}", highlight=False, markup=True
@@ -254,7 +269,13 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     if args.url:
         target = Target(url=args.url, log=Path(args.log) if args.log else None)
         server: Any = contextlib.nullcontext(target)
+        progress(
+            f"attached to {args.url}: the engine python is whatever started that server; "
+            "to qualify the venv `pinwheel install` made, start it with VENV/bin/python "
+            "(or drop --url and pass --python VENV/bin/python)"
+        )
     else:
+        progress(python_line(_resolve(ctx, args)))
         server = _started_server(ctx, args, out)
     with server as target:
         receipt = qualify(m, profile, target, out, provenance=prov, progress=progress)

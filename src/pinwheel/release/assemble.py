@@ -171,7 +171,7 @@ def _check_build_output(
     warnings = []
     sums_path = build / SUMS
     if sums_path.is_file():
-        listed = parse_sums(sums_path.read_text(), str(sums_path))
+        listed = parse_sums(sums_path.read_bytes(), str(sums_path))
         unlisted = [w for w in wheels if w not in listed]
         if unlisted:
             raise VerifyError(
@@ -210,8 +210,14 @@ def assemble(
     out: Path,
     key: Path | None,
     qualification: Path | None = None,
+    allow_unverified: bool = False,
 ) -> Release:
-    """Make the release directory ``out`` from the build output ``build`` (atomically)."""
+    """Make the release directory ``out`` from the build output ``build`` (atomically).
+
+    Refuses (before anything is written) a build that ``pinwheel check`` rejects or whose
+    provenance does not tie it to the pinned ``[result].tree``, unless ``allow_unverified``:
+    then RELEASE_NOTES.md starts with a line saying it is unverified and why.
+    """
     wheels = sorted(p.name for p in build.glob("*.whl"))
     if not wheels:
         raise PinwheelError(
@@ -223,6 +229,18 @@ def assemble(
     digests = {w: hashed[build / w] for w in wheels}
     provenance = _load_json(build / PROVENANCE)
     warnings = _check_build_output(build, wheels, digests, provenance)
+    reasons = unverified_reasons(manifest, provenance, [build / w for w in wheels])
+    if reasons and not allow_unverified:
+        raise VerifyError(
+            "refusing to release an unverified build; nothing was written or signed:\n    "
+            + "\n    ".join(reasons),
+            where=str(build),
+            next="fix the build (`pinwheel lock` to pin [result].tree, `tools/replay build` "
+            "to rebuild, `pinwheel check WHEEL` to see the findings) and rerun `pinwheel "
+            "release`; or pass --allow-unverified to publish it marked UNVERIFIED",
+        )
+    if reasons:
+        warnings.append("UNVERIFIED release (--allow-unverified): " + "; ".join(reasons))
     qual_path = qualification or (build / QUALIFICATION)
     qual = _load_json(qual_path) if qual_path.is_file() else None
     if qualification is not None and not qualification.is_file():
@@ -245,6 +263,11 @@ def assemble(
         listing = dict(digests) | {n: extra_hashes[tmp / n] for n in extras}
         sized = {n: (d, (tmp / n).stat().st_size) for n, d in listing.items()}
         notes = render_notes(manifest, provenance, sized, qual, config)
+        if reasons:
+            notes = (
+                f"**UNVERIFIED RELEASE** (made with --allow-unverified): {'; '.join(reasons)}\n\n"
+                + notes
+            )
         atomic_write_text(tmp / NOTES, notes)
         listing[NOTES] = sha256_files([tmp / NOTES])[tmp / NOTES]
         atomic_write_text(tmp / SUMS, format_sums(listing))
@@ -269,6 +292,34 @@ def assemble(
         signed=signed,
         warnings=tuple(warnings),
     )
+
+
+def unverified_reasons(
+    manifest: Manifest, provenance: Mapping[str, Any], wheels: list[Path]
+) -> list[str]:
+    """Why this build is not one to sign: the artifact check's errors and an unpinned tree."""
+    from pinwheel.build.check import CheckSpec, check_wheels, spec_from_build
+
+    reasons = []
+    pinned = manifest.result.tree
+    tree = provenance.get("tree") if provenance else None
+    if not provenance:
+        reasons.append(f"no {PROVENANCE}: the wheels are not tied to a replayed tree")
+    elif not tree:
+        reasons.append(f"{PROVENANCE} records no replayed tree (built from a plain source dir)")
+    if not pinned:
+        reasons.append(
+            f"[result].tree is not pinned in {manifest.path.name}: the replay is unverified"
+        )
+    elif tree and tree != pinned:
+        reasons.append(f"{PROVENANCE} tree {tree} differs from [result].tree {pinned}")
+    build = getattr(manifest, "build", None)
+    spec = spec_from_build(build) if build is not None else CheckSpec((), require_cuda=False)
+    report = check_wheels(wheels, spec)
+    reasons += [f"pinwheel check: {f.line()}" for f in report.errors[:10]]
+    if len(report.errors) > 10:
+        reasons.append(f"pinwheel check: … and {len(report.errors) - 10} more errors")
+    return reasons
 
 
 class _in_place:
@@ -327,7 +378,7 @@ def verify_release(
                 next="fetch the signature with the release",
             )
         signed_by = signing.verify(data, sig_path.read_bytes(), allowed_signers, principal)
-    sums = parse_sums(data.decode(), str(sums_path))
+    sums = parse_sums(data, str(sums_path))
     stray = sorted(p.name for p in directory.glob("*.whl") if p.name not in sums)
     if stray:
         raise VerifyError(
@@ -357,13 +408,15 @@ def publish_index(release: Verified, target: IndexTarget) -> list[str]:
         "--disable-progress-bar",
         "--repository-url",
         target.url,
-        *(str(release.dir / w) for w in wheels),
+        "--",
+        *(str((release.dir / w).resolve()) for w in wheels),
     ]
     try:
         import twine  # noqa: F401
     except ImportError:
         raise PinwheelError(
-            "twine is not installed", next="pip install 'pinwheel[release]'"
+            "twine is not installed",
+            next="install the release extra: `pip install -e '.[release]'` from the checkout",
         ) from None
     proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:

@@ -6,6 +6,11 @@ configured), then each listed file. Every file is hashed while it streams
 an interruption, and renamed to NAME only once its sha256 matches. A mismatch
 deletes the partial file. A wheel the source offers that SHA256SUMS does not
 list is refused.
+
+A server cannot hold a fetch forever: besides the stall timeout (silence), every
+transfer must keep ``min_rate`` bytes/s over each ``rate_window`` seconds, and the
+whole fetch ends at ``deadline`` seconds; either names the file, the bytes so far
+and the flag to change.
 """
 
 from __future__ import annotations
@@ -40,9 +45,57 @@ class FetchError(PinwheelError):
     """Network or disk trouble: the download did not complete (exit 1)."""
 
 
+class TooSlow(FetchError):
+    """A server too slow to finish (min rate or deadline): not retried; its ``next`` stands."""
+
+
+class _Pace:
+    """Enforces ``min_rate`` over ``rate_window`` and the fetch's deadline on one transfer."""
+
+    def __init__(self, opts: FetchOptions, what: str, where: str, done: int, total: int | None):
+        self.opts, self.what, self.where = opts, what, where
+        self.done, self.total = done, total
+        self.window_start = opts.clock()
+        self.window_bytes = 0
+
+    def add(self, n: int) -> None:
+        self.done += n
+        self.window_bytes += n
+        self.check()
+
+    def check(self) -> None:
+        opts = self.opts
+        now = opts.clock()
+        got = f"{self.done} of {self.total if self.total is not None else '?'} bytes"
+        if opts.deadline_at is not None and now > opts.deadline_at:
+            raise TooSlow(
+                f"{self.what}: the fetch ran past its {opts.deadline:g} s deadline "
+                f"({got} received)",
+                where=self.where,
+                next="rerun the same `pinwheel fetch` (it resumes), or raise --deadline SECONDS "
+                "on a slow link",
+            )
+        if opts.min_rate and now - self.window_start >= opts.rate_window:
+            rate = self.window_bytes / (now - self.window_start)
+            if rate < opts.min_rate:
+                raise TooSlow(
+                    f"{self.what}: server too slow: {rate:.0f} bytes/s over the last "
+                    f"{now - self.window_start:.0f} s, minimum {opts.min_rate:g} ({got} received)",
+                    where=self.where,
+                    next="rerun the same `pinwheel fetch` later (it resumes), try another "
+                    "mirror, or lower --min-rate BYTES_PER_S (0 turns the check off)",
+                )
+            self.window_start, self.window_bytes = now, 0
+
+
 @dataclass(frozen=True)
 class FetchOptions:
     timeout: float = 30.0  # connect timeout and longest silence mid-body (a stall)
+    min_rate: float = 10 * 1024  # bytes/s a transfer must average over each rate_window (0: off)
+    rate_window: float = 60.0
+    deadline: float = 6 * 3600.0  # seconds for the whole fetch (0: none)
+    deadline_at: float | None = None  # time.monotonic() when it ends; set by fetch_release
+    max_small: int = 16 * 1024 * 1024  # SHA256SUMS, signature, index page
     retries: int = 5  # extra attempts per request after the first
     backoff: float = 1.0  # first wait; doubles each retry, capped at max_backoff
     max_backoff: float = 30.0
@@ -51,6 +104,13 @@ class FetchOptions:
     principal: str | None = None
     sums: str | None = None  # SHA256SUMS location for an index source
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+
+    def started(self) -> FetchOptions:
+        """These options with the deadline clock running (once per fetch)."""
+        if self.deadline_at is not None or not self.deadline:
+            return self
+        return dataclasses.replace(self, deadline_at=self.clock() + self.deadline)
 
 
 @dataclass(frozen=True)
@@ -78,6 +138,9 @@ class FetchResult:
     dest: Path
     files: tuple[FetchedFile, ...]
     signed_by: str | None
+    signature: str = (
+        "absent"  # "verified" | "present" (not verified: no allowed_signers) | "absent"
+    )
 
 
 class Progress(Protocol):
@@ -169,6 +232,11 @@ def _describe(exc: BaseException, opts: FetchOptions) -> str:
         return f"stalled: no data for {opts.timeout:g} s"
     if isinstance(exc, urllib.error.URLError):
         return f"cannot connect: {exc.reason}"
+    if isinstance(exc, http.client.IncompleteRead):
+        return (
+            f"the server closed the connection {exc.expected} bytes short of its "
+            "Content-Length (wrong length or a dropped connection)"
+        )
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -213,11 +281,29 @@ def get_small(url: str, opts: FetchOptions, what: str) -> bytes:
 
     def once(_: int) -> bytes:
         with _request(url, opts) as resp:
-            data: bytes = resp.read()
             length = resp.headers.get("Content-Length")
-            if length is not None and len(data) < int(length):
-                raise http.client.IncompleteRead(data, int(length) - len(data))
-            return data
+            total = int(length) if length is not None and length.isdigit() else None
+            if total is not None and total > opts.max_small:
+                raise FetchError(
+                    f"{what}: {total} bytes, more than the {opts.max_small} a {what} may have",
+                    where=url,
+                    next="check the URL: it should name the release's small text files",
+                )
+            pace = _Pace(opts, what, url, 0, total)
+            data = bytearray()
+            read = getattr(resp, "read1", resp.read)
+            while block := read(64 * 1024):
+                data += block
+                if len(data) > opts.max_small:
+                    raise FetchError(
+                        f"{what}: more than {opts.max_small} bytes",
+                        where=url,
+                        next="check the URL: it should name the release's small text files",
+                    )
+                pace.add(len(block))
+            if total is not None and len(data) < total:
+                raise http.client.IncompleteRead(bytes(data), total - len(data))
+            return bytes(data)
 
     return _with_retries(url, opts, what, once)
 
@@ -245,17 +331,23 @@ class _Partial:
         self.digest = hashlib.sha256()
         self.size = 0
 
-    def append_from(self, stream: BinaryIO, chunk: int, progress: Progress) -> None:
+    def append_from(
+        self, stream: BinaryIO, chunk: int, progress: Progress, pace: _Pace | None = None
+    ) -> None:
         with open(self.path, "ab") as fh:
             # read1: whatever has arrived (up to chunk), so bytes before a stall are kept.
             read = getattr(stream, "read1", stream.read)
-            while block := read(chunk):
-                fh.write(block)
-                self.digest.update(block)
-                self.size += len(block)
-                progress.advance(len(block))
-            fh.flush()
-            os.fsync(fh.fileno())
+            try:
+                while block := read(chunk):
+                    fh.write(block)
+                    self.digest.update(block)
+                    self.size += len(block)
+                    progress.advance(len(block))
+                    if pace is not None:
+                        pace.add(len(block))
+            finally:
+                fh.flush()
+                os.fsync(fh.fileno())
 
     def commit(self, expected: str, where: str) -> str:
         actual = self.digest.hexdigest()
@@ -311,6 +403,7 @@ def download(
 ) -> FetchedFile:
     """Stream ``url`` to ``dest/name``, hashing as it goes; resume with Range after a break."""
     progress = progress or NoProgress()
+    opts = opts.started()
     if _already_there(dest / name, expected):
         return FetchedFile(name, expected, (dest / name).stat().st_size, 0, 0, skipped=True)
     part = _Partial(dest, name)
@@ -343,8 +436,9 @@ def download(
                 if length is not None:
                     _check_space(dest, int(length), name)
                 progress.start(name, total, part.size)
+                pace = _Pace(opts, name, url, part.size, total)
                 try:
-                    part.append_from(resp, opts.chunk, progress)
+                    part.append_from(resp, opts.chunk, progress, pace)
                 except OSError as exc:
                     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                         raise _disk_full(part, dest) from None
@@ -355,6 +449,8 @@ def download(
 
         try:
             _with_retries(url, opts, name, once)
+        except TooSlow:
+            raise
         except FetchError as err:
             if part.size:
                 err.next = (
@@ -471,13 +567,25 @@ def fetch_release(
     progress: Progress | None = None,
     only: tuple[str, ...] = (),
 ) -> FetchResult:
-    """Verify SHA256SUMS (and its signature), then fetch and verify every listed file."""
+    """Verify SHA256SUMS (and its signature), then fetch and verify every listed file.
+
+    Every name is checked (plain file names only, listed once) before a file is placed.
+    """
+    opts = opts.started()
     sums_at = _sums_location(source, opts)
     sums_bytes = _read_location(sums_at, opts, SUMS)
     assert sums_bytes is not None
     signed_by = None
     sig: bytes | None = None
-    if opts.allowed_signers is not None:
+    if opts.allowed_signers is None:
+        # Not verified, but say whether there was a signature to verify.
+        try:
+            sig = _read_location(
+                sums_at + ".sig", dataclasses.replace(opts, retries=0), SIG, optional=True
+            )
+        except FetchError:
+            sig = None  # only a probe: the release is unverified either way
+    else:
         sig = _read_location(sums_at + ".sig", opts, SIG, optional=True)
         if sig is None:
             raise VerifyError(
@@ -486,7 +594,7 @@ def fetch_release(
                 next="the release is unsigned or incomplete: do not install it",
             )
         signed_by = signing.verify(sums_bytes, sig, opts.allowed_signers, opts.principal)
-    sums = parse_sums(sums_bytes.decode("utf-8", errors="replace"), sums_at)
+    sums = parse_sums(sums_bytes, sums_at)
 
     offered = _offered(source, opts)
     wheels_offered = {n for n in offered if n.endswith(".whl")}
@@ -545,7 +653,13 @@ def fetch_release(
     atomic_write_bytes(dest / SUMS, sums_bytes if kept == sums else format_sums(kept).encode())
     if sig is not None and kept == sums:
         atomic_write_bytes(dest / SIG, sig)
-    return FetchResult(source=source, dest=dest, files=tuple(fetched), signed_by=signed_by)
+    return FetchResult(
+        source=source,
+        dest=dest,
+        files=tuple(fetched),
+        signed_by=signed_by,
+        signature="verified" if signed_by else ("present" if sig is not None else "absent"),
+    )
 
 
 # --------------------------------------------------------------------------- progress bars

@@ -17,7 +17,8 @@ def _hub():  # type: ignore[no-untyped-def]
         import huggingface_hub
     except ImportError:
         raise PinwheelError(
-            "huggingface_hub is not installed", next="pip install 'pinwheel[release]'"
+            "huggingface_hub is not installed",
+            next="`pip install -e '.[release]'` from the pinwheel checkout",
         ) from None
     return huggingface_hub
 

@@ -1,7 +1,11 @@
 """``pinwheel install``: verified wheels into a venv (uv when present, else pip with hashes).
 
 The wheel directory is checked against SHA256SUMS (and its signature when
-allowed_signers is configured) right before installing. With uv, the torch
+allowed_signers is configured) right before installing, and every wheel then
+goes through the same archive check as ``pinwheel check`` (zip structure,
+duplicate members, zip-slip, RECORD, zip-bomb limits; arches are not required
+here): nothing is installed unless all of them pass. A set missing a wheel that
+SHA256SUMS lists is refused unless ``allow_partial``. With uv, the torch
 backend (``--torch-backend=cu128``) picks the matching torch index. With pip,
 a generated requirements file pins each release wheel by hash; their
 dependencies then resolve from the configured index as usual (``--no-deps``
@@ -10,6 +14,7 @@ skips that step).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -17,10 +22,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.build.check import CheckSpec, check_wheels
+from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.release.assemble import verify_release
 
 INSTALLERS = ("auto", "uv", "pip")
+# A wheel file name (PEP 427): no spaces, no path, never an option to pip or uv.
+_WHEEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl")
 
 
 @dataclass(frozen=True)
@@ -61,14 +69,34 @@ def _run(cmd: list[str], what: str, venv: Path) -> tuple[str, ...]:
     return tuple(cmd)
 
 
+def check_before_install(paths: list[Path]) -> None:
+    """The safety half of ``pinwheel check`` (no arch rules); raise before anything installs."""
+    report = check_wheels(paths, CheckSpec(arches=(), require_cuda=False))
+    if report.ok:
+        return
+    shown = "\n    ".join(f.line() for f in report.errors[:20])
+    more = f"\n    … and {len(report.errors) - 20} more" if len(report.errors) > 20 else ""
+    raise VerifyError(
+        f"wheel check failed ({len(report.errors)} error(s)); nothing was installed:"
+        f"\n    {shown}{more}",
+        where=", ".join(sorted({f.wheel for f in report.errors})),
+        next="do not install these wheels; fetch the release from the publisher again "
+        "(`pinwheel check WHEEL` shows the same findings)",
+    )
+
+
 def _ensure_venv(venv: Path, uv: str | None, installer: str) -> list[tuple[str, ...]]:
     if venv_python(venv).exists():
         return []
     if installer == "uv" and uv:
         return [
-            _run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], "uv venv", venv)
+            _run(
+                [uv, "venv", "--quiet", "--python", sys.executable, str(venv.absolute())],
+                "uv venv",
+                venv,
+            )
         ]
-    return [_run([sys.executable, "-m", "venv", str(venv)], "python -m venv", venv)]
+    return [_run([sys.executable, "-m", "venv", str(venv.absolute())], "python -m venv", venv)]
 
 
 def install(
@@ -80,19 +108,38 @@ def install(
     no_deps: bool = False,
     allowed_signers: Path | None = None,
     principal: str | None = None,
+    allow_partial: bool = False,
 ) -> InstallResult:
     if installer not in INSTALLERS:
         raise UsageError(f"unknown installer {installer!r}", next="use auto, uv or pip")
     verified = verify_release(
         wheel_dir, allowed_signers=allowed_signers, principal=principal, require_all=False
     )
-    wheels = sorted(n for n in verified.sums if n.endswith(".whl") and (wheel_dir / n).is_file())
+    listed = sorted(n for n in verified.sums if n.endswith(".whl"))
+    odd = [n for n in listed if not _WHEEL_NAME.fullmatch(n)]
+    if odd:
+        raise VerifyError(
+            f"not a wheel file name: {', '.join(repr(n) for n in odd)}",
+            where=str(wheel_dir / "SHA256SUMS"),
+            next="do not install this release; fetch it from the publisher again",
+        )
+    wheels = [n for n in listed if (wheel_dir / n).is_file()]
     if not wheels:
         raise PinwheelError(
             f"no listed wheels in {wheel_dir}",
             where=str(wheel_dir),
             next="run `pinwheel fetch SOURCE --dest DIR` first",
         )
+    missing = [n for n in listed if n not in wheels]
+    if missing and not allow_partial:
+        raise VerifyError(
+            f"partial release: {len(missing)} of {len(listed)} wheels listed in SHA256SUMS "
+            f"are missing: {', '.join(missing)}; nothing was installed",
+            where=str(wheel_dir),
+            next="fetch the rest (`pinwheel fetch SOURCE --dest DIR`), or pass --allow-partial "
+            "to install only the wheels present",
+        )
+    check_before_install([wheel_dir / w for w in wheels])
     uv = find_uv()
     chosen = ("uv" if uv else "pip") if installer == "auto" else installer
     if chosen == "uv" and not uv:
@@ -105,7 +152,7 @@ def install(
         cmd = [uv, "pip", "install", "--python", python]
         cmd += [f"--torch-backend={torch_backend}"] if torch_backend else []
         cmd += ["--no-deps"] if no_deps else []
-        commands.append(_run(cmd + paths, "uv pip install", venv))
+        commands.append(_run([*cmd, "--", *paths], "uv pip install", venv))
     else:
         with tempfile.TemporaryDirectory(prefix="pinwheel-install.") as tmp:
             req = Path(tmp) / "requirements.txt"
@@ -134,7 +181,11 @@ def install(
             )
         if not no_deps:
             commands.append(
-                _run([python, "-m", "pip", "install", *paths], "pip install (dependencies)", venv)
+                _run(
+                    [python, "-m", "pip", "install", "--", *paths],
+                    "pip install (dependencies)",
+                    venv,
+                )
             )
     return InstallResult(
         venv=venv,

@@ -7,6 +7,7 @@ committed beside the manifest says whose keys count.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -15,6 +16,19 @@ from pathlib import Path
 from pinwheel.errors import PinwheelError, VerifyError
 
 NAMESPACE = "pinwheel"
+# An allowed_signers principal: an identity such as an email, never an option or a pattern list.
+_PRINCIPAL = re.compile(r"[A-Za-z0-9_.+@][A-Za-z0-9_.+@=-]*")
+
+
+def check_principal(name: str, where: str = "--principal / [release] principal") -> str:
+    """``name`` if it is a plain principal; ssh-keygen never sees an option from config."""
+    if not _PRINCIPAL.fullmatch(name):
+        raise VerifyError(
+            f"not a principal: {name[:80]!r} (letters, digits, . _ + @ = -; not starting with -)",
+            where=where,
+            next="use the identity exactly as the first field of allowed_signers spells it",
+        )
+    return name
 
 
 def _ssh_keygen() -> str:
@@ -38,9 +52,9 @@ def sign(path: Path, key: Path) -> Path:
             next="pass --key PATH to an ssh private key, or --no-sign",
         )
     proc = subprocess.run(
-        # Absolute paths: a file name can never be read as an option.
+        # The file after "--": a path is never read as an option.
         [_ssh_keygen(), "-Y", "sign", "-q", "-f", str(key.absolute()), "-n", NAMESPACE]
-        + [str(path.absolute())],
+        + ["--", str(path.absolute())],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
@@ -75,6 +89,7 @@ def verify(
         sig.write_bytes(signature)
         principals = [principal] if principal else _find_principals(exe, sig, allowed_signers)
         for name in principals:
+            check_principal(name, where=str(allowed_signers))
             proc = subprocess.run(
                 [
                     exe,

@@ -75,9 +75,34 @@ def log_tail(log: Path | None, lines: int = 25) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def wait_healthy(client: Client, target: Target, timeout_s: float, poll_s: float = 1.0) -> float:
-    """Seconds until GET /health answered 200; raises if the server exits or time runs out."""
+def wait_healthy(
+    client: Client,
+    target: Target,
+    timeout_s: float,
+    poll_s: float = 1.0,
+    refused_grace_s: float = 5.0,
+) -> float:
+    """Seconds until GET /health answered 200; raises if the server exits or time runs out.
+
+    A server pinwheel did not start (``--url``, no ``alive``) that refuses connections for
+    ``refused_grace_s`` fails at once with that reason: nothing is listening, and waiting
+    ``timeout_s`` for it would only hide that. A host name that does not resolve fails at once.
+    """
+    import socket  # local: this module's imports are being reworked elsewhere
+    import urllib.parse
+
+    from pinwheel.errors import UsageError
+
+    parts = urllib.parse.urlsplit(target.url)
+    host = parts.hostname or "127.0.0.1"
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise UsageError(
+            f"bad port in {target.url!r}", where="--url", next="pass --url http://HOST:PORT"
+        ) from None
     start = time.monotonic()
+    refused_since: float | None = None
     while True:
         if client.healthy():
             return time.monotonic() - start
@@ -89,6 +114,29 @@ def wait_healthy(client: Client, target: Target, timeout_s: float, poll_s: float
                 next="read the log above, fix the cause, then run `pinwheel qualify` again"
                 + _tail_block(target.log),
             )
+        if target.alive is None:  # attached with --url: is anything listening at all?
+            try:
+                socket.create_connection((host, port), timeout=min(poll_s * 2, 5.0)).close()
+                refused_since = None
+            except socket.gaierror as exc:
+                raise PinwheelError(
+                    f"cannot resolve {host!r}: {exc.strerror}",
+                    where=target.url,
+                    next="fix --url (host and port of the running server)",
+                ) from None
+            except ConnectionRefusedError:
+                now = time.monotonic()
+                refused_since = now if refused_since is None else refused_since
+                if now - refused_since >= refused_grace_s:
+                    raise PinwheelError(
+                        f"nothing is listening at {host}:{port} (connection refused for "
+                        f"{now - refused_since:.0f} s)",
+                        where=target.url,
+                        next="start the server first (recipes/ or `pinwheel serve`) and rerun "
+                        "once it listens, fix --url, or drop --url so qualify starts one",
+                    ) from None
+            except OSError:
+                refused_since = None  # timeouts, unreachable: the deadline below decides
         if time.monotonic() - start > timeout_s:
             raise PinwheelError(
                 f"the server was not healthy after {timeout_s:.0f} s (GET /health)",

@@ -132,7 +132,10 @@ def render_plots(r: Receipt, out: Path) -> dict[str, str]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return {"missing": "matplotlib is not installed (pip install 'pinwheel[qualify]')"}
+        return {
+            "missing": "matplotlib is not installed "
+            "(`pip install -e '.[qualify]'` from the pinwheel checkout)"
+        }
     made: dict[str, str] = {}
     if r.decode:
         fig, ax = plt.subplots(figsize=(6, 3.5))
