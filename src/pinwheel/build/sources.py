@@ -123,7 +123,7 @@ def _export(src: BuildSource, target: Path, project: Path, cache: Cache) -> Supp
             if where.exists():
                 shutil.rmtree(where)  # the gitlink exports as an empty directory
             where.mkdir(parents=True)
-            _archive(sub_repo, sub.commit, where, src.exclude, what=f"{src.name}/{sub.path}")
+            _archive(sub_repo, sub.commit, where, sub.exclude, what=f"{src.name}/{sub.path}")
             subs.append((sub.path, sub.url, sub.commit))
         for rel in src.patches:
             patch = project / rel
@@ -166,8 +166,9 @@ def _archive(repo: Path, commit: str, dest: Path, exclude: Sequence[str], *, wha
         raise SourceError(
             f"cannot export {what} at {commit[:12]}: {why}",
             where=f"{what} ({repo.name})",
-            next="the mirror lacks blobs: add the paths to the source's `exclude`, "
-            "or point --mirror at a complete mirror",
+            next=f"the mirror lacks blobs: add the paths to `exclude` of {what} in "
+            "[[build.source]] (or its [[build.source.submodule]]), or point --mirror at a "
+            "complete mirror",
         )
     with tarfile.open(fileobj=io.BytesIO(proc.stdout), mode="r:") as tar:
         tar.extractall(dest, filter="data")

@@ -54,6 +54,7 @@ class Submodule:
     path: str  # inside the source, e.g. "csrc/cutlass"
     url: str
     commit: str
+    exclude: tuple[str, ...] = ()  # pathspecs left out (blobs a mirror lacks)
 
 
 @dataclass(frozen=True)
@@ -231,9 +232,9 @@ def _parse_source(t: Table) -> BuildSource:
     patches = _pathspecs(t, "patches")
     subs = []
     for s in t.subs("submodule"):
-        s.only("path", "url", "commit")
-        subs.append(Submodule(path=s.str("path"),
-                              url=s.str("url"), commit=s.sha("commit")))  # fmt: skip
+        s.only("path", "url", "commit", "exclude")
+        subs.append(Submodule(path=s.str("path"), url=s.str("url"), commit=s.sha("commit"),
+                              exclude=_pathspecs(s, "exclude")))  # fmt: skip
     for sub in subs:
         if sub.path.startswith("/") or ".." in sub.path.split("/"):
             raise t.error("submodule", "submodule paths inside the source", sub.path)
