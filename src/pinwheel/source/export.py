@@ -54,7 +54,8 @@ def partial_mirror_error(repo_path: Path, commit: str, what: str, where: str) ->
 
 def _archive(result: ReplayResult, prefix: str, exclude: Sequence[str] = ()) -> bytes:
     # git archive stamps every member with the commit time: no wall clock inside.
-    specs = ["--", ".", *(f":(exclude){e}" for e in exclude)] if exclude else []
+    # No "--" here: after --end-of-options git 2.39 would read it as a pathspec.
+    specs = [".", *(f":(exclude){e}" for e in exclude)] if exclude else []
     proc = gitcli.git(
         ["archive", "--format=tar", f"--prefix={prefix}/", "--end-of-options", result.head, *specs],
         git_dir=result.repo_path,
