@@ -15,7 +15,6 @@ bytes (``--twice`` proves it).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import shutil
 import subprocess
@@ -32,8 +31,9 @@ from pinwheel.build.wheeldiff import diff_members
 from pinwheel.build.wheelset import Built
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import ManifestError, MismatchError, PinwheelError
-from pinwheel.manifest import Identity, Manifest, Result, Step, Upstream
+from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import KernelPatch, KernelSpec, parse_kernel_tables  # noqa: F401
+from pinwheel.manifest.component import component_manifest
 
 # Earliest time a zip member can carry; used when nothing better dates the source.
 ZIP_EPOCH = 315532800  # 1980-01-01T00:00:00Z
@@ -97,33 +97,8 @@ def _git_date(path: Path) -> int | None:
 
 
 def kernel_manifest(spec: KernelSpec) -> Manifest:
-    """The out-of-tree kernel as a stack the replay engine understands: base + patch steps."""
-    assert spec.url and spec.commit
-    steps = tuple(
-        Step(
-            number=i,
-            action="patch",
-            pr=None,
-            head=None,
-            title=None,
-            commits=None,
-            patch=p.path,
-            patch_sha256=p.sha256,
-        )
-        for i, p in enumerate(spec.patches, start=1)
-    )
-    digest = hashlib.sha256(
-        "\n".join([spec.url, spec.commit, *(p.sha256 for p in spec.patches)]).encode()
-    ).hexdigest()
-    return Manifest(
-        path=spec.source,
-        sha256=digest,
-        name=f"kernel-{spec.name}",
-        upstream=Upstream(url=spec.url, commit=spec.commit, branch=spec.branch),
-        steps=steps,
-        identity=Identity(name="pinwheel", email="pinwheel@replay.invalid", time=None, offset=None),
-        result=Result(tree=spec.tree, tag=None),
-    )
+    """The out-of-tree kernel as a stack the replay engine understands (its own steps)."""
+    return component_manifest(spec)
 
 
 def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
@@ -145,7 +120,10 @@ def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     if epoch is None:
         base = pygit2.Repository(str(result.repo_path))[result.base]
         epoch = base.commit_time  # type: ignore[attr-defined]
-    return SourceTree(dest, epoch, f"{spec.url}@{spec.commit[:12]}", result.tree)  # type: ignore[index]
+    origin = f"{spec.url}@{spec.commit[:12]}"  # type: ignore[index]
+    if spec.steps:
+        origin += f" + {len(spec.steps)} step(s) -> {result.head[:12]}"
+    return SourceTree(dest, epoch, origin, result.tree)
 
 
 def _run(cmd: list[str], *, cwd: Path, env: Mapping[str, str], what: str, log_file: Path) -> None:
