@@ -11,6 +11,7 @@ from pinwheel.cudaarch import CudaArch, cmake_architectures, targets, torch_arch
 from pinwheel.errors import ManifestError
 from pinwheel.manifest.steps import Step, parse_step
 from pinwheel.manifest.table import Table, check_file_sha
+from pinwheel.manifest.targets import target_problems
 
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)$")
 _CUDA = re.compile(r"^(\d+)\.(\d+)$")
@@ -26,6 +27,7 @@ BUILD_KEYS = (
     "env",
     "required_members",
     "runner_labels",
+    "torch_index",
 )
 
 
@@ -43,6 +45,7 @@ class BuildConfig:
     env: Mapping[str, str] = field(default_factory=dict)  # MAX_JOBS, NVCC_THREADS...
     required_members: tuple[str, ...] = ()  # wheel members the check insists on
     runner_labels: tuple[str, ...] = ()  # release workflow's runs-on
+    torch_index: str | None = None  # where [build] torch comes from (a PEP 503 index URL)
 
     @property
     def targets(self) -> tuple[CudaArch, ...]:
@@ -97,6 +100,14 @@ def parse_build_table(table: Table) -> BuildConfig:
     for key in env:
         if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
             raise table.error("env", "environment variable names (A-Z, 0-9, _)", key)
+    torch_index = table.str("torch_index", None)
+    if torch_index is not None and not re.match(r"^https://[^\s]+$", torch_index):
+        raise table.error("torch_index", "an https:// package index URL", torch_index)
+    problems = target_problems(cuda, arches, torch, torch_index)
+    if problems:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ManifestError(first.what + more, where=table.where(first.key), next=first.fix)
     return BuildConfig(
         python=python,
         cuda=cuda,
@@ -108,6 +119,7 @@ def parse_build_table(table: Table) -> BuildConfig:
         env=env,
         required_members=table.str_list("required_members", ()),
         runner_labels=table.str_list("runner_labels", ()),
+        torch_index=torch_index,
     )
 
 
