@@ -4,6 +4,7 @@ locks, drifts and resolves like the engine, on real git repositories (tests/conf
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,32 @@ def test_component_step_errors(tmp_path: Path, extra: str, needle: str) -> None:
 def test_upstream_may_be_left_out_only_by_a_manifest_of_components(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="only a manifest of out-of-tree"):
         loads(b'[manifest]\nname = "x"\n', tmp_path / "manifest.toml")
+
+
+EXL3_URL = "https://github.com/turboderp-org/exllamav3.git"
+
+
+def _exl3_mirror() -> str | None:
+    for item in os.environ.get("PINWHEEL_MIRRORS", "").split():
+        url, _, path = item.partition("=")
+        if url == EXL3_URL and Path(path).is_dir():
+            return path
+    return None
+
+
+@pytest.mark.upstream
+@pytest.mark.skipif(
+    _exl3_mirror() is None,
+    reason=f"PINWHEEL_MIRRORS does not map {EXL3_URL} to a local mirror with refs/pull/*",
+)
+def test_sm120_component_replays_its_locked_tree_on_the_real_exllamav3(tmp_path, capsys):
+    """The real upstream: c5d9c657 + PR 246 + PR 234 (merged upstream later) as pinned."""
+    path = Path(__file__).resolve().parents[1] / "recipes" / "sm120-tp2" / "manifest.toml"
+    argv = ["--manifest", str(path), "--cache", str(tmp_path), "--json"]
+    assert main([*argv, "run"]) == 0
+    run = json.loads(capsys.readouterr().out)["components"]["exllamav3"]
+    assert run["tree_verified"] and run["tree"] == load(path).kernels[0].tree
+    assert main([*argv, "drift"]) == 0
+    drift = json.loads(capsys.readouterr().out)["components"]["exllamav3"]
+    prs = {p["pr"]: p for p in drift["prs"]}
+    assert "head is in master" in prs[234]["merged_upstream"] and not prs[246]["merged_upstream"]
