@@ -144,11 +144,15 @@ def test_recipe_refuses_an_unknown_profile_and_a_missing_model(tmp_path, card):
     assert none.returncode != 0 and "set GLM53_MODEL" in none.stderr
 
 
-@pytest.mark.parametrize("name", ["gb10-k2.toml", "sm120-tp2.toml"])
-def test_example_manifests_parse(name):
-    m = manifest.load(ROOT / "recipes" / "examples" / name)
+@pytest.mark.parametrize("name", ["gb10-k2", "sm120-tp2"])
+def test_system_manifests_load_and_their_recipes_match(name, capsys):
+    path = ROOT / "recipes" / name / "manifest.toml"
+    m = manifest.load(path)
     serve = m.serve
     p = serve.profile()
+    (component,) = m.kernels
+    assert not m.has_engine and component.name == "exllamav3" and m.build.cuda == "13.0"
+    assert m.build.torch_index == "https://download.pytorch.org/whl/cu130"
     if name.startswith("gb10"):
         assert (p.compute_capability, p.num_speculative_tokens, p.gpus, p.cuda) == (
             "12.1",
@@ -156,13 +160,21 @@ def test_example_manifests_parse(name):
             1,
             13,
         )
+        assert m.build.arches == ("12.1",) and component.commit is None  # FILL IN: lock pins it
+        assert (m.model.shards, m.model.total_bytes) == (120, 97728721536)
+        assert m.model.config["quantization_config.codebook"] == "mcg"
     else:
         assert (p.compute_capability, p.tensor_parallel_size, serve.engine.quantization) == (
             "12.0",
             2,
             "exl3",
         )
+        assert m.build.arches == ("12.0",) and component.builder == "torch-extension"
+        assert component.commit == "c5d9c657966ffeeaa9353f0cc899f18629da4a13"
+        assert [s.pr for s in component.steps] == [246, 234] and component.tree
+        assert all(s.head and s.commits for s in component.steps)  # locked
     assert m.qualify.profile(p.name).needle_lengths
+    assert main(["--manifest", str(path), "serve", "--check-recipe"]) == 0, capsys.readouterr()
 
 
 def _manifest_with(tmp_path: Path, serve_body: str) -> Path:

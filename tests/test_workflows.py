@@ -110,6 +110,21 @@ def manifest_runner_labels() -> list[str]:
     return list(labels)
 
 
+def release_systems(*args: str) -> list[dict[str, Any]]:
+    """tools/release-systems, as the release workflow's select job runs it."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "release-systems"), *args],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    line = next(ln for ln in out.splitlines() if ln.startswith("systems="))
+    return list(json.loads(line.removeprefix("systems=")))
+
+
+def is_gpu_job(wf: str, name: str, job: dict[str, Any]) -> bool:
+    """Self-hosted by its labels, or the release build matrix over the system builders."""
+    return "self-hosted" in runs_on(job) or (wf, name) == ("release.yml", "build")
+
+
 def command_lines(script: str) -> Iterator[list[str]]:
     """Simple shell commands in a run script, as argv lists (continuations joined)."""
     text = re.sub(r"\\\n\s*", " ", script)
@@ -204,8 +219,19 @@ def test_gpu_jobs_run_only_on_the_manifest_runner_labels() -> None:
     labels = manifest_runner_labels()
     gpu_jobs = []
     for wf, name, job in all_jobs():
-        calls = {argv[0] for argv in pinwheel_invocations(job) if argv}
-        if "self-hosted" in runs_on(job):
+        calls = {subcommand(argv) for argv in pinwheel_invocations(job) if argv}
+        if (wf, name) == ("release.yml", "build"):
+            # A matrix over the systems: each on its manifest's [build].runner_labels.
+            assert job["runs-on"] == "${{ matrix.labels }}"
+            assert job["strategy"]["matrix"] == {
+                "include": "${{ fromJSON(needs.select.outputs.systems) }}"
+            }
+            for system in release_systems("--all"):
+                data = tomllib.loads((ROOT / system["manifest"]).read_text())
+                assert system["labels"] == data["build"]["runner_labels"]
+                assert system["labels"][0] == "self-hosted", system
+            gpu_jobs.append(f"{wf}:{name}")
+        elif "self-hosted" in runs_on(job):
             assert runs_on(job) == labels, f"{wf}:{name} runs on {runs_on(job)}, not {labels}"
             gpu_jobs.append(f"{wf}:{name}")
         else:
@@ -230,13 +256,14 @@ def test_no_pull_request_can_reach_the_gpu_box() -> None:
 
 def test_actionlint_knows_exactly_the_manifest_custom_labels() -> None:
     config = yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())
-    custom = set(manifest_runner_labels()) - DEFAULT_RUNNER_LABELS
+    every = {label for s in release_systems("--all") for label in s["labels"]}
+    custom = (set(manifest_runner_labels()) | every) - DEFAULT_RUNNER_LABELS - {"ARM64"}
     assert set(config["self-hosted-runner"]["labels"]) == custom
 
 
 def test_gpu_jobs_share_one_concurrency_group_and_are_never_cancelled() -> None:
     for wf, name, job in all_jobs():
-        if "self-hosted" not in runs_on(job):
+        if not is_gpu_job(wf, name, job):
             continue
         group = job.get("concurrency")
         assert isinstance(group, dict), f"{wf}:{name}: no job-level concurrency group"
@@ -290,18 +317,29 @@ def test_release_triggers_on_the_manifest_tag_pattern() -> None:
     on = load_workflow(WORKFLOWS / "release.yml")["on"]
     assert set(on) == {"push"} and set(on["push"]) == {"tags"}, "release runs on tags only"
     patterns = on["push"]["tags"]
-    assert patterns == [f"{name}-*"]
-    rx = github_glob(patterns[0])
-    assert rx.match(tag), f"{patterns[0]} does not match the manifest tag {tag}"
+    systems = release_systems("--all")
+    assert sorted(patterns) == sorted(f"{s['name']}-*" for s in systems)
+    rx = github_glob(f"{name}-*")
+    assert rx.match(tag), f"{name}-* does not match the manifest tag {tag}"
     for other in ("v1.0.0", f"x{name}-1", f"{name}", f"{name}-2026/10"):
-        assert not rx.match(other), f"{patterns[0]} also matches {other}"
+        assert not any(github_glob(p).match(other) for p in patterns), f"{other} matches"
+    # Each system's tags select that system alone, and the V100 tag must be [result].tag.
+    for system in systems:
+        (chosen,) = release_systems(f"{system['name']}-20261201" if not system["tag"] else
+                                    system["tag"])  # fmt: skip
+        assert chosen["manifest"] == system["manifest"]
+    bad = subprocess.run([sys.executable, str(ROOT / "tools" / "release-systems"),
+                          f"{name}-19700101"], capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "[result].tag" in bad.stderr
 
 
 def test_release_checks_the_tag_is_the_manifest_tag_before_building() -> None:
     jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
-    first = " ".join(run_scripts(jobs["replay"]))
-    assert "result.tag" in first and "$TAG" in first
-    assert jobs["build"]["needs"] == "replay"
+    first = " ".join(run_scripts(jobs["select"]))
+    assert 'tools/release-systems "$TAG"' in first and "GITHUB_OUTPUT" in first
+    assert jobs["replay"]["needs"] == "select"
+    assert jobs["build"]["needs"] == ["select", "replay"]
+    assert ["--manifest", "$MANIFEST", "run"] in list(pinwheel_invocations(jobs["replay"]))
 
 
 def test_release_attests_the_checksums_and_publishes_pinwheel_notes() -> None:
@@ -309,26 +347,26 @@ def test_release_attests_the_checksums_and_publishes_pinwheel_notes() -> None:
     attest = [s for s in jobs["attest"]["steps"] if "attest-build-provenance" in s.get("uses", "")]
     assert attest and attest[0]["with"] == {"subject-checksums": "release/SHA256SUMS"}
     # pinwheel verifies the release dir and names the files; gh uploads exactly those.
-    assert ["publish", "release", "--to", "github", "--json"] in list(
+    assert ["--manifest", "$MANIFEST", "publish", "release", "--to", "github", "--json"] in list(
         pinwheel_invocations(jobs["publish"])
     )
     publish = " ".join(run_scripts(jobs["publish"]))
     assert "gh release create" in publish and "jq -r .notes" in publish
     assert '"${files[@]}"' in publish
     assert any(
-        argv[0] == "release" and "--key" in argv for argv in pinwheel_invocations(jobs["assemble"])
+        argv[2] == "release" and "--key" in argv for argv in pinwheel_invocations(jobs["assemble"])
     )
 
 
 def test_every_manifest_kernel_is_built(tmp_path: Path) -> None:
-    # All on the box into the release; the in-tree ones also as manylinux wheels.
+    # All on the builder into the release; the in-tree ones also as manylinux wheels.
     jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
     kernels = manifest().get("kernel", [])
     output = tmp_path / "github_output"
     subprocess.run(  # the discovery step itself, as the runner runs it
         ["bash", "-e", "-c", jobs["kernel-packages"]["steps"][-1]["run"]],
         cwd=ROOT,
-        env={**os.environ, "GITHUB_OUTPUT": str(output)},
+        env={**os.environ, "GITHUB_OUTPUT": str(output), "MANIFEST": "manifest.toml"},
         check=True,
     )
     dirs = json.loads(output.read_text().removeprefix("dirs="))
@@ -337,13 +375,29 @@ def test_every_manifest_kernel_is_built(tmp_path: Path) -> None:
     assert jobs["kernel-wheels"]["strategy"]["matrix"]["package"].startswith(
         "${{ fromJSON(needs.kernel-packages.outputs.dirs)"
     )
-    # On the box, `build` makes the default kernels; `kernels --name` the rest.
-    on_box = list(pinwheel_invocations(jobs["build"]))
-    assert ["build"] in on_box and not any("--no-kernels" in argv for argv in on_box)
-    extra = [argv for argv in on_box if argv[0] == "kernels"]
-    named = {argv[i + 1] for argv in extra for i, a in enumerate(argv) if a == "--name"}
-    assert named == {k["name"] for k in kernels if k.get("default", True) is False}
-    order = [argv[0] for argv in on_box]
+    # On the builder: an engine manifest's `build` makes the default kernels, a
+    # components-only manifest's `kernels --twice` makes them (and compares two
+    # builds); `kernels --name` the ones marked default = false, for every system.
+    build = jobs["build"]
+    on_box = list(pinwheel_invocations(build))
+    steps = {s.get("name", ""): s for s in build["steps"]}
+    engine = [a for a in on_box if "build" in a or "verify-build" in a]
+    assert all(steps[n].get("if") == "matrix.engine" for n in steps if "engine wheel" in n)
+    assert ["--manifest", "$MANIFEST", "build"] in engine and not any(
+        "--no-kernels" in argv for argv in on_box
+    )
+    twice = [a for a in on_box if a[2:4] == ["kernels", "--twice"]]
+    assert twice and steps["The components of a manifest without an engine, built twice and "
+                            "compared"]["if"] == "${{ !matrix.engine }}"  # fmt: skip
+    named = [a for a in on_box if "--name" in a]
+    assert named == [["--manifest", "$MANIFEST", "kernels", "--name", "$name", "--out", "wheels"]]
+    assert build["env"]["EXTRA_KERNELS"] == "${{ matrix.extra }}"
+    for system in release_systems("--all"):
+        data = tomllib.loads((ROOT / system["manifest"]).read_text())
+        extra = {k["name"] for k in data.get("kernel", []) if k.get("default", True) is False}
+        assert set(system["extra"].split()) == extra
+        assert system["engine"] == ("upstream" in data)
+    order = [argv[2] for argv in on_box]
     # verify-build compares what `build` made; check sees every wheel, the extras too.
     assert order.index("build") < order.index("verify-build") < order.index("kernels")
     assert order.index("kernels") < order.index("check")
@@ -518,9 +572,9 @@ def test_workflow_pinwheel_commands_parse_with_the_real_cli() -> None:
                 for argv in pinwheel_invocations({"steps": [step]}):
                     calls.append((path.name, name, [placeholder(a, env) for a in argv]))
     assert len(calls) >= 12
-    missing = sorted({argv[0] for _, _, argv in calls if argv[0] not in known})
+    missing = sorted({subcommand(argv) for _, _, argv in calls if subcommand(argv) not in known})
     for wf, name, argv in calls:
-        if argv[0] not in known:
+        if subcommand(argv) not in known:
             continue
         try:
             parser.parse_args(argv)
@@ -530,6 +584,14 @@ def test_workflow_pinwheel_commands_parse_with_the_real_cli() -> None:
         absent = [m for m in COMMAND_MODULES if not _importable(m)]
         assert absent, f"commands {missing} are not registered although every stage is present"
         pytest.skip(f"stages not merged here yet ({', '.join(absent)}): unchecked {missing}")
+
+
+def subcommand(argv: list[str]) -> str:
+    """The subcommand of a pinwheel argv, past global options (``--manifest PATH``)."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] in ("--manifest", "--cache", "--mirror") else 1
+    return argv[i] if i < len(argv) else ""
 
 
 def _importable(module: str) -> bool:
@@ -586,7 +648,8 @@ def test_release_steps_sign_and_upload_exactly_the_release(tmp_path: Path) -> No
         release='[release]\nallowed_signers = "keys/allowed_signers"\n'
         '[release.github]\nrepo = "acme/engine"\n',
     )
-    env = {**os.environ, "RUNNER_TEMP": str(temp), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {**os.environ, "RUNNER_TEMP": str(temp), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "MANIFEST": "manifest.toml"}  # fmt: skip
     jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
     secret = key.read_text()
     outputs = ""

@@ -15,7 +15,6 @@ bytes (``--twice`` proves it).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import shutil
 import subprocess
@@ -32,8 +31,9 @@ from pinwheel.build.wheeldiff import diff_members
 from pinwheel.build.wheelset import Built
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import ManifestError, MismatchError, PinwheelError
-from pinwheel.manifest import Identity, Manifest, Result, Step, Upstream
+from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import KernelPatch, KernelSpec, parse_kernel_tables  # noqa: F401
+from pinwheel.manifest.component import component_manifest
 from pinwheel.urls import redact
 
 # Earliest time a zip member can carry; used when nothing better dates the source.
@@ -98,33 +98,8 @@ def _git_date(path: Path) -> int | None:
 
 
 def kernel_manifest(spec: KernelSpec) -> Manifest:
-    """The out-of-tree kernel as a stack the replay engine understands: base + patch steps."""
-    assert spec.url and spec.commit
-    steps = tuple(
-        Step(
-            number=i,
-            action="patch",
-            pr=None,
-            head=None,
-            title=None,
-            commits=None,
-            patch=p.path,
-            patch_sha256=p.sha256,
-        )
-        for i, p in enumerate(spec.patches, start=1)
-    )
-    digest = hashlib.sha256(
-        "\n".join([spec.url, spec.commit, *(p.sha256 for p in spec.patches)]).encode()
-    ).hexdigest()
-    return Manifest(
-        path=spec.source,
-        sha256=digest,
-        name=f"kernel-{spec.name}",
-        upstream=Upstream(url=spec.url, commit=spec.commit, branch=spec.branch),
-        steps=steps,
-        identity=Identity(name="pinwheel", email="pinwheel@replay.invalid", time=None, offset=None),
-        result=Result(tree=spec.tree, tag=None),
-    )
+    """The out-of-tree kernel as a stack the replay engine understands (its own steps)."""
+    return component_manifest(spec)
 
 
 def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
@@ -146,7 +121,10 @@ def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     if epoch is None:
         base = pygit2.Repository(str(result.repo_path))[result.base]
         epoch = base.commit_time  # type: ignore[attr-defined]
-    return SourceTree(dest, epoch, f"{redact(spec.url or '')}@{spec.commit[:12]}", result.tree)  # type: ignore[index]
+    origin = f"{redact(spec.url or '')}@{spec.commit[:12]}"  # type: ignore[index]
+    if spec.steps:
+        origin += f" + {len(spec.steps)} step(s) -> {result.head[:12]}"
+    return SourceTree(dest, epoch, origin, result.tree)
 
 
 def _run(cmd: list[str], *, cwd: Path, env: Mapping[str, str], what: str, log_file: Path) -> None:
@@ -170,31 +148,74 @@ TORCH_BUILD_REQS = ("setuptools>=77", "wheel", "ninja", "packaging", "numpy", "p
 def torch_venv(
     config: BuildConfig, cache: Path, log: Callable[[str], None] | None, environ: Mapping[str, str]
 ) -> Path:
-    """A venv with ``[build].torch`` and the build tools torch extensions need; made once."""
+    """A venv with ``[build].torch`` and the build tools torch extensions need; made once.
+
+    torch comes from ``[build] torch_index`` when the manifest pins one (so a
+    cu130 build gets the cu130 torch, never whatever the default index serves).
+    ``PINWHEEL_TORCH_PYTHON`` names an interpreter that already holds that torch
+    (an offline build machine): it is checked and used instead.
+    """
     if not config.torch:
         raise ManifestError(
             'a torch-extension kernel needs [build] torch (e.g. "2.9.1")',
             where="[build] torch",
             next="set [build] torch in the manifest",
         )
-    venv = cache / "venvs" / f"torch-{config.torch}-py{sys.version_info[0]}.{sys.version_info[1]}"
+    given = environ.get("PINWHEEL_TORCH_PYTHON")
+    if given:
+        return _given_torch_python(Path(given), config)
+    flavour = ""
+    if config.torch_index:
+        flavour = "-" + config.torch_index.rstrip("/").rsplit("/", 1)[-1]
+    name = f"torch-{config.torch}{flavour}-py{sys.version_info[0]}.{sys.version_info[1]}"
+    venv = cache / "venvs" / name
     python = venv / "bin" / "python"
     reqs = (f"torch=={config.torch}", *TORCH_BUILD_REQS)
     marker = venv / ".pinwheel-ready"
-    if marker.is_file() and marker.read_text().split() == list(reqs):
+    record = [*reqs, *([f"index={config.torch_index}"] if config.torch_index else [])]
+    if marker.is_file() and marker.read_text().split() == record:
         return python
     if log:
         log(f"creating {venv.name} (torch=={config.torch}); this downloads ~3 GB once")
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", "--upgrade"]
+    if config.torch_index:
+        _run(
+            [*pip, "--index-url", config.torch_index, reqs[0]],
+            cwd=cache,
+            env=environ,
+            what=f"installing torch=={config.torch} from {config.torch_index}",
+            log_file=venv.with_suffix(".log"),
+        )
     _run(
-        [str(python), "-m", "pip", "install", "-q", "--upgrade", *reqs],
+        [*pip, *(reqs[1:] if config.torch_index else reqs)],
         cwd=cache,
         env=environ,
         what=f"installing torch=={config.torch}",
         log_file=venv.with_suffix(".log"),
     )
-    marker.write_text("\n".join(reqs) + "\n")
+    marker.write_text("\n".join(record) + "\n")
+    return python
+
+
+def _torch_version(python: Path) -> str | None:
+    probe = "import torch; print(torch.__version__)"
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=False)
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _given_torch_python(python: Path, config: BuildConfig) -> Path:
+    probe = "import torch; print(torch.__version__)"
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=False)
+    version = out.stdout.strip()
+    if out.returncode != 0 or version.split("+")[0] != str(config.torch).split("+")[0]:
+        raise ManifestError(
+            f"PINWHEEL_TORCH_PYTHON={python} has torch {version or 'none'}, "
+            f"[build] torch pins {config.torch}",
+            where="[build] torch",
+            next="point PINWHEEL_TORCH_PYTHON at a Python with that torch, or unset it",
+        )
     return python
 
 
@@ -216,6 +237,7 @@ def build_kernel(
 ) -> Built:
     """Stage the source and build its wheel into scratch (``<cache>/kernels/NAME/dist``)."""
     started = time.monotonic()
+    torch_version: str | None = None
     staged = stage_in_tree(spec, opts) if spec.in_tree else stage_out_of_tree(spec, opts)
     env, set_env = build_env(
         config, toolkit=toolkit, source_date_epoch=staged.source_date_epoch, base=opts.environ
@@ -235,6 +257,7 @@ def build_kernel(
         shutil.rmtree(work / "build", ignore_errors=True)
     else:
         python = torch_venv(config, opts.cache, opts.log, opts.environ)
+        torch_version = _torch_version(python)
         extra = []
         env["PATH"] = os.pathsep.join([str(python.parent), env["PATH"]])
         env["CPATH"] = torch_library_headers(python, env.get("CPATH"))
@@ -260,7 +283,9 @@ def build_kernel(
                 "tree": staged.tree, "path": str(spec.path.relative_to(spec.source.parent))
                 if spec.path else None},
         build={"builder": spec.builder, "source_date_epoch": staged.source_date_epoch,
-               "env": dict(sorted(set_env.items())), "arches": [str(a) for a in config.targets]},
+               "env": dict(sorted(set_env.items())), "arches": [str(a) for a in config.targets],
+               **({"torch": torch_version, "torch_index": config.torch_index}
+                  if torch_version else {})},
     )  # fmt: skip
 
 

@@ -168,9 +168,22 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
         toolchain=facts,
         arches=[str(a) for a in config.targets],
     )
+    payload["torch"] = torch_pin(config, facts.torch, built)
     with reporter.status(f"checking {len(built)} wheel(s)"):
         wheels = publish(built, request.out_dir, spec=check_spec, receipt=payload)
     return BuildOutcome(toolkit=toolkit, built=tuple(built), wheels=wheels, twice=twice)
+
+
+def torch_pin(
+    config: BuildConfig, build_python_torch: str | None, built: list[Built]
+) -> dict[str, Any]:
+    """The torch the wheels were built against, and its index: what ``install`` pins.
+
+    A torch-extension kernel records the torch of its build venv; otherwise the
+    build interpreter's torch counts.
+    """
+    version = next((b.build["torch"] for b in built if b.build.get("torch")), build_python_torch)
+    return {"version": version, "index": config.torch_index, "requested": config.torch}
 
 
 def engine_workdir(request: BuildRequest) -> Path:

@@ -38,6 +38,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_dir, atomic_write_text
 from pinwheel.manifest.build import BuildConfig, parse_build_table  # noqa: F401
+from pinwheel.manifest.targets import target_problems
 
 
 class ToolchainError(PinwheelError):
@@ -182,6 +183,7 @@ def resolve_toolkit(
 ) -> Toolkit:
     """The first toolkit matching ``config.cuda`` that compiles every arch; provision if none."""
     environ = dict(os.environ if environ is None else environ)
+    _refuse_impossible(config)
     rejected: list[str] = []
     for source, root in _candidates(environ):
         nvcc = root / "bin" / "nvcc"
@@ -219,10 +221,24 @@ def resolve_toolkit(
                 if lock
                 else f"set CUDA_HOME to a CUDA {config.cuda} install, or pin a provisionable "
                 f"version in [build] cuda ({can})"
+                + (
+                    f"; CUDA {config.cuda} is not provisioned: {NOT_PROVISIONABLE[config.cuda]}"
+                    if config.cuda in NOT_PROVISIONABLE
+                    else ""
+                )
             ),
         )
     root = provision_toolkit(lock, cache)
     return _checked(root, config, "provisioned", environ)
+
+
+def _refuse_impossible(config: BuildConfig) -> None:
+    """The arch / CUDA / torch table (:mod:`pinwheel.manifest.targets`) before any probe."""
+    problems = target_problems(config.cuda, config.arches, config.torch, config.torch_index)
+    if problems:
+        raise ToolchainError(
+            problems[0].what, where=f"[build] {problems[0].key}", next=problems[0].fix
+        )
 
 
 def _checked(root: Path, config: BuildConfig, source: str, environ: Mapping[str, str]) -> Toolkit:
@@ -381,6 +397,72 @@ LOCKS: dict[str, ToolkitLock] = {
     ),
 }
 
+# CUDA 13.0 from PyPI alone (no .deb): the versions of NVIDIA's own 13.0 toolkit
+# (13.0.2). The five wheels share one tree (nvidia/cu13/); it is mapped onto the
+# layout NVCC_PROFILE expects (lib64/, include/ with CCCL flattened into it).
+# CUDA 13 targets sm_75 and newer only; sm_120 and sm_121 compile and link.
+_CU13 = "nvidia/cu13"
+LOCKS["13.0"] = ToolkitLock(
+    version="13.0.88",
+    suite="",
+    component="",
+    debs=(),
+    wheels=(
+        WheelPin(
+            project="nvidia-cuda-nvcc",
+            version="13.0.88",
+            filename="nvidia_cuda_nvcc-13.0.88-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            sha256="56fe502eb77625a12f25172caa3cdddb4e4c8ba2c8c17dba44b164761b380f03",
+            files=(
+                (f"{_CU13}/bin", "bin"),
+                (f"{_CU13}/include/fatbinary_section.h", "include/fatbinary_section.h"),
+            ),
+        ),
+        WheelPin(
+            project="nvidia-nvvm",
+            version="13.0.88",
+            filename="nvidia_nvvm-13.0.88-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl",
+            sha256="c5f41ffeb6466944a026dfa5317d7d85355c119bbec279205d22f1869d1054e0",
+            files=(
+                (f"{_CU13}/nvvm", "nvvm"),
+                (f"{_CU13}/lib/libnvvm.so.4", "lib64/libnvvm.so.4"),
+                (f"{_CU13}/include/nvvm.h", "include/nvvm.h"),
+            ),
+        ),
+        WheelPin(
+            project="nvidia-cuda-crt",
+            version="13.0.88",
+            filename="nvidia_cuda_crt-13.0.88-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            sha256="2c8043c7c9e02492716426e9919fc78d2c5b3b2a7a768a88e952676b08aa55a4",
+            files=((f"{_CU13}/include/crt", "include/crt"),),
+        ),
+        WheelPin(
+            project="nvidia-cuda-runtime",
+            version="13.0.96",
+            filename="nvidia_cuda_runtime-13.0.96-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            sha256="7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548",
+            files=((f"{_CU13}/include", "include"), (f"{_CU13}/lib", "lib64")),
+        ),
+        WheelPin(
+            project="nvidia-cuda-cccl",
+            version="13.0.85",
+            filename="nvidia_cuda_cccl-13.0.85-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+            sha256="e0da7ad981f3a8aff08241b5bfc1af868742a63e2762f53a5171c492ef242649",
+            files=((f"{_CU13}/include/cccl", "include"), (f"{_CU13}/include/nv", "include/nv")),
+        ),
+    ),
+)
+
+# Versions a manifest may pin that cannot be provisioned, and why: they must be
+# installed (CUDA_HOME, PATH or /usr/local/cuda).
+NOT_PROVISIONABLE: dict[str, str] = {
+    "12.8": "PyPI's nvidia-cuda-nvcc-cu12 12.8 holds only ptxas and libnvvm (no nvcc, cicc, "
+    "fatbinary, nvlink)",
+    "12.9": "PyPI's nvidia-cuda-nvcc-cu12 12.9 holds only ptxas and libnvvm (no nvcc, cicc, "
+    "fatbinary, nvlink)",
+}
+
+
 MARKER = ".pinwheel-toolkit.json"
 
 # nvcc reads this beside itself; $(_HERE_) makes the tree relocatable.
@@ -414,9 +496,10 @@ def provision_toolkit(lock: ToolkitLock, cache: Path) -> Path:
                 _unpack_wheel(path, wpin, tmp)
             for junk in tmp.rglob("__init__.py"):  # the wheels' namespace stubs
                 junk.unlink()
-            so = tmp / "lib64" / "libcudart.so.12"
-            if so.exists() and not (tmp / "lib64" / "libcudart.so").exists():
-                (tmp / "lib64" / "libcudart.so").symlink_to("libcudart.so.12")
+            for so in sorted((tmp / "lib64").glob("libcudart.so.1[0-9]")):
+                # torch's CUDAExtension links -lcudart: it needs the unversioned name.
+                if not (tmp / "lib64" / "libcudart.so").exists():
+                    (tmp / "lib64" / "libcudart.so").symlink_to(so.name)
             atomic_write_text(tmp / "bin" / "nvcc.profile", NVCC_PROFILE)
             found = nvcc_version(tmp / "bin" / "nvcc")
             if found != lock.version:

@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pinwheel.cli import Context, command
+from pinwheel.errors import UsageError
+from pinwheel.manifest import Manifest
+from pinwheel.manifest.component import ENGINE, Stack, stacks
 from pinwheel.urls import redact
 
 if TYPE_CHECKING:  # imported where used: `pinwheel --help` should not load libgit2
@@ -20,10 +23,38 @@ def _cache(ctx: Context) -> Cache:
     return Cache(ctx.cache, ctx.mirrors, ctx.offline, show_progress=not ctx.json)
 
 
-def _replay(ctx: Context, args: argparse.Namespace) -> ReplayResult:
+def _stacks(ctx: Context, args: argparse.Namespace) -> tuple[Stack, ...]:
+    return stacks(ctx.manifest(), tuple(getattr(args, "component", None) or ()))
+
+
+def _per_stack(
+    ctx: Context,
+    args: argparse.Namespace,
+    one: Any,
+) -> tuple[dict[str, Any], str]:
+    """Run ``one(stack) -> (payload, human)`` for each stack; engine payload stays top-level."""
+    payload: dict[str, Any] = {}
+    components: dict[str, Any] = {}
+    human: list[str] = []
+    chosen = _stacks(ctx, args)
+    for stack in chosen:
+        data, text = one(stack)
+        if stack.name == ENGINE:
+            payload.update(data)
+        else:
+            components[stack.name] = data
+        human.append(text if len(chosen) == 1 else f"== {stack.title}\n{text}")
+    if components:
+        payload["components"] = components
+    return payload, "\n".join(human)
+
+
+def _replay(
+    ctx: Context, args: argparse.Namespace, manifest: Manifest | None = None
+) -> ReplayResult:
     from pinwheel.source.replay import replay_manifest
 
-    manifest = ctx.manifest()
+    manifest = manifest or ctx.manifest()
     report = ctx.reporter
     report.info(
         f"replaying {manifest.name}: {len(manifest.steps)} step(s) on "
@@ -78,8 +109,11 @@ def _summary(result: ReplayResult) -> str:
 def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.source.replay import lock_payload
 
-    result = _replay(ctx, args)
-    ctx.emit(lock_payload(result), _summary(result))
+    def one(stack: Stack) -> tuple[dict[str, Any], str]:
+        result = _replay(ctx, args, stack.manifest)
+        return lock_payload(result), _summary(result)
+
+    ctx.emit(*_per_stack(ctx, args, one))
     return 0
 
 
@@ -92,7 +126,8 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     config = build_config(manifest)  # before the replay: a bad [build] fails in a second
     with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
         toolkit = resolve_toolkit(config, ctx.cache, provision=not ctx.offline, environ=ctx.environ)
-    result = _replay(ctx, args)
+    # A manifest of components only (no [upstream]) builds its [[kernel]] wheels.
+    result = _replay(ctx, args) if manifest.has_engine else None
     request = BuildRequest(
         manifest=manifest,
         cache=ctx.cache,
@@ -107,7 +142,8 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
         wheelhouse=_wheelhouse(ctx, args),
     )
     outcome = build(request, ctx.reporter)
-    ctx.emit(outcome.to_json(), _summary(result) + "\n" + "\n".join(outcome.human_lines()))
+    head = _summary(result) + "\n" if result else ""
+    ctx.emit(outcome.to_json(), head + "\n".join(outcome.human_lines()))
     return 0
 
 
@@ -120,14 +156,15 @@ def cmd_plan(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.source.buildsources import plan_sources
     from pinwheel.source.plan import make_plan, plan_payload, render_plan
 
-    manifest = ctx.manifest()
-    plan = make_plan(manifest, _cache(ctx))
-    payload, human = plan_payload(plan), render_plan(plan)
-    sources = plan_sources(manifest, _cache(ctx))
-    if sources is not None:
-        payload["build_sources"] = sources.to_json()
-        human += "\n" + "\n".join(sources.human_lines())
-    ctx.emit(payload, human)
+    def one(stack: Stack) -> tuple[dict[str, Any], str]:
+        plan = make_plan(stack.manifest, _cache(ctx))
+        payload, human = plan_payload(plan), render_plan(plan)
+        if stack.name == ENGINE and (sources := plan_sources(stack.manifest, _cache(ctx))):
+            payload["build_sources"] = sources.to_json()
+            human += "\n" + "\n".join(sources.human_lines())
+        return payload, human
+
+    ctx.emit(*_per_stack(ctx, args, one))
     return 0
 
 
@@ -135,17 +172,27 @@ def cmd_lock(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.source.lock import lock_manifest
 
     outcome = lock_manifest(
-        ctx.manifest_path, _cache(ctx), update_base=args.update_base, update_heads=args.update_heads
+        ctx.manifest_path,
+        _cache(ctx),
+        update_base=args.update_base,
+        update_heads=args.update_heads,
+        components=tuple(args.component or ()),
     )
     human = [f"  {c.where}: {c.old!s:.14} -> {c.new!s:.60}" for c in outcome.changes]
+    trees = [
+        f"locked {outcome.path.name}: tree {s.tree}"
+        if s.name == ENGINE
+        else f"locked {outcome.path.name} component {s.name}: tree {s.tree}"
+        for s in outcome.stacks
+    ]
     ctx.emit(
         {
             "changes": [c.__dict__ for c in outcome.changes],
             "head": outcome.head,
             "tree": outcome.tree,
+            "stacks": [s.__dict__ for s in outcome.stacks],
         },
-        "\n".join(human or ["  nothing to change"]) + f"\nlocked {outcome.path.name}: "
-        f"tree {outcome.tree}",
+        "\n".join([*(human or ["  nothing to change"]), *trees]),
     )
     return 0
 
@@ -154,16 +201,21 @@ def cmd_drift(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.source.buildsources import drift_lines, plan_sources
     from pinwheel.source.drift import drift_payload, drift_report, render_drift
 
-    manifest = ctx.manifest()
-    report = drift_report(manifest, _cache(ctx))
-    payload, human = drift_payload(report), render_drift(report)
-    if manifest.build is not None and manifest.build.sources:
-        sources = plan_sources(manifest, _cache(ctx))
-        assert sources is not None
-        rows = drift_lines(sources.declared, manifest.build.sources, _cache(ctx))
-        payload["build_sources"] = rows
-        human += "\nbuild sources:\n" + "\n".join(f"  {r['name']}: {r['state']}" for r in rows)
-    ctx.emit(payload, human)
+    def one(stack: Stack) -> tuple[dict[str, Any], str]:
+        report = drift_report(stack.manifest, _cache(ctx))
+        payload, human = drift_payload(report), render_drift(report)
+        build = stack.manifest.build
+        if stack.name == ENGINE and build is not None and build.sources:
+            sources = plan_sources(stack.manifest, _cache(ctx))
+            assert sources is not None
+            rows = drift_lines(sources.declared, build.sources, _cache(ctx))
+            payload["build_sources"] = rows
+            human += "\nbuild sources:\n" + "\n".join(
+                f"  {r['name']}: {r['state']}" for r in rows
+            )
+        return payload, human
+
+    ctx.emit(*_per_stack(ctx, args, one))
     return 0
 
 
@@ -171,7 +223,10 @@ def cmd_export(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.source.export import export_tarball, export_tree
     from pinwheel.source.replay import lock_payload
 
-    result = _replay(ctx, args)
+    chosen = _stacks(ctx, args)
+    if len(chosen) != 1 and getattr(args, "component", None):
+        raise UsageError("export writes one stack", where="--component", next="name one")
+    result = _replay(ctx, args, chosen[0].manifest)
     payload = lock_payload(result)
     if args.dir:
         payload["dir"] = str(export_tree(result, Path(args.dir)))
@@ -185,7 +240,7 @@ def cmd_resolve(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.source import resolve
 
     if args.action == "start":
-        s = resolve.start(ctx.manifest(), _cache(ctx), Path(args.dir))
+        s = resolve.start(ctx.manifest(), _cache(ctx), Path(args.dir), _stacks(ctx, args))
         ctx.emit(
             {
                 "workdir": str(s.workdir),
@@ -193,7 +248,8 @@ def cmd_resolve(ctx: Context, args: argparse.Namespace) -> int:
                 "commit": s.commit,
                 "files": list(s.files),
             },
-            f"step {s.step_number} (PR #{s.pr}) commit {s.commit[:12]} recreated in {s.workdir}\n"
+            f"{s.where}step {s.step_number} (PR #{s.pr}) commit {s.commit[:12]} "
+            f"recreated in {s.workdir}\n"
             + "".join(f"  conflict: {f}\n" for f in s.files)
             + f"fix the files, then: pinwheel resolve finish {args.dir}",
         )
@@ -209,10 +265,21 @@ def cmd_resolve(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def _component_arg(p: Any) -> None:
+    p.add_argument(
+        "--component",
+        action="append",
+        metavar="NAME",
+        help="only this stack: 'engine' or a [[kernel]] name (repeatable; default: all)",
+    )
+
+
 def register(sub: Any) -> None:
     p = command(sub, "plan", "dry run: commits per step, merge hazard, drifted heads", cmd_plan)
+    _component_arg(p)
     p = command(sub, "run", "replay the stack in the cache; print head and tree", cmd_run)
     p.add_argument("--allow-drift", action="store_true", help="replay pinned heads that moved")
+    _component_arg(p)
     p = command(sub, "build", "replay, then build the release wheels into wheels/", cmd_build)
     p.add_argument("--allow-drift", action="store_true", help="replay pinned heads that moved")
     p.add_argument("--out", default="wheels", help="output directory (default: wheels/)")
@@ -226,11 +293,15 @@ def register(sub: Any) -> None:
     p = command(sub, "lock", "pin short SHAs, PR heads, commits and the tree in place", cmd_lock)
     p.add_argument("--update-base", action="store_true", help="move the base to the branch tip")
     p.add_argument("--update-heads", action="store_true", help="move PR heads to upstream's")
-    command(sub, "drift", "compare the manifest with upstream now", cmd_drift)
+    _component_arg(p)
+    p = command(sub, "drift", "compare the manifest with upstream now", cmd_drift)
+    _component_arg(p)
     p = command(sub, "export", "write the tree as a tarball + lock JSON", cmd_export)
     p.add_argument("--out", default="wheels", help="directory for the tarball and lock")
     p.add_argument("--dir", help="also extract the tree into this directory")
+    _component_arg(p)
     p.add_argument("--allow-drift", action="store_true", help=argparse.SUPPRESS)
     p = command(sub, "resolve", "fix a conflict once and record it under patches/", cmd_resolve)
     p.add_argument("action", choices=("start", "finish", "abort"))
     p.add_argument("dir", help="checkout directory for the conflict")
+    _component_arg(p)

@@ -7,18 +7,16 @@ else reads TOML.
 """
 
 from pinwheel.manifest.model import (
-    ACTIONS,
     CORE_TABLES,
     STAGE_TABLES,
     Identity,
     Manifest,
-    Resolution,
     Result,
-    Step,
     Upstream,
     load,
     loads,
 )
+from pinwheel.manifest.steps import ACTIONS, Resolution, Step
 from pinwheel.manifest.table import FULL_SHA, SHA256, SHORT_SHA, Table, check_file_sha
 
 __all__ = [

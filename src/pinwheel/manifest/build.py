@@ -9,7 +9,9 @@ from pathlib import Path, PurePosixPath
 
 from pinwheel.cudaarch import CudaArch, cmake_architectures, targets, torch_arch_list
 from pinwheel.errors import ManifestError
+from pinwheel.manifest.steps import Step, parse_step
 from pinwheel.manifest.table import Table, check_file_sha
+from pinwheel.manifest.targets import target_problems
 
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)$")
 _CUDA = re.compile(r"^(\d+)\.(\d+)$")
@@ -37,6 +39,7 @@ BUILD_KEYS = (
     "requirements",
     "cuda_dev",
     "network",
+    "torch_index",
 )
 SOURCE_KEYS = (
     "name", "url", "commit", "ref", "variables", "patches", "submodule", "exclude", "omit",
@@ -111,6 +114,7 @@ class BuildConfig:
     requirements: Requirements | None = None  # pinned, hashed build requirements
     cuda_dev: bool = False  # also the CUDA dev headers + driver/nvrtc stubs an engine links
     network: str = "none"  # "none": build in a network namespace where the machine allows
+    torch_index: str | None = None  # where [build] torch comes from (a PEP 503 index URL)
 
     @property
     def targets(self) -> tuple[CudaArch, ...]:
@@ -165,6 +169,14 @@ def parse_build_table(table: Table) -> BuildConfig:
     for key in env:
         if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
             raise table.error("env", "environment variable names (A-Z, 0-9, _)", key)
+    torch_index = table.str("torch_index", None)
+    if torch_index is not None and not re.match(r"^https://[^\s]+$", torch_index):
+        raise table.error("torch_index", "an https:// package index URL", torch_index)
+    problems = target_problems(cuda, arches, torch, torch_index)
+    if problems:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ManifestError(first.what + more, where=table.where(first.key), next=first.fix)
     return BuildConfig(
         python=python,
         cuda=cuda,
@@ -176,6 +188,7 @@ def parse_build_table(table: Table) -> BuildConfig:
         env=env,
         required_members=table.str_list("required_members", ()),
         runner_labels=table.str_list("runner_labels", ()),
+        torch_index=torch_index,
         sources=tuple(_parse_source(s) for s in table.subs("source")),
         exclude=_pathspecs(table, "exclude"),
         requirements=_requirements(table),
@@ -254,7 +267,18 @@ def _parse_source(t: Table) -> BuildSource:
 
 
 BUILDERS = ("cmake", "torch-extension")
-KERNEL_KEYS = ("name", "builder", "path", "url", "commit", "branch", "tree", "patch", "default")
+KERNEL_KEYS = (
+    "name",
+    "builder",
+    "path",
+    "url",
+    "commit",
+    "branch",
+    "tree",
+    "patch",
+    "step",
+    "default",
+)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
@@ -272,26 +296,35 @@ class KernelSpec:
     builder: str  # "cmake" | "torch-extension"
     path: Path | None  # in-tree package directory under kernels/
     url: str | None  # out-of-tree upstream
-    commit: str | None
+    commit: str | None  # None on an out-of-tree kernel: unpinned, `pinwheel lock` pins the tip
     branch: str
     tree: str | None  # expected replayed tree, when pinned
     patches: tuple[KernelPatch, ...]
     default: bool  # built by a plain `pinwheel kernels`; heavy ones say false
     source: Path  # the manifest file, for messages
+    # The component's own stack ([[kernel.step]]): pick / merge / patch, like [[step]].
+    steps: tuple[Step, ...] = ()
+    index: int = 0  # position among the [[kernel]] tables (lock and resolve edit it there)
 
     @property
     def in_tree(self) -> bool:
         return self.path is not None
 
     @property
+    def prs(self) -> tuple[int, ...]:
+        return tuple(s.pr for s in self.steps if s.pr is not None)
+
+    @property
     def where(self) -> str:
         return f"{self.source.name}: [[kernel]] {self.name}"
 
 
-def parse_kernel_tables(tables: tuple[Table, ...]) -> tuple[KernelSpec, ...]:
+def parse_kernel_tables(
+    tables: tuple[Table, ...], *, allow_short: bool = False
+) -> tuple[KernelSpec, ...]:
     specs: list[KernelSpec] = []
     seen: set[str] = set()
-    for t in tables:
+    for index, t in enumerate(tables):
         t.only(*KERNEL_KEYS)
         name = t.str("name")
         if not _NAME.fullmatch(name):
@@ -311,8 +344,9 @@ def parse_kernel_tables(tables: tuple[Table, ...]) -> tuple[KernelSpec, ...]:
             )
         path = url = commit = tree = None
         patches: list[KernelPatch] = []
+        steps: tuple[Step, ...] = ()
         if has_path:
-            for key in ("commit", "branch", "tree", "patch"):
+            for key in ("commit", "branch", "tree", "patch", "step"):
                 if t.has(key):
                     raise t.error(key, f"no '{key}' on an in-tree kernel (only with 'url')")
             path = t.path_under("path", root, "kernels")
@@ -320,14 +354,24 @@ def parse_kernel_tables(tables: tuple[Table, ...]) -> tuple[KernelSpec, ...]:
                 raise t.error("path", "an existing directory under kernels/", t.raw("path"))
         else:
             url = t.url("url")
-            commit = t.sha("commit")
+            commit = t.sha("commit", None, allow_short=allow_short)
             tree = t.sha("tree", None)
+            if t.has("patch") and t.has("step"):
+                raise t.error(
+                    "patch",
+                    "either [[kernel.patch]] or [[kernel.step]], not both "
+                    '(a patch is a [[kernel.step]] with action = "patch")',
+                )
             for p in t.subs("patch"):
                 p.only("path", "sha256")
                 file = p.path_under("path", root, "patches")
                 digest = p.sha256("sha256")
-                check_file_sha(p, "path", file, digest, repin="update its sha256 in the manifest")
+                if not allow_short:
+                    check_file_sha(
+                        p, "path", file, digest, repin="update its sha256 in the manifest"
+                    )
                 patches.append(KernelPatch(file, digest))
+            steps = _parse_component_steps(t, name, root, allow_short)
         specs.append(
             KernelSpec(
                 name=name,
@@ -340,6 +384,27 @@ def parse_kernel_tables(tables: tuple[Table, ...]) -> tuple[KernelSpec, ...]:
                 patches=tuple(patches),
                 default=t.bool("default", True),
                 source=t.source,
+                steps=steps,
+                index=index,
             )
         )
     return tuple(specs)
+
+
+def _parse_component_steps(t: Table, name: str, root: Path, allow_short: bool) -> tuple[Step, ...]:
+    """``[[kernel.step]]``: the same step model (and parser) as the engine's ``[[step]]``."""
+    steps: list[Step] = []
+    seen: dict[int, int] = {}
+    for i, sub in enumerate(t.subs("step")):
+        step = parse_step(sub, i + 1, root, allow_short)
+        if step.pr is not None:
+            if step.pr in seen:
+                raise ManifestError(
+                    f"PR #{step.pr} appears twice in [[kernel]] {name} "
+                    f"(steps {seen[step.pr]} and {step.number})",
+                    where=sub.where("pr"),
+                    next="remove the duplicate step",
+                )
+            seen[step.pr] = step.number
+        steps.append(step)
+    return tuple(steps)

@@ -36,17 +36,14 @@ from pinwheel.manifest.serve import (
     parse_qualify_table,
     parse_serve_table,
 )
+from pinwheel.manifest.steps import Step, parse_step
 from pinwheel.manifest.table import (
-    FULL_SHA,
     SAFE_NAME,
-    SHORT_SHA,
     Table,
     _key_lines,
-    check_file_sha,
     parse_date,
 )
 
-ACTIONS = ("pick", "merge", "patch")
 CORE_TABLES = ("upstream", "step", "identity", "result", "manifest")
 # Stage table name in the TOML -> Manifest field, and its parser.
 STAGE_TABLES = {
@@ -75,35 +72,6 @@ class Upstream:
     url: str
     commit: str  # full SHA (short only while locking)
     branch: str
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """A recorded conflict fix: apply ``patch`` instead of merging ``commit``."""
-
-    commit: str  # the original commit whose replay conflicted ("merge" for a merge step)
-    patch: Path
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Step:
-    number: int  # 1-based position in the stack
-    action: str  # pick | merge | patch
-    pr: int | None
-    head: str | None
-    title: str | None
-    commits: tuple[str, ...] | None  # expected original commits (audit)
-    patch: Path | None
-    patch_sha256: str | None
-    resolutions: tuple[Resolution, ...] = ()
-
-    @property
-    def label(self) -> str:
-        if self.pr is not None:
-            return f"step {self.number} ({self.action} PR #{self.pr})"
-        name = self.patch.name if self.patch else "?"
-        return f"step {self.number} ({self.action} {name})"
 
 
 @dataclass(frozen=True)
@@ -137,6 +105,9 @@ class Manifest:
     model: ModelConfig | None = None
     serve: ServeConfig | None = None
     qualify: QualifyConfig | None = None
+    # False: no [upstream] (the manifest builds components only); ``upstream`` is then
+    # the first out-of-tree [[kernel]]'s, for code that names a source.
+    has_engine: bool = True
 
     @property
     def root(self) -> Path:
@@ -168,58 +139,6 @@ def _parse_upstream(t: Table, allow_short: bool) -> Upstream:
         url=t.url("url"),
         commit=t.sha("commit", allow_short=allow_short),
         branch=t.ref("branch", "main"),
-    )
-
-
-def _parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
-    t.only("action", "pr", "head", "title", "commits", "path", "sha256", "resolve")
-    action = t.choice("action", ACTIONS)
-    pr = t.int("pr", None, minimum=1)
-    head = t.sha("head", None, allow_short=allow_short)
-    title = t.str("title", None)
-    commits = None
-    if t.has("commits"):
-        commits = t.str_list("commits")
-        for c in commits:
-            if not (FULL_SHA.fullmatch(c) or (allow_short and SHORT_SHA.fullmatch(c))):
-                raise t.error("commits", "a list of full 40-hex commit SHAs", c)
-    patch = patch_sha = None
-    if action in ("pick", "merge"):
-        if pr is None:
-            raise t.error("pr", f"a PR number (action '{action}' replays a pull request)")
-        if head is None and not allow_short:
-            raise ManifestError(
-                f"PR #{pr} has no 'head'",
-                where=t.where("head"),
-                next="run `pinwheel lock` to pin the PR's current head",
-            )
-        for k in ("path", "sha256"):
-            if t.has(k):
-                raise t.error(k, f"no '{k}' on a '{action}' step (only 'patch' steps take one)")
-    else:
-        patch = t.path_under("path", root, "patches")
-        patch_sha = t.sha256("sha256")
-        check_file_sha(t, "path", patch, patch_sha, verify=not allow_short)
-    resolutions = []
-    for r in t.subs("resolve"):
-        r.only("commit", "path", "sha256")
-        commit = r.str("commit")
-        if commit != "merge" and not FULL_SHA.fullmatch(commit):
-            raise r.error("commit", 'a full commit SHA, or "merge" for a merge step', commit)
-        p = r.path_under("path", root, "patches")
-        digest = r.sha256("sha256")
-        check_file_sha(r, "path", p, digest, verify=not allow_short)
-        resolutions.append(Resolution(commit=commit, patch=p, sha256=digest))
-    return Step(
-        number=number,
-        action=action,
-        pr=pr,
-        head=head,
-        title=title,
-        commits=commits,
-        patch=patch,
-        patch_sha256=patch_sha,
-        resolutions=tuple(resolutions),
     )
 
 
@@ -288,8 +207,18 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
                 where=f"{path.name}:{lines.get((key, 0, ''), '?')}",
                 next=f"fix the table name in {path.name}",
             )
-    if "upstream" not in data:
-        raise top.error("upstream", "an [upstream] table with url, commit and branch")
+    has_engine = "upstream" in data
+    if not has_engine and not any(
+        isinstance(k, dict) and "url" in k for k in data.get("kernel", [])
+        if isinstance(data.get("kernel"), list)
+    ):
+        raise top.error(
+            "upstream",
+            "an [upstream] table with url, commit and branch "
+            "(only a manifest of out-of-tree [[kernel]] components may leave it out)",
+        )
+    if not has_engine and data.get("step"):
+        raise top.error("step", "no [[step]] without an [upstream] engine to replay it on")
     # A key that should be a table but is a number, string or array: exit 2, not a traceback.
     for key in ("upstream", "identity", "result", "manifest", *STAGE_TABLES):
         if key not in data:
@@ -311,7 +240,7 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
                 "and files)",
                 name,
             )
-    upstream = _parse_upstream(table("upstream"), allow_short)
+    upstream = _parse_upstream(table("upstream"), allow_short) if has_engine else None
 
     raw_steps = data.get("step", [])
     if not isinstance(raw_steps, list) or not all(isinstance(r, dict) for r in raw_steps):
@@ -322,7 +251,7 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
         pr = raw.get("pr") if isinstance(raw, dict) else None
         label = f"[[step]] #{i + 1}" + (f" (PR {pr})" if isinstance(pr, int) else "")
         t = table("step", label, index=i, value=raw)
-        step = _parse_step(t, i + 1, root, allow_short)
+        step = parse_step(t, i + 1, root, allow_short)
         if step.pr is not None:
             if step.pr in seen_prs:
                 raise ManifestError(
@@ -364,7 +293,13 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
             )
         else:
             raw_tables = table(key)
-        stages[STAGE_TABLES[key]] = _PARSERS[key](raw_tables)
+        if key == "kernel":
+            stages["kernels"] = parse_kernel_tables(raw_tables, allow_short=allow_short)
+        else:
+            stages[STAGE_TABLES[key]] = _PARSERS[key](raw_tables)
+    if upstream is None:
+        first = next(k for k in stages["kernels"] if k.url)
+        upstream = Upstream(url=first.url, commit=first.commit or "", branch=first.branch)
 
     return Manifest(
         path=path,
@@ -374,5 +309,6 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
         steps=tuple(steps),
         identity=identity,
         result=result,
+        has_engine=has_engine,
         **stages,
     )

@@ -10,15 +10,22 @@ backend (``--torch-backend=cu128``) picks the matching torch index. With pip,
 a generated requirements file pins each release wheel by hash; their
 dependencies then resolve from the configured index as usual (``--no-deps``
 skips that step).
+
+torch is pinned to what the build used, read from the release's
+``provenance.json`` (``torch.version`` and ``torch.index``): it is installed
+first from that index, and every later step is constrained to that version,
+so "cu128" cannot mean a different torch tomorrow.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +45,26 @@ class InstallResult:
     wheels: tuple[str, ...]
     commands: tuple[tuple[str, ...], ...]
     signed_by: str | None
+    torch: str | None = None  # the torch pinned from provenance.json, if any
+
+
+@dataclass(frozen=True)
+class TorchPin:
+    version: str  # "2.11.0+cu130": torch.__version__ as the build saw it
+    index: str | None  # the package index the build's torch came from
+
+
+def torch_pin(wheel_dir: Path) -> TorchPin | None:
+    """The torch the release was built against, from its provenance.json (None if unknown)."""
+    try:
+        payload = json.loads((wheel_dir / "provenance.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    torch = payload.get("torch") if isinstance(payload, dict) else None
+    if not isinstance(torch, dict) or not isinstance(torch.get("version"), str):
+        return None
+    index = torch.get("index")
+    return TorchPin(torch["version"], index if isinstance(index, str) else None)
 
 
 def find_uv() -> str | None:
@@ -147,50 +174,80 @@ def install(
     commands = _ensure_venv(venv, uv, chosen)
     python = str(venv_python(venv))
     paths = [str((wheel_dir / w).resolve()) for w in wheels]
-    if chosen == "uv":
-        assert uv is not None
-        cmd = [uv, "pip", "install", "--python", python]
-        cmd += [f"--torch-backend={torch_backend}"] if torch_backend else []
-        cmd += ["--no-deps"] if no_deps else []
-        commands.append(_run([*cmd, "--", *paths], "uv pip install", venv))
-    else:
-        with tempfile.TemporaryDirectory(prefix="pinwheel-install.") as tmp:
-            req = Path(tmp) / "requirements.txt"
-            req.write_text(
-                "".join(
-                    f"{p} --hash=sha256:{verified.sums[w]}\n"
-                    for p, w in zip(paths, wheels, strict=True)
-                )
-            )
-            # --no-deps here: --require-hashes would demand a hash for every dependency too.
-            commands.append(
-                _run(
-                    [
-                        python,
-                        "-m",
-                        "pip",
-                        "install",
-                        "--require-hashes",
-                        "--no-deps",
-                        "-r",
-                        str(req),
-                    ],
-                    "pip install --require-hashes",
-                    venv,
-                )
-            )
-        if not no_deps:
-            commands.append(
-                _run(
-                    [python, "-m", "pip", "install", "--", *paths],
-                    "pip install (dependencies)",
-                    venv,
-                )
-            )
+    pin = None if no_deps else torch_pin(wheel_dir)
+    with tempfile.TemporaryDirectory(prefix="pinwheel-install.") as tmp:
+        constraint: list[str] = []
+        if pin is not None:
+            cfile = Path(tmp) / "torch-constraint.txt"
+            cfile.write_text(f"torch=={pin.version}\n")
+            constraint = ["-c", str(cfile)]
+            if pin.index:
+                # The build's torch, from the build's index, before anything can pull another.
+                first = [python, "-m", "pip", "install"]
+                if chosen == "uv" and uv:
+                    first = [uv, "pip", "install", "--python", python]
+                first += ["--index-url", pin.index, f"torch=={pin.version}"]
+                commands.append(_run(first, f"install torch=={pin.version}", venv))
+                torch_backend = None  # the pinned index decides, not a backend name
+        _install(chosen, uv, python, paths, wheels, verified.sums, torch_backend, no_deps,
+                 constraint, commands, venv, Path(tmp))  # fmt: skip
     return InstallResult(
         venv=venv,
         installer=chosen,
         wheels=tuple(wheels),
         commands=tuple(commands),
         signed_by=verified.signed_by,
+        torch=pin.version if pin else None,
     )
+
+
+def _install(
+    chosen: str,
+    uv: str | None,
+    python: str,
+    paths: list[str],
+    wheels: list[str],
+    sums: Mapping[str, str],
+    torch_backend: str | None,
+    no_deps: bool,
+    constraint: list[str],
+    commands: list[tuple[str, ...]],
+    venv: Path,
+    tmp: Path,
+) -> None:
+    if chosen == "uv":
+        assert uv is not None
+        cmd = [uv, "pip", "install", "--python", python]
+        cmd += [f"--torch-backend={torch_backend}"] if torch_backend else []
+        cmd += ["--no-deps"] if no_deps else []
+        commands.append(_run([*cmd, *constraint, "--", *paths], "uv pip install", venv))
+    else:
+        req = tmp / "requirements.txt"
+        req.write_text(
+            "".join(f"{p} --hash=sha256:{sums[w]}\n" for p, w in zip(paths, wheels, strict=True))
+        )
+        # --no-deps here: --require-hashes would demand a hash for every dependency too.
+        commands.append(
+            _run(
+                [
+                    python,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--require-hashes",
+                    "--no-deps",
+                    "-r",
+                    str(req),
+                ],
+                "pip install --require-hashes",
+                venv,
+            )
+        )
+        if not no_deps:
+            commands.append(
+                _run(
+                    [python, "-m", "pip", "install", *constraint, "--", *paths],
+                    "pip install (dependencies)",
+                    venv,
+                )
+            )

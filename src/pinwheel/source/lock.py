@@ -1,14 +1,18 @@
 """``pinwheel lock``: pin everything the manifest leaves loose, rewriting it in place.
 
 Resolves short SHAs, missing PR heads and pick commit lists, re-pins patch
-checksums and writes the replayed ``[result].tree``. Comments and layout survive
-(tomlkit). The file is replaced only after the new manifest replayed cleanly.
+checksums and writes the replayed ``[result].tree``, for the engine and for
+every component (``[[kernel]]`` with ``url``: its ``commit``, ``[[kernel.step]]``
+heads and commits, and its ``tree``; an unpinned component gets its branch tip).
+Comments and layout survive (tomlkit). The file is replaced only after the new
+manifest replayed cleanly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,8 @@ import tomlkit
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_bytes
-from pinwheel.manifest import FULL_SHA, load, loads
+from pinwheel.manifest import FULL_SHA, Manifest, load, loads
+from pinwheel.manifest.component import ENGINE, component_manifest
 from pinwheel.source.buildsources import NO, Declared, discover, pin
 from pinwheel.source.cache import Cache
 from pinwheel.source.replay import (
@@ -42,8 +47,9 @@ class LockChange:
 class LockOutcome:
     path: Path
     changes: tuple[LockChange, ...]
-    head: str
+    head: str  # of the first stack (the engine, when the manifest has one)
     tree: str
+    stacks: tuple[StackLock, ...] = ()
 
 
 def _full(repo: pygit2.Repository, value: str, where: str) -> str:
@@ -152,13 +158,135 @@ def remove_stale_temps(target: Path, *, now: float | None = None) -> list[Path]:
     return removed
 
 
+@dataclass(frozen=True)
+class StackLock:
+    """What ``lock`` pinned for one stack (the engine or a component)."""
+
+    name: str
+    head: str
+    tree: str
+
+
+@dataclass
+class _Target:
+    """One stack and the TOML tables ``lock`` rewrites for it."""
+
+    name: str
+    loose: Manifest  # lock-mode view: short SHAs, missing heads, maybe no commit
+    prefix: str  # for change labels: "" (engine) or "[[kernel]] NAME "
+    base_table: Any  # holds 'commit': [upstream] or the [[kernel]] table
+    step_tables: list[Any]  # [[step]], [[kernel.step]] or [[kernel.patch]]
+    tree_table: Callable[[], Any]  # holds 'tree': [result] or the [[kernel]] table
+    kernel_index: int | None
+    unpinned: bool = False  # a component without 'commit': pin the branch tip
+
+
+def _const(value: Any) -> Callable[[], Any]:
+    return lambda: value
+
+
+def _targets(loose: Manifest, doc: Any, names: tuple[str, ...]) -> list[_Target]:
+    targets: list[_Target] = []
+    if loose.has_engine:
+
+        def result_table() -> Any:
+            if "result" not in doc:
+                doc["result"] = tomlkit.table()
+            return doc["result"]
+
+        targets.append(
+            _Target(ENGINE, loose, "", doc["upstream"], list(doc.get("step", [])), result_table,
+                    None)
+        )  # fmt: skip
+    for spec in loose.kernels:
+        if not spec.url:
+            continue
+        kt = doc["kernel"][spec.index]
+        steps = list(kt.get("step", kt.get("patch", [])))
+        unpinned = not spec.commit
+        sub = component_manifest(spec, commit=None if spec.commit else "0" * 40)
+        targets.append(
+            _Target(spec.name, sub, f"[[kernel]] {spec.name} ", kt, steps, _const(kt),
+                    spec.index, unpinned)
+        )  # fmt: skip
+    if names:
+        known = {t.name for t in targets}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise PinwheelError(
+                f"no stack named {', '.join(missing)} (known: {', '.join(sorted(known))})",
+                where="pinwheel lock --component",
+                next="name the engine as 'engine', a component by its [[kernel]] name",
+            )
+        targets = [t for t in targets if t.name in names]
+    return targets
+
+
+def _pin(
+    target: _Target,
+    cache: Cache,
+    setv: Callable[[Any, str, Any, str], None],
+    *,
+    update_base: bool,
+    update_heads: bool,
+) -> None:
+    """Resolve the base, heads, pick commits and patch checksums of one stack, in the doc."""
+    loose = target.loose
+    p = target.prefix
+    fetched = cache.fetch(loose.upstream.url, loose.upstream.branch, loose.prs)
+    repo = fetched.open()
+    where = "[upstream] commit" if not p else f"{p}commit"
+    base = (
+        fetched.branch_tip
+        if update_base or target.unpinned
+        else _full(repo, loose.upstream.commit, where)
+    )
+    setv(target.base_table, "commit", base, where)
+    for step, table in zip(loose.steps, target.step_tables, strict=True):
+        label = f"{p}{step.label}"
+        if step.action == "patch":
+            assert step.patch is not None  # the manifest model requires it for patch steps
+            setv(table, "sha256", sha256_file(step.patch), f"{label} sha256")
+        else:
+            assert step.pr is not None
+            current = fetched.pr_heads.get(step.pr)
+            head = step.head
+            if head is not None:
+                head = _full(repo, head, f"{label} head")
+            if head is None or (update_heads and current):
+                if current is None:
+                    raise PinwheelError(f"PR #{step.pr} has no head upstream", where=label)
+                head = current
+            setv(table, "head", head, f"{label} head")
+            if step.action == "pick":
+                probe = replace(step, head=head, commits=None)
+                shas = [str(c.id) for c in pick_commits(repo, probe, base, fetched.branch_tip)]
+                if list(table.get("commits", [])) != shas:
+                    arr = tomlkit.array()
+                    arr.extend(shas)
+                    arr.multiline(True)
+                    setv(table, "commits", arr, f"{label} commits")
+        for r_table, res in zip(table.get("resolve", []), step.resolutions, strict=True):
+            setv(r_table, "sha256", sha256_file(res.patch), f"{label} resolve {res.commit[:12]}")
+
+
+def _locked_stack(final: Manifest, target: _Target) -> Manifest:
+    if target.kernel_index is None:
+        return final
+    spec = next(k for k in final.kernels if k.index == target.kernel_index)
+    return component_manifest(spec)
+
+
 def lock_manifest(
     manifest_path: Path,
     cache: Cache,
     *,
     update_base: bool = False,
     update_heads: bool = False,
+    components: tuple[str, ...] = (),
 ) -> LockOutcome:
+    """Pin every stack (the engine, then each component) and the engine's build sources,
+    replay each stack, then write the file (line endings, BOM, mode and symlink kept)."""
     loose = load(manifest_path, allow_short=True)
     stored = ManifestFile.read(Path(manifest_path))
     remove_stale_temps(stored.target)
@@ -171,64 +299,37 @@ def lock_manifest(
             table[key] = value
             changes.append(LockChange(where, old, value))
 
-    with cache.locked(loose.upstream.url):
-        fetched = cache.fetch(loose.upstream.url, loose.upstream.branch, loose.prs)
-        repo = fetched.open()
-        base = (
-            fetched.branch_tip
-            if update_base
-            else _full(repo, loose.upstream.commit, "[upstream] commit")
-        )
-        setv(doc["upstream"], "commit", base, "[upstream] commit")
-        for step, table in zip(loose.steps, doc.get("step", []), strict=True):
-            if step.action == "patch":
-                assert step.patch is not None  # the manifest model requires it for patch steps
-                setv(table, "sha256", sha256_file(step.patch), f"{step.label} sha256")
-            else:
-                assert step.pr is not None
-                current = fetched.pr_heads.get(step.pr)
-                head = step.head
-                if head is not None:
-                    head = _full(repo, head, f"{step.label} head")
-                if head is None or (update_heads and current):
-                    if current is None:
-                        raise PinwheelError(f"PR #{step.pr} has no head upstream", where=step.label)
-                    head = current
-                setv(table, "head", head, f"{step.label} head")
-                if step.action == "pick":
-                    probe = replace(step, head=head, commits=None)
-                    shas = [str(c.id) for c in pick_commits(repo, probe, base, fetched.branch_tip)]
-                    if list(table.get("commits", [])) != shas:
-                        arr = tomlkit.array()
-                        arr.extend(shas)
-                        arr.multiline(True)
-                        setv(table, "commits", arr, f"{step.label} commits")
-            for r_table, res in zip(table.get("resolve", []), step.resolutions, strict=True):
-                setv(
-                    r_table,
-                    "sha256",
-                    sha256_file(res.patch),
-                    f"{step.label} resolve {res.commit[:12]}",
-                )
+    targets = _targets(loose, doc, components)
+    for target in targets:
+        with cache.locked(target.loose.upstream.url):
+            _pin(target, cache, setv, update_base=update_base, update_heads=update_heads)
 
-        # Replay the locked manifest before writing anything.
-        text = tomlkit.dumps(doc)
-        locked = loads(text.encode(), Path(manifest_path).absolute())
-        fetched = fetch_for(locked, cache)
-        result = Replayer(locked, fetched).run()
-        if "result" not in doc:
-            doc["result"] = tomlkit.table()
-        setv(doc["result"], "tree", result.tree, "[result] tree")
-        if loose.build is not None:
+    # Replay each locked stack before writing anything.
+    path = Path(manifest_path).absolute()
+    locked = loads(tomlkit.dumps(doc).encode(), path)
+    results = []
+    for target in targets:
+        stack = _locked_stack(locked, target)
+        with cache.locked(stack.upstream.url):
+            result = Replayer(stack, fetch_for(stack, cache)).run()
+        tree_label = "[result] tree" if not target.prefix else f"{target.prefix}tree"
+        setv(target.tree_table(), "tree", result.tree, tree_label)
+        results.append((target, result))
+        if target.name == ENGINE and loose.build is not None:
             repo = pygit2.Repository(str(result.repo_path))
-            _pin_build_sources(doc, loose, discover(repo, result.tree, loose.build.arches,
-                               loose.build.cuda), cache, changes)  # fmt: skip
-        text = tomlkit.dumps(doc)
-        final = loads(text.encode(), Path(manifest_path).absolute())
+            declared = discover(repo, result.tree, loose.build.arches, loose.build.cuda)
+            _pin_build_sources(doc, loose, declared, cache, changes)
+    text = tomlkit.dumps(doc)
+    final = loads(text.encode(), path)
+    stacks: list[StackLock] = []
+    for target, result in results:
         # The result as the locked manifest describes it (now with its tree).
-        locked_result = replace(result, manifest=final)
+        locked_result = replace(result, manifest=_locked_stack(final, target))
         check_result_tree(locked_result)
-        # Only the stack ref: the release tag is made by `pinwheel run` on the locked file.
-        write_result_refs(locked_result, tag=False)
+        with cache.locked(result.manifest.upstream.url):
+            # Only the stack ref: the release tag is made by `pinwheel run` on the locked file.
+            write_result_refs(locked_result, tag=False)
+        stacks.append(StackLock(target.name, result.head, result.tree))
     stored.write(text)
-    return LockOutcome(Path(manifest_path), tuple(changes), result.head, result.tree)
+    first = stacks[0] if stacks else StackLock("", "", "")
+    return LockOutcome(Path(manifest_path), tuple(changes), first.head, first.tree, tuple(stacks))

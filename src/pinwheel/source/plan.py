@@ -19,8 +19,8 @@ from pinwheel.source.cache import Cache, Fetched
 from pinwheel.source.replay import (
     commits_between,
     fetch_for,
-    merge_bases,
     pick_commits,
+    pr_bases,
     subject_line,
 )
 
@@ -83,7 +83,7 @@ def plan_fetched(manifest: Manifest, fetched: Fetched) -> Plan:
             plans.append(StepPlan(step, None, None, (), (), None))
             continue
         problem = None
-        bases = merge_bases(fetched.repo_path, fetched.branch_tip, head)
+        bases = pr_bases(fetched.repo_path, fetched.branch_tip, head)
         hazard = tuple(hazard_commits(repo, base, bases))
         if step.action == "pick":
             commits = tuple(_planned(c) for c in commits_between(repo, head, [base, *bases]))

@@ -98,6 +98,16 @@ def committer_for(identity: Identity, base: pygit2.Commit) -> pygit2.Signature:
     return pygit2.Signature(identity.name, identity.email, identity.time, identity.offset or 0)
 
 
+def pr_bases(repo_path: Path, branch_tip: str, head: str) -> list[str]:
+    """The branch's merge-bases with a PR head, less the head itself.
+
+    A PR merged upstream with its own SHAs (fast-forward or rebase-free merge)
+    has its head on the branch: then the merge-base is the head, and hiding it
+    would drop every commit of the PR. Its own commits are base..head then.
+    """
+    return [b for b in merge_bases(repo_path, branch_tip, head) if b != head]
+
+
 def subject_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else ""
 
@@ -138,7 +148,7 @@ def pick_commits(
             picked.append(repo[sha].peel(pygit2.Commit))
     else:
         if bases is None:
-            bases = merge_bases(Path(repo.path), branch_tip, step.head)
+            bases = pr_bases(Path(repo.path), branch_tip, step.head)
         picked = commits_between(repo, step.head, [base, *bases])
         if not picked:
             # The head is an ancestor of the base (or of main): nothing to replay.

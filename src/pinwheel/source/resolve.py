@@ -4,6 +4,10 @@
 (conflict markers and all). The user edits. ``finish`` stores the fix as
 ``patches/<pr>-<commit>.patch`` plus a ``[[step.resolve]]`` entry, so every
 machine replays the same fix (git rerere would stay on this one).
+
+Every stack is tried in order (the engine, then each component); the first
+that conflicts is recreated, and ``finish`` records the fix in that stack's
+steps (``[[step.resolve]]`` or ``[[kernel.step.resolve]]``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import tomlkit
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
 from pinwheel.manifest import Manifest
+from pinwheel.manifest.component import Stack, stacks
 from pinwheel.source import gitcli
 from pinwheel.source.cache import Cache
 from pinwheel.source.export import missing_paths, partial_mirror_error
@@ -42,6 +47,12 @@ class ResolveSession:
     commit: str  # original commit or "merge"
     parent_state: str
     files: tuple[str, ...]
+    kernel_index: int | None = None  # the conflicting component's [[kernel]] position
+    component: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"component {self.component}: " if self.component else ""
 
 
 def _state_path(workdir: Path) -> Path:
@@ -49,7 +60,9 @@ def _state_path(workdir: Path) -> Path:
     return Path(gitdir) / STATE_FILE
 
 
-def start(manifest: Manifest, cache: Cache, workdir: Path) -> ResolveSession:
+def start(
+    manifest: Manifest, cache: Cache, workdir: Path, chosen: tuple[Stack, ...] = ()
+) -> ResolveSession:
     workdir = Path(workdir).absolute()
     if workdir.exists() and any(workdir.iterdir()):
         raise UsageError(
@@ -57,39 +70,50 @@ def start(manifest: Manifest, cache: Cache, workdir: Path) -> ResolveSession:
             where="pinwheel resolve start",
             next="choose a new directory",
         )
-    with cache.locked(manifest.upstream.url):
-        fetched = fetch_for(manifest, cache)
-        try:
-            Replayer(manifest, fetched).run()
-        except ReplayConflict as exc:
-            conflict = exc
-        else:
-            raise UsageError(
-                "the stack replays without conflicts: nothing to resolve", next="pinwheel run"
-            )
-        ctx = conflict.context
-        # A checkout needs every file; a partial mirror may lack some: name them first.
-        for commit in (ctx.parent_state, ctx.theirs):
-            if missing_paths(fetched.repo_path, commit):
-                raise partial_mirror_error(
-                    fetched.repo_path,
-                    commit,
-                    "cannot recreate the conflict in a checkout",
-                    f"pinwheel resolve start (step {ctx.step_number})",
+    conflict: ReplayConflict | None = None
+    for stack in chosen or stacks(manifest):
+        with cache.locked(stack.manifest.upstream.url):
+            fetched = fetch_for(stack.manifest, cache)
+            try:
+                Replayer(stack.manifest, fetched).run()
+            except ReplayConflict as exc:
+                conflict = exc
+                ctx = conflict.context
+                # A checkout needs every file; a partial mirror may lack some: name them first.
+                for commit in (ctx.parent_state, ctx.theirs):
+                    if missing_paths(fetched.repo_path, commit):
+                        raise partial_mirror_error(
+                            fetched.repo_path,
+                            commit,
+                            "cannot recreate the conflict in a checkout",
+                            f"pinwheel resolve start (step {ctx.step_number})",
+                        ) from None
+                gitcli.git(
+                    ["worktree", "add", "-q", "--detach", "--", str(workdir), ctx.parent_state],
+                    git_dir=fetched.repo_path,
+                    what="git worktree add",
                 )
-        gitcli.git(
-            ["worktree", "add", "-q", "--detach", "--", str(workdir), ctx.parent_state],
-            git_dir=fetched.repo_path,
-            what="git worktree add",
+                break
+    if conflict is None:
+        raise UsageError(
+            "every stack replays without conflicts: nothing to resolve", next="pinwheel run"
         )
+    kernel = stack.kernel
     if ctx.commit == "merge":
         args = ["merge", "--no-commit", "--no-ff", "--end-of-options", ctx.theirs]
     else:
         args = ["cherry-pick", "--no-commit", "--end-of-options", ctx.theirs]
     gitcli.git(args, cwd=workdir, env=_SCRATCH_ENV, check=False)  # expected to stop on conflicts
-    step = manifest.steps[ctx.step_number - 1]
+    step = stack.manifest.steps[ctx.step_number - 1]
     session = ResolveSession(
-        workdir, ctx.step_number, step.pr, ctx.commit, ctx.parent_state, conflict.files
+        workdir,
+        ctx.step_number,
+        step.pr,
+        ctx.commit,
+        ctx.parent_state,
+        conflict.files,
+        kernel.index if kernel else None,
+        kernel.name if kernel else None,
     )
     state = {
         "manifest": str(manifest.path),
@@ -129,10 +153,13 @@ def finish(workdir: Path) -> tuple[Path, Path]:
     manifest_path = Path(state["manifest"])
     tag = "merge" if state["commit"] == "merge" else state["commit"][:12]
     name = f"{state['pr'] or 'step' + str(state['step_number'])}-{tag}.patch"
+    if state.get("component"):
+        name = f"{state['component']}-{name}"
     patch = manifest_path.parent / "patches" / name
     atomic_write_bytes(patch, diff)
     doc = tomlkit.parse(manifest_path.read_text())
-    step = doc["step"][state["step_number"] - 1]
+    owner = doc if state.get("kernel_index") is None else doc["kernel"][state["kernel_index"]]
+    step = owner["step"][state["step_number"] - 1]
     if "resolve" not in step:
         step["resolve"] = tomlkit.aot()
     entry = tomlkit.table()

@@ -1,0 +1,154 @@
+"""Which CUDA can build for which arch, and which torch builds carry which arch.
+
+A manifest names a toolkit (``[build] cuda``), arches (``[build] arches``) and,
+for torch-extension builds, a torch (``[build] torch`` + ``torch_index``). Some
+combinations cannot work; :func:`target_problems` names each with its reason
+and its fix, so the manifest is refused at load, not an hour into a build.
+
+Facts (NVIDIA's CUDA release notes; PyTorch's wheel indexes):
+
+- nvcc gained sm_90 in 11.8, sm_100 and sm_120 in 12.8, sm_103 and sm_121 in
+  12.9, sm_110 in 13.0; CUDA 13.0 dropped every arch below sm_75 (Maxwell,
+  Pascal, Volta: ``Unsupported gpu architecture 'compute_70'``) and sm_101
+  (renamed sm_110).
+- PyTorch's cu128 wheels dropped sm_70 from torch 2.11 on; the cu126 wheels
+  keep it. Wheels built with CUDA 13 (cu130, cu132) cannot carry sm_70 at all.
+- A torch CUDA extension is compiled by an nvcc of the same CUDA major as the
+  torch build (torch's cpp_extension refuses a major mismatch).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# First CUDA release whose nvcc targets the arch (SASS).
+MIN_CUDA: dict[int, tuple[int, int]] = {
+    50: (6, 0),
+    52: (7, 0),
+    53: (7, 0),
+    60: (8, 0),
+    61: (8, 0),
+    62: (8, 0),
+    70: (9, 0),
+    72: (10, 0),
+    75: (10, 0),
+    80: (11, 0),
+    86: (11, 1),
+    87: (11, 4),
+    89: (11, 8),
+    90: (11, 8),
+    100: (12, 8),
+    101: (12, 8),
+    103: (12, 9),
+    110: (13, 0),
+    120: (12, 8),
+    121: (12, 9),
+}
+# Last CUDA major whose nvcc still targets the arch.
+MAX_CUDA_MAJOR: dict[int, int] = {50: 12, 52: 12, 53: 12, 60: 12, 61: 12, 62: 12, 70: 12, 72: 12,
+                                  101: 12}  # fmt: skip
+
+# PyTorch wheel indexes that no longer carry an arch, from a torch version on:
+# (index CUDA, arch) -> first torch (major, minor) without it.
+TORCH_DROPPED: dict[tuple[str, int], tuple[int, int]] = {
+    ("12.8", 70): (2, 11),
+}
+
+_INDEX = re.compile(r"/cu(\d{2,3})/?$")
+
+
+@dataclass(frozen=True)
+class TargetProblem:
+    """One impossible combination: what, why, and what to change."""
+
+    key: str  # the [build] key to change
+    what: str
+    fix: str
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def _sm(arch: str) -> int:
+    major, minor = re.match(r"^(\d+)\.(\d+)", arch).groups()  # type: ignore[union-attr]
+    return int(major) * 10 + int(minor)
+
+
+def index_cuda(url: str) -> str | None:
+    """``.../whl/cu130`` -> ``"13.0"``; ``cu128`` -> ``"12.8"``; None for other indexes."""
+    m = _INDEX.search(url)
+    if not m:
+        return None
+    digits = m.group(1)
+    return f"{digits[:-1]}.{digits[-1]}"
+
+
+def target_problems(
+    cuda: str, arches: tuple[str, ...], torch: str | None, torch_index: str | None
+) -> list[TargetProblem]:
+    """Every reason this toolkit / arch / torch combination cannot build or run."""
+    problems: list[TargetProblem] = []
+    have = _version(cuda)[:2]
+    for arch in arches:
+        sm = _sm(arch)
+        first = MIN_CUDA.get(sm)
+        if first and have < first:
+            problems.append(
+                TargetProblem(
+                    "cuda",
+                    f"CUDA {cuda} cannot compile for arch {arch}: nvcc first targets "
+                    f"sm_{sm} in CUDA {first[0]}.{first[1]}",
+                    f'set [build] cuda = "{first[0]}.{first[1]}" or newer, '
+                    f"or drop {arch} from [build] arches",
+                )
+            )
+        last = MAX_CUDA_MAJOR.get(sm)
+        if last is not None and have[0] > last:
+            problems.append(
+                TargetProblem(
+                    "cuda",
+                    f"CUDA {cuda} cannot compile for arch {arch}: CUDA {last + 1} dropped "
+                    f"sm_{sm} (the last toolkit for it is CUDA {last}.x)",
+                    f'set [build] cuda = "{last}.4" (provisioned by `pinwheel toolchain`) '
+                    f"or drop {arch} from [build] arches",
+                )
+            )
+    if torch_index:
+        built = index_cuda(torch_index)
+        if built and _version(built)[0] != have[0]:
+            problems.append(
+                TargetProblem(
+                    "torch_index",
+                    f"torch from {torch_index} is built with CUDA {built}; [build] cuda is "
+                    f"{cuda}: torch extensions need an nvcc of the same CUDA major",
+                    f"use a cu{have[0]}x torch index, or set [build] cuda to a CUDA "
+                    f"{built.split('.')[0]}.x toolkit",
+                )
+            )
+        if built and torch:
+            for arch in arches:
+                sm = _sm(arch)
+                cut = TORCH_DROPPED.get((built, sm))
+                too_new = MAX_CUDA_MAJOR.get(sm)
+                if cut and _version(torch)[:2] >= cut:
+                    problems.append(
+                        TargetProblem(
+                            "torch",
+                            f"torch {torch} from the cu{built.replace('.', '')} index carries "
+                            f"no sm_{sm} kernels (dropped from {cut[0]}.{cut[1]} on)",
+                            f"pin a torch < {cut[0]}.{cut[1]}, or take torch from the cu126 index "
+                            "(it keeps sm_70)",
+                        )
+                    )
+                elif too_new is not None and _version(built)[0] > too_new:
+                    problems.append(
+                        TargetProblem(
+                            "torch_index",
+                            f"torch built with CUDA {built} carries no sm_{sm} kernels "
+                            f"(CUDA {too_new + 1} dropped it)",
+                            f"take torch from a cu12x index that carries sm_{sm} (cu126)",
+                        )
+                    )
+    return problems

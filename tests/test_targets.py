@@ -1,0 +1,192 @@
+"""Toolchains per target: the arch / CUDA / torch table refuses impossible builds with the
+reason and the fix; CUDA 13.0 is provisionable from PyPI; install pins the build's torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pinwheel.build.toolchain import (
+    LOCKS,
+    NOT_PROVISIONABLE,
+    ToolchainError,
+    nvcc_version,
+    probe_arches,
+    provision_toolkit,
+    resolve_toolkit,
+)
+from pinwheel.errors import ManifestError
+from pinwheel.manifest import loads
+from pinwheel.manifest.build import BuildConfig
+from pinwheel.manifest.targets import index_cuda, target_problems
+from pinwheel.release import install as install_mod
+from releasekit import make_wheel
+
+HEAD = """[upstream]
+url = "https://example.invalid/up.git"
+commit = "0123456789abcdef0123456789abcdef01234567"
+
+[build]
+"""
+CU130 = "https://download.pytorch.org/whl/cu130"
+
+
+def build_table(tmp_path: Path, body: str) -> BuildConfig:
+    path = tmp_path / "manifest.toml"
+    text = HEAD + body
+    path.write_text(text)
+    return loads(text.encode(), path).build  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("body", "needle", "fix"),
+    [
+        ('cuda = "13.0"\narches = ["7.0"]\n', "dropped sm_70",
+         'cuda = "12.4"'),
+        ('cuda = "12.4"\narches = ["12.0"]\n', "first targets sm_120 in CUDA 12.8", '"12.8"'),
+        ('cuda = "12.8"\narches = ["12.1"]\n', "first targets sm_121 in CUDA 12.9", '"12.9"'),
+        ('cuda = "12.8"\narches = ["7.0"]\ntorch = "2.11.0"\n'
+         'torch_index = "https://download.pytorch.org/whl/cu128"\n',
+         "carries no sm_70 kernels (dropped from 2.11 on)", "cu126"),
+        (f'cuda = "12.4"\narches = ["8.0"]\ntorch = "2.11.0"\ntorch_index = "{CU130}"\n',
+         "same CUDA major", "cu12x"),
+        ('cuda = "12.4"\narches = ["7.0"]\ntorch = "2.11.0"\n'
+         f'torch_index = "{CU130}"\n', "same CUDA major", "cu12x"),
+        ('cuda = "12.4"\narches = ["7.0"]\ntorch_index = "http://x/cu124"\n', "https://", ""),
+    ],
+)  # fmt: skip
+def test_impossible_combinations_are_refused_at_load(
+    tmp_path: Path, body: str, needle: str, fix: str
+) -> None:
+    with pytest.raises(ManifestError) as exc:
+        build_table(tmp_path, body)
+    text = str(exc.value)
+    assert needle in text and fix in text and "[build]" in text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        'cuda = "12.4"\narches = ["7.0"]\ntorch = "2.9.1"\n',  # the V100 card
+        'cuda = "12.6"\narches = ["7.0"]\ntorch = "2.11.0"\n'
+        'torch_index = "https://download.pytorch.org/whl/cu126"\n',  # cu126 keeps sm_70
+        f'cuda = "13.0"\narches = ["12.0"]\ntorch = "2.11.0"\ntorch_index = "{CU130}"\n',
+        f'cuda = "13.0"\narches = ["12.1"]\ntorch = "2.13.0"\ntorch_index = "{CU130}"\n',
+        'cuda = "12.9"\narches = ["12.1"]\n',
+    ],
+)
+def test_possible_combinations_load(tmp_path: Path, body: str) -> None:
+    cfg = build_table(tmp_path, body)
+    assert cfg.torch_index is None or cfg.torch_index.startswith("https://")
+
+
+def test_index_cuda() -> None:
+    assert index_cuda(CU130) == "13.0"
+    assert index_cuda("https://download.pytorch.org/whl/cu128/") == "12.8"
+    assert index_cuda("https://example.invalid/simple") is None
+
+
+def test_toolchain_refuses_before_probing(tmp_path: Path) -> None:
+    """A BuildConfig made in code (not loaded) is checked at toolchain time too."""
+    cfg = BuildConfig(python="3.11", cuda="13.0", arches=("7.0",), ptx=True, torch=None,
+                      label=None, version=None)  # fmt: skip
+    with pytest.raises(ToolchainError) as exc:
+        resolve_toolkit(cfg, tmp_path, provision=False, environ={"PATH": "/nonexistent"})
+    assert "cannot compile for arch 7.0" in str(exc.value) and "12.4" in str(exc.value)
+    assert target_problems("13.0", ("12.0", "12.1"), None, None) == []
+
+
+def test_cuda_13_lock_is_wheels_only_and_pins_sha256s() -> None:
+    lock = LOCKS["13.0"]
+    assert lock.version == "13.0.88" and lock.debs == ()
+    projects = {w.project for w in lock.wheels}
+    assert projects == {"nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt",
+                        "nvidia-cuda-runtime", "nvidia-cuda-cccl"}  # fmt: skip
+    for pin in lock.wheels:
+        assert len(pin.sha256) == 64 and pin.filename.startswith(pin.project.replace("-", "_"))
+    assert "only ptxas" in NOT_PROVISIONABLE["12.8"]
+
+
+def test_cuda_12_8_without_an_install_says_why_it_is_not_provisioned(tmp_path: Path) -> None:
+    cfg = BuildConfig(python="3.11", cuda="12.8", arches=("12.0",), ptx=True, torch=None,
+                      label=None, version=None)  # fmt: skip
+    with pytest.raises(ToolchainError) as exc:
+        resolve_toolkit(cfg, tmp_path, provision=True, environ={"PATH": "/nonexistent"})
+    if "12.8" in str(exc.value) and "only ptxas" not in str(exc.value):
+        pytest.skip("this machine has a CUDA 12.8 install")  # pragma: no cover
+    assert "set CUDA_HOME to a CUDA 12.8 install" in str(exc.value)
+
+
+CU13_WHEELS = os.environ.get("PINWHEEL_CU13_WHEELS")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CU13_WHEELS, reason="set PINWHEEL_CU13_WHEELS to a dir with the 5 wheels")
+def test_cuda_13_assembles_from_the_pinned_wheels_and_compiles_sm120(tmp_path: Path) -> None:
+    downloads = tmp_path / "toolchains" / "downloads"
+    downloads.mkdir(parents=True)
+    for pin in LOCKS["13.0"].wheels:
+        shutil.copy(Path(str(CU13_WHEELS)) / pin.filename, downloads / pin.filename)
+    root = provision_toolkit(LOCKS["13.0"], tmp_path)
+    assert nvcc_version(root / "bin" / "nvcc") == "13.0.88"
+    assert (root / "lib64" / "libcudart.so").resolve().name == "libcudart.so.13"
+    probe_arches(root / "bin" / "nvcc", ("12.0", "12.1"), env={"PATH": "/usr/bin:/bin"})
+
+
+def _fake_release(tmp_path: Path, torch: dict | None) -> Path:
+    rel = tmp_path / "rel"
+    rel.mkdir()
+    make_wheel(rel, "exllamav3", "0.0.43")  # a real wheel: install checks it first
+    if torch is not None:
+        (rel / "provenance.json").write_text(json.dumps({"torch": torch}))
+    return rel
+
+
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_install_pins_the_torch_and_index_the_build_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, installer: str
+) -> None:
+    rel = _fake_release(tmp_path, {"version": "2.11.0+cu130", "index": CU130})
+    seen: list[list[str]] = []
+    name = "exllamav3-0.0.43-py3-none-any.whl"
+    monkeypatch.setattr(install_mod, "verify_release", lambda *a, **k: SimpleNamespace(
+        sums={name: "0" * 64}, signed_by=None))  # fmt: skip
+    monkeypatch.setattr(install_mod, "find_uv", lambda: "/usr/bin/uv")
+    monkeypatch.setattr(install_mod, "_ensure_venv", lambda *a: [])
+
+    def fake_run(cmd, what, venv):
+        seen.append(list(cmd))
+        for i, arg in enumerate(cmd):  # the constraint file lives only during install
+            if arg == "-c":
+                seen[-1][i + 1] = Path(cmd[i + 1]).read_text()
+        return tuple(cmd)
+
+    monkeypatch.setattr(install_mod, "_run", fake_run)
+    result = install_mod.install(rel, tmp_path / "venv", torch_backend="cu128",
+                                 installer=installer)  # fmt: skip
+    assert result.torch == "2.11.0+cu130"
+    first = seen[0]
+    assert first[-3:] == ["--index-url", CU130, "torch==2.11.0+cu130"]
+    rest = [a for cmd in seen[1:] for a in cmd]
+    assert "--torch-backend=cu128" not in rest  # the pinned index decides
+    assert "torch==2.11.0+cu130\n" in rest  # every later step is constrained
+
+
+def test_install_without_provenance_keeps_the_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rel = _fake_release(tmp_path, None)
+    name = "exllamav3-0.0.43-py3-none-any.whl"
+    seen: list[tuple[str, ...]] = []
+    monkeypatch.setattr(install_mod, "verify_release", lambda *a, **k: SimpleNamespace(
+        sums={name: "0" * 64}, signed_by=None))  # fmt: skip
+    monkeypatch.setattr(install_mod, "find_uv", lambda: "/usr/bin/uv")
+    monkeypatch.setattr(install_mod, "_ensure_venv", lambda *a: [])
+    monkeypatch.setattr(install_mod, "_run", lambda cmd, what, venv: seen.append(tuple(cmd)))
+    install_mod.install(rel, tmp_path / "venv", torch_backend="cu128", installer="uv")
+    assert len(seen) == 1 and "--torch-backend=cu128" in seen[0]
