@@ -268,16 +268,13 @@ def build_engine(
         wrapper=wrapper,
     )
     started = time.monotonic()
-    built = run_build(plan)
+    try:
+        built = run_build(plan)
+    except BuildError:
+        _raise_if_downloads(plan, supplied)  # the more useful reason, when it is this one
+        raise
     seconds = time.monotonic() - started
-    wanted = undeclared_downloads(plan.log.read_text(errors="replace"), supplied)
-    if wanted:
-        raise BuildError(
-            f"the build wanted sources no [[build.source]] supplies: {'; '.join(wanted[:5])}",
-            where=f"{plan.source} (log: {plan.log})",
-            next="declare and pin them: `pinwheel plan` lists the sources, `pinwheel lock` "
-            "pins them",
-        )
+    _raise_if_downloads(plan, supplied)
     if len(built) != 1:
         raise BuildError(
             f"expected one engine wheel, the build wrote {[p.name for p in built]}",
@@ -304,3 +301,17 @@ def build_engine(
 def _portable(command: Sequence[str], plan: BuildPlan) -> list[str]:
     """The command as recorded: scratch paths replaced by placeholders."""
     return [c.replace(str(plan.work), "$WORK").replace(str(plan.source), "$SRC") for c in command]
+
+
+def _raise_if_downloads(plan: BuildPlan, supplied: Sequence[str]) -> None:
+    """A build that tried to fetch source nobody supplied fails, naming what it wanted."""
+    wanted = undeclared_downloads(plan.log.read_text(errors="replace"), supplied)
+    if wanted:
+        raise BuildError(
+            f"the build tried to download sources no [[build.source]] supplies: "
+            f"{'; '.join(wanted[:5])}",
+            where=f"{plan.source} (log: {plan.log})",
+            next="declare and pin them: `pinwheel plan` lists the sources, `pinwheel lock` "
+            "pins them; a source CMake hides (a macro, ExternalProject) needs a "
+            "[[build.source]] written by hand",
+        )

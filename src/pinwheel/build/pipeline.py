@@ -25,7 +25,7 @@ from pinwheel.build.check import find_tools, spec_from_build
 from pinwheel.build.engine import build_engine, commit_time, engine_version
 from pinwheel.build.kernels import BuildOptions, build_kernel, build_twice, select
 from pinwheel.build.provenance import receipt, toolchain_facts
-from pinwheel.build.sources import plan_env, supply
+from pinwheel.build.sources import plan_env, supply, unpinned
 from pinwheel.build.toolchain import Toolkit, resolve_toolkit
 from pinwheel.build.wheelset import Built, WheelSet, publish
 from pinwheel.errors import ManifestError
@@ -243,6 +243,9 @@ def _engine(
             path = f"{toolkit.root / 'bin'}{os.pathsep}{path}"
         extra_env["PATH"] = f"{venv.python.parent}{os.pathsep}{path}"
         record["requirements"] = venv.record()
+    if replayed is not None:  # every source the tree declares for these arches must be pinned
+        _check_declared(replayed, config)
+    wrapper, network = network_wrapper(config.network)
     supplied = supply(
         config.sources,
         project=source,
@@ -251,9 +254,10 @@ def _engine(
         reporter=reporter,
     )
     if supplied:
-        extra_env.update(plan_env(supplied, request.environ.get("CMAKE_ARGS")))
+        extra_env.update(
+            plan_env(supplied, request.environ.get("CMAKE_ARGS"), disconnected=network != "none")
+        )
     record["sources"] = [s.record() for s in supplied]
-    wrapper, network = network_wrapper(config.network)
     record["network"] = network
     if network != "none" and config.network == "none":
         reporter.info("no network namespace here (unshare -rn failed): building with network")
@@ -276,6 +280,25 @@ def _engine(
     # Recorded without this machine's cache path: provenance travels with the release.
     env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build["env"].items()}
     return dataclasses.replace(built, build={**built.build, "env": env})
+
+
+def _check_declared(replayed: Any, config: BuildConfig) -> None:
+    import pygit2
+
+    from pinwheel.source.buildsources import discover
+
+    repo = pygit2.Repository(str(replayed.repo_path))
+    missing = unpinned(discover(repo, replayed.tree, config.arches, config.cuda), config.sources)
+    if missing:
+        names = "; ".join(
+            f"{d.name} ({d.url} @ {d.ref}, used: {d.used}, {d.where})" for d in missing
+        )
+        raise ManifestError(
+            f"the tree declares build-time sources [build] does not pin: {names}",
+            where="[[build.source]]",
+            next="run `pinwheel lock` to pin them (or add them with omit = true and a reason); "
+            "`pinwheel plan` lists them",
+        )
 
 
 def network_wrapper(mode: str) -> tuple[tuple[str, ...], str]:

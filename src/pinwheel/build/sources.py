@@ -238,7 +238,7 @@ def cmake_defines(supplied: Sequence[Supplied]) -> list[str]:
 
 
 _DISCONNECTED = re.compile(r"requires the source directory for dependency\s+(\S+)", re.I)
-_DOWNLOADS = ("Populating ", "Performing download step", "-- Downloading ")
+_DOWNLOADS = ("Performing download step", "-- Downloading ", "Failed to clone repository")
 
 
 def undeclared_downloads(log_text: str, supplied: Collection[str]) -> list[str]:
@@ -261,11 +261,26 @@ def undeclared_downloads(log_text: str, supplied: Collection[str]) -> list[str]:
     return found
 
 
-def plan_env(supplied: Sequence[Supplied], base_cmake_args: str | None) -> Mapping[str, str]:
-    """Environment additions: the variables, and CMAKE_ARGS with the generic overrides and
-    FETCHCONTENT_FULLY_DISCONNECTED so CMake never downloads on its own."""
+def plan_env(
+    supplied: Sequence[Supplied], base_cmake_args: str | None, *, disconnected: bool
+) -> Mapping[str, str]:
+    """Environment additions: the variables, and CMAKE_ARGS with the generic overrides.
+
+    ``disconnected`` adds FETCHCONTENT_FULLY_DISCONNECTED: only where no network
+    namespace is available, since under it CMake skips a missing source silently (3.x)
+    or with a warning (4.x); in a namespace an attempted download fails loudly instead.
+    """
     env = source_env(supplied)
     args = [base_cmake_args] if base_cmake_args else []
-    args += ["-DFETCHCONTENT_FULLY_DISCONNECTED=ON", *cmake_defines(supplied)]
-    env["CMAKE_ARGS"] = " ".join(args)
+    if disconnected:
+        args.append("-DFETCHCONTENT_FULLY_DISCONNECTED=ON")
+    args += cmake_defines(supplied)
+    if args:
+        env["CMAKE_ARGS"] = " ".join(args)
     return env
+
+
+def unpinned(declared: Sequence[Any], sources: Sequence[BuildSource]) -> list[Any]:
+    """Declarations the build may use (``yes``/``unknown``) that ``[[build.source]]`` lacks."""
+    have = {s.name.lower() for s in sources}
+    return [d for d in declared if d.used != "no" and d.name.lower() not in have]

@@ -1,0 +1,190 @@
+"""Build-time sources on a real fixture upstream: plan flags them, lock pins them, build
+supplies them offline, an unpinned one stops the build before it compiles, a download the
+tree hides from pinwheel fails the build by name, and provenance lists what went in.
+
+Real git repositories (an engine upstream and a dependency with a moving tag), the real
+CLI, real CMake (FetchContent with a PATCH_COMMAND), a real setuptools build; the device
+code is tinyproject's stand-in (no CUDA toolkit here), so the build runs with cuda=False.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from gitfixture import UPSTREAM_URL, Upstream, manifest_text
+from pinwheel.build.pipeline import BuildRequest
+from pinwheel.build.pipeline import build as run_build
+from pinwheel.build.provenance import component, read_receipt
+from pinwheel.errors import ManifestError, PinwheelError
+from pinwheel.manifest import load
+from pinwheel.source.replay import replay_manifest
+from tinyproject import BUILD_TABLE, STANDIN_SETUP, project_files
+
+DEP_URL = "https://example.invalid/demodep.git"
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("cmake") and shutil.which("patch") and shutil.which("gcc")),
+    reason="needs cmake, GNU patch and gcc",
+)
+
+CMAKELISTS = """\
+cmake_minimum_required(VERSION 3.16)
+project(demo NONE)
+include(FetchContent)
+set(DEMODEP_TAG v1.0)
+if (DEFINED ENV{DEMO_DEP_SRC_DIR})
+  set(DEMO_DEP_SRC_DIR $ENV{DEMO_DEP_SRC_DIR})
+endif()
+if(DEMO_DEP_SRC_DIR)
+  FetchContent_Declare(demodep SOURCE_DIR ${DEMO_DEP_SRC_DIR})
+else()
+  FetchContent_Declare(
+    demodep
+    GIT_REPOSITORY https://example.invalid/demodep.git
+    GIT_TAG ${DEMODEP_TAG}
+    PATCH_COMMAND patch --batch --forward -p1 -l -i ${CMAKE_CURRENT_LIST_DIR}/patches/dep.patch
+  )
+endif()
+FetchContent_MakeAvailable(demodep)
+file(READ ${demodep_SOURCE_DIR}/VALUE.txt value)
+file(WRITE ${CMAKE_BINARY_DIR}/dep_value.txt "${value}")
+if(DEFINED ENV{DEMO_HIDDEN})
+  # Declared where pinwheel's reading of the CMake cannot judge it (a macro body):
+  # only the network fence catches this one.
+  macro(hidden_fetch)
+    FetchContent_Declare(hiddendep GIT_REPOSITORY https://example.invalid/hidden.git GIT_TAG main)
+    FetchContent_MakeAvailable(hiddendep)
+  endmacro()
+  hidden_fetch()
+endif()
+"""
+
+# tinyproject's stand-in build, plus the CMake configure the real engine's setup.py runs.
+SETUP = STANDIN_SETUP.replace(
+    "        os.unlink(fb)\n",
+    "        os.unlink(fb)\n"
+    "        import shlex, shutil\n"
+    "        cm = os.path.join(self.build_lib, '..', 'cmake-build')\n"
+    "        subprocess.check_call(['cmake', '-S', '.', '-B', cm,\n"
+    "                               *shlex.split(os.environ.get('CMAKE_ARGS', ''))])\n"
+    "        shutil.copy(os.path.join(cm, 'dep_value.txt'), os.path.join(pkg, 'dep_value.txt'))\n",
+)
+PATCH = """\
+--- a/VALUE.txt
++++ b/VALUE.txt
+@@ -1 +1 @@
+-one
++one, patched
+"""
+
+
+def make(tmp: Path) -> tuple[Upstream, Upstream, str, str]:
+    dep = Upstream(tmp / "dep")
+    v1 = dep.commit({"VALUE.txt": "one\n"}, "dep: one")
+    subprocess.run(["git", "tag", "v1.0"], cwd=dep.work, check=True)
+    dep.commit({"VALUE.txt": "two\n"}, "dep: two (main moved on)")
+    dep.publish()
+    subprocess.run(["git", "push", "-q", str(dep.bare), "v1.0"], cwd=dep.work, check=True)
+    up = Upstream(tmp / "gh")
+    files = project_files(SETUP) | {"CMakeLists.txt": CMAKELISTS, "patches/dep.patch": PATCH}
+    files["docs/big.bin"] = "not needed by the build\n"
+    base = up.commit(files, "demo: initial")
+    up.publish()
+    return up, dep, base, v1
+
+
+def manifest(tmp: Path, base: str, extra: str = "") -> Path:
+    table = BUILD_TABLE.format(python=PY, ptx="false", extra_env=extra, threads=1)
+    table = table.replace('"tiny/__init__.py"]', '"tiny/__init__.py", "tiny/dep_value.txt"]')
+    table += 'exclude = ["docs/**"]\nnetwork = "none"\n'
+    path = tmp / "m.toml"
+    path.write_text(manifest_text(base, [], extra=table))
+    return path
+
+
+def cli(tmp: Path, up: Upstream, dep: Upstream, m: Path, *args: str):
+    env = dict(os.environ, PINWHEEL_MIRRORS=f"{UPSTREAM_URL}={up.bare} {DEP_URL}={dep.bare}")
+    cmd = [sys.executable, "-m", "pinwheel", "--manifest", str(m), "--cache", str(tmp / "c")]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, cwd=tmp)
+
+
+def build(tmp: Path, up: Upstream, dep: Upstream, m: Path, environ: dict[str, str] | None = None):
+    mirrors = {UPSTREAM_URL: str(up.bare), DEP_URL: str(dep.bare)}
+    manifest = load(m)
+    replayed = replay_manifest(manifest, cache=tmp / "c", mirrors=mirrors)
+    request = BuildRequest(
+        manifest=manifest,
+        cache=tmp / "c",
+        out_dir=tmp / "wheels",
+        environ={**os.environ, **(environ or {})},
+        mirrors=mirrors,
+        replayed=replayed,
+        kernels=(),
+        cuda=False,  # the stand-in compiler needs no toolkit (tinyproject.py)
+    )
+    return run_build(request)
+
+
+def test_plan_flags_lock_pins_and_build_supplies_offline(tmp_path: Path) -> None:
+    up, dep, base, v1 = make(tmp_path)
+    m = manifest(tmp_path, base)
+    plan = cli(tmp_path, up, dep, m, "--json", "plan")
+    assert plan.returncode == 0, plan.stderr
+    (src,) = json.loads(plan.stdout)["build_sources"]["sources"]
+    assert (src["name"], src["url"], src["ref"]) == ("demodep", DEP_URL, "v1.0")
+    assert (src["used"], src["pinned"], src["status"]) == ("yes", False, "UNPINNED")
+    assert src["variables"] == ["DEMO_DEP_SRC_DIR"] and src["patches"] == ["patches/dep.patch"]
+
+    # A declared source without a pin stops the build before anything compiles.
+    with pytest.raises(ManifestError) as err:
+        build(tmp_path, up, dep, m)
+    assert "demodep" in err.value.what and "pinwheel lock" in (err.value.next or "")
+    assert not (tmp_path / "wheels").exists()
+
+    locked = cli(tmp_path, up, dep, m, "lock")
+    assert locked.returncode == 0, locked.stderr
+    pinned = load(m).build.sources  # type: ignore[union-attr]
+    assert [(s.name, s.commit, s.ref) for s in pinned] == [("demodep", v1, "v1.0")]
+
+    outcome = build(tmp_path, up, dep, m)
+    (wheel,) = outcome.wheels.built
+    with zipfile.ZipFile(wheel) as zf:
+        assert zf.read("tiny/dep_value.txt") == b"one, patched\n"  # the tag's commit + patch
+        assert not [n for n in zf.namelist() if n.startswith("docs/")]
+    engine = component(read_receipt(tmp_path / "wheels" / "provenance.json"), "engine")
+    assert engine is not None
+    (rec,) = engine["sources"]
+    assert (rec["name"], rec["url"], rec["commit"], rec["ref"]) == ("demodep", DEP_URL, v1, "v1.0")
+    assert rec["patches"][0]["path"] == "patches/dep.patch" and len(rec["sha256"]) == 64
+    assert engine["excluded"] == ["docs/**"]
+    assert engine["network"] in ("none", "host (no network namespace available)")
+
+    # drift: the pin still matches the tag; after the tag moves, drift says so.
+    ok = cli(tmp_path, up, dep, m, "drift")
+    assert ok.returncode == 0 and "demodep: ok" in ok.stdout, ok.stderr
+    subprocess.run(["git", "tag", "-f", "v1.0", "main"], cwd=dep.work, check=True)
+    subprocess.run(["git", "push", "-q", "-f", str(dep.bare), "v1.0"], cwd=dep.work, check=True)
+    moved = cli(tmp_path, up, dep, m, "drift")
+    assert f"demodep: ref moved to {dep.rev('main')[:12]}" in moved.stdout
+
+
+def test_a_download_pinwheel_cannot_see_fails_the_build_by_name(tmp_path: Path) -> None:
+    if subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no network namespace here (unshare -rn): the fence this test checks")
+    up, dep, base, _ = make(tmp_path)
+    m = manifest(tmp_path, base)
+    assert cli(tmp_path, up, dep, m, "lock").returncode == 0
+    with pytest.raises(PinwheelError) as err:
+        build(tmp_path, up, dep, m, environ={"DEMO_HIDDEN": "1"})
+    assert "https://example.invalid/hidden.git" in err.value.what
+    assert "tried to download" in err.value.what
+    assert not (tmp_path / "wheels").exists()  # nothing published
