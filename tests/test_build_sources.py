@@ -25,6 +25,7 @@ from pinwheel.build.pipeline import build as run_build
 from pinwheel.build.provenance import component, read_receipt
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import load
+from pinwheel.release.assemble import release_config, render_notes
 from pinwheel.source.replay import replay_manifest
 from tinyproject import BUILD_TABLE, STANDIN_SETUP, project_files
 
@@ -167,6 +168,9 @@ def test_plan_flags_lock_pins_and_build_supplies_offline(tmp_path: Path) -> None
     assert rec["patches"][0]["path"] == "patches/dep.patch" and len(rec["sha256"]) == 64
     assert engine["excluded"] == ["docs/**"]
     assert engine["network"] in ("none", "host (no network namespace available)")
+    notes = render_notes(load(m), read_receipt(tmp_path / "wheels" / "provenance.json"), {},
+                         None, release_config(load(m)))  # fmt: skip
+    assert f"- `demodep`: {DEP_URL} @ `{v1}` (declared `v1.0`)" in notes
 
     # drift: the pin still matches the tag; after the tag moves, drift says so.
     ok = cli(tmp_path, up, dep, m, "drift")

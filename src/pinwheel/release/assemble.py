@@ -73,6 +73,36 @@ def _flatten(value: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, st
     return []
 
 
+def _component_lines(provenance: Mapping[str, Any]) -> list[str]:
+    """Each wheel's origin, the build-time sources that went in, and what was left out."""
+    comps = [c for c in provenance.get("components") or [] if isinstance(c, dict)]
+    if not comps:
+        return []
+    out = ["## Components", "", "| wheel | kind | from | sha256 |", "|---|---|---|---|"]
+    lacks: list[str] = []
+    sources: list[str] = []
+    for c in comps:
+        src = c.get("source") or {}
+        origin = src.get("origin") or src.get("url") or ""
+        commit = (src.get("commit") or "")[:12]
+        out.append(
+            f"| {c.get('wheel')} | {c.get('kind')} | {origin} {commit} | `{c.get('sha256')}` |"
+        )
+        for s in c.get("sources") or []:
+            if s.get("omitted"):
+                lacks.append(f"- {c.get('wheel')}: build source `{s.get('name')}` omitted: "
+                             f"{s.get('reason')}")  # fmt: skip
+            else:
+                sources.append(f"- `{s.get('name')}`: {s.get('url')} @ `{s.get('commit')}` "
+                               f"(declared `{s.get('ref')}`)")  # fmt: skip
+    out.append("")
+    if sources:
+        out += ["## Build-time sources", "", *sources, ""]
+    if lacks:
+        out += ["## What the wheels lack", "", *lacks, ""]
+    return out
+
+
 def render_notes(
     manifest: Manifest,
     provenance: Mapping[str, Any],
@@ -123,6 +153,8 @@ def render_notes(
         out += [""]
     else:
         out += ["## Toolchain", "", "- not recorded (no provenance.json in the build output)", ""]
+
+    out += _component_lines(provenance)
 
     if qualification:
         out += ["## Qualification", "", "| figure | value |", "|---|---|"]
