@@ -10,12 +10,14 @@ replayed tree and build the engine wheel, then hand every wheel to
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pinwheel.build import compcache, reuse
 from pinwheel.build.check import find_tools, spec_from_build
 from pinwheel.build.engine import build_engine, commit_time, engine_version
 from pinwheel.build.kernels import BuildOptions, build_kernel, build_twice, select
@@ -50,6 +52,8 @@ class BuildRequest:
     engine_workdir: Path | None = None  # engine: scratch path (default: by manifest and tree)
     toolkit: Toolkit | None = None  # resolved already (by the caller, before a long replay)
     cuda: bool = True  # False: no CUDA toolkit at all (CPU-only projects, stand-in builds)
+    compiler_cache: bool = True  # sccache per [build.cache]; False: --no-cache (verify-build)
+    reuse_from: str | None = None  # release dir | URL | wheel: reuse unchanged compiled members
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class BuildOutcome:
                     "seconds": round(b.seconds, 1),
                     "first_build_seconds": self.twice.get(b.component),
                     "reproduced": b.component in self.twice,
+                    "compiler_cache": b.build.get("compiler_cache"),
+                    "reused": sorted((b.build.get("reused") or {}).get("members", {})),
                     **dict(b.source),
                 }
                 for b in self.built
@@ -84,8 +90,22 @@ class BuildOutcome:
         for b in self.built:
             first = self.twice.get(b.component)
             extra = f", first build {first:.1f} s, identical" if first is not None else ""
-            lines.append(f"{b.kind} {b.component}: {b.seconds:.1f} s{extra}")
+            lines.append(f"{b.kind} {b.component}: {b.seconds:.1f} s{extra}{_cache_note(b)}")
         return lines + self.wheels.human_lines()
+
+
+def _cache_note(b: Built) -> str:
+    cc = b.build.get("compiler_cache") or {}
+    note = ""
+    if cc.get("enabled"):
+        note = f", compiler cache ({cc.get('backend')}): {cc.get('hits')} hits, "
+        note += f"{cc.get('misses')} misses"
+    elif cc:
+        note = f", no compiler cache: {cc.get('reason')}"
+    reused = (b.build.get("reused") or {}).get("members") or {}
+    if reused:
+        note += f", reused {len(reused)} compiled member(s) from {b.build['reused']['wheel']}"
+    return note
 
 
 def build_config(manifest: Manifest) -> BuildConfig:
@@ -115,33 +135,23 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
                 config, request.cache, provision=request.provision, environ=request.environ
             )
 
-    built: list[Built] = []
-    twice: dict[str, float] = {}
-    opts = BuildOptions(
-        cache=request.cache,
-        mirrors=request.mirrors,
-        environ=request.environ,
-        offline=request.offline,
-        source_date_epoch=request.source_date_epoch,
-        log=reporter.info,
+    earlier = reuse.candidates(request.reuse_from, request.cache) if request.reuse_from else {}
+    cache_plan = compcache.plan(
+        config.cache, request.cache, request.environ, enabled=request.compiler_cache
     )
-    for spec in specs:
-        if toolkit is None:
-            raise ManifestError(
-                f"[[kernel]] {spec.name} needs a CUDA toolkit",
-                where=spec.where,
-                next="build it with the toolkit (drop cuda=False from the request)",
-            )
-        with reporter.status(f"building kernel {spec.name} ({spec.builder})"):
-            if request.twice:
-                first, second = build_twice(spec, config, toolkit, opts)
-                twice[spec.name] = round(first.seconds, 1)
-                built.append(second)
-            else:
-                built.append(build_kernel(spec, config, toolkit, opts))
-
-    if engine:
-        built.append(_engine(request, config, toolkit, reporter))
+    with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
+        session, cache_plan = compcache.start(
+            cache_plan, request.cache / "sccache-run", request.environ
+        )
+    if cache_plan.disabled and request.compiler_cache:
+        reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
+    try:
+        built, twice = _produce(
+            request, config, specs, engine, toolkit, reporter, session, cache_plan, earlier
+        )
+    finally:
+        if session is not None:
+            session.stop()
 
     cuobjdump, auditwheel = find_tools(toolkit.root if toolkit else None)
     check_spec = spec_from_build(
@@ -165,6 +175,58 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     return BuildOutcome(toolkit=toolkit, built=tuple(built), wheels=wheels, twice=twice)
 
 
+def _produce(
+    request: BuildRequest,
+    config: BuildConfig,
+    specs: list[Any],
+    engine: bool,
+    toolkit: Toolkit | None,
+    reporter: Reporter,
+    session: compcache.Session | None,
+    cache_plan: compcache.Plan,
+    earlier: Mapping[str, Any],
+) -> tuple[list[Built], dict[str, float]]:
+    """Run the producers; each wheel records its compiler-cache numbers."""
+    built: list[Built] = []
+    twice: dict[str, float] = {}
+
+    def measure(produce: Callable[[], Built]) -> Built:
+        if session is not None:
+            session.zero()
+        b = produce()
+        stats = session.stats() if session is not None else cache_plan.record()
+        return dataclasses.replace(b, build={**b.build, "compiler_cache": stats})
+
+    opts = BuildOptions(
+        cache=request.cache,
+        mirrors=request.mirrors,
+        environ=request.environ,
+        offline=request.offline,
+        source_date_epoch=request.source_date_epoch,
+        log=reporter.info,
+        launcher=session,
+    )
+    for spec in specs:
+        if toolkit is None:
+            raise ManifestError(
+                f"[[kernel]] {spec.name} needs a CUDA toolkit",
+                where=spec.where,
+                next="build it with the toolkit (drop cuda=False from the request)",
+            )
+        with reporter.status(f"building kernel {spec.name} ({spec.builder})"):
+            if request.twice:
+                first, second = build_twice(spec, config, toolkit, opts)
+                twice[spec.name] = round(first.seconds, 1)
+                built.append(measure(lambda: second))  # noqa: B023
+            else:
+                one = dataclasses.replace(opts, reuse=earlier.get(spec.name))
+                built.append(measure(lambda: build_kernel(spec, config, toolkit, one)))  # noqa: B023
+
+    if engine:
+        built.append(measure(lambda: _engine(request, config, toolkit, reporter, session, earlier)))
+    return built, twice
+
+
 def engine_workdir(request: BuildRequest) -> Path:
     """Fixed per manifest and tree: compilers embed source paths, so rebuilds must match."""
     if request.engine_workdir is not None:
@@ -175,7 +237,12 @@ def engine_workdir(request: BuildRequest) -> Path:
 
 
 def _engine(
-    request: BuildRequest, config: BuildConfig, toolkit: Toolkit | None, reporter: Reporter
+    request: BuildRequest,
+    config: BuildConfig,
+    toolkit: Toolkit | None,
+    reporter: Reporter,
+    session: compcache.Session | None = None,
+    earlier: Mapping[str, Any] | None = None,
 ) -> Built:
     from pinwheel.source.export import export_tree
 
@@ -214,6 +281,9 @@ def _engine(
             source_date_epoch=epoch,
             environ=request.environ,
             origin=origin,
+            launcher=session,
+            reuse_from=(earlier or {}).get("engine"),
+            log=reporter.info,
         )
 
 
