@@ -103,6 +103,8 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
         replayed=result,
         kernels=() if args.no_kernels else None,
         toolkit=toolkit,
+        compiler_cache=not args.no_cache,
+        reuse_from=args.reuse_from,
     )
     outcome = build(request, ctx.reporter)
     ctx.emit(outcome.to_json(), _summary(result) + "\n" + "\n".join(outcome.human_lines()))
@@ -186,6 +188,17 @@ def cmd_resolve(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def add_cache_flags(p: Any) -> None:
+    """--no-cache and --reuse-from, shared by `build` and `kernels`."""
+    p.add_argument("--no-cache", action="store_true",
+                   help="build without the compiler cache ([build.cache])")  # fmt: skip
+    p.add_argument(
+        "--reuse-from", metavar="RELEASE|URL|WHEEL", default=None,
+        help="take compiled members from this earlier verified build when none of their "
+        "inputs changed",
+    )  # fmt: skip
+
+
 def register(sub: Any) -> None:
     p = command(sub, "plan", "dry run: commits per step, merge hazard, drifted heads", cmd_plan)
     p = command(sub, "run", "replay the stack in the cache; print head and tree", cmd_run)
@@ -194,6 +207,7 @@ def register(sub: Any) -> None:
     p.add_argument("--allow-drift", action="store_true", help="replay pinned heads that moved")
     p.add_argument("--out", default="wheels", help="output directory (default: wheels/)")
     p.add_argument("--no-kernels", action="store_true", help="skip the [[kernel]] wheels")
+    add_cache_flags(p)
     p = command(sub, "lock", "pin short SHAs, PR heads, commits and the tree in place", cmd_lock)
     p.add_argument("--update-base", action="store_true", help="move the base to the branch tip")
     p.add_argument("--update-heads", action="store_true", help="move PR heads to upstream's")
