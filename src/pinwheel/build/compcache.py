@@ -234,7 +234,8 @@ def summarize(raw: Mapping[str, Any], plan_: Plan) -> dict[str, Any]:
         misses=sum(misses.values()),
         errors=sum(errors.values()),
         by_language={"hits": hits, "misses": misses, **({"errors": errors} if errors else {})},
-        location=str(raw.get("cache_location", "")).split(",")[0],
+        # the kind only ("Local disk", "redis"): no paths or endpoints in provenance
+        location=str(raw.get("cache_location", "")).split(",")[0].split(":")[0].strip(),
     )
 
 
