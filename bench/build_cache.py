@@ -191,10 +191,20 @@ def bench_bnb(toolkit, src: Path, cublas: Path, work: Path) -> dict[str, object]
              f"-DCUDA_cublasLt_LIBRARY={cublas}/lib/libcublasLt.so.12", *defines],
             env=env, check=True, capture_output=True,
         )  # fmt: skip
-        subprocess.run(
-            ["ninja", "-C", str(build_dir), "-j2"], env=env, check=True, capture_output=True
-        )
+        log = work / "bnb" / f"{name}.ninja.log"
+        with open(log, "wb") as out:
+            proc = subprocess.run(
+                ["ninja", "-C", str(build_dir), "-j2"], env=env, stdout=out, stderr=out
+            )
         seconds = time.monotonic() - started
+        if proc.returncode != 0:
+            tail = log.read_text(errors="replace").strip().splitlines()[-12:]
+            print(
+                f"  {name}: ninja exit {proc.returncode} (log {log}):\n    " + "\n    ".join(tail)
+            )
+            stats = session.stats() if session is not None else {}
+            return Run(name, seconds, f"FAILED (exit {proc.returncode})", stats.get("hits"),
+                       stats.get("misses"), stats.get("errors"))  # fmt: skip
         (so,) = fixed.glob("bitsandbytes/libbitsandbytes_cuda*.so")
         stats = session.stats() if session is not None else {}
         return Run(
@@ -207,9 +217,11 @@ def bench_bnb(toolkit, src: Path, cublas: Path, work: Path) -> dict[str, object]
         if session is None:
             raise SystemExit(f"sccache did not start: {plan.disabled}")
         try:
-            return fn(session)
+            run = fn(session)
         finally:
             session.stop()
+        print(f"  bitsandbytes {run.name}: {run.seconds:.1f} s {run.sha256}", flush=True)
+        return run
 
     stage()
     plain = cmake_build("plain", None).sha256

@@ -266,6 +266,7 @@ def build_engine(
     extra.update(recorder.env())
     ident = reuse.identity(plan.set_env, toolkit=toolkit, python=plan.python, builder="engine")
     reused: dict[str, Any] | None = None
+    rec: dict[str, Any] | None = None
     if reuse_from is not None:
         ok, why, rec = reuse.unchanged(reuse_from, Path(source), ident)
         if log:
@@ -291,10 +292,11 @@ def build_engine(
             where=f"{plan.source} (log: {plan.log})",
             next="check the project's build backend: one distribution per build",
         )
-    inputs = recorder.collect(built[0], ident, tree=origin.get("tree"))
-    if reused is not None:  # keep only what the precompiled path really took
+    inputs: Mapping[str, Any] = recorder.collect(built[0], ident, tree=origin.get("tree"))
+    if reused is not None and rec is not None:  # keep only what the precompiled path took
         new, _ = reuse.members_of(built[0], Path(source))
         reused["members"] = {m: d for m, d in reused["members"].items() if new.get(m) == d}
+        inputs = rec  # nothing was compiled: the reused members' inputs still hold
     return _built(plan, origin, built[0], seconds, version, source_date_epoch, inputs, reused)
 
 
