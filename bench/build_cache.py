@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from pinwheel.build import compcache  # noqa: E402
+from pinwheel.build.buildenv import build_env  # noqa: E402
 from pinwheel.build.pipeline import BuildRequest, build  # noqa: E402
 from pinwheel.build.toolchain import resolve_toolkit  # noqa: E402
 from pinwheel.manifest import load  # noqa: E402
@@ -160,7 +161,7 @@ def bench_selftest(toolkit, work: Path) -> dict[str, object]:
 # --------------------------------------------------------------------------- bitsandbytes
 
 
-def bench_bnb(toolkit, src: Path, cublas: Path, work: Path) -> dict[str, object]:
+def bench_bnb(toolkit, config, src: Path, cublas: Path, work: Path) -> dict[str, object]:
     fixed = work / "bnb" / "src"  # always built from this path: cudafe++ hashes it
     build_dir = work / "bnb" / "build"
     cache = work / "bnb" / "cache"
@@ -174,7 +175,8 @@ def bench_bnb(toolkit, src: Path, cublas: Path, work: Path) -> dict[str, object]
         shutil.rmtree(build_dir, ignore_errors=True)
         for so in fixed.glob("bitsandbytes/libbitsandbytes_cuda*.so"):
             so.unlink()
-        env = toolkit.env(dict(environ))
+        # pinwheel's one build environment (SOURCE_DATE_EPOCH, -Wl,--strip-all, arches)
+        env, _ = build_env(config, toolkit=toolkit, source_date_epoch=1700000000, base=environ)
         defines: list[str] = []
         if session is not None:
             env.update(session.launch_env(env.get("PATH", "")))
@@ -206,6 +208,8 @@ def bench_bnb(toolkit, src: Path, cublas: Path, work: Path) -> dict[str, object]
             return Run(name, seconds, f"FAILED (exit {proc.returncode})", stats.get("hits"),
                        stats.get("misses"), stats.get("errors"))  # fmt: skip
         (so,) = fixed.glob("bitsandbytes/libbitsandbytes_cuda*.so")
+        (work / "bnb" / "out").mkdir(exist_ok=True)
+        shutil.copy2(so, work / "bnb" / "out" / f"{name}.so")
         stats = session.stats() if session is not None else {}
         return Run(
             name, seconds, sha(so), stats.get("hits"), stats.get("misses"), stats.get("errors")
@@ -266,7 +270,9 @@ def main() -> int:
         results.append(bench_selftest(toolkit, work / "selftest"))
     if args.only in (None, "bnb"):
         if args.bnb_src and args.cublas:
-            results.append(bench_bnb(toolkit, args.bnb_src, args.cublas, work))
+            results.append(
+                bench_bnb(toolkit, manifest.require("build"), args.bnb_src, args.cublas, work)
+            )
         else:
             print("\nbitsandbytes: skipped (pass --bnb-src and --cublas)")
     if args.json:

@@ -222,3 +222,17 @@ def test_reuse_refuses_an_unverified_source(tiny: Tiny) -> None:  # noqa: F811
 def test_depfile_parser() -> None:
     text = "a.o: a.c inc/x.h \\\n  inc/with\\ space.h\nb.o: b.c\n"
     assert reuse.parse_depfile(text) == ["a.c", "inc/x.h", "inc/with space.h", "b.c"]
+
+
+def test_a_build_broken_by_sccache_is_told_from_a_broken_build(tmp_path: Path) -> None:
+    from pinwheel.build.kernels import KernelBuildError
+
+    log = tmp_path / "build.log"
+    log.write_text(
+        "[1/8] Building CXX object a.o\nFAILED: a.o\nsccache: encountered fatal error\n"
+        "sccache: error: io error: unexpected end of file\nninja: build stopped\n"
+    )
+    err = KernelBuildError("building kernel x failed (exit 1)", where=f"pip ... (full log: {log})")
+    assert compcache.cache_failure(err) == "sccache: encountered fatal error"
+    log.write_text("a.cu(3): error: identifier x is undefined\nninja: build stopped\n")
+    assert compcache.cache_failure(err) is None

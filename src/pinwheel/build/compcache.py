@@ -101,6 +101,9 @@ def plan(
         env["SCCACHE_GHA_ENABLED"] = "true"
         if config.prefix:
             env["SCCACHE_GHA_VERSION"] = config.prefix
+    # sccache 0.16.0 turns a truncated preprocessor-cache ("direct mode") entry into a
+    # fatal compile error instead of a miss; object entries fall back. Off by default.
+    env["SCCACHE_DIRECT"] = "false"
     env.update({k: v for k, v in environ.items() if k.startswith("SCCACHE_")})
     env["SCCACHE_IDLE_TIMEOUT"] = "0"
     env.pop("SCCACHE_SERVER_PORT", None)
@@ -274,6 +277,30 @@ def start(plan_: Plan, workdir: Path, environ: Mapping[str, str]) -> tuple[Sessi
         session.stop()
         return None, _off(plan_, f"sccache --start-server exit {proc.returncode}: {tail[0]}")
     return session, plan_
+
+
+_FATAL = ("sccache: encountered fatal error", "sccache: error:")
+
+
+def cache_failure(err: BaseException) -> str | None:
+    """The sccache error line when a build failed because of the cache, else None.
+
+    Reads the error's text and the build log it names (``log: PATH`` / ``full log: PATH``).
+    """
+    texts = [str(err)]
+    where = getattr(err, "where", None) or ""
+    for marker in ("full log: ", "log: "):
+        if marker in where:
+            path = Path(where.split(marker, 1)[1].rstrip(")").strip())
+            if path.is_file():
+                texts.append(path.read_text(errors="replace"))
+            break
+    for text in texts:
+        for line in text.splitlines():
+            stripped = line.strip()
+            if stripped.startswith(_FATAL[1]) or stripped.startswith(_FATAL[0]):
+                return stripped[:200]
+    return None
 
 
 def _off(plan_: Plan, reason: str) -> Plan:

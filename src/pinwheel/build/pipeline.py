@@ -11,6 +11,7 @@ replayed tree and build the engine wheel, then hand every wheel to
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from pinwheel.build.kernels import BuildOptions, build_kernel, build_twice, sele
 from pinwheel.build.provenance import receipt, toolchain_facts
 from pinwheel.build.toolchain import Toolkit, resolve_toolkit
 from pinwheel.build.wheelset import Built, WheelSet, publish
-from pinwheel.errors import ManifestError
+from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.progress import SILENT, CallbackReporter, Reporter
@@ -190,12 +191,23 @@ def _produce(
     built: list[Built] = []
     twice: dict[str, float] = {}
 
-    def measure(produce: Callable[[], Built]) -> Built:
-        if session is not None:
-            session.zero()
-        b = produce()
-        stats = session.stats() if session is not None else cache_plan.record()
-        return dataclasses.replace(b, build={**b.build, "compiler_cache": stats})
+    def measure(produce: Callable[[Any], Built]) -> Built:
+        if session is None:
+            b = produce(None)
+            return dataclasses.replace(b, build={**b.build, "compiler_cache": cache_plan.record()})
+        session.zero()
+        try:
+            b = produce(session)
+        except PinwheelError as err:
+            failed = compcache.cache_failure(err)
+            if failed is None:
+                raise  # the build itself is broken: no second, uncached attempt
+            reporter.info(f"the compiler cache failed ({failed}); building again without it")
+            b = produce(None)
+            why = f"failed during the build ({failed}); rebuilt without it"
+            off = dataclasses.replace(cache_plan, disabled=why)
+            return dataclasses.replace(b, build={**b.build, "compiler_cache": off.record()})
+        return dataclasses.replace(b, build={**b.build, "compiler_cache": session.stats()})
 
     opts = BuildOptions(
         cache=request.cache,
@@ -217,14 +229,20 @@ def _produce(
             if request.twice:
                 first, second = build_twice(spec, config, toolkit, opts)
                 twice[spec.name] = round(first.seconds, 1)
-                built.append(measure(lambda: second))  # noqa: B023
+                built.append(measure(lambda _: second))  # noqa: B023
             else:
                 one = dataclasses.replace(opts, reuse=earlier.get(spec.name))
-                built.append(measure(lambda: build_kernel(spec, config, toolkit, one)))  # noqa: B023
+                built.append(measure(functools.partial(_kernel, spec, config, toolkit, one)))
 
     if engine:
-        built.append(measure(lambda: _engine(request, config, toolkit, reporter, session, earlier)))
+        built.append(measure(lambda s: _engine(request, config, toolkit, reporter, s, earlier)))
     return built, twice
+
+
+def _kernel(
+    spec: Any, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions, launcher: Any
+) -> Built:
+    return build_kernel(spec, config, toolkit, dataclasses.replace(opts, launcher=launcher))
 
 
 def engine_workdir(request: BuildRequest) -> Path:
