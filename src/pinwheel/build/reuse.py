@@ -74,7 +74,7 @@ def identity(
     cc = shutil.which("gcc") or shutil.which("cc")
     return {
         "builder": builder,
-        "nvcc": (toolkit.version, sha256_file(nvcc)) if nvcc and nvcc.is_file() else None,
+        "nvcc": [toolkit.version, sha256_file(nvcc)] if nvcc and nvcc.is_file() else None,
         "host_cc": (_run_text([cc, "--version"]).splitlines() or [""])[0] if cc else None,
         "python": _run_text([python, "-c", "import sys; print(sys.version.split()[0])"]).strip(),
         "env": {k: v for k, v in sorted(set_env.items()) if k not in _NOT_COMPILED},
