@@ -38,6 +38,7 @@ PINNED_ACTIONS = {
     "actions/download-artifact": ("3e5f45b2cfb9172054b4087a40e8e0b5a5461e7c", "v8.0.1"),
     "actions/attest-build-provenance": ("a2bbfa25375fe432b6a289bc6b6cd05ecd0c4c32", "v4.1.0"),
     "pypa/cibuildwheel": ("1828c10ab37f080699c7b81cea34097c684a7074", "v4.2.0"),
+    "mozilla-actions/sccache-action": ("9e7fa8a12102821edf02ca5dbea1acd0f89a2696", "v0.0.10"),
 }
 # Each pinned action's inputs, copied from its action.yml at that commit:
 # a misspelt `with:` key is otherwise ignored by GitHub without a word.
@@ -57,6 +58,8 @@ ACTION_INPUTS = {
     "predicate-path predicate-type push-to-registry show-summary subject-checksums "
     "subject-digest subject-name subject-path",
     "pypa/cibuildwheel": "config-file extras only output-dir package-dir",
+    # from its README's documented inputs (its action.yml was not readable here)
+    "mozilla-actions/sccache-action": "disable_annotations token version",
 }
 # Labels every self-hosted Linux x64 runner gets without being asked.
 DEFAULT_RUNNER_LABELS = {"self-hosted", "linux", "x64"}

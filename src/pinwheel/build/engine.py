@@ -11,6 +11,7 @@ checked and published by :mod:`pinwheel.build.wheelset`, like every other.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pinwheel.build import reuse
 from pinwheel.build.buildenv import build_env
 from pinwheel.build.sources import undeclared_downloads
 from pinwheel.build.wheelset import Built
@@ -247,11 +249,17 @@ def build_engine(
     wrapper: Sequence[str] = (),
     record: Mapping[str, Any] | None = None,
     supplied: Sequence[str] = (),
+    launcher: Any = None,
+    reuse_from: Any = None,
+    log: Any = None,
 ) -> Built:
     """Build the engine wheel from ``source`` into ``work/dist``; nothing is published here.
 
-    ``supplied`` names the build sources handed over; a dependency the build log
-    shows CMake wanted beyond them fails the build (see :mod:`pinwheel.build.sources`).
+    ``extra_env``/``wrapper``: what the build sources, the build venv and the network
+    fence add; ``supplied`` names the build sources handed over (a download the log
+    shows beyond them fails the build); ``launcher``: a
+    :class:`pinwheel.build.compcache.Session` (compiler cache); ``reuse_from``: a
+    :class:`pinwheel.build.reuse.Candidate` (earlier wheel).
     """
     work.mkdir(parents=True, exist_ok=True)
     plan = plan_build(
@@ -268,6 +276,32 @@ def build_engine(
         wrapper=wrapper,
     )
     started = time.monotonic()
+    extra: dict[str, str] = {}
+    if launcher is not None:
+        nvcc = str(toolkit.nvcc) if toolkit is not None else None
+        extra.update(launcher.launch_env(plan.env.get("PATH", ""), nvcc=nvcc))
+    recorder = reuse.Recorder(Path(source), (Path(source) / "build",))
+    extra.update(recorder.env())
+    ident = reuse.identity(plan.set_env, toolkit=toolkit, python=plan.python, builder="engine")
+    reused: dict[str, Any] | None = None
+    rec: dict[str, Any] | None = None
+    if reuse_from is not None:
+        ok, why, rec = reuse.unchanged(reuse_from, Path(source), ident)
+        if log:
+            log(f"reuse from {reuse_from.wheel.name}: {'yes' if ok else 'no'}: {why}")
+        pre = reuse.precompiled_env(Path(source), reuse_from) if ok and rec else None
+        if ok and rec is not None and pre is None:
+            taken = reuse.try_reuse(
+                reuse_from, Path(source), ident, work / "dist", python=plan.python,
+                env={**plan.env, **extra}, log=None,
+            )  # fmt: skip
+            if taken is not None:
+                return _built(plan, origin, taken.wheel, time.monotonic() - started, version,
+                              source_date_epoch, taken.inputs, taken.members, record)  # fmt: skip
+        if pre is not None and rec is not None:
+            extra.update(pre)
+            reused = reuse.reuse_record(reuse_from, rec, why + "; VLLM_USE_PRECOMPILED")
+    plan = dataclasses.replace(plan, env={**plan.env, **extra})
     try:
         built = run_build(plan)
     except BuildError:
@@ -281,10 +315,31 @@ def build_engine(
             where=f"{plan.source} (log: {plan.log})",
             next="check the project's build backend: one distribution per build",
         )
+    inputs: Mapping[str, Any] = recorder.collect(built[0], ident, tree=origin.get("tree"))
+    if reused is not None and rec is not None:  # keep only what the precompiled path took
+        new, _ = reuse.members_of(built[0], Path(source))
+        reused["members"] = {m: d for m, d in reused["members"].items() if new.get(m) == d}
+        inputs = rec  # nothing was compiled: the reused members' inputs still hold
+    return _built(
+        plan, origin, built[0], seconds, version, source_date_epoch, inputs, reused, record
+    )
+
+
+def _built(
+    plan: BuildPlan,
+    origin: Mapping[str, Any],
+    wheel: Path,
+    seconds: float,
+    version: str,
+    source_date_epoch: int,
+    inputs: Mapping[str, Any],
+    reused: Mapping[str, Any] | None,
+    record: Mapping[str, Any] | None = None,
+) -> Built:
     return Built(
         component="engine",
         kind="engine",
-        wheel=built[0],
+        wheel=wheel,
         seconds=seconds,
         source=dict(origin),
         build={
@@ -293,6 +348,8 @@ def build_engine(
             "env": dict(sorted(plan.set_env.items())),
             "command": _portable(plan.command, plan),
             "arches": [str(a) for a in plan.arches],
+            "compiled_inputs": dict(inputs),
+            **({"reused": dict(reused)} if reused is not None else {}),
             **dict(record or {}),
         },
     )

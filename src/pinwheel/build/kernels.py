@@ -24,7 +24,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from pinwheel.build import reuse
 from pinwheel.build.buildenv import build_env
 from pinwheel.build.toolchain import BuildConfig, Toolkit
 from pinwheel.build.wheeldiff import diff_members
@@ -67,6 +69,8 @@ class BuildOptions:
     offline: bool = False
     source_date_epoch: int | None = None  # None: date of the kernel's source
     log: Callable[[str], None] | None = None
+    launcher: Any = None  # compcache.Session: wrap the compilers in sccache
+    reuse: Any = None  # reuse.Candidate: take compiled members from an earlier wheel
 
 
 _IGNORE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".git", "_skbuild")
@@ -255,12 +259,38 @@ def build_kernel(
             f"-Cbuild-dir={work / 'build'}",
         ]
         shutil.rmtree(work / "build", ignore_errors=True)
+        if opts.launcher is not None:
+            extra += [f"-Ccmake.define.{d}" for d in opts.launcher.cmake_defines()]
+            env.update(opts.launcher.launch_env(env.get("PATH", "")))
     else:
         python = torch_venv(config, opts.cache, opts.log, opts.environ)
         torch_version = _torch_version(python)
         extra = []
         env["PATH"] = os.pathsep.join([str(python.parent), env["PATH"]])
         env["CPATH"] = torch_library_headers(python, env.get("CPATH"))
+        if opts.launcher is not None:
+            env.update(opts.launcher.launch_env(env["PATH"], nvcc=str(toolkit.nvcc), cxx=True))
+    inputs = reuse.Recorder(staged.directory, (work / "build", staged.directory / "build"))
+    env.update(inputs.env())
+    identity = reuse.identity(set_env, toolkit=toolkit, python=str(python), builder=spec.builder)
+    if opts.reuse is not None:
+        taken = reuse.try_reuse(
+            opts.reuse, staged.directory, identity, dist, python=str(python), env=env, log=opts.log
+        )
+        if taken is not None:
+            return Built(
+                component=spec.name,
+                kind="kernel",
+                wheel=taken.wheel,
+                seconds=time.monotonic() - started,
+                source={"origin": staged.origin, "url": spec.url, "commit": spec.commit,
+                        "tree": staged.tree, "path": str(spec.path.relative_to(spec.source.parent))
+                        if spec.path else None},
+                build={"builder": spec.builder, "source_date_epoch": staged.source_date_epoch,
+                       "env": dict(sorted(set_env.items())),
+                       "arches": [str(a) for a in config.targets],
+                       "compiled_inputs": taken.inputs, "reused": taken.members},
+            )  # fmt: skip
     cmd = [
         str(python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
         "--no-cache-dir", "-w", str(dist), *extra, str(staged.directory),
@@ -274,6 +304,7 @@ def build_kernel(
             f"expected one wheel, found {[p.name for p in built]}",
             where=f"{spec.where} ({dist})",
         )
+    recorded = inputs.collect(built[0], identity, tree=staged.tree)
     return Built(
         component=spec.name,
         kind="kernel",
@@ -284,6 +315,7 @@ def build_kernel(
                 if spec.path else None},
         build={"builder": spec.builder, "source_date_epoch": staged.source_date_epoch,
                "env": dict(sorted(set_env.items())), "arches": [str(a) for a in config.targets],
+               "compiled_inputs": recorded,
                **({"torch": torch_version, "torch_index": config.torch_index}
                   if torch_version else {})},
     )  # fmt: skip

@@ -11,15 +11,17 @@ replayed tree and build the engine wheel, then hand every wheel to
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pinwheel.build import compcache, reuse
 from pinwheel.build.buildvenv import ensure_build_venv
 from pinwheel.build.check import find_tools, spec_from_build
 from pinwheel.build.engine import build_engine, commit_time, engine_version
@@ -28,7 +30,7 @@ from pinwheel.build.provenance import receipt, toolchain_facts
 from pinwheel.build.sources import plan_env, supply, unpinned
 from pinwheel.build.toolchain import Toolkit, resolve_toolkit
 from pinwheel.build.wheelset import Built, WheelSet, publish
-from pinwheel.errors import ManifestError
+from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.progress import SILENT, CallbackReporter, Reporter
@@ -58,6 +60,8 @@ class BuildRequest:
     engine_workdir: Path | None = None  # engine: scratch path (default: by manifest and tree)
     toolkit: Toolkit | None = None  # resolved already (by the caller, before a long replay)
     cuda: bool = True  # False: no CUDA toolkit at all (CPU-only projects, stand-in builds)
+    compiler_cache: bool = True  # sccache per [build.cache]; False: --no-cache (verify-build)
+    reuse_from: str | None = None  # release dir | URL | wheel: reuse unchanged compiled members
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,8 @@ class BuildOutcome:
                     "seconds": round(b.seconds, 1),
                     "first_build_seconds": self.twice.get(b.component),
                     "reproduced": b.component in self.twice,
+                    "compiler_cache": b.build.get("compiler_cache"),
+                    "reused": sorted((b.build.get("reused") or {}).get("members", {})),
                     **dict(b.source),
                 }
                 for b in self.built
@@ -92,8 +98,22 @@ class BuildOutcome:
         for b in self.built:
             first = self.twice.get(b.component)
             extra = f", first build {first:.1f} s, identical" if first is not None else ""
-            lines.append(f"{b.kind} {b.component}: {b.seconds:.1f} s{extra}")
+            lines.append(f"{b.kind} {b.component}: {b.seconds:.1f} s{extra}{_cache_note(b)}")
         return lines + self.wheels.human_lines()
+
+
+def _cache_note(b: Built) -> str:
+    cc = b.build.get("compiler_cache") or {}
+    note = ""
+    if cc.get("enabled"):
+        note = f", compiler cache ({cc.get('backend')}): {cc.get('hits')} hits, "
+        note += f"{cc.get('misses')} misses"
+    elif cc:
+        note = f", no compiler cache: {cc.get('reason')}"
+    reused = (b.build.get("reused") or {}).get("members") or {}
+    if reused:
+        note += f", reused {len(reused)} compiled member(s) from {b.build['reused']['wheel']}"
+    return note
 
 
 def build_config(manifest: Manifest) -> BuildConfig:
@@ -123,33 +143,23 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
                 config, request.cache, provision=request.provision, environ=request.environ
             )
 
-    built: list[Built] = []
-    twice: dict[str, float] = {}
-    opts = BuildOptions(
-        cache=request.cache,
-        mirrors=request.mirrors,
-        environ=request.environ,
-        offline=request.offline,
-        source_date_epoch=request.source_date_epoch,
-        log=reporter.info,
+    earlier = reuse.candidates(request.reuse_from, request.cache) if request.reuse_from else {}
+    cache_plan = compcache.plan(
+        config.cache, request.cache, request.environ, enabled=request.compiler_cache
     )
-    for spec in specs:
-        if toolkit is None:
-            raise ManifestError(
-                f"[[kernel]] {spec.name} needs a CUDA toolkit",
-                where=spec.where,
-                next="build it with the toolkit (drop cuda=False from the request)",
-            )
-        with reporter.status(f"building kernel {spec.name} ({spec.builder})"):
-            if request.twice:
-                first, second = build_twice(spec, config, toolkit, opts)
-                twice[spec.name] = round(first.seconds, 1)
-                built.append(second)
-            else:
-                built.append(build_kernel(spec, config, toolkit, opts))
-
-    if engine:
-        built.append(_engine(request, config, toolkit, reporter))
+    with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
+        session, cache_plan = compcache.start(
+            cache_plan, request.cache / "sccache-run", request.environ
+        )
+    if cache_plan.disabled and request.compiler_cache:
+        reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
+    try:
+        built, twice = _produce(
+            request, config, specs, engine, toolkit, reporter, session, cache_plan, earlier
+        )
+    finally:
+        if session is not None:
+            session.stop()
 
     cuobjdump, auditwheel = find_tools(toolkit.root if toolkit else None)
     check_spec = spec_from_build(
@@ -186,6 +196,75 @@ def torch_pin(
     return {"version": version, "index": config.torch_index, "requested": config.torch}
 
 
+def _produce(
+    request: BuildRequest,
+    config: BuildConfig,
+    specs: list[Any],
+    engine: bool,
+    toolkit: Toolkit | None,
+    reporter: Reporter,
+    session: compcache.Session | None,
+    cache_plan: compcache.Plan,
+    earlier: Mapping[str, Any],
+) -> tuple[list[Built], dict[str, float]]:
+    """Run the producers; each wheel records its compiler-cache numbers."""
+    built: list[Built] = []
+    twice: dict[str, float] = {}
+
+    def measure(produce: Callable[[Any], Built]) -> Built:
+        if session is None:
+            b = produce(None)
+            return dataclasses.replace(b, build={**b.build, "compiler_cache": cache_plan.record()})
+        session.zero()
+        try:
+            b = produce(session)
+        except PinwheelError as err:
+            failed = compcache.cache_failure(err)
+            if failed is None:
+                raise  # the build itself is broken: no second, uncached attempt
+            reporter.info(f"the compiler cache failed ({failed}); building again without it")
+            b = produce(None)
+            why = f"failed during the build ({failed}); rebuilt without it"
+            off = dataclasses.replace(cache_plan, disabled=why)
+            return dataclasses.replace(b, build={**b.build, "compiler_cache": off.record()})
+        return dataclasses.replace(b, build={**b.build, "compiler_cache": session.stats()})
+
+    opts = BuildOptions(
+        cache=request.cache,
+        mirrors=request.mirrors,
+        environ=request.environ,
+        offline=request.offline,
+        source_date_epoch=request.source_date_epoch,
+        log=reporter.info,
+        launcher=session,
+    )
+    for spec in specs:
+        if toolkit is None:
+            raise ManifestError(
+                f"[[kernel]] {spec.name} needs a CUDA toolkit",
+                where=spec.where,
+                next="build it with the toolkit (drop cuda=False from the request)",
+            )
+        with reporter.status(f"building kernel {spec.name} ({spec.builder})"):
+            if request.twice:
+                first, second = build_twice(spec, config, toolkit, opts)
+                twice[spec.name] = round(first.seconds, 1)
+                built.append(measure(lambda _: second))  # noqa: B023
+            else:
+                one = dataclasses.replace(opts, reuse=earlier.get(spec.name))
+                built.append(measure(functools.partial(_kernel, spec, config, toolkit, one)))
+
+    if engine:
+        built.append(measure(lambda s: _engine(request, config, toolkit, reporter, s, earlier)))
+    return built, twice
+
+
+def _kernel(
+    spec: Any, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions, launcher: Any
+) -> Built:
+    return build_kernel(spec, config, toolkit, dataclasses.replace(opts, launcher=launcher))
+
+
 def engine_workdir(request: BuildRequest) -> Path:
     """Fixed per manifest and tree: compilers embed source paths, so rebuilds must match."""
     if request.engine_workdir is not None:
@@ -196,7 +275,12 @@ def engine_workdir(request: BuildRequest) -> Path:
 
 
 def _engine(
-    request: BuildRequest, config: BuildConfig, toolkit: Toolkit | None, reporter: Reporter
+    request: BuildRequest,
+    config: BuildConfig,
+    toolkit: Toolkit | None,
+    reporter: Reporter,
+    session: compcache.Session | None = None,
+    earlier: Mapping[str, Any] | None = None,
 ) -> Built:
     from pinwheel.source.export import export_tree
 
@@ -276,6 +360,9 @@ def _engine(
             wrapper=wrapper,
             record=record,
             supplied=[s.name for s in supplied],
+            launcher=session,
+            reuse_from=(earlier or {}).get("engine"),
+            log=reporter.info,
         )
     # Recorded without this machine's cache path: provenance travels with the release.
     env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build["env"].items()}

@@ -156,6 +156,7 @@ def verify_build(
             version=engine.get("version") if engine else None,
             engine_epoch=engine.get("source_date_epoch") if engine else None,
             source_date_epoch=epochs.pop() if len(epochs) == 1 else None,
+            reuse_from=None,  # verify-build always rebuilds every member from source
         )
         build(rebuild, reporter)
         return compare_builds(Path(wheels_dir), out)

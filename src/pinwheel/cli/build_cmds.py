@@ -72,6 +72,11 @@ def register_check(sub: Any) -> None:
         help="rebuild from this exported tree instead of replaying the manifest",
     )
     v.add_argument("--keep", type=Path, help="keep the rebuilt wheels in this directory")
+    v.add_argument(
+        "--with-cache",
+        action="store_true",
+        help="rebuild through the compiler cache (default: none, so the rebuild is cold)",
+    )
 
 
 def _check(ctx: Context, args: argparse.Namespace) -> int:
@@ -141,6 +146,7 @@ def _verify_build(ctx: Context, args: argparse.Namespace) -> int:
         provision=not ctx.offline,
         replayed=replayed,
         engine_source=args.source.absolute() if args.source else None,
+        compiler_cache=args.with_cache,  # default off: prove a cold rebuild from source
     )
     result = verify_build(request, args.wheels, keep=args.keep, reporter=ctx.reporter)
     ctx.emit(result.to_json(), "\n".join(result.human_lines()))

@@ -31,6 +31,9 @@ def add_kernel_commands(sub: Any) -> None:
         help="timestamp for the wheels (default: date of each kernel's source)",
     )  # fmt: skip
     k.add_argument("--no-provision", action="store_true", help="do not provision a toolkit")
+    from pinwheel.cli.replay_cmds import add_cache_flags
+
+    add_cache_flags(k)
 
 
 def _config(ctx: Context) -> BuildConfig:
@@ -87,6 +90,8 @@ def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
         all_kernels=args.all,
         twice=args.twice,
         source_date_epoch=args.source_date_epoch,
+        compiler_cache=not args.no_cache,
+        reuse_from=args.reuse_from,
     )
     outcome = build(request, ctx.reporter)
     ctx.emit(outcome.to_json(), "\n".join(outcome.human_lines()))

@@ -140,6 +140,8 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
         kernels=() if args.no_kernels else None,
         toolkit=toolkit,
         wheelhouse=_wheelhouse(ctx, args),
+        compiler_cache=not args.no_cache,
+        reuse_from=args.reuse_from,
     )
     outcome = build(request, ctx.reporter)
     head = _summary(result) + "\n" if result else ""
@@ -274,6 +276,17 @@ def _component_arg(p: Any) -> None:
     )
 
 
+def add_cache_flags(p: Any) -> None:
+    """--no-cache and --reuse-from, shared by `build` and `kernels`."""
+    p.add_argument("--no-cache", action="store_true",
+                   help="build without the compiler cache ([build.cache])")  # fmt: skip
+    p.add_argument(
+        "--reuse-from", metavar="RELEASE|URL|WHEEL", default=None,
+        help="take compiled members from this earlier verified build when none of their "
+        "inputs changed",
+    )  # fmt: skip
+
+
 def register(sub: Any) -> None:
     p = command(sub, "plan", "dry run: commits per step, merge hazard, drifted heads", cmd_plan)
     _component_arg(p)
@@ -290,6 +303,7 @@ def register(sub: Any) -> None:
         help="install [build.requirements] from this directory of wheels, not the index "
         "(also $PINWHEEL_WHEELHOUSE)",
     )
+    add_cache_flags(p)
     p = command(sub, "lock", "pin short SHAs, PR heads, commits and the tree in place", cmd_lock)
     p.add_argument("--update-base", action="store_true", help="move the base to the branch tip")
     p.add_argument("--update-heads", action="store_true", help="move PR heads to upstream's")

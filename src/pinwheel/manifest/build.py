@@ -40,6 +40,7 @@ BUILD_KEYS = (
     "cuda_dev",
     "network",
     "torch_index",
+    "cache",
 )
 SOURCE_KEYS = (
     "name", "url", "commit", "ref", "variables", "patches", "submodule", "exclude", "omit",
@@ -93,6 +94,66 @@ class Requirements:
 
     path: Path
     sha256: str
+CACHE_BACKENDS = ("local", "redis", "s3", "gha")
+CACHE_KEYS = ("enabled", "backend", "size", "endpoint", "bucket", "region", "prefix")
+# Credentials come only from the standard SCCACHE_* / AWS_* variables, never the manifest.
+_SECRET = re.compile(r"(password|passwd|secret|token|credential|access_key|auth)", re.I)
+_SIZE = re.compile(r"^\d+[KMGT]?$")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """``[build.cache]``: the compiler cache (sccache) every build goes through.
+
+    Only non-secret settings live here; SCCACHE_* variables in the environment
+    override them (pinwheel.build.compcache).
+    """
+
+    enabled: bool = True
+    backend: str = "local"  # local | redis | s3 | gha
+    size: str = "20G"  # local disk cap (SCCACHE_CACHE_SIZE)
+    endpoint: str | None = None  # redis://host:port, or the S3 endpoint URL
+    bucket: str | None = None  # s3
+    region: str | None = None  # s3
+    prefix: str | None = None  # key prefix (redis, s3, gha version)
+
+
+def parse_cache_table(table: Table) -> CacheConfig:
+    for key in table.data:
+        if _SECRET.search(key):
+            raise ManifestError(
+                f"'{key}' looks like a credential: secrets never go in the manifest",
+                where=table.where(key),
+                next="remove it and export the standard variable instead "
+                "(SCCACHE_REDIS_PASSWORD, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                "ACTIONS_RUNTIME_TOKEN)",
+            )
+    table.only(*CACHE_KEYS)
+    backend = table.choice("backend", CACHE_BACKENDS) if table.has("backend") else "local"
+    size = table.str("size", "20G")
+    if not _SIZE.match(size):
+        raise table.error("size", 'a size like "20G" or "500M"', size)
+    endpoint = table.str("endpoint", None)
+    if endpoint and "@" in endpoint.split("//", 1)[-1].split("/", 1)[0]:
+        raise ManifestError(
+            "the endpoint carries user info (user:password@): secrets never go in the manifest",
+            where=table.where("endpoint"),
+            next="drop the user info and export SCCACHE_REDIS_USERNAME/SCCACHE_REDIS_PASSWORD",
+        )
+    if backend == "redis" and not endpoint:
+        raise table.error("endpoint", 'a redis URL like "redis://cache.internal:6379"')
+    bucket = table.str("bucket", None)
+    if backend == "s3" and not bucket:
+        raise table.error("bucket", "the S3 bucket name (backend = s3)")
+    return CacheConfig(
+        enabled=table.bool("enabled", True),
+        backend=backend,
+        size=size,
+        endpoint=endpoint,
+        bucket=bucket,
+        region=table.str("region", None),
+        prefix=table.str("prefix", None),
+    )
 
 
 @dataclass(frozen=True)
@@ -115,6 +176,7 @@ class BuildConfig:
     cuda_dev: bool = False  # also the CUDA dev headers + driver/nvrtc stubs an engine links
     network: str = "none"  # "none": build in a network namespace where the machine allows
     torch_index: str | None = None  # where [build] torch comes from (a PEP 503 index URL)
+    cache: CacheConfig = field(default_factory=CacheConfig)  # [build.cache]
 
     @property
     def targets(self) -> tuple[CudaArch, ...]:
@@ -188,6 +250,7 @@ def parse_build_table(table: Table) -> BuildConfig:
         env=env,
         required_members=table.str_list("required_members", ()),
         runner_labels=table.str_list("runner_labels", ()),
+        cache=parse_cache_table(table.sub("cache")) if table.has("cache") else CacheConfig(),
         torch_index=torch_index,
         sources=tuple(_parse_source(s) for s in table.subs("source")),
         exclude=_pathspecs(table, "exclude"),

