@@ -46,7 +46,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.manifest.serve import FidelityConfig
-from pinwheel.serve.receipt import FidelityResult, Gate, shown
+from pinwheel.serve.receipt import FidelityResult, Gate
 
 PANEL_SCHEMA = "pinwheel.panel/1"
 TEACHER_SCHEMA = "pinwheel.teacher/1"
@@ -583,14 +583,6 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
 # --------------------------------------------------------------------------- gates
 
 
-def shown_sci(value: float, threshold: float) -> str:
-    """Scientific notation with enough digits that a miss never prints as the threshold."""
-    for digits in range(2, 16):
-        if f"{value:.{digits}e}" != f"{threshold:.{digits}e}":
-            return f"{value:.{digits}e}"
-    return repr(value)
-
-
 def judge(cfg: FidelityConfig | None, result: FidelityResult | None) -> tuple[Gate, ...]:
     if cfg is None:
         return ()
@@ -604,7 +596,7 @@ def judge(cfg: FidelityConfig | None, result: FidelityResult | None) -> tuple[Ga
                 Gate(
                     "fidelity mean KLD (nats)",
                     "PASS" if result.mean_kld <= t else "FAIL",
-                    shown_sci(result.mean_kld, t),
+                    repr(result.mean_kld),  # raw: never rounded
                     f"<= {t}",
                     f"{result.method}, {result.positions} positions, 95% CI "
                     f"{result.ci95[0]:.3e}-{result.ci95[1]:.3e}",
@@ -619,7 +611,7 @@ def judge(cfg: FidelityConfig | None, result: FidelityResult | None) -> tuple[Ga
                 Gate(
                     "fidelity top-1 agreement",
                     "PASS" if result.top1 >= t else "FAIL",
-                    shown(result.top1, t),
+                    repr(result.top1),
                     f">= {t}",
                     f"{round(result.top1 * result.positions)}/{result.positions} positions",
                 )

@@ -99,9 +99,7 @@ def subject_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else ""
 
 
-def commits_between(
-    repo: pygit2.Repository, head: str, hide: Sequence[str]
-) -> list[pygit2.Commit]:
+def commits_between(repo: pygit2.Repository, head: str, hide: Sequence[str]) -> list[pygit2.Commit]:
     """Commits reachable from ``head`` and from none of ``hide``, oldest first."""
     walker = repo.walk(head, SortMode.TOPOLOGICAL | SortMode.REVERSE)
     for sha in hide:
