@@ -242,3 +242,5 @@ def test_fidelity_a_different_model_fails_the_gate(cpu, inputs, tmp_path, capsys
     assert gates["fidelity mean KLD (nats)"]["status"] == "FAIL" and f["mean_kld"] > 0.01
     assert gates["fidelity top-1 agreement"]["status"] == "FAIL"
     assert "fidelity mean KLD" in " ".join(capsys.readouterr().err.split())
+    with capsys.disabled():
+        print("\nother model:", {k: f[k] for k in ("mean_kld", "ci95", "median", "p99", "top1")})
