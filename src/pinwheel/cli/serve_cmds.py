@@ -52,10 +52,28 @@ def register(sub: Any) -> None:
     p = command(
         sub,
         "qualify",
-        "measure a server against [qualify] gates; writes receipt, report, plots",
+        "measure a server against [qualify] gates; writes receipt, report, plots "
+        "(`qualify teacher`: capture the fidelity teacher once)",
         run_qualify,
     )
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("teacher",),
+        help="teacher: capture reference log-probabilities on the fidelity panel into --out "
+        "(from --url, a reference server, or transformers with --model DIR --python PY)",
+    )
     _profile_options(p)
+    p.add_argument(
+        "--panel", default=None, help="teacher: panel JSON (default: [qualify.fidelity].panel)"
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=128,
+        help="teacher: log-probabilities kept per position (-1: full rows, large)",
+    )
+    p.add_argument("--dtype", default="float32", help="teacher: transformers dtype")
     p.add_argument("--url", default=None, help="attach to a running server instead of starting one")
     p.add_argument("--log", default=None, help="the attached server's log (for start-up markers)")
     p.add_argument("--out", required=True, help="directory for receipt.json, report.md and plots")
@@ -248,9 +266,69 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
         yield target
 
 
+def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.serve.fidelity import TeacherRequest, capture_teacher, read_panel
+
+    if args.panel:
+        panel_path, pinned = Path(args.panel), None
+    else:
+        config = ctx.manifest().require("qualify")
+        if config.fidelity is None:
+            raise UsageError(
+                "no panel: the manifest has no [qualify.fidelity]",
+                where="--panel",
+                next="pass --panel FILE, or add [qualify.fidelity] with its panel",
+            )
+        panel_path, pinned = config.fidelity.panel, config.fidelity.panel_sha256
+    tokenize = None
+    if args.url:
+        from pinwheel.serve.client import Client
+
+        client = Client(args.url)
+        model = str(client.models()[0]["id"])
+
+        def tokenize(text: str) -> list[int]:
+            return client.tokenize(model, prompt=text)
+
+    panel = read_panel(panel_path, pinned, tokenize)
+    if args.top_k == 0 or args.top_k < -1:
+        raise UsageError("--top-k must be positive, or -1 for full rows", where="--top-k")
+    req = TeacherRequest(
+        out=Path(args.out),
+        panel=panel,
+        top_k=args.top_k,
+        url=args.url,
+        python=args.python if not args.url else None,
+        model=args.model if not args.url else None,
+        dtype=args.dtype,
+    )
+    if not req.url and not (req.python and req.model):
+        raise UsageError(
+            "no teacher to capture from",
+            where="pinwheel qualify teacher",
+            next="pass --url URL (a reference server) or --model DIR --python PY (transformers)",
+        )
+    ctx.console.print(
+        f"  capturing {panel.positions} positions ({len(panel.windows)} windows) from "
+        + (req.url or f"transformers ({req.dtype}) on {req.model}"),
+        highlight=False,
+        markup=False,
+    )
+    done = capture_teacher(req)
+    ctx.emit(
+        asdict(done),
+        f"teacher {done.path}: {done.positions} positions, {done.stored}, {done.bytes} bytes\n"
+        f"  sha256 {done.sha256}\n"
+        f'  pin it: teacher = {{ file = "{done.path}", sha256 = "{done.sha256}" }}',
+    )
+    return 0
+
+
 def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.serve.qualify import Target, qualify
 
+    if args.action == "teacher":
+        return run_teacher(ctx, args)
     m = ctx.manifest()
     out = Path(args.out)
     config = _serve_config(ctx)

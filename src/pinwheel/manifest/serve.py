@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.errors import ManifestError, PinwheelError, UsageError
 from pinwheel.manifest.table import Table
 
 
@@ -215,6 +215,38 @@ class QualifyProfile:
 
 
 @dataclass(frozen=True)
+class FidelityConfig:
+    """``[qualify.fidelity]``: teacher-to-student KLD over a pinned panel of token windows.
+
+    ``panel`` is a JSON file (``{"windows": [[ids...], ...]}`` or ``{"texts": [...],
+    "window": N}`` tokenized by the server) pinned by sha256. The teacher is a file
+    written by ``pinwheel qualify teacher`` (pinned by sha256) or a reference server
+    URL read at qualification time. ``top_k = -1`` asks the server for the full
+    vocabulary (~4 MB of JSON per position: tiny panels only).
+    """
+
+    panel: Path
+    panel_sha256: str
+    teacher: Path | None
+    teacher_sha256: str | None
+    teacher_url: str | None
+    top_k: int
+    max_mean_kld: float | None
+    min_top1: float | None
+    bootstrap: int  # resamples for the 95% CI
+    seed: int
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency targets for goodput, as ``vllm bench serve --goodput`` takes them (ms)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+
+@dataclass(frozen=True)
 class QualifyConfig:
     warmup: int
     repeats: int
@@ -224,6 +256,8 @@ class QualifyConfig:
     prompts: tuple[str, ...]
     markers: tuple[str, ...]  # regular expressions over the start-up log
     profiles: tuple[QualifyProfile, ...]
+    fidelity: FidelityConfig | None = None
+    slo: Slo | None = None
 
     def profile(self, name: str) -> QualifyProfile:
         for p in self.profiles:
@@ -294,6 +328,8 @@ def parse_qualify_table(table: Table) -> QualifyConfig:
         "prompts",
         "markers",
         "profile",
+        "fidelity",
+        "slo",
     )
     markers = table.str_list("markers", ())
     for m in markers:
@@ -315,4 +351,67 @@ def parse_qualify_table(table: Table) -> QualifyConfig:
         prompts=table.str_list("prompts"),
         markers=markers,
         profiles=profiles,
+        fidelity=_parse_fidelity(table.sub("fidelity")) if table.has("fidelity") else None,
+        slo=_parse_slo(table) if table.has("slo") else None,
+    )
+
+
+def _parse_slo(table: Table) -> Slo:
+    t = table.sub("slo")
+    t.only("ttft_ms", "tpot_ms", "e2el_ms")
+    slo = Slo(t.float("ttft_ms", None), t.float("tpot_ms", None), t.float("e2el_ms", None))
+    for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        value = getattr(slo, key)
+        if value is not None and value <= 0:
+            raise t.error(key, "a positive number of milliseconds", value)
+    return slo
+
+
+def _file_ref(t: Table, key: str) -> tuple[Path, str]:
+    """``{ file = "...", sha256 = "..." }``: a path relative to the manifest, pinned."""
+    ref = t.sub(key)
+    ref.only("file", "sha256")
+    rel = Path(ref.str("file"))
+    return (rel if rel.is_absolute() else t.source.parent / rel), ref.sha256("sha256")
+
+
+def _parse_fidelity(t: Table) -> FidelityConfig:
+    t.only("panel", "teacher", "top_k", "max_mean_kld", "min_top1", "bootstrap", "seed")
+    panel_t = t.sub("panel")
+    if panel_t.has("dataset"):
+        raise ManifestError(
+            "a hub dataset panel is not supported yet",
+            where=panel_t.where("dataset"),
+            next="export the windows to a JSON panel file in the repo and pin it: "
+            'panel = { file = "...", sha256 = "..." }',
+        )
+    panel, panel_sha = _file_ref(t, "panel")
+    teacher_t = t.sub("teacher")
+    teacher: Path | None = None
+    teacher_sha: str | None = None
+    url: str | None = None
+    if teacher_t.has("url"):
+        teacher_t.only("url")
+        url = teacher_t.str("url")
+        if not re.match(r"^https?://", url):
+            raise teacher_t.error("url", "an http:// or https:// URL", url)
+    else:
+        teacher, teacher_sha = _file_ref(t, "teacher")
+    top_k = t.int("top_k", 20, minimum=-1)
+    if top_k == 0:
+        raise t.error("top_k", "a positive integer, or -1 for the full vocabulary", top_k)
+    min_top1 = t.float("min_top1", None)
+    if min_top1 is not None and not 0 <= min_top1 <= 1:
+        raise t.error("min_top1", "a fraction between 0 and 1", min_top1)
+    return FidelityConfig(
+        panel=panel,
+        panel_sha256=panel_sha,
+        teacher=teacher,
+        teacher_sha256=teacher_sha,
+        teacher_url=url,
+        top_k=top_k,
+        max_mean_kld=t.float("max_mean_kld", None),
+        min_top1=min_top1,
+        bootstrap=t.int("bootstrap", 2000, minimum=100),
+        seed=t.int("seed", 0, minimum=0),
     )

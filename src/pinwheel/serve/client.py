@@ -43,6 +43,17 @@ class Stream:
     completion_tokens: int
     prompt_tokens: int
     finish_reason: str | None
+    chunk_times: tuple[float, ...] = ()  # perf_counter of every chunk that carried text
+
+    @property
+    def e2el_s(self) -> float:
+        return self.last - self.started
+
+    @property
+    def itl_s(self) -> tuple[float, ...]:
+        """Gaps between text chunks (as ``vllm bench serve`` measures ITL)."""
+        t = self.chunk_times
+        return tuple(b - a for a, b in zip(t, t[1:], strict=False))
 
     @property
     def ttft_s(self) -> float:
@@ -198,6 +209,24 @@ class Client:
             completion_tokens=int(usage.get("completion_tokens", 0)),
         )
 
+    def prompt_logprobs(
+        self, model: str, prompt_ids: Sequence[int], top_k: int
+    ) -> list[dict[str, Any] | None]:
+        """``choices[0].prompt_logprobs``: per prompt position, ``{id: {logprob, rank}}``.
+
+        Position j holds the distribution that predicted token j (j=0 is None); the
+        server returns its top ``top_k`` (-1: the whole vocabulary) plus token j itself.
+        """
+        body = {
+            "model": model,
+            "prompt": list(prompt_ids),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": top_k,
+        }
+        out = self._json("POST", "/v1/completions", body)
+        return list(out["choices"][0].get("prompt_logprobs") or [])
+
     # -- streaming -----------------------------------------------------------
     def stream_chat(
         self, model: str, prompt: str, max_tokens: int, *, ignore_eos: bool = True
@@ -234,6 +263,7 @@ def read_stream(resp: Any, started: float, *, on_error: Any, close: Any) -> Stre
     first = last = 0.0
     chunks = completion_tokens = prompt_tokens = 0
     parts: list[str] = []
+    times: list[float] = []
     finish: str | None = None
     done = False
     try:
@@ -266,6 +296,7 @@ def read_stream(resp: Any, started: float, *, on_error: Any, close: Any) -> Stre
                     if not chunks:
                         first = now
                     last = now
+                    times.append(now)
                     chunks += 1
                     parts.append(piece)
                 finish = choice.get("finish_reason") or finish
@@ -288,6 +319,7 @@ def read_stream(resp: Any, started: float, *, on_error: Any, close: Any) -> Stre
         completion_tokens=completion_tokens or chunks,
         prompt_tokens=prompt_tokens,
         finish_reason=finish,
+        chunk_times=tuple(times),
     )
 
 

@@ -25,12 +25,21 @@ from typing import Any
 from pinwheel.errors import GateFailed, PinwheelError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.serve import QualifyConfig, QualifyProfile  # noqa: F401
-from pinwheel.serve import needle
-from pinwheel.serve.client import Client, ServerGone, ServerRefused, metric_by_label, metric_total
+from pinwheel.serve import fidelity, needle, stats
+from pinwheel.serve.client import (
+    Client,
+    ServerGone,
+    ServerRefused,
+    Stream,
+    metric_by_label,
+    metric_total,
+)
 from pinwheel.serve.receipt import (  # noqa: F401  (re-exported: qualify's public results)
+    NOT_MEASURABLE,
     SCHEMA,
     ConcurrencyResult,
     DecodeSample,
+    FidelityResult,
     Gate,
     MarkerResult,
     NeedleResult,
@@ -191,23 +200,34 @@ def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -
 
 
 def decode_sample(
-    client: Client, model: str, prompt: str, max_tokens: int, index: int, repeat: int
+    client: Client,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    index: int,
+    repeat: int,
+    streams: list[Stream] | None = None,
 ) -> DecodeSample:
     before = client.metrics()
     s = client.stream_chat(model, prompt, max_tokens)
     after = client.metrics()
+    if streams is not None:
+        streams.append(s)
     drafts = _delta(before, after, M_DRAFTS)
     draft_tokens = _delta(before, after, M_DRAFT_TOKENS)
     accepted = _delta(before, after, M_ACCEPTED)
     steps = _delta(before, after, M_ITERATIONS)
     # Passes after the first token: engine steps less the prefill step (decode
-    # prompts are short: one prefill step); else one pass per draft; else per token.
+    # prompts are short: one prefill step); else one pass per draft. Without
+    # either counter ms/pass is not measurable: tokens - 1 would be ms per TOKEN,
+    # which under MTP k=3 is ~1/3 of ms per pass and would pass its gate falsely.
+    passes: int | None
     if steps is not None and steps > 1:
         passes, source = int(steps) - 1, "engine steps - 1"
     elif drafts:
         passes, source = int(drafts), "spec-decode drafts"
     else:
-        passes, source = s.completion_tokens - 1, "tokens - 1 (no counters)"
+        passes, source = None, NOT_MEASURABLE
     per_pos_b = metric_by_label(before, M_PER_POS, "position")
     per_pos = {
         k: v - per_pos_b.get(k, 0.0)
@@ -222,7 +242,7 @@ def decode_sample(
         tok_s=s.decode_tok_s,
         passes=passes,
         passes_from=source,
-        ms_per_pass=(s.decode_s * 1000 / passes) if passes > 0 else None,
+        ms_per_pass=(s.decode_s * 1000 / passes) if passes else None,
         drafts=drafts,
         draft_tokens=draft_tokens,
         accepted=accepted,
@@ -332,6 +352,9 @@ class _Partial:
     decode: list[DecodeSample] = field(default_factory=list)
     concurrency: list[ConcurrencyResult] = field(default_factory=list)
     needles: tuple[NeedleResult, ...] = ()
+    streams: list[Stream] = field(default_factory=list)
+    decode_wall: list[float] = field(default_factory=list)  # start, end of the decode phase
+    fidelity: FidelityResult | None = None
 
 
 def qualify(
@@ -371,15 +394,21 @@ def qualify(
         wait_idle(client, config.idle_timeout_s)
         for w in range(config.warmup):
             client.stream_chat(model, config.prompts[w % len(config.prompts)], config.max_tokens)
+        part.decode_wall.append(time.perf_counter())
         for r in range(config.repeats):
             for i, p in enumerate(config.prompts):
                 _check_alive(target)
-                s = decode_sample(client, model, p, config.max_tokens, i, r)
+                s = decode_sample(client, model, p, config.max_tokens, i, r, part.streams)
                 part.decode.append(s)
                 progress(
                     f"decode prompt {i} repeat {r}: {s.tok_s:.2f} tok/s, "
-                    f"{s.ms_per_pass or 0:.2f} ms/pass"
+                    + (
+                        f"{s.ms_per_pass:.2f} ms/pass"
+                        if s.ms_per_pass
+                        else "ms/pass " + NOT_MEASURABLE
+                    )
                 )
+        part.decode_wall.append(time.perf_counter())
         for n in prof.concurrency:
             if n < 2:
                 continue
@@ -391,6 +420,15 @@ def qualify(
             progress(f"{n} streams: {c.aggregate_tok_s:.2f} tok/s aggregate")
         _check_alive(target)
         part.needles = run_needles(client, model, prof, part.server.get("max_model_len"), progress)
+        if config.fidelity is not None:
+            _check_alive(target)
+            progress("fidelity: scoring the panel's prompt log-probabilities")
+            part.fidelity = fidelity.measure(client, model, config.fidelity)
+            f = part.fidelity
+            progress(
+                f"fidelity: mean KLD {f.mean_kld:.4e} nats ({f.method}, {f.positions} "
+                f"positions), top-1 {f.top1:.4f}"
+            )
     except (ServerGone, ServerRefused) as exc:
         error = _explain(exc, target)
     except PinwheelError as exc:
@@ -400,7 +438,16 @@ def qualify(
 
     single = spread([s.tok_s for s in part.decode])
     ms_pass = spread([s.ms_per_pass for s in part.decode if s.ms_per_pass is not None])
-    gates = judge(prof, single, ms_pass, part.concurrency, part.needles, part.markers)
+    sources = sorted({s.passes_from for s in part.decode if s.ms_per_pass is not None})
+    gates = judge(
+        prof,
+        single,
+        ms_pass,
+        part.concurrency,
+        part.needles,
+        part.markers,
+        ms_source=", ".join(sources),
+    ) + fidelity.judge(config.fidelity, part.fidelity)
     verdict = "ERROR" if error else ("FAIL" if any(g.status == "FAIL" for g in gates) else "PASS")
     receipt = Receipt(
         schema=SCHEMA,
@@ -419,6 +466,8 @@ def qualify(
         gates=gates,
         reference=dict(prof.reference),
         error=str(error) if error else None,
+        fidelity=part.fidelity,
+        serving=_serving(part, config),
     )
     write_outputs(receipt, out)
     if error:
@@ -432,6 +481,25 @@ def qualify(
             next="read the report; compare builds by ms/pass, then rerun `pinwheel qualify`",
         )
     return receipt
+
+
+def _serving(part: _Partial, config: QualifyConfig) -> dict[str, Any]:
+    """`vllm bench serve` statistics over the decode phase's requests (one at a time)."""
+    if not part.streams:
+        return {}
+    end = part.decode_wall[1] if len(part.decode_wall) > 1 else part.streams[-1].last
+    per_pos: dict[str, float] = {}
+    for d in part.decode:
+        for k, v in d.accepted_per_pos.items():
+            per_pos[k] = per_pos.get(k, 0.0) + v
+    spec = stats.spec_decode_stats(
+        sum(d.drafts or 0 for d in part.decode),
+        sum(d.draft_tokens or 0 for d in part.decode),
+        sum(d.accepted or 0 for d in part.decode),
+        per_pos,
+    )
+    out = stats.serving_stats(part.streams, end - part.decode_wall[0], config.slo, spec)
+    return {"phase": "decode (single stream, sequential)", "max_concurrency": 1} | out
 
 
 def _check_alive(target: Target) -> None:
@@ -477,6 +545,10 @@ def _summary(
         if single
         else None,
         "ms_per_pass": asdict(ms_pass) if ms_pass else None,
+        "ms_per_pass_source": ", ".join(
+            sorted({s.passes_from for s in decode if s.ms_per_pass is not None})
+        )
+        or NOT_MEASURABLE,
         "accepted_per_pass": asdict(acc) if acc else None,
         "acceptance_rate": (accepted / draft_tokens) if draft_tokens else None,
         "mean_acceptance_length": (1 + accepted / drafts) if drafts else None,

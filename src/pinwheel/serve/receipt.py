@@ -90,6 +90,31 @@ class MarkerResult:
 
 
 @dataclass(frozen=True)
+class FidelityResult:
+    """KLD(teacher || student) over the panel (:mod:`pinwheel.serve.fidelity`)."""
+
+    mean_kld: float  # nats, token mean
+    ci95: tuple[float, float]
+    median: float
+    p99: float
+    max: float
+    top1: float  # fraction of positions where both argmaxes agree
+    positions: int
+    windows: int
+    method: str  # "full" or "top-K+tail"
+    kld_sha256: str  # sha256 of the per-position KLD, float64 little-endian bytes
+    panel_sha256: str
+    teacher_sha256: str
+    teacher_source: str
+    top_k: int
+    ci_method: str
+    kld: tuple[float, ...] = field(default=(), repr=False, compare=False)  # not in the JSON
+
+
+NOT_MEASURABLE = "not measurable"
+
+
+@dataclass(frozen=True)
 class Gate:
     name: str
     status: str  # PASS | FAIL | SKIP
@@ -113,6 +138,8 @@ def judge(
     conc: Sequence[ConcurrencyResult],
     needles: Sequence[NeedleResult],
     markers: Sequence[MarkerResult],
+    *,
+    ms_source: str = "",
 ) -> tuple[Gate, ...]:
     gates: list[Gate] = []
     if prof.min_tok_s is not None:
@@ -137,9 +164,10 @@ def judge(
                 Gate(
                     "ms per forward pass",
                     "FAIL",
-                    "not measured",
+                    NOT_MEASURABLE,
                     f"<= {t}",
-                    "the server exposed no step counters",
+                    "the server exposed no step counter "
+                    "(vllm:iteration_tokens_total) and no spec-decode drafts",
                 )
             )
         else:
@@ -150,7 +178,8 @@ def judge(
                     "PASS" if ok else "FAIL",
                     shown(ms_pass.median, t),
                     f"<= {t}",
-                    f"median of {ms_pass.n}, {ms_pass.low:.2f}-{ms_pass.high:.2f}",
+                    f"median of {ms_pass.n}, {ms_pass.low:.2f}-{ms_pass.high:.2f}"
+                    + (f"; passes from {ms_source}" if ms_source else ""),
                 )
             )
     if prof.min_aggregate_tok_s is not None:
@@ -230,6 +259,11 @@ class Receipt:
     gates: tuple[Gate, ...]
     reference: Mapping[str, str]
     error: str | None = None
+    fidelity: FidelityResult | None = None
+    serving: Mapping[str, Any] = field(default_factory=dict)  # `vllm bench serve` names
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True, default=str) + "\n"
+        data = asdict(self)
+        if data.get("fidelity"):
+            data["fidelity"].pop("kld", None)  # written beside it as fidelity_kld.f64
+        return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"

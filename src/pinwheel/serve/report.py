@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
-from pinwheel.fsutil import atomic_write_text
+from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
 from pinwheel.serve.receipt import Receipt
 
 STATUS_COLOURS = {"pass": "#2e7d32", "miss": "#c62828", "garbage": "#6a1b9a", "skipped": "#9e9e9e"}
@@ -83,6 +84,9 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
     if "decode" in plots:
         lines += ["", f"![per-prompt tok/s]({plots['decode']})"]
 
+    lines += _serving_markdown(r, plots)
+    lines += _fidelity_markdown(r, plots)
+
     if r.concurrency:
         lines += [
             "",
@@ -122,6 +126,75 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
     if "missing" in plots:
         lines += ["", f"_plots not drawn: {plots['missing']}_"]
     return "\n".join(lines) + "\n"
+
+
+def _sci(value: Any) -> str:
+    return "-" if value is None else f"{value:.4e}"
+
+
+def _fidelity_markdown(r: Receipt, plots: dict[str, str]) -> list[str]:
+    f = r.fidelity
+    if f is None:
+        return []
+    lines = [
+        "",
+        "## Fidelity: KLD(teacher || served model), nats",
+        "",
+        "| fidelity.mean_kld | fidelity.ci95 | fidelity.median | fidelity.p99 | "
+        "fidelity.top1 | fidelity.positions | fidelity.method |",
+        "|---|---|---|---|---|---|---|",
+        f"| {f.mean_kld!r} | {_sci(f.ci95[0])} - {_sci(f.ci95[1])} | {_sci(f.median)} | "
+        f"{_sci(f.p99)} | {f.top1!r} | {f.positions} ({f.windows} windows) | {f.method} |",
+        "",
+        f"- fidelity.kld_sha256 `{f.kld_sha256}` (per-position KLD, float64 little-endian: "
+        "`fidelity_kld.f64`)",
+        f"- panel sha256 `{f.panel_sha256}`; teacher sha256 `{f.teacher_sha256}` "
+        f"({f.teacher_source})",
+        f"- 95% CI: {f.ci_method}; max {_sci(f.max)}",
+    ]
+    if "fidelity" in plots:
+        lines += ["", f"![per-position KLD]({plots['fidelity']})"]
+    return lines
+
+
+def _serving_markdown(r: Receipt, plots: dict[str, str]) -> list[str]:
+    s = r.serving
+    if not s:
+        return []
+    lines = [
+        "",
+        f"## Serving statistics ({s.get('phase', '')}; `vllm bench serve` names)",
+        "",
+        "| metric | mean | median | std | p90 | p99 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        cells = [_num(s.get(f"{k}_{m}_ms")) for k in ("mean", "median", "std", "p90", "p99")]
+        lines.append(f"| {m}_ms | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"- completed {s.get('completed')} requests in {_num(s.get('duration'))} s; "
+        f"output_throughput {_num(s.get('output_throughput'))} tok/s; request_goodput "
+        + (
+            f"{s['request_goodput']:.4f} req/s ({s.get('good_requests')} of "
+            f"{s.get('completed')} within {s.get('goodput_slo_ms')} ms)"
+            if s.get("request_goodput") is not None
+            else "- (no [qualify].slo)"
+        ),
+    ]
+    if s.get("spec_decode_num_drafts"):
+        rates = ", ".join(f"{x:.3f}" for x in s["spec_decode_per_position_acceptance_rates"])
+        lines.append(
+            f"- spec decode: acceptance rate {s['spec_decode_acceptance_rate']:.2f}%, "
+            f"acceptance length {s['spec_decode_acceptance_length']:.3f}, "
+            f"per-position acceptance [{rates}]"
+        )
+    src = r.summary.get("ms_per_pass_source")
+    if src:
+        lines.append(f"- ms per forward pass from: {src}")
+    if "latency" in plots:
+        lines += ["", f"![latency distributions]({plots['latency']})"]
+    return lines
 
 
 def render_plots(r: Receipt, out: Path) -> dict[str, str]:
@@ -178,11 +251,53 @@ def render_plots(r: Receipt, out: Path) -> dict[str, str]:
         fig.savefig(out / "needle_grid.png", dpi=100)
         plt.close(fig)
         made["needle"] = "needle_grid.png"
+    if r.fidelity is not None and r.fidelity.kld:
+        import math
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        logs = [math.log10(max(x, 1e-16)) for x in r.fidelity.kld]
+        ax.hist(logs, bins=40, color="#1565c0")
+        ax.axvline(math.log10(max(r.fidelity.mean_kld, 1e-16)), color="#000", label="mean")
+        for g in r.gates:
+            if g.name.startswith("fidelity mean KLD") and g.threshold.startswith("<="):
+                ax.axvline(
+                    math.log10(float(g.threshold[2:])), color="#c62828", ls="--", label="gate"
+                )
+        ax.legend()
+        ax.set_xlabel("log10 KLD per position (nats; 1e-16 floor)")
+        ax.set_ylabel("positions")
+        ax.set_title(f"fidelity: {r.fidelity.method}, {r.fidelity.positions} positions")
+        fig.tight_layout()
+        fig.savefig(out / "fidelity_kld.png", dpi=100)
+        plt.close(fig)
+        made["fidelity"] = "fidelity_kld.png"
+    if r.serving.get("completed"):
+        s = r.serving
+        series = {
+            "ttft": [x * 1000 for x in s.get("ttfts", [])],
+            "itl": [x * 1000 for xs in s.get("itls", []) for x in xs],
+            "e2el": [x * 1000 for x in s.get("latencies", [])],
+        }
+        series = {k: v for k, v in series.items() if v}
+        fig, axes = plt.subplots(1, len(series), figsize=(3.2 * len(series), 3.2))
+        for ax, (name, values) in zip(
+            axes if len(series) > 1 else [axes], series.items(), strict=True
+        ):
+            ax.hist(values, bins=30, color="#2e7d32")
+            ax.set_xlabel(f"{name} (ms)")
+            ax.set_title(f"{name}: n={len(values)}")
+        fig.tight_layout()
+        fig.savefig(out / "latency.png", dpi=100)
+        plt.close(fig)
+        made["latency"] = "latency.png"
     return made
 
 
 def write_outputs(receipt: Receipt, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     plots = render_plots(receipt, out)
+    if receipt.fidelity is not None:
+        kld = receipt.fidelity.kld
+        atomic_write_bytes(out / "fidelity_kld.f64", struct.pack(f"<{len(kld)}d", *kld))
     atomic_write_text(out / "receipt.json", receipt.to_json())
     atomic_write_text(out / "report.md", render_markdown(receipt, plots))

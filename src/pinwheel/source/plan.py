@@ -59,9 +59,7 @@ def _planned(c: pygit2.Commit) -> PlannedCommit:
     return PlannedCommit(str(c.id), subject_line(c.message), c.author.name, len(c.parents) > 1)
 
 
-def hazard_commits(
-    repo: pygit2.Repository, base: str, bases: list[str]
-) -> list[PlannedCommit]:
+def hazard_commits(repo: pygit2.Repository, base: str, bases: list[str]) -> list[PlannedCommit]:
     """Mainline commits reachable from the merge-bases ``bases`` but not from ``base``."""
     if not bases:
         return []

@@ -1,0 +1,266 @@
+"""Fidelity arithmetic, bootstrap determinism, gates and serving statistics, without a server.
+
+The KLD figures are checked against an independent computation in plain Python
+(math.fsum over dicts) on the same log-probabilities."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import struct
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pinwheel.errors import ManifestError, VerifyError
+from pinwheel.manifest import model as manifest
+from pinwheel.manifest.serve import FidelityConfig, QualifyProfile, Slo
+from pinwheel.serve import fidelity, stats
+from pinwheel.serve.receipt import judge
+
+V = 50
+
+
+def _logsoftmax(rng: random.Random, scale: float = 3.0) -> list[float]:
+    xs = [rng.gauss(0, scale) for _ in range(V)]
+    m = max(xs)
+    z = m + math.log(math.fsum(math.exp(x - m) for x in xs))
+    return [x - z for x in xs]
+
+
+def _plain_full(t: list[float], s: list[float]) -> float:
+    tz = math.log(math.fsum(math.exp(x) for x in t))
+    sz = math.log(math.fsum(math.exp(x) for x in s))
+    return math.fsum(math.exp(a - tz) * ((a - tz) - (b - sz)) for a, b in zip(t, s, strict=True))
+
+
+def _plain_coarse(t: dict[int, float], s: dict[int, float]) -> float:
+    both = [i for i in s if i in t]
+    pt = [math.exp(t[i]) for i in both]
+    ps = [math.exp(s[i]) for i in both]
+    tt = max(1 - math.fsum(pt), 1e-12)
+    ts = max(1 - math.fsum(ps), 1e-12)
+    body = math.fsum(a * (math.log(a) - math.log(b)) for a, b in zip(pt, ps, strict=True))
+    return body + tt * (math.log(tt) - math.log(ts))
+
+
+def _windows(rng: random.Random, n: int, length: int) -> list[list[int]]:
+    return [[rng.randrange(V) for _ in range(length)] for _ in range(n)]
+
+
+def _entry(row: list[float], keep: list[int]) -> dict[str, dict]:
+    order = sorted(range(V), key=lambda i: (-row[i], i))
+    rank = {i: r + 1 for r, i in enumerate(order)}
+    return {str(i): {"logprob": row[i], "rank": rank[i]} for i in keep}
+
+
+def _case(tmp_path, top_k: int, teacher_k: int):
+    """A panel, teacher and student rows over a 50-token vocabulary."""
+    rng = random.Random(7)
+    windows = _windows(rng, 6, 9)
+    panel_path = tmp_path / "panel.json"
+    fidelity.write_panel(panel_path, windows)
+    panel = fidelity.read_panel(panel_path, None)
+    t_rows, s_rows, student = [], [], []
+    for w in windows:
+        for j in range(1, len(w)):
+            t = _logsoftmax(rng)
+            s = [x + rng.gauss(0, 0.3) for x in t]  # a perturbed student, renormalized
+            sz = math.log(math.fsum(math.exp(x) for x in s))
+            s = [x - sz for x in s]
+            t_rows.append(t)
+            s_rows.append(s)
+            order = sorted(range(V), key=lambda i: (-s[i], i))
+            keep = list(range(V)) if top_k == -1 else [w[j], *order[:top_k]]
+            student.append(fidelity.parse_position(_entry(s, list(dict.fromkeys(keep)))))
+    full = np.array(t_rows, np.float32)
+    targets = np.array([t for w in windows for t in w[1:]], np.int64)
+    arrays = {
+        "offsets": np.array([0] + [len(w) - 1 for w in windows], np.int64).cumsum(),
+        "target": targets.astype(np.int32),
+        "target_logprob": full[np.arange(len(targets)), targets],
+    }
+    if teacher_k == -1:
+        arrays["full"] = full
+    else:
+        ids = np.argsort(-full, axis=1, kind="stable")[:, :teacher_k].astype(np.int32)
+        arrays |= {"top_ids": ids, "top_logprobs": np.take_along_axis(full, ids, 1)}
+    meta = {"schema": fidelity.TEACHER_SCHEMA, "panel_sha256": panel.sha256, "source": "test"}
+    teacher = fidelity.load_teacher(fidelity.teacher_bytes(arrays, meta), "test")
+    return panel, teacher, student, full, s_rows, windows
+
+
+def test_full_vocabulary_kld_matches_plain_math(tmp_path):
+    panel, teacher, student, full, s_rows, _ = _case(tmp_path, top_k=-1, teacher_k=-1)
+    kld, agree, all_full = fidelity.score_positions(teacher, student)
+    assert all_full and len(kld) == panel.positions == 48
+    for p in range(len(kld)):
+        want = _plain_full([float(x) for x in full[p]], [float(x) for x in s_rows[p]])
+        assert kld[p] == pytest.approx(want, rel=1e-9, abs=1e-13)
+        t_top = max(range(V), key=lambda i: (full[p][i], -i))
+        s_top = max(range(V), key=lambda i: (s_rows[p][i], -i))
+        assert bool(agree[p]) == (t_top == s_top)
+    assert kld.min() > 0
+
+
+@pytest.mark.parametrize("teacher_k", [-1, 8])
+def test_top_k_tail_kld_matches_plain_math_and_bounds_the_full_kld(tmp_path, teacher_k):
+    panel, teacher, student, full, s_rows, windows = _case(tmp_path, top_k=5, teacher_k=teacher_k)
+    kld, _, all_full = fidelity.score_positions(teacher, student)
+    assert not all_full
+    targets = [t for w in windows for t in w[1:]]
+    for p in range(len(kld)):
+        trow = [float(x) for x in full[p]]
+        if teacher_k == -1:
+            known = dict(enumerate(trow))
+        else:
+            order = sorted(range(V), key=lambda i: (-full[p][i], i))[:teacher_k]
+            known = {i: trow[i] for i in order} | {targets[p]: trow[targets[p]]}
+        s = {int(i): float(lp) for i, lp in zip(*student[p][:2], strict=True)}
+        assert kld[p] == pytest.approx(_plain_coarse(known, s), rel=1e-9, abs=1e-13)
+        # coarse-graining never exceeds the full KLD (log-sum inequality)
+        assert kld[p] <= _plain_full(trow, s_rows[p]) + 1e-9
+
+
+def test_summary_sha_and_bootstrap_are_deterministic(tmp_path):
+    panel, teacher, student, *_ = _case(tmp_path, top_k=5, teacher_k=-1)
+    kld, agree, all_full = fidelity.score_positions(teacher, student)
+    kw = dict(panel=panel, teacher=teacher, top_k=5, resamples=1000, seed=0)
+    a = fidelity.summarize(kld, agree, all_full, **kw)
+    b = fidelity.summarize(kld.copy(), agree, all_full, **kw)
+    assert a == b and a.ci95 == b.ci95
+    assert a.kld_sha256 == hashlib.sha256(struct.pack(f"<{len(kld)}d", *kld)).hexdigest()
+    assert a.ci95[0] <= a.mean_kld <= a.ci95[1]
+    assert a.method == "top-5+tail" and a.positions == 48 and a.windows == 6
+    assert a.mean_kld == pytest.approx(math.fsum(kld) / len(kld))
+    assert a.p99 == pytest.approx(float(np.percentile(kld, 99)))
+    other = fidelity.summarize(kld, agree, all_full, **(kw | {"seed": 1}))
+    assert other.ci95 != a.ci95
+    assert "6 windows" in a.ci_method
+
+
+def test_teacher_file_is_byte_reproducible_and_pinned(tmp_path):
+    arrays = {"offsets": np.array([0, 2]), "target": np.array([1, 2], np.int32)}
+    meta = {"schema": fidelity.TEACHER_SCHEMA}
+    one = fidelity.teacher_bytes(arrays, meta)
+    assert one == fidelity.teacher_bytes(arrays, meta)
+    with np.load(__import__("io").BytesIO(one)) as z:
+        assert list(z["target"]) == [1, 2]
+    path = tmp_path / "t.npz"
+    path.write_bytes(one)
+    with pytest.raises(VerifyError, match="teacher sha256"):
+        fidelity.read_teacher(path, "0" * 64)
+
+
+def test_panel_is_pinned(tmp_path):
+    sha = fidelity.write_panel(tmp_path / "p.json", [[1, 2, 3]])
+    assert fidelity.read_panel(tmp_path / "p.json", sha).positions == 2
+    with pytest.raises(VerifyError, match="panel sha256"):
+        fidelity.read_panel(tmp_path / "p.json", "f" * 64)
+    (tmp_path / "t.json").write_text(
+        json.dumps({"schema": fidelity.PANEL_SCHEMA, "texts": ["a b c"], "window": 2})
+    )
+    p = fidelity.read_panel(tmp_path / "t.json", None, lambda text: [5, 6, 7])
+    assert p.windows == ((5, 6),)
+
+
+def _cfg(**kw) -> FidelityConfig:
+    base = FidelityConfig(
+        panel=__import__("pathlib").Path("p"),
+        panel_sha256="a" * 64,
+        teacher=None,
+        teacher_sha256=None,
+        teacher_url="http://x",
+        top_k=20,
+        max_mean_kld=1e-4,
+        min_top1=0.95,
+        bootstrap=1000,
+        seed=0,
+    )
+    return replace(base, **kw)
+
+
+def test_fidelity_gates_judge_the_raw_value(tmp_path):
+    panel, teacher, student, *_ = _case(tmp_path, top_k=5, teacher_k=-1)
+    kld, agree, full = fidelity.score_positions(teacher, student)
+    r = fidelity.summarize(kld, agree, full, panel=panel, teacher=teacher, top_k=5,
+                           resamples=100, seed=0)  # fmt: skip
+    just_over = replace(r, mean_kld=1.0000001e-4, top1=0.9499996)
+    gates = {g.name: g for g in fidelity.judge(_cfg(), just_over)}
+    kl = gates["fidelity mean KLD (nats)"]
+    assert kl.status == "FAIL" and kl.measured == "0.00010000001"  # the raw value
+    t1 = gates["fidelity top-1 agreement"]
+    assert t1.status == "FAIL" and t1.measured == "0.9499996"
+    ok = {g.name: g.status for g in fidelity.judge(_cfg(), replace(r, mean_kld=1e-4, top1=0.95))}
+    assert set(ok.values()) == {"PASS"}
+    missing = fidelity.judge(_cfg(), None)
+    assert {g.status for g in missing} == {"FAIL"}
+
+
+def test_ms_per_pass_gate_fails_when_not_measurable():
+    prof = QualifyProfile("p", (1,), (), (), 8, None, 33.0, None, None, ())
+    (gate,) = judge(prof, None, None, (), (), ())
+    assert gate.status == "FAIL" and gate.measured == "not measurable"
+
+
+def test_manifest_fidelity_table(tmp_path):
+    path = tmp_path / "m.toml"
+    head = (
+        '[manifest]\nname = "x"\n[upstream]\nurl = "https://example.com/x.git"\n'
+        f'commit = "{"c" * 40}"\nbranch = "main"\n[qualify]\nprompts = ["hi"]\n'
+        "slo = { ttft_ms = 500, e2el_ms = 9000 }\n[qualify.profile.p]\nconcurrency = [1]\n"
+    )
+    path.write_text(
+        head
+        + "[qualify.fidelity]\n"
+        + f'panel = {{ file = "fid/panel.json", sha256 = "{"a" * 64}" }}\n'
+        + 'teacher = { url = "http://ref:8000" }\ntop_k = -1\nmax_mean_kld = 0.06\n'
+    )
+    q = manifest.load(path).require("qualify")
+    assert q.fidelity.panel == tmp_path / "fid" / "panel.json"
+    assert q.fidelity.teacher_url == "http://ref:8000" and q.fidelity.top_k == -1
+    assert q.slo == Slo(ttft_ms=500.0, tpot_ms=None, e2el_ms=9000.0)
+    path.write_text(
+        head + '[qualify.fidelity]\npanel = { dataset = "org/x", revision = "abc" }\n'
+        'teacher = { url = "http://ref" }\n'
+    )
+    with pytest.raises(ManifestError, match="hub dataset"):
+        manifest.load(path).require("qualify")
+
+
+def _stream(start, ttft, gaps, tokens):
+    times = [start + ttft]
+    for g in gaps:
+        times.append(times[-1] + g)
+    return SimpleNamespace(
+        completion_tokens=tokens,
+        ttft_s=ttft,
+        e2el_s=times[-1] - start,
+        itl_s=tuple(gaps),
+    )
+
+
+def test_serving_stats_match_numpy_and_vllm_names():
+    streams = [_stream(0, 0.2, [0.05, 0.07, 0.06], 4), _stream(1, 0.4, [0.1, 0.3], 3)]
+    out = stats.serving_stats(streams, 2.0, Slo(ttft_ms=300.0))
+    ttfts = np.array([0.2, 0.4]) * 1000
+    assert out["mean_ttft_ms"] == pytest.approx(np.mean(ttfts))
+    assert out["std_ttft_ms"] == pytest.approx(np.std(ttfts))
+    itl = np.array([0.05, 0.07, 0.06, 0.1, 0.3]) * 1000
+    assert out["p99_itl_ms"] == pytest.approx(np.percentile(itl, 99))
+    assert out["p90_itl_ms"] == pytest.approx(np.percentile(itl, 90))
+    assert out["median_itl_ms"] == pytest.approx(np.median(itl))
+    tpots = np.array([(0.38 - 0.2) / 3, (0.8 - 0.4) / 2]) * 1000
+    assert out["mean_tpot_ms"] == pytest.approx(np.mean(tpots))
+    assert out["mean_e2el_ms"] == pytest.approx(np.mean([380.0, 800.0]))
+    assert out["output_throughput"] == 3.5 and out["request_throughput"] == 1.0
+    assert out["request_goodput"] == 0.5  # only the first request meets ttft <= 300 ms
+    assert stats.serving_stats(streams, 2.0)["request_goodput"] is None
+    spec = stats.spec_decode_stats(10, 30, 15, {"0": 8, "1": 5, "2": 2})
+    assert spec["spec_decode_acceptance_rate"] == 50.0
+    assert spec["spec_decode_acceptance_length"] == 2.5
+    assert spec["spec_decode_per_position_acceptance_rates"] == [0.8, 0.5, 0.2]
