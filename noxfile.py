@@ -17,7 +17,7 @@ PYTHONS = ["3.11"]
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Unit and integration tests on real git repos, files and local servers."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,build]")
     session.run("pytest", "-m", "not slow", *session.posargs)
 
 
@@ -32,7 +32,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHONS)
 def kernels(session: nox.Session) -> None:
     """Provision CUDA 12.x, build the in-tree kernel wheel twice, check it."""
-    session.install("-e", ".[test,kernels]")
+    session.install("-e", ".[test,kernels,build]")
     session.run("pytest", "-m", "slow and kernels", "-s", *session.posargs)
 
 
