@@ -152,7 +152,7 @@ def test_system_manifests_load_and_their_recipes_match(name, capsys):
     p = serve.profile()
     (component,) = m.kernels
     assert not m.has_engine and component.name == "exllamav3" and m.build.cuda == "13.0"
-    assert m.build.torch_index == "https://download.pytorch.org/whl/cu130"
+    assert m.build.torch_index is None  # FILL IN in the seed manifests
     if name.startswith("gb10"):
         assert (p.compute_capability, p.num_speculative_tokens, p.gpus, p.cuda) == (
             "12.1",

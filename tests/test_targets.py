@@ -33,7 +33,7 @@ commit = "0123456789abcdef0123456789abcdef01234567"
 
 [build]
 """
-CU130 = "https://download.pytorch.org/whl/cu130"
+CU130 = "https://torch-index.invalid/whl/cu130"
 
 
 def build_table(tmp_path: Path, body: str) -> BuildConfig:
@@ -51,7 +51,7 @@ def build_table(tmp_path: Path, body: str) -> BuildConfig:
         ('cuda = "12.4"\narches = ["12.0"]\n', "first targets sm_120 in CUDA 12.8", '"12.8"'),
         ('cuda = "12.8"\narches = ["12.1"]\n', "first targets sm_121 in CUDA 12.9", '"12.9"'),
         ('cuda = "12.8"\narches = ["7.0"]\ntorch = "2.11.0"\n'
-         'torch_index = "https://download.pytorch.org/whl/cu128"\n',
+         'torch_index = "https://torch-index.invalid/whl/cu128"\n',
          "carries no sm_70 kernels (dropped from 2.11 on)", "cu126"),
         (f'cuda = "12.4"\narches = ["8.0"]\ntorch = "2.11.0"\ntorch_index = "{CU130}"\n',
          "same CUDA major", "cu12x"),
@@ -74,7 +74,7 @@ def test_impossible_combinations_are_refused_at_load(
     [
         'cuda = "12.4"\narches = ["7.0"]\ntorch = "2.9.1"\n',  # the V100 card
         'cuda = "12.6"\narches = ["7.0"]\ntorch = "2.11.0"\n'
-        'torch_index = "https://download.pytorch.org/whl/cu126"\n',  # cu126 keeps sm_70
+        'torch_index = "https://torch-index.invalid/whl/cu126"\n',  # cu126 keeps sm_70
         f'cuda = "13.0"\narches = ["12.0"]\ntorch = "2.11.0"\ntorch_index = "{CU130}"\n',
         f'cuda = "13.0"\narches = ["12.1"]\ntorch = "2.13.0"\ntorch_index = "{CU130}"\n',
         'cuda = "12.9"\narches = ["12.1"]\n',
@@ -87,7 +87,7 @@ def test_possible_combinations_load(tmp_path: Path, body: str) -> None:
 
 def test_index_cuda() -> None:
     assert index_cuda(CU130) == "13.0"
-    assert index_cuda("https://download.pytorch.org/whl/cu128/") == "12.8"
+    assert index_cuda("https://torch-index.invalid/whl/cu128/") == "12.8"
     assert index_cuda("https://example.invalid/simple") is None
 
 
