@@ -97,3 +97,21 @@ def test_other_files_in_the_output_dir_survive_a_publish(tmp_path: Path) -> None
     publish([built(tmp_path, "alpha", "1.1")], out, spec=SPEC, receipt=receipt())
     assert (out / "NOTES.txt").read_text() == "mine\n"
     assert [p.name for p in out.glob("*.whl")] == ["alpha-1.1-py3-none-any.whl"]
+
+
+def test_engine_required_members_wait_for_the_engine(tmp_path: Path) -> None:
+    """[build] required_members name the engine's files: a kernel-only set is not judged by
+    them, a set with the engine is (and a kept engine still satisfies them)."""
+    out = tmp_path / "wheels"
+    needs = CheckSpec(arches=(), require_cuda=False, required_members=("engine/__init__.py",))
+    publish([built(tmp_path, "kern", "1.0")], out, spec=needs, receipt=receipt())  # no engine
+    with pytest.raises(VerifyError) as err:  # an engine wheel without the member
+        publish([built(tmp_path, "other", "1.0", kind="engine")], out, spec=needs,
+                receipt=receipt())  # fmt: skip
+    assert "required member 'engine/__init__.py' is missing" in str(err.value)
+    publish([built(tmp_path, "engine", "1.0", kind="engine")], out, spec=needs, receipt=receipt())
+    publish([built(tmp_path, "kern", "1.1")], out, spec=needs, receipt=receipt())  # kept engine
+    assert sorted(p.name for p in out.glob("*.whl")) == [
+        "engine-1.0-py3-none-any.whl",
+        "kern-1.1-py3-none-any.whl",
+    ]

@@ -13,6 +13,7 @@ wheel without its SHA256SUMS line.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -138,12 +139,18 @@ def publish(
     new_dists = {dist_name(b.wheel.name) for b in built}
     old, old_receipt = vouched(out_dir) if keep_others else ({}, None)
     kept = {n: d for n, d in old.items() if dist_name(n) not in new_dists}
-    # Required members count over the whole set: a kernel-only build keeps the engine.
-    report = check_wheels([b.wheel for b in built], spec, alongside=[out_dir / n for n in kept])
-    report.raise_if_failed()  # unchecked wheels never reach out_dir
     old_components = {
         c["wheel"]: c for c in (old_receipt or {}).get("components", []) if c.get("wheel") in kept
     }
+    # Required members ([build] required_members: the engine's) count over the whole set, and
+    # only once the set has an engine: a kernel-only build keeps, or waits for, the engine.
+    has_engine = any(b.kind == "engine" for b in built) or any(
+        c.get("kind") == "engine" for c in old_components.values()
+    )
+    if not has_engine:
+        spec = dataclasses.replace(spec, required_members=())
+    report = check_wheels([b.wheel for b in built], spec, alongside=[out_dir / n for n in kept])
+    report.raise_if_failed()  # unchecked wheels never reach out_dir
 
     staging = _sibling(out_dir, f"staging-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
