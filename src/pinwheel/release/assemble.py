@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pinwheel.build.provenance import read_receipt
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_files, verify_dir
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_text
@@ -259,7 +260,8 @@ def assemble(
         )
     hashed = sha256_files([build / w for w in wheels])
     digests = {w: hashed[build / w] for w in wheels}
-    provenance = _load_json(build / PROVENANCE)
+    # The build stage's one receipt reader (schema checked); an absent receipt reads as {}.
+    provenance = read_receipt(build / PROVENANCE) if (build / PROVENANCE).is_file() else {}
     warnings = _check_build_output(build, wheels, digests, provenance)
     reasons = unverified_reasons(manifest, provenance, [build / w for w in wheels])
     if reasons and not allow_unverified:
