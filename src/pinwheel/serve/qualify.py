@@ -115,14 +115,7 @@ def wait_healthy(
     while True:
         if client.healthy():
             return time.monotonic() - start
-        code = target.alive() if target.alive else None
-        if code is not None:
-            raise PinwheelError(
-                f"the server exited with code {code} before it became healthy",
-                where=str(target.log or target.url),
-                next="read the log above, fix the cause, then run `pinwheel qualify` again"
-                + _tail_block(target.log),
-            )
+        _check_alive(target, "before it became healthy")
         if target.alive is None:  # attached with --url: is anything listening at all?
             try:
                 socket.create_connection((host, port), timeout=min(poll_s * 2, 5.0)).close()
@@ -502,11 +495,12 @@ def _serving(part: _Partial, config: QualifyConfig) -> dict[str, Any]:
     return {"phase": "decode (single stream, sequential)", "max_concurrency": 1} | out
 
 
-def _check_alive(target: Target) -> None:
+def _check_alive(target: Target, when: str = "during qualification") -> None:
+    """A server we started that has exited: say so with its log's tail."""
     code = target.alive() if target.alive else None
     if code is not None:
         raise PinwheelError(
-            f"the server exited with code {code} during qualification",
+            f"the server exited with code {code} {when}",
             where=str(target.log or target.url),
             next="read the server log, fix the cause, run `pinwheel qualify` again"
             + _tail_block(target.log),
