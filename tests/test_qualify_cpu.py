@@ -5,12 +5,10 @@ tests/fixtures/qualify-cpu.toml scaled to a CPU. The venv and converted model ar
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,20 +19,15 @@ import pytest
 from pinwheel.cli import main
 from pinwheel.manifest import model as manifest
 from pinwheel.serve.client import Client
-from pinwheel.serve.qualify import Target, wait_healthy
+from pinwheel.serve.qualify import wait_healthy
 from pinwheel.serve.recipe import launch
+from pinwheel.serve.supervise import free_port, started_server
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_vllm import provision  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.qualify]
 FIXTURE = Path(__file__).parent / "fixtures" / "qualify-cpu.toml"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +40,7 @@ def server(cpu, tmp_path_factory):
     """One real server for the attach-mode tests, started from the fixture's [serve] profile."""
     m = manifest.load(FIXTURE)
     serve = m.serve
-    port = _free_port()
+    port = free_port()
     run = launch(
         serve,
         serve.profile(),
@@ -56,27 +49,11 @@ def server(cpu, tmp_path_factory):
         host="127.0.0.1",
         port=port,
     )
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            list(run.argv),
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            env=dict(os.environ) | dict(run.env),
-            start_new_session=True,
-        )
-    target = Target(url=f"http://127.0.0.1:{port}", log=log, alive=proc.poll)
-    try:
+    url = f"http://127.0.0.1:{port}"
+    out = tmp_path_factory.mktemp("server")
+    with started_server(run, out, environ=os.environ, url=url) as target:
         wait_healthy(Client(target.url), target, timeout_s=600)
         yield target
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _variant(tmp_path: Path, **edits: str) -> Path:

@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from pinwheel.serve.client import Client
 from pinwheel.serve.fidelity import write_panel
 from pinwheel.serve.qualify import Target, wait_healthy
 from pinwheel.serve.recipe import launch
-from pinwheel.serve.supervise import free_port
+from pinwheel.serve.supervise import free_port, started_server
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_vllm import provision  # noqa: E402
@@ -108,7 +107,8 @@ def _manifest(tmp: Path, inputs: dict[str, Path], *, tiny: bool = False, **edits
 
 
 @contextlib.contextmanager
-def _server(cpu, profile: str, log: Path) -> Iterator[Target]:
+def _server(cpu, profile: str, out: Path) -> Iterator[Target]:
+    """A real server for ``profile`` (log: out/server.log), stopped when the block ends."""
     m = manifest.load(FIXTURE)
     port = free_port()
     run = launch(
@@ -119,31 +119,15 @@ def _server(cpu, profile: str, log: Path) -> Iterator[Target]:
         host="127.0.0.1",
         port=port,
     )
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            list(run.argv),
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            env=dict(os.environ) | dict(run.env),
-            start_new_session=True,
-        )
-    target = Target(url=f"http://127.0.0.1:{port}", log=log, alive=proc.poll)
-    try:
+    url = f"http://127.0.0.1:{port}"
+    with started_server(run, out, environ=os.environ, url=url) as target:
         wait_healthy(Client(target.url), target, timeout_s=900)
         yield target
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
 def fp32(cpu, inputs, tmp_path_factory):
-    with _server(cpu, "fp32", tmp_path_factory.mktemp("fp32") / "server.log") as t:
+    with _server(cpu, "fp32", tmp_path_factory.mktemp("fp32")) as t:
         yield t
 
 
@@ -213,7 +197,7 @@ def test_fidelity_full_vocabulary_on_a_tiny_panel(fp32, inputs, tmp_path):
 
 def test_fidelity_bf16_scores_higher_and_its_ms_per_pass_is_not_measurable(cpu, inputs, tmp_path):
     m = _manifest(tmp_path, inputs)
-    with _server(cpu, "bf16", tmp_path / "server.log") as bf16:
+    with _server(cpu, "bf16", tmp_path) as bf16:
         code, r = _qualify(m, bf16, tmp_path / "bf16", "bf16")
     f = r["fidelity"]
     assert f["mean_kld"] > 1e-5, f  # measured ~1e-3; fp32 scores < 1e-8 (above)
@@ -234,7 +218,7 @@ def test_fidelity_bf16_scores_higher_and_its_ms_per_pass_is_not_measurable(cpu, 
 
 def test_fidelity_a_different_model_fails_the_gate(cpu, inputs, tmp_path, capsys):
     m = _manifest(tmp_path, inputs)
-    with _server(cpu, "other", tmp_path / "server.log") as other:
+    with _server(cpu, "other", tmp_path) as other:
         code, r = _qualify(m, other, tmp_path / "out", "other")
     assert code == 7 and r["verdict"] == "FAIL"
     f = r["fidelity"]
