@@ -192,3 +192,43 @@ def test_a_download_pinwheel_cannot_see_fails_the_build_by_name(tmp_path: Path) 
     assert "https://example.invalid/hidden.git" in err.value.what
     assert "tried to download" in err.value.what
     assert not (tmp_path / "wheels").exists()  # nothing published
+
+
+OMIT_CMAKELISTS = """\
+cmake_minimum_required(VERSION 3.16)
+project(omitdemo NONE)
+include(FetchContent)
+FetchContent_Declare(bigdep SOURCE_DIR $ENV{BIGDEP_SRC_DIR})
+FetchContent_MakeAvailable(bigdep)
+install(DIRECTORY ${bigdep_SOURCE_DIR}/ DESTINATION pkg FILES_MATCHING PATTERN "*.py")
+"""
+
+
+def test_an_omitted_source_is_a_stand_in_real_cmake_accepts(tmp_path: Path) -> None:
+    """CMake refuses an empty SOURCE_DIR ("not an existing non-empty directory", as the
+    real 1Cat-vLLM triton_kernels declaration does): the stand-in holds only a marker, which
+    no build step installs, and the record says what is missing and why."""
+    from pinwheel.build.sources import OMITTED_MARKER, source_env, supply
+    from pinwheel.manifest.build import BuildSource
+    from pinwheel.source.cache import Cache
+
+    src = BuildSource(
+        name="bigdep", url="https://example.invalid/big.git", commit=None, ref="v3.5.1",
+        variables=("BIGDEP_SRC_DIR",), patches=(), submodules=(), exclude=(), omit=True,
+        reason="over the mirror size limit", used="yes",
+    )  # fmt: skip
+    (supplied,) = supply([src], project=tmp_path, dest=tmp_path / "deps",
+                         cache=Cache(tmp_path / "c", {}))  # fmt: skip
+    assert supplied.omitted and supplied.record()["reason"] == "over the mirror size limit"
+    assert [p.name for p in supplied.path.iterdir()] == [OMITTED_MARKER]
+    assert "over the mirror size limit" in (supplied.path / OMITTED_MARKER).read_text()
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "CMakeLists.txt").write_text(OMIT_CMAKELISTS)
+    env = {**os.environ, **source_env([supplied])}
+    for args in (["-S", str(proj), "-B", str(proj / "b")],
+                 ["--install", str(proj / "b"), "--prefix", str(tmp_path / "inst")]):  # fmt: skip
+        done = subprocess.run(["cmake", *args], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert not list((tmp_path / "inst").rglob("*.txt"))  # the marker is not installed

@@ -5,8 +5,10 @@ a flash-attention fork, ...). ``lock`` pins each one; here each pinned source
 is exported from the cache (with its submodules at their gitlinked commits),
 the declaration's patches are applied (an override skips CMake's own
 PATCH_COMMAND), and the project is pointed at it through its ``*_SRC_DIR``
-variables and ``FETCHCONTENT_SOURCE_DIR_<NAME>``. An omitted source gets an
-empty directory and is listed as missing. Every export is hashed, so
+variables and ``FETCHCONTENT_SOURCE_DIR_<NAME>``. An omitted source gets a
+stand-in directory holding only :data:`OMITTED_MARKER` (CMake refuses an empty
+SOURCE_DIR; the marker is no source file any build step picks up) and is listed
+as missing. Every export is hashed, so
 provenance says exactly what went in.
 """
 
@@ -30,6 +32,9 @@ from pinwheel.manifest.build import BuildSource
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
 from pinwheel.source.cache import Cache
+
+
+OMITTED_MARKER = "PINWHEEL-OMITTED.txt"
 
 
 class SourceError(PinwheelError):
@@ -85,8 +90,10 @@ def supply(
     for src in sources:
         target = dest / src.name
         if src.omit:
-            with atomic_dir(target):
-                pass
+            with atomic_dir(target) as tmp:
+                (tmp / OMITTED_MARKER).write_text(
+                    f"{src.name} was omitted from this build by pinwheel: {src.reason}\n"
+                )
             out.append(
                 Supplied(
                     name=src.name, path=target, url=src.url, commit=src.commit, ref=src.ref,
