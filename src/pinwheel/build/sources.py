@@ -33,7 +33,6 @@ from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
 from pinwheel.source.cache import Cache
 
-
 OMITTED_MARKER = "PINWHEEL-OMITTED.txt"
 
 

@@ -68,7 +68,8 @@ class BuildSource:
     The build hands it to the project through ``variables`` (the project's
     ``*_SRC_DIR`` override and ``FETCHCONTENT_SOURCE_DIR_<NAME>``), after applying
     ``patches`` (paths in the replayed tree: the declaration's PATCH_COMMAND, which an
-    override skips). ``omit`` leaves a stand-in with only a marker file, said in provenance and notes.
+    override skips). ``omit`` leaves a stand-in holding only a marker file, said in
+    provenance and notes.
     """
 
     name: str  # the FetchContent name, e.g. "vllm-flash-attn"
