@@ -293,3 +293,43 @@ def test_pick_of_pr182_on_old_base_conflicts_like_git(tmp_path):
         absent = absent_paths(MIRROR, m.upstream.commit, env)
         replay_with_git_cli(m, MIRROR, tmp_path / "cli", absent)
     assert "awq_sm70_gemm.cu" in str(git_said.value) and "vllm/envs.py" in str(git_said.value)
+
+
+# --------------------------------------------------------------------------- the engine build
+
+
+@needs_mirror
+def test_build_example_plans_the_engines_own_downloads(tmp_path):
+    """1cat-build.toml: the replayed tree's CMake is read for arch 7.0. What the build uses is
+    pinned (or omitted on purpose); the sm90+/CPU-only sources are judged not used."""
+    rc, plan, err = pinwheel(EXAMPLES / "1cat-build.toml", "plan", tmp_path / "cache")
+    assert rc == 0, err
+    found = plan["build_sources"]
+    assert found["arches"] == ["7.0"]
+    assert found["tree"] == load(EXAMPLES / "1cat-build.toml").result.tree
+    rows = {s["name"]: s for s in found["sources"]}
+    assert {n for n, s in rows.items() if s["used"] == "no"} == {
+        "deepgemm", "flashmla", "onednn", "qutlass"
+    }  # fmt: skip
+    cutlass = rows["cutlass"]
+    assert (cutlass["ref"], cutlass["pinned"], cutlass["used"]) == ("v4.4.2", False, "yes")
+    assert cutlass["status"] == "pinned da5e086dab31"  # the moving tag, pinned by the manifest
+    assert rows["vllm-flash-attn"]["submodules"] == ["csrc/cutlass"]
+    assert rows["vllm-flash-attn"]["status"].startswith("pinned c2eda5e6115b")
+    assert rows["triton_kernels"]["status"].startswith("omitted (")
+
+
+@needs_mirror
+def test_pyonly_example_changes_one_python_file_of_the_build_example(tmp_path):
+    """The --reuse-from example differs from 1cat-build by vllm/logger.py alone."""
+    rc_a, a, err_a = pinwheel(EXAMPLES / "1cat-build.toml", "run", tmp_path / "cache")
+    rc_b, b, err_b = pinwheel(EXAMPLES / "1cat-build-pyonly.toml", "run", tmp_path / "cache")
+    assert rc_a == 0 and rc_b == 0, err_a + err_b
+    assert b["tree"] == load(EXAMPLES / "1cat-build-pyonly.toml").result.tree
+    assert b["tree_verified"] is True
+    (repo,) = (tmp_path / "cache" / "repos").glob("*.git")
+    changed = subprocess.run(
+        ["git", "--git-dir", str(repo), "diff-tree", "-r", "--name-only", a["tree"], b["tree"]],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert changed == ["vllm/logger.py"]
