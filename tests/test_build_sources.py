@@ -232,3 +232,41 @@ def test_an_omitted_source_is_a_stand_in_real_cmake_accepts(tmp_path: Path) -> N
         done = subprocess.run(["cmake", *args], capture_output=True, text=True, env=env)
         assert done.returncode == 0, done.stdout + done.stderr
     assert not list((tmp_path / "inst").rglob("*.txt"))  # the marker is not installed
+
+
+def test_a_new_build_source_pin_is_no_reuse_of_compiled_members(tmp_path: Path) -> None:
+    """Same tree, new dependency commit: what the compilers read from outside the tree
+    changed, so --reuse-from must rebuild (and the wheel must carry the new source)."""
+    up, dep, base, _ = make(tmp_path)
+    m = manifest(tmp_path, base)
+    assert cli(tmp_path, up, dep, m, "lock").returncode == 0
+    build(tmp_path, up, dep, m)
+    first = tmp_path / "first"
+    (tmp_path / "wheels").rename(first)
+
+    three = dep.commit({"VALUE.txt": "one\nthree\n"}, "dep: three")
+    dep.publish()
+    text = m.read_text()
+    (pinned,) = load(m).build.sources  # type: ignore[union-attr]
+    m.write_text(text.replace(str(pinned.commit), three))
+
+    mirrors = {UPSTREAM_URL: str(up.bare), DEP_URL: str(dep.bare)}
+    manifest_ = load(m)
+    request = BuildRequest(
+        manifest=manifest_, cache=tmp_path / "c", out_dir=tmp_path / "wheels",
+        environ=dict(os.environ), mirrors=mirrors,
+        replayed=replay_manifest(manifest_, cache=tmp_path / "c", mirrors=mirrors),
+        kernels=(), cuda=False, reuse_from=str(first),
+    )  # fmt: skip
+    outcome = run_build(request)
+    (wheel,) = outcome.wheels.built
+    with zipfile.ZipFile(wheel) as zf:
+        assert zf.read("tiny/dep_value.txt") == b"one, patched\nthree\n"
+    engine = component(read_receipt(tmp_path / "wheels" / "provenance.json"), "engine")
+    assert engine is not None and "reused" not in engine
+    identity = engine["compiled_inputs"]["identity"]
+    (src,) = identity["inputs"]["sources"]
+    assert (src["name"], src["commit"]) == ("demodep", three)
+    # No machine path in the identity: a release built elsewhere can be reused here.
+    assert str(tmp_path) not in json.dumps(identity)
+    assert identity["env"]["DEMO_DEP_SRC_DIR"] == "$WORK/deps/demodep"

@@ -251,6 +251,7 @@ def build_engine(
     supplied: Sequence[str] = (),
     launcher: Any = None,
     reuse_from: Any = None,
+    placeholders: Mapping[str, str] = {},  # noqa: B006 - read only
     log: Any = None,
 ) -> Built:
     """Build the engine wheel from ``source`` into ``work/dist``; nothing is published here.
@@ -259,7 +260,8 @@ def build_engine(
     fence add; ``supplied`` names the build sources handed over (a download the log
     shows beyond them fails the build); ``launcher``: a
     :class:`pinwheel.build.compcache.Session` (compiler cache); ``reuse_from``: a
-    :class:`pinwheel.build.reuse.Candidate` (earlier wheel).
+    :class:`pinwheel.build.reuse.Candidate` (earlier wheel); ``placeholders``: machine
+    paths (the cache) and their names in the recorded identity.
     """
     work.mkdir(parents=True, exist_ok=True)
     plan = plan_build(
@@ -282,7 +284,11 @@ def build_engine(
         extra.update(launcher.launch_env(plan.env.get("PATH", ""), nvcc=nvcc))
     recorder = reuse.Recorder(Path(source), (Path(source) / "build",))
     extra.update(recorder.env())
-    ident = reuse.identity(plan.set_env, toolkit=toolkit, python=plan.python, builder="engine")
+    ident = reuse.identity(
+        plan.set_env, toolkit=toolkit, python=plan.python, builder="engine",
+        inputs=_outside_inputs(record or {}),
+        placeholders={**placeholders, str(plan.work): "$WORK", str(plan.source): "$SRC"},
+    )  # fmt: skip
     reused: dict[str, Any] | None = None
     rec: dict[str, Any] | None = None
     if reuse_from is not None:
@@ -353,6 +359,20 @@ def _built(
             **dict(record or {}),
         },
     )
+
+
+def _outside_inputs(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What reaches the compilers from outside the tree: each build source's exported,
+    patched digest and the build requirements' hash (torch's headers, cmake, ...)."""
+    sources = [
+        {"name": s.get("name"), "commit": s.get("commit"), "sha256": s.get("sha256")}
+        for s in record.get("sources") or []
+    ]
+    requirements = (record.get("requirements") or {}).get("requirements_sha256")
+    return {
+        **({"sources": sources} if sources else {}),
+        **({"requirements": requirements} if requirements else {}),
+    }
 
 
 def _portable(command: Sequence[str], plan: BuildPlan) -> list[str]:

@@ -67,17 +67,37 @@ def _run_text(cmd: list[str]) -> str:
 
 
 def identity(
-    set_env: Mapping[str, str], *, toolkit: Any, python: str, builder: str
+    set_env: Mapping[str, str],
+    *,
+    toolkit: Any,
+    python: str,
+    builder: str,
+    inputs: Mapping[str, Any] | None = None,
+    placeholders: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """What compiles, as recorded: a different nvcc or host compiler is a different build."""
+    """What compiles, as recorded: a different nvcc or host compiler is a different build.
+
+    ``inputs``: what else reaches the compilers from outside the tree (the build
+    sources' exported digests, the build requirements' hash: a new cutlass commit, a
+    changed patch or another torch is another build). ``placeholders``: machine paths
+    in the environment (the cache, the scratch dir) and the names that replace them,
+    so an identity recorded on one builder matches on another.
+    """
     nvcc = Path(toolkit.nvcc).resolve() if toolkit is not None else None
     cc = shutil.which("gcc") or shutil.which("cc")
+
+    def portable(value: str) -> str:
+        for path, name in sorted((placeholders or {}).items(), key=lambda kv: -len(kv[0])):
+            value = value.replace(path, name)
+        return value
+
     return {
         "builder": builder,
         "nvcc": [toolkit.version, sha256_file(nvcc)] if nvcc and nvcc.is_file() else None,
         "host_cc": (_run_text([cc, "--version"]).splitlines() or [""])[0] if cc else None,
         "python": _run_text([python, "-c", "import sys; print(sys.version.split()[0])"]).strip(),
-        "env": {k: v for k, v in sorted(set_env.items()) if k not in _NOT_COMPILED},
+        "env": {k: portable(v) for k, v in sorted(set_env.items()) if k not in _NOT_COMPILED},
+        **({"inputs": dict(inputs)} if inputs else {}),
     }
 
 

@@ -1,0 +1,155 @@
+"""The real engine build, measured: cold, warm (compiler cache), and a Python-only change.
+
+Three builds of one engine manifest through the real CLI (``pinwheel build``), in
+one run, each against the cold build of the same run as the baseline:
+
+1. cold: an empty compiler cache (a fresh ``SCCACHE_DIR`` under ``--work``);
+2. warm: the same inputs again, the cache now full (every object a hit);
+3. reuse: ``--pyonly`` (the same stack plus a Python-only change, e.g.
+   ``recipes/examples/1cat-build-pyonly.toml``) with ``--reuse-from`` the cold
+   build's release directory.
+
+Prints each build's wall time, its ratio to cold, the wheel's sha256, the compiler
+cache's hits and misses and the members reused, from the build's own provenance.
+The cold and warm wheels must be one sha256 (a hit gives the cold build's object).
+``--compare WHEEL`` names an earlier build of the same manifest (another cold
+build): the members whose bytes differ are listed, with sizes.
+
+    PINWHEEL_MIRRORS=... PINWHEEL_WHEELHOUSE=... python bench/engine_build.py \\
+        --manifest recipes/examples/1cat-build.toml \\
+        --pyonly recipes/examples/1cat-build-pyonly.toml \\
+        --cache CACHE --work DIR [--compare OLD.whl] [--phases cold,warm,reuse]
+
+The cache (``--cache``) keeps the toolchain, the hashed build venv and the git
+repositories between runs: they are not what is measured here. The real 1Cat-vLLM
+build for arch 7.0 takes about an hour cold on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+PHASES = ("cold", "warm", "reuse")
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def differing_members(a: Path, b: Path) -> list[tuple[str, int, int]]:
+    """(name, size in a, size in b) of members whose bytes differ, or that only one has."""
+    out = []
+    with zipfile.ZipFile(a) as za, zipfile.ZipFile(b) as zb:
+        names_a, names_b = set(za.namelist()), set(zb.namelist())
+        for name in sorted(names_a | names_b):
+            da = za.read(name) if name in names_a else b""
+            db = zb.read(name) if name in names_b else b""
+            if da != db:
+                out.append((name, len(da), len(db)))
+    return out
+
+
+def run_build(manifest: Path, cache: Path, out: Path, env: dict[str, str], *extra: str) -> dict:
+    """One ``pinwheel build``: wall seconds and the engine's provenance entry."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "pinwheel", "--manifest", str(manifest), "--cache", str(cache)]
+    cmd += ["build", "--out", str(out), *extra]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, text=True, capture_output=True)
+    seconds = time.monotonic() - start
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise SystemExit(f"pinwheel build exited {proc.returncode} ({manifest.name})")
+    receipt = json.loads((out / "provenance.json").read_text())
+    engine = next(c for c in receipt["components"] if c.get("name") == "engine")
+    build = engine.get("build") or {}
+    (wheel,) = out.glob("*.whl")
+    return {
+        "seconds": round(seconds, 1),
+        "wheel": wheel.name,
+        "path": str(wheel),
+        "sha256": sha256(wheel),
+        "size": wheel.stat().st_size,
+        "compiler_cache": {k: build.get("compiler_cache", {}).get(k) for k in ("hits", "misses")},
+        "reused": sorted((build.get("reused") or {}).get("members", {})),
+        "compiled_inputs": len((build.get("compiled_inputs") or {}).get("files", {})),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--manifest", type=Path, required=True)
+    ap.add_argument("--pyonly", type=Path, help="the same stack plus a Python-only change")
+    ap.add_argument("--cache", type=Path, required=True, help="pinwheel cache (toolchain, venv)")
+    ap.add_argument("--work", type=Path, required=True, help="scratch: outputs, compiler cache")
+    ap.add_argument("--compare", type=Path, help="an earlier wheel of the same manifest")
+    ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--json", type=Path, help="write the results here too")
+    args = ap.parse_args()
+    phases = [p for p in args.phases.split(",") if p]
+    if unknown := set(phases) - set(PHASES):
+        ap.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
+    if "reuse" in phases and args.pyonly is None:
+        ap.error("the reuse phase needs --pyonly MANIFEST")
+
+    work = args.work.absolute()
+    sccache = work / "sccache"
+    if "cold" in phases:
+        shutil.rmtree(sccache, ignore_errors=True)  # cold: an empty cache
+    sccache.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "SCCACHE_DIR"}
+    env["SCCACHE_DIR"] = str(sccache)
+
+    results: dict[str, dict] = {}
+    if args.json and args.json.is_file():
+        results = json.loads(args.json.read_text())  # earlier phases of this run
+    for phase in phases:
+        if phase == "reuse":
+            cold_out = work / "cold"
+            if not (cold_out / "provenance.json").is_file():
+                raise SystemExit("the reuse phase needs the cold phase's output (run it first)")
+            r = run_build(args.pyonly, args.cache, work / phase, env, "--reuse-from", str(cold_out))
+        else:
+            r = run_build(args.manifest, args.cache, work / phase, env)
+        results[phase] = r
+        line = f"{phase:5} {r['seconds']:8.1f} s  sha256 {r['sha256'][:16]}"
+        line += f"  {r['size'] / 2**20:.1f} MiB"
+        line += f"  cache {r['compiler_cache']}  reused {len(r['reused'])}"
+        line += f"  compiled inputs {r['compiled_inputs']}"
+        print(line, flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+    cold = results.get("cold")
+    if cold:
+        for phase in ("warm", "reuse"):
+            if phase in results:
+                r = results[phase]
+                print(f"{phase} vs cold: {cold['seconds'] / r['seconds']:.1f}x faster "
+                      f"({r['seconds']:.1f} s vs {cold['seconds']:.1f} s)")  # fmt: skip
+        if "warm" in results:
+            same = results["warm"]["sha256"] == cold["sha256"]
+            print(f"cold == warm sha256: {same}")
+        if args.compare:
+            diff = differing_members(Path(cold["path"]), args.compare)
+            print(f"cold vs {args.compare.name}: {len(diff)} member(s) differ")
+            for name, size_a, size_b in diff:
+                print(f"  {name}: {size_a} vs {size_b} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
