@@ -272,7 +272,11 @@ def build_kernel(
             env.update(opts.launcher.launch_env(env["PATH"], nvcc=str(toolkit.nvcc), cxx=True))
     inputs = reuse.Recorder(staged.directory, (work / "build", staged.directory / "build"))
     env.update(inputs.env())
-    identity = reuse.identity(set_env, toolkit=toolkit, python=str(python), builder=spec.builder)
+    identity = reuse.identity(
+        set_env, toolkit=toolkit, python=str(python), builder=spec.builder,
+        inputs={"torch": torch_version} if torch_version else None,  # its headers are compiled in
+        placeholders={str(work): "$WORK", str(opts.cache): "$CACHE"},
+    )  # fmt: skip
     if opts.reuse is not None:
         taken = reuse.try_reuse(
             opts.reuse, staged.directory, identity, dist, python=str(python), env=env, log=opts.log
