@@ -251,7 +251,7 @@ def build_engine(
     supplied: Sequence[str] = (),
     launcher: Any = None,
     reuse_from: Any = None,
-    placeholders: Mapping[str, str] = {},  # noqa: B006 - read only
+    placeholders: Mapping[str, str] | None = None,
     log: Any = None,
 ) -> Built:
     """Build the engine wheel from ``source`` into ``work/dist``; nothing is published here.
@@ -287,7 +287,7 @@ def build_engine(
     ident = reuse.identity(
         plan.set_env, toolkit=toolkit, python=plan.python, builder="engine",
         inputs=_outside_inputs(record or {}),
-        placeholders={**placeholders, str(plan.work): "$WORK", str(plan.source): "$SRC"},
+        placeholders={**(placeholders or {}), str(plan.work): "$WORK", str(plan.source): "$SRC"},
     )  # fmt: skip
     reused: dict[str, Any] | None = None
     rec: dict[str, Any] | None = None
