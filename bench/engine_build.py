@@ -6,11 +6,14 @@ one run, each against the cold build of the same run as the baseline:
 1. cold: an empty compiler cache (a fresh ``SCCACHE_DIR`` under ``--work``);
 2. warm: the same inputs again, the cache now full (every object a hit);
 3. reuse: ``--pyonly`` (the same stack plus a Python-only change, e.g.
-   ``recipes/examples/1cat-build-pyonly.toml``) with ``--reuse-from`` the cold
-   build's release directory.
+   ``recipes/examples/1cat-build-pyonly.toml``) with ``--reuse-from`` the warm
+   (else the cold) build's release directory.
 
-Prints each build's wall time, its ratio to cold, the wheel's sha256, the compiler
+Prints each build's seconds (the wheel build as provenance records it; the whole
+``pinwheel build`` beside it), its ratio to cold, the wheel's sha256, the compiler
 cache's hits and misses and the members reused, from the build's own provenance.
+``--cold-from DIR`` takes the cold build from an earlier run instead (an hour saved;
+the output says the baseline is not of this run).
 The cold and warm wheels must be one sha256 (a hit gives the cold build's object).
 ``--compare WHEEL`` names an earlier build of the same manifest (another cold
 build): the members whose bytes differ are listed, with sizes.
@@ -18,7 +21,8 @@ build): the members whose bytes differ are listed, with sizes.
     PINWHEEL_MIRRORS=... PINWHEEL_WHEELHOUSE=... python bench/engine_build.py \\
         --manifest recipes/examples/1cat-build.toml \\
         --pyonly recipes/examples/1cat-build-pyonly.toml \\
-        --cache CACHE --work DIR [--compare OLD.whl] [--phases cold,warm,reuse]
+        --cache CACHE --work DIR [--compare OLD.whl] [--phases cold,warm,reuse] \
+        [--cold-from DIR --sccache-dir DIR]
 
 The cache (``--cache``) keeps the toolchain, the hashed build venv and the git
 repositories between runs: they are not what is measured here. The real 1Cat-vLLM
@@ -73,20 +77,35 @@ def run_build(manifest: Path, cache: Path, out: Path, env: dict[str, str], *extr
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"pinwheel build exited {proc.returncode} ({manifest.name})")
+    return {**from_receipt(out), "wall": round(seconds, 1)}
+
+
+def from_receipt(out: Path) -> dict:
+    """The engine's entry of a build's provenance: its build seconds, cache and reuse."""
     receipt = json.loads((out / "provenance.json").read_text())
     engine = next(c for c in receipt["components"] if c.get("name") == "engine")
-    build = engine.get("build") or {}
-    (wheel,) = out.glob("*.whl")
+    wheel = out / engine["wheel"]
+    cache = engine.get("compiler_cache") or {}
     return {
-        "seconds": round(seconds, 1),
+        "seconds": engine["seconds"],  # the wheel build itself (replay and export excluded)
+        "wall": None,
         "wheel": wheel.name,
         "path": str(wheel),
         "sha256": sha256(wheel),
         "size": wheel.stat().st_size,
-        "compiler_cache": {k: build.get("compiler_cache", {}).get(k) for k in ("hits", "misses")},
-        "reused": sorted((build.get("reused") or {}).get("members", {})),
-        "compiled_inputs": len((build.get("compiled_inputs") or {}).get("files", {})),
+        "compiler_cache": {k: cache.get(k) for k in ("hits", "misses")},
+        "reused": sorted((engine.get("reused") or {}).get("members", {})),
+        "compiled_inputs": len((engine.get("compiled_inputs") or {}).get("files", {})),
     }
+
+
+def show(phase: str, r: dict) -> None:
+    wall = f"{r['wall']:.1f} s" if r.get("wall") is not None else "-"
+    line = f"{phase:5} build {r['seconds']:8.1f} s (pinwheel build {wall})"
+    line += f"  sha256 {r['sha256'][:16]}  {r['size'] / 2**20:.1f} MiB"
+    line += f"  cache {r['compiler_cache']}  reused {len(r['reused'])}"
+    line += f"  compiled inputs {r['compiled_inputs']}"
+    print(line, flush=True)
 
 
 def main() -> int:
@@ -96,7 +115,17 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, required=True, help="pinwheel cache (toolchain, venv)")
     ap.add_argument("--work", type=Path, required=True, help="scratch: outputs, compiler cache")
     ap.add_argument("--compare", type=Path, help="an earlier wheel of the same manifest")
+    ap.add_argument(
+        "--cold-from", type=Path, metavar="DIR",
+        help="take the cold build from DIR (an earlier `pinwheel build --out DIR` with an "
+        "empty compiler cache) instead of running it: the baseline is then NOT of this run",
+    )  # fmt: skip
     ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument(
+        "--sccache-dir", type=Path, default=None,
+        help="the compiler cache (default WORK/sccache; emptied by the cold phase); with "
+        "--cold-from, the one that cold build filled",
+    )  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the results here too")
     args = ap.parse_args()
     phases = [p for p in args.phases.split(",") if p]
@@ -105,41 +134,46 @@ def main() -> int:
     if "reuse" in phases and args.pyonly is None:
         ap.error("the reuse phase needs --pyonly MANIFEST")
 
+    if args.cold_from is not None and "cold" in phases:
+        ap.error("--cold-from replaces the cold phase: leave 'cold' out of --phases")
+
     work = args.work.absolute()
-    sccache = work / "sccache"
+    sccache = (args.sccache_dir or work / "sccache").absolute()
     if "cold" in phases:
         shutil.rmtree(sccache, ignore_errors=True)  # cold: an empty cache
     sccache.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "SCCACHE_DIR"}
-    env["SCCACHE_DIR"] = str(sccache)
+    env = {**os.environ, "SCCACHE_DIR": str(sccache)}
 
     results: dict[str, dict] = {}
-    if args.json and args.json.is_file():
-        results = json.loads(args.json.read_text())  # earlier phases of this run
+    cold_out = work / "cold"
+    if args.cold_from is not None:
+        cold_out = args.cold_from
+        results["cold"] = {**from_receipt(cold_out), "baseline": "earlier run (--cold-from)"}
+        show("cold", results["cold"])
     for phase in phases:
         if phase == "reuse":
-            cold_out = work / "cold"
             if not (cold_out / "provenance.json").is_file():
                 raise SystemExit("the reuse phase needs the cold phase's output (run it first)")
-            r = run_build(args.pyonly, args.cache, work / phase, env, "--reuse-from", str(cold_out))
+            reuse_from = work / "warm" if "warm" in results else cold_out
+            extra = ("--reuse-from", str(reuse_from))
+            r = run_build(args.pyonly, args.cache, work / phase, env, *extra)
         else:
             r = run_build(args.manifest, args.cache, work / phase, env)
         results[phase] = r
-        line = f"{phase:5} {r['seconds']:8.1f} s  sha256 {r['sha256'][:16]}"
-        line += f"  {r['size'] / 2**20:.1f} MiB"
-        line += f"  cache {r['compiler_cache']}  reused {len(r['reused'])}"
-        line += f"  compiled inputs {r['compiled_inputs']}"
-        print(line, flush=True)
+        show(phase, r)
         if args.json:
             args.json.write_text(json.dumps(results, indent=2) + "\n")
 
     cold = results.get("cold")
     if cold:
+        if cold.get("baseline"):
+            print(f"baseline: the cold build is from an {cold['baseline']}, not this run")
         for phase in ("warm", "reuse"):
             if phase in results:
                 r = results[phase]
-                print(f"{phase} vs cold: {cold['seconds'] / r['seconds']:.1f}x faster "
-                      f"({r['seconds']:.1f} s vs {cold['seconds']:.1f} s)")  # fmt: skip
+                ratio = cold["seconds"] / r["seconds"]
+                took = f"{r['seconds']:.1f} s vs {cold['seconds']:.1f} s of wheel build"
+                print(f"{phase} vs cold: {ratio:.1f}x faster ({took})")
         if "warm" in results:
             same = results["warm"]["sha256"] == cold["sha256"]
             print(f"cold == warm sha256: {same}")
