@@ -108,6 +108,36 @@ def _compile_through(session: compcache.Session, src: Path, obj: Path) -> None:
 
 
 @needs_sccache
+def test_a_build_in_its_own_network_namespace_reaches_the_cache(tmp_path: Path) -> None:
+    """`network = "none"` builds run under `unshare -rn`, with a loopback of their own: the
+    compilers there must still reach the server started outside (a TCP port would not,
+    and every compile would bypass the cache without a word)."""
+    if subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no network namespace here (unshare -rn)")
+    src = tmp_path / "k.c"
+    src.write_text("int k(int x) { return 5 * x + 2; }\n")
+    environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    plan = compcache.plan(CacheConfig(), tmp_path / "cache", environ)
+    session, plan = compcache.start(plan, tmp_path / "cache" / "run", environ)
+    assert session is not None, plan.disabled
+    try:
+        session.zero()
+        env = {**session.environ, **session.launch_env(environ["PATH"])}
+        for i in range(2):
+            subprocess.run(
+                ["unshare", "-rn", "--", str(session.binary), "gcc", "-c", str(src),
+                 "-o", str(tmp_path / f"k{i}.o")],
+                env=env, check=True, capture_output=True,
+            )  # fmt: skip
+        stats = session.stats()
+    finally:
+        session.stop()
+    assert (stats["hits"], stats["misses"]) == (1, 1)
+    assert (tmp_path / "k0.o").read_bytes() == (tmp_path / "k1.o").read_bytes()
+    assert not session.socket.parent.exists()  # stop() removes the socket's dir
+
+
+@needs_sccache
 def test_redis_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> None:
     server = shutil.which("redis-server")
     if server is None:

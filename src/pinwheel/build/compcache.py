@@ -9,9 +9,13 @@ and per-wheel numbers (``compiler_cache`` in provenance).
   ``gha``; only non-secret settings come from the manifest, and the standard
   ``SCCACHE_*`` variables in the environment override them (credentials come
   only from there, or from ``AWS_*``).
-- The server is started explicitly on a private port with the configuration
-  (sccache reads it only at start), its exit status checked, and stopped after
-  the build. A remote endpoint is probed first: sccache fails every compile
+- The server is started explicitly on a private Unix socket with the
+  configuration (sccache reads it only at start), its exit status checked, and
+  stopped after the build. A socket path, not a TCP port: a build fenced into
+  its own network namespace (``network = "none"``) has its own loopback, where
+  a port of the server outside is unreachable and every compile would silently
+  bypass the cache; a path reaches across, while the server itself keeps the
+  host's network for a remote store. A remote endpoint is probed first: sccache fails every compile
   when its remote store is unreachable. When the cache cannot start, the build
   runs without it and the outcome says why; the cache never fails a build.
 - Hits need the same absolute source path (cudafe++ hashes it into internal
@@ -27,6 +31,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +112,7 @@ def plan(
     env.update({k: v for k, v in environ.items() if k.startswith("SCCACHE_")})
     env["SCCACHE_IDLE_TIMEOUT"] = "0"
     env.pop("SCCACHE_SERVER_PORT", None)
+    env.pop("SCCACHE_SERVER_UDS", None)
     env.pop("SCCACHE_PATH", None)
     binary = find_sccache(environ)
     disabled = None
@@ -146,10 +152,9 @@ def _tcp(url: str, default_port: int) -> str | None:
         return f"{host}:{port} unreachable ({exc.strerror or exc})"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _socket_path() -> Path:
+    """A fresh, short path for the server's socket (AF_UNIX paths stop at 107 bytes)."""
+    return Path(tempfile.mkdtemp(prefix="pinwheel-sccache-")) / "server.sock"
 
 
 @dataclass
@@ -157,7 +162,7 @@ class Session:
     """A running sccache server for one build. Stop it (``with`` does)."""
 
     plan: Plan
-    port: int
+    socket: Path  # the server's Unix socket (in a private temp dir)
     workdir: Path  # launcher symlinks + server log
     environ: Mapping[str, str] = field(repr=False)
 
@@ -170,7 +175,7 @@ class Session:
         env = dict(self.environ)
         env = {k: v for k, v in env.items() if not k.startswith("SCCACHE_")}
         env.update(self.plan.server_env)
-        env["SCCACHE_SERVER_PORT"] = str(self.port)
+        env["SCCACHE_SERVER_UDS"] = str(self.socket)
         return env
 
     def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -195,7 +200,7 @@ class Session:
         """
         env = {
             **self.plan.server_env,
-            "SCCACHE_SERVER_PORT": str(self.port),
+            "SCCACHE_SERVER_UDS": str(self.socket),
             "PATH": os.pathsep.join([str(self.workdir / "bin"), path]),
         }
         if nvcc:
@@ -222,6 +227,7 @@ class Session:
             self._run("--stop-server", timeout=30)
         except subprocess.TimeoutExpired:
             pass
+        shutil.rmtree(self.socket.parent, ignore_errors=True)
 
 
 def summarize(raw: Mapping[str, Any], plan_: Plan) -> dict[str, Any]:
@@ -257,7 +263,7 @@ def start(plan_: Plan, workdir: Path, environ: Mapping[str, str]) -> tuple[Sessi
             link.unlink()
         assert plan_.binary is not None
         link.symlink_to(plan_.binary)
-    session = Session(plan_, _free_port(), workdir, environ)
+    session = Session(plan_, _socket_path(), workdir, environ)
     env = session._env()
     env["SCCACHE_ERROR_LOG"] = str(workdir / "sccache-server.log")
     try:
