@@ -11,12 +11,16 @@ checked and published by :mod:`pinwheel.build.wheelset`, like every other.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,22 +192,59 @@ def plan_build(
 # --------------------------------------------------------------------------- running
 
 
-def run_build(plan: BuildPlan) -> tuple[Path, ...]:
-    """Run the backend; return the wheels it wrote (still in the scratch dir)."""
+_NINJA_STEP = re.compile(rb"^\[(\d+)/(\d+)\] (.*)$", re.M)
+PROGRESS_EVERY = 300.0  # seconds between two progress lines of a long compile
+
+
+def ninja_progress(tail: bytes) -> tuple[int, int, str] | None:
+    """The last ``[N/M] what`` step line ninja printed in ``tail``, if any."""
+    steps = _NINJA_STEP.findall(tail)
+    if not steps:
+        return None
+    n, m, what = steps[-1]
+    return int(n), int(m), what.decode(errors="replace").strip()
+
+
+def _read_tail(path: Path, size: int = 16384) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - size))
+        return f.read()
+
+
+def run_build(plan: BuildPlan, progress: Callable[[str], None] | None = None) -> tuple[Path, ...]:
+    """Run the backend; return the wheels it wrote (still in the scratch dir).
+
+    ``progress`` gets a line every :data:`PROGRESS_EVERY` seconds with the compile
+    step ninja last reported (an engine build runs for hours on a small builder).
+    """
     outdir = plan.work / "dist"
     shutil.rmtree(outdir, ignore_errors=True)
     outdir.mkdir(parents=True)
+    started = time.monotonic()
     with open(plan.log, "wb") as log:
         log.write(("$ " + " ".join(plan.command) + "\n").encode())
         log.flush()
-        proc = subprocess.run(
-            plan.command,
-            cwd=plan.source,
-            env=dict(plan.env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
+        proc = subprocess.Popen(
+            plan.command, cwd=plan.source, env=dict(plan.env), stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,  # one group: killed as one
+        )  # fmt: skip
+        try:
+            last = started
+            while proc.poll() is None:
+                time.sleep(1.0)
+                if progress is not None and time.monotonic() - last >= PROGRESS_EVERY:
+                    last = time.monotonic()
+                    step = ninja_progress(_read_tail(plan.log))
+                    minutes = (last - started) / 60
+                    if step is not None:
+                        n, m, what = step
+                        progress(f"compiling [{n}/{m}] {what[:100]} ({minutes:.0f} min)")
+        except BaseException:  # interrupted: stop the whole build (cmake, ninja, nvcc) too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
     wheels = tuple(sorted(outdir.glob("*.whl")))
     if proc.returncode != 0 or not wheels:
         tail = plan.log.read_text(errors="replace").splitlines()[-LOG_TAIL:]
@@ -309,7 +350,7 @@ def build_engine(
             reused = reuse.reuse_record(reuse_from, rec, why + "; VLLM_USE_PRECOMPILED")
     plan = dataclasses.replace(plan, env={**plan.env, **extra})
     try:
-        built = run_build(plan)
+        built = run_build(plan, progress=log)
     except BuildError:
         _raise_if_downloads(plan, supplied)  # the more useful reason, when it is this one
         raise

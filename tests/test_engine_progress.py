@@ -1,0 +1,70 @@
+"""A long engine build reports ninja's progress and is stopped whole when interrupted.
+
+Real subprocesses stand in for the backend (a shell script printing ninja's step lines);
+no compiler is involved.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pinwheel.build import engine
+from pinwheel.build.engine import BuildPlan, ninja_progress, run_build
+
+
+def test_ninja_progress_takes_the_last_step_line() -> None:
+    log = b"-- Configuring done\n[1/103] Building CXX object a.o\n[44/103] Building CUDA object "
+    log += b"CMakeFiles/_C.dir/csrc/quantization/marlin/sm70_marlin_u8_gemm.cu.o\nwarning: x\n"
+    assert ninja_progress(log) == (
+        44, 103, "Building CUDA object CMakeFiles/_C.dir/csrc/quantization/marlin/sm70_marlin_u8_gemm.cu.o"
+    )  # fmt: skip
+    assert ninja_progress(b"running build_ext\n") is None
+
+
+def _plan(tmp_path: Path, script: str) -> BuildPlan:
+    work = tmp_path / "work"
+    work.mkdir()
+    return BuildPlan(
+        source=tmp_path, out_dir=work / "dist", work=work, python=sys.executable,
+        command=("sh", "-c", script), version="1.0", arches=(), set_env={},
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )  # fmt: skip
+
+
+def test_a_long_build_reports_its_ninja_step(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(engine, "PROGRESS_EVERY", 0.5)
+    plan = _plan(
+        tmp_path,
+        "echo '[1/3] Building CXX object a.o'; sleep 1.5; echo '[2/3] Building CUDA object b.o';"
+        " sleep 1.5; : > work/dist/x-1.0-py3-none-any.whl",
+    )
+    lines: list[str] = []
+    (wheel,) = run_build(plan, progress=lines.append)
+    assert wheel.name == "x-1.0-py3-none-any.whl"
+    assert any(line.startswith("compiling [2/3] Building CUDA object b.o") for line in lines)
+
+
+def test_an_interrupted_build_leaves_no_compiler_running(tmp_path: Path) -> None:
+    """The backend's children (cmake, ninja, nvcc) die with it, not only the backend."""
+    pidfile = tmp_path / "child.pid"
+    plan = _plan(tmp_path, f"sleep 60 & echo $! > {pidfile}; wait")
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), 2))  # SIGINT, like Ctrl-C
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        run_build(plan)
+    timer.cancel()
+    child = int(pidfile.read_text())
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the build's child {child} still runs")
