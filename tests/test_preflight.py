@@ -10,6 +10,7 @@ captured output; gcc, ninja, the Python probe and the disk check are real.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import sys
@@ -28,6 +29,7 @@ from pinwheel.serve.preflight import (
     WARN,
     Options,
     check_engine,
+    check_nvcc,
     device_indices,
     parse_gpu_csv,
     parse_nvcc_release,
@@ -325,3 +327,27 @@ def test_preflight_says_which_python_it_tests(tmp_path, capsys):
     out = " ".join((seen.out + seen.err).split())
     assert f"engine python: {sys.executable} (from --python)" in out
     assert "pass --python VENV/bin/python" in out
+
+
+def _stand_in_nvcc(root: Path, release: str) -> Path:
+    """A stand-in nvcc (no CUDA toolkit on CI) printing what the real one prints."""
+    nvcc = root / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text(
+        "#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+        f"echo 'Cuda compilation tools, release {release}, V{release}.131'\n"
+    )
+    nvcc.chmod(0o755)
+    return nvcc
+
+
+def test_nvcc_is_looked_up_in_the_environment_the_caller_gives(tmp_path):
+    """CUDA_HOME and PATH come from Options.environ (the CLI's resolved environment),
+    never from this process's os.environ."""
+    good = _stand_in_nvcc(tmp_path / "cuda-12.4", "12.4")
+    wrong = _stand_in_nvcc(tmp_path / "cuda-13.0", "13.0")
+    base = _opts(tmp_path)
+    check = check_nvcc(dataclasses.replace(base, environ={"CUDA_HOME": str(good.parent.parent)}))
+    assert (check.status, check.detail) == (OK, f"nvcc 12.4 at {good}")
+    check = check_nvcc(dataclasses.replace(base, environ={"PATH": str(wrong.parent)}))
+    assert check.status != OK and str(wrong) in check.detail and "13.0" in check.detail

@@ -170,7 +170,10 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     )
     python = request.environ.get("PINWHEEL_BUILD_PYTHON") or sys.executable
     facts = toolchain_facts(
-        python, toolkit.nvcc if toolkit else None, toolkit.version if toolkit else None
+        python,
+        toolkit.nvcc if toolkit else None,
+        toolkit.version if toolkit else None,
+        request.environ,
     )
     payload = receipt(
         manifest,

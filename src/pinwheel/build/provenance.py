@@ -49,7 +49,9 @@ def _first_line(cmd: list[str], pattern: str | None = None) -> str | None:
     return lines[0] if lines else None
 
 
-def toolchain_facts(python: str, nvcc: Path | None, cuda: str | None) -> ToolchainFacts:
+def toolchain_facts(
+    python: str, nvcc: Path | None, cuda: str | None, environ: Mapping[str, str]
+) -> ToolchainFacts:
     """Versions as the build saw them: ask each tool, never assume."""
     probe = (
         "import platform, importlib.util as u; v = platform.python_version(); "
@@ -65,7 +67,7 @@ def toolchain_facts(python: str, nvcc: Path | None, cuda: str | None) -> Toolcha
     return ToolchainFacts(
         cuda=cuda,
         nvcc=_first_line([str(nvcc), "--version"], r"release") if nvcc else None,
-        gcc=_first_line([os.environ.get("CXX", "g++"), "--version"]),
+        gcc=_first_line([environ.get("CXX") or "g++", "--version"]),  # the build's C++ compiler
         torch=torch,
         python=py,
     )

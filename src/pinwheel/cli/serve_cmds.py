@@ -148,6 +148,7 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
         devices=device_indices(r["profile"], r["devices"]),
         selftest=args.selftest,
         nvidia_smi=args.nvidia_smi,
+        environ=ctx.environ,
     )
     checks = preflight(opts)
     took = time.monotonic() - start

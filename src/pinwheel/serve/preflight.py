@@ -18,13 +18,12 @@ wheel ``pinwheel_selftest`` when installed, else through torch.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +159,7 @@ class Options:
     selftest: bool = False
     nvidia_smi: str = "nvidia-smi"
     timeout_s: float = 10.0
+    environ: Mapping[str, str] = field(default_factory=dict)  # CUDA_HOME, PATH
 
 
 def _run(argv: Sequence[str], timeout: float) -> tuple[int, str] | None:
@@ -277,9 +277,10 @@ def check_topology(opts: Options, topo: Topology | None, error: str | None) -> l
 def check_nvcc(opts: Options) -> Check:
     want = str(opts.profile.cuda)
     candidates = []
-    if os.environ.get("CUDA_HOME"):
-        candidates.append(str(Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc"))
-    candidates += [shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc"]
+    if opts.environ.get("CUDA_HOME"):
+        candidates.append(str(Path(opts.environ["CUDA_HOME"]) / "bin" / "nvcc"))
+    candidates += [shutil.which("nvcc", path=opts.environ.get("PATH")) or ""]
+    candidates += ["/usr/local/cuda/bin/nvcc"]
     for nvcc in [c for c in candidates if c and Path(c).is_file()]:
         res = _run([nvcc, "--version"], opts.timeout_s)
         release = parse_nvcc_release(res[1]) if res else None
