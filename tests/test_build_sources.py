@@ -270,3 +270,19 @@ def test_a_new_build_source_pin_is_no_reuse_of_compiled_members(tmp_path: Path) 
     # No machine path in the identity: a release built elsewhere can be reused here.
     assert str(tmp_path) not in json.dumps(identity)
     assert identity["env"]["DEMO_DEP_SRC_DIR"] == "$WORK/deps/demodep"
+
+
+def test_a_relative_cache_is_made_absolute_before_any_path_under_it_is_handed_on(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`--cache c`: build sources' variables, provenance and the reuse identity name paths
+    under the cache; a relative one would point elsewhere once the build changes directory,
+    and would turn every "c" in a recorded value into "$CACHE"."""
+    import argparse
+
+    from pinwheel.cli import ctx_cache, default_cache
+
+    monkeypatch.chdir(tmp_path)
+    assert ctx_cache(argparse.Namespace(cache="c")) == tmp_path / "c"
+    monkeypatch.setenv("PINWHEEL_CACHE", "rel")
+    assert default_cache() == tmp_path / "rel"

@@ -275,7 +275,7 @@ def build_kernel(
     identity = reuse.identity(
         set_env, toolkit=toolkit, python=str(python), builder=spec.builder,
         inputs={"torch": torch_version} if torch_version else None,  # its headers are compiled in
-        placeholders={str(work): "$WORK", str(opts.cache): "$CACHE"},
+        placeholders={str(Path(work).absolute()): "$WORK", str(opts.cache.absolute()): "$CACHE"},
     )  # fmt: skip
     if opts.reuse is not None:
         taken = reuse.try_reuse(

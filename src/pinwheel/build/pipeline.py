@@ -365,7 +365,7 @@ def _engine(
             supplied=[s.name for s in supplied],
             launcher=session,
             reuse_from=(earlier or {}).get("engine"),
-            placeholders={str(request.cache): "$CACHE"},
+            placeholders={str(Path(request.cache).absolute()): "$CACHE"},
             log=reporter.info,
         )
     # Recorded without this machine's cache path: provenance travels with the release.

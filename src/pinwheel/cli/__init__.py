@@ -42,8 +42,9 @@ EPILOG = """exit codes: 0 ok, 1 error, 2 bad manifest or usage, 3 drift (PR head
 
 def default_cache() -> Path:
     if os.environ.get("PINWHEEL_CACHE"):
-        return Path(os.environ["PINWHEEL_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pinwheel"
+        return Path(os.environ["PINWHEEL_CACHE"]).absolute()
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return (base / "pinwheel").absolute()
 
 
 def parse_mirrors(items: Sequence[str], env: str | None) -> dict[str, str]:
@@ -198,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def ctx_cache(args: argparse.Namespace) -> Path:
-    return Path(args.cache) if getattr(args, "cache", None) else default_cache()
+    """``--cache``, absolute: build paths under it reach compilers and provenance."""
+    return Path(args.cache).absolute() if getattr(args, "cache", None) else default_cache()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -210,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ctx = Context(
             manifest_path=Path(args.manifest),
-            cache=Path(args.cache) if args.cache else default_cache(),
+            cache=ctx_cache(args),
             mirrors=parse_mirrors(args.mirror, os.environ.get("PINWHEEL_MIRRORS")),
             json=args.json,
             offline=args.offline,
