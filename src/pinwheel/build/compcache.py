@@ -16,8 +16,9 @@ and per-wheel numbers (``compiler_cache`` in provenance).
   a port of the server outside is unreachable and every compile would silently
   bypass the cache; a path reaches across, while the server itself keeps the
   host's network for a remote store. A remote endpoint is probed first: sccache
-  fails every compile when its remote store is unreachable. When the cache cannot start, the build
-  runs without it and the outcome says why; the cache never fails a build.
+  fails every compile when its remote store is unreachable. When the cache
+  cannot start, the build runs without it and the outcome says why; the cache
+  never fails a build.
 - Hits need the same absolute source path (cudafe++ hashes it into internal
   symbol names): pinwheel's staging paths under the cache are fixed. sccache
   hashes the compiler binaries themselves, so another nvcc never hits.
