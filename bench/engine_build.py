@@ -12,8 +12,11 @@ one run, each against the cold build of the same run as the baseline:
 Prints each build's seconds (the wheel build as provenance records it; the whole
 ``pinwheel build`` beside it), its ratio to cold, the wheel's sha256, the compiler
 cache's hits and misses and the members reused, from the build's own provenance.
-``--cold-from DIR`` takes the cold build from an earlier run instead (an hour saved;
-the output says the baseline is not of this run).
+``--cold-from DIR`` takes the cold build from an earlier run instead (hours saved;
+the output says the baseline is not of this run). ``--resume`` continues a cold phase
+that was interrupted (the real build is longer than a working session on two
+cores): the objects it already compiled are hits, so its bytes still answer "do two
+cold builds match" but its time is no cold time, and the output says so.
 The cold and warm wheels must be one sha256 (a hit gives the cold build's object).
 ``--compare WHEEL`` names an earlier build of the same manifest (another cold
 build): the members whose bytes differ are listed, with sizes.
@@ -127,6 +130,11 @@ def main() -> int:
         "--cold-from, the one that cold build filled",
     )  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the results here too")
+    ap.add_argument(
+        "--resume", action="store_true",
+        help="continue an interrupted cold phase: keep what it put in --sccache-dir (its "
+        "wheel still comes from compiles never cached before; its time is not a cold time)",
+    )  # fmt: skip
     args = ap.parse_args()
     phases = [p for p in args.phases.split(",") if p]
     if unknown := set(phases) - set(PHASES):
@@ -139,7 +147,7 @@ def main() -> int:
 
     work = args.work.absolute()
     sccache = (args.sccache_dir or work / "sccache").absolute()
-    if "cold" in phases:
+    if "cold" in phases and not args.resume:
         shutil.rmtree(sccache, ignore_errors=True)  # cold: an empty cache
     sccache.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "SCCACHE_DIR": str(sccache)}
@@ -164,6 +172,8 @@ def main() -> int:
         if args.json:
             args.json.write_text(json.dumps(results, indent=2) + "\n")
 
+    if args.resume and "cold" in results:
+        results["cold"]["baseline"] = "interrupted and resumed cold phase (--resume)"
     cold = results.get("cold")
     if cold:
         if cold.get("baseline"):
