@@ -265,3 +265,16 @@ def test_a_build_broken_by_sccache_is_told_from_a_broken_build(tmp_path: Path) -
     assert compcache.cache_failure(err) == "sccache: encountered fatal error"
     log.write_text("a.cu(3): error: identifier x is undefined\nninja: build stopped\n")
     assert compcache.cache_failure(err) is None
+
+
+def test_the_server_socket_path_fits_af_unix_under_a_long_tmpdir(tmp_path, monkeypatch) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr(compcache.tempfile, "tempdir", None)  # re-read TMPDIR
+    path = compcache._socket_path()
+    try:
+        assert len(str(path)) <= 100 and path.parent.is_dir()
+        assert not list(deep.iterdir())  # the too-long attempt was removed
+    finally:
+        shutil.rmtree(path.parent, ignore_errors=True)

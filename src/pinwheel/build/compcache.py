@@ -154,8 +154,13 @@ def _tcp(url: str, default_port: int) -> str | None:
 
 
 def _socket_path() -> Path:
-    """A fresh, short path for the server's socket (AF_UNIX paths stop at 107 bytes)."""
-    return Path(tempfile.mkdtemp(prefix="pinwheel-sccache-")) / "server.sock"
+    """A fresh, short path for the server's socket (AF_UNIX paths stop at 107 bytes:
+    a long $TMPDIR falls back to /tmp)."""
+    path = Path(tempfile.mkdtemp(prefix="pinwheel-sccache-")) / "server.sock"
+    if len(os.fsencode(path)) > 100 and Path("/tmp").is_dir():
+        os.rmdir(path.parent)
+        path = Path(tempfile.mkdtemp(prefix="pinwheel-sccache-", dir="/tmp")) / "server.sock"
+    return path
 
 
 @dataclass
