@@ -25,6 +25,11 @@ def test_ninja_progress_takes_the_last_step_line() -> None:
         44, 103, "Building CUDA object CMakeFiles/_C.dir/csrc/quantization/marlin/sm70_marlin_u8_gemm.cu.o"
     )  # fmt: skip
     assert ninja_progress(b"running build_ext\n") is None
+    assert ninja_progress(b"[3/9] Building \x1b]0;title\x07x.o\n") == (
+        3,
+        9,
+        "Building ?]0;title?x.o",
+    )
 
 
 def _plan(tmp_path: Path, script: str) -> BuildPlan:

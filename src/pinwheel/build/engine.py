@@ -193,6 +193,7 @@ def plan_build(
 
 
 _NINJA_STEP = re.compile(rb"^\[(\d+)/(\d+)\] (.*)$", re.M)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 PROGRESS_EVERY = 300.0  # seconds between two progress lines of a long compile
 
 
@@ -202,7 +203,8 @@ def ninja_progress(tail: bytes) -> tuple[int, int, str] | None:
     if not steps:
         return None
     n, m, what = steps[-1]
-    return int(n), int(m), what.decode(errors="replace").strip()
+    text = _CONTROL.sub("?", what.decode(errors="replace")).strip()  # no escapes to a terminal
+    return int(n), int(m), text
 
 
 def _read_tail(path: Path, size: int = 16384) -> bytes:
