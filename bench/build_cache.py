@@ -161,7 +161,9 @@ def bench_selftest(toolkit, work: Path) -> dict[str, object]:
 # --------------------------------------------------------------------------- bitsandbytes
 
 
-def bench_bnb(toolkit, config, src: Path, cublas: Path, work: Path) -> dict[str, object]:
+def bench_bnb(
+    toolkit, config, src: Path, cublas: Path, work: Path, *, jobs: int = 2
+) -> dict[str, object]:
     fixed = work / "bnb" / "src"  # always built from this path: cudafe++ hashes it
     build_dir = work / "bnb" / "build"
     cache = work / "bnb" / "cache"
@@ -183,20 +185,23 @@ def bench_bnb(toolkit, config, src: Path, cublas: Path, work: Path) -> dict[str,
             defines = [f"-D{d}" for d in session.cmake_defines()]
             session.zero()
         inc = cublas / "include"
+        libs = {n: sorted(cublas.glob(f"lib*/{n}.so.*"))[0] for n in ("libcublas", "libcublasLt")}
+        capability = "".join(a.replace(".", "") for a in config.arches)
         started = time.monotonic()
         subprocess.run(
             ["cmake", "-S", str(fixed), "-B", str(build_dir), "-G", "Ninja",
-             "-DCMAKE_BUILD_TYPE=Release", "-DCOMPUTE_BACKEND=cuda", "-DCOMPUTE_CAPABILITY=70",
+             "-DCMAKE_BUILD_TYPE=Release", "-DCOMPUTE_BACKEND=cuda",
+             f"-DCOMPUTE_CAPABILITY={capability}",
              f"-DCMAKE_CUDA_COMPILER={toolkit.nvcc}", f"-DCUDAToolkit_ROOT={toolkit.root}",
              f"-DCMAKE_CUDA_FLAGS=-I{inc}", f"-DCMAKE_CXX_FLAGS=-I{inc}",
-             f"-DCUDA_cublas_LIBRARY={cublas}/lib/libcublas.so.12",
-             f"-DCUDA_cublasLt_LIBRARY={cublas}/lib/libcublasLt.so.12", *defines],
+             f"-DCUDA_cublas_LIBRARY={libs['libcublas']}",
+             f"-DCUDA_cublasLt_LIBRARY={libs['libcublasLt']}", *defines],
             env=env, check=True, capture_output=True,
         )  # fmt: skip
         log = work / "bnb" / f"{name}.ninja.log"
         with open(log, "wb") as out:
             proc = subprocess.run(
-                ["ninja", "-C", str(build_dir), "-j2"], env=env, stdout=out, stderr=out
+                ["ninja", "-C", str(build_dir), f"-j{jobs}"], env=env, stdout=out, stderr=out
             )
         seconds = time.monotonic() - started
         if proc.returncode != 0:
@@ -241,7 +246,8 @@ def bench_bnb(toolkit, config, src: Path, cublas: Path, work: Path) -> dict[str,
     runs.append(with_cache("cold-again", lambda s: cmake_build("cold-again", s)))
     print(f"bitsandbytes: truncated {truncate_entries(cache / 'sccache')} cache entries")
     runs.append(with_cache("truncated-cache", lambda s: cmake_build("truncated-cache", s)))
-    return report("bitsandbytes (CMake, 4 .cu + 2 .cpp, sm_70)", runs, plain)
+    arches = ", ".join(f"sm_{a.replace('.', '')}" for a in config.arches)
+    return report(f"bitsandbytes (CMake, 4 .cu + 2 .cpp, {arches}, -j{jobs})", runs, plain)
 
 
 def main() -> int:
@@ -257,13 +263,19 @@ def main() -> int:
     ap.add_argument("--cublas", type=Path, default=None)
     ap.add_argument("--only", choices=("selftest", "bnb"), default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--cuda", default=None, help="another CUDA (a system toolkit), e.g. 13.0")
+    ap.add_argument("--arch", action="append", default=None, help="instead of [build] arches")
+    ap.add_argument("--jobs", type=int, default=2, help="ninja -j for bitsandbytes")
     args = ap.parse_args()
     work = args.work or Path(tempfile.gettempdir()) / "pinwheel-bench-build-cache"
     work.mkdir(parents=True, exist_ok=True)
     manifest = load(ROOT / "manifest.toml")
-    toolkit = resolve_toolkit(
-        manifest.require("build"), args.toolchain_cache, provision=False, environ=os.environ
-    )
+    config = manifest.require("build")
+    if args.cuda or args.arch:  # e.g. a GPU box's own CUDA 13 for sm_90
+        config = dataclasses.replace(
+            config, cuda=args.cuda or config.cuda, arches=tuple(args.arch or config.arches)
+        )
+    toolkit = resolve_toolkit(config, args.toolchain_cache, provision=False, environ=os.environ)
     print(f"CUDA {toolkit.version} at {toolkit.root}; sccache {compcache.find_sccache(os.environ)}")
     results = []
     if args.only in (None, "selftest"):
@@ -271,7 +283,7 @@ def main() -> int:
     if args.only in (None, "bnb"):
         if args.bnb_src and args.cublas:
             results.append(
-                bench_bnb(toolkit, manifest.require("build"), args.bnb_src, args.cublas, work)
+                bench_bnb(toolkit, config, args.bnb_src, args.cublas, work, jobs=args.jobs)
             )
         else:
             print("\nbitsandbytes: skipped (pass --bnb-src and --cublas)")
