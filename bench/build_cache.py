@@ -20,6 +20,9 @@ sha256 is printed for reference.
 
     python bench/build_cache.py --toolchain-cache ~/.cache/pinwheel \\
         [--bnb-src DIR --cublas DIR] [--work DIR]
+    # on a GPU box, its own toolkit and cores (CUDA_HOME=/usr/local/cuda):
+    python bench/build_cache.py --toolchain-cache DIR --only bnb --bnb-src DIR \\
+        --cublas /usr/local/cuda --cuda 13.0 --arch 9.0 --jobs 16
 """
 
 from __future__ import annotations
