@@ -35,7 +35,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.errors import ManifestError, MismatchError, PinwheelError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import KernelPatch, KernelSpec, parse_kernel_tables  # noqa: F401
-from pinwheel.manifest.component import component_manifest
+from pinwheel.manifest.component import by_name, component_manifest
 from pinwheel.urls import redact
 
 # Earliest time a zip member can carry; used when nothing better dates the source.
@@ -365,13 +365,6 @@ def select(
     specs: tuple[KernelSpec, ...], names: list[str] | None, *, all_: bool
 ) -> list[KernelSpec]:
     if names:
-        known = {s.name: s for s in specs}
-        missing = [n for n in names if n not in known]
-        if missing:
-            raise ManifestError(
-                f"no [[kernel]] named {', '.join(missing)} (known: {', '.join(known) or 'none'})",
-                where="--name",
-                next="pick one of the known names",
-            )
-        return [known[n] for n in names]
+        return by_name(specs, names, what="[[kernel]]", where="--name",
+                       next="pick one of the known names")  # fmt: skip
     return [s for s in specs if all_ or s.default]

@@ -11,7 +11,9 @@ like the engine; :func:`stacks` lists them all, the engine first.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from pinwheel.errors import ManifestError
 from pinwheel.manifest.build import KernelSpec
@@ -19,6 +21,29 @@ from pinwheel.manifest.model import DEFAULT_IDENTITY, Identity, Manifest, Result
 from pinwheel.manifest.steps import Step
 
 ENGINE = "engine"
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=_Named)
+
+
+def by_name(
+    items: Sequence[N], names: Sequence[str], *, what: str, where: str, next: str
+) -> list[N]:
+    """``items`` called ``names``, in that order; a name none has is a ManifestError."""
+    known = {item.name: item for item in items}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise ManifestError(
+            f"no {what} named {', '.join(missing)} (known: {', '.join(known) or 'none'})",
+            where=where,
+            next=next,
+        )
+    return [known[n] for n in names]
 
 
 @dataclass(frozen=True)
@@ -111,15 +136,10 @@ def stacks(manifest: Manifest, names: tuple[str, ...] = ()) -> tuple[Stack, ...]
         if spec.url:
             found.append(Stack(spec.name, component_manifest(spec), spec))
     if names:
-        known = {s.name: s for s in found}
-        missing = [n for n in names if n not in known]
-        if missing:
-            raise ManifestError(
-                f"no stack named {', '.join(missing)} (known: {', '.join(known) or 'none'})",
-                where="--component",
-                next="name the engine as 'engine', a component by its [[kernel]] name",
-            )
-        return tuple(known[n] for n in names)
+        return tuple(
+            by_name(found, names, what="stack", where="--component",
+                    next="name the engine as 'engine', a component by its [[kernel]] name")
+        )  # fmt: skip
     return tuple(found)
 
 
