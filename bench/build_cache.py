@@ -8,6 +8,11 @@ Two packages, one run each, every timing against a baseline measured in the same
    :mod:`pinwheel.build.compcache` session and CMake launchers, the way
    pinwheel wires a CMake build. Pass its source with ``--bnb-src`` and NVIDIA's
    cuBLAS wheel contents (``nvidia/cublas``) with ``--cublas``; skipped without.
+3. a torch-extension ``[[kernel]]`` of another manifest (exllamav3: 54 .cu +
+   14 .cpp, one CUDAExtension) through the real build stage, its upstream
+   replayed from ``--mirror``. Its one-file change is one more ``[[kernel.step]]``
+   (a patch appending a line to ``--touch``), in a copy of that manifest.
+   Skipped without ``--kernel-manifest``.
 
 For each: cold (empty cache), warm (clean build dir, same inputs), one-file
 (one line appended to one .cu, clean build dir, warm cache), then cold-again
@@ -23,12 +28,18 @@ sha256 is printed for reference.
     # on a GPU box, its own toolkit and cores (CUDA_HOME=/usr/local/cuda):
     python bench/build_cache.py --toolchain-cache DIR --only bnb --bnb-src DIR \\
         --cublas /usr/local/cuda --cuda 13.0 --arch 9.0 --jobs 16
+    # exllamav3 as a component (PINWHEEL_TORCH_PYTHON = a python with the pinned torch):
+    python bench/build_cache.py --toolchain-cache DIR --only kernel \\
+        --kernel-manifest recipes/sm120-tp2/manifest.toml --kernel exllamav3 \\
+        --mirror https://github.com/turboderp-org/exllamav3.git=MIRROR \\
+        --touch exllamav3/exllamav3_ext/quant/quantize.cu
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import hashlib
 import json
 import os
@@ -47,6 +58,7 @@ from pinwheel.build import compcache  # noqa: E402
 from pinwheel.build.buildenv import build_env  # noqa: E402
 from pinwheel.build.pipeline import BuildRequest, build  # noqa: E402
 from pinwheel.build.toolchain import resolve_toolkit  # noqa: E402
+from pinwheel.cli import parse_mirrors  # noqa: E402
 from pinwheel.manifest import load  # noqa: E402
 from pinwheel.manifest.build import CacheConfig  # noqa: E402
 
@@ -63,6 +75,20 @@ def truncate_entries(directory: Path) -> int:
             f.write_bytes(data[: len(data) // 2])
             n += 1
     return n
+
+
+def bench_environ() -> dict[str, str]:
+    """The caller's environment without sccache server settings (each run starts its own
+    local cache); SCCACHE_PATH, which only names the binary, stays."""
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_") or k == "SCCACHE_PATH"
+    }
+
+
+def cache_counts(name: str, cc: dict[str, object]) -> tuple[int | None, ...]:
+    if "hits" not in cc:  # the cache was off: every figure would be a plain build's
+        raise SystemExit(f"{name}: the compiler cache was off: {cc.get('reason', cc)}")
+    return cc.get("hits"), cc.get("misses"), cc.get("errors")  # type: ignore[return-value]
 
 
 @dataclasses.dataclass
@@ -123,7 +149,7 @@ def bench_selftest(toolkit, work: Path) -> dict[str, object]:
     # the kernel alone: the engine's required members are not this wheel's business
     config = dataclasses.replace(manifest.require("build"), required_members=())
     manifest = dataclasses.replace(manifest, build=config)
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_")}
+    environ = bench_environ()
 
     def one(name: str, *, compiler_cache: bool = True) -> Run:
         out = work / f"wheels-{name}"
@@ -145,7 +171,9 @@ def bench_selftest(toolkit, work: Path) -> dict[str, object]:
         (b,) = outcome.built
         cc = b.build.get("compiler_cache") or {}
         wheel = outcome.wheels.built[0]
-        return Run(name, seconds, sha(wheel), cc.get("hits"), cc.get("misses"), cc.get("errors"))
+        if not compiler_cache:
+            return Run(name, seconds, sha(wheel), None, None)
+        return Run(name, seconds, sha(wheel), *cache_counts(name, cc))
 
     shutil.rmtree(cache / "sccache", ignore_errors=True)
     plain = one("plain", compiler_cache=False).sha256
@@ -170,7 +198,7 @@ def bench_bnb(
     fixed = work / "bnb" / "src"  # always built from this path: cudafe++ hashes it
     build_dir = work / "bnb" / "build"
     cache = work / "bnb" / "cache"
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_")}
+    environ = bench_environ()
 
     def stage() -> None:
         shutil.rmtree(fixed, ignore_errors=True)
@@ -253,6 +281,113 @@ def bench_bnb(
     return report(f"bitsandbytes (CMake, 4 .cu + 2 .cpp, {arches}, -j{jobs})", runs, plain)
 
 
+# --------------------------------------------------------------------------- a [[kernel]]
+
+
+def one_file_patch(path: str, text: str) -> str:
+    """A unified diff appending one line of code to ``path`` (``text``: its content).
+
+    Code, not a comment: the cache keys on preprocessed source, so a comment-only
+    change is all hits (measured: 230 of 230 for exllamav3)."""
+    old = text.splitlines(keepends=True)
+    if old and not old[-1].endswith("\n"):
+        raise SystemExit(f"{path}: no newline at the end; pick another --touch file")
+    line = (
+        "__global__ void pinwheel_bench_touch() {}\n"
+        if path.endswith(".cu")
+        else "int pinwheel_bench_touch() { return 1; }\n"
+    )
+    new = [*old, line]
+    diff = difflib.unified_diff(old, new, fromfile=f"a/{path}", tofile=f"b/{path}")
+    return "".join(diff)
+
+
+def one_file_manifest(source: Path, name: str, patch: str, dest: Path) -> Path:
+    """A copy of ``source`` whose kernel ``name`` has one more step: ``patch``.
+
+    The copy holds the manifest and its ``patches/``; the kernel's pinned
+    ``tree`` is dropped (the stack now ends elsewhere)."""
+    import tomlkit
+
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    if (source.parent / "patches").is_dir():
+        shutil.copytree(source.parent / "patches", dest / "patches")
+    (dest / "patches").mkdir(exist_ok=True)
+    patch_file = dest / "patches" / "bench-one-file.patch"
+    patch_file.write_text(patch)
+    doc = tomlkit.parse(source.read_text())
+    (table,) = [k for k in doc["kernel"] if k["name"] == name]  # type: ignore[index,union-attr]
+    table.pop("tree", None)
+    step = tomlkit.table()
+    step["action"] = "patch"
+    step["path"] = "patches/bench-one-file.patch"
+    step["sha256"] = sha(patch_file)
+    if "step" not in table:
+        table["step"] = tomlkit.aot()
+    table["step"].append(step)
+    out = dest / source.name
+    out.write_text(tomlkit.dumps(doc))
+    return out
+
+
+def bench_kernel(
+    toolkit, manifest_path: Path, name: str, touch: str, mirrors: dict[str, str], work: Path
+) -> dict[str, object]:
+    cache = work / "cache"  # fixed: the staging path (and so cudafe++'s path hash) is fixed
+    environ = bench_environ()
+
+    def one(run: str, path: Path) -> Run:
+        manifest = load(path)
+        config = dataclasses.replace(manifest.require("build"), required_members=())
+        manifest = dataclasses.replace(manifest, build=config)
+        out = work / f"wheels-{run}"
+        shutil.rmtree(out, ignore_errors=True)
+        started = time.monotonic()
+        outcome = build(
+            BuildRequest(
+                manifest=manifest,
+                cache=cache,
+                out_dir=out,
+                environ=environ,
+                mirrors=mirrors,
+                offline=True,
+                kernels=(name,),
+                toolkit=toolkit,
+                source_date_epoch=1700000000,
+            )
+        )
+        seconds = time.monotonic() - started
+        (b,) = outcome.built
+        cc = b.build.get("compiler_cache") or {}
+        wheel = outcome.wheels.built[0]
+        counts = cache_counts(f"{name} {run}", cc)
+        print(f"  {name} {run}: {seconds:.1f} s {sha(wheel)} hits/misses {counts[:2]}", flush=True)
+        return Run(run, seconds, sha(wheel), *counts)
+
+    shutil.rmtree(cache / "sccache", ignore_errors=True)
+    runs = [one("cold", manifest_path), one("warm", manifest_path)]
+    staged = cache / "kernels" / name / "src" / touch  # the replayed tree, as built
+    if not staged.is_file():
+        raise SystemExit(f"--touch {touch}: not a file of the replayed {name} tree")
+    variant = one_file_manifest(
+        manifest_path, name, one_file_patch(touch, staged.read_text()), work / "one-file"
+    )
+    runs.append(one("one-file", variant))
+    shutil.rmtree(cache / "sccache")
+    runs.append(one("cold-again", manifest_path))
+    truncated = truncate_entries(cache / "sccache")
+    print(f"{name}: truncated {truncated} cache entries to half their size")
+    runs.append(one("truncated-cache", manifest_path))
+    config = load(manifest_path).require("build")
+    arches = ", ".join(f"sm_{a.replace('.', '')}" for a in config.arches)
+    jobs = os.environ.get("MAX_JOBS") or config.env.get("MAX_JOBS")
+    return report(
+        f"{name} ([[kernel]] torch-extension, {arches}, MAX_JOBS={jobs}; one-file: {touch})",
+        runs, None,
+    )  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -264,7 +399,15 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None, help="scratch dir (fixed paths inside)")
     ap.add_argument("--bnb-src", type=Path, default=None)
     ap.add_argument("--cublas", type=Path, default=None)
-    ap.add_argument("--only", choices=("selftest", "bnb"), default=None)
+    ap.add_argument("--kernel-manifest", type=Path, default=None, help="a manifest with [[kernel]]")
+    ap.add_argument("--kernel", default="exllamav3", help="its torch-extension [[kernel]] name")
+    ap.add_argument("--mirror", action="append", default=[], help="URL=PATH, as for pinwheel")
+    ap.add_argument(
+        "--touch",
+        default="exllamav3/exllamav3_ext/quant/quantize.cu",
+        help="the kernel's .cu file (path in its tree) the one-file run changes",
+    )
+    ap.add_argument("--only", choices=("selftest", "bnb", "kernel"), default=None)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--cuda", default=None, help="another CUDA (a system toolkit), e.g. 13.0")
     ap.add_argument("--arch", action="append", default=None, help="instead of [build] arches")
@@ -278,9 +421,11 @@ def main() -> int:
         config = dataclasses.replace(
             config, cuda=args.cuda or config.cuda, arches=tuple(args.arch or config.arches)
         )
-    toolkit = resolve_toolkit(config, args.toolchain_cache, provision=False, environ=os.environ)
-    print(f"CUDA {toolkit.version} at {toolkit.root}; sccache {compcache.find_sccache(os.environ)}")
+    print(f"sccache {compcache.find_sccache(os.environ)}")
     results = []
+    if args.only in (None, "selftest", "bnb"):  # the kernel bench takes its manifest's
+        toolkit = resolve_toolkit(config, args.toolchain_cache, provision=False, environ=os.environ)
+        print(f"CUDA {toolkit.version} at {toolkit.root}")
     if args.only in (None, "selftest"):
         results.append(bench_selftest(toolkit, work / "selftest"))
     if args.only in (None, "bnb"):
@@ -290,6 +435,26 @@ def main() -> int:
             )
         else:
             print("\nbitsandbytes: skipped (pass --bnb-src and --cublas)")
+    if args.only in (None, "kernel"):
+        if args.kernel_manifest:
+            kconfig = load(args.kernel_manifest).require("build")
+            ktoolkit = resolve_toolkit(
+                kconfig, args.toolchain_cache, provision=False, environ=os.environ
+            )
+            print(f"{args.kernel}: CUDA {ktoolkit.version} at {ktoolkit.root}")
+            mirrors = parse_mirrors(args.mirror, os.environ.get("PINWHEEL_MIRRORS"))
+            results.append(
+                bench_kernel(
+                    ktoolkit,
+                    args.kernel_manifest.absolute(),
+                    args.kernel,
+                    args.touch,
+                    mirrors,
+                    work / "kernel",
+                )  # fmt: skip
+            )
+        else:
+            print("\n[[kernel]]: skipped (pass --kernel-manifest)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
