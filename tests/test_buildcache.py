@@ -10,7 +10,9 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import sys
 import time
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -179,6 +181,70 @@ def test_redis_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> No
     finally:
         redis.terminate()
         redis.wait(timeout=10)
+
+
+def _moto_server() -> str | None:
+    beside = Path(sys.executable).parent / "moto_server"
+    return str(beside) if beside.is_file() else shutil.which("moto_server")
+
+
+@needs_sccache
+def test_s3_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> None:
+    """sccache's real S3 client against moto's S3-compatible HTTP server on 127.0.0.1:
+    a stand-in for S3 (no S3 store is reachable here); the bucket, keys and objects
+    go over real HTTP."""
+    server = _moto_server()
+    if server is None:
+        pytest.skip("no moto_server (pip install 'moto[server]')")
+    port = _closed_port()
+    moto = subprocess.Popen(
+        [server, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while compcache._tcp(endpoint, 80) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/pw-cache", method="PUT"))
+        src = tmp_path / "k.c"
+        src.write_text("int k(int x) { return 7 * x + 3; }\n")
+        config = CacheConfig(
+            backend="s3", endpoint=endpoint, bucket="pw-cache", region="us-east-1", prefix="cu124"
+        )
+        environ = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "AWS_ACCESS_KEY_ID": "testing",  # moto accepts any key; none is in the manifest
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "SCCACHE_S3_USE_SSL": "false",
+        }
+        objects, stats = [], []
+        for i in range(2):  # two pinwheel caches: nothing local is shared
+            cache = tmp_path / f"cache{i}"
+            plan = compcache.plan(config, cache, environ)
+            assert compcache.probe_remote(plan, environ) is None
+            session, plan = compcache.start(plan, cache / "run", environ)
+            assert session is not None, plan.disabled
+            try:
+                session.zero()
+                obj = tmp_path / f"k{i}.o"
+                _compile_through(session, src, obj)
+                stats.append(session.stats())
+                objects.append(obj.read_bytes())
+            finally:
+                session.stop()
+            assert not (cache / "sccache").exists()  # s3 only: no local disk cache
+        listing = urllib.request.urlopen(f"{endpoint}/pw-cache?list-type=2").read().decode()
+    finally:
+        moto.terminate()
+        moto.wait(timeout=10)
+    assert (stats[0]["hits"], stats[0]["misses"]) == (0, 1)
+    assert (stats[1]["hits"], stats[1]["misses"]) == (1, 0)
+    assert stats[1]["backend"] == "s3"
+    assert objects[0] == objects[1]
+    assert "<Key>cu124/" in listing  # the entry sits under the configured prefix
 
 
 # --------------------------------------------------------------------------- reuse
