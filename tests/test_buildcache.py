@@ -218,7 +218,6 @@ def test_s3_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> None:
             "HOME": str(tmp_path),
             "AWS_ACCESS_KEY_ID": "testing",  # moto accepts any key; none is in the manifest
             "AWS_SECRET_ACCESS_KEY": "testing",
-            "SCCACHE_S3_USE_SSL": "false",
         }
         objects, stats = [], []
         for i in range(2):  # two pinwheel caches: nothing local is shared
