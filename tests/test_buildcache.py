@@ -195,7 +195,7 @@ def test_s3_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> None:
     go over real HTTP."""
     server = _moto_server()
     if server is None:
-        pytest.skip("no moto_server (pip install 'moto[server]')")
+        pytest.skip("no moto_server (pip install 'moto[s3]' flask flask-cors)")
     port = _closed_port()
     moto = subprocess.Popen(
         [server, "-H", "127.0.0.1", "-p", str(port)],
