@@ -313,6 +313,42 @@ def test_reuse_refuses_an_unverified_source(tiny: Tiny) -> None:  # noqa: F811
         reuse.candidates(str(first), tiny.tmp / "cache")
 
 
+def test_what_the_build_writes_into_the_tree_is_no_compiled_input(tmp_path: Path) -> None:
+    """CMake's FetchContent writes `.deps/*-build/*.cmake` (with machine paths) and
+    generated headers into the source tree. Recorded, they differ for every tree path,
+    and no Python-only change could reuse the real engine's members."""
+    src = tmp_path / "src"
+    (src / "csrc").mkdir(parents=True)
+    (src / "tools").mkdir()
+    (src / "csrc" / "k.cu").write_text('#include "k.h"\n')
+    (src / "csrc" / "k.h").write_text("int k();\n")
+    (src / "tools" / "gen.py").write_text("print('// generated')\n")
+    (src / "CMakeLists.txt").write_text("project(k)\n")
+    recorder = reuse.Recorder(src, (src / "build",))
+    # the build: writes into the tree, then depfiles and rules name what it read
+    deps = src / ".deps" / "cutlass-build"
+    deps.mkdir(parents=True)
+    (deps / "cmake_install.cmake").write_text(f"# {tmp_path}\n")
+    (src / "csrc" / "gen.h").write_text("// generated\n")
+    obj = src / "build" / "temp" / "CMakeFiles" / "k.dir"
+    obj.mkdir(parents=True)
+    (obj / "k.cu.o.d").write_text(
+        f"k.cu.o: {src}/csrc/k.cu {src}/csrc/k.h {src}/csrc/gen.h /usr/include/stdio.h\n"
+    )
+    (src / "build" / "temp" / "build.ninja").write_text(
+        f"build {src}/csrc/gen.h: CUSTOM_COMMAND {src}/tools/gen.py\n"
+        f"  COMMAND = cd {src}/build && python {src}/tools/gen.py > {src}/csrc/gen.h\n"
+    )
+    wheel = tmp_path / "k-1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("k/_k.so", b"\x7fELF" + b"\0" * 12)
+    rec = recorder.collect(wheel, {"builder": "t"}, tree=None)
+    assert sorted(rec["files"]) == [
+        "CMakeLists.txt", "csrc/k.cu", "csrc/k.h", "tools/gen.py"
+    ]  # fmt: skip
+    assert rec["complete"] and "build.ninja" in rec["methods"]
+
+
 def test_depfile_parser() -> None:
     text = "a.o: a.c inc/x.h \\\n  inc/with\\ space.h\nb.o: b.c\n"
     assert reuse.parse_depfile(text) == ["a.c", "inc/x.h", "inc/with space.h", "b.c"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -124,16 +125,33 @@ def build_files(source: Path) -> list[str]:
     return sorted(found)
 
 
+def tree_files(source: Path) -> frozenset[str]:
+    """Every file under ``source`` (``.git`` aside), relative."""
+    found: set[str] = set()
+    for root, dirs, files in os.walk(source):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        found.update(str((Path(root) / name).relative_to(source)) for name in files)
+    return frozenset(found)
+
+
 @dataclass
 class Recorder:
-    """Collects the compiled inputs of one build of ``source``."""
+    """Collects the compiled inputs of one build of ``source``.
+
+    Made before the build starts: the files present then (the exported tree) are the
+    only candidates. What the build writes into the tree (CMake's ``.deps/*-build``
+    and ``*-subbuild`` with machine paths, generated headers, ``_version.py``) is
+    output, made from recorded inputs; recorded, it would differ for every tree path
+    and no build could ever be reused."""
 
     source: Path
     scan: tuple[Path, ...]  # build dirs with *.d depfiles / ninja logs
     depfile: Path = field(init=False)
+    before: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.source = Path(self.source).resolve()
+        self.before = tree_files(self.source)
         self.depfile = Path(tempfile.mkdtemp(prefix="pinwheel-deps-")) / "inputs.d"
 
     def env(self) -> dict[str, str]:
@@ -147,9 +165,15 @@ class Recorder:
             found.update(parse_depfile(self.depfile.read_text(errors="replace")))
             methods.append("compiler dependency output")
         ninja = shutil.which("ninja") or ""
+        prefix = re.compile(re.escape(str(self.source)) + r"/([^\s\"';:$]+)")
         for base in self.scan:
             if not base.is_dir():
                 continue
+            for rules in base.rglob("build.ninja"):  # custom commands: generator scripts
+                found.update(
+                    str(self.source / m) for m in prefix.findall(rules.read_text(errors="replace"))
+                )
+                methods.append("build.ninja") if "build.ninja" not in methods else None
             for dep in base.rglob("*.d"):
                 found.update(parse_depfile(dep.read_text(errors="replace")))
                 methods.append("depfiles") if "depfiles" not in methods else None
@@ -170,10 +194,10 @@ class Recorder:
                 rel = p.resolve().relative_to(self.source)
             except (ValueError, OSError):
                 continue
-            if (self.source / rel).is_file():
+            if str(rel) in self.before and (self.source / rel).is_file():
                 inside.add(str(rel))
         compiled_sources = sorted(inside)
-        paths = sorted(inside | set(build_files(self.source)))
+        paths = sorted(inside | {p for p in build_files(self.source) if p in self.before})
         files = {p: blob_id(self.source / p) for p in paths}
         compiled, from_tree = members_of(wheel, self.source)
         digest = hashlib.sha256(
