@@ -7,6 +7,7 @@ no compiler is involved.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -59,11 +60,17 @@ def test_an_interrupted_build_leaves_no_compiler_running(tmp_path: Path) -> None
     """The backend's children (cmake, ninja, nvcc) die with it, not only the backend."""
     pidfile = tmp_path / "child.pid"
     plan = _plan(tmp_path, f"sleep 60 & echo $! > {pidfile}; wait")
-    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), 2))  # SIGINT, like Ctrl-C
+    # Python ignores SIGINT when it started with SIGINT ignored (a job sent to the
+    # background by a non-interactive shell): Ctrl-C's handler, explicitly, for the test.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))  # like Ctrl-C
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        run_build(plan)
-    timer.cancel()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_build(plan)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     child = int(pidfile.read_text())
     for _ in range(50):
         try:
