@@ -50,6 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -59,7 +60,7 @@ from pinwheel.build.buildenv import build_env  # noqa: E402
 from pinwheel.build.pipeline import BuildRequest, build  # noqa: E402
 from pinwheel.build.toolchain import resolve_toolkit  # noqa: E402
 from pinwheel.cli import parse_mirrors  # noqa: E402
-from pinwheel.manifest import load  # noqa: E402
+from pinwheel.manifest import Manifest, load  # noqa: E402
 from pinwheel.manifest.build import CacheConfig  # noqa: E402
 
 
@@ -134,6 +135,41 @@ def report(package: str, runs: list[Run], plain: str | None) -> dict[str, object
 # --------------------------------------------------------------------------- selftest
 
 
+def kernel_only(manifest: Manifest) -> Manifest:
+    """The manifest for one kernel's wheel: the engine's required members are not its business."""
+    config = dataclasses.replace(manifest.require("build"), required_members=())
+    return dataclasses.replace(manifest, build=config)
+
+
+def build_kernel(
+    run: str, manifest: Manifest, name: str, toolkit, cache: Path, out: Path,
+    environ: dict[str, str], *, compiler_cache: bool = True, **request: Any,
+) -> Run:  # fmt: skip
+    """One real build of kernel ``name`` into ``out``: its time, sha256 and cache counts."""
+    shutil.rmtree(out, ignore_errors=True)
+    started = time.monotonic()
+    outcome = build(
+        BuildRequest(
+            manifest=manifest,
+            cache=cache,
+            out_dir=out,
+            environ=environ,
+            kernels=(name,),
+            toolkit=toolkit,
+            source_date_epoch=1700000000,
+            compiler_cache=compiler_cache,
+            **request,
+        )
+    )
+    seconds = time.monotonic() - started
+    (b,) = outcome.built
+    wheel = outcome.wheels.built[0]
+    if not compiler_cache:
+        return Run(run, seconds, sha(wheel), None, None)
+    counts = cache_counts(f"{name} {run}", b.build.get("compiler_cache") or {})
+    return Run(run, seconds, sha(wheel), *counts)
+
+
 def bench_selftest(toolkit, work: Path) -> dict[str, object]:
     repo = work / "repo"  # a copy: the one-file change must not touch the checkout
     shutil.rmtree(repo, ignore_errors=True)
@@ -145,35 +181,15 @@ def bench_selftest(toolkit, work: Path) -> dict[str, object]:
     cu = repo / "kernels" / "pinwheel-selftest" / "csrc" / "selftest.cu"
     original = cu.read_text()
     cache = work / "cache"  # fixed: the staging path (and so cudafe++'s path hash) is fixed
-    manifest = load(repo / "manifest.toml")
-    # the kernel alone: the engine's required members are not this wheel's business
-    config = dataclasses.replace(manifest.require("build"), required_members=())
-    manifest = dataclasses.replace(manifest, build=config)
+    manifest = kernel_only(load(repo / "manifest.toml"))
     environ = bench_environ()
 
     def one(name: str, *, compiler_cache: bool = True) -> Run:
         out = work / f"wheels-{name}"
-        shutil.rmtree(out, ignore_errors=True)
-        started = time.monotonic()
-        outcome = build(
-            BuildRequest(
-                manifest=manifest,
-                cache=cache,
-                out_dir=out,
-                environ=environ,
-                kernels=("pinwheel-selftest",),
-                toolkit=toolkit,
-                source_date_epoch=1700000000,
-                compiler_cache=compiler_cache,
-            )
-        )
-        seconds = time.monotonic() - started
-        (b,) = outcome.built
-        cc = b.build.get("compiler_cache") or {}
-        wheel = outcome.wheels.built[0]
-        if not compiler_cache:
-            return Run(name, seconds, sha(wheel), None, None)
-        return Run(name, seconds, sha(wheel), *cache_counts(name, cc))
+        return build_kernel(
+            name, manifest, "pinwheel-selftest", toolkit, cache, out, environ,
+            compiler_cache=compiler_cache,
+        )  # fmt: skip
 
     shutil.rmtree(cache / "sccache", ignore_errors=True)
     plain = one("plain", compiler_cache=False).sha256
@@ -336,50 +352,30 @@ def bench_kernel(
 ) -> dict[str, object]:
     cache = work / "cache"  # fixed: the staging path (and so cudafe++'s path hash) is fixed
     environ = bench_environ()
+    base = kernel_only(load(manifest_path))
 
-    def one(run: str, path: Path) -> Run:
-        manifest = load(path)
-        config = dataclasses.replace(manifest.require("build"), required_members=())
-        manifest = dataclasses.replace(manifest, build=config)
-        out = work / f"wheels-{run}"
-        shutil.rmtree(out, ignore_errors=True)
-        started = time.monotonic()
-        outcome = build(
-            BuildRequest(
-                manifest=manifest,
-                cache=cache,
-                out_dir=out,
-                environ=environ,
-                mirrors=mirrors,
-                offline=True,
-                kernels=(name,),
-                toolkit=toolkit,
-                source_date_epoch=1700000000,
-            )
-        )
-        seconds = time.monotonic() - started
-        (b,) = outcome.built
-        cc = b.build.get("compiler_cache") or {}
-        wheel = outcome.wheels.built[0]
-        counts = cache_counts(f"{name} {run}", cc)
-        print(f"  {name} {run}: {seconds:.1f} s {sha(wheel)} hits/misses {counts[:2]}", flush=True)
-        return Run(run, seconds, sha(wheel), *counts)
+    def one(run: str, manifest: Manifest) -> Run:
+        r = build_kernel(run, manifest, name, toolkit, cache, work / f"wheels-{run}", environ,
+                         mirrors=mirrors, offline=True)  # fmt: skip
+        print(f"  {name} {run}: {r.seconds:.1f} s {r.sha256} hits/misses {r.hits, r.misses}",
+              flush=True)  # fmt: skip
+        return r
 
     shutil.rmtree(cache / "sccache", ignore_errors=True)
-    runs = [one("cold", manifest_path), one("warm", manifest_path)]
+    runs = [one("cold", base), one("warm", base)]
     staged = cache / "kernels" / name / "src" / touch  # the replayed tree, as built
     if not staged.is_file():
         raise SystemExit(f"--touch {touch}: not a file of the replayed {name} tree")
     variant = one_file_manifest(
         manifest_path, name, one_file_patch(touch, staged.read_text()), work / "one-file"
     )
-    runs.append(one("one-file", variant))
+    runs.append(one("one-file", kernel_only(load(variant))))
     shutil.rmtree(cache / "sccache")
-    runs.append(one("cold-again", manifest_path))
+    runs.append(one("cold-again", base))
     truncated = truncate_entries(cache / "sccache")
     print(f"{name}: truncated {truncated} cache entries to half their size")
-    runs.append(one("truncated-cache", manifest_path))
-    config = load(manifest_path).require("build")
+    runs.append(one("truncated-cache", base))
+    config = base.require("build")
     arches = ", ".join(f"sm_{a.replace('.', '')}" for a in config.arches)
     jobs = os.environ.get("MAX_JOBS") or config.env.get("MAX_JOBS")
     return report(

@@ -139,6 +139,30 @@ def test_a_build_in_its_own_network_namespace_reaches_the_cache(tmp_path: Path) 
     assert not session.socket.parent.exists()  # stop() removes the socket's dir
 
 
+def _twice_through_a_remote(
+    config: CacheConfig, environ: dict[str, str], src: Path, tmp: Path
+) -> tuple[list[dict], list[bytes]]:
+    """Compile ``src`` through two pinwheel caches that share nothing local: the second
+    can only hit through the remote store. Returns each compile's stats and object."""
+    objects, stats = [], []
+    for i in range(2):
+        cache = tmp / f"cache{i}"
+        plan = compcache.plan(config, cache, environ)
+        assert compcache.probe_remote(plan, environ) is None
+        session, plan = compcache.start(plan, cache / "run", environ)
+        assert session is not None, plan.disabled
+        try:
+            session.zero()
+            obj = tmp / f"k{i}.o"
+            _compile_through(session, src, obj)
+            stats.append(session.stats())
+            objects.append(obj.read_bytes())
+        finally:
+            session.stop()
+        assert not (cache / "sccache").exists()  # remote only: no local disk cache
+    return stats, objects
+
+
 @needs_sccache
 def test_redis_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> None:
     server = shutil.which("redis-server")
@@ -158,22 +182,7 @@ def test_redis_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> No
         src.write_text("int k(int x) { return 3 * x + 1; }\n")
         config = CacheConfig(backend="redis", endpoint=f"redis://127.0.0.1:{port}", prefix="t")
         environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-        objects = []
-        stats = []
-        for i in range(2):  # two pinwheel caches: nothing local is shared
-            cache = tmp_path / f"cache{i}"
-            plan = compcache.plan(config, cache, environ)
-            session, plan = compcache.start(plan, cache / "run", environ)
-            assert session is not None, plan.disabled
-            try:
-                session.zero()
-                obj = tmp_path / f"k{i}.o"
-                _compile_through(session, src, obj)
-                stats.append(session.stats())
-                objects.append(obj.read_bytes())
-            finally:
-                session.stop()
-            assert not (cache / "sccache").exists()  # redis only: no local disk cache
+        stats, objects = _twice_through_a_remote(config, environ, src, tmp_path)
         assert (stats[0]["hits"], stats[0]["misses"]) == (0, 1)
         assert (stats[1]["hits"], stats[1]["misses"]) == (1, 0)
         assert stats[1]["backend"] == "redis" and stats[1]["location"] == "redis"
@@ -219,22 +228,7 @@ def test_s3_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> None:
             "AWS_ACCESS_KEY_ID": "testing",  # moto accepts any key; none is in the manifest
             "AWS_SECRET_ACCESS_KEY": "testing",
         }
-        objects, stats = [], []
-        for i in range(2):  # two pinwheel caches: nothing local is shared
-            cache = tmp_path / f"cache{i}"
-            plan = compcache.plan(config, cache, environ)
-            assert compcache.probe_remote(plan, environ) is None
-            session, plan = compcache.start(plan, cache / "run", environ)
-            assert session is not None, plan.disabled
-            try:
-                session.zero()
-                obj = tmp_path / f"k{i}.o"
-                _compile_through(session, src, obj)
-                stats.append(session.stats())
-                objects.append(obj.read_bytes())
-            finally:
-                session.stop()
-            assert not (cache / "sccache").exists()  # s3 only: no local disk cache
+        stats, objects = _twice_through_a_remote(config, environ, src, tmp_path)
         listing = urllib.request.urlopen(f"{endpoint}/pw-cache?list-type=2").read().decode()
     finally:
         moto.terminate()
