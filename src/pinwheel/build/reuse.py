@@ -115,13 +115,18 @@ def parse_depfile(text: str) -> list[str]:
     return [d.replace("\0", " ") for d in out]
 
 
+def is_build_file(rel: str) -> bool:
+    """setup.py, CMakeLists.txt, *.cmake ...: outside build outputs and VCS dirs."""
+    *dirs, name = Path(rel).parts
+    return not _SKIP_DIRS.intersection(dirs) and (name in BUILD_FILES or name.endswith(".cmake"))
+
+
 def build_files(source: Path) -> list[str]:
     found: list[str] = []
     for root, dirs, files in os.walk(source):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
-        for name in files:
-            if name in BUILD_FILES or name.endswith(".cmake"):
-                found.append(str((Path(root) / name).relative_to(source)))
+        rels = (str((Path(root) / name).relative_to(source)) for name in files)
+        found.extend(rel for rel in rels if is_build_file(rel))
     return sorted(found)
 
 
@@ -197,7 +202,7 @@ class Recorder:
             if str(rel) in self.before and (self.source / rel).is_file():
                 inside.add(str(rel))
         compiled_sources = sorted(inside)
-        paths = sorted(inside | {p for p in build_files(self.source) if p in self.before})
+        paths = sorted(inside | {p for p in self.before if is_build_file(p)})  # no second walk
         files = {p: blob_id(self.source / p) for p in paths}
         compiled, from_tree = members_of(wheel, self.source)
         digest = hashlib.sha256(
