@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from pinwheel.build import compcache  # noqa: E402
 from pinwheel.build.buildenv import build_env  # noqa: E402
 from pinwheel.build.pipeline import BuildRequest, build  # noqa: E402
-from pinwheel.build.toolchain import resolve_toolkit  # noqa: E402
+from pinwheel.build.toolchain import ToolkitRequest, resolve_toolkit  # noqa: E402
 from pinwheel.cli import parse_mirrors  # noqa: E402
 from pinwheel.manifest import Manifest, load  # noqa: E402
 from pinwheel.manifest.build import CacheConfig  # noqa: E402
@@ -166,7 +166,7 @@ def build_kernel(
     wheel = outcome.wheels.built[0]
     if not compiler_cache:
         return Run(run, seconds, sha(wheel), None, None)
-    counts = cache_counts(f"{name} {run}", b.build.get("compiler_cache") or {})
+    counts = cache_counts(f"{name} {run}", b.build.compiler_cache or {})
     return Run(run, seconds, sha(wheel), *counts)
 
 
@@ -420,7 +420,9 @@ def main() -> int:
     print(f"sccache {compcache.find_sccache(os.environ)}")
     results = []
     if args.only in (None, "selftest", "bnb"):  # the kernel bench takes its manifest's
-        toolkit = resolve_toolkit(config, args.toolchain_cache, provision=False, environ=os.environ)
+        toolkit = resolve_toolkit(
+            ToolkitRequest(config, args.toolchain_cache, os.environ, provision=False)
+        )
         print(f"CUDA {toolkit.version} at {toolkit.root}")
     if args.only in (None, "selftest"):
         results.append(bench_selftest(toolkit, work / "selftest"))
@@ -435,7 +437,7 @@ def main() -> int:
         if args.kernel_manifest:
             kconfig = load(args.kernel_manifest).require("build")
             ktoolkit = resolve_toolkit(
-                kconfig, args.toolchain_cache, provision=False, environ=os.environ
+                ToolkitRequest(kconfig, args.toolchain_cache, os.environ, provision=False)
             )
             print(f"{args.kernel}: CUDA {ktoolkit.version} at {ktoolkit.root}")
             mirrors = parse_mirrors(args.mirror, os.environ.get("PINWHEEL_MIRRORS"))

@@ -1,5 +1,5 @@
 """Slow: the build driver with a real CUDA 12.4 toolkit (resolved or provisioned by
-pinwheel.toolchain). A tiny setuptools project compiles a real .cu with nvcc through
+pinwheel.build.toolchain). A tiny setuptools project compiles a real .cu with nvcc through
 `pinwheel build` (replay + build), then `pinwheel check` and `pinwheel verify-build`."""
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 
 @pytest.fixture(scope="module")
 def cuda12():
-    from pinwheel.build.toolchain import BuildConfig, resolve_toolkit
+    from pinwheel.build.toolchain import ToolkitRequest, resolve_toolkit
+    from pinwheel.manifest.build import BuildConfig
 
     config = BuildConfig(
         python=PY, cuda="12.4", arches=("7.0",), ptx=True, torch=None, label=None, version=None
     )
     # The toolkit cache is shared with the kernels tests: provisioned once per machine.
-    return resolve_toolkit(config, default_cache())
+    return resolve_toolkit(ToolkitRequest(config, default_cache(), dict(os.environ)))
 
 
 def cli(tmp: Path, manifest: Path, toolkit, *args: str) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build.toolchain import MARKER, BuildConfig, resolve_toolkit
+from pinwheel.build.toolchain import MARKER, ToolkitRequest, resolve_toolkit
+from pinwheel.manifest.build import BuildConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 
@@ -36,7 +37,7 @@ def toolkit(cache: Path):
     # No CUDA_HOME and no PATH nvcc: the machine's nvcc 13 must not be picked.
     env = {"PATH": os.defpath}
     started = time.monotonic()
-    tk = resolve_toolkit(CONFIG, cache, provision=True, environ=env)
+    tk = resolve_toolkit(ToolkitRequest(CONFIG, cache, env, provision=True))
     TIMES["provision_cold"] = time.monotonic() - started
     return tk
 
@@ -53,7 +54,7 @@ def test_provisioned_toolkit_is_pinned_and_relocatable(toolkit, cache: Path) -> 
     assert "$(_HERE_)" in (toolkit.root / "bin" / "nvcc.profile").read_text()
     # Warm: found in the cache, probed again, nothing downloaded.
     started = time.monotonic()
-    again = resolve_toolkit(CONFIG, cache, provision=False, environ={"PATH": os.defpath})
+    again = resolve_toolkit(ToolkitRequest(CONFIG, cache, {"PATH": os.defpath}, provision=False))
     TIMES["provision_warm"] = time.monotonic() - started
     assert again.root == toolkit.root
     print(f"\ntoolchain provision cold {TIMES['provision_cold']:.1f} s, "

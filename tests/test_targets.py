@@ -15,6 +15,7 @@ from pinwheel.build.toolchain import (
     LOCKS,
     NOT_PROVISIONABLE,
     ToolchainError,
+    ToolkitRequest,
     nvcc_version,
     probe_arches,
     provision_toolkit,
@@ -96,7 +97,7 @@ def test_toolchain_refuses_before_probing(tmp_path: Path) -> None:
     cfg = BuildConfig(python="3.11", cuda="13.0", arches=("7.0",), ptx=True, torch=None,
                       label=None, version=None)  # fmt: skip
     with pytest.raises(ToolchainError) as exc:
-        resolve_toolkit(cfg, tmp_path, provision=False, environ={"PATH": "/nonexistent"})
+        resolve_toolkit(ToolkitRequest(cfg, tmp_path, {"PATH": "/nonexistent"}, provision=False))
     assert "cannot compile for arch 7.0" in str(exc.value) and "12.4" in str(exc.value)
     assert target_problems("13.0", ("12.0", "12.1"), None, None) == []
 
@@ -116,7 +117,7 @@ def test_cuda_12_8_without_an_install_says_why_it_is_not_provisioned(tmp_path: P
     cfg = BuildConfig(python="3.11", cuda="12.8", arches=("12.0",), ptx=True, torch=None,
                       label=None, version=None)  # fmt: skip
     with pytest.raises(ToolchainError) as exc:
-        resolve_toolkit(cfg, tmp_path, provision=True, environ={"PATH": "/nonexistent"})
+        resolve_toolkit(ToolkitRequest(cfg, tmp_path, {"PATH": "/nonexistent"}, provision=True))
     if "12.8" in str(exc.value) and "only ptxas" not in str(exc.value):
         pytest.skip("this machine has a CUDA 12.8 install")  # pragma: no cover
     assert "set CUDA_HOME to a CUDA 12.8 install" in str(exc.value)
@@ -132,10 +133,11 @@ def test_cuda_13_assembles_from_the_pinned_wheels_and_compiles_sm120(tmp_path: P
     downloads.mkdir(parents=True)
     for pin in LOCKS["13.0"].wheels:
         shutil.copy(Path(str(CU13_WHEELS)) / pin.filename, downloads / pin.filename)
-    root = provision_toolkit(LOCKS["13.0"], tmp_path)
-    assert nvcc_version(root / "bin" / "nvcc") == "13.0.88"
+    env = {"PATH": "/usr/bin:/bin"}
+    root = provision_toolkit(LOCKS["13.0"], tmp_path, env)
+    assert nvcc_version(root / "bin" / "nvcc", env=env) == "13.0.88"
     assert (root / "lib64" / "libcudart.so").resolve().name == "libcudart.so.13"
-    probe_arches(root / "bin" / "nvcc", ("12.0", "12.1"), env={"PATH": "/usr/bin:/bin"})
+    probe_arches(root / "bin" / "nvcc", ("12.0", "12.1"), env=env)
 
 
 def _fake_release(tmp_path: Path, torch: dict | None) -> Path:

@@ -12,18 +12,19 @@ import pytest
 
 from pinwheel.build.toolchain import (
     LOCKS,
-    BuildConfig,
-    DebPin,
     ToolchainError,
-    _check_download,
-    _unpack_deb,
-    debian_sources,
+    ToolkitRequest,
     nvcc_version,
     probe_arches,
     resolve_toolkit,
 )
+from pinwheel.build.toolchain.apt import debian_sources
+from pinwheel.build.toolchain.download import check_download
+from pinwheel.build.toolchain.pins import DebPin
+from pinwheel.build.toolchain.unpack import unpack_deb
 from pinwheel.errors import ManifestError
 from pinwheel.manifest import loads
+from pinwheel.manifest.build import BuildConfig
 
 pytestmark = pytest.mark.kernels
 
@@ -121,13 +122,13 @@ def test_unpack_deb_streams_only_pinned_files(tmp_path: Path) -> None:
     pin = DebPin("demo", "1.0", "0" * 64, (("usr/lib/demo/bin/tool", "bin/tool"),
                                           ("usr/lib/demo/bin/crt", "bin/crt")))  # fmt: skip
     dest = tmp_path / "tree"
-    _unpack_deb(deb, pin, dest)
+    unpack_deb(deb, pin, dest)
     assert os.access(dest / "bin/tool", os.X_OK)
     assert (dest / "bin/crt/link.stub").read_text() == "stub"
     assert not (dest / "usr").exists() and not list(dest.rglob("README"))
     missing = DebPin("demo", "1.0", "0" * 64, (("usr/lib/demo/bin/nvcc", "bin/nvcc"),))
     with pytest.raises(ToolchainError, match="lacks bin/nvcc"):
-        _unpack_deb(deb, missing, tmp_path / "tree2")
+        unpack_deb(deb, missing, tmp_path / "tree2")
 
 
 def test_tampered_download_is_refused_and_removed(tmp_path: Path) -> None:
@@ -135,7 +136,7 @@ def test_tampered_download_is_refused_and_removed(tmp_path: Path) -> None:
     fake = tmp_path / pin.filename
     fake.write_bytes(b"not the package")
     with pytest.raises(ToolchainError) as exc:
-        _check_download(fake, pin.sha256, "http://mirror.test/debian")
+        check_download(fake, pin.sha256, "http://mirror.test/debian")
     assert pin.sha256 in str(exc.value) and "re-pin LOCKS" in str(exc.value)
     assert not fake.exists()
 
@@ -148,7 +149,7 @@ def test_every_lock_pins_real_sha256s() -> None:
 
 CUDA13 = Path("/usr/local/cuda/bin/nvcc")
 needs_cuda13 = pytest.mark.skipif(
-    not CUDA13.is_file() or not nvcc_version(CUDA13).startswith("13."),
+    not CUDA13.is_file() or not nvcc_version(CUDA13, env={"PATH": os.defpath}).startswith("13."),
     reason="needs this machine's CUDA 13 nvcc at /usr/local/cuda (the negative case)",
 )
 
@@ -156,7 +157,7 @@ needs_cuda13 = pytest.mark.skipif(
 @needs_cuda13
 def test_nvcc_13_is_refused_for_sm70_with_why_and_what_to_do() -> None:
     with pytest.raises(ToolchainError) as exc:
-        probe_arches(CUDA13, ("7.0",))
+        probe_arches(CUDA13, ("7.0",), env={"PATH": os.defpath})
     text = str(exc.value)
     assert "cannot compile for arch 7.0" in text
     assert "CUDA 13 dropped Volta" in text and "compute_70" in text
@@ -169,7 +170,7 @@ def test_resolve_refuses_cuda13_even_when_the_manifest_asks_for_it(tmp_path: Pat
                       label=None, version=None)  # fmt: skip
     env = {"CUDA_HOME": str(CUDA13.parent.parent), "PATH": os.defpath}
     with pytest.raises(ToolchainError, match="cannot compile for arch 7.0"):
-        resolve_toolkit(cfg, tmp_path / "cache", provision=False, environ=env)
+        resolve_toolkit(ToolkitRequest(cfg, tmp_path / "cache", env, provision=False))
 
 
 @needs_cuda13
@@ -178,7 +179,29 @@ def test_resolve_without_provisioning_lists_what_it_rejected(tmp_path: Path) -> 
                       label=None, version=None)  # fmt: skip
     env = {"CUDA_HOME": str(CUDA13.parent.parent), "PATH": os.defpath}
     with pytest.raises(ToolchainError) as exc:
-        resolve_toolkit(cfg, tmp_path / "cache", provision=False, environ=env)
+        resolve_toolkit(ToolkitRequest(cfg, tmp_path / "cache", env, provision=False))
     text = str(exc.value)
     assert "CUDA 13.0" in text and "[build] cuda pins 12.4" in text
     assert "pinwheel toolchain" in text
+
+
+def test_resolve_searches_the_requests_environment_not_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA_HOME of this process is not looked at; the request's CUDA_PATH is. Stand-in:
+    the two "toolkits" are shell scripts that answer `nvcc --version` with a CUDA 11.8
+    release line (the finder rejects both by version, before any compile)."""
+    for name in ("process", "request"):
+        nvcc = tmp_path / name / "bin" / "nvcc"
+        nvcc.parent.mkdir(parents=True)
+        nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 11.8, V11.8.89'\n")
+        nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "process"))
+    cfg = BuildConfig(python="3.11", cuda="12.4", arches=("7.0",), ptx=True, torch=None,
+                      label=None, version=None)  # fmt: skip
+    env = {"CUDA_PATH": str(tmp_path / "request"), "PATH": "/usr/bin:/bin"}
+    with pytest.raises(ToolchainError) as exc:
+        resolve_toolkit(ToolkitRequest(cfg, tmp_path / "cache", env, provision=False))
+    text = str(exc.value)
+    assert f"CUDA_PATH {tmp_path / 'request'}: CUDA 11.8.89" in text
+    assert str(tmp_path / "process") not in text

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pinwheel.build.check import CheckSpec
+from pinwheel.build.record import BuildRecord
 from pinwheel.build.wheelset import Built, publish, recover
 from pinwheel.checksums import parse_sums
 from pinwheel.cudaarch import parse_arches
@@ -24,7 +25,9 @@ SPEC = CheckSpec(arches=(), require_cuda=False)
 
 def built(tmp: Path, component: str, version: str, kind: str = "kernel", seed: int = 0) -> Built:
     wheel = make_wheel(tmp / "scratch" / component / version, component, version, 64, seed)
-    return Built(component, kind, wheel, 1.0, {"origin": f"test {component}"}, {"v": version})
+    return Built(component, kind, wheel, 1.0, {"origin": f"test {component}"},
+                 BuildRecord(source_date_epoch=0, env={}, arches=(), compiled_inputs={},
+                             version=version))  # fmt: skip
 
 
 def receipt() -> dict[str, object]:
@@ -50,7 +53,7 @@ def test_a_second_build_keeps_the_other_components_and_lists_them(tmp_path: Path
     assert sorted(prov["wheels"]) == names
     assert prov["built"] == ["beta-2.0-py3-none-any.whl"]
     comps = {c["name"]: c for c in prov["components"]}
-    assert comps["alpha"]["v"] == "1.0" and comps["beta"]["v"] == "2.0"  # alpha's record kept
+    assert comps["alpha"]["version"] == "1.0" and comps["beta"]["version"] == "2.0"  # alpha's record kept
     assert not list(tmp_path.glob(".wheels.*"))  # no staging or old dir left
 
 

@@ -535,7 +535,7 @@ def check_wheels(
 
 
 def spec_from_build(config: Any, **overrides: Any) -> CheckSpec:
-    """A :class:`CheckSpec` from a :class:`pinwheel.toolchain.BuildConfig`."""
+    """A :class:`CheckSpec` from a :class:`pinwheel.manifest.build.BuildConfig`."""
     fields: dict[str, Any] = {
         "arches": config.targets,
         "required_members": tuple(config.required_members),

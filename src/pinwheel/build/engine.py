@@ -27,6 +27,7 @@ from typing import Any
 
 from pinwheel.build import reuse
 from pinwheel.build.buildenv import build_env
+from pinwheel.build.record import BuildRecord
 from pinwheel.build.sources import undeclared_downloads
 from pinwheel.build.wheelset import Built
 from pinwheel.cudaarch import CudaArch
@@ -54,7 +55,7 @@ class BuildPlan:
     set_env: Mapping[str, str]  # what pinwheel set (recorded in provenance)
     env: Mapping[str, str] = field(repr=False)  # the full environment of the build
     source_date_epoch: int = 0
-    toolkit: Any = None  # pinwheel.toolchain.Toolkit, or None for a CUDA-free build
+    toolkit: Any = None  # pinwheel.build.toolchain.Toolkit, or None for a CUDA-free build
 
     @property
     def log(self) -> Path:
@@ -385,22 +386,28 @@ def _built(
     reused: Mapping[str, Any] | None,
     record: Mapping[str, Any] | None = None,
 ) -> Built:
+    facts = dict(record or {})
+    unknown = set(facts) - {"excluded", "requirements", "sources", "network"}
+    assert not unknown, f"engine build facts without a BuildRecord field: {sorted(unknown)}"
     return Built(
         component="engine",
         kind="engine",
         wheel=wheel,
         seconds=seconds,
         source=dict(origin),
-        build={
-            "version": version,
-            "source_date_epoch": source_date_epoch,
-            "env": dict(sorted(plan.set_env.items())),
-            "command": _portable(plan.command, plan),
-            "arches": [str(a) for a in plan.arches],
-            "compiled_inputs": dict(inputs),
-            **({"reused": dict(reused)} if reused is not None else {}),
-            **dict(record or {}),
-        },
+        build=BuildRecord(
+            version=version,
+            source_date_epoch=source_date_epoch,
+            env=dict(sorted(plan.set_env.items())),
+            command=tuple(_portable(plan.command, plan)),
+            arches=tuple(str(a) for a in plan.arches),
+            compiled_inputs=dict(inputs),
+            reused=dict(reused) if reused is not None else None,
+            excluded=tuple(facts["excluded"]) if "excluded" in facts else None,
+            requirements=facts.get("requirements"),
+            sources=tuple(facts["sources"]) if "sources" in facts else None,
+            network=facts.get("network"),
+        ),
     )
 
 

@@ -28,13 +28,14 @@ from typing import Any
 
 from pinwheel.build import reuse
 from pinwheel.build.buildenv import build_env
-from pinwheel.build.toolchain import BuildConfig, Toolkit
+from pinwheel.build.record import BuildRecord
+from pinwheel.build.toolchain import Toolkit
 from pinwheel.build.wheeldiff import diff_members
 from pinwheel.build.wheelset import Built
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import ManifestError, MismatchError, PinwheelError
 from pinwheel.manifest import Manifest
-from pinwheel.manifest.build import KernelPatch, KernelSpec, parse_kernel_tables  # noqa: F401
+from pinwheel.manifest.build import BuildConfig, KernelPatch, KernelSpec, parse_kernel_tables  # noqa: F401
 from pinwheel.manifest.component import by_name, component_manifest
 from pinwheel.urls import redact
 
@@ -290,10 +291,11 @@ def build_kernel(
                 source={"origin": staged.origin, "url": spec.url, "commit": spec.commit,
                         "tree": staged.tree, "path": str(spec.path.relative_to(spec.source.parent))
                         if spec.path else None},
-                build={"builder": spec.builder, "source_date_epoch": staged.source_date_epoch,
-                       "env": dict(sorted(set_env.items())),
-                       "arches": [str(a) for a in config.targets],
-                       "compiled_inputs": taken.inputs, "reused": taken.members},
+                build=BuildRecord(
+                    builder=spec.builder, source_date_epoch=staged.source_date_epoch,
+                    env=dict(sorted(set_env.items())),
+                    arches=tuple(str(a) for a in config.targets),
+                    compiled_inputs=taken.inputs, reused=taken.members),
             )  # fmt: skip
     cmd = [
         str(python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
@@ -317,11 +319,11 @@ def build_kernel(
         source={"origin": staged.origin, "url": spec.url, "commit": spec.commit,
                 "tree": staged.tree, "path": str(spec.path.relative_to(spec.source.parent))
                 if spec.path else None},
-        build={"builder": spec.builder, "source_date_epoch": staged.source_date_epoch,
-               "env": dict(sorted(set_env.items())), "arches": [str(a) for a in config.targets],
-               "compiled_inputs": recorded,
-               **({"torch": torch_version, "torch_index": config.torch_index}
-                  if torch_version else {})},
+        build=BuildRecord(
+            builder=spec.builder, source_date_epoch=staged.source_date_epoch,
+            env=dict(sorted(set_env.items())), arches=tuple(str(a) for a in config.targets),
+            compiled_inputs=recorded, torch=torch_version,
+            torch_index=config.torch_index if torch_version else None),
     )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from pinwheel.build.engine import build_engine, commit_time, engine_version
 from pinwheel.build.kernels import BuildOptions, build_kernel, build_twice, select
 from pinwheel.build.provenance import receipt, toolchain_facts
 from pinwheel.build.sources import plan_env, supply, unpinned
-from pinwheel.build.toolchain import Toolkit, resolve_toolkit
+from pinwheel.build.toolchain import Toolkit, ToolkitRequest, resolve_toolkit
 from pinwheel.build.wheelset import Built, WheelSet, publish
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import Manifest
@@ -84,8 +84,8 @@ class BuildOutcome:
                     "seconds": round(b.seconds, 1),
                     "first_build_seconds": self.twice.get(b.component),
                     "reproduced": b.component in self.twice,
-                    "compiler_cache": b.build.get("compiler_cache"),
-                    "reused": sorted((b.build.get("reused") or {}).get("members", {})),
+                    "compiler_cache": b.build.compiler_cache,
+                    "reused": sorted((b.build.reused or {}).get("members", {})),
                     **dict(b.source),
                 }
                 for b in self.built
@@ -103,16 +103,16 @@ class BuildOutcome:
 
 
 def _cache_note(b: Built) -> str:
-    cc = b.build.get("compiler_cache") or {}
+    cc = b.build.compiler_cache or {}
     note = ""
     if cc.get("enabled"):
         note = f", compiler cache ({cc.get('backend')}): {cc.get('hits')} hits, "
         note += f"{cc.get('misses')} misses"
     elif cc:
         note = f", no compiler cache: {cc.get('reason')}"
-    reused = (b.build.get("reused") or {}).get("members") or {}
-    if reused:
-        note += f", reused {len(reused)} compiled member(s) from {b.build['reused']['wheel']}"
+    reused = (b.build.reused or {}).get("members") or {}
+    if reused and b.build.reused:
+        note += f", reused {len(reused)} compiled member(s) from {b.build.reused['wheel']}"
     return note
 
 
@@ -140,7 +140,7 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     if toolkit is None and request.cuda:
         with reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
             toolkit = resolve_toolkit(
-                config, request.cache, provision=request.provision, environ=request.environ
+                ToolkitRequest(config, request.cache, request.environ, provision=request.provision)
             )
 
     earlier = reuse.candidates(request.reuse_from, request.cache) if request.reuse_from else {}
@@ -195,7 +195,7 @@ def torch_pin(
     A torch-extension kernel records the torch of its build venv; otherwise the
     build interpreter's torch counts.
     """
-    version = next((b.build["torch"] for b in built if b.build.get("torch")), build_python_torch)
+    version = next((b.build.torch for b in built if b.build.torch), build_python_torch)
     return {"version": version, "index": config.torch_index, "requested": config.torch}
 
 
@@ -217,7 +217,7 @@ def _produce(
     def measure(produce: Callable[[Any], Built]) -> Built:
         if session is None:
             b = produce(None)
-            return dataclasses.replace(b, build={**b.build, "compiler_cache": cache_plan.record()})
+            return _with_cache(b, cache_plan.record())
         session.zero()
         try:
             b = produce(session)
@@ -229,8 +229,8 @@ def _produce(
             b = produce(None)
             why = f"failed during the build ({failed}); rebuilt without it"
             off = dataclasses.replace(cache_plan, disabled=why)
-            return dataclasses.replace(b, build={**b.build, "compiler_cache": off.record()})
-        return dataclasses.replace(b, build={**b.build, "compiler_cache": session.stats()})
+            return _with_cache(b, off.record())
+        return _with_cache(b, session.stats())
 
     opts = BuildOptions(
         cache=request.cache,
@@ -260,6 +260,11 @@ def _produce(
     if engine:
         built.append(measure(lambda s: _engine(request, config, toolkit, reporter, s, earlier)))
     return built, twice
+
+
+def _with_cache(b: Built, numbers: Mapping[str, Any]) -> Built:
+    """``b`` with the compiler cache's numbers (or why it was off) in its record."""
+    return dataclasses.replace(b, build=dataclasses.replace(b.build, compiler_cache=numbers))
 
 
 def _kernel(
@@ -369,8 +374,8 @@ def _engine(
             log=reporter.info,
         )
     # Recorded without this machine's cache path: provenance travels with the release.
-    env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build["env"].items()}
-    return dataclasses.replace(built, build={**built.build, "env": env})
+    env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build.env.items()}
+    return dataclasses.replace(built, build=dataclasses.replace(built.build, env=env))
 
 
 def _check_declared(replayed: Any, config: BuildConfig) -> None:

@@ -17,12 +17,13 @@ import dataclasses
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pinwheel.build.check import CheckReport, CheckSpec, check_wheels
 from pinwheel.build.provenance import FILENAME, read_receipt, write_receipt
+from pinwheel.build.record import BuildRecord
 from pinwheel.checksums import SUMS, parse_sums, sha256_file, write_sums
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import recover_dir, swap_dir
@@ -37,7 +38,7 @@ class Built:
     wheel: Path  # in the producer's scratch directory
     seconds: float
     source: Mapping[str, Any]  # url, commit, tree, origin: what it was built from
-    build: Mapping[str, Any] = field(default_factory=dict)  # version, env, command, epoch...
+    build: BuildRecord  # how: version, env, command, epoch, compiled inputs...
 
     def record(self, sha256: str) -> dict[str, Any]:
         """This wheel's entry under provenance.json ``components``."""
@@ -48,7 +49,7 @@ class Built:
             "sha256": sha256,
             "seconds": round(self.seconds, 1),
             "source": dict(self.source),
-            **{k: v for k, v in self.build.items()},
+            **self.build.to_json(),
         }
 
 

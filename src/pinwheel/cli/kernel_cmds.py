@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from pinwheel.cli import Context, command
 
 if TYPE_CHECKING:
-    from pinwheel.build.toolchain import BuildConfig, Toolkit
+    from pinwheel.build.toolchain import Toolkit
+    from pinwheel.manifest.build import BuildConfig
 
 
 def add_kernel_commands(sub: Any) -> None:
@@ -43,11 +44,13 @@ def _config(ctx: Context) -> BuildConfig:
 
 
 def _toolkit(ctx: Context, config: BuildConfig, provision: bool) -> tuple[Toolkit, float]:
-    from pinwheel.build.toolchain import resolve_toolkit
+    from pinwheel.build.toolchain import ToolkitRequest, resolve_toolkit
 
     started = time.monotonic()
     with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
-        toolkit = resolve_toolkit(config, ctx.cache, provision=provision, environ=ctx.environ)
+        toolkit = resolve_toolkit(
+            ToolkitRequest(config, ctx.cache, ctx.environ, provision=provision)
+        )
     return toolkit, time.monotonic() - started
 
 

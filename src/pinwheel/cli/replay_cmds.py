@@ -120,12 +120,14 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
 def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     """Check [build] and the toolkit first, replay, then kernel + engine wheels as one set."""
     from pinwheel.build.pipeline import BuildRequest, build, build_config
-    from pinwheel.build.toolchain import resolve_toolkit
+    from pinwheel.build.toolchain import ToolkitRequest, resolve_toolkit
 
     manifest = ctx.manifest()
     config = build_config(manifest)  # before the replay: a bad [build] fails in a second
     with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
-        toolkit = resolve_toolkit(config, ctx.cache, provision=not ctx.offline, environ=ctx.environ)
+        toolkit = resolve_toolkit(
+            ToolkitRequest(config, ctx.cache, ctx.environ, provision=not ctx.offline)
+        )
     # A manifest of components only (no [upstream]) builds its [[kernel]] wheels.
     result = _replay(ctx, args) if manifest.has_engine else None
     request = BuildRequest(

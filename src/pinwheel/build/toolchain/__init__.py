@@ -1,0 +1,32 @@
+"""The CUDA toolchain a build needs, one module per job.
+
+- :mod:`.toolkit`: a found toolkit, its version, and the per-arch probe.
+- :mod:`.find`: :func:`resolve_toolkit` looks for a toolkit whose version matches
+  ``[build].cuda`` (``CUDA_HOME``/``CUDA_PATH``, ``nvcc`` on PATH, ``/usr/local/cuda``,
+  then the one pinwheel provisioned into its cache) and provisions one when none fits.
+- :mod:`.provision`: assembles a pinned toolkit tree; :mod:`.apt`, :mod:`.download`
+  and :mod:`.unpack` fetch and copy its files.
+- :mod:`.pins`: the pinned files (data only).
+
+Nothing here reads ``os.environ``: the caller's environment comes in through
+:class:`ToolkitRequest` (and the ``env``/``environ`` arguments below it).
+"""
+
+from pinwheel.build.toolchain.find import ToolkitRequest, resolve_toolkit
+from pinwheel.build.toolchain.pins import LOCKS, MARKER, NOT_PROVISIONABLE, ToolkitLock
+from pinwheel.build.toolchain.provision import provision_toolkit
+from pinwheel.build.toolchain.toolkit import ToolchainError, Toolkit, nvcc_version, probe_arches
+
+__all__ = [
+    "LOCKS",
+    "MARKER",
+    "NOT_PROVISIONABLE",
+    "ToolchainError",
+    "Toolkit",
+    "ToolkitLock",
+    "ToolkitRequest",
+    "nvcc_version",
+    "probe_arches",
+    "provision_toolkit",
+    "resolve_toolkit",
+]

@@ -1,0 +1,120 @@
+"""Find the toolkit ``[build]`` asks for: installed ones first, then the provisioned one.
+
+In: a :class:`ToolkitRequest` (``[build]``, the cache, whether provisioning is
+allowed, and the caller's environment: nothing here reads ``os.environ``).
+Out: a probed :class:`~pinwheel.build.toolchain.toolkit.Toolkit`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pinwheel.build.toolchain.pins import DEV_PROBES, LOCKS, MARKER, NOT_PROVISIONABLE
+from pinwheel.build.toolchain.provision import provision_toolkit
+from pinwheel.build.toolchain.toolkit import ToolchainError, Toolkit, nvcc_version, probe_arches
+from pinwheel.manifest.build import BuildConfig
+from pinwheel.manifest.targets import target_problems
+
+
+def _candidates(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
+    """(source, root) for toolkits installed on this machine, most explicit first."""
+    found: list[tuple[str, Path]] = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if environ.get(var):
+            found.append((var, Path(environ[var])))
+    on_path = shutil.which("nvcc", path=environ.get("PATH"))
+    if on_path:
+        found.append(("PATH", Path(on_path).resolve().parent.parent))
+    found.append(("/usr/local/cuda", Path("/usr/local/cuda")))
+    unique: dict[Path, tuple[str, Path]] = {}
+    for source, root in found:
+        key = root.resolve() if root.exists() else root
+        unique.setdefault(key, (source, root))
+    return list(unique.values())
+
+
+@dataclass(frozen=True)
+class ToolkitRequest:
+    """What to find: ``[build]``, where the cache is, and the environment to search and probe
+    with (``CUDA_HOME``, ``CUDA_PATH``, ``PATH``; the caller's, never read from this process)."""
+
+    config: BuildConfig
+    cache: Path
+    environ: Mapping[str, str]
+    provision: bool = True
+
+
+def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
+    """The first toolkit matching ``config.cuda`` that compiles every arch; provision if none."""
+    config, cache, provision = request.config, request.cache, request.provision
+    environ = dict(request.environ)
+    _refuse_impossible(config)
+    rejected: list[str] = []
+    for source, root in _candidates(environ):
+        nvcc = root / "bin" / "nvcc"
+        if not nvcc.is_file():
+            continue
+        try:
+            version = nvcc_version(nvcc, env=environ)
+        except ToolchainError as exc:
+            rejected.append(f"{source} {root}: {exc.what}")
+            continue
+        if not _same_minor(version, config.cuda):
+            rejected.append(f"{source} {root}: CUDA {version}, [build] cuda pins {config.cuda}")
+            continue
+        if config.cuda_dev and (lacks := [p for p in DEV_PROBES if not (root / p).exists()]):
+            rejected.append(f"{source} {root}: no {', '.join(lacks)} ([build] cuda_dev)")
+            continue
+        probe_arches(nvcc, config.arches, env=environ)
+        return Toolkit(root, nvcc, version, config.arches, source)
+
+    lock = LOCKS.get(config.cuda)
+    if lock is not None and config.cuda_dev:
+        lock = lock.with_dev()
+    cached = cache / "toolchains" / lock.dirname if lock else None
+    if lock and cached and (cached / MARKER).is_file():
+        return _checked(cached, config, "provisioned", environ)
+    if not provision or lock is None:
+        tried = "; ".join(rejected) or "no nvcc found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda)"
+        can = ", ".join(sorted(LOCKS))
+        raise ToolchainError(
+            f"no usable CUDA {config.cuda} toolkit: {tried}",
+            where="[build] cuda",
+            next=(
+                "run `pinwheel toolchain`: it provisions a pinned CUDA "
+                f"{lock.version} into the cache"
+                if lock
+                else f"set CUDA_HOME to a CUDA {config.cuda} install, or pin a provisionable "
+                f"version in [build] cuda ({can})"
+                + (
+                    f"; CUDA {config.cuda} is not provisioned: {NOT_PROVISIONABLE[config.cuda]}"
+                    if config.cuda in NOT_PROVISIONABLE
+                    else ""
+                )
+            ),
+        )
+    root = provision_toolkit(lock, cache, environ)
+    return _checked(root, config, "provisioned", environ)
+
+
+def _refuse_impossible(config: BuildConfig) -> None:
+    """The arch / CUDA / torch table (:mod:`pinwheel.manifest.targets`) before any probe."""
+    problems = target_problems(config.cuda, config.arches, config.torch, config.torch_index)
+    if problems:
+        raise ToolchainError(
+            problems[0].what, where=f"[build] {problems[0].key}", next=problems[0].fix
+        )
+
+
+def _checked(root: Path, config: BuildConfig, source: str, environ: Mapping[str, str]) -> Toolkit:
+    nvcc = root / "bin" / "nvcc"
+    version = nvcc_version(nvcc, env=environ)
+    probe_arches(nvcc, config.arches, env=environ)
+    return Toolkit(root, nvcc, version, config.arches, source)
+
+
+def _same_minor(version: str, wanted: str) -> bool:
+    return version.split(".")[:2] == wanted.split(".")[:2]

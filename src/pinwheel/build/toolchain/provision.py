@@ -1,0 +1,79 @@
+"""Assemble a pinned toolkit into ``<cache>/toolchains/cuda-X.Y.Z``.
+
+NVIDIA's compiler binaries come from the Debian ``nvidia-cuda-toolkit`` package
+(fetched from the machine's own Debian mirror, suite trixie, component
+non-free, with a private APT state), the headers, libnvvm and libcudart from
+PyPI's ``nvidia-cuda-*`` wheels, every file pinned by sha256 in
+:data:`~pinwheel.build.toolchain.pins.LOCKS`, assembled into one relocatable
+tree with an ``nvcc.profile``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from filelock import FileLock
+
+from pinwheel.build.toolchain.apt import fetch_debs
+from pinwheel.build.toolchain.download import fetch_wheel
+from pinwheel.build.toolchain.pins import MARKER, ToolkitLock
+from pinwheel.build.toolchain.toolkit import ToolchainError, nvcc_version
+from pinwheel.build.toolchain.unpack import unpack_deb, unpack_wheel
+from pinwheel.fsutil import atomic_dir, atomic_write_text
+
+# nvcc reads this beside itself; $(_HERE_) makes the tree relocatable.
+NVCC_PROFILE = """\
+TOP              = $(_HERE_)/..
+NVVMIR_LIBRARY_DIR = $(TOP)/nvvm/libdevice
+LD_LIBRARY_PATH += $(TOP)/lib64:
+PATH            += $(TOP)/nvvm/bin:$(_HERE_):
+INCLUDES        +=  "-I$(TOP)/include" $(_SPACE_)
+LIBRARIES        =+ $(_SPACE_) "-L$(TOP)/lib64"
+CUDAFE_FLAGS    +=
+PTXAS_FLAGS     +=
+"""
+
+
+def provision_toolkit(lock: ToolkitLock, cache: Path, environ: Mapping[str, str]) -> Path:
+    """Download, verify and assemble ``lock`` into ``<cache>/toolchains/cuda-X.Y.Z``; idempotent.
+
+    ``environ`` is the caller's environment: apt-get, pip and nvcc run in it.
+    """
+    base = cache / "toolchains"
+    final = base / lock.dirname
+    base.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(base / f".{lock.dirname}.lock")):
+        if (final / MARKER).is_file():
+            return final
+        downloads = base / "downloads"
+        debs = fetch_debs(lock, downloads, base / "apt", environ)
+        wheels = [fetch_wheel(pin, downloads, environ) for pin in lock.wheels]
+        with atomic_dir(final) as tmp:
+            for pin, path in zip(lock.debs, debs, strict=True):
+                unpack_deb(path, pin, tmp)
+            for wpin, path in zip(lock.wheels, wheels, strict=True):
+                unpack_wheel(path, wpin, tmp)
+            for junk in tmp.rglob("__init__.py"):  # the wheels' namespace stubs
+                junk.unlink()
+            for so in sorted((tmp / "lib64").glob("libcudart.so.1[0-9]")):
+                # torch's CUDAExtension links -lcudart: it needs the unversioned name.
+                if not (tmp / "lib64" / "libcudart.so").exists():
+                    (tmp / "lib64" / "libcudart.so").symlink_to(so.name)
+            atomic_write_text(tmp / "bin" / "nvcc.profile", NVCC_PROFILE)
+            found = nvcc_version(tmp / "bin" / "nvcc", env=environ)
+            if found != lock.version:
+                raise ToolchainError(
+                    f"assembled nvcc reports {found}, the lock says {lock.version}",
+                    where=f"toolchain lock for CUDA {lock.version}",
+                    next="fix LOCKS in pinwheel/build/toolchain/pins.py",
+                )
+            record = {
+                "version": lock.version,
+                "debs": {p.filename: p.sha256 for p in lock.debs},
+                "wheels": {p.filename: p.sha256 for p in lock.wheels},
+            }
+            tmp.chmod(0o755)  # mkdtemp made it private; the toolkit is for every user
+            atomic_write_text(tmp / MARKER, json.dumps(record, indent=2, sort_keys=True) + "\n")
+        return final

@@ -1,0 +1,108 @@
+"""Copy a pin's files out of a .deb (streamed) or a wheel into a toolkit tree."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from pinwheel.build.toolchain.pins import DebPin, WheelPin
+from pinwheel.build.toolchain.toolkit import ToolchainError
+
+
+def _ar_member(path: Path, prefix: str) -> tuple[int, int]:
+    """(offset, size) of the first member named ``prefix*`` in an ``ar`` archive (a .deb)."""
+    with open(path, "rb") as fh:
+        if fh.read(8) != b"!<arch>\n":
+            raise ToolchainError(f"{path.name} is not a Debian package (no ar header)")
+        while header := fh.read(60):
+            name = header[:16].decode().strip().rstrip("/")
+            size = int(header[48:58].decode().strip())
+            if name.startswith(prefix):
+                return fh.tell(), size
+            fh.seek(size + (size % 2), io.SEEK_CUR)
+    raise ToolchainError(f"{path.name} has no {prefix}* member", where=str(path))
+
+
+class _Window(io.RawIOBase):
+    """A read-only view of ``size`` bytes of a file from ``offset``: one ar member."""
+
+    def __init__(self, fh: io.BufferedReader, offset: int, size: int):
+        fh.seek(offset)
+        self._fh, self._left = fh, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = self._fh.readinto(memoryview(buf)[: min(len(buf), self._left)])
+        self._left -= n
+        return n
+
+
+def unpack_deb(path: Path, pin: DebPin, dest: Path) -> None:
+    """Copy the pinned files out of the data.tar, streaming: nvidia-cuda-dev is 900 MB."""
+    offset, size = _ar_member(path, "data.tar")
+    wanted = dict(pin.files)
+    seen: set[str] = set()  # pinned files (not dirs) copied so far
+    with open(path, "rb") as fh:
+        stream = io.BufferedReader(_Window(fh, offset, size), 1 << 20)
+        with tarfile.open(fileobj=stream, mode="r|*") as tar:
+            for member in tar:
+                rel = member.name.removeprefix("./")
+                target = _map(rel, wanted)
+                if target is None or not (member.isfile() or member.isdir()):
+                    continue
+                if member.isfile() and rel in wanted:
+                    seen.add(rel)
+                out = dest / target
+                if member.isdir():
+                    out.mkdir(parents=True, exist_ok=True)
+                else:
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    src = tar.extractfile(member)
+                    assert src is not None
+                    with open(out, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+                    out.chmod(0o755 if member.mode & 0o111 else 0o644)
+                if len(seen) == len(wanted):
+                    break  # every pinned file is out: skip decompressing the rest
+    _require(dest, pin.files, path.name)
+
+
+def _map(rel: str, wanted: Mapping[str, str]) -> str | None:
+    """Where ``rel`` goes in the tree, if a pinned file or directory covers it."""
+    if rel in wanted:
+        return wanted[rel]
+    for src, dst in wanted.items():
+        if rel.startswith(src + "/"):
+            return dst + rel[len(src) :]
+    return None
+
+
+def _require(dest: Path, files: tuple[tuple[str, str], ...], origin: str) -> None:
+    missing = [dst for _, dst in files if not (dest / dst).exists()]
+    if missing:
+        raise ToolchainError(
+            f"{origin} lacks {', '.join(missing)}",
+            where=origin,
+            next="the package layout changed: update LOCKS in pinwheel/build/toolchain/pins.py",
+        )
+
+
+def unpack_wheel(path: Path, pin: WheelPin, dest: Path) -> None:
+    wanted = dict(pin.files)
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            target = _map(info.filename.rstrip("/"), wanted)
+            if target is None or info.is_dir():
+                continue
+            out = dest / target
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(zf.read(info))
+            mode = (info.external_attr >> 16) & 0o777
+            out.chmod(0o755 if mode & 0o111 else 0o644)
+    _require(dest, pin.files, path.name)
