@@ -6,7 +6,9 @@ ELF ``.nv_fatbin`` section in pure Python (:mod:`pinwheel.fatbin`) so the
 check needs no NVIDIA tools; cuobjdump, when given, must agree. Required
 members are present; no ELF member has an RPATH/RUNPATH into a build, temp or
 home directory; no member is absolute, escapes with ``..``, or is a symlink;
-RECORD hashes match; ``auditwheel show`` runs when installed.
+RECORD hashes match; the wheel's glibc floor (the highest GLIBC_/GLIBCXX_/CXXABI_
+symbol version any ELF member needs, :mod:`pinwheel.build.abifloor`) is reported and
+gated by ``[build] max_glibc``; ``auditwheel show`` runs when installed.
 
 Everything found is collected into a frozen :class:`CheckReport`; a caller
 decides to raise (:meth:`CheckReport.raise_if_failed`).
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pinwheel.build import elf, fatbin
+from pinwheel.build import abifloor, elf, fatbin
 from pinwheel.build.wheelfile import Limits, audit
 from pinwheel.checksums import sha256_file
 from pinwheel.cudaarch import CudaArch, names
@@ -53,6 +55,8 @@ class CheckSpec:
     cuobjdump: str | None = None
     auditwheel: str | None = None
     limits: Limits = field(default_factory=Limits)  # zip-bomb limits (pinwheel.wheelfile)
+    max_glibc: abifloor.Version | None = None  # [build] max_glibc: the oldest target glibc
+    glibc_limit: str = "[build] max_glibc"  # what max_glibc stands for, in the message
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class SharedObject:
     runpath: tuple[str, ...]
     cuobjdump_sass: tuple[int, ...] | None = None
     cuobjdump_ptx: tuple[int, ...] | None = None
+    needs: tuple[elf.VersionNeed, ...] = ()  # versioned symbol requirements (GLIBC_2.34...)
 
     @property
     def is_cuda(self) -> bool:
@@ -96,6 +101,7 @@ class WheelCheck:
     members: int
     shared_objects: tuple[SharedObject, ...]
     auditwheel: str | None = None  # `auditwheel show` output, when it ran
+    floor: abifloor.Floor = field(default_factory=abifloor.Floor)  # glibc/libstdc++ floor
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,7 @@ class CheckReport:
                     "sha256": w.sha256,
                     "members": w.members,
                     "auditwheel": w.auditwheel,
+                    "floor": w.floor.to_json(),
                     "shared_objects": [
                         {
                             "member": s.member,
@@ -172,6 +179,9 @@ class CheckReport:
                 )
                 if s.cuobjdump_sass is not None:
                     lines.append(f"    cuobjdump agrees: SASS {names(s.cuobjdump_sass)}")
+            if w.shared_objects:
+                lines.append(f"  floor: {w.floor.summary()}")
+                lines.extend(f"    {r.describe()}" for r in w.floor.requirements)
             if w.auditwheel is not None:
                 tag = _PLATFORM_TAG.search(w.auditwheel)
                 lines.append(f"  auditwheel show: {tag.group(1) if tag else w.auditwheel[:120]}")
@@ -191,6 +201,12 @@ class CheckReport:
             return (
                 "do not install or release these wheels: rebuild them (`tools/replay build`) "
                 "or fetch them again (`pinwheel fetch`), then rerun `pinwheel check WHEEL...`"
+            )
+        if self.errors and all(f.rule == "glibc" for f in self.errors):
+            return (
+                "build on a machine (or with a sysroot) whose glibc is not newer than "
+                "[build] max_glibc (docs/build.md, 'The glibc floor'), or raise max_glibc "
+                "if every target machine has that glibc; then rerun `pinwheel check WHEEL...`"
             )
         return (
             "rebuild with the manifest's [build] arches (TORCH_CUDA_ARCH_LIST) and "
@@ -325,6 +341,7 @@ def _inspect_elf(member: str, data: elf.Reader) -> tuple[SharedObject | None, st
     try:
         image = elf.parse(data)
         dyn = elf.dynamic(image, data)
+        needs = elf.version_needs(image, data)
     except elf.ElfError as exc:
         return None, f"cannot read ELF: {exc}"
     sass: set[int] = set()
@@ -355,6 +372,7 @@ def _inspect_elf(member: str, data: elf.Reader) -> tuple[SharedObject | None, st
         needed=dyn.needed,
         rpath=dyn.rpath,
         runpath=dyn.runpath,
+        needs=needs,
     ), problem
 
 
@@ -487,14 +505,38 @@ def check_wheel(path: Path, spec: CheckSpec) -> tuple[WheelCheck, list[Finding],
                 f"no CUDA shared object (no .nv_fatbin section) in the wheel; ELF members: {elves}",
             )
         )
+    wheel_floor = abifloor.floor({s.member: s.needs for s in shared})
+    findings.extend(_floor_findings(name, wheel_floor, spec.max_glibc, spec.glibc_limit))
     audit_out = None
     if spec.auditwheel:
         audit_out, problem_finding = _auditwheel(spec.auditwheel, path)
         if problem_finding:
             findings.append(problem_finding)
     digest = sha256_file(path)
-    summary = WheelCheck(name, str(path), digest, len(members), tuple(shared), audit_out)
+    summary = WheelCheck(
+        name, str(path), digest, len(members), tuple(shared), audit_out, wheel_floor
+    )
     return summary, findings, members
+
+
+def _floor_findings(
+    wheel: str, floor: abifloor.Floor, max_glibc: abifloor.Version | None, limit: str
+) -> list[Finding]:
+    """An error when the wheel needs a newer glibc than ``max_glibc`` (``limit``) allows."""
+    req = floor.get("GLIBC")
+    if max_glibc is None or req is None or req.version <= max_glibc:
+        return []
+    symbol = f" (symbol {req.symbol})" if req.symbol else ""
+    return [
+        Finding(
+            ERROR,
+            "glibc",
+            wheel,
+            req.member,
+            f"needs {req.name}{symbol} from {req.library}: above {limit} "
+            f"{abifloor.show(max_glibc)}, so it fails to load there",
+        )
+    ]
 
 
 def _looks_native(name: str) -> bool:
@@ -539,6 +581,7 @@ def spec_from_build(config: Any, **overrides: Any) -> CheckSpec:
     fields: dict[str, Any] = {
         "arches": config.targets,
         "required_members": tuple(config.required_members),
+        "max_glibc": config.max_glibc,
     }
     fields.update(overrides)
     return CheckSpec(**fields)

@@ -1,9 +1,9 @@
 """A minimal ELF reader: section headers, one section's bytes, and the dynamic section.
 
 Pure Python so the artifact check runs on a machine with no binutils and no
-NVIDIA tools. It reads only what the check needs (``.nv_fatbin`` and
-DT_NEEDED/DT_RPATH/DT_RUNPATH) and rejects anything malformed with
-:class:`ElfError` rather than guessing.
+NVIDIA tools. It reads only what the check needs (``.nv_fatbin``,
+DT_NEEDED/DT_RPATH/DT_RUNPATH, and the versioned symbol requirements) and
+rejects anything malformed with :class:`ElfError` rather than guessing.
 
 It reads through a :class:`Reader` (bytes in memory, or a file read with
 ``pread``), so a 200 MB shared object is never loaded whole: the check reads
@@ -20,6 +20,11 @@ from typing import BinaryIO, Protocol
 ELF_MAGIC = b"\x7fELF"
 SHT_NOBITS = 8
 SHT_DYNAMIC = 6
+SHT_DYNSYM = 11
+SHT_GNU_VERNEED = 0x6FFFFFFE  # .gnu.version_r: the versions this object needs, per library
+SHT_GNU_VERSYM = 0x6FFFFFFF  # .gnu.version: one version index per .dynsym entry
+SHN_UNDEF = 0
+MAX_VERNEED = 1 << 16  # verneed/vernaux entries followed before the chain is called malformed
 DT_NULL, DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1, 14, 15, 29
 SHN_XINDEX = 0xFFFF
 MAX_SECTIONS = 1 << 20  # real files have tens of thousands at most
@@ -117,10 +122,6 @@ class ElfFile:
 
     def section(self, name: str) -> Section | None:
         return next((s for s in self.sections if s.name == name), None)
-
-
-def is_elf(blob: bytes | memoryview) -> bool:
-    return bytes(blob[:4]) == ELF_MAGIC
 
 
 def _unpack(fmt: str, buf: bytes, at: int, what: str) -> tuple[int, ...]:
@@ -233,3 +234,101 @@ def dynamic(elf: ElfFile, blob: bytes | bytearray | memoryview | Reader) -> Dyna
         elif tag == DT_SONAME:
             soname = string(val)
     return Dynamic(tuple(needed), tuple(rpath), tuple(runpath), soname)
+
+
+@dataclass(frozen=True)
+class VersionNeed:
+    """One versioned requirement: ``GLIBC_2.34`` from ``libc.so.6``, and the undefined
+    dynamic symbols bound to it (``pthread_create``...)."""
+
+    library: str
+    version: str
+    symbols: tuple[str, ...]
+
+
+def version_needs(
+    elf: ElfFile, blob: bytes | bytearray | memoryview | Reader
+) -> tuple[VersionNeed, ...]:
+    """The SHT_GNU_verneed chain, with the undefined symbols that use each version.
+
+    What the dynamic loader checks at load time: an object that needs ``GLIBC_2.34``
+    does not load where libc.so.6 does not define that version.
+    """
+    src = as_reader(blob)
+    verneed = next((s for s in elf.sections if s.type == SHT_GNU_VERNEED), None)
+    if verneed is None:
+        return ()
+    if verneed.link >= len(elf.sections):
+        raise ElfError(f".gnu.version_r links to missing string table {verneed.link}")
+    strsec = elf.sections[verneed.link]
+    strtab = _table(src, strsec.offset, strsec.size, ".gnu.version_r string table")
+    data = _table(src, verneed.offset, verneed.size, ".gnu.version_r")
+    e = elf.endian
+
+    def string(off: int) -> str:
+        if off >= len(strtab):
+            raise ElfError(f"version string offset {off} out of range")
+        end = strtab.find(b"\0", off)
+        return strtab[off : end if end >= 0 else None].decode("utf-8", "replace")
+
+    by_index: dict[int, tuple[str, str]] = {}  # vna_other (version index) -> (library, version)
+    order: list[int] = []
+    at, seen = 0, 0
+    while True:
+        _ver, cnt, file_off, aux, nxt = _unpack(e + "HHIII", data, at, "verneed entry")
+        library = string(file_off)
+        aux_at = at + aux
+        for _ in range(cnt):
+            seen += 1
+            if seen > MAX_VERNEED:
+                raise ElfError(f"more than {MAX_VERNEED} version requirements")
+            _hash, _flags, other, name_off, aux_next = _unpack(
+                e + "IHHII", data, aux_at, "vernaux entry"
+            )
+            by_index[other] = (library, string(name_off))
+            order.append(other)
+            if not aux_next:
+                break
+            aux_at += aux_next
+        if not nxt:
+            break
+        at += nxt
+        if at >= len(data):
+            raise ElfError("verneed chain runs past its section")
+    symbols: dict[int, list[str]] = {i: [] for i in by_index}
+    for name, index in _undefined_symbol_versions(elf, src):
+        if index in symbols:
+            symbols[index].append(name)
+    return tuple(
+        VersionNeed(by_index[i][0], by_index[i][1], tuple(sorted(set(symbols[i])))) for i in order
+    )
+
+
+def _undefined_symbol_versions(elf: ElfFile, src: Reader) -> list[tuple[str, int]]:
+    """(name, version index) of each undefined .dynsym symbol; [] without .gnu.version."""
+    dynsym = next((s for s in elf.sections if s.type == SHT_DYNSYM), None)
+    versym = next((s for s in elf.sections if s.type == SHT_GNU_VERSYM), None)
+    if dynsym is None or versym is None or dynsym.link >= len(elf.sections):
+        return []
+    strsec = elf.sections[dynsym.link]
+    strtab = _table(src, strsec.offset, strsec.size, ".dynstr")
+    syms = _table(src, dynsym.offset, dynsym.size, ".dynsym")
+    versions = _table(src, versym.offset, versym.size, ".gnu.version")
+    if elf.bits == 64:
+        fmt, name_at, shndx_at = elf.endian + "IBBHQQ", 0, 3
+    else:
+        fmt, name_at, shndx_at = elf.endian + "IIIBBH", 0, 5
+    step = struct.calcsize(fmt)
+    out: list[tuple[str, int]] = []
+    for i in range(min(len(syms) // step, len(versions) // 2)):
+        fields = struct.unpack_from(fmt, syms, i * step)
+        if fields[shndx_at] != SHN_UNDEF or i == 0:
+            continue
+        (index,) = struct.unpack_from(elf.endian + "H", versions, i * 2)
+        index &= 0x7FFF  # bit 15: hidden
+        name_off = fields[name_at]
+        end = strtab.find(b"\0", name_off)
+        if name_off >= len(strtab):
+            continue
+        out.append((strtab[name_off : end if end >= 0 else None].decode("utf-8", "replace"), index))
+    return out

@@ -184,7 +184,7 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     payload["torch"] = torch_pin(config, facts.torch, built)
     with reporter.status(f"checking {len(built)} wheel(s)"):
         wheels = publish(built, request.out_dir, spec=check_spec, receipt=payload)
-    return BuildOutcome(toolkit=toolkit, built=tuple(built), wheels=wheels, twice=twice)
+    return BuildOutcome(toolkit=toolkit, built=wheels.components, wheels=wheels, twice=twice)
 
 
 def torch_pin(

@@ -1,8 +1,10 @@
-"""One path for every wheel: built -> checked -> SHA256SUMS -> provenance -> ``wheels/``.
+"""One path for every wheel: built -> tagged -> checked -> SHA256SUMS -> provenance -> ``wheels/``.
 
 Producers (the engine build, in-tree and out-of-tree kernels, components) only
 build: each returns a :class:`Built` whose wheel is still in scratch. Then
-:func:`publish` checks every new wheel together, and places the new set in
+:func:`publish` gives each wheel the manylinux tag auditwheel finds for it (or
+keeps ``linux_*`` and records why, :mod:`pinwheel.build.platformtag`), checks
+every new wheel together (its glibc floor included), and places the new set in
 the output directory as one unit: wheels from an earlier build that this one
 does not replace are kept only if ``SHA256SUMS`` and ``provenance.json`` vouch
 for them, SHA256SUMS and provenance.json are written in a staging directory
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pinwheel.build import platformtag
 from pinwheel.build.check import CheckReport, CheckSpec, check_wheels
 from pinwheel.build.provenance import FILENAME, read_receipt, write_receipt
 from pinwheel.build.record import BuildRecord
@@ -64,6 +67,7 @@ class WheelSet:
     sums: Path
     provenance: Path
     report: CheckReport
+    components: tuple[Built, ...] = ()  # what was built, as published (manylinux-tagged)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -128,6 +132,7 @@ def publish(
     spec: CheckSpec,
     receipt: Mapping[str, Any],
     keep_others: bool = True,
+    tag: bool = True,
 ) -> WheelSet:
     """Check ``built``, then make ``out_dir`` hold them plus the earlier wheels they don't replace.
 
@@ -150,6 +155,9 @@ def publish(
     )
     if not has_engine:
         spec = dataclasses.replace(spec, required_members=())
+    tags: dict[str, platformtag.TagDecision] = {}
+    if tag:
+        built, tags = _tagged(built)
     report = check_wheels([b.wheel for b in built], spec, alongside=[out_dir / n for n in kept])
     report.raise_if_failed()  # unchecked wheels never reach out_dir
 
@@ -165,7 +173,12 @@ def publish(
             target = staging / b.wheel.name
             shutil.copy2(b.wheel, target)
             digests[target.name] = sha256_file(target)
-            components.append(b.record(digests[target.name]))
+            record = b.record(digests[target.name])
+            checked = next(w for w in report.wheels if w.wheel == target.name)
+            record["floor"] = checked.floor.to_json()
+            if target.name in tags:
+                record["platform_tag"] = tags[target.name].to_json()
+            components.append(record)
         names = sorted(digests)
         write_sums(staging, names)
         payload = dict(receipt)
@@ -195,7 +208,24 @@ def publish(
         sums=out_dir / SUMS,
         provenance=out_dir / FILENAME,
         report=report,
+        components=tuple(built),
     )
+
+
+def _tagged(
+    built: Sequence[Built],
+) -> tuple[list[Built], dict[str, platformtag.TagDecision]]:
+    """Each wheel with the manylinux tag auditwheel finds (a retagged copy beside it)."""
+    out: list[Built] = []
+    tags: dict[str, platformtag.TagDecision] = {}
+    for b in built:
+        decision = platformtag.decide(b.wheel)
+        wheel = b.wheel
+        if decision.manylinux:
+            wheel = platformtag.retag(b.wheel, decision.platform, b.wheel.parent)
+        tags[wheel.name] = decision
+        out.append(dataclasses.replace(b, wheel=wheel))
+    return out, tags
 
 
 def _swap(staging: Path, out_dir: Path) -> None:

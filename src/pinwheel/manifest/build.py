@@ -16,6 +16,7 @@ from pinwheel.manifest.targets import target_problems
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)$")
 _CUDA = re.compile(r"^(\d+)\.(\d+)$")
 _PY = re.compile(r"^3\.\d+$")
+_GLIBC = re.compile(r"2\.(\d{1,3})")
 
 
 def _arch_key(arch: str) -> tuple[int, int]:
@@ -41,6 +42,7 @@ BUILD_KEYS = (
     "network",
     "torch_index",
     "cache",
+    "max_glibc",
 )
 SOURCE_KEYS = (
     "name", "url", "commit", "ref", "variables", "patches", "submodule", "exclude", "omit",
@@ -178,6 +180,7 @@ class BuildConfig:
     network: str = "none"  # "none": build in a network namespace where the machine allows
     torch_index: str | None = None  # where [build] torch comes from (a PEP 503 index URL)
     cache: CacheConfig = field(default_factory=CacheConfig)  # [build.cache]
+    max_glibc: tuple[int, ...] | None = None  # the oldest glibc the wheels must load on
 
     @property
     def targets(self) -> tuple[CudaArch, ...]:
@@ -258,7 +261,18 @@ def parse_build_table(table: Table) -> BuildConfig:
         requirements=_requirements(table),
         cuda_dev=table.bool("cuda_dev", False),
         network=table.choice("network", NETWORK, "none"),
+        max_glibc=_glibc(table),
     )
+
+
+def _glibc(t: Table) -> tuple[int, ...] | None:
+    text = t.str("max_glibc", None)
+    if text is None:
+        return None
+    m = _GLIBC.fullmatch(text)
+    if not m:
+        raise t.error("max_glibc", 'a glibc 2.x version like "2.31"', text)
+    return (2, int(m.group(1)))
 
 
 def _pathspecs(t: Table, key: str) -> tuple[str, ...]:

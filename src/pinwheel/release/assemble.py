@@ -97,11 +97,49 @@ def _component_lines(provenance: Mapping[str, Any]) -> list[str]:
                 sources.append(f"- `{s.get('name')}`: {s.get('url')} @ `{s.get('commit')}` "
                                f"(declared `{s.get('ref')}`)")  # fmt: skip
     out.append("")
+    out += _floor_lines(comps)
     if sources:
         out += ["## Build-time sources", "", *sources, ""]
     if lacks:
         out += ["## What the wheels lack", "", *lacks, ""]
     return out
+
+
+def _floor_lines(comps: list[dict[str, Any]]) -> list[str]:
+    """Where each wheel loads: its glibc/libstdc++ floor and platform tag (and why that tag)."""
+    rows = []
+    for c in comps:
+        floor = c.get("floor")
+        if not isinstance(floor, dict):
+            continue
+        needs = []
+        for family in ("GLIBC", "GLIBCXX", "CXXABI"):
+            req = floor.get(family)
+            if isinstance(req, dict):
+                where = ""
+                if family == "GLIBC":
+                    where = f" ({req.get('symbol')} in {req.get('member')})"
+                needs.append(f"{family} {req.get('version')}{where}")
+        tag = c.get("platform_tag")
+        tag_text = "not recorded"
+        if isinstance(tag, dict):
+            tag_text = f"`{tag.get('platform')}`: {tag.get('reason')}"
+        rows.append(
+            f"| {c.get('wheel')} | {'; '.join(needs) or 'no versioned symbols'} | {tag_text} |"
+        )
+    if not rows:
+        return []
+    return [
+        "## Where the wheels load",
+        "",
+        "The floor is the newest symbol version any shared object needs: a machine with an "
+        "older glibc (or libstdc++) fails to import the wheel.",
+        "",
+        "| wheel | needs at least | platform tag |",
+        "|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def render_notes(

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pinwheel.build.abifloor import Version, host_glibc, show
 from pinwheel.build.check import CheckSpec, check_wheels
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.release.assemble import verify_release
@@ -96,11 +97,27 @@ def _run(cmd: list[str], what: str, venv: Path) -> tuple[str, ...]:
     return tuple(cmd)
 
 
-def check_before_install(paths: list[Path]) -> None:
-    """The safety half of ``pinwheel check`` (no arch rules); raise before anything installs."""
-    report = check_wheels(paths, CheckSpec(arches=(), require_cuda=False))
+def check_before_install(paths: list[Path], target_glibc: Version | None = None) -> None:
+    """The safety half of ``pinwheel check`` (no arch rules) and the glibc floor against the
+    target machine's glibc; raise before anything installs."""
+    spec = CheckSpec(
+        arches=(),
+        require_cuda=False,
+        max_glibc=target_glibc,
+        glibc_limit="the glibc of the machine installing it",
+    )
+    report = check_wheels(paths, spec)
     if report.ok:
         return
+    if all(f.rule == "glibc" for f in report.errors) and target_glibc is not None:
+        raise VerifyError(
+            "the wheels need a newer C library than this machine has; nothing was installed:"
+            + "".join(f"\n    {f.line()}" for f in report.errors),
+            where=", ".join(sorted({f.wheel for f in report.errors})),
+            next=f"install on a machine with glibc >= the wheel's floor (this one has "
+            f"{show(target_glibc)}), or rebuild with [build] max_glibc = "
+            f'"{show(target_glibc)}" on an old enough build host (docs/build.md)',
+        )
     shown = "\n    ".join(f.line() for f in report.errors[:20])
     more = f"\n    … and {len(report.errors) - 20} more" if len(report.errors) > 20 else ""
     raise VerifyError(
@@ -136,7 +153,11 @@ def install(
     allowed_signers: Path | None = None,
     principal: str | None = None,
     allow_partial: bool = False,
+    target_glibc: Version | None = None,
 ) -> InstallResult:
+    """Verify, check (glibc floor against ``target_glibc``, default this machine's), install."""
+    if target_glibc is None:
+        target_glibc = host_glibc()
     if installer not in INSTALLERS:
         raise UsageError(f"unknown installer {installer!r}", next="use auto, uv or pip")
     verified = verify_release(
@@ -166,7 +187,7 @@ def install(
             next="fetch the rest (`pinwheel fetch SOURCE --dest DIR`), or pass --allow-partial "
             "to install only the wheels present",
         )
-    check_before_install([wheel_dir / w for w in wheels])
+    check_before_install([wheel_dir / w for w in wheels], target_glibc)
     uv = find_uv()
     chosen = ("uv" if uv else "pip") if installer == "auto" else installer
     if chosen == "uv" and not uv:
