@@ -72,6 +72,7 @@ class BuildOutcome:
     twice: Mapping[str, float] = field(default_factory=dict)  # kernel -> first build seconds
 
     def to_json(self) -> dict[str, Any]:
+        floors = {w.wheel: w.floor.to_json() for w in self.wheels.report.wheels}
         return {
             "toolkit": self.toolkit.facts() if self.toolkit else None,
             **self.wheels.to_json(),
@@ -86,6 +87,7 @@ class BuildOutcome:
                     "reproduced": b.component in self.twice,
                     "compiler_cache": b.build.compiler_cache,
                     "reused": sorted((b.build.reused or {}).get("members", {})),
+                    "floor": floors.get(b.wheel.name),
                     **dict(b.source),
                 }
                 for b in self.built
