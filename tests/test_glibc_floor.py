@@ -262,3 +262,19 @@ def test_install_refuses_a_wheel_above_the_machines_glibc_before_installing(
     assert "GLIBC_2.34" in text and "pthread_create" in text and "demo/new.so" in text
     assert "2.31" in (err.value.next or "")
     assert not venv.exists()  # refused before a venv was made
+
+
+@needs_glibc_234
+def test_check_cli_takes_max_glibc_and_refuses_a_malformed_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pinwheel.cli import main
+
+    wheel = wheel_of(tmp_path, "newer", {"new.so": compile_so(tmp_path, "new", NEW_C)})
+    argv = ["check", str(wheel), "--arch", "7.0", "--allow-no-cuda", "--no-tools"]
+    assert main([*argv, "--max-glibc", "2.34"]) == 0
+    assert "floor: GLIBC_2.34" in capsys.readouterr().out
+    assert main([*argv, "--max-glibc", "2.31"]) == 6
+    out = capsys.readouterr().out
+    assert "demo/new.so: needs GLIBC_2.34 (symbol pthread_create)" in out
+    assert main([*argv, "--max-glibc", "2.31;rm"]) == 2

@@ -52,6 +52,11 @@ def register_check(sub: Any) -> None:
     )
     p.add_argument("--cuobjdump", metavar="PATH", help="cuobjdump to cross-check with")
     p.add_argument(
+        "--max-glibc",
+        metavar="2.X",
+        help="a wheel needing a newer glibc fails (default: [build] max_glibc)",
+    )
+    p.add_argument(
         "--no-tools",
         action="store_true",
         help="use neither cuobjdump nor auditwheel, only the built-in readers",
@@ -92,6 +97,8 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
         "require_cuda": not args.allow_no_cuda,
         **tools,
     }
+    if args.max_glibc is not None:
+        overrides["max_glibc"] = _glibc_flag(args.max_glibc)
     if args.arch:
         spec = CheckSpec(
             arches=parse_arches(args.arch), required_members=tuple(args.require), **overrides
@@ -115,6 +122,20 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
     else:
         print("\n".join(report.human_lines()))
     return 0 if report.ok else EXIT_VERIFY
+
+
+def _glibc_flag(text: str) -> tuple[int, ...]:
+    import re
+
+    m = re.fullmatch(r"2\.(\d{1,3})", text)
+    if not m:
+        from pinwheel.errors import UsageError
+
+        raise UsageError(
+            f"--max-glibc {text!r} is not a glibc 2.x version",
+            next="pass it like --max-glibc 2.31",
+        )
+    return (2, int(m.group(1)))
 
 
 def _verify_build(ctx: Context, args: argparse.Namespace) -> int:
