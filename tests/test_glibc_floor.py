@@ -16,6 +16,7 @@ import pytest
 
 from pinwheel.build import abifloor, elf, platformtag
 from pinwheel.build.check import CheckSpec, check_wheels
+from pinwheel.build.record import BuildRecord
 from pinwheel.build.wheelset import Built, publish
 from pinwheel.checksums import write_sums
 from pinwheel.errors import ManifestError, VerifyError
@@ -229,7 +230,8 @@ def test_retag_changes_only_the_tag_and_stays_a_valid_reproducible_wheel(tmp_pat
 @needs_glibc_234
 def test_publish_records_floor_and_tag_and_the_notes_state_them(tmp_path: Path) -> None:
     new = wheel_of(tmp_path, "newlib", {"new.so": compile_so(tmp_path, "new", NEW_C)})
-    b = Built("newlib", "kernel", new, 1.0, {"origin": "test"}, {})
+    record = BuildRecord(source_date_epoch=0, env={}, arches=(), compiled_inputs={}, version="1.0")
+    b = Built("newlib", "kernel", new, 1.0, {"origin": "test"}, record)
     out = tmp_path / "wheels"
     result = publish([b], out, spec=CheckSpec(arches=(), require_cuda=False), receipt={})
     (placed,) = result.built
