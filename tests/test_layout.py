@@ -14,7 +14,9 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "pinwheel"
 # Stage order: a module may import its own stage, the foundation, and earlier stages.
 STAGES = ("manifest", "source", "build", "release", "serve")
-FOUNDATION = {"errors", "fsutil", "checksums", "cudaarch", "progress", "urls", "__init__"}
+FOUNDATION = {
+    "errors", "fsutil", "checksums", "cudaarch", "progress", "runner", "urls", "__init__",
+}  # fmt: skip
 
 
 def module_name(path: Path) -> str:

@@ -1,9 +1,19 @@
-"""Progress from a stage to whoever runs it: the one reporting interface stages may use.
+"""Progress from a stage to whoever runs it: the one reporting channel stages may use.
 
-Stages never print. They take a :class:`Reporter` (the CLI makes one: rich on a
-terminal, plain lines otherwise, nothing with ``--json``) and call ``info`` for
-a line worth keeping and ``status`` around a step that takes a while. Library
-callers pass nothing and get :data:`SILENT`.
+Stages never print and never draw. They take a :class:`Reporter` (the CLI makes
+one: rich on a terminal, plain lines otherwise, nothing with ``--json``) and call
+
+* ``info`` for a line worth keeping,
+* ``detail`` for a line only a verbose run shows (every subprocess the
+  :mod:`pinwheel.runner` starts is logged here),
+* ``status`` around a step that takes a while,
+* ``transfer`` around a byte count that grows (downloads, copies): it yields a
+  function the stage calls with each chunk's size.
+
+Messages are literal text: no reporter interprets markup in them (a line with
+``[build]`` in it prints ``[build]``). Library callers pass nothing and get
+:data:`SILENT`. This module imports nothing beyond the standard library; rich
+lives in ``pinwheel.cli``.
 """
 
 from __future__ import annotations
@@ -14,36 +24,73 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol, TextIO
 
+#: Called with the size of each chunk moved.
+Advance = Callable[[int], None]
+
 
 class Reporter(Protocol):
     def info(self, message: str) -> None:
         """One line of progress a person may want to read."""
 
+    def detail(self, message: str) -> None:
+        """One line for a verbose run (commands run, per-step minutiae)."""
+
     def status(self, message: str) -> contextlib.AbstractContextManager[None]:
         """Around a step that takes a while: shown while it runs."""
+
+    def transfer(
+        self, name: str, total: int | None, done: int = 0
+    ) -> contextlib.AbstractContextManager[Advance]:
+        """Around moving ``total`` bytes (``done`` already there): yields ``advance(n)``."""
+
+
+def _ignore(n: int) -> None:
+    return None
 
 
 class _Silent:
     def info(self, message: str) -> None:
         return None
 
+    def detail(self, message: str) -> None:
+        return None
+
     @contextlib.contextmanager
     def status(self, message: str) -> Iterator[None]:
         yield
+
+    @contextlib.contextmanager
+    def transfer(self, name: str, total: int | None, done: int = 0) -> Iterator[Advance]:
+        yield _ignore
 
 
 SILENT: Reporter = _Silent()
 
 
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"  # pragma: no cover
+
+
 class LineReporter:
     """Plain lines on a stream (stderr): logs, CI, pipes. Long steps get a closing line."""
 
-    def __init__(self, stream: TextIO | None = None, prefix: str = "") -> None:
+    def __init__(
+        self, stream: TextIO | None = None, prefix: str = "", verbose: bool = False
+    ) -> None:
         self.stream = stream or sys.stderr
         self.prefix = prefix
+        self.verbose = verbose
 
     def info(self, message: str) -> None:
         print(self.prefix + message, file=self.stream, flush=True)
+
+    def detail(self, message: str) -> None:
+        if self.verbose:
+            self.info(message)
 
     @contextlib.contextmanager
     def status(self, message: str) -> Iterator[None]:
@@ -52,17 +99,17 @@ class LineReporter:
         yield
         self.info(f"{message}: done in {time.monotonic() - started:.1f} s")
 
-
-class CallbackReporter:
-    """Adapts a ``Callable[[str], None]`` (a log function) to a Reporter."""
-
-    def __init__(self, log: Callable[[str], None]) -> None:
-        self.log = log
-
-    def info(self, message: str) -> None:
-        self.log(message)
-
     @contextlib.contextmanager
-    def status(self, message: str) -> Iterator[None]:
-        self.log(message)
-        yield
+    def transfer(self, name: str, total: int | None, done: int = 0) -> Iterator[Advance]:
+        moved = [0]
+
+        def advance(n: int) -> None:
+            moved[0] += n
+
+        started = time.monotonic()
+        size = f" ({_size(total)})" if total is not None else ""
+        resumed = f", resuming at {_size(done)}" if done else ""
+        self.info(f"{name}{size}{resumed} ...")
+        yield advance
+        seconds = max(time.monotonic() - started, 1e-6)
+        self.info(f"{name}: {_size(moved[0])} in {seconds:.1f} s ({_size(moved[0] / seconds)}/s)")

@@ -33,7 +33,7 @@ from pinwheel.build.wheelset import Built, WheelSet, publish
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
-from pinwheel.progress import SILENT, CallbackReporter, Reporter
+from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
 
 
@@ -410,4 +410,4 @@ def network_wrapper(mode: str) -> tuple[tuple[str, ...], str]:
     return (), "host (no network namespace available)"
 
 
-__all__ = ["BuildOutcome", "BuildRequest", "CallbackReporter", "build", "build_config"]
+__all__ = ["BuildOutcome", "BuildRequest", "build", "build_config"]

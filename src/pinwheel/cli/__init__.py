@@ -8,12 +8,11 @@ Each stage registers its subcommands from its own module under ``pinwheel.cli``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,14 +84,15 @@ class Context:
     verbose: bool = False
     _manifest: Manifest | None = None
     _console: Console | None = None
+    _reporter: Reporter | None = None
 
     @property
     def console(self) -> Console:
-        """A rich console on stderr, made on first use (rich costs ~50 ms to import)."""
+        """A rich console on stderr (only on a terminal; literal text, no markup)."""
         if self._console is None:
-            from rich.console import Console
+            from pinwheel.cli.reporting import console
 
-            self._console = Console(stderr=True, soft_wrap=True)
+            self._console = console()
         return self._console
 
     @property
@@ -102,11 +102,25 @@ class Context:
     @property
     def reporter(self) -> Reporter:
         """Progress for stages: nothing with --json, rich on a terminal, plain lines otherwise."""
+        if self._reporter is None:
+            if self.json:
+                self._reporter = SILENT
+            elif self.is_terminal:
+                from pinwheel.cli.reporting import RichReporter
+
+                self._reporter = RichReporter(self.console, verbose=self.verbose)
+            else:
+                self._reporter = LineReporter(verbose=self.verbose)
+        return self._reporter
+
+    def say(self, text: str, style: str | None = None) -> None:
+        """A human line on stderr (coloured with ``style`` on a terminal); nothing with --json."""
         if self.json:
-            return SILENT
-        if self.is_terminal:
-            return RichReporter(self.console)
-        return LineReporter()
+            return
+        if style and self.is_terminal:
+            self.console.print(text, style=style, markup=False, highlight=False)
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     def manifest(self, *, allow_short: bool = False) -> Manifest:
         if allow_short:
@@ -122,33 +136,6 @@ class Context:
         elif human:
             print(human)
 
-
-class RichReporter:
-    """A spinner while a step runs, its lines above it."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.depth = 0
-
-    def info(self, message: str) -> None:
-        from rich.markup import escape
-
-        self.console.print(escape(message), highlight=False)
-
-    @contextlib.contextmanager
-    def status(self, message: str) -> Iterator[None]:
-        from rich.markup import escape
-
-        if self.depth:  # one live display at a time: an inner step is a line
-            self.info(message)
-            yield
-            return
-        self.depth += 1
-        try:
-            with self.console.status(escape(message)):
-                yield
-        finally:
-            self.depth -= 1
 
 
 def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -170,6 +157,10 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     )
     parser.add_argument("--offline", action="store_true", default=d(False), help="no network")
     parser.add_argument("--json", action="store_true", default=d(False), help="JSON on stdout")
+    parser.add_argument(
+        "--verbose", "-v", action="store_true", default=d(False),
+        help="also show each command run and per-step detail",
+    )  # fmt: skip
 
 
 _COMMON = argparse.ArgumentParser(add_help=False)
@@ -216,17 +207,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             mirrors=parse_mirrors(args.mirror, os.environ.get("PINWHEEL_MIRRORS")),
             json=args.json,
             offline=args.offline,
+            verbose=args.verbose,
         )
         return int(args.func(ctx, args) or 0)
     except PinwheelError as err:
         message = redact_text(str(err))
         if sys.stderr.isatty():
-            from rich.console import Console
-            from rich.markup import escape
+            from rich.text import Text
 
-            Console(stderr=True, highlight=False, soft_wrap=True).print(
-                f"[bold red]error:[/] {escape(message)}", markup=True
-            )
+            from pinwheel.cli.reporting import console
+
+            console().print(Text("error:", style="bold red"), Text(message))
         else:
             print(f"error: {message}", file=sys.stderr)
         return err.exit_code

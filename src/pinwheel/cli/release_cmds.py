@@ -45,7 +45,7 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
         allow_unverified=args.allow_unverified,
     )
     for warning in built.warnings:
-        ctx.console.print(f"[yellow]warning:[/] {warning}")
+        ctx.say(f"warning: {warning}", style="yellow")
     ctx.emit(
         {"dir": str(built.dir), "files": list(built.files), "signed": built.signed},
         f"release in {built.dir}: {len(built.wheels)} wheels, "
@@ -122,7 +122,7 @@ def cmd_publish(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.release.download import FetchOptions, RichProgress, fetch_release, resolve_source
+    from pinwheel.release.download import FetchOptions, fetch_release, resolve_source
 
     if ctx.offline and not Path(args.source).is_dir():
         raise UsageError(
@@ -141,8 +141,7 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
         sums=args.sums,
     )
     source = resolve_source(args.source)
-    with RichProgress(ctx.console) as bars:
-        result = fetch_release(source, Path(args.dest), opts, bars, only=tuple(args.file))
+    result = fetch_release(source, Path(args.dest), opts, ctx.reporter, only=tuple(args.file))
     payload: dict[str, Any] = {
         "source": source.describe(),
         "dest": str(result.dest),

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # imported where used: `pinwheel --help` should not load libg
 def _cache(ctx: Context) -> Cache:
     from pinwheel.source.cache import Cache
 
-    return Cache(ctx.cache, ctx.mirrors, ctx.offline, show_progress=not ctx.json)
+    return Cache(ctx.cache, ctx.mirrors, ctx.offline, reporter=ctx.reporter)
 
 
 def _stacks(ctx: Context, args: argparse.Namespace) -> tuple[Stack, ...]:
@@ -60,41 +60,14 @@ def _replay(
         f"replaying {manifest.name}: {len(manifest.steps)} step(s) on "
         f"{manifest.upstream.commit[:12]} ({redact(manifest.upstream.url)})"
     )
-    kwargs = dict(
+    return replay_manifest(
+        manifest,
         cache=ctx.cache,
         mirrors=ctx.mirrors,
         offline=ctx.offline,
         allow_drift=getattr(args, "allow_drift", False),
-        show_fetch_progress=not ctx.json,
+        reporter=report,
     )
-    if ctx.json or not ctx.is_terminal:  # plain lines (or nothing): no live display to load
-        return replay_manifest(manifest, progress=report.info, **kwargs)  # type: ignore[arg-type]
-
-    from rich.markup import escape
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    columns = (
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=ctx.console, transient=True) as bar:
-        task = bar.add_task("fetch + replay", total=len(manifest.steps))
-
-        def progress(msg: str) -> None:
-            ctx.console.print(escape(msg), highlight=False)
-            bar.advance(task)
-
-        return replay_manifest(manifest, progress=progress, **kwargs)  # type: ignore[arg-type]
 
 
 def _summary(result: ReplayResult) -> str:

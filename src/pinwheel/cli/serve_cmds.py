@@ -162,22 +162,15 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
         }
     )
     if not ctx.json:
-        marks = {
-            "ok": "[green]ok  [/]",
-            "warn": "[yellow]warn[/]",
-            "fail": "[red]FAIL[/]",
-            "skip": "skip",
-        }
-        ctx.console.print(
-            f"preflight for profile [bold]{opts.profile.name}[/] ({took:.2f} s)", highlight=False
-        )
-        ctx.console.print(f"  {python_line(r)}", highlight=False, markup=False)
+        marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL", "skip": "skip"}
+        styles = {"ok": "green", "warn": "yellow", "fail": "red", "skip": None}
+        ctx.say(f"preflight for profile {opts.profile.name} ({took:.2f} s)", style="bold")
+        ctx.say(f"  {python_line(r)}")
         for c in checks:
-            ctx.console.print(
-                f"  {marks[c.status]} {c.name}: {c.detail}", highlight=False, markup=True
-            )
+            # The detail is literal text (it may hold [brackets]); only the mark is coloured.
+            ctx.say(f"  {marks[c.status]} {c.name}: {c.detail}", style=styles[c.status])
             if c.next and c.status in ("fail", "warn"):
-                ctx.console.print(f"        next: {c.next}", highlight=False, markup=False)
+                ctx.say(f"        next: {c.next}")
     if failed:
         raise PreflightFailed(
             f"{len(failed)} preflight check(s) failed: " + ", ".join(c.name for c in failed),
@@ -309,11 +302,9 @@ def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
             where="pinwheel qualify teacher",
             next="pass --url URL (a reference server) or --model DIR --python PY (transformers)",
         )
-    ctx.console.print(
+    ctx.reporter.info(
         f"  capturing {panel.positions} positions ({len(panel.windows)} windows) from "
-        + (req.url or f"transformers ({req.dtype}) on {req.model}"),
-        highlight=False,
-        markup=False,
+        + (req.url or f"transformers ({req.dtype}) on {req.model}")
     )
     done = capture_teacher(req)
     ctx.emit(
@@ -343,7 +334,7 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
         )
 
     def progress(msg: str) -> None:
-        ctx.console.print(f"  {msg}", highlight=False, markup=False)
+        ctx.reporter.info(f"  {msg}")
 
     if args.url:
         target = Target(url=args.url, log=Path(args.log) if args.log else None)
@@ -357,7 +348,7 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
         progress(python_line(_resolve(ctx, args)))
         server = _started_server(ctx, args, out)
     with server as target:
-        receipt = qualify(m, profile, target, out, provenance=prov, progress=progress)
+        receipt = qualify(m, profile, target, out, provenance=prov, reporter=ctx.reporter)
     ctx.emit(
         {"verdict": receipt.verdict, "out": str(out)},
         f"qualification {receipt.verdict}: {out / 'report.md'}",

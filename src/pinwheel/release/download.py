@@ -31,11 +31,12 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO
 
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
+from pinwheel.progress import SILENT, Advance, Reporter
 from pinwheel.release import signing
 
 USER_AGENT = "pinwheel-fetch/1"
@@ -141,23 +142,6 @@ class FetchResult:
     signature: str = (
         "absent"  # "verified" | "present" (not verified: no allowed_signers) | "absent"
     )
-
-
-class Progress(Protocol):
-    def start(self, name: str, total: int | None, done: int) -> None: ...
-    def advance(self, n: int) -> None: ...
-    def finish(self) -> None: ...
-
-
-class NoProgress:
-    def start(self, name: str, total: int | None, done: int) -> None:
-        pass
-
-    def advance(self, n: int) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
 
 
 # --------------------------------------------------------------------------- sources
@@ -332,7 +316,7 @@ class _Partial:
         self.size = 0
 
     def append_from(
-        self, stream: BinaryIO, chunk: int, progress: Progress, pace: _Pace | None = None
+        self, stream: BinaryIO, chunk: int, advance: Advance, pace: _Pace | None = None
     ) -> None:
         with open(self.path, "ab") as fh:
             # read1: whatever has arrived (up to chunk), so bytes before a stall are kept.
@@ -342,7 +326,7 @@ class _Partial:
                     fh.write(block)
                     self.digest.update(block)
                     self.size += len(block)
-                    progress.advance(len(block))
+                    advance(len(block))
                     if pace is not None:
                         pace.add(len(block))
             finally:
@@ -399,10 +383,9 @@ def download(
     name: str,
     expected: str,
     opts: FetchOptions,
-    progress: Progress | None = None,
+    reporter: Reporter = SILENT,
 ) -> FetchedFile:
     """Stream ``url`` to ``dest/name``, hashing as it goes; resume with Range after a break."""
-    progress = progress or NoProgress()
     opts = opts.started()
     if _already_there(dest / name, expected):
         return FetchedFile(name, expected, (dest / name).stat().st_size, 0, 0, skipped=True)
@@ -435,10 +418,10 @@ def download(
                 total = part.size + int(length) if length is not None else None
                 if length is not None:
                     _check_space(dest, int(length), name)
-                progress.start(name, total, part.size)
                 pace = _Pace(opts, name, url, part.size, total)
                 try:
-                    part.append_from(resp, opts.chunk, progress, pace)
+                    with reporter.transfer(name, total, part.size) as advance:
+                        part.append_from(resp, opts.chunk, advance, pace)
                 except OSError as exc:
                     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                         raise _disk_full(part, dest) from None
@@ -457,8 +440,6 @@ def download(
                     f"rerun the same `pinwheel fetch`: it resumes {name} from byte {part.size}"
                 )
             raise
-        finally:
-            progress.finish()
         try:
             digest = part.commit(expected, url)
         except VerifyError:
@@ -477,10 +458,9 @@ def _content_range_start(value: str) -> int | None:
 
 
 def copy_verified(
-    src: Path, dest: Path, name: str, expected: str, progress: Progress | None = None
+    src: Path, dest: Path, name: str, expected: str, reporter: Reporter = SILENT
 ) -> FetchedFile:
     """The directory-source twin of :func:`download`: copy, hash in the same pass, rename."""
-    progress = progress or NoProgress()
     if _already_there(dest / name, expected):
         return FetchedFile(name, expected, (dest / name).stat().st_size, 0, 0, skipped=True)
     if not src.is_file():
@@ -492,16 +472,13 @@ def copy_verified(
     part = _Partial(dest, name)
     part.reset()  # a local copy is cheap to redo: never trust an old partial
     _check_space(dest, src.stat().st_size, name)
-    progress.start(name, src.stat().st_size, 0)
     try:
-        with open(src, "rb") as fh:
-            part.append_from(fh, 8 * 1024 * 1024, progress)
+        with open(src, "rb") as fh, reporter.transfer(name, src.stat().st_size) as advance:
+            part.append_from(fh, 8 * 1024 * 1024, advance)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise _disk_full(part, dest) from None
         raise
-    finally:
-        progress.finish()
     digest = part.commit(expected, str(src))
     return FetchedFile(name, digest, part.size, 0, 1)
 
@@ -564,7 +541,7 @@ def fetch_release(
     source: Source,
     dest: Path,
     opts: FetchOptions,
-    progress: Progress | None = None,
+    reporter: Reporter = SILENT,
     only: tuple[str, ...] = (),
 ) -> FetchResult:
     """Verify SHA256SUMS (and its signature), then fetch and verify every listed file.
@@ -640,14 +617,14 @@ def fetch_release(
     for name in wanted:
         if source.kind == "dir":
             fetched.append(
-                copy_verified(Path(source.location) / name, dest, name, sums[name], progress)
+                copy_verified(Path(source.location) / name, dest, name, sums[name], reporter)
             )
         else:
             url = offered.get(name) or urllib.parse.urljoin(
                 source.location, urllib.parse.quote(name)
             )
             url = url.split("#", 1)[0]
-            fetched.append(download(url, dest, name, sums[name], opts, progress))
+            fetched.append(download(url, dest, name, sums[name], opts, reporter))
     # The sums (and signature) last: a directory with SHA256SUMS is a complete one.
     kept = {n: sums[n] for n in wanted}
     atomic_write_bytes(dest / SUMS, sums_bytes if kept == sums else format_sums(kept).encode())
@@ -660,53 +637,3 @@ def fetch_release(
         signed_by=signed_by,
         signature="verified" if signed_by else ("present" if sig is not None else "absent"),
     )
-
-
-# --------------------------------------------------------------------------- progress bars
-
-
-class RichProgress:
-    """One bar per file with bytes, rate and time left (rich, on stderr)."""
-
-    def __init__(self, console) -> None:  # type: ignore[no-untyped-def]
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
-
-        self._bars = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=False,
-        )
-        self._task: Any = None
-
-    def __enter__(self) -> RichProgress:
-        self._bars.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._bars.stop()
-
-    def start(self, name: str, total: int | None, done: int) -> None:
-        if self._task is None:
-            self._task = self._bars.add_task(name, total=total, completed=done)
-        else:
-            self._bars.reset(self._task, description=name, total=total, completed=done)
-
-    def advance(self, n: int) -> None:
-        if self._task is not None:
-            self._bars.advance(self._task, n)
-
-    def finish(self) -> None:
-        if self._task is not None:
-            self._bars.stop_task(self._task)
-            self._task = None

@@ -25,6 +25,7 @@ from typing import Any
 from pinwheel.errors import GateFailed, PinwheelError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.serve import QualifyConfig, QualifyProfile  # noqa: F401
+from pinwheel.progress import SILENT, Reporter
 from pinwheel.serve import fidelity, needle, stats
 from pinwheel.serve.client import (
     Client,
@@ -287,7 +288,7 @@ def run_needles(
     model: str,
     prof: QualifyProfile,
     max_len: int | None,
-    progress: Callable[[str], None],
+    reporter: Reporter,
 ) -> tuple[NeedleResult, ...]:
     if not prof.needle_lengths:
         return ()
@@ -332,7 +333,7 @@ def run_needles(
                     length, depth, c.prompt_tokens, value, sc.status, sc.reason, sc.answer, secs
                 )
             )
-            progress(f"needle {length} @ {depth}: {sc.status} ({secs:.1f} s)")
+            reporter.info(f"needle {length} @ {depth}: {sc.status} ({secs:.1f} s)")
     return tuple(out)
 
 
@@ -357,7 +358,7 @@ def qualify(
     out: Path,
     *,
     provenance: Path | None = None,
-    progress: Callable[[str], None] = lambda _msg: None,
+    reporter: Reporter = SILENT,
 ) -> Receipt:
     """Run every phase against ``target`` and write the receipt, report and plots to ``out``."""
     config: QualifyConfig = manifest.require("qualify")
@@ -372,7 +373,7 @@ def qualify(
         part.server["health_wait_s"] = round(
             wait_healthy(client, target, config.health_timeout_s), 2
         )
-        progress(f"healthy after {part.server['health_wait_s']} s")
+        reporter.info(f"healthy after {part.server['health_wait_s']} s")
         part.markers = check_markers(config.markers, target.log)
         models = client.models()
         if not models:
@@ -393,7 +394,7 @@ def qualify(
                 _check_alive(target)
                 s = decode_sample(client, model, p, config.max_tokens, i, r, part.streams)
                 part.decode.append(s)
-                progress(
+                reporter.info(
                     f"decode prompt {i} repeat {r}: {s.tok_s:.2f} tok/s, "
                     + (
                         f"{s.ms_per_pass:.2f} ms/pass"
@@ -410,15 +411,15 @@ def qualify(
                 lambda: Client(target.url), model, config.prompts, n, config.max_tokens
             )
             part.concurrency.append(c)
-            progress(f"{n} streams: {c.aggregate_tok_s:.2f} tok/s aggregate")
+            reporter.info(f"{n} streams: {c.aggregate_tok_s:.2f} tok/s aggregate")
         _check_alive(target)
-        part.needles = run_needles(client, model, prof, part.server.get("max_model_len"), progress)
+        part.needles = run_needles(client, model, prof, part.server.get("max_model_len"), reporter)
         if config.fidelity is not None:
             _check_alive(target)
-            progress("fidelity: scoring the panel's prompt log-probabilities")
+            reporter.info("fidelity: scoring the panel's prompt log-probabilities")
             part.fidelity = fidelity.measure(client, model, config.fidelity)
             f = part.fidelity
-            progress(
+            reporter.info(
                 f"fidelity: mean KLD {f.mean_kld:.4e} nats ({f.method}, {f.positions} "
                 f"positions), top-1 {f.top1:.4f}"
             )

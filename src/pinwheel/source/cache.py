@@ -23,6 +23,7 @@ from filelock import FileLock, Timeout
 
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
+from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
 from pinwheel.urls import redact
 
@@ -103,15 +104,15 @@ class Cache:
         root: Path,
         mirrors: Mapping[str, str],
         offline: bool = False,
-        show_progress: bool = False,
+        reporter: Reporter = SILENT,
     ):
         # Absolute: a cache path never reaches git looking like an option.
         self.root = Path(root).absolute()
         self.mirrors = dict(mirrors)
         self.offline = offline
-        # Network fetches of a large upstream take minutes: let git's own
-        # progress meter reach the terminal (local mirrors take 0.1 s).
-        self.show_progress = show_progress
+        # Network fetches of a large upstream take minutes: they are shown as a
+        # step through the reporter (local mirrors take 0.1 s).
+        self.reporter = reporter
 
     def repo_path(self, url: str) -> Path:
         return self.root / "repos" / f"{slug(url)}.git"
@@ -295,19 +296,18 @@ class Cache:
         """Fetch the refspecs; the PRs whose ref is missing (raised unless ``missing_ok``)."""
         # "--": the location comes from a manifest or a flag and must never be an option.
         args = ["fetch", "-q", "--no-tags", "--no-write-fetch-head", "--", source.location]
-        if self.show_progress and not source.local:
-            progress = gitcli.git(
-                [args[0], "--progress", *args[2:], *refspecs],
-                git_dir=path,
-                user_config=True,
-                check=False,
-                stream_stderr=True,
+        step = (
+            contextlib.nullcontext()
+            if source.local
+            else self.reporter.status(
+                f"fetching {len(refspecs)} ref(s) from {redact(source.location)}"
             )
-            if progress.returncode == 0:
-                return []
-        proc = gitcli.git(
-            [*args, *refspecs], git_dir=path, user_config=not source.local, check=False
         )
+        with step:
+            proc = gitcli.git(
+                [*args, *refspecs], git_dir=path, user_config=not source.local, check=False,
+                reporter=self.reporter,
+            )  # fmt: skip
         if proc.returncode == 0:
             return []
         # Find what failed so the error can name it: the source itself (network,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import email.utils
 import re
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from email.header import decode_header, make_header
 from pathlib import Path
@@ -26,11 +26,10 @@ from pygit2.enums import MergeFlag, SortMode
 
 from pinwheel.errors import ConflictError, DriftError, ManifestError, MismatchError, PinwheelError
 from pinwheel.manifest import Identity, Manifest, Step
+from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import faults, gitcli
 from pinwheel.source.cache import Cache, Fetched
 from pinwheel.urls import redact
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -271,14 +270,14 @@ class Replayer:
         *,
         base: str | None = None,
         allow_drift: bool = False,
-        progress: Progress | None = None,
+        reporter: Reporter = SILENT,
     ):
         self.manifest = manifest
         self.fetched = fetched
         self.repo = fetched.open()
         self.base = base or manifest.upstream.commit
         self.allow_drift = allow_drift
-        self.progress = progress or (lambda _msg: None)
+        self.reporter = reporter
         base_commit = self.repo[self.base].peel(pygit2.Commit)
         self.committer = committer_for(manifest.identity, base_commit)
 
@@ -336,7 +335,7 @@ class Replayer:
             if done.drifted:
                 used = "pinned" if done.pr_head == step.head else "NEW (pinned one is gone)"
                 note = f"  [PR head moved upstream; replayed the {used} head {done.pr_head}]"
-            self.progress(
+            self.reporter.info(
                 f"  {step.label}: {len(done.commits)} commit(s) -> {done.head[:12]}{note}"
             )
         return ReplayResult(
@@ -539,14 +538,13 @@ def replay_manifest(
     allow_drift: bool = False,
     check_tree: bool = True,
     write_refs: bool = True,
-    progress: Progress | None = None,
-    show_fetch_progress: bool = False,
+    reporter: Reporter = SILENT,
 ) -> ReplayResult:
     """Fetch, replay, check the tree, and tag: the whole of ``pinwheel run``."""
-    store = Cache(cache, mirrors or {}, offline, show_progress=show_fetch_progress)
+    store = Cache(cache, mirrors or {}, offline, reporter=reporter)
     with store.locked(manifest.upstream.url):
         fetched = fetch_for(manifest, store)
-        result = Replayer(manifest, fetched, allow_drift=allow_drift, progress=progress).run()
+        result = Replayer(manifest, fetched, allow_drift=allow_drift, reporter=reporter).run()
         if check_tree:
             check_result_tree(result)
         if write_refs:
