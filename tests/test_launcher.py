@@ -96,6 +96,7 @@ def test_interrupted_or_broken_venv_never_sticks(tmp_path):
     import shutil
 
     shutil.rmtree(pip_dirs[0])  # what a run killed inside `python -m venv` used to leave
+    (clone / ".venv" / "bin" / "pinwheel").unlink()  # ... before pip wrote the entry point
     again = subprocess.run(
         [replay, "--version"], cwd=clone, env=env, capture_output=True, text=True, timeout=900
     )
@@ -103,3 +104,52 @@ def test_interrupted_or_broken_venv_never_sticks(tmp_path):
     assert "is broken (pip is missing): rebuilding it" in again.stderr
     assert (clone / ".venv" / ".pinwheel-stamp").is_file()
     assert subprocess.run([str(venv_python), "-c", "import pip"]).returncode == 0
+
+
+def _fake_checkout(tmp_path: Path, stamped: str | None) -> tuple[Path, Path]:
+    """A checkout with this tools/replay and a .venv whose python and pinwheel log each call."""
+    import shutil
+
+    root = tmp_path / "checkout"
+    (root / "tools").mkdir(parents=True)
+    shutil.copy2(ROOT / "tools" / "replay", root / "tools" / "replay")
+    (root / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    bindir = root / ".venv" / "bin"
+    bindir.mkdir(parents=True)
+    calls = tmp_path / "calls"
+    for name in ("python", "pinwheel"):
+        script = bindir / name
+        script.write_text(f'#!/bin/sh\necho "{name} $*" >> "{calls}"\n')
+        script.chmod(0o755)
+    if stamped is not None:
+        (root / ".venv" / ".pinwheel-stamp").write_text(stamped + "\n")
+    return root, calls
+
+
+def test_the_common_path_runs_nothing_before_pinwheel(tmp_path: Path) -> None:
+    """A current stamp for this checkout: tools/replay execs pinwheel and spawns no python."""
+    root, calls = _fake_checkout(tmp_path, stamped=None)
+    (root / ".venv" / ".pinwheel-stamp").write_text(str(root.resolve()) + "\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [str(root / "tools" / "replay"), "run", "--json"], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert calls.read_text().splitlines() == ["pinwheel run --json"]
+    assert proc.stderr == ""
+
+
+def test_a_stamp_for_another_checkout_is_checked_then_rewritten(tmp_path: Path) -> None:
+    root, calls = _fake_checkout(tmp_path, stamped="/elsewhere")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    replay = str(root / "tools" / "replay")
+    first = subprocess.run([replay, "--version"], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    log = calls.read_text().splitlines()
+    assert log[-1] == "pinwheel --version" and any(c.startswith("python ") for c in log)
+    assert "restamped" in first.stderr
+    stamp = root / ".venv" / ".pinwheel-stamp"
+    assert stamp.read_text().strip() == str(root.resolve())
+    calls.unlink()
+    again = subprocess.run([replay, "--version"], env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and calls.read_text().splitlines() == ["pinwheel --version"]

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from pinwheel import runner
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.manifest.build import Requirements
@@ -108,7 +108,13 @@ def _make(
     the marker is a half-made one and is made again."""
     shutil.rmtree(final, ignore_errors=True)
     try:
-        subprocess.run([sys.executable, "-m", "venv", str(final)], check=True)
+        runner.run(
+            runner.Command(
+                (sys.executable, "-m", "venv", str(final)),
+                what="python -m venv",
+                error=BuildVenvError,
+            )
+        )
         # pip's own config (extra indexes, find-links) must not add anything.
         env = {k: v for k, v in environ.items() if not k.startswith("PIP_")}
         env["PIP_CONFIG_FILE"] = os.devnull
@@ -120,9 +126,9 @@ def _make(
         if wheelhouse is not None:
             cmd += ["--no-index", "--find-links", str(wheelhouse)]
         cmd += ["-r", str(reqs.path)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        proc = runner.run(runner.Command(tuple(cmd), env=env, check=False))
         if proc.returncode != 0:
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
+            tail = (proc.text + "\n" + proc.err_text).strip().splitlines()[-6:]
             raise BuildVenvError(
                 "installing the build requirements failed:\n    " + "\n    ".join(tail),
                 where=str(reqs.path),

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -30,11 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from pinwheel import runner
 from pinwheel.build import abifloor, elf, fatbin
 from pinwheel.build.wheelfile import Limits, audit
 from pinwheel.checksums import sha256_file
 from pinwheel.cudaarch import CudaArch, names
-from pinwheel.errors import UsageError, VerifyError
+from pinwheel.errors import PinwheelError, UsageError, VerifyError
 
 ERROR, WARNING = "error", "warning"
 _HOME = ("/home/", "/root/", "/Users/")
@@ -241,10 +241,10 @@ def find_tools(cuda_home: str | Path | None = None) -> tuple[str | None, str | N
 
 def _tool_version(tool: str) -> str:
     try:
-        out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60)
-    except OSError as exc:
-        return f"{tool} (unrunnable: {exc})"
-    text = (out.stdout + out.stderr).strip().splitlines()
+        out = runner.run(runner.Command((tool, "--version"), timeout=60, check=False))
+    except PinwheelError as exc:
+        return f"{tool} (unrunnable: {exc.what})"
+    text = (out.text + "\n" + out.err_text).strip().splitlines()
     release = next((ln.strip() for ln in text if "release" in ln.lower()), text[0] if text else "")
     return f"{tool} ({release})"
 
@@ -378,16 +378,19 @@ def _inspect_elf(member: str, data: elf.Reader) -> tuple[SharedObject | None, st
 
 def _cuobjdump_arches(tool: str, path: Path, flag: str) -> tuple[int, ...] | str:
     # path is a temp file (absolute, never an option); cuobjdump takes no "--".
-    out = subprocess.run(
-        [tool, flag, str(path.resolve())], capture_output=True, text=True, timeout=600
-    )
-    text = out.stdout + out.stderr
+    try:
+        out = runner.run(
+            runner.Command((tool, flag, str(path.resolve())), timeout=600, check=False)
+        )
+    except PinwheelError as exc:  # could not start, or ran past the timeout
+        return exc.what
+    text = out.text + "\n" + out.err_text
     if out.returncode != 0:
         # No fatbin at all is not an error to us; cuobjdump says so with rc 255.
         if "does not contain device code" in text:
             return ()
         return text.strip().splitlines()[-1] if text.strip() else f"exit {out.returncode}"
-    return tuple(sorted({int(m) for m in _SM.findall(out.stdout)}))
+    return tuple(sorted({int(m) for m in _SM.findall(out.text)}))
 
 
 def _with_cuobjdump(
@@ -423,10 +426,13 @@ def _with_cuobjdump(
 
 
 def _auditwheel(tool: str, wheel: Path) -> tuple[str, Finding | None]:
-    out = subprocess.run(
-        [tool, "show", str(wheel.resolve())], capture_output=True, text=True, timeout=600
-    )
-    text = (out.stdout + out.stderr).strip()
+    try:
+        out = runner.run(
+            runner.Command((tool, "show", str(wheel.resolve())), timeout=600, check=False)
+        )
+    except PinwheelError as exc:  # could not start, or ran past the timeout
+        return exc.what, Finding(WARNING, "auditwheel", wheel.name, None, exc.what)
+    text = (out.text + "\n" + out.err_text).strip()
     if out.returncode != 0:
         last = text.splitlines()[-1] if text else f"exit {out.returncode}"
         return text, Finding(WARNING, "auditwheel", wheel.name, None, f"auditwheel show: {last}")

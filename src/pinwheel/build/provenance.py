@@ -13,13 +13,13 @@ import json
 import os
 import platform
 import re
-import subprocess
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel.errors import VerifyError
+from pinwheel import runner
+from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.urls import redact
 
@@ -38,12 +38,12 @@ class ToolchainFacts:
 
 def _first_line(cmd: list[str], pattern: str | None = None) -> str | None:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    except OSError:
+        out = runner.run(runner.Command(tuple(cmd), timeout=120, check=False))
+    except PinwheelError:  # not there, or hung
         return None
     if out.returncode != 0:
         return None
-    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in out.text.splitlines() if ln.strip()]
     if pattern:
         lines = [ln for ln in lines if re.search(pattern, ln)]
     return lines[0] if lines else None
@@ -60,8 +60,10 @@ def toolchain_facts(
         "    import torch; t = torch.__version__\n"
         "print(v); print(t or '')"
     )
-    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300)
-    lines = out.stdout.splitlines() if out.returncode == 0 else []
+    out = runner.run(
+        runner.Command((python, "-c", probe), what="the build python", timeout=300, check=False)
+    )
+    lines = out.stdout.decode(errors="replace").splitlines() if out.returncode == 0 else []
     py = lines[0] if lines else platform.python_version()
     torch = lines[1] if len(lines) > 1 and lines[1] else None
     return ToolchainFacts(

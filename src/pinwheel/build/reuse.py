@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import urllib.request
 import zipfile
@@ -42,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pinwheel import runner
 from pinwheel.build.provenance import FILENAME, read_receipt
 from pinwheel.checksums import SUMS, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
@@ -61,10 +61,10 @@ def blob_id(path: Path) -> str:
 
 def _run_text(cmd: list[str]) -> str:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+        out = runner.run(runner.Command(tuple(cmd), timeout=60, check=False))
+    except PinwheelError:  # not there, or hung
         return ""
-    return out.stdout if out.returncode == 0 else ""
+    return out.stdout.decode(errors="replace") if out.returncode == 0 else ""
 
 
 def identity(
@@ -436,12 +436,12 @@ def transplant(
         shutil.rmtree(dist, ignore_errors=True)
         dist.mkdir(parents=True)
         before: set[Path] = set()
-        proc = subprocess.run(
-            [python, "-m", "wheel", "pack", str(root), "-d", str(dist)],
-            env=dict(env),
-            capture_output=True,
-            text=True,
-            check=False,
+        proc = runner.run(
+            runner.Command(
+                (python, "-m", "wheel", "pack", str(root), "-d", str(dist)),
+                env=env,
+                check=False,
+            )
         )
         made = sorted(set(dist.glob("*.whl")) - before)
         if proc.returncode != 0 or len(made) != 1:

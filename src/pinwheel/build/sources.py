@@ -19,13 +19,13 @@ import io
 import os
 import re
 import shutil
-import subprocess
 import tarfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pinwheel import runner
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_dir
 from pinwheel.manifest.build import BuildSource
@@ -189,15 +189,24 @@ def _apply(patch: Path, root: Path, name: str) -> None:
             where=f"[[build.source]] {name}",
             next="install it (Debian: apt-get install patch)",
         )
-    proc = subprocess.run(
-        [tool, "--batch", "--forward", "--no-backup-if-mismatch", "-p1", "-l", "-i", str(patch)],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=False,
+    proc = runner.run(
+        runner.Command(
+            (
+                tool,
+                "--batch",
+                "--forward",
+                "--no-backup-if-mismatch",
+                "-p1",
+                "-l",
+                "-i",
+                str(patch),
+            ),
+            cwd=root,
+            check=False,
+        )
     )
     if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
+        tail = (proc.text + "\n" + proc.err_text).strip().splitlines()[-5:]
         raise SourceError(
             f"patch {patch.name} does not apply to build source {name}: " + " | ".join(tail),
             where=f"[[build.source]] {name} patches",

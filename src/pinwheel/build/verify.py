@@ -11,13 +11,13 @@ its recorded date.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pinwheel import runner
 from pinwheel.build.pipeline import BuildRequest, build
 from pinwheel.build.provenance import FILENAME, component, read_receipt
 from pinwheel.build.wheeldiff import MemberDiff, diff_members
@@ -85,14 +85,10 @@ def _diffoscope(a: Path, b: Path, limit: int = 60) -> str | None:
     tool = shutil.which("diffoscope")
     if not tool:
         return None
-    out = subprocess.run(
-        [tool, "--text", "-", str(a), str(b)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
+    out = runner.run(
+        runner.Command((tool, "--text", "-", "--", str(a), str(b)), timeout=1800, check=False)
     )
-    return "\n".join(out.stdout.splitlines()[:limit]) or None
+    return "\n".join(out.text.splitlines()[:limit]) or None
 
 
 def compare_builds(recorded_dir: Path, rebuilt_dir: Path) -> RebuildComparison:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pinwheel.cli import Context, command
 from pinwheel.errors import EXIT_ERROR, EXIT_OK
 from pinwheel.manifest import load
-from pinwheel.source import cachetool
-from pinwheel.source.cachetool import Removal, human
+
+if TYPE_CHECKING:  # imported where used: `pinwheel --help` loads no libgit2 or filelock
+    from pinwheel.source.cachetool import Removal
 
 
 def _removal(ctx: Context, outcome: Removal, verb: str, how: str) -> int:
+    from pinwheel.source.cachetool import human
+
     listing = [f"  {p.relative_to(outcome.root)}" for p in outcome.paths]
     if outcome.applied:
         head = f"{verb} {len(outcome.paths)} entr(ies), {human(outcome.bytes)} freed"
@@ -35,6 +38,10 @@ def _removal(ctx: Context, outcome: Removal, verb: str, how: str) -> int:
 
 
 def cmd_cache(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.source import cachetool
+
+    human = cachetool.human
+
     root = ctx.cache
     if args.cache_action == "du":
         usage = cachetool.disk_usage(root)

@@ -11,12 +11,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pinwheel.cli import Context, command
 from pinwheel.errors import UsageError
 from pinwheel.fsutil import atomic_write_text
-from pinwheel.serve.recipe import ServeConfig, launch, render_recipe
+
+if TYPE_CHECKING:
+    from pinwheel.serve.recipe import ServeConfig
 
 
 def register(sub: Any) -> None:
@@ -184,6 +186,8 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def run_serve(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.serve.recipe import launch, render_recipe
+
     config = _serve_config(ctx)
     m = ctx.manifest()
     text = render_recipe(config, m.path.name)
@@ -233,6 +237,7 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterator[Any]:
     """Start the profile's server for qualification; stopped when the block ends."""
+    from pinwheel.serve.recipe import launch
     from pinwheel.serve.supervise import free_port, started_server
 
     r = _resolve(ctx, args)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pinwheel import runner
 from pinwheel.build.provenance import read_receipt
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_files, verify_dir
 from pinwheel.errors import PinwheelError, VerifyError
@@ -490,14 +490,15 @@ def publish_index(release: Verified, target: IndexTarget) -> list[str]:
             "twine is not installed",
             next="install the release extra: `pip install -e '.[release]'` from the checkout",
         ) from None
-    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
-        raise PinwheelError(
-            "twine upload failed:\n    " + "\n    ".join(tail),
+    runner.run(
+        runner.Command(
+            tuple(cmd),
+            what="twine upload",
             where=target.url,
             next="check TWINE_USERNAME/TWINE_PASSWORD and the index URL",
+            redact=True,
         )
+    )
     return wheels
 
 

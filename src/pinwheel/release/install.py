@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pinwheel import runner
 from pinwheel.build.abifloor import Version, host_glibc, show
 from pinwheel.build.check import CheckSpec, check_wheels
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
@@ -86,14 +86,15 @@ def venv_python(venv: Path) -> Path:
 
 
 def _run(cmd: list[str], what: str, venv: Path) -> tuple[str, ...]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-8:]
-        raise PinwheelError(
-            f"{what} failed (exit {proc.returncode}):\n    " + "\n    ".join(tail),
+    runner.run(
+        runner.Command(
+            tuple(cmd),
+            what=what,
             where=str(venv),
             next="fix the cause above and rerun `pinwheel install`",
+            redact=True,
         )
+    )
     return tuple(cmd)
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
+from pinwheel import runner
 from pinwheel.errors import PinwheelError, VerifyError
 
 NAMESPACE = "pinwheel"
@@ -51,17 +51,18 @@ def sign(path: Path, key: Path) -> Path:
             where="[release] signing_key / --key",
             next="pass --key PATH to an ssh private key, or --no-sign",
         )
-    proc = subprocess.run(
-        # The file after "--": a path is never read as an option.
-        [_ssh_keygen(), "-Y", "sign", "-q", "-f", str(key.absolute()), "-n", NAMESPACE]
-        + ["--", str(path.absolute())],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
+    proc = runner.run(
+        runner.Command(
+            # The file after "--": a path is never read as an option.
+            (_ssh_keygen(), "-Y", "sign", "-q", "-f", str(key.absolute()), "-n", NAMESPACE)
+            + ("--", str(path.absolute())),
+            what="ssh-keygen -Y sign",
+            check=False,
+        )
     )
     if proc.returncode != 0 or not sig.exists():
         raise PinwheelError(
-            f"ssh-keygen could not sign {path.name}: {proc.stderr.strip()}",
+            f"ssh-keygen could not sign {path.name}: {proc.err_text}",
             where=str(key),
             next="check the key (with a passphrase: run ssh-agent and pass the .pub)",
         )
@@ -90,27 +91,20 @@ def verify(
         principals = [principal] if principal else _find_principals(exe, sig, allowed_signers)
         for name in principals:
             check_principal(name, where=str(allowed_signers))
-            proc = subprocess.run(
-                [
-                    exe,
-                    "-Y",
-                    "verify",
-                    "-f",
-                    str(allowed_signers.absolute()),
-                    "-I",
-                    name,
-                    "-n",
-                    NAMESPACE,
-                    "-s",
-                    str(sig.absolute()),
-                ],
-                input=data,
-                capture_output=True,
+            proc = runner.run(
+                runner.Command(
+                    (exe, "-Y", "verify", "-f", str(allowed_signers.absolute()), "-I", name)
+                    + ("-n", NAMESPACE, "-s", str(sig.absolute())),
+                    what="ssh-keygen -Y verify",
+                    input=data,
+                    check=False,
+                    error=VerifyError,
+                )
             )
             if proc.returncode == 0:
                 return name
         detail = (
-            proc.stderr.decode(errors="replace").strip()
+            proc.err_text
             if principals
             else ("no key in allowed_signers made this signature")
         )
@@ -122,10 +116,12 @@ def verify(
 
 
 def _find_principals(exe: str, sig: Path, allowed_signers: Path) -> list[str]:
-    proc = subprocess.run(
-        [exe, "-Y", "find-principals", "-s", str(sig.absolute()), "-f"]
-        + [str(allowed_signers.absolute())],
-        capture_output=True,
-        text=True,
+    proc = runner.run(
+        runner.Command(
+            (exe, "-Y", "find-principals", "-s", str(sig.absolute()))
+            + ("-f", str(allowed_signers.absolute())),
+            what="ssh-keygen -Y find-principals",
+            check=False,
+        )
     )
-    return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    return [line.strip() for line in proc.text.splitlines() if line.strip()]

@@ -34,7 +34,6 @@ import hashlib
 import io
 import json
 import math
-import subprocess
 import tempfile
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pinwheel import runner
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
@@ -353,17 +353,16 @@ def capture_with_transformers(req: TeacherRequest) -> bytes:
                 }
             )
         )
-        proc = subprocess.run(
-            [req.python, "-c", _TRANSFORMERS, str(spec), tmp],
-            capture_output=True,
-            text=True,
+        cmd = runner.Command(
+            (req.python, "-c", _TRANSFORMERS, str(spec), tmp), what="the teacher", check=False
         )
+        proc = runner.run(cmd)
         if proc.returncode != 0:
             raise PinwheelError(
                 "transformers could not compute the teacher log-probabilities",
                 where=req.python,
                 next="that python needs transformers + torch and the model directory:\n"
-                + proc.stderr[-2000:],
+                + proc.err_text[-2000:],
             )
         full = np.load(Path(tmp) / "full.npy")
         versions = json.loads((Path(tmp) / "versions.json").read_text())

@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pinwheel import runner
 from pinwheel.errors import PinwheelError
 from pinwheel.serve.recipe import Engine, ServeConfig, ServeProfile
 
@@ -167,10 +167,10 @@ def _run(argv: Sequence[str], timeout: float) -> tuple[int, str] | None:
     if shutil.which(argv[0]) is None and not Path(argv[0]).is_file():
         return None
     try:
-        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return 127, str(exc)
-    return p.returncode, p.stdout + p.stderr
+        p = runner.run(runner.Command(tuple(argv), timeout=timeout, check=False))
+    except PinwheelError as exc:  # could not start, or ran past the timeout
+        return 127, exc.what
+    return p.returncode, (p.stdout + p.stderr).decode(errors="replace")
 
 
 def check_gpus(opts: Options, gpus: tuple[Gpu, ...] | None, error: str | None) -> list[Check]:
@@ -473,16 +473,17 @@ def run_selftest(opts: Options, nbytes: int = 64 << 20) -> list[Check]:
         "check the driver and the engine's torch: "
         "`python -c 'import torch; print(torch.cuda.is_available())'`"
     )
+    cmd = runner.Command(
+        (opts.python, "-c", SELFTEST, str(nbytes)), what="p2p self-test", timeout=300, check=False
+    )
     try:
-        p = subprocess.run(
-            [opts.python, "-c", SELFTEST, str(nbytes)], capture_output=True, text=True, timeout=300
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return [Check("p2p self-test", FAIL, str(exc), env_fix)]
+        p = runner.run(cmd)
+    except PinwheelError as exc:  # could not start, or ran past the timeout
+        return [Check("p2p self-test", FAIL, exc.what, env_fix)]
     if p.returncode != 0:
-        tail = (p.stderr.strip().splitlines() or ["?"])[-1]
+        tail = (p.err_text.splitlines() or ["?"])[-1]
         return [Check("p2p self-test", FAIL, f"self-test crashed: {tail}", env_fix)]
-    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res = json.loads(p.text.splitlines()[-1])
     checks = []
     pairs = res["pairs"]
     bad = [f"GPU{r['src']}->GPU{r['dst']}" for r in pairs if not r["ok"]]

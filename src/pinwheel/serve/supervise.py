@@ -10,14 +10,12 @@ for the time the ``with`` block runs; the log is ``out/server.log`` and the pid
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import socket
 import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from pinwheel.errors import PinwheelError
+from pinwheel import runner
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.serve.qualify import Target
@@ -42,38 +40,24 @@ def started_server(
 ) -> Iterator[Target]:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "server.log"
-    with open(log, "wb") as fh:
-        try:
-            proc = subprocess.Popen(
-                list(run.argv),
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                env=dict(environ) | dict(run.env),
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise PinwheelError(
-                f"could not start the server: {exc}",
-                where=run.argv[0],
-                next="pass --python with the engine venv's python",
-            ) from None
-        atomic_write_text(out / "server.pid", f"{proc.pid}\n")
-        reporter.info(f"started server pid {proc.pid} at {url}; log: {log}")
-        try:
-            yield Target(url=url, log=log, alive=proc.poll)
-        finally:
-            stop(proc, grace_s)
+    cmd = runner.Command(
+        tuple(run.argv),
+        what="the server",
+        env={**environ, **run.env},
+        output="log",
+        log_file=log,
+        new_session=True,
+        missing_hint="pass --python with the engine venv's python",
+    )
+    proc = runner.spawn(cmd, reporter)
+    atomic_write_text(out / "server.pid", f"{proc.pid}\n")
+    reporter.info(f"started server pid {proc.pid} at {url}; log: {log}")
+    try:
+        yield Target(url=url, log=log, alive=proc.poll)
+    finally:
+        stop(proc, grace_s)
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
     """Stop the server's whole process group: SIGTERM, then SIGKILL after ``grace_s``."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    runner.stop(proc, group=True, grace_s=grace_s)
