@@ -22,6 +22,7 @@ import pytest
 from pinwheel.cli import main
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest import model as manifest
+from pinwheel.manifest.serve import Engine
 from pinwheel.serve.preflight import (
     FAIL,
     OK,
@@ -36,7 +37,6 @@ from pinwheel.serve.preflight import (
     parse_topo,
     preflight,
 )
-from pinwheel.serve.recipe import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPO = Path(__file__).parent / "fixtures" / "topo"

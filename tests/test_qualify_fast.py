@@ -15,13 +15,13 @@ import pytest
 from pinwheel.cli import main
 from pinwheel.errors import ManifestError
 from pinwheel.manifest import model as manifest
+from pinwheel.manifest.serve import QualifyProfile
 from pinwheel.serve import needle
 from pinwheel.serve.client import metric_by_label, metric_total, parse_prometheus
-from pinwheel.serve.qualify import (
+from pinwheel.serve.receipt import (
     ConcurrencyResult,
     MarkerResult,
     NeedleResult,
-    QualifyProfile,
     Spread,
     judge,
     shown,

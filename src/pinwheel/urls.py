@@ -1,7 +1,7 @@
 """Repository URLs from manifests, flags and the environment: validated, and redacted when shown.
 
 A URL read from a manifest reaches ``git`` as an argument, so one that starts
-with ``-`` would be an option (``--upload-pack=CMD`` runs CMD). :func:`check_git_url`
+with ``-`` would be an option (``--upload-pack=CMD`` runs CMD). :func:`url_problem`
 admits only the forms git documents for a remote: ``https``, ``http``, ``ssh``,
 ``git`` and ``file`` URLs, scp-style ``user@host:path`` and absolute local
 paths. :func:`redact` hides credentials (``https://user:token@host``) in every
@@ -63,11 +63,3 @@ def url_problem(url: str) -> str | None:
     if _SCP.fullmatch(url):
         return None
     return "a URL (https://, http://, ssh://, git://, file://, user@host:path or /abs/path)"
-
-
-def check_git_url(url: str) -> str:
-    """``url`` unchanged if acceptable, else ValueError with the reason."""
-    problem = url_problem(url)
-    if problem:
-        raise ValueError(problem)
-    return url

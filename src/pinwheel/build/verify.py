@@ -161,12 +161,6 @@ def verify_build(
             shutil.rmtree(out, ignore_errors=True)
 
 
-def recorded_components(wheels_dir: Path) -> Mapping[str, Any]:
-    """name -> component record of a build output (for messages and the CLI)."""
-    recorded = read_receipt(Path(wheels_dir) / FILENAME)
-    return {c["name"]: c for c in recorded.get("components") or []}
-
-
 def _recorded_workdir(request: BuildRequest, engine: Mapping[str, Any] | None) -> Path | None:
     """The first build's engine scratch path: compilers embed it, so the rebuild reuses it."""
     if engine is None:

@@ -169,10 +169,6 @@ def header_issues(zf: zipfile.ZipFile, limits: Limits) -> tuple[list[Issue], set
     return issues, unreadable
 
 
-def zip_issues(zf: zipfile.ZipFile, limits: Limits | None = None) -> list[Issue]:
-    return header_issues(zf, limits or Limits())[0]
-
-
 def stream_member(
     zf: zipfile.ZipFile, info: zipfile.ZipInfo, sink: Callable[[bytes], Any], limit: int
 ) -> str | None:

@@ -18,7 +18,7 @@ from pinwheel.errors import UsageError
 from pinwheel.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
-    from pinwheel.serve.recipe import ServeConfig
+    from pinwheel.manifest.serve import ServeConfig
 
 
 def register(sub: Any) -> None:

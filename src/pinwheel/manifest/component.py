@@ -141,8 +141,3 @@ def stacks(manifest: Manifest, names: tuple[str, ...] = ()) -> tuple[Stack, ...]
                     next="name the engine as 'engine', a component by its [[kernel]] name")
         )  # fmt: skip
     return tuple(found)
-
-
-def unpinned_stacks(manifest: Manifest) -> tuple[KernelSpec, ...]:
-    """Components whose commit ``lock`` has still to pin."""
-    return tuple(k for k in manifest.kernels if k.url and not k.commit)

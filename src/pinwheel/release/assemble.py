@@ -23,7 +23,7 @@ from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_files,
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_text
 from pinwheel.manifest import Manifest
-from pinwheel.manifest.release import GithubTarget, HubTarget, IndexTarget, ReleaseConfig  # noqa: F401
+from pinwheel.manifest.release import GithubTarget, IndexTarget, ReleaseConfig
 from pinwheel.release import signing
 from pinwheel.urls import redact
 

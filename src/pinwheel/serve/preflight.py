@@ -28,7 +28,7 @@ from typing import Any
 
 from pinwheel import runner
 from pinwheel.errors import PinwheelError
-from pinwheel.serve.recipe import Engine, ServeConfig, ServeProfile
+from pinwheel.manifest.serve import Engine, ServeConfig, ServeProfile
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 GPU_QUERY = "index,name,compute_cap,memory.total,pci.bus_id"

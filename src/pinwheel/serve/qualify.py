@@ -24,7 +24,7 @@ from typing import Any
 
 from pinwheel.errors import GateFailed, PinwheelError
 from pinwheel.manifest import Manifest
-from pinwheel.manifest.serve import QualifyConfig, QualifyProfile  # noqa: F401
+from pinwheel.manifest.serve import QualifyConfig, QualifyProfile
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.serve import fidelity, needle, stats
 from pinwheel.serve.client import (
@@ -35,21 +35,18 @@ from pinwheel.serve.client import (
     metric_by_label,
     metric_total,
 )
-from pinwheel.serve.receipt import (  # noqa: F401  (re-exported: qualify's public results)
+from pinwheel.serve.receipt import (
     NOT_MEASURABLE,
     SCHEMA,
     ConcurrencyResult,
     DecodeSample,
     FidelityResult,
-    Gate,
     MarkerResult,
     NeedleResult,
-    Provenance,
     Receipt,
     Spread,
     judge,
     read_provenance,
-    shown,
     spread,
 )
 from pinwheel.serve.report import write_outputs

@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pinwheel.manifest.serve import Engine, ServeConfig, ServeProfile  # noqa: F401
+from pinwheel.manifest.serve import ServeConfig, ServeProfile
 
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"
 

@@ -30,7 +30,6 @@ from typing import Any
 from pinwheel.manifest.serve import Slo
 
 PERCENTILES = (90, 99)
-METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
 def percentile(values: Sequence[float], p: float) -> float:
