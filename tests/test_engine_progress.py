@@ -6,6 +6,7 @@ no compiler is involved.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 from pinwheel.build import engine
 from pinwheel.build.engine import BuildPlan, ninja_progress, run_build
+from pinwheel.progress import LineReporter
 
 
 def test_ninja_progress_takes_the_last_step_line() -> None:
@@ -50,8 +52,9 @@ def test_a_long_build_reports_its_ninja_step(tmp_path: Path, monkeypatch) -> Non
         "echo '[1/3] Building CXX object a.o'; sleep 1.5; echo '[2/3] Building CUDA object b.o';"
         " sleep 1.5; : > work/dist/x-1.0-py3-none-any.whl",
     )
-    lines: list[str] = []
-    (wheel,) = run_build(plan, progress=lines.append)
+    stream = io.StringIO()
+    (wheel,) = run_build(plan, LineReporter(stream))
+    lines = stream.getvalue().splitlines()
     assert wheel.name == "x-1.0-py3-none-any.whl"
     assert any(line.startswith("compiling [2/3] Building CUDA object b.o") for line in lines)
 

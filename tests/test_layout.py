@@ -135,3 +135,61 @@ def test_the_checker_sees_a_planted_violation(tmp_path: Path) -> None:
     found = imports(mod, package="pinwheel.build")
     assert {"pinwheel.cli", "pinwheel.serve", "pinwheel.serve.qualify"} <= found
     assert stage_of("pinwheel.serve.qualify") == "serve" and stage_of("pinwheel.cli") == "cli"
+
+
+# The runner is the one module that starts processes; it alone may hand a child this
+# process's environment (when a Command asks to inherit it). The CLI resolves the
+# environment into requests; no stage reads it.
+_ENV_READERS = {"pinwheel.runner"}
+_PROCESS_STARTERS = {"pinwheel.runner"}
+_SUBPROCESS_CALLS = {"run", "Popen", "call", "check_call", "check_output", "getoutput"}
+_OS_CALLS = {"system", "popen", "getenv", "getenvb", "putenv", "execv", "execve", "execvp",
+             "execvpe", "spawnv", "spawnve", "posix_spawn", "posix_spawnp"}  # fmt: skip
+
+
+def offences(path: Path, module: str) -> list[str]:
+    """Environment reads and process starts in ``path`` that its module may not make."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        where = f"{module}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            owner, attr = node.value.id, node.attr
+            if owner == "os" and attr in ("environ", "environb", "getenv", "getenvb"):
+                if module not in _ENV_READERS and stage_of(module) != "cli":
+                    found.append(f"{where} reads os.{attr}")
+            elif (owner == "subprocess" and attr in _SUBPROCESS_CALLS) or (
+                owner == "os" and attr in _OS_CALLS - {"getenv", "getenvb"}
+            ):
+                called = any(isinstance(c, ast.Call) and c.func is node for c in ast.walk(tree))
+                if called and module not in _PROCESS_STARTERS:
+                    found.append(f"{where} calls {owner}.{attr} (use pinwheel.runner)")
+        elif isinstance(node, ast.ImportFrom) and node.module in ("os", "subprocess"):
+            names = {a.name for a in node.names}
+            env = names & {"environ", "environb", "getenv", "getenvb"}
+            if env and module not in _ENV_READERS and stage_of(module) != "cli":
+                found.append(f"{where} imports {sorted(env)} from {node.module}")
+            starts = names & ((_SUBPROCESS_CALLS | _OS_CALLS) - env)
+            if starts and module not in _PROCESS_STARTERS:
+                found.append(f"{where} imports {sorted(starts)} from {node.module}")
+    return found
+
+
+def test_no_stage_reads_the_environment_or_starts_a_process_itself() -> None:
+    bad = [o for p in SRC.rglob("*.py") for o in offences(p, module_name(p))]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_environment_check_sees_a_planted_read(tmp_path: Path) -> None:
+    mod = tmp_path / "x.py"
+    mod.write_text(
+        "import os, subprocess\nfrom os import environ\n"
+        "def f():\n    subprocess.run(['true'])\n    return os.environ.get('HOME'), os.getenv('X')\n"
+    )
+    found = offences(mod, "pinwheel.build.x")
+    assert any("reads os.environ" in f for f in found)
+    assert any("reads os.getenv" in f for f in found)
+    assert any("subprocess.run" in f for f in found)
+    assert any("imports ['environ']" in f for f in found)
+    assert not offences(mod, "pinwheel.runner")
+    assert not [f for f in offences(mod, "pinwheel.cli.x") if "environ" in f or "getenv" in f]

@@ -33,7 +33,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Literal, NoReturn
 
 from pinwheel.errors import PinwheelError
 from pinwheel.progress import SILENT, Reporter
@@ -140,7 +140,7 @@ class Completed:
         else:
             what = head
         where = cmd.where or cmd.shell
-        if cmd.log_file is not None:
+        if cmd.log_file is not None and str(cmd.log_file) not in where:
             where += f" (log: {cmd.log_file})"
         return cmd.error(what, where=where, next=cmd.next or f"rerun by hand: {cmd.shell}")
 
@@ -199,6 +199,31 @@ def spawn(cmd: Command, reporter: Reporter = SILENT) -> subprocess.Popen[bytes]:
         log.write(f"$ {cmd.shell}\n".encode())
         log.flush()
         return _popen(cmd, log)  # the child keeps its own copy of the descriptor
+
+
+def replace_process(cmd: Command, reporter: Reporter = SILENT) -> NoReturn:
+    """Become ``cmd`` (``exec``): for `pinwheel serve`, whose server is the process itself.
+
+    Only the CLI calls this. A missing program is raised like :func:`run` does.
+    """
+    reporter.detail(f"exec {cmd.shell}")
+    env = cmd.environment()
+    if cmd.cwd is not None:
+        os.chdir(cmd.cwd)
+    try:
+        os.execvpe(cmd.argv[0], list(cmd.argv), env if env is not None else dict(os.environ))
+    except FileNotFoundError:
+        raise cmd.error(
+            f"cannot run {cmd.label}: {cmd.argv[0]} not found",
+            where=cmd.where or cmd.shell,
+            next=cmd.missing_hint or f"install {Path(cmd.argv[0]).name} or put it on PATH",
+        ) from None
+    except OSError as exc:
+        raise cmd.error(
+            f"cannot run {cmd.label}: {exc.strerror or exc}",
+            where=cmd.where or cmd.shell,
+            next=cmd.missing_hint or f"check that {cmd.argv[0]} is an executable program",
+        ) from None
 
 
 def stop(proc: subprocess.Popen[bytes], *, group: bool = True, grace_s: float = 30.0) -> None:

@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -39,6 +38,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pinwheel import runner
+from pinwheel.errors import PinwheelError
 from pinwheel.manifest.build import CacheConfig
 
 START_TIMEOUT = 60
@@ -184,15 +185,11 @@ class Session:
         env["SCCACHE_SERVER_UDS"] = str(self.socket)
         return env
 
-    def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(self.binary), *args],
-            env=self._env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+    def _run(self, *args: str, timeout: float = 60) -> runner.Completed:
+        cmd = runner.Command(
+            (str(self.binary), *args), what="sccache", env=self._env(), timeout=timeout, check=False
         )
+        return runner.run(cmd)
 
     def launch_env(
         self, path: str, *, nvcc: str | None = None, cxx: bool = False
@@ -226,12 +223,12 @@ class Session:
         proc = self._run("--show-stats", "--stats-format", "json")
         if proc.returncode != 0:
             return self.plan.record(error=f"--show-stats exit {proc.returncode}")
-        return summarize(json.loads(proc.stdout), self.plan)
+        return summarize(json.loads(proc.text), self.plan)
 
     def stop(self) -> None:
         try:
             self._run("--stop-server", timeout=30)
-        except subprocess.TimeoutExpired:
+        except PinwheelError:  # hung, or the binary is gone: the socket dir goes anyway
             pass
         shutil.rmtree(self.socket.parent, ignore_errors=True)
 
@@ -272,20 +269,16 @@ def start(plan_: Plan, workdir: Path, environ: Mapping[str, str]) -> tuple[Sessi
     session = Session(plan_, _socket_path(), workdir, environ)
     env = session._env()
     env["SCCACHE_ERROR_LOG"] = str(workdir / "sccache-server.log")
+    cmd = runner.Command(
+        (str(session.binary), "--start-server"), env=env, timeout=START_TIMEOUT, check=False
+    )
     try:
-        proc = subprocess.run(
-            [str(session.binary), "--start-server"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+        proc = runner.run(cmd)
+    except PinwheelError:  # could not start, or ran past the timeout
         session.stop()
         return None, _off(plan_, f"sccache did not start within {START_TIMEOUT} s")
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+        tail = (proc.err_text or proc.text).splitlines()[-1:] or [""]
         session.stop()
         return None, _off(plan_, f"sccache --start-server exit {proc.returncode}: {tail[0]}")
     return session, plan_

@@ -11,20 +11,18 @@ checked and published by :mod:`pinwheel.build.wheelset`, like every other.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pinwheel import runner
 from pinwheel.build import reuse
 from pinwheel.build.buildenv import build_env
 from pinwheel.build.record import BuildRecord
@@ -33,6 +31,8 @@ from pinwheel.build.wheelset import Built
 from pinwheel.cudaarch import CudaArch
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.progress import SILENT, Reporter
+from pinwheel.source import gitcli
 
 LOG_TAIL = 25
 
@@ -77,31 +77,19 @@ def scm_version(repo_path: Path, commit: str) -> str:
 
     The exported tree has no .git, so the build cannot compute this itself.
     """
-    out = subprocess.run(
-        [
-            "git",
-            "--git-dir",
-            str(repo_path),
-            "describe",
-            "--tags",
-            "--long",
-            "--match",
-            "v*",
-            "--end-of-options",
-            commit,
-        ],
-        capture_output=True,
-        text=True,
+    out = gitcli.git(
+        ["describe", "--tags", "--long", "--match", "v*", "--end-of-options", commit],
+        git_dir=repo_path,
         check=False,
     )
     if out.returncode != 0:
         raise ManifestError(
             f"cannot derive a version for {commit[:12]}: no v* tag below it "
-            f"({out.stderr.strip().splitlines()[-1] if out.stderr.strip() else 'git describe'})",
+            f"({out.err_text.splitlines()[-1] if out.err_text else 'git describe'})",
             where="[build] version",
             next='set [build] version = "1.5.2.devN" in the manifest',
         )
-    tag, distance, _ = out.stdout.strip().rsplit("-", 2)
+    tag, distance, _ = out.text.rsplit("-", 2)
     parts = tag.lstrip("v").split(".")
     if int(distance) == 0:
         return ".".join(parts)
@@ -124,7 +112,7 @@ def build_python(environ: Mapping[str, str]) -> str:
 
 def wheel_command(python: str, source: Path, outdir: Path) -> tuple[str, ...]:
     """`python -m build --wheel --no-isolation`, or `setup.py bdist_wheel` without `build`."""
-    has_build = subprocess.run([python, "-c", "import build"], capture_output=True).returncode == 0
+    has_build = runner.run(runner.Command((python, "-c", "import build"), check=False)).ok
     if has_build:
         return (python, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(outdir), ".")
     if (source / "setup.py").is_file():
@@ -152,12 +140,8 @@ def plan_build(
 ) -> BuildPlan:
     """``extra_env``: what the build sources and the build venv add (recorded as set);
     ``wrapper``: a prefix such as ``unshare -rn`` (no network for the build)."""
-    running = subprocess.run(
-        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    probe = (python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])")
+    running = runner.run(runner.Command(probe, what="the build python", error=BuildError)).text
     if running != config.python:
         raise BuildError(
             f"[build] python pins {config.python}, the build interpreter {python} is {running}",
@@ -215,39 +199,35 @@ def _read_tail(path: Path, size: int = 16384) -> bytes:
         return f.read()
 
 
-def run_build(plan: BuildPlan, progress: Callable[[str], None] | None = None) -> tuple[Path, ...]:
+def run_build(plan: BuildPlan, reporter: Reporter = SILENT) -> tuple[Path, ...]:
     """Run the backend; return the wheels it wrote (still in the scratch dir).
 
-    ``progress`` gets a line every :data:`PROGRESS_EVERY` seconds with the compile
+    ``reporter`` gets a line every :data:`PROGRESS_EVERY` seconds with the compile
     step ninja last reported (an engine build runs for hours on a small builder).
     """
     outdir = plan.work / "dist"
     shutil.rmtree(outdir, ignore_errors=True)
     outdir.mkdir(parents=True)
     started = time.monotonic()
-    with open(plan.log, "wb") as log:
-        log.write(("$ " + " ".join(plan.command) + "\n").encode())
-        log.flush()
-        proc = subprocess.Popen(
-            plan.command, cwd=plan.source, env=dict(plan.env), stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,  # one group: killed as one
-        )  # fmt: skip
-        try:
-            last = started
-            while proc.poll() is None:
-                time.sleep(1.0)
-                if progress is not None and time.monotonic() - last >= PROGRESS_EVERY:
-                    last = time.monotonic()
-                    step = ninja_progress(_read_tail(plan.log))
-                    minutes = (last - started) / 60
-                    if step is not None:
-                        n, m, what = step
-                        progress(f"compiling [{n}/{m}] {what[:100]} ({minutes:.0f} min)")
-        except BaseException:  # interrupted: stop the whole build (cmake, ninja, nvcc) too
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
+    cmd = runner.Command(
+        plan.command, what="the wheel build", cwd=plan.source, env=plan.env, output="log",
+        log_file=plan.log, new_session=True, error=BuildError,  # one group: killed as one
+    )  # fmt: skip
+    proc = runner.spawn(cmd, reporter)
+    try:
+        last = started
+        while proc.poll() is None:
+            time.sleep(1.0)
+            if time.monotonic() - last >= PROGRESS_EVERY:
+                last = time.monotonic()
+                step = ninja_progress(_read_tail(plan.log))
+                minutes = (last - started) / 60
+                if step is not None:
+                    n, m, what = step
+                    reporter.info(f"compiling [{n}/{m}] {what[:100]} ({minutes:.0f} min)")
+    except BaseException:  # interrupted: stop the whole build (cmake, ninja, nvcc) too
+        runner.kill(proc, group=True)
+        raise
     wheels = tuple(sorted(outdir.glob("*.whl")))
     if proc.returncode != 0 or not wheels:
         tail = plan.log.read_text(errors="replace").splitlines()[-LOG_TAIL:]
@@ -296,7 +276,7 @@ def build_engine(
     launcher: Any = None,
     reuse_from: Any = None,
     placeholders: Mapping[str, str] | None = None,
-    log: Any = None,
+    reporter: Reporter = SILENT,
 ) -> Built:
     """Build the engine wheel from ``source`` into ``work/dist``; nothing is published here.
 
@@ -337,13 +317,12 @@ def build_engine(
     rec: dict[str, Any] | None = None
     if reuse_from is not None:
         ok, why, rec = reuse.unchanged(reuse_from, Path(source), ident)
-        if log:
-            log(f"reuse from {reuse_from.wheel.name}: {'yes' if ok else 'no'}: {why}")
+        reporter.info(f"reuse from {reuse_from.wheel.name}: {'yes' if ok else 'no'}: {why}")
         pre = reuse.precompiled_env(Path(source), reuse_from) if ok and rec else None
         if ok and rec is not None and pre is None:
             taken = reuse.try_reuse(
                 reuse_from, Path(source), ident, work / "dist", python=plan.python,
-                env={**plan.env, **extra}, log=None,
+                env={**plan.env, **extra},
             )  # fmt: skip
             if taken is not None:
                 return _built(plan, origin, taken.wheel, time.monotonic() - started, version,
@@ -353,7 +332,7 @@ def build_engine(
             reused = reuse.reuse_record(reuse_from, rec, why + "; VLLM_USE_PRECOMPILED")
     plan = dataclasses.replace(plan, env={**plan.env, **extra})
     try:
-        built = run_build(plan, progress=log)
+        built = run_build(plan, reporter)
     except BuildError:
         _raise_if_downloads(plan, supplied)  # the more useful reason, when it is this one
         raise

@@ -17,15 +17,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pinwheel import runner
 from pinwheel.build import reuse
 from pinwheel.build.buildenv import build_env
 from pinwheel.build.record import BuildRecord
@@ -37,6 +37,8 @@ from pinwheel.errors import ManifestError, MismatchError, PinwheelError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig, KernelPatch, KernelSpec, parse_kernel_tables  # noqa: F401
 from pinwheel.manifest.component import by_name, component_manifest
+from pinwheel.progress import SILENT, Reporter
+from pinwheel.source import gitcli
 from pinwheel.urls import redact
 
 # Earliest time a zip member can carry; used when nothing better dates the source.
@@ -69,7 +71,7 @@ class BuildOptions:
     environ: Mapping[str, str]  # the caller's environment, resolved once
     offline: bool = False
     source_date_epoch: int | None = None  # None: date of the kernel's source
-    log: Callable[[str], None] | None = None
+    reporter: Reporter = SILENT
     launcher: Any = None  # compcache.Session: wrap the compilers in sccache
     reuse: Any = None  # reuse.Candidate: take compiled members from an earlier wheel
 
@@ -91,14 +93,8 @@ def stage_in_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
 
 def _git_date(path: Path) -> int | None:
     """Committer time of the last commit touching ``path`` (its checkout's history)."""
-    out = subprocess.run(
-        ["git", "log", "-1", "--format=%ct", "--", "."],
-        cwd=path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    value = out.stdout.strip()
+    out = gitcli.git(["log", "-1", "--format=%ct", "--", "."], cwd=path, check=False)
+    value = out.text
     return int(value) if out.returncode == 0 and value.isdigit() else None
 
 
@@ -133,16 +129,20 @@ def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
 
 
 def _run(cmd: list[str], *, cwd: Path, env: Mapping[str, str], what: str, log_file: Path) -> None:
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "wb") as log:
-        proc = subprocess.run(cmd, cwd=cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        tail = log_file.read_text(errors="replace").strip().splitlines()[-15:]
-        raise KernelBuildError(
-            f"{what} failed (exit {proc.returncode}):\n    " + "\n    ".join(tail),
+    runner.run(
+        runner.Command(
+            tuple(cmd),
+            what=what,
+            cwd=cwd,
+            env=env,
+            output="log",
+            log_file=log_file,
+            error=KernelBuildError,
             where=f"{' '.join(cmd[:4])} ... (full log: {log_file})",
             next="read the log; `pinwheel toolchain` shows the toolkit in use",
+            redact=True,
         )
+    )
 
 
 # Beside torch: what setup.py-based CUDA extensions import at build time.
@@ -151,7 +151,7 @@ TORCH_BUILD_REQS = ("setuptools>=77", "wheel", "ninja", "packaging", "numpy", "p
 
 
 def torch_venv(
-    config: BuildConfig, cache: Path, log: Callable[[str], None] | None, environ: Mapping[str, str]
+    config: BuildConfig, cache: Path, reporter: Reporter, environ: Mapping[str, str]
 ) -> Path:
     """A venv with ``[build].torch`` and the build tools torch extensions need; made once.
 
@@ -180,10 +180,15 @@ def torch_venv(
     record = [*reqs, *([f"index={config.torch_index}"] if config.torch_index else [])]
     if marker.is_file() and marker.read_text().split() == record:
         return python
-    if log:
-        log(f"creating {venv.name} (torch=={config.torch}); this downloads ~3 GB once")
+    reporter.info(f"creating {venv.name} (torch=={config.torch}); this downloads ~3 GB once")
     if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        runner.run(
+            runner.Command(
+                (sys.executable, "-m", "venv", str(venv)),
+                what="python -m venv",
+                error=KernelBuildError,
+            )
+        )
     pip = [str(python), "-m", "pip", "install", "-q", "--upgrade"]
     if config.torch_index:
         _run(
@@ -206,14 +211,14 @@ def torch_venv(
 
 def _torch_version(python: Path) -> str | None:
     probe = "import torch; print(torch.__version__)"
-    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=False)
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    out = runner.run(runner.Command((str(python), "-c", probe), check=False))
+    return out.text or None if out.returncode == 0 else None
 
 
 def _given_torch_python(python: Path, config: BuildConfig) -> Path:
     probe = "import torch; print(torch.__version__)"
-    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=False)
-    version = out.stdout.strip()
+    out = runner.run(runner.Command((str(python), "-c", probe), check=False, error=ManifestError))
+    version = out.text
     if out.returncode != 0 or version.split("+")[0] != str(config.torch).split("+")[0]:
         raise ManifestError(
             f"PINWHEEL_TORCH_PYTHON={python} has torch {version or 'none'}, "
@@ -264,7 +269,7 @@ def build_kernel(
             extra += [f"-Ccmake.define.{d}" for d in opts.launcher.cmake_defines()]
             env.update(opts.launcher.launch_env(env.get("PATH", "")))
     else:
-        python = torch_venv(config, opts.cache, opts.log, opts.environ)
+        python = torch_venv(config, opts.cache, opts.reporter, opts.environ)
         torch_version = _torch_version(python)
         extra = []
         env["PATH"] = os.pathsep.join([str(python.parent), env["PATH"]])
@@ -280,8 +285,9 @@ def build_kernel(
     )  # fmt: skip
     if opts.reuse is not None:
         taken = reuse.try_reuse(
-            opts.reuse, staged.directory, identity, dist, python=str(python), env=env, log=opts.log
-        )
+            opts.reuse, staged.directory, identity, dist,
+            python=str(python), env=env, reporter=opts.reporter,
+        )  # fmt: skip
         if taken is not None:
             return Built(
                 component=spec.name,
@@ -301,8 +307,7 @@ def build_kernel(
         str(python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
         "--no-cache-dir", "-w", str(dist), *extra, str(staged.directory),
     ]  # fmt: skip
-    if opts.log:
-        opts.log(f"building {spec.name} ({spec.builder}) from {staged.origin}")
+    opts.reporter.info(f"building {spec.name} ({spec.builder}) from {staged.origin}")
     _run(cmd, cwd=work, env=env, what=f"building kernel {spec.name}", log_file=work / "build.log")
     built = sorted(dist.glob("*.whl"))
     if len(built) != 1:
@@ -332,7 +337,7 @@ def _require_modules(python: Path, modules: tuple[str, ...], spec: KernelSpec) -
         "import importlib.util, sys; "
         "sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))"
     )
-    if subprocess.run([str(python), "-c", probe, *modules], check=False).returncode != 0:
+    if not runner.run(runner.Command((str(python), "-c", probe, *modules), check=False)).ok:
         raise KernelBuildError(
             f"building {spec.name} needs {', '.join(modules)} in this Python",
             where=spec.where,

@@ -14,13 +14,13 @@ import dataclasses
 import functools
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pinwheel import runner
 from pinwheel.build import compcache, reuse
 from pinwheel.build.buildvenv import ensure_build_venv
 from pinwheel.build.check import find_tools, spec_from_build
@@ -240,7 +240,7 @@ def _produce(
         environ=request.environ,
         offline=request.offline,
         source_date_epoch=request.source_date_epoch,
-        log=reporter.info,
+        reporter=reporter,
         launcher=session,
     )
     for spec in specs:
@@ -373,7 +373,7 @@ def _engine(
             launcher=session,
             reuse_from=(earlier or {}).get("engine"),
             placeholders={str(Path(request.cache).absolute()): "$CACHE"},
-            log=reporter.info,
+            reporter=reporter,
         )
     # Recorded without this machine's cache path: provenance travels with the release.
     env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build.env.items()}
@@ -405,7 +405,7 @@ def network_wrapper(mode: str) -> tuple[tuple[str, ...], str]:
     if mode != "none":
         return (), "allowed"
     unshare = shutil.which("unshare")
-    if unshare and subprocess.run([unshare, "-rn", "true"], capture_output=True).returncode == 0:
+    if unshare and runner.run(runner.Command((unshare, "-rn", "true"), check=False)).ok:
         return (unshare, "-rn"), "none"
     return (), "host (no network namespace available)"
 

@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import urllib.request
 import zipfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,12 +45,12 @@ from pinwheel import runner
 from pinwheel.build.provenance import FILENAME, read_receipt
 from pinwheel.checksums import SUMS, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
+from pinwheel.progress import SILENT, Reporter
 
 BUILD_FILES = ("setup.py", "setup.cfg", "pyproject.toml", "CMakeLists.txt")
 # Environment pinwheel sets that does not reach compiled code: dates and version labels.
 _NOT_COMPILED = ("SOURCE_DATE_EPOCH", "SETUPTOOLS_SCM_PRETEND_VERSION", "VLLM_VERSION_OVERRIDE")
 _SKIP_DIRS = {".git", "build", "dist", "__pycache__", "_skbuild", ".eggs"}
-Log = Callable[[str], None] | None
 
 
 def blob_id(path: Path) -> str:
@@ -372,18 +372,16 @@ def try_reuse(
     *,
     python: str,
     env: Mapping[str, str],
-    log: Log = None,
+    reporter: Reporter = SILENT,
 ) -> Taken | None:
     """Transplant the earlier wheel's compiled members; None (and why, logged) when not safe."""
     ok, why, rec = unchanged(candidate, source, ident)
-    if log:
-        log(f"reuse from {candidate.wheel.name}: {'yes' if ok else 'no'}: {why}")
+    reporter.info(f"reuse from {candidate.wheel.name}: {'yes' if ok else 'no'}: {why}")
     if not ok or rec is None:
         return None
     wheel = transplant(candidate.wheel, rec, source, dist, python=python, env=env)
     if wheel is None:
-        if log:
-            log("reuse: repacking failed; building from source")
+        reporter.info("reuse: repacking failed; building from source")
         return None
     return Taken(wheel, rec, reuse_record(candidate, rec, why))
 

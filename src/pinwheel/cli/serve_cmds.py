@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
 import sys
 import time
@@ -226,9 +225,17 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         max_num_seqs=int(seqs) if seqs else None,
         devices=r["devices"],
     )
-    env = dict(ctx.environ) | dict(run.env)
-    os.execvpe(run.argv[0], list(run.argv), env)
-    return 0  # pragma: no cover
+    from pinwheel import runner
+
+    runner.replace_process(
+        runner.Command(
+            tuple(run.argv),
+            what="the server",
+            env={**ctx.environ, **run.env},
+            missing_hint="pass --python with the engine venv's python",
+        ),
+        ctx.reporter,
+    )
 
 
 # --------------------------------------------------------------------------- qualify

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import getpass
 import re
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pinwheel import runner
 from pinwheel.build.toolchain.download import check_download, verified
 from pinwheel.build.toolchain.pins import ToolkitLock
 from pinwheel.build.toolchain.toolkit import ToolchainError
@@ -150,11 +150,13 @@ def fetch_debs(
             ["apt-get", "-q", "download", *names.split()],
         )
         for cmd in steps:
-            out = subprocess.run(
-                cmd, cwd=downloads, env=env, capture_output=True, text=True, check=False
+            out = runner.run(
+                runner.Command(
+                    tuple(cmd), cwd=downloads, env=env, check=False, error=ToolchainError
+                )
             )
             if out.returncode != 0:
-                errors.append(f"{source.uri}: `{' '.join(cmd)}`: {out.stderr.strip()[-300:]}")
+                errors.append(f"{source.uri}: `{' '.join(cmd)}`: {out.err_text[-300:]}")
                 break
         else:
             for pin in missing:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from pinwheel import runner
 from pinwheel.build.toolchain.pins import WheelPin
 from pinwheel.build.toolchain.toolkit import ToolchainError
 from pinwheel.checksums import sha256_file
@@ -45,12 +45,14 @@ def fetch_wheel(pin: WheelPin, downloads: Path, environ: Mapping[str, str]) -> P
             "--platform", "manylinux2014_x86_64", "--implementation", "py",
             "--dest", tmp, f"{pin.project}=={pin.version}",
         ]  # fmt: skip
-        out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=dict(environ))
+        out = runner.run(
+            runner.Command(tuple(cmd), env=environ, check=False, error=ToolchainError)
+        )
         got = Path(tmp) / pin.filename
         if out.returncode != 0 or not got.is_file():
             names = ", ".join(p.name for p in Path(tmp).iterdir()) or "nothing"
             raise ToolchainError(
-                f"pip could not download {pin.filename} (got {names}): {out.stderr.strip()[-300:]}",
+                f"pip could not download {pin.filename} (got {names}): {out.err_text[-300:]}",
                 where=f"{pin.project}=={pin.version}",
                 next="check the network and pip's index configuration",
             )

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pinwheel import runner
 from pinwheel.errors import PinwheelError
 
 
@@ -54,18 +54,11 @@ _RELEASE = re.compile(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)")
 
 def nvcc_version(nvcc: Path, *, env: Mapping[str, str]) -> str:
     """``12.4.131`` from ``nvcc --version`` run in ``env``."""
-    try:
-        out = subprocess.run(
-            [str(nvcc), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            env=dict(env),
-        )
-    except OSError as exc:
-        raise ToolchainError(f"cannot run {nvcc}: {exc}", where=str(nvcc)) from None
-    m = _RELEASE.search(out.stdout)
+    cmd = runner.Command(
+        (str(nvcc), "--version"), env=env, timeout=60, check=False, error=ToolchainError
+    )
+    out = runner.run(cmd)
+    m = _RELEASE.search(out.text)
     if out.returncode != 0 or not m:
         raise ToolchainError(
             f"`{nvcc} --version` gave no CUDA release line (exit {out.returncode})",
@@ -115,16 +108,18 @@ def probe_arches(nvcc: Path, arches: tuple[str, ...], *, env: Mapping[str, str])
                 str(Path(tmp) / f"probe_{sm}.o"),
                 f"-gencode=arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
             ]
-            out = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=300, check=False, env=dict(env)
+            out = runner.run(
+                runner.Command(
+                    tuple(cmd), env=env, timeout=300, check=False, error=ToolchainError
+                )
             )
             if out.returncode == 0:
                 continue
-            message = (out.stderr or out.stdout).strip().splitlines()
+            message = (out.err_text or out.text).splitlines()
             detail = message[-1] if message else f"exit {out.returncode}"
             why, todo = f"nvcc failed: {detail}", "run the command by hand to see the full error"
             for pattern, reason, advice in _DIAGNOSES:
-                m = pattern.search(out.stderr + out.stdout)
+                m = pattern.search(out.err_text + "\n" + out.text)
                 if m:
                     why, todo = reason.format(*m.groups()) + f" ({detail})", advice
                     break
