@@ -3,14 +3,20 @@
 # Do not edit: change the manifest and run `pinwheel serve --write-recipe`
 # (a test fails when this file and the manifest disagree).
 #
-# Usage: GLM53_MODEL=/path/to/model recipes/serve_glm53.sh [card|8gpu]
-# Reads: GLM53_MODEL (required), GLM53_SEQS, HOST, PORT, CUDA_VISIBLE_DEVICES,
-#        PYTHON (the engine's interpreter), GLM53_PROFILE (default card).
+# Usage: GLM53_MODEL=/path/to/model recipes/serve_glm53.sh [card|card-4users|8gpu]
+# Reads: GLM53_MODEL (required), GLM53_SEQS, PYTHON (the engine's interpreter), HOST, PORT, CUDA_VISIBLE_DEVICES,
+#        GLM53_PROFILE (default card).
 set -euo pipefail
 profile="${1:-${GLM53_PROFILE:-card}}"
 : "${GLM53_MODEL:?set GLM53_MODEL to the model directory}"
 HOST="${HOST:-0.0.0.0}"
 PORT="${PORT:-8000}"
+# known issue (card): keep --max-num-seqs set: the default 256 makes the MLA prefill workspace too big and the server will not start at 131K
+# known issue (card): cross-socket PCIe peer-to-peer copies silently returned corrupt data between non-NVLinked pairs; NCCL_P2P_LEVEL=NVL was the fix
+# known issue (card): the 2-bit quant loops in long multi-turn agent sessions past ~85K context and corrupts paths and JSON by ~120K
+# known issue (card): TP8 is impossible on this EXL3 path (per-rank MoE intermediate must be a multiple of 512, TP8 gives 256); expert parallelism is refused; MTP has no pipeline parallelism
+# known issue (card): stock exllamav3 cannot load this checkpoint: the tile order is V100-specific
+# known issue (card): MTP tok/s moves with the prompt text: compare builds by ms per pass
 PYTHON="${PYTHON:-python3}"
 export CUDA_DEVICE_ORDER=PCI_BUS_ID
 export VLLM_USE_V2_MODEL_RUNNER=1
@@ -21,6 +27,7 @@ case "$profile" in
     export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0,1,2,3}"
     exec "$PYTHON" -m vllm.entrypoints.openai.api_server --model "$GLM53_MODEL" \
       --host "$HOST" --port "$PORT" \
+      --served-model-name glm-5.3-flash \
       --trust-remote-code \
       --dtype half \
       --kv-cache-dtype fp8_e4m3 \
@@ -34,10 +41,30 @@ case "$profile" in
       --max-num-seqs "${GLM53_SEQS:-1}" \
       --speculative-config '{"method":"mtp","num_speculative_tokens":3,"draft_sample_method":"greedy"}'
     ;;
-  8gpu)
-    export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0,1,2,3,4,5,6,7}"
+  card-4users)
+    export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0,1,2,3}"
     exec "$PYTHON" -m vllm.entrypoints.openai.api_server --model "$GLM53_MODEL" \
       --host "$HOST" --port "$PORT" \
+      --served-model-name glm-5.3-flash \
+      --trust-remote-code \
+      --dtype half \
+      --kv-cache-dtype fp8_e4m3 \
+      --gpu-memory-utilization 0.92 \
+      --max-num-batched-tokens 4096 \
+      --reasoning-parser deepseek_r1 \
+      --tool-call-parser glm47 \
+      --enable-auto-tool-choice \
+      --tensor-parallel-size 4 \
+      --max-model-len 131072 \
+      --max-num-seqs "${GLM53_SEQS:-4}" \
+      --speculative-config '{"method":"mtp","num_speculative_tokens":3,"draft_sample_method":"greedy"}'
+    ;;
+  8gpu)
+    export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0,1,2,3,4,5,6,7}"
+    export NCCL_P2P_LEVEL=NVL
+    exec "$PYTHON" -m vllm.entrypoints.openai.api_server --model "$GLM53_MODEL" \
+      --host "$HOST" --port "$PORT" \
+      --served-model-name glm-5.3-flash \
       --trust-remote-code \
       --dtype half \
       --kv-cache-dtype fp8_e4m3 \
@@ -52,7 +79,7 @@ case "$profile" in
       --max-num-seqs "${GLM53_SEQS:-8}"
     ;;
   *)
-    echo "unknown profile '$profile' (known: card 8gpu)" >&2
+    echo "unknown profile '$profile' (known: card card-4users 8gpu)" >&2
     exit 2
     ;;
 esac

@@ -208,9 +208,15 @@ def test_stock_vllm_is_refused():
 
 def test_engine_missing_architecture_is_named(tmp_path):
     python = _fake_engine(tmp_path, "exl3", "DeepseekV3ForCausalLM")
-    checks = _by_name(preflight(_opts(tmp_path, python=python)))
+    opts = _opts(tmp_path, python=python)
+    # The V100 card names no architecture; the GB10 card's is the real one to look for.
+    engine = dataclasses.replace(
+        opts.config.engine, architecture="Glm5NextForConditionalGeneration"
+    )
+    opts = dataclasses.replace(opts, config=dataclasses.replace(opts.config, engine=engine))
+    checks = _by_name(preflight(opts))
     assert checks["engine"].status == FAIL
-    assert "architecture 'GlmMoeDsaForCausalLM'" in checks["engine"].detail
+    assert "architecture 'Glm5NextForConditionalGeneration'" in checks["engine"].detail
 
 
 def test_missing_engine_interpreter(tmp_path):

@@ -151,8 +151,8 @@ def test_system_manifests_load_and_their_recipes_match(name, capsys):
     serve = m.serve
     p = serve.profile()
     (component,) = m.kernels
-    assert not m.has_engine and component.name == "exllamav3" and m.build.cuda == "13.0"
-    assert m.build.torch_index is None  # FILL IN in the seed manifests
+    assert not m.has_engine and component.name == "exllamav3"
+    assert m.build.torch_index is None  # FILL IN: not on either card
     if name.startswith("gb10"):
         assert (p.compute_capability, p.num_speculative_tokens, p.gpus, p.cuda) == (
             "12.1",
@@ -161,19 +161,17 @@ def test_system_manifests_load_and_their_recipes_match(name, capsys):
             13,
         )
         assert m.build.arches == ("12.1",) and component.commit is None  # FILL IN: lock pins it
+        assert m.build.torch is None  # FILL IN: the card's prebuilt wheels name no torch
         assert (m.model.shards, m.model.total_bytes) == (120, 97728721536)
         assert m.model.config["quantization_config.codebook"] == "mcg"
     else:
-        assert (p.compute_capability, p.tensor_parallel_size, serve.engine.quantization) == (
-            "12.0",
-            2,
-            "exl3",
-        )
+        assert (p.compute_capability, p.tensor_parallel_size) == ("12.0", 2)
+        assert serve.engine.image is not None and serve.engine.image.digest.startswith("sha256:")
         assert m.build.arches == ("12.0",) and component.builder == "torch-extension"
         assert component.commit == "c5d9c657966ffeeaa9353f0cc899f18629da4a13"
         assert [s.pr for s in component.steps] == [246, 234] and component.tree
         assert all(s.head and s.commits for s in component.steps)  # locked
-    assert m.qualify.profile(p.name).needle_lengths
+    assert {q.name for q in m.qualify.profiles} == {q.name for q in serve.profiles}
     assert main(["--manifest", str(path), "serve", "--check-recipe"]) == 0, capsys.readouterr()
 
 

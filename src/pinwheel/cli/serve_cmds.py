@@ -279,11 +279,11 @@ def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
         panel_path, pinned = Path(args.panel), None
     else:
         config = ctx.manifest().require("qualify")
-        if config.fidelity is None:
+        if config.fidelity is None or config.fidelity.panel is None:
             raise UsageError(
-                "no panel: the manifest has no [qualify.fidelity]",
+                "no panel: the manifest's [qualify.fidelity] pins none",
                 where="--panel",
-                next="pass --panel FILE, or add [qualify.fidelity] with its panel",
+                next="pass --panel FILE, or pin [qualify.fidelity] panel = { file, sha256 }",
             )
         panel_path, pinned = config.fidelity.panel, config.fidelity.panel_sha256
     tokenize = None

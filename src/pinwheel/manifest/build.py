@@ -43,6 +43,7 @@ BUILD_KEYS = (
     "torch_index",
     "cache",
     "max_glibc",
+    "gcc",
 )
 SOURCE_KEYS = (
     "name", "url", "commit", "ref", "variables", "patches", "submodule", "exclude", "omit",
@@ -181,6 +182,7 @@ class BuildConfig:
     torch_index: str | None = None  # where [build] torch comes from (a PEP 503 index URL)
     cache: CacheConfig = field(default_factory=CacheConfig)  # [build.cache]
     max_glibc: tuple[int, ...] | None = None  # the oldest glibc the wheels must load on
+    gcc: str | None = None  # host compiler major the card builds with ("14"); None: any
 
     @property
     def targets(self) -> tuple[CudaArch, ...]:
@@ -262,6 +264,7 @@ def parse_build_table(table: Table) -> BuildConfig:
         cuda_dev=table.bool("cuda_dev", False),
         network=table.choice("network", NETWORK, "none"),
         max_glibc=_glibc(table),
+        gcc=_gcc(table),
     )
 
 
@@ -273,6 +276,13 @@ def _glibc(t: Table) -> tuple[int, ...] | None:
     if not m:
         raise t.error("max_glibc", 'a glibc 2.x version like "2.31"', text)
     return (2, int(m.group(1)))
+
+
+def _gcc(table: Table) -> str | None:
+    value = table.str("gcc", None)
+    if value is not None and not re.fullmatch(r"[1-9][0-9]?", value):
+        raise table.error("gcc", 'a GCC major version like "14"', value)
+    return value  # type: ignore[no-any-return]
 
 
 def _pathspecs(t: Table, key: str) -> tuple[str, ...]:

@@ -3,21 +3,47 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from pinwheel.errors import ManifestError, PinwheelError, UsageError
-from pinwheel.manifest.table import Table
+from pinwheel.manifest.table import REQUIRED, Table
+
+
+@dataclass(frozen=True)
+class Image:
+    """An engine that is a container image, pinned by digest (``[serve.engine] image``).
+
+    The recipe runs ``RUNTIME run`` with ``name@digest``, the profile's GPUs, shared
+    memory, the model directory mounted read-only at ``model_mount``, the port and
+    the profile's ``env`` passed into the container (``-e KEY=VALUE``).
+    """
+
+    name: str  # "verdictai/glm53-flash-exl3-k4" (registry/owner/name, no tag, no digest)
+    digest: str  # "sha256:<64 hex>": the immutable index digest the card pins
+    tag: str | None  # the human tag the digest was published as (never used to pull)
+    platform_digest: str | None  # the linux/amd64 manifest inside the index, when given
+    runtime: str  # "docker" | "podman"
+    shm_size: str  # --shm-size
+    model_mount: str  # absolute path inside the container
+    model_env: str | None  # variable inside the container that names model_mount
+    container_port: int | None  # the port the image listens on; None: --network host
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.digest}"
 
 
 @dataclass(frozen=True)
 class Engine:
-    """What preflight expects to find in the engine's installed package."""
+    """What preflight expects to find in the engine's installed package (or image)."""
 
     module: str  # importable name, e.g. "vllm"
     quantization: str | None  # a quantization method the fork registers, e.g. "exl3"
     architecture: str | None  # a model architecture it registers
+    image: Image | None = None  # a container image instead of a venv
 
 
 @dataclass(frozen=True)
@@ -29,7 +55,7 @@ class ServeProfile:
     tensor_parallel_size: int
     pipeline_parallel_size: int
     max_model_len: int
-    max_num_seqs: int  # default; $<PREFIX>_SEQS overrides it at launch
+    max_num_seqs: int | None  # default; $<PREFIX>_SEQS overrides it (None: the image decides)
     speculative: tuple[tuple[str, str | int | float | bool], ...]  # ordered, () = none
     args: tuple[str, ...]  # every other flag, in the order the card gives them
     env: tuple[tuple[str, str], ...]
@@ -66,6 +92,9 @@ class ServeConfig:
     engine: Engine
     env: tuple[tuple[str, str], ...]  # shared by every profile
     profiles: tuple[ServeProfile, ...]
+    served_model_name: str | None = None  # --served-model-name; the id /v1/models lists
+    port: int = 8000  # the recipe's default $PORT
+    known_issues: tuple[str, ...] = ()  # failure modes the card warns about, shown by preflight
 
     @property
     def model_var(self) -> str:
@@ -114,10 +143,19 @@ _OWNED_FLAGS = (
     "--host",
     "--port",
     "--model",
+    "--served-model-name",
 )
+_IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/\-]{0,199}")  # a served model name
+_ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
+_IMAGE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_SHM = re.compile(r"[1-9][0-9]*[bkmg]?")
+_MOUNT = re.compile(r"/[A-Za-z0-9._/-]*")
+RUNTIMES = ("docker", "podman")
 
 
-def _parse_profile(t: Table, name: str) -> ServeProfile:
+def _parse_profile(t: Table, name: str, image: bool = False) -> ServeProfile:
     t.only(*_PROFILE_KEYS)
     gpus = t.int("gpus", minimum=0)
     tp = t.int("tensor_parallel_size", 1, minimum=1)
@@ -148,12 +186,66 @@ def _parse_profile(t: Table, name: str) -> ServeProfile:
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
         max_model_len=t.int("max_model_len", minimum=1),
-        max_num_seqs=t.int("max_num_seqs", minimum=1),
+        # An image's own launcher may decide it; a venv engine always gets it explicitly.
+        max_num_seqs=t.int("max_num_seqs", None if image else REQUIRED, minimum=1),
         speculative=spec,
         args=args,
-        env=tuple(t.str_map("env", {}).items()),
-        devices=t.str("devices", None),
+        env=_env_map(t, "env"),
+        devices=_devices(t),
         cuda=t.int("cuda", 12, minimum=10),
+    )
+
+
+def _env_map(t: Table, key: str) -> tuple[tuple[str, str], ...]:
+    env = t.str_map(key, {})
+    for k in env:
+        if not _ENV_KEY.fullmatch(k):
+            raise t.error(key, "environment variable names (A-Z, 0-9, _)", k)
+    return tuple(env.items())
+
+
+def _devices(t: Table) -> str | None:
+    value = t.str("devices", None)
+    if value is not None and not re.fullmatch(r"\d+(,\d+)*", value):
+        raise t.error("devices", 'GPU indices like "0,1,2,3"', value)
+    return value
+
+
+def _parse_image(eng: Table) -> Image:
+    name = eng.str("image")
+    if not _IMAGE.fullmatch(name):
+        raise eng.error("image", "an image name like owner/name (no tag, no digest)", name)
+    digest = eng.str("digest")
+    if not _DIGEST.fullmatch(digest):
+        raise eng.error("digest", "an immutable digest sha256:<64 lowercase hex>", digest)
+    tag = eng.str("tag", None)
+    if tag is not None and not _TAG.fullmatch(tag):
+        raise eng.error("tag", "an image tag (letters, digits, . _ -)", tag)
+    platform = eng.str("platform_digest", None)
+    if platform is not None and not _DIGEST.fullmatch(platform):
+        raise eng.error("platform_digest", "sha256:<64 lowercase hex>", platform)
+    shm = eng.str("shm_size", "16g")
+    if not _SHM.fullmatch(shm):
+        raise eng.error("shm_size", 'a size like "16g"', shm)
+    mount = eng.str("model_mount", "/model")
+    if not _MOUNT.fullmatch(mount) or ".." in mount.split("/"):
+        raise eng.error("model_mount", 'an absolute path inside the container like "/model"', mount)
+    model_env = eng.str("model_env", None)
+    if model_env is not None and not _ENV_KEY.fullmatch(model_env):
+        raise eng.error("model_env", "an environment variable name (A-Z, 0-9, _)", model_env)
+    port = eng.int("container_port", None, minimum=1)
+    if port is not None and port > 65535:
+        raise eng.error("container_port", "a port 1-65535", port)
+    return Image(
+        name=name,
+        digest=digest,
+        tag=tag,
+        platform_digest=platform,
+        runtime=eng.choice("runtime", RUNTIMES, "docker"),
+        shm_size=shm,
+        model_mount=mount,
+        model_env=model_env,
+        container_port=port,
     )
 
 
@@ -162,8 +254,33 @@ def _is_cc(text: str) -> bool:
     return bool(dot) and major.isdigit() and minor.isdigit()
 
 
+_ENGINE_KEYS = ("module", "quantization", "architecture")
+_IMAGE_KEYS = (
+    "image",
+    "digest",
+    "tag",
+    "platform_digest",
+    "runtime",
+    "shm_size",
+    "model_mount",
+    "model_env",
+    "container_port",
+)
+
+
 def parse_serve_table(table: Table) -> ServeConfig:
-    table.only("recipe", "env_prefix", "default", "model_disk_gib", "engine", "env", "profile")
+    table.only(
+        "recipe",
+        "env_prefix",
+        "default",
+        "model_disk_gib",
+        "engine",
+        "env",
+        "profile",
+        "served_model_name",
+        "port",
+        "known_issues",
+    )
     prefix = table.str("env_prefix", "MODEL")
     if not prefix.replace("_", "").isalnum() or not prefix[0].isalpha():
         raise table.error("env_prefix", "a shell variable prefix like GLM53", prefix)
@@ -173,15 +290,25 @@ def parse_serve_table(table: Table) -> ServeConfig:
     engine = Engine(module="vllm", quantization=None, architecture=None)
     if table.has("engine"):
         eng = table.sub("engine")
-        eng.only("module", "quantization", "architecture")
+        eng.only(*_ENGINE_KEYS, *_IMAGE_KEYS)
+        image = None
+        if eng.has("image"):
+            image = _parse_image(eng)
+        else:
+            for key in _IMAGE_KEYS:
+                if eng.has(key):
+                    raise eng.error(key, "this key only with image = ... (a container engine)")
         engine = Engine(
             module=eng.str("module", "vllm"),
             quantization=eng.str("quantization", None),
             architecture=eng.str("architecture", None),
+            image=image,
         )
     holder = table.sub("profile")
     profiles = tuple(
-        _parse_profile(holder.sub(name, label=f"[serve.profile.{name}]"), name)
+        _parse_profile(
+            holder.sub(name, label=f"[serve.profile.{name}]"), name, engine.image is not None
+        )
         for name in holder.data
     )
     if not profiles:
@@ -189,14 +316,25 @@ def parse_serve_table(table: Table) -> ServeConfig:
     default = table.str("default", profiles[0].name)
     if default not in {p.name for p in profiles}:
         raise table.error("default", "the name of a [serve.profile.NAME] table", default)
+    served = table.str("served_model_name", None)
+    if served is not None and not _IDENT.fullmatch(served):
+        raise table.error(
+            "served_model_name", "a model name (letters, digits, . _ - : /; no leading -)", served
+        )
+    port = table.int("port", 8000, minimum=1)
+    if port > 65535:
+        raise table.error("port", "a port 1-65535", port)
     return ServeConfig(
         recipe=recipe,
         env_prefix=prefix,
         default_profile=default,
         model_disk_gib=table.int("model_disk_gib", 0, minimum=0),
         engine=engine,
-        env=tuple(table.str_map("env", {}).items()),
+        env=_env_map(table, "env"),
         profiles=profiles,
+        served_model_name=served,
+        port=port,
+        known_issues=table.str_list("known_issues", ()),
     )
 
 
@@ -212,6 +350,18 @@ class QualifyProfile:
     min_aggregate_tok_s: float | None  # judged at the largest concurrency
     needle_required: int | None  # this length must pass at every depth
     reference: tuple[tuple[str, str], ...]  # what the card measured, shown beside results
+    # Mean acceptance length as vLLM names it: 1 + accepted / drafts (the bonus token counts).
+    min_acceptance_length: float | None = None
+    # Acceptance rate per drafted token: accepted / draft tokens (a fraction, 0-1).
+    min_acceptance_rate: float | None = None
+    # Relative margin on the card's own measurements (min_* x (1 - t), max_* x (1 + t)).
+    tolerance: float = 0.0
+    # metric -> why it is compared with the card's figure but never fails the run
+    informational: tuple[tuple[str, str], ...] = ()
+    markers: tuple[str, ...] = ()  # start-up log regexes this profile adds to [qualify].markers
+
+    def is_informational(self, metric: str) -> str | None:
+        return dict(self.informational).get(metric)
 
 
 @dataclass(frozen=True)
@@ -225,8 +375,8 @@ class FidelityConfig:
     vocabulary (~4 MB of JSON per position: tiny panels only).
     """
 
-    panel: Path
-    panel_sha256: str
+    panel: Path | None  # None: FILL IN (the card's panel is not pinned yet): gates SKIP
+    panel_sha256: str | None
     teacher: Path | None
     teacher_sha256: str | None
     teacher_url: str | None
@@ -235,6 +385,9 @@ class FidelityConfig:
     min_top1: float | None
     bootstrap: int  # resamples for the 95% CI
     seed: int
+    strict: bool = False  # max_mean_kld is a strict bound (`<`), as the card writes its gate
+    tolerance: float = 0.0  # relative margin on a card's measured figure (never on a strict gate)
+    reference: tuple[tuple[str, str], ...] = ()  # the card's teacher, method and figures
 
 
 @dataclass(frozen=True)
@@ -244,6 +397,15 @@ class Slo:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2el_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Smoke:
+    """A prompt the card quotes, sent greedy; the reply must contain ``expect`` when given."""
+
+    prompt: str
+    max_tokens: int
+    expect: str | None
 
 
 @dataclass(frozen=True)
@@ -258,6 +420,7 @@ class QualifyConfig:
     profiles: tuple[QualifyProfile, ...]
     fidelity: FidelityConfig | None = None
     slo: Slo | None = None
+    smoke: tuple[Smoke, ...] = ()
 
     def profile(self, name: str) -> QualifyProfile:
         for p in self.profiles:
@@ -281,7 +444,13 @@ _QUALIFY_PROFILE_KEYS = (
     "min_aggregate_tok_s",
     "needle_required",
     "reference",
+    "min_acceptance_length",
+    "min_acceptance_rate",
+    "tolerance",
+    "informational",
+    "markers",
 )
+METRICS = ("tok_s", "ms_per_pass", "acceptance_length", "acceptance_rate", "aggregate_tok_s")
 
 
 def _int_list(t: Table, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -315,7 +484,65 @@ def _parse_qualify_profile(t: Table, name: str) -> QualifyProfile:
         min_aggregate_tok_s=t.float("min_aggregate_tok_s", None),
         needle_required=required,
         reference=tuple(t.str_map("reference", {}).items()),
+        min_acceptance_length=_positive(t, "min_acceptance_length", minimum=1.0),
+        min_acceptance_rate=_fraction(t, "min_acceptance_rate"),
+        tolerance=_fraction(t, "tolerance") or 0.0,
+        informational=_informational(t),
+        markers=_markers(t),
     )
+
+
+def _finite(t: Table, key: str) -> float | None:
+    value = t.float(key, None)
+    if value is not None and not math.isfinite(value):
+        raise t.error(key, "a finite number", value)
+    return value  # type: ignore[no-any-return]
+
+
+def _positive(t: Table, key: str, minimum: float = 0.0) -> float | None:
+    value = _finite(t, key)
+    if value is not None and value < minimum:
+        raise t.error(key, f"a number >= {minimum}", value)
+    return value
+
+
+def _fraction(t: Table, key: str) -> float | None:
+    value = _finite(t, key)
+    if value is not None and not 0 <= value <= 1:
+        raise t.error(key, "a fraction between 0 and 1", value)
+    return value
+
+
+def _informational(t: Table) -> tuple[tuple[str, str], ...]:
+    info = t.str_map("informational", {})
+    for metric in info:
+        if metric not in METRICS:
+            raise t.error("informational", "metric names: " + ", ".join(METRICS), metric)
+    return tuple(info.items())
+
+
+def _markers(t: Table) -> tuple[str, ...]:
+    markers: tuple[str, ...] = t.str_list("markers", ())
+    for m in markers:
+        try:
+            re.compile(m)
+        except re.error as exc:
+            raise t.error("markers", f"valid regular expressions ({exc})", m) from None
+    return markers
+
+
+def _parse_smoke(table: Table) -> tuple[Smoke, ...]:
+    out = []
+    for t in table.subs("smoke"):
+        t.only("prompt", "max_tokens", "expect")
+        out.append(
+            Smoke(
+                prompt=t.str("prompt"),
+                max_tokens=t.int("max_tokens", 64, minimum=1),
+                expect=t.str("expect", None),
+            )
+        )
+    return tuple(out)
 
 
 def parse_qualify_table(table: Table) -> QualifyConfig:
@@ -330,13 +557,9 @@ def parse_qualify_table(table: Table) -> QualifyConfig:
         "profile",
         "fidelity",
         "slo",
+        "smoke",
     )
-    markers = table.str_list("markers", ())
-    for m in markers:
-        try:
-            re.compile(m)
-        except re.error as exc:
-            raise table.error("markers", f"valid regular expressions ({exc})", m) from None
+    markers = _markers(table)
     holder = table.sub("profile")
     profiles = tuple(
         _parse_qualify_profile(holder.sub(n, label=f"[qualify.profile.{n}]"), n)
@@ -353,6 +576,7 @@ def parse_qualify_table(table: Table) -> QualifyConfig:
         profiles=profiles,
         fidelity=_parse_fidelity(table.sub("fidelity")) if table.has("fidelity") else None,
         slo=_parse_slo(table) if table.has("slo") else None,
+        smoke=_parse_smoke(table),
     )
 
 
@@ -376,7 +600,36 @@ def _file_ref(t: Table, key: str) -> tuple[Path, str]:
 
 
 def _parse_fidelity(t: Table) -> FidelityConfig:
-    t.only("panel", "teacher", "top_k", "max_mean_kld", "min_top1", "bootstrap", "seed")
+    t.only(
+        "panel",
+        "teacher",
+        "top_k",
+        "max_mean_kld",
+        "min_top1",
+        "bootstrap",
+        "seed",
+        "strict",
+        "tolerance",
+        "reference",
+    )
+    common = {
+        "top_k": t.int("top_k", 20, minimum=-1),
+        "max_mean_kld": _positive(t, "max_mean_kld"),
+        "min_top1": _fraction(t, "min_top1"),
+        "bootstrap": t.int("bootstrap", 2000, minimum=100),
+        "seed": t.int("seed", 0, minimum=0),
+        "strict": t.bool("strict", False),
+        "tolerance": _fraction(t, "tolerance") or 0.0,
+        "reference": tuple(t.str_map("reference", {}).items()),
+    }
+    if common["top_k"] == 0:
+        raise t.error("top_k", "a positive integer, or -1 for the full vocabulary", 0)
+    if not t.has("panel") and not t.has("teacher"):
+        # FILL IN: the card's panel and teacher are not pinned yet; the gates say so (SKIP).
+        return FidelityConfig(
+            panel=None, panel_sha256=None, teacher=None, teacher_sha256=None, teacher_url=None,
+            **common,
+        )  # fmt: skip
     panel_t = t.sub("panel")
     if panel_t.has("dataset"):
         raise ManifestError(
@@ -397,21 +650,11 @@ def _parse_fidelity(t: Table) -> FidelityConfig:
             raise teacher_t.error("url", "an http:// or https:// URL", url)
     else:
         teacher, teacher_sha = _file_ref(t, "teacher")
-    top_k = t.int("top_k", 20, minimum=-1)
-    if top_k == 0:
-        raise t.error("top_k", "a positive integer, or -1 for the full vocabulary", top_k)
-    min_top1 = t.float("min_top1", None)
-    if min_top1 is not None and not 0 <= min_top1 <= 1:
-        raise t.error("min_top1", "a fraction between 0 and 1", min_top1)
     return FidelityConfig(
         panel=panel,
         panel_sha256=panel_sha,
         teacher=teacher,
         teacher_sha256=teacher_sha,
         teacher_url=url,
-        top_k=top_k,
-        max_mean_kld=t.float("max_mean_kld", None),
-        min_top1=min_top1,
-        bootstrap=t.int("bootstrap", 2000, minimum=100),
-        seed=t.int("seed", 0, minimum=0),
+        **common,
     )

@@ -93,6 +93,7 @@ def _key_lines(text: str) -> dict[tuple[str, int, str], int]:
 
 
 _MISSING = object()
+REQUIRED: Any = _MISSING  # pass as a getter's default: the key must be present
 
 
 @dataclass(frozen=True)

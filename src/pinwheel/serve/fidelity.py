@@ -544,6 +544,12 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
     def tokenize(text: str) -> list[int]:
         return list(client.tokenize(model, prompt=text))
 
+    if cfg.panel is None:
+        raise UsageError(
+            "[qualify.fidelity] pins no panel (FILL IN)",
+            where="[qualify.fidelity]",
+            next="pin the card's panel and teacher: panel = { file, sha256 }, teacher = ...",
+        )
     panel = read_panel(cfg.panel, cfg.panel_sha256, tokenize)
     if cfg.teacher_url:
         from pinwheel.serve.client import Client
@@ -583,36 +589,57 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
 
 
 def judge(cfg: FidelityConfig | None, result: FidelityResult | None) -> tuple[Gate, ...]:
+    """The card's fidelity gates on the raw figures: ``<`` where the card writes ``<``.
+
+    ``tolerance`` widens a gate that is a card's own measurement (never a strict gate);
+    without a pinned panel (FILL IN) the gates SKIP with the reason: never PASS.
+    """
     if cfg is None:
         return ()
     gates: list[Gate] = []
+    unpinned = cfg.panel is None
+    why = "FILL IN: the card's panel and teacher are not pinned in [qualify.fidelity]"
     if cfg.max_mean_kld is not None:
-        t = cfg.max_mean_kld
-        if result is None:
-            gates.append(Gate("fidelity mean KLD (nats)", "FAIL", "not measured", f"<= {t}"))
+        t = cfg.max_mean_kld if cfg.strict else cfg.max_mean_kld * (1 + cfg.tolerance)
+        op = "<" if cfg.strict else "<="
+        needs = f"{op} {t:.6g}" + _card(cfg.max_mean_kld, cfg.tolerance, cfg.strict)
+        if unpinned:
+            gates.append(Gate("fidelity mean KLD (nats)", "SKIP", "not measured", needs, why))
+        elif result is None:
+            gates.append(Gate("fidelity mean KLD (nats)", "FAIL", "not measured", needs))
         else:
+            ok = result.mean_kld < t if cfg.strict else result.mean_kld <= t
             gates.append(
                 Gate(
                     "fidelity mean KLD (nats)",
-                    "PASS" if result.mean_kld <= t else "FAIL",
+                    "PASS" if ok else "FAIL",
                     repr(result.mean_kld),  # raw: never rounded
-                    f"<= {t}",
+                    needs,
                     f"{result.method}, {result.positions} positions, 95% CI "
                     f"{result.ci95[0]:.3e}-{result.ci95[1]:.3e}",
                 )
             )
     if cfg.min_top1 is not None:
-        t = cfg.min_top1
-        if result is None:
-            gates.append(Gate("fidelity top-1 agreement", "FAIL", "not measured", f">= {t}"))
+        t = cfg.min_top1 * (1 - cfg.tolerance)
+        needs = f">= {t:.6g}" + _card(cfg.min_top1, cfg.tolerance, False)
+        if unpinned:
+            gates.append(Gate("fidelity top-1 agreement", "SKIP", "not measured", needs, why))
+        elif result is None:
+            gates.append(Gate("fidelity top-1 agreement", "FAIL", "not measured", needs))
         else:
             gates.append(
                 Gate(
                     "fidelity top-1 agreement",
                     "PASS" if result.top1 >= t else "FAIL",
                     repr(result.top1),
-                    f">= {t}",
+                    needs,
                     f"{round(result.top1 * result.positions)}/{result.positions} positions",
                 )
             )
     return tuple(gates)
+
+
+def _card(figure: float, tolerance: float, strict: bool) -> str:
+    if strict or not tolerance:
+        return ""
+    return f" (card {figure:g}, {tolerance:.0%} margin)"

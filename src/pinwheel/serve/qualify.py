@@ -411,7 +411,7 @@ def qualify(
             reporter.info(f"{n} streams: {c.aggregate_tok_s:.2f} tok/s aggregate")
         _check_alive(target)
         part.needles = run_needles(client, model, prof, part.server.get("max_model_len"), reporter)
-        if config.fidelity is not None:
+        if config.fidelity is not None and config.fidelity.panel is not None:
             _check_alive(target)
             reporter.info("fidelity: scoring the panel's prompt log-probabilities")
             part.fidelity = fidelity.measure(client, model, config.fidelity)

