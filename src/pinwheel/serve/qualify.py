@@ -38,12 +38,14 @@ from pinwheel.serve.client import (
 from pinwheel.serve.receipt import (
     NOT_MEASURABLE,
     SCHEMA,
+    Acceptance,
     ConcurrencyResult,
     DecodeSample,
     FidelityResult,
     MarkerResult,
     NeedleResult,
     Receipt,
+    SmokeResult,
     Spread,
     judge,
     read_provenance,
@@ -334,6 +336,20 @@ def run_needles(
     return tuple(out)
 
 
+def run_smoke(client: Client, model: str, smoke: Sequence[Any]) -> tuple[SmokeResult, ...]:
+    """The card's smoke prompts, greedy, stopping at EOS; the reply must hold ``expect``."""
+    out = []
+    for sm in smoke:
+        s = client.stream_chat(model, sm.prompt, sm.max_tokens, ignore_eos=False)
+        ok = (sm.expect in s.text) if sm.expect else bool(s.text.strip())
+        out.append(
+            SmokeResult(
+                sm.prompt, sm.expect, "pass" if ok else "fail", s.text[:300], s.finish_reason
+            )
+        )
+    return tuple(out)
+
+
 @dataclass
 class _Partial:
     """What has been measured so far, so a run that breaks still leaves a receipt."""
@@ -346,6 +362,7 @@ class _Partial:
     streams: list[Stream] = field(default_factory=list)
     decode_wall: list[float] = field(default_factory=list)  # start, end of the decode phase
     fidelity: FidelityResult | None = None
+    smoke: tuple[SmokeResult, ...] = ()
 
 
 def qualify(
@@ -371,7 +388,7 @@ def qualify(
             wait_healthy(client, target, config.health_timeout_s), 2
         )
         reporter.info(f"healthy after {part.server['health_wait_s']} s")
-        part.markers = check_markers(config.markers, target.log)
+        part.markers = check_markers((*config.markers, *prof.markers), target.log)
         models = client.models()
         if not models:
             raise PinwheelError("the server lists no model", where=f"{target.url}/v1/models")
@@ -383,6 +400,10 @@ def qualify(
             "max_model_len": models[0].get("max_model_len"),
         }
         wait_idle(client, config.idle_timeout_s)
+        if config.smoke:
+            part.smoke = run_smoke(client, model, config.smoke)
+            for sm in part.smoke:
+                reporter.info(f"smoke {sm.prompt!r}: {sm.status} ({sm.reply[:60]!r})")
         for w in range(config.warmup):
             client.stream_chat(model, config.prompts[w % len(config.prompts)], config.max_tokens)
         part.decode_wall.append(time.perf_counter())
@@ -430,6 +451,8 @@ def qualify(
     single = spread([s.tok_s for s in part.decode])
     ms_pass = spread([s.ms_per_pass for s in part.decode if s.ms_per_pass is not None])
     sources = sorted({s.passes_from for s in part.decode if s.ms_per_pass is not None})
+    serve_cfg = manifest.serve
+    served_name = serve_cfg.served_model_name if serve_cfg else None
     gates = judge(
         prof,
         single,
@@ -438,6 +461,9 @@ def qualify(
         part.needles,
         part.markers,
         ms_source=", ".join(sources),
+        acceptance=_acceptance(part.decode),
+        smoke=part.smoke,
+        served=(served_name, part.server.get("model") if served_name else None),
     ) + fidelity.judge(config.fidelity, part.fidelity)
     verdict = "ERROR" if error else ("FAIL" if any(g.status == "FAIL" for g in gates) else "PASS")
     receipt = Receipt(
@@ -459,6 +485,8 @@ def qualify(
         error=str(error) if error else None,
         fidelity=part.fidelity,
         serving=_serving(part, config),
+        smoke=part.smoke,
+        known_issues=serve_cfg.known_issues if serve_cfg else (),
     )
     write_outputs(receipt, out)
     if error:
@@ -472,6 +500,17 @@ def qualify(
             next="read the report; compare builds by ms/pass, then rerun `pinwheel qualify`",
         )
     return receipt
+
+
+def _acceptance(decode: Sequence[DecodeSample]) -> Acceptance | None:
+    """Totals over the decode phase (vLLM sums the counters the same way), None without MTP."""
+    if not any(d.drafts for d in decode):
+        return None
+    return Acceptance(
+        drafts=sum(d.drafts or 0 for d in decode),
+        draft_tokens=sum(d.draft_tokens or 0 for d in decode),
+        accepted=sum(d.accepted or 0 for d in decode),
+    )
 
 
 def _serving(part: _Partial, config: QualifyConfig) -> dict[str, Any]:

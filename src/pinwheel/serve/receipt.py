@@ -117,7 +117,7 @@ NOT_MEASURABLE = "not measurable"
 @dataclass(frozen=True)
 class Gate:
     name: str
-    status: str  # PASS | FAIL | SKIP
+    status: str  # PASS | FAIL | SKIP | INFO (compared with the card's figure, never fails)
     measured: str
     threshold: str
     detail: str = ""
@@ -131,6 +131,66 @@ def shown(value: float, threshold: float) -> str:
     return repr(value)
 
 
+@dataclass(frozen=True)
+class SmokeResult:
+    """One of the card's smoke prompts, sent greedy, and what came back."""
+
+    prompt: str
+    expect: str | None
+    status: str  # pass | fail
+    reply: str  # the first 300 characters
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Speculative decoding over the decode phase, as vLLM names it (counter deltas)."""
+
+    drafts: float  # verify passes that carried drafts
+    draft_tokens: float
+    accepted: float
+
+    @property
+    def mean_length(self) -> float | None:
+        """vLLM's mean acceptance length: 1 + accepted / drafts (the bonus token counts)."""
+        return 1 + self.accepted / self.drafts if self.drafts > 0 else None
+
+    @property
+    def rate(self) -> float | None:
+        """Accepted per drafted token (a fraction; vLLM prints it as a percentage)."""
+        return self.accepted / self.draft_tokens if self.draft_tokens > 0 else None
+
+
+def _card_gate(
+    prof: QualifyProfile,
+    name: str,
+    metric: str,
+    figure: float,
+    measured: float | None,
+    *,
+    higher_is_better: bool,
+    detail: str = "",
+    missing: str = "not measured",
+    missing_detail: str = "",
+) -> Gate:
+    """A gate on one of the card's own figures: widened by ``tolerance``, or INFO only."""
+    tol = prof.tolerance
+    bound = figure * (1 - tol) if higher_is_better else figure * (1 + tol)
+    op = ">=" if higher_is_better else "<="
+    needs = f"{op} {bound:.6g}" + (f" (card {figure:g}, {tol:.0%} margin)" if tol else "")
+    why = prof.is_informational(metric)
+    if measured is None:
+        status = "INFO" if why else "FAIL"
+        return Gate(name, status, missing, needs, "; ".join(x for x in (missing_detail, why) if x))
+    ok = measured >= bound if higher_is_better else measured <= bound
+    status = "INFO" if why else ("PASS" if ok else "FAIL")
+    if why:
+        detail = f"informational ({'within' if ok else 'outside'} the card's figure): {why}" + (
+            f"; {detail}" if detail else ""
+        )
+    return Gate(name, status, shown(measured, bound), needs, detail)
+
+
 def judge(
     prof: QualifyProfile,
     single: Spread | None,
@@ -140,72 +200,128 @@ def judge(
     markers: Sequence[MarkerResult],
     *,
     ms_source: str = "",
+    acceptance: Acceptance | None = None,
+    smoke: Sequence[SmokeResult] = (),
+    served: tuple[str | None, str | None] = (None, None),  # (manifest's name, server's id)
 ) -> tuple[Gate, ...]:
+    """Gates on raw numbers (a miss is FAIL, never rounded); INFO gates never fail a run."""
     gates: list[Gate] = []
     if prof.min_tok_s is not None:
-        t = prof.min_tok_s
-        if single is None:
-            gates.append(Gate("single-stream tok/s", "FAIL", "not measured", f">= {t}"))
-        else:
-            ok = single.median >= t
-            gates.append(
-                Gate(
-                    "single-stream tok/s",
-                    "PASS" if ok else "FAIL",
-                    shown(single.median, t),
-                    f">= {t}",
-                    f"median of {single.n}, {single.low:.2f}-{single.high:.2f}",
-                )
+        gates.append(
+            _card_gate(
+                prof,
+                "single-stream tok/s",
+                "tok_s",
+                prof.min_tok_s,
+                single.median if single else None,
+                higher_is_better=True,
+                detail=f"median of {single.n}, {single.low:.2f}-{single.high:.2f}"
+                if single
+                else "",
             )
+        )
     if prof.max_ms_per_pass is not None:
-        t = prof.max_ms_per_pass
-        if ms_pass is None:
-            gates.append(
-                Gate(
-                    "ms per forward pass",
-                    "FAIL",
-                    NOT_MEASURABLE,
-                    f"<= {t}",
-                    "the server exposed no step counter "
-                    "(vllm:iteration_tokens_total) and no spec-decode drafts",
-                )
-            )
-        else:
-            ok = ms_pass.median <= t
-            gates.append(
-                Gate(
-                    "ms per forward pass",
-                    "PASS" if ok else "FAIL",
-                    shown(ms_pass.median, t),
-                    f"<= {t}",
+        gates.append(
+            _card_gate(
+                prof,
+                "ms per forward pass",
+                "ms_per_pass",
+                prof.max_ms_per_pass,
+                ms_pass.median if ms_pass else None,
+                higher_is_better=False,
+                detail=(
                     f"median of {ms_pass.n}, {ms_pass.low:.2f}-{ms_pass.high:.2f}"
-                    + (f"; passes from {ms_source}" if ms_source else ""),
+                    + (f"; passes from {ms_source}" if ms_source else "")
                 )
+                if ms_pass
+                else "",
+                missing=NOT_MEASURABLE,
+                missing_detail="the server exposed no step counter "
+                "(vllm:iteration_tokens_total) and no spec-decode drafts",
             )
+        )
+    spec_detail = (
+        f"{acceptance.accepted:.0f} accepted / {acceptance.drafts:.0f} drafts / "
+        f"{acceptance.draft_tokens:.0f} draft tokens"
+        if acceptance
+        else ""
+    )
+    no_spec = "the server exposed no spec-decode counters (vllm:spec_decode_*)"
+    if prof.min_acceptance_length is not None:
+        gates.append(
+            _card_gate(
+                prof,
+                "mean acceptance length (1 + accepted/drafts)",
+                "acceptance_length",
+                prof.min_acceptance_length,
+                acceptance.mean_length if acceptance else None,
+                higher_is_better=True,
+                detail=spec_detail,
+                missing_detail=no_spec,
+            )
+        )
+    if prof.min_acceptance_rate is not None:
+        gates.append(
+            _card_gate(
+                prof,
+                "draft acceptance rate (accepted/draft tokens)",
+                "acceptance_rate",
+                prof.min_acceptance_rate,
+                acceptance.rate if acceptance else None,
+                higher_is_better=True,
+                detail=spec_detail,
+                missing_detail=no_spec,
+            )
+        )
     if prof.min_aggregate_tok_s is not None:
-        t = prof.min_aggregate_tok_s
         top = max(conc, key=lambda c: c.streams, default=None)
-        if top is None or top.streams < 2:
-            gates.append(Gate("aggregate tok/s", "FAIL", "not measured", f">= {t}"))
-        else:
-            ok = top.aggregate_tok_s >= t
-            gates.append(
-                Gate(
-                    f"aggregate tok/s at {top.streams} streams",
-                    "PASS" if ok else "FAIL",
-                    shown(top.aggregate_tok_s, t),
-                    f">= {t}",
-                )
+        measured = top.aggregate_tok_s if top is not None and top.streams >= 2 else None
+        gates.append(
+            _card_gate(
+                prof,
+                f"aggregate tok/s at {top.streams} streams"
+                if top is not None and measured is not None
+                else "aggregate tok/s",
+                "aggregate_tok_s",
+                prof.min_aggregate_tok_s,
+                measured,
+                higher_is_better=True,
             )
+        )
     if prof.needle_required is not None:
         at = [n for n in needles if n.length == prof.needle_required]
         bad = [n for n in at if n.status != "pass"]
         status = "PASS" if at and not bad else "FAIL"
-        measured = f"{len(at) - len(bad)}/{len(prof.needle_depths)} depths pass"
+        measured_n = f"{len(at) - len(bad)}/{len(prof.needle_depths)} depths pass"
         detail = "; ".join(f"depth {n.depth}: {n.status} ({n.reason})" for n in bad)
         gates.append(
             Gate(
-                f"needle at {prof.needle_required} tokens", status, measured, "every depth", detail
+                f"needle at {prof.needle_required} tokens",
+                status,
+                measured_n,
+                "every depth",
+                detail,
+            )
+        )
+    want, got = served
+    if want is not None:
+        gates.append(
+            Gate(
+                "served model name",
+                "PASS" if got == want else "FAIL",
+                repr(got) if got is not None else "not measured",
+                repr(want),
+                "/v1/models lists the name clients send ([serve] served_model_name)",
+            )
+        )
+    for sm in smoke:
+        gates.append(
+            Gate(
+                f"smoke prompt {sm.prompt!r}",
+                "PASS" if sm.status == "pass" else "FAIL",
+                repr(sm.reply[:60]),
+                f"reply contains {sm.expect!r}" if sm.expect else "a reply",
+                f"finish_reason {sm.finish_reason}",
             )
         )
     for m in markers:
@@ -261,6 +377,8 @@ class Receipt:
     error: str | None = None
     fidelity: FidelityResult | None = None
     serving: Mapping[str, Any] = field(default_factory=dict)  # `vllm bench serve` names
+    smoke: tuple[SmokeResult, ...] = ()
+    known_issues: tuple[str, ...] = ()  # the card's warnings, carried into the report
 
     def to_json(self) -> str:
         data = asdict(self)

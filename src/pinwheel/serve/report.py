@@ -119,6 +119,13 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
         if "needle" in plots:
             lines += ["", f"![needle grid]({plots['needle']})"]
 
+    if r.smoke:
+        lines += ["", "## Smoke prompts (the card's, greedy)", ""]
+        for sm in r.smoke:
+            lines.append(f"- `{sm.prompt}`: {sm.status} — reply `{sm.reply[:120]!r}`")
+    if r.known_issues:
+        lines += ["", "## Known issues (the card's warnings)", ""]
+        lines += [f"- {issue}" for issue in r.known_issues]
     if r.markers:
         lines += ["", "## Start-up log markers", ""]
         for m in r.markers:
