@@ -34,6 +34,7 @@ def register(sub: Any) -> None:
         help="also copy a patterned buffer between every GPU pair and check an fp16 GEMM",
     )
     p.add_argument("--nvidia-smi", default="nvidia-smi", help=argparse.SUPPRESS)
+    p.add_argument("--container-runtime", default=None, help=argparse.SUPPRESS)
 
     p = command(
         sub,
@@ -150,6 +151,7 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
         selftest=args.selftest,
         nvidia_smi=args.nvidia_smi,
         environ=ctx.environ,
+        container_runtime=args.container_runtime,
     )
     checks = preflight(opts)
     took = time.monotonic() - start
@@ -160,6 +162,7 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
             "python": shutil.which(r["python"]) or r["python"],
             "seconds": round(took, 3),
             "checks": [asdict(c) for c in checks],
+            "known_issues": list(opts.config.known_issues),
         }
     )
     if not ctx.json:
@@ -172,6 +175,8 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
             ctx.say(f"  {marks[c.status]} {c.name}: {c.detail}", style=styles[c.status])
             if c.next and c.status in ("fail", "warn"):
                 ctx.say(f"        next: {c.next}")
+        for issue in opts.config.known_issues:
+            ctx.say(f"  note (the card): {issue}")
     if failed:
         raise PreflightFailed(
             f"{len(failed)} preflight check(s) failed: " + ", ".join(c.name for c in failed),

@@ -28,7 +28,7 @@ from typing import Any
 
 from pinwheel import runner
 from pinwheel.errors import PinwheelError
-from pinwheel.manifest.serve import Engine, ServeConfig, ServeProfile
+from pinwheel.manifest.serve import Engine, Image, ServeConfig, ServeProfile
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 GPU_QUERY = "index,name,compute_cap,memory.total,pci.bus_id"
@@ -160,6 +160,7 @@ class Options:
     nvidia_smi: str = "nvidia-smi"
     timeout_s: float = 10.0
     environ: Mapping[str, str] = field(default_factory=dict)  # CUDA_HOME, PATH
+    container_runtime: str | None = None  # the runtime program; default [serve.engine] runtime
 
 
 def _run(argv: Sequence[str], timeout: float) -> tuple[int, str] | None:
@@ -379,6 +380,58 @@ def check_engine(engine: Engine, info: dict | None) -> Check:
     )
 
 
+def check_runtime(opts: Options, image: Image) -> Check:
+    """The container runtime the image engine needs is installed and answers."""
+    program = opts.container_runtime or image.runtime
+    res = _run([program, "--version"], opts.timeout_s)
+    fix = (
+        f"install {image.runtime} and the NVIDIA Container Toolkit "
+        f"(the profile serves from the image {image.ref})"
+    )
+    if res is None or res[0] != 0:
+        return Check("container runtime", FAIL, f"`{program} --version` did not run", fix)
+    first = res[1].strip().splitlines()[0] if res[1].strip() else image.runtime
+    return Check("container runtime", OK, first)
+
+
+def check_image(opts: Options, image: Image, runtime: Check) -> Check:
+    """The image is present locally under the pinned digest (a tag is never trusted)."""
+    pull = f"{image.runtime} pull {image.ref}"
+    if runtime.status != OK:
+        return Check("image digest", SKIP, "no container runtime (see above)")
+    program = opts.container_runtime or image.runtime
+    res = _run(
+        [program, "image", "inspect", "--format", "{{json .RepoDigests}}", image.ref],
+        opts.timeout_s,
+    )
+    if res is None or res[0] != 0:
+        return Check("image digest", FAIL, f"{image.ref} is not pulled", pull)
+    try:
+        digests = json.loads(res[1].strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        digests = None
+    if not isinstance(digests, list):
+        return Check(
+            "image digest", FAIL, f"`{program} image inspect` gave no RepoDigests list", pull
+        )
+    named = [
+        d
+        for d in digests
+        if isinstance(d, str)
+        and d.endswith("@" + image.digest)
+        and d.split("@", 1)[0].split("/")[-2:] == image.name.split("/")[-2:]
+    ]
+    if not named:
+        return Check(
+            "image digest",
+            FAIL,
+            f"the local image's digests {digests} do not include {image.digest}",
+            pull,
+        )
+    tag = f" (published as {image.tag})" if image.tag else ""
+    return Check("image digest", OK, f"{named[0]}{tag}")
+
+
 def _mentions(path: Path, name: str) -> bool:
     try:
         text = path.read_text(errors="replace")
@@ -561,6 +614,9 @@ def preflight(opts: Options) -> tuple[Check, ...]:
             return None, "nvidia-smi topo -m failed" + (f": {res[1].strip()[:200]}" if res else "")
         return parse_topo(res[1]), None
 
+    image = opts.config.engine.image
+    if image is not None:
+        return _preflight_image(opts, image, gpus, topo)
     tools: dict[str, Callable[[], object]] = {
         "gpus": gpus,
         "topo": topo,
@@ -603,6 +659,41 @@ def preflight(opts: Options) -> tuple[Check, ...]:
             if needs_gpu
             else [Check("self-test", SKIP, "no GPU in this profile")]
         )
+    return tuple(checks)
+
+
+def _preflight_image(
+    opts: Options,
+    image: Image,
+    gpus: Callable[[], tuple[tuple[Gpu, ...] | None, str | None]],
+    topo: Callable[[], tuple[Topology | None, str | None]],
+) -> tuple[Check, ...]:
+    """An image engine: the runtime and the pinned digest instead of a venv's toolchain."""
+
+    def runtime_and_image() -> tuple[Check, Check]:
+        runtime = check_runtime(opts, image)
+        return runtime, check_image(opts, image, runtime)
+
+    tools: dict[str, Callable[[], object]] = {
+        "gpus": gpus,
+        "topo": topo,
+        "image": runtime_and_image,
+        "disk": lambda: check_disk(opts),
+    }
+    with ThreadPoolExecutor(max_workers=len(tools)) as pool:
+        futures = {k: pool.submit(f) for k, f in tools.items()}
+        got: dict[str, Any] = {k: f.result() for k, f in futures.items()}
+    g, g_err = got["gpus"]
+    t, t_err = got["topo"]
+    inside = f"inside the image {image.ref}"
+    checks: list[Check] = []
+    checks += check_gpus(opts, g, g_err)
+    checks += check_topology(opts, t, t_err)
+    checks += list(got["image"])
+    checks.append(Check("engine", SKIP, f"CUDA, compilers, Python and the engine are {inside}"))
+    checks.append(got["disk"])
+    if opts.selftest:
+        checks.append(Check("self-test", SKIP, f"the self-test needs a venv engine; {inside}"))
     return tuple(checks)
 
 
