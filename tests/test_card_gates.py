@@ -18,8 +18,8 @@ import pytest
 from pinwheel.cli import main
 from pinwheel.errors import ManifestError
 from pinwheel.manifest import model as manifest
-from pinwheel.serve.qualify import QualifyProfile, Spread, judge
-from pinwheel.serve.receipt import Acceptance, SmokeResult
+from pinwheel.manifest.serve import QualifyProfile
+from pinwheel.serve.receipt import Acceptance, SmokeResult, Spread, judge
 
 
 def _profile(**kw):
