@@ -102,10 +102,15 @@ static int fail(char* err, size_t len, const char* what, cudaError_t rc) {
   return (int)rc ? (int)rc : -1;
 }
 
+// The failing call and where it is (file:line, as every CUDA error macro reports it):
+// __FILE__ is the path the compiler was given, so it must be the canonical one.
+#define PWST_STR2(x) #x
+#define PWST_STR(x) PWST_STR2(x)
 #define CHECK(call)                                        \
   do {                                                     \
     cudaError_t rc_ = (call);                              \
-    if (rc_ != cudaSuccess) return fail(err, errlen, #call, rc_); \
+    if (rc_ != cudaSuccess)                                \
+      return fail(err, errlen, #call " at " __FILE__ ":" PWST_STR(__LINE__), rc_); \
   } while (0)
 
 // Exact fp32 -> fp16 bits for the values used here (multiples of 1/8 in [-1, 1]).

@@ -20,8 +20,10 @@ and per-wheel numbers (``compiler_cache`` in provenance).
   cannot start, the build runs without it and the outcome says why; the cache
   never fails a build.
 - Hits need the same absolute source path (cudafe++ hashes it into internal
-  symbol names): pinwheel's staging paths under the cache are fixed. sccache
-  hashes the compiler binaries themselves, so another nvcc never hits.
+  symbol names): every build sees its sources at the canonical path
+  (:mod:`pinwheel.build.canonical`), so entries hit across cache directories and
+  machines. sccache hashes the compiler binaries themselves, so another nvcc never
+  hits.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pinwheel import runner
+from pinwheel.build.canonical import Canonical
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest.build import CacheConfig
 
@@ -251,8 +254,15 @@ def summarize(raw: Mapping[str, Any], plan_: Plan) -> dict[str, Any]:
     )
 
 
-def start(plan_: Plan, workdir: Path, environ: Mapping[str, str]) -> tuple[Session | None, Plan]:
-    """Start the server; (None, plan with the reason) when the cache cannot be used."""
+def start(
+    plan_: Plan, workdir: Path, environ: Mapping[str, str], canonical: Canonical | None = None
+) -> tuple[Session | None, Plan]:
+    """Start the server; (None, plan with the reason) when the cache cannot be used.
+
+    With ``canonical``, the server starts inside the canonical mount namespace: sccache
+    runs every compile in the server's process, which must see the canonical path the
+    build's compilers are given.
+    """
     if plan_.disabled:
         return None, plan_
     why = probe_remote(plan_, environ)
@@ -269,9 +279,10 @@ def start(plan_: Plan, workdir: Path, environ: Mapping[str, str]) -> tuple[Sessi
     session = Session(plan_, _socket_path(), workdir, environ)
     env = session._env()
     env["SCCACHE_ERROR_LOG"] = str(workdir / "sccache-server.log")
-    cmd = runner.Command(
-        (str(session.binary), "--start-server"), env=env, timeout=START_TIMEOUT, check=False
-    )
+    argv, cwd = [str(session.binary), "--start-server"], workdir
+    if canonical is not None:
+        argv, cwd = canonical.wrap(argv, workdir)
+    cmd = runner.Command(tuple(argv), cwd=cwd, env=env, timeout=START_TIMEOUT, check=False)
     try:
         proc = runner.run(cmd)
     except PinwheelError:  # could not start, or ran past the timeout

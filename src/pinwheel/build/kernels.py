@@ -7,9 +7,12 @@ CUDAExtension in a venv holding ``[build].torch``.
 
 Each build returns a :class:`~pinwheel.build.wheelset.Built` (the wheel still
 in scratch); :mod:`pinwheel.build.wheelset` checks and publishes it with the
-rest. Builds run with ``SOURCE_DATE_EPOCH`` set, from a staging copy at a
-fixed path under the cache, so two builds of the same inputs give the same
-bytes (``--twice`` proves it).
+rest. Builds run with ``SOURCE_DATE_EPOCH`` set, in the component's kept
+workspace (:mod:`pinwheel.build.workspace`: the export updated in place, the
+build tree kept while the compiled-input identity holds, so a rebuild compiles
+only what changed), seen by the compilers at the canonical path
+(:mod:`pinwheel.build.canonical`), so two builds of the same inputs give the
+same bytes from any cache path (``--twice`` proves it on one machine).
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.build import reuse
+from pinwheel.build import reuse, workspace
 from pinwheel.build.buildenv import build_env
+from pinwheel.build.canonical import Canonical
+from pinwheel.build.canonical import choose as canonical_paths
 from pinwheel.build.record import BuildRecord
 from pinwheel.build.toolchain import Toolkit
 from pinwheel.build.wheeldiff import diff_members
@@ -74,16 +79,24 @@ class BuildOptions:
     reporter: Reporter = SILENT
     launcher: Any = None  # compcache.Session: wrap the compilers in sccache
     reuse: Any = None  # reuse.Candidate: take compiled members from an earlier wheel
+    canonical: Canonical | None = None  # None: chosen for the cache on first use
+    cold: bool = False  # True: wipe the kept workspace first (--no-cache, verify-build)
+
+    def canon(self) -> Canonical:
+        return self.canonical or canonical_paths(self.cache, self.environ)
 
 
-_IGNORE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".git", "_skbuild")
+def workdir(spec: KernelSpec, opts: BuildOptions) -> Path:
+    """The kernel's kept workspace: ``src/`` (the export), ``build/``, ``dist/``, the log."""
+    return opts.cache / "kernels" / spec.name
 
 
 def stage_in_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
+    """The checkout's kernel directory, synced into the workspace (changed files only)."""
     assert spec.path is not None
-    dest = opts.cache / "kernels" / spec.name / "src"
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(spec.path, dest, ignore=_IGNORE)
+    work = workdir(spec, opts)
+    dest = work / "src"
+    workspace.sync(dest, workspace.dir_entries(spec.path), work / "export.json")
     epoch = opts.source_date_epoch
     if epoch is None:
         epoch = _git_date(spec.path) or ZIP_EPOCH
@@ -106,7 +119,7 @@ def kernel_manifest(spec: KernelSpec) -> Manifest:
 def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     import pygit2  # the replay engine's dependency; imported here to keep parsing light
 
-    from pinwheel.source.export import export_tree
+    from pinwheel.source.export import sync_tree
     from pinwheel.source.replay import replay_manifest
 
     result = replay_manifest(
@@ -116,8 +129,9 @@ def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
         offline=opts.offline,
         write_refs=False,
     )
-    dest = opts.cache / "kernels" / spec.name / "src"
-    export_tree(result, dest)
+    work = workdir(spec, opts)
+    dest = work / "src"
+    sync_tree(result, dest, work / "export.json")
     epoch = opts.source_date_epoch
     if epoch is None:
         base = pygit2.Repository(str(result.repo_path))[result.base]
@@ -128,7 +142,19 @@ def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     return SourceTree(dest, epoch, origin, result.tree)
 
 
-def _run(cmd: list[str], *, cwd: Path, env: Mapping[str, str], what: str, log_file: Path) -> None:
+def _run(
+    cmd: list[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    what: str,
+    log_file: Path,
+    canonical: Canonical | None = None,
+) -> None:
+    """Run ``cmd``; with ``canonical``, where the compilers see the cache at its fixed path."""
+    if canonical is not None:
+        cmd, cwd = canonical.wrap(cmd, cwd)
+        env = canonical.env(env)
     runner.run(
         runner.Command(
             tuple(cmd),
@@ -245,44 +271,74 @@ def torch_library_headers(python: Path, existing: str | None) -> str:
 def build_kernel(
     spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
 ) -> Built:
-    """Stage the source and build its wheel into scratch (``<cache>/kernels/NAME/dist``)."""
+    """Build the kernel's wheel into scratch (``<cache>/kernels/NAME/dist``).
+
+    The workspace is kept while the identity (toolchain, flags, builder, Python, torch,
+    canonical-path method) holds and ``opts.cold`` is off: the export is updated in
+    place and the builder's own build tree is reused, so only changed sources compile.
+    """
     started = time.monotonic()
+    canon = opts.canon()
+    work = workdir(spec, opts)
     torch_version: str | None = None
+    if spec.builder == "cmake":
+        python = Path(sys.executable)
+        _require_modules(python, ("scikit_build_core", "cmake", "ninja"), spec)
+    else:
+        python = torch_venv(config, opts.cache, opts.reporter, opts.environ)
+        torch_version = _torch_version(python)
+    # SOURCE_DATE_EPOCH is left out of the identity: the staged tree's date does not
+    # change what compiles.
+    _, set_env = build_env(config, toolkit=toolkit, source_date_epoch=0, base=opts.environ)
+    placeholders = {str(Path(work).absolute()): "$WORK", str(opts.cache.absolute()): "$CACHE"}
+    identity = reuse.identity(
+        {k: canon.recorded(v) for k, v in set_env.items()}, toolkit=toolkit, python=str(python),
+        builder=spec.builder, placeholders=placeholders,
+        inputs={"torch": torch_version} if torch_version else None,  # its headers are compiled in
+    )  # fmt: skip
+    key = workspace.key_of({"identity": identity, "canonical": canon.record()})
+    kept = workspace.prepare(work, key, cold=opts.cold)
+    state = "kept workspace (incremental)" if kept else "fresh workspace (cold)"
+    opts.reporter.info(f"{spec.name}: {state}, canonical path by {canon.method}")
     staged = stage_in_tree(spec, opts) if spec.in_tree else stage_out_of_tree(spec, opts)
     env, set_env = build_env(
         config, toolkit=toolkit, source_date_epoch=staged.source_date_epoch, base=opts.environ
     )
-    work = opts.cache / "kernels" / spec.name
     dist = work / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     dist.mkdir(parents=True)
     if spec.builder == "cmake":
-        python = Path(sys.executable)
-        _require_modules(python, ("scikit_build_core", "cmake", "ninja"), spec)
         extra = [
             f"-Ccmake.define.CMAKE_CUDA_ARCHITECTURES={config.cmake_architectures}",
             f"-Ccmake.define.CMAKE_CUDA_COMPILER={toolkit.nvcc}",
             f"-Cbuild-dir={work / 'build'}",
         ]
-        shutil.rmtree(work / "build", ignore_errors=True)
         if opts.launcher is not None:
             extra += [f"-Ccmake.define.{d}" for d in opts.launcher.cmake_defines()]
             env.update(opts.launcher.launch_env(env.get("PATH", "")))
     else:
-        python = torch_venv(config, opts.cache, opts.reporter, opts.environ)
-        torch_version = _torch_version(python)
         extra = []
         env["PATH"] = os.pathsep.join([str(python.parent), env["PATH"]])
         env["CPATH"] = torch_library_headers(python, env.get("CPATH"))
         if opts.launcher is not None:
             env.update(opts.launcher.launch_env(env["PATH"], nvcc=str(toolkit.nvcc), cxx=True))
-    inputs = reuse.Recorder(staged.directory, (work / "build", staged.directory / "build"))
-    env.update(inputs.env())
-    identity = reuse.identity(
-        set_env, toolkit=toolkit, python=str(python), builder=spec.builder,
-        inputs={"torch": torch_version} if torch_version else None,  # its headers are compiled in
-        placeholders={str(Path(work).absolute()): "$WORK", str(opts.cache.absolute()): "$CACHE"},
+    inputs = reuse.Recorder(
+        staged.directory, (work / "build", staged.directory / "build"),
+        alias=Path(canon.to_build(staged.directory)),
     )  # fmt: skip
+    env.update(inputs.env())
+
+    def record(compiled_inputs: Mapping[str, Any], **more: Any) -> BuildRecord:
+        return BuildRecord(
+            builder=spec.builder, source_date_epoch=staged.source_date_epoch,
+            env={k: canon.recorded(v) for k, v in sorted(set_env.items())},
+            arches=tuple(str(a) for a in config.targets), canonical=canon.record(),
+            compiled_inputs=compiled_inputs, **more,
+        )  # fmt: skip
+
+    source = {"origin": staged.origin, "url": spec.url, "commit": spec.commit,
+              "tree": staged.tree, "path": str(spec.path.relative_to(spec.source.parent))
+              if spec.path else None}  # fmt: skip
     if opts.reuse is not None:
         taken = reuse.try_reuse(
             opts.reuse, staged.directory, identity, dist,
@@ -290,25 +346,17 @@ def build_kernel(
         )  # fmt: skip
         if taken is not None:
             return Built(
-                component=spec.name,
-                kind="kernel",
-                wheel=taken.wheel,
-                seconds=time.monotonic() - started,
-                source={"origin": staged.origin, "url": spec.url, "commit": spec.commit,
-                        "tree": staged.tree, "path": str(spec.path.relative_to(spec.source.parent))
-                        if spec.path else None},
-                build=BuildRecord(
-                    builder=spec.builder, source_date_epoch=staged.source_date_epoch,
-                    env=dict(sorted(set_env.items())),
-                    arches=tuple(str(a) for a in config.targets),
-                    compiled_inputs=taken.inputs, reused=taken.members),
+                component=spec.name, kind="kernel", wheel=taken.wheel,
+                seconds=time.monotonic() - started, source=source,
+                build=record(taken.inputs, reused=taken.members),
             )  # fmt: skip
     cmd = [
         str(python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-        "--no-cache-dir", "-w", str(dist), *extra, str(staged.directory),
+        "--no-cache-dir", "-v", "-w", str(dist), *extra, str(staged.directory),
     ]  # fmt: skip
     opts.reporter.info(f"building {spec.name} ({spec.builder}) from {staged.origin}")
-    _run(cmd, cwd=work, env=env, what=f"building kernel {spec.name}", log_file=work / "build.log")
+    _run(cmd, cwd=work, env=env, what=f"building kernel {spec.name}", log_file=work / "build.log",
+         canonical=canon)  # fmt: skip
     built = sorted(dist.glob("*.whl"))
     if len(built) != 1:
         raise KernelBuildError(
@@ -317,18 +365,10 @@ def build_kernel(
         )
     recorded = inputs.collect(built[0], identity, tree=staged.tree)
     return Built(
-        component=spec.name,
-        kind="kernel",
-        wheel=built[0],
-        seconds=time.monotonic() - started,
-        source={"origin": staged.origin, "url": spec.url, "commit": spec.commit,
-                "tree": staged.tree, "path": str(spec.path.relative_to(spec.source.parent))
-                if spec.path else None},
-        build=BuildRecord(
-            builder=spec.builder, source_date_epoch=staged.source_date_epoch,
-            env=dict(sorted(set_env.items())), arches=tuple(str(a) for a in config.targets),
-            compiled_inputs=recorded, torch=torch_version,
-            torch_index=config.torch_index if torch_version else None),
+        component=spec.name, kind="kernel", wheel=built[0],
+        seconds=time.monotonic() - started, source=source,
+        build=record(recorded, torch=torch_version,
+                     torch_index=config.torch_index if torch_version else None),
     )  # fmt: skip
 
 
@@ -349,7 +389,12 @@ def _require_modules(python: Path, modules: tuple[str, ...], spec: KernelSpec) -
 def build_twice(
     spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
 ) -> tuple[Built, Built]:
-    """Build, keep a copy, build again; raise naming the members if the bytes differ."""
+    """Build, keep a copy, build again; raise naming the members if the bytes differ.
+
+    Both builds are cold (a wiped workspace): the second proves the bytes, not the
+    incremental path.
+    """
+    opts = dataclasses.replace(opts, cold=True)
     first = build_kernel(spec, config, toolkit, opts)
     with tempfile.TemporaryDirectory(prefix="pinwheel-twice-") as tmp:
         kept = Path(tmp) / first.wheel.name

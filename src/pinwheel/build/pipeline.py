@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.build import compcache, reuse
+from pinwheel.build import canonical, compcache, reuse
 from pinwheel.build.buildvenv import ensure_build_venv
 from pinwheel.build.check import find_tools, spec_from_build
 from pinwheel.build.engine import build_engine, commit_time, engine_version
@@ -149,15 +149,18 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     cache_plan = compcache.plan(
         config.cache, request.cache, request.environ, enabled=request.compiler_cache
     )
+    canon = canonical.choose(request.cache, request.environ)
+    if canon.why:
+        reporter.info(f"canonical build path by prefix maps: {canon.why}")
     with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
         session, cache_plan = compcache.start(
-            cache_plan, request.cache / "sccache-run", request.environ
+            cache_plan, request.cache / "sccache-run", request.environ, canon
         )
     if cache_plan.disabled and request.compiler_cache:
         reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
     try:
         built, twice = _produce(
-            request, config, specs, engine, toolkit, reporter, session, cache_plan, earlier
+            request, config, specs, engine, toolkit, reporter, session, cache_plan, earlier, canon
         )
     finally:
         if session is not None:
@@ -211,6 +214,7 @@ def _produce(
     session: compcache.Session | None,
     cache_plan: compcache.Plan,
     earlier: Mapping[str, Any],
+    canon: canonical.Canonical,
 ) -> tuple[list[Built], dict[str, float]]:
     """Run the producers; each wheel records its compiler-cache numbers."""
     built: list[Built] = []
@@ -242,6 +246,8 @@ def _produce(
         source_date_epoch=request.source_date_epoch,
         reporter=reporter,
         launcher=session,
+        canonical=canon,
+        cold=not request.compiler_cache,
     )
     for spec in specs:
         if toolkit is None:

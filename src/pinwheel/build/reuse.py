@@ -151,6 +151,7 @@ class Recorder:
 
     source: Path
     scan: tuple[Path, ...]  # build dirs with *.d depfiles / ninja logs
+    alias: Path | None = None  # how the compilers spelled ``source`` (the canonical path)
     depfile: Path = field(init=False)
     before: frozenset[str] = field(init=False)
 
@@ -170,7 +171,8 @@ class Recorder:
             found.update(parse_depfile(self.depfile.read_text(errors="replace")))
             methods.append("compiler dependency output")
         ninja = shutil.which("ninja") or ""
-        prefix = re.compile(re.escape(str(self.source)) + r"/([^\s\"';:$]+)")
+        spellings = [str(self.source)] + ([str(self.alias)] if self.alias else [])
+        prefix = re.compile("(?:" + "|".join(map(re.escape, spellings)) + r")/([^\s\"';:$]+)")
         for base in self.scan:
             if not base.is_dir():
                 continue
@@ -187,6 +189,12 @@ class Recorder:
                 found.update(ln.strip() for ln in text.splitlines() if ln.startswith("    "))
                 methods.append("ninja -t deps") if "ninja -t deps" not in methods else None
         shutil.rmtree(self.depfile.parent, ignore_errors=True)
+        if self.alias is not None and self.alias != self.source:
+            alias = str(self.alias)
+            found = {
+                str(self.source) + d[len(alias) :] if d == alias or d.startswith(alias + "/") else d
+                for d in found
+            }
         return found, methods
 
     def collect(self, wheel: Path, ident: Mapping[str, Any], *, tree: str | None) -> dict[str, Any]:

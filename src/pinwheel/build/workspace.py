@@ -1,0 +1,152 @@
+"""A component's kept export and build tree: incremental rebuilds that give cold bytes.
+
+Each component builds in one directory under the cache (``src/`` the export,
+the builder's build tree beside or inside it), kept between builds while its
+key (the compiled-input identity: toolchain, flags, builder, Python, torch,
+and how paths are made canonical) stays the same. The export is updated in
+place: a file is written only when its bytes changed (so it gets a new mtime
+and ninja/setuptools recompile what includes it), every other file keeps its
+timestamp, files the new tree dropped are deleted, and build products the
+builder left are kept. A different key, or a cold build (``--no-cache``,
+``verify-build``), wipes the directory first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import stat
+import tarfile
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
+
+STAMP = ".pinwheel-workspace.json"
+SKIP_DIRS = frozenset({"build", "dist", "__pycache__", ".git", "_skbuild"})
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of an export: bytes (or a link target) and whether it is executable."""
+
+    rel: str
+    data: bytes
+    executable: bool = False
+    link: str | None = None
+
+
+@dataclass(frozen=True)
+class Synced:
+    """What an in-place update did."""
+
+    written: tuple[str, ...]  # new or changed files (new mtime)
+    removed: tuple[str, ...]
+    kept: int  # unchanged files (timestamps kept)
+
+
+def key_of(identity: Mapping[str, Any]) -> str:
+    """The workspace key of a compiled-input identity."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def prepare(root: Path, key: str, *, cold: bool) -> bool:
+    """Make ``root`` ready for a build keyed ``key``; True when earlier work is kept."""
+    stamp = root / STAMP
+    kept = False
+    if not cold and stamp.is_file():
+        try:
+            kept = json.loads(stamp.read_text()).get("key") == key
+        except (OSError, ValueError):
+            kept = False
+    if not kept and root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    if not kept:  # stamped now: a build that dies half-way is resumed, not trusted blindly
+        atomic_write_text(stamp, json.dumps({"key": key}) + "\n")
+    return kept
+
+
+def dir_entries(source: Path, skip: Iterable[str] = SKIP_DIRS) -> Iterator[Entry]:
+    """Files of a checkout directory (build outputs and VCS dirs aside)."""
+    skipped = set(skip)
+    for top, dirs, files in os.walk(source):
+        dirs[:] = sorted(d for d in dirs if d not in skipped and not d.endswith(".egg-info"))
+        for name in sorted(files):
+            path = Path(top) / name
+            rel = str(path.relative_to(source))
+            if path.is_symlink():
+                yield Entry(rel, b"", link=os.readlink(path))
+            else:
+                mode = path.stat().st_mode
+                yield Entry(rel, path.read_bytes(), executable=bool(mode & stat.S_IXUSR))
+
+
+def tar_entries(raw: bytes, prefix: str = "src/") -> Iterator[Entry]:
+    """Files of an uncompressed tar (``git archive``), ``prefix`` removed."""
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+        for member in tar:
+            rel = member.name.removeprefix(prefix)
+            if not rel or rel.startswith("/") or ".." in Path(rel).parts:
+                continue
+            if member.issym():
+                yield Entry(rel, b"", link=member.linkname)
+            elif member.isfile():
+                data = tar.extractfile(member)
+                assert data is not None
+                yield Entry(rel, data.read(), executable=bool(member.mode & 0o100))
+
+
+def sync(dest: Path, entries: Iterable[Entry], listing: Path) -> Synced:
+    """Update ``dest`` to hold exactly ``entries`` among the files ``listing`` says were
+    exported last time; write only what changed."""
+    previous: set[str] = set()
+    if listing.is_file():
+        try:
+            previous = set(json.loads(listing.read_text()))
+        except (OSError, ValueError):
+            previous = set()
+    written: list[str] = []
+    now: list[str] = []
+    kept = 0
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        now.append(entry.rel)
+        target = dest / entry.rel
+        if _same(target, entry):
+            kept += 1
+            continue
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.is_dir():
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if entry.link is not None:
+            target.symlink_to(entry.link)
+        else:
+            atomic_write_bytes(target, entry.data)
+            target.chmod(0o755 if entry.executable else 0o644)
+        written.append(entry.rel)
+    removed = sorted(previous - set(now))
+    for rel in removed:
+        target = dest / rel
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+    atomic_write_text(listing, json.dumps(sorted(now)) + "\n")
+    return Synced(tuple(written), tuple(removed), kept)
+
+
+def _same(target: Path, entry: Entry) -> bool:
+    if entry.link is not None:
+        return target.is_symlink() and os.readlink(target) == entry.link
+    if target.is_symlink() or not target.is_file():
+        return False
+    st = target.stat()
+    if st.st_size != len(entry.data) or bool(st.st_mode & stat.S_IXUSR) != entry.executable:
+        return False
+    return target.read_bytes() == entry.data

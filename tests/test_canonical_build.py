@@ -1,0 +1,138 @@
+"""Slow: the in-tree selftest kernel, built cold through the CLI from two different caches
+and two different HOMEs (one through the mount namespace, one through prefix maps),
+gives one sha256; no cache path reaches the shared object; then the kept workspace
+rebuilds incrementally to the same bytes.
+
+Needs the pinned CUDA 12.4 toolkit: provisioned once into ``$PINWHEEL_CACHE`` (as
+test_build_cuda does) and hard-linked into each test cache, so each cache holds its
+own copy at its own path, as on two machines."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pinwheel.build import canonical
+from pinwheel.build.toolchain import MARKER, ToolkitRequest, resolve_toolkit
+from pinwheel.cli import default_cache
+from pinwheel.manifest.build import BuildConfig
+
+pytestmark = [pytest.mark.slow, pytest.mark.kernels]
+
+REPO = Path(__file__).resolve().parent.parent
+SO = "pinwheel_selftest/libpinwheel_selftest.so"
+CONFIG = BuildConfig(python="3.11", cuda="12.4", arches=("7.0",), ptx=True, torch=None,
+                     label=None, version=None)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def toolkit_root() -> Path:
+    env = {"PATH": os.defpath}  # not this machine's nvcc 13
+    return resolve_toolkit(ToolkitRequest(CONFIG, default_cache(), env)).root
+
+
+def make_cache(root: Path, toolkit_root: Path) -> Path:
+    """A fresh cache holding its own copy of the provisioned toolkit."""
+    dest = root / "toolchains" / toolkit_root.name
+    dest.parent.mkdir(parents=True)
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(toolkit_root, dest, symlinks=True, copy_function=link)
+    assert (dest / MARKER).is_file()
+    return root
+
+
+def kernels(cache: Path, home: Path, out: Path, *args: str, **env: str) -> dict:
+    home.mkdir(parents=True, exist_ok=True)
+    base = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    base.update(HOME=str(home), PATH=os.pathsep.join([str(Path(sys.executable).parent),
+                                                     os.defpath]), **env)  # fmt: skip
+    cmd = [sys.executable, "-m", "pinwheel", "--manifest", str(REPO / "manifest.toml"),
+           "--cache", str(cache), "--json", "kernels", "--name", "pinwheel-selftest",
+           "--out", str(out), *args]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=base)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (built,) = json.loads(proc.stdout)["components"]
+    built["path"] = out / built["wheel"]
+    built["provenance"] = json.loads((out / "provenance.json").read_text())["components"][0]
+    return built
+
+
+def so_bytes(wheel: Path) -> bytes:
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(SO)
+
+
+def test_selftest_bytes_do_not_depend_on_cache_or_home(toolkit_root: Path, tmp_path: Path) -> None:
+    a = make_cache(tmp_path / "alice" / ".cache" / "pinwheel", toolkit_root)
+    b = make_cache(tmp_path / "ci" / "data" / "pw-cache-b", toolkit_root)
+    first = kernels(a, tmp_path / "alice", tmp_path / "out-a", "--no-cache")
+    # The other cache, the other HOME, and the fallback method (prefix maps).
+    second = kernels(b, tmp_path / "ci", tmp_path / "out-b", "--no-cache",
+                     PINWHEEL_CANONICAL="prefix-map")  # fmt: skip
+    so = so_bytes(first["path"])
+    for cache in (a, b, tmp_path):
+        assert str(cache).encode() not in so, cache
+    # __FILE__ in the selftest's error messages is the canonical path.
+    where = f"{canonical.CANONICAL_CACHE}/kernels/pinwheel-selftest/src/csrc/selftest.cu"
+    assert where.encode() in so
+    assert second["provenance"]["canonical"] == {
+        "path": str(canonical.CANONICAL_CACHE), "method": "prefix-map"}  # fmt: skip
+    assert first["provenance"]["canonical"]["path"] == str(canonical.CANONICAL_CACHE)
+    assert str(a) not in json.dumps(first["provenance"]["env"])
+    assert first["sha256"] == second["sha256"], (first["sha256"], second["sha256"])
+
+
+def test_incremental_rebuild_equals_the_cold_bytes(toolkit_root: Path, tmp_path: Path) -> None:
+    """A kept workspace: no change compiles nothing, one edited .cu recompiles and gives
+    the bytes a cold build of the edited source gives."""
+    cache = make_cache(tmp_path / "cache", toolkit_root)
+    home = tmp_path / "home"
+    cold = kernels(cache, home, tmp_path / "cold")
+    log = cache / "kernels" / "pinwheel-selftest" / "build.log"
+    again = kernels(cache, home, tmp_path / "again")
+    assert again["sha256"] == cold["sha256"]
+    assert "Building CUDA object" not in log.read_text()  # ninja had nothing to compile
+    assert "no work to do" in log.read_text()
+    src = cache / "kernels" / "pinwheel-selftest" / "src"
+    untouched = (src / "CMakeLists.txt").stat().st_mtime_ns
+    # One line of code in the .cu: a checkout whose selftest differs by one line.
+    checkout = tmp_path / "checkout"
+    for part in ("kernels", "patches"):
+        shutil.copytree(REPO / part, checkout / part)
+    shutil.copy(REPO / "manifest.toml", checkout / "manifest.toml")
+    cu = checkout / "kernels" / "pinwheel-selftest" / "csrc" / "selftest.cu"
+    cu.write_text(cu.read_text().replace("need at least 4", "need 4 or more"))
+    edited = kernels_in(checkout, cache, home, tmp_path / "edited")
+    assert (src / "CMakeLists.txt").stat().st_mtime_ns == untouched
+    assert "Building CUDA object" in log.read_text()
+    assert edited["sha256"] != cold["sha256"]
+    fresh = make_cache(tmp_path / "fresh", toolkit_root)
+    edited_cold = kernels_in(checkout, fresh, home, tmp_path / "edited-cold", "--no-cache")
+    assert edited["sha256"] == edited_cold["sha256"]
+
+
+def kernels_in(checkout: Path, cache: Path, home: Path, out: Path, *args: str) -> dict:
+    base = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    base.update(HOME=str(home), PYTHONPATH=os.pathsep.join(
+        [str(REPO / "src"), base.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.defpath]))  # fmt: skip
+    cmd = [sys.executable, "-m", "pinwheel", "--manifest", str(checkout / "manifest.toml"),
+           "--cache", str(cache), "--json", "kernels", "--name", "pinwheel-selftest",
+           "--out", str(out), *args]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=checkout, env=base)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (built,) = json.loads(proc.stdout)["components"]
+    return built
