@@ -119,7 +119,6 @@ def kernel_manifest(spec: KernelSpec) -> Manifest:
 def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     import pygit2  # the replay engine's dependency; imported here to keep parsing light
 
-    from pinwheel.source.export import sync_tree
     from pinwheel.source.replay import replay_manifest
 
     result = replay_manifest(
@@ -131,7 +130,7 @@ def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     )
     work = workdir(spec, opts)
     dest = work / "src"
-    sync_tree(result, dest, work / "export.json")
+    workspace.sync_tree(result, dest, work / "export.json")
     epoch = opts.source_date_epoch
     if epoch is None:
         base = pygit2.Repository(str(result.repo_path))[result.base]

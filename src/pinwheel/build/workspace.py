@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 import tarfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,6 +139,14 @@ def sync(dest: Path, entries: Iterable[Entry], listing: Path) -> Synced:
             target.unlink()
     atomic_write_text(listing, json.dumps(sorted(now)) + "\n")
     return Synced(tuple(written), tuple(removed), kept)
+
+
+def sync_tree(result: Any, dest: Path, listing: Path, exclude: Sequence[str] = ()) -> Synced:
+    """Update ``dest`` in place to a replayed tree (a ``ReplayResult``): only files whose
+    bytes changed are written; ``exclude``: pathspecs left out (``[build] exclude``)."""
+    from pinwheel.source.export import tree_archive  # pygit2: only when a tree is synced
+
+    return sync(dest, tar_entries(tree_archive(result, exclude)), listing)
 
 
 def _same(target: Path, entry: Entry) -> bool:

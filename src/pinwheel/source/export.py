@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pygit2
 
-from pinwheel.build.workspace import Synced, sync, tar_entries
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_dir, atomic_write_bytes, atomic_write_text
 from pinwheel.source import gitcli
@@ -98,13 +97,9 @@ def export_tarball(result: ReplayResult, out_dir: Path) -> tuple[Path, Path]:
     return tarball, lock
 
 
-def sync_tree(
-    result: ReplayResult, dest: Path, listing: Path, exclude: Sequence[str] = ()
-) -> Synced:
-    """Update directory ``dest`` in place to the replayed tree: only files whose bytes
-    changed are written (unchanged ones keep their timestamps, so an incremental build
-    recompiles only what changed); ``listing`` remembers what was exported."""
-    return sync(Path(dest), tar_entries(_archive(result, "src", exclude)), listing)
+def tree_archive(result: ReplayResult, exclude: Sequence[str] = ()) -> bytes:
+    """The replayed tree as an uncompressed tar, every member under ``src/``."""
+    return _archive(result, "src", exclude)
 
 
 def export_tree(result: ReplayResult, dest: Path, exclude: Sequence[str] = ()) -> Path:

@@ -1,0 +1,111 @@
+"""The canonical build path with a real gcc (same object bytes from two cache paths, by
+either method), and the kept workspace's in-place export (only changed files written)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pinwheel.build import canonical, workspace
+
+SOURCE = "#include <stdio.h>\nint where(void) { return puts(__FILE__); }\n"
+needs_gcc = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
+
+
+def compile_in(cache: Path, canon: canonical.Canonical) -> bytes:
+    src = cache / "kernels" / "demo" / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "where.c").write_text(SOURCE)
+    cmd = ["gcc", "-O2", "-c", str(src / "where.c"), "-o", str(src / "where.o")]
+    env = {"PATH": os.environ.get("PATH", os.defpath)}
+    if canon.method == canonical.PREFIX_MAP:  # the build's CFLAGS, as a build system uses them
+        cmd[1:1] = canon.env(env)["CFLAGS"].split()
+    wrapped, cwd = canon.wrap(cmd, src)
+    subprocess.run(wrapped, cwd=cwd, env=canon.env(env), check=True, capture_output=True)
+    return (src / "where.o").read_bytes()
+
+
+@needs_gcc
+@pytest.mark.parametrize("method", [canonical.NAMESPACE, canonical.PREFIX_MAP])
+def test_file_paths_are_canonical_from_any_cache(tmp_path: Path, method: str) -> None:
+    env = {"PATH": os.environ.get("PATH", os.defpath)}
+    if method == canonical.PREFIX_MAP:
+        env["PINWHEEL_CANONICAL"] = canonical.PREFIX_MAP
+    a, b = tmp_path / "home" / "alice" / ".cache" / "pinwheel", tmp_path / "ci" / "cache-b"
+    ca, cb = canonical.choose(a, env), canonical.choose(b, env)
+    if method == canonical.NAMESPACE and ca.method != method:
+        pytest.skip(f"no mount namespace here: {ca.why}")
+    assert ca.method == cb.method == method
+    one, two = compile_in(a, ca), compile_in(b, cb)
+    where = f"{canonical.CANONICAL_CACHE}/kernels/demo/src/where.c".encode()
+    assert where in one and str(tmp_path).encode() not in one
+    assert one == two
+    assert ca.record() == {"path": str(canonical.CANONICAL_CACHE), "method": method}
+
+
+def test_paths_are_translated_for_the_build_and_recorded_canonically(tmp_path: Path) -> None:
+    ns = canonical.Canonical(tmp_path / "c", canonical.NAMESPACE, unshare="unshare")
+    pm = canonical.Canonical(tmp_path / "c", canonical.PREFIX_MAP)
+    inside = str(tmp_path / "c" / "toolchains" / "bin")
+    assert ns.to_build(inside) == f"{canonical.CANONICAL_CACHE}/toolchains/bin"
+    assert ns.to_build(f"-DX={inside}:/usr/bin") == (
+        f"-DX={canonical.CANONICAL_CACHE}/toolchains/bin:/usr/bin"
+    )
+    assert ns.to_build(str(tmp_path / "cache-other")) == str(tmp_path / "cache-other")
+    assert pm.to_build(inside) == inside  # the maps rewrite it in the outputs
+    assert pm.recorded(inside) == ns.recorded(inside) == ns.to_build(inside)
+    flags = pm.env({"CFLAGS": "-O2"})
+    assert flags["CFLAGS"] == f"-O2 -ffile-prefix-map={tmp_path / 'c'}={canonical.CANONICAL_CACHE}"
+    assert flags["NVCC_APPEND_FLAGS"].startswith("-Xcompiler=-ffile-prefix-map=")
+
+
+def test_a_cache_under_the_canonical_root_falls_back(tmp_path: Path) -> None:
+    inside = canonical.CANONICAL_ROOT / "x"
+    chosen = canonical.choose(inside, {"PATH": os.defpath})
+    assert chosen.method == canonical.PREFIX_MAP and "under" in (chosen.why or "")
+
+
+def test_sync_writes_only_changed_files_and_keeps_build_products(tmp_path: Path) -> None:
+    checkout, dest, listing = tmp_path / "checkout", tmp_path / "ws" / "src", tmp_path / "l.json"
+    (checkout / "csrc").mkdir(parents=True)
+    (checkout / "csrc" / "a.cu").write_text("a\n")
+    (checkout / "csrc" / "b.cu").write_text("b\n")
+    (checkout / "gone.py").write_text("x\n")
+    (checkout / "build").mkdir()
+    (checkout / "build" / "junk.o").write_text("the checkout's own build output")
+    first = workspace.sync(dest, workspace.dir_entries(checkout), listing)
+    assert sorted(first.written) == ["csrc/a.cu", "csrc/b.cu", "gone.py"]
+    assert not (dest / "build").exists()
+    (dest / "build").mkdir()
+    (dest / "build" / "a.o").write_text("object")  # what the builder left
+    old = 1_000_000_000
+    for rel in ("csrc/a.cu", "csrc/b.cu"):
+        os.utime(dest / rel, ns=(old, old))
+    (checkout / "csrc" / "b.cu").write_text("b changed\n")
+    (checkout / "gone.py").unlink()
+    second = workspace.sync(dest, workspace.dir_entries(checkout), listing)
+    assert second.written == ("csrc/b.cu",) and second.removed == ("gone.py",)
+    assert second.kept == 1
+    assert (dest / "csrc" / "a.cu").stat().st_mtime_ns == old  # ninja sees it unchanged
+    assert (dest / "csrc" / "b.cu").stat().st_mtime_ns > old
+    assert (dest / "build" / "a.o").read_text() == "object" and not (dest / "gone.py").exists()
+
+
+def test_prepare_keeps_a_workspace_only_for_the_same_key_and_never_when_cold(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "ws"
+    assert workspace.prepare(root, "k1", cold=False) is False
+    (root / "build.ninja").write_text("kept")
+    assert workspace.prepare(root, "k1", cold=False) is True
+    assert (root / "build.ninja").is_file()
+    assert workspace.prepare(root, "k2", cold=False) is False  # another toolchain/flags
+    assert not (root / "build.ninja").exists()
+    (root / "build.ninja").write_text("kept")
+    assert workspace.prepare(root, "k2", cold=True) is False  # --no-cache: truly cold
+    assert not (root / "build.ninja").exists()
+    assert workspace.key_of({"a": 1}) != workspace.key_of({"a": 2})
