@@ -28,12 +28,13 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from pinwheel import runner
 
 CANONICAL_ROOT = Path("/tmp/pinwheel-canonical")
 CANONICAL_CACHE = CANONICAL_ROOT / "cache"
@@ -153,9 +154,19 @@ def _namespace_refused(path: str) -> str | None:
     with tempfile.TemporaryDirectory(prefix="pinwheel-canonical-probe-") as tmp:
         probe = Canonical(Path(tmp).resolve(), NAMESPACE, unshare=unshare)
         cmd, cwd = probe.wrap(["true"], tmp)
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False, timeout=60)
+        out = runner.run(
+            runner.Command(
+                tuple(cmd),
+                what="unshare -rm probe",
+                cwd=cwd,
+                env={"PATH": path},
+                timeout=60,
+                check=False,
+            )  # fmt: skip
+        )
     if out.returncode != 0:
-        tail = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        err = out.stderr.decode(errors="replace").strip().splitlines()
+        tail = (err or [f"exit {out.returncode}"])[-1]
         return f"unshare -rm refused here ({tail[:200]})"
     return None
 
