@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import shutil
 import sys
 import time
@@ -55,16 +56,20 @@ def register(sub: Any) -> None:
         sub,
         "qualify",
         "measure a server against [qualify] gates; writes receipt, report, plots "
-        "(`qualify teacher`: capture the fidelity teacher once)",
+        "(`qualify teacher`: capture the fidelity teacher once; `qualify tp`: a built "
+        "component's tensor-parallel primitives against torch.distributed)",
         run_qualify,
     )
     p.add_argument(
         "action",
         nargs="?",
-        choices=("teacher",),
+        choices=("teacher", "tp"),
         help="teacher: capture reference log-probabilities on the fidelity panel into --out "
-        "(from --url, a reference server, or transformers with --model DIR --python PY)",
+        "(from --url, a reference server, or transformers with --model DIR --python PY); "
+        "tp: run the exllamav3 wheel's pg_* primitives on --devices (one process per GPU) "
+        "and compare each result with torch.distributed's",
     )
+    p.add_argument("--wheel", default=None, help="tp: the exllamav3 wheel `pinwheel kernels` built")
     _profile_options(p)
     p.add_argument(
         "--panel", default=None, help="teacher: panel JSON (default: [qualify.fidelity].panel)"
@@ -333,11 +338,59 @@ def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def run_tp(ctx: Context, args: argparse.Namespace) -> int:
+    """`pinwheel qualify tp`: pg_* primitives of a built exllamav3 against torch.distributed."""
+    from pinwheel.errors import GateFailed
+    from pinwheel.serve.preflight import FAIL
+    from pinwheel.serve.tpcheck import TpRequest, run_tpcheck
+
+    if not args.wheel:
+        raise UsageError(
+            "no wheel to check",
+            where="pinwheel qualify tp",
+            next="pass --wheel wheels/exllamav3-*.whl (`pinwheel kernels --name exllamav3`)",
+        )
+    text = args.devices or ctx.environ.get("CUDA_VISIBLE_DEVICES")
+    if not text:
+        raise UsageError(
+            "no GPUs named", where="--devices", next="pass --devices 0,1 (or --devices 0)"
+        )
+    try:
+        devices = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(
+            f"{text!r} is not a list of GPU indices", where="--devices", next="e.g. --devices 0,1"
+        ) from None
+    python = args.python or ctx.environ.get("PYTHON") or "python3"
+    out = Path(args.out)
+    outcome = run_tpcheck(
+        TpRequest(python=python, wheel=Path(args.wheel), devices=devices, environ=ctx.environ)
+    )
+    checks = outcome.checks()
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"wheel": str(args.wheel), "devices": list(devices), "outcome": asdict(outcome),
+           "checks": [asdict(c) for c in checks]}  # fmt: skip
+    atomic_write_text(out / "tp-primitives.json", json.dumps(doc, indent=2) + "\n")
+    lines = [f"tp primitives of {args.wheel} on GPUs {text} ({outcome.device}):"]
+    lines += [f"  {c.status:4} {c.name}: {c.detail}" for c in checks]
+    ctx.emit(doc, "\n".join(lines))
+    failed = [c for c in checks if c.status == FAIL]
+    if failed:
+        raise GateFailed(
+            f"{len(failed)} primitive check(s) failed: " + ", ".join(c.name for c in failed),
+            where=str(args.wheel),
+            next=failed[0].next,
+        )
+    return 0
+
+
 def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.serve.qualify import Target, qualify
 
     if args.action == "teacher":
         return run_teacher(ctx, args)
+    if args.action == "tp":
+        return run_tp(ctx, args)
     m = ctx.manifest()
     out = Path(args.out)
     config = _serve_config(ctx)

@@ -61,6 +61,9 @@ class ServeProfile:
     env: tuple[tuple[str, str], ...]
     devices: str | None  # default CUDA_VISIBLE_DEVICES
     cuda: int = 12  # CUDA toolkit major the JIT at start-up needs (nvcc)
+    # preflight --selftest: the NCCL all-reduce bus bandwidth floor (GB/s, as nccl-tests
+    # reports busbw); None = measured and shown, not gated
+    min_allreduce_gbps: float | None = None
 
     @property
     def speculative_json(self) -> str | None:
@@ -132,6 +135,7 @@ _PROFILE_KEYS = (
     "env",
     "devices",
     "cuda",
+    "min_allreduce_gbps",
 )
 # Flags that the typed keys own: repeating them in `args` would let the two disagree.
 _OWNED_FLAGS = (
@@ -193,6 +197,7 @@ def _parse_profile(t: Table, name: str, image: bool = False) -> ServeProfile:
         env=_env_map(t, "env"),
         devices=_devices(t),
         cuda=t.int("cuda", 12, minimum=10),
+        min_allreduce_gbps=_positive(t, "min_allreduce_gbps"),
     )
 
 
@@ -247,6 +252,13 @@ def _parse_image(eng: Table) -> Image:
         model_env=model_env,
         container_port=port,
     )
+
+
+def _positive(t: Table, key: str) -> float | None:
+    value = t.float(key, None)
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise t.error(key, "a positive, finite number (GB/s)", value)
+    return None if value is None else float(value)
 
 
 def _is_cc(text: str) -> bool:

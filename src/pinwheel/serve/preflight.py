@@ -29,6 +29,7 @@ from typing import Any
 from pinwheel import runner
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest.serve import Engine, Image, ServeConfig, ServeProfile
+from pinwheel.serve.ranks import NVLS_OFF
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 GPU_QUERY = "index,name,compute_cap,memory.total,pci.bus_id"
@@ -157,6 +158,7 @@ class Options:
     model: Path | None
     devices: tuple[int, ...]  # physical GPU indices of the profile's ranks, in order
     selftest: bool = False
+    allreduce_bytes: int = 256 << 20  # --selftest's NCCL all-reduce
     nvidia_smi: str = "nvidia-smi"
     timeout_s: float = 10.0
     environ: Mapping[str, str] = field(default_factory=dict)  # CUDA_HOME, PATH
@@ -527,7 +529,12 @@ def run_selftest(opts: Options, nbytes: int = 64 << 20) -> list[Check]:
         "`python -c 'import torch; print(torch.cuda.is_available())'`"
     )
     cmd = runner.Command(
-        (opts.python, "-c", SELFTEST, str(nbytes)), what="p2p self-test", timeout=300, check=False
+        (opts.python, "-c", SELFTEST, str(nbytes)),
+        what="p2p self-test",
+        timeout=300,
+        check=False,
+        env=opts.environ or None,
+        env_set=dict(NVLS_OFF),  # NVLink multicast off in every child on shared machines
     )
     try:
         p = runner.run(cmd)
@@ -655,7 +662,7 @@ def preflight(opts: Options) -> tuple[Check, ...]:
     checks.append(got["disk"])
     if opts.selftest:
         checks += (
-            run_selftest(opts)
+            run_selftest(opts) + [run_allreduce(opts, g)]
             if needs_gpu
             else [Check("self-test", SKIP, "no GPU in this profile")]
         )
@@ -695,6 +702,24 @@ def _preflight_image(
     if opts.selftest:
         checks.append(Check("self-test", SKIP, f"the self-test needs a venv engine; {inside}"))
     return tuple(checks)
+
+
+def run_allreduce(opts: Options, gpus: tuple[Gpu, ...] | None) -> Check:
+    """NCCL all-reduce over the profile's GPUs, one process each (serve/allreduce.py)."""
+    from pinwheel.serve.allreduce import AllReduceRequest, allreduce_check, measure
+
+    present = {g.index for g in gpus or ()}
+    if not opts.devices or any(d not in present for d in opts.devices):
+        return Check("nccl all-reduce", SKIP, "the profile's GPUs are not all present (gpu count)")
+    outcome = measure(
+        AllReduceRequest(
+            python=opts.python,
+            devices=opts.devices,
+            environ=opts.environ,
+            nbytes=opts.allreduce_bytes,
+        )
+    )
+    return allreduce_check(outcome, opts.profile.name, opts.profile.min_allreduce_gbps)
 
 
 def device_indices(profile: ServeProfile, devices: str | None) -> tuple[int, ...]:

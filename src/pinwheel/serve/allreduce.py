@@ -1,0 +1,153 @@
+"""Preflight across GPUs: an NCCL all-reduce over the profile's GPUs, checked and timed.
+
+In: a frozen :class:`AllReduceRequest`. Out: a frozen :class:`AllReduceOutcome`
+(every rank's sum checked element by element, the slowest rank's time, bus
+bandwidth as nccl-tests reports it), and :func:`allreduce_check` turns it into a
+preflight :class:`~pinwheel.serve.preflight.Check` gated by the profile's
+``min_allreduce_gbps``. One process per GPU (:mod:`pinwheel.serve.ranks`), in
+the engine's Python, NVLink multicast off in every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pinwheel.serve.preflight import FAIL, OK, Check
+from pinwheel.serve.ranks import NVLS_OFF, WORKERS, RankRequest, RankResult, run_ranks
+
+DEFAULT_BYTES = 256 << 20  # large enough that NVLink bandwidth, not latency, sets the time
+
+
+@dataclass(frozen=True)
+class AllReduceRequest:
+    python: str
+    devices: tuple[int, ...]  # physical GPUs, one rank each; () = two CPU ranks over gloo
+    environ: Mapping[str, str] = field(default_factory=dict)
+    nbytes: int = DEFAULT_BYTES
+    iters: int = 20
+    warmup: int = 5
+    cpu_ranks: int = 2  # only when devices == ()
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class AllReduceOutcome:
+    world: int
+    backend: str
+    nbytes: int
+    sum_ok: bool  # every element right on every rank
+    wrong: tuple[str, ...]  # "rank 1: 12 wrong, first at 40 (got 3.0, want 2.0)"
+    failures: tuple[str, ...]  # ranks that crashed or printed nothing
+    nvls_off: bool  # every rank saw NCCL_NVLS_ENABLE=0 and the other two
+    seconds: float | None  # per all-reduce, slowest rank
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    device: str | None  # GPU name as torch reports it
+    nccl: str | None
+
+
+def measure(req: AllReduceRequest) -> AllReduceOutcome:
+    world = len(req.devices) or req.cpu_ranks
+    results = run_ranks(
+        RankRequest(
+            python=req.python,
+            script=WORKERS / "allreduce.py",
+            args=(str(req.nbytes), str(req.iters), str(req.warmup)),
+            devices=req.devices,
+            world=world,
+            environ=req.environ,
+            timeout_s=req.timeout_s,
+        )
+    )
+    return outcome_of(results, req.nbytes, "nccl" if req.devices else "gloo")
+
+
+def outcome_of(results: tuple[RankResult, ...], nbytes: int, backend: str) -> AllReduceOutcome:
+    failures = tuple(r.why() for r in results if not r.ok)
+    done = [r.payload for r in results if r.ok and r.payload is not None]
+    wrong = []
+    for p in done:
+        if not p.get("sum_ok"):
+            first = p.get("first_wrong") or {}
+            wrong.append(
+                f"rank {p.get('rank')}: {p.get('wrong')} wrong, first at {first.get('index')} "
+                f"(got {first.get('got')}, want {first.get('want')})"
+            )
+    want = dict(NVLS_OFF)
+    nvls_off = bool(done) and all(
+        all((p.get("env") or {}).get(k) == v for k, v in want.items()) for p in done
+    )
+    complete = len(done) == len(results) and not failures
+    first = done[0] if done else {}
+    return AllReduceOutcome(
+        world=len(results),
+        backend=backend,
+        nbytes=int(first.get("bytes", nbytes)),
+        sum_ok=complete and not wrong,
+        wrong=tuple(wrong),
+        failures=failures,
+        nvls_off=nvls_off,
+        seconds=first.get("seconds") if complete else None,
+        algbw_gbps=first.get("algbw_gbps") if complete else None,
+        busbw_gbps=first.get("busbw_gbps") if complete else None,
+        device=first.get("device"),
+        nccl=first.get("nccl"),
+    )
+
+
+def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | None) -> Check:
+    """The preflight check: FAIL on a crash, a wrong sum, NVLS left on, or busbw under the gate."""
+    name = "nccl all-reduce"
+    key = f"[serve.profile.{profile_name}] min_allreduce_gbps"
+    rerun = "rerun `pinwheel preflight --selftest` with NCCL_DEBUG=INFO to see NCCL's transport"
+    if outcome.failures:
+        return Check(
+            name,
+            FAIL,
+            f"{outcome.world} ranks ({outcome.backend}): " + "; ".join(outcome.failures),
+            "check the engine's torch sees every GPU "
+            "(`python -c 'import torch; print(torch.cuda.device_count())'`); " + rerun,
+        )
+    if not outcome.nvls_off:
+        return Check(
+            name,
+            FAIL,
+            "a rank ran with NVLink multicast on (NCCL_NVLS_ENABLE / "
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST / NVSHMEM_DISABLE_NVLS not set in its environment)",
+            "report this: pinwheel sets them for every rank",
+        )
+    size = _size(outcome.nbytes)
+    if not outcome.sum_ok:
+        return Check(
+            name,
+            FAIL,
+            f"wrong sums over {outcome.world} GPUs ({size} float32): " + "; ".join(outcome.wrong),
+            "export NCCL_P2P_LEVEL=NVL (or NCCL_P2P_DISABLE=1) and check ACS/IOMMU settings; "
+            + rerun,
+        )
+    busbw = outcome.busbw_gbps or 0.0
+    what = (
+        f"{outcome.world} x {outcome.device} ({outcome.backend}"
+        + (f" {outcome.nccl}" if outcome.nccl else "")
+        + f"), {size} float32: sum right on every rank; "
+        f"bus bandwidth {busbw:.1f} GB/s (algbw {outcome.algbw_gbps or 0:.1f} GB/s, "
+        f"{(outcome.seconds or 0) * 1e3:.3f} ms per all-reduce); NVLS off in every rank"
+    )
+    if outcome.world < 2:
+        return Check(name, OK, f"{what}; one rank: no bus traffic, gate not applied")
+    if gate is None:
+        return Check(name, OK, f"{what}; not gated ({key} unset)")
+    if busbw < gate:
+        return Check(
+            name,
+            FAIL,
+            f"{what}; below the gate {gate:g} GB/s ({key})",
+            "check `nvidia-smi topo -m` (NVLink expected between tensor-parallel GPUs) "
+            "and that no other job uses these GPUs; " + rerun,
+        )
+    return Check(name, OK, f"{what}; gate {gate:g} GB/s ({key})")
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} B"

@@ -1,0 +1,265 @@
+"""A built component's tensor-parallel primitives, checked against torch.distributed.
+
+In: a frozen :class:`TpRequest` (the engine's Python, the exllamav3 wheel pinwheel
+built, the GPUs). Out: a frozen :class:`TpOutcome`: one :class:`Case` per
+primitive and size (pg_barrier, pg_all_reduce, pg_broadcast, pg_gather; the
+context from pg_init_context), each compared bit for bit with NCCL's result in
+the same processes, and :meth:`TpOutcome.checks` (one check per primitive).
+
+The wheel's extension module is unpacked alone into a scratch directory and
+imported from there by the worker (``serve/workers/pg_primitives.py``), one
+process per GPU, NVLink multicast off (:mod:`pinwheel.serve.ranks`). With one GPU
+the degenerate cases run (a one-rank group: all-reduce and broadcast leave the
+tensor as it is, barrier returns; gather is not defined for one rank).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pinwheel.build.wheelfile import member_type, unsafe_name_reason, zip_issues
+from pinwheel.errors import PinwheelError
+from pinwheel.serve.preflight import FAIL, OK, SKIP, Check
+from pinwheel.serve.ranks import WORKERS, RankRequest, RankResult, run_ranks
+
+EXT_MODULE = "exllamav3_ext"
+PRIMITIVES = ("pg_init_context", "pg_barrier", "pg_all_reduce", "pg_broadcast", "pg_gather")
+
+
+@dataclass(frozen=True)
+class TpRequest:
+    python: str  # the engine's interpreter (torch with CUDA)
+    wheel: Path  # the component wheel holding EXT_MODULE
+    devices: tuple[int, ...]  # physical GPUs, one rank each
+    environ: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    case: str
+    nbytes: int
+    match: bool
+    detail: str  # what differed (or the error), "" when it matched
+
+
+@dataclass(frozen=True)
+class TpOutcome:
+    world: int
+    device: str | None
+    init: Mapping[str, Any] | None  # the PGContext fields right after pg_init_context
+    cases: tuple[Case, ...]
+    failures: tuple[str, ...]  # ranks that crashed, stopped or printed nothing
+    aborted: str | None  # the case during which exllamav3's sync timeout fired
+    notes: tuple[str, ...]  # e.g. why gather was not run
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.aborted and all(c.match for c in self.cases)
+
+    def checks(self) -> tuple[Check, ...]:
+        out = []
+        fix = "rebuild the component (`pinwheel kernels --name exllamav3`) and compare its stack"
+        init_ok = (
+            self.init is not None
+            and self.init.get("sync_timeout") == 0
+            and self.init.get("barrier_epoch") == 1
+        )
+        out.append(
+            Check(
+                "pg_init_context",
+                OK if init_ok else FAIL,
+                f"context {self.init}" if self.init else "no context (see the rank failures)",
+                None if init_ok else fix,
+            )
+        )
+        for op in PRIMITIVES[1:]:
+            mine = [c for c in self.cases if c.op == op]
+            if not mine:
+                why = next((n for n in self.notes if op in n), None) or "not run"
+                status = SKIP if why != "not run" or not self.failures else FAIL
+                out.append(Check(op, status, why, None if status == SKIP else fix))
+                continue
+            bad = [c for c in mine if not c.match]
+            if bad:
+                out.append(
+                    Check(
+                        op,
+                        FAIL,
+                        f"{len(bad)} of {len(mine)} cases differ from torch.distributed: "
+                        + "; ".join(f"{c.case}: {c.detail}" for c in bad[:4]),
+                        fix,
+                    )
+                )
+            else:
+                out.append(
+                    Check(op, OK, f"{len(mine)} cases equal torch.distributed's, bit for bit")
+                )
+        if self.failures or self.aborted:
+            out.append(
+                Check(
+                    "ranks",
+                    FAIL,
+                    "; ".join(self.failures) or f"exllamav3 sync timeout during {self.aborted}",
+                    "rerun with one GPU (--devices 0) to separate a build fault from a link fault",
+                )
+            )
+        return tuple(out)
+
+
+def extract_extension(wheel: Path, dest: Path, module: str = EXT_MODULE) -> Path:
+    """Unpack the wheel's top-level ``module.*.so`` (nothing else) into ``dest``."""
+    where = str(wheel)
+    try:
+        zf = zipfile.ZipFile(wheel)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise PinwheelError(
+            f"not a readable wheel: {exc}",
+            where=where,
+            next="pass the .whl that `pinwheel kernels --name exllamav3` wrote",
+        ) from None
+    with zf:
+        issues = [i for i in zip_issues(zf) if i.rule == "zip"]
+        if issues:
+            raise PinwheelError(
+                f"unsafe wheel: {issues[0].message}",
+                where=f"{where}: {issues[0].member}",
+                next="rebuild it with `pinwheel kernels`",
+            )
+        pattern = re.compile(rf"{re.escape(module)}\.[A-Za-z0-9_.-]*\.so")
+        members = [
+            i
+            for i in zf.infolist()
+            if pattern.fullmatch(i.filename)
+            and member_type(i) == "file"
+            and unsafe_name_reason(i.filename) is None
+        ]
+        if len(members) != 1:
+            found = ", ".join(n for n in zf.namelist() if n.endswith(".so")) or "no .so"
+            raise PinwheelError(
+                f"expected one top-level {module}.*.so in the wheel, found: {found}",
+                where=where,
+                next="pass the exllamav3 wheel built by `pinwheel kernels --name exllamav3`",
+            )
+        dest.mkdir(parents=True, exist_ok=True)
+        target = dest / members[0].filename
+        with zf.open(members[0]) as src, target.open("wb") as out:
+            shutil.copyfileobj(src, out)
+    return target
+
+
+def run_tpcheck(req: TpRequest) -> TpOutcome:
+    if not req.devices:
+        raise PinwheelError(
+            "no GPU to run the process-group primitives on",
+            where="--devices",
+            next="pass --devices 0,1 (two GPUs) or --devices 0 (the one-rank cases)",
+        )
+    with tempfile.TemporaryDirectory(prefix="pinwheel-tp-") as tmp:
+        extract_extension(req.wheel, Path(tmp))
+        results = run_ranks(
+            RankRequest(
+                python=req.python,
+                script=WORKERS / "pg_primitives.py",
+                args=("--", tmp),
+                devices=req.devices,
+                world=len(req.devices),
+                environ=req.environ,
+                timeout_s=req.timeout_s,
+            )
+        )
+    return outcome_of(results)
+
+
+def outcome_of(results: tuple[RankResult, ...]) -> TpOutcome:
+    """Merge the ranks' reports: a case matches when it matched on every rank that compared."""
+    failures = [r.why() for r in results if not r.ok]
+    payloads = [r.payload for r in results if r.payload is not None]
+    for p in payloads:
+        if p.get("error"):
+            failures.append(f"rank {p.get('rank')}: {str(p['error']).strip().splitlines()[-1]}")
+    merged: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for p in payloads:
+        for c in p.get("cases") or ():
+            merged.setdefault((str(c["op"]), str(c["case"])), []).append(c)
+    cases = []
+    for (op, case), rows in merged.items():
+        bad = [r for r in rows if not r.get("match")]
+        cases.append(
+            Case(
+                op=op,
+                case=case,
+                nbytes=int(rows[0].get("bytes") or 0),
+                match=not bad,
+                detail="; ".join(_why(r) for r in bad),
+            )
+        )
+    first = payloads[0] if payloads else {}
+    init = next((p.get("init") for p in payloads if p.get("rank") == 0), None)
+    notes = tuple(str(p["gather_skipped"]) for p in payloads[:1] if p.get("gather_skipped"))
+    notes = tuple(f"pg_gather: {n}" for n in notes)
+    aborted = next((str(p["aborted"]) for p in payloads if p.get("aborted")), None)
+    return TpOutcome(
+        world=len(results),
+        device=first.get("device"),
+        init=init,
+        cases=tuple(cases),
+        failures=tuple(failures),
+        aborted=aborted,
+        notes=notes,
+    )
+
+
+def _why(row: Mapping[str, Any]) -> str:
+    rank = f"rank {row.get('rank')}"
+    if row.get("error"):
+        return f"{rank}: {row['error']}"
+    if "waited_s" in row:
+        return (
+            f"{rank} waited {row['waited_s']} s at pg_barrier, "
+            f"{row.get('torch_waited_s')} s at dist.barrier"
+        )
+    text = f"{rank}: {row.get('wrong')} of {row.get('elements')} elements differ"
+    if row.get("unwritten"):
+        text += f", {row['unwritten']} never written"
+    for part in row.get("by_source") or ():
+        if part.get("wrong"):
+            lo, hi = part["columns"]
+            text += f"; rank {part['rank']}'s columns {lo}-{hi}: {part['wrong']} wrong"
+            if part.get("unwritten"):
+                text += f" ({part['unwritten']} never written)"
+    return text
+
+
+def table(outcomes: Mapping[str, TpOutcome]) -> list[str]:
+    """Markdown rows: one per case, one column per build (``same`` / ``DIFFERS``)."""
+    names = list(outcomes)
+    keys: list[tuple[str, str]] = []
+    for o in outcomes.values():
+        for c in o.cases:
+            if (c.op, c.case) not in keys:
+                keys.append((c.op, c.case))
+    lines = [
+        "| primitive | case | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for op, case in keys:
+        cells = []
+        for name in names:
+            hit = next((x for x in outcomes[name].cases if (x.op, x.case) == (op, case)), None)
+            if hit is None:
+                cells.append("not run")
+            elif hit.match:
+                cells.append("= torch.distributed")
+            else:
+                cells.append("DIFFERS: " + hit.detail.replace("|", "/"))
+        lines.append(f"| {op} | {case} | " + " | ".join(cells) + " |")
+    return lines

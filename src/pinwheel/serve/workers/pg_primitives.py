@@ -1,0 +1,325 @@
+"""One rank of the exllamav3 process-group check: every pg_* result against torch.distributed.
+
+Run by pinwheel.serve.ranks, one process per GPU (RANK = local device ordinal).
+Argument: the directory holding the built ``exllamav3_ext`` module (after ``--``).
+
+Set-up as exllamav3's own native TP backend does it (exllamav3/model/model_tp_backend.py
+at v0.0.43): rank 0 creates two POSIX shared-memory regions, G (128 KiB, the
+PGContext) and B (16 MiB, the bulk buffer), every rank pins both with
+cudaHostRegister(PORTABLE), rank 0 calls pg_init_context(G). Then, for each case,
+the primitive runs on a copy of the input and torch.distributed (NCCL) on another,
+and the results are compared bit for bit (two ranks: the float32 sums a + b are
+exact in either order).
+
+Gather sizes: slices of unequal width (the destination offset of a rank's own
+columns is then not 0 on the last rank, the offset PR 234 "Fix TP gather
+self-copy offset" adds), gathered to each rank in turn, batches that fit the
+per-rank share of B and one that streams through it in stages. The output is
+filled with NaN first, so columns never written show as such.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+from multiprocessing import shared_memory
+
+import torch
+import torch.distributed as dist
+
+GLOBALS_SIZE = 128 * 1024  # exllamav3 model_tp_backend.py
+SHBUF_SIZE = 16 * 1024**2
+CUDA_HOST_REGISTER_PORTABLE = 1
+BARRIER_DELAY_S = 0.3
+
+ALL_REDUCE_NUMEL = (4, 1000, 262144, 3_000_000)  # float32: 16 B .. 12 MB (> B / 2 per rank)
+BROADCAST_NUMEL = (1025, 500_001, 12_000_000)  # float16: 2050 B (> the LL limit) .. 24 MB (> B)
+GATHER_LDIMS = ((256, 256), (192, 320), (320, 192))  # float16 columns per rank (x 2 B % 128 == 0)
+GATHER_BATCH = (1, 37, 16384)  # 16384 x 640 B = 10 MiB: more than a rank's share of B
+
+
+def main() -> int:
+    args = [a for a in sys.argv[1:] if a != "--"]
+    ext_dir = args[0]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    sys.path.insert(0, ext_dir)
+    import exllamav3_ext as ext  # after torch: it links libtorch
+
+    out = {"rank": rank, "world": world, "device": torch.cuda.get_device_name(dev),
+           "ext": ext.__file__, "cases": [], "aborted": None}  # fmt: skip
+    port = os.environ.get("MASTER_PORT", "0")
+    pg = Pg(ext, rank, world, dev, f"pinwheel_pg_{port}")
+    try:
+        out["init"] = pg.init_fields()
+        run_cases(pg, out)
+        out["sync_timeout_after"] = pg.field(0)
+    except Exception:  # reported, not raised: the other rank must not wait forever
+        out["error"] = traceback.format_exc(limit=4)
+    finally:
+        pg.close()
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+class Pg:
+    """The shared, pinned G and B regions, and the abort flag, as exllamav3 sets them up."""
+
+    def __init__(self, ext, rank, world, dev, name):
+        self.ext, self.rank, self.world, self.dev = ext, rank, world, dev
+        self.devices = list(range(world))
+        self.master = rank == 0
+        if self.master:
+            self.shm_g = shared_memory.SharedMemory(
+                create=True, size=GLOBALS_SIZE, name=name + "_g"
+            )
+            self.shm_b = shared_memory.SharedMemory(create=True, size=SHBUF_SIZE, name=name + "_b")
+        dist.barrier()
+        if not self.master:
+            self.shm_g = shared_memory.SharedMemory(name=name + "_g")
+            self.shm_b = shared_memory.SharedMemory(name=name + "_b")
+        self.g = torch.frombuffer(self.shm_g.buf, dtype=torch.uint8)
+        self.b = torch.frombuffer(self.shm_b.buf, dtype=torch.uint8)
+        if self.master:
+            self.g.zero_()
+            self.b.zero_()
+        self.ptr_g, self.ptr_b = self.g.data_ptr(), self.b.data_ptr()
+        host_register(self.ptr_g, GLOBALS_SIZE)
+        host_register(self.ptr_b, SHBUF_SIZE)
+        if self.master:
+            ext.pg_init_context(self.ptr_g)
+        self.abort = torch.zeros((1,), device=dev, dtype=torch.int)
+        self.lockstep()
+
+    def lockstep(self):
+        torch.cuda.synchronize(self.dev)
+        dist.barrier()
+
+    def field(self, index):
+        """The index-th uint32 of the PGContext (0: sync_timeout, 1: barrier_epoch)."""
+        return int(self.g[:64].view(torch.int32)[index].item())
+
+    def init_fields(self):
+        return {"sync_timeout": self.field(0), "barrier_epoch": self.field(1),
+                "globals_bytes": GLOBALS_SIZE, "shbuf_bytes": SHBUF_SIZE}  # fmt: skip
+
+    def aborted(self):
+        torch.cuda.synchronize(self.dev)
+        return int(self.abort.item()) != 0 or self.field(0) != 0
+
+    def close(self):
+        torch.cuda.synchronize(self.dev)
+        for ptr in (getattr(self, "ptr_g", None), getattr(self, "ptr_b", None)):
+            if ptr:
+                host_unregister(ptr)
+        self.g = self.b = None
+        try:
+            dist.barrier()
+        except Exception:
+            pass
+        for shm in (getattr(self, "shm_g", None), getattr(self, "shm_b", None)):
+            if shm is not None:
+                try:
+                    shm.close()
+                except BufferError:  # a view is still alive; the process exits anyway
+                    pass
+                if self.master:
+                    shm.unlink()
+
+
+def _cudart_ctypes():
+    """libcudart through ctypes (as exllamav3's model_tp_cuda.py), for a torch without the binding;
+    torch has loaded it already, so its soname resolves."""
+    import ctypes
+
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise RuntimeError("libcudart not found")
+
+
+def host_register(ptr, size):
+    rt = torch.cuda.cudart()
+    if hasattr(rt, "cudaHostRegister"):
+        rc = int(rt.cudaHostRegister(ptr, size, CUDA_HOST_REGISTER_PORTABLE))
+    else:
+        import ctypes
+
+        fn = _cudart_ctypes().cudaHostRegister
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+        rc = int(fn(ptr, size, CUDA_HOST_REGISTER_PORTABLE))
+    if rc != 0:
+        raise RuntimeError(f"cudaHostRegister failed: error {rc}")
+
+
+def host_unregister(ptr):
+    rt = torch.cuda.cudart()
+    if hasattr(rt, "cudaHostUnregister"):
+        rt.cudaHostUnregister(ptr)
+    else:
+        import ctypes
+
+        fn = _cudart_ctypes().cudaHostUnregister
+        fn.argtypes = [ctypes.c_void_p]
+        fn(ptr)
+
+
+def compare(got, want):
+    """Bit-for-bit on two ranks; otherwise within float32 rounding (sums in another order)."""
+    bits = {2: torch.int16, 4: torch.int32}[got.element_size()]
+    if got.shape != want.shape:
+        return {"match": False, "detail": f"shape {tuple(got.shape)} != {tuple(want.shape)}"}
+    diff = got.view(bits) != want.view(bits)
+    if (
+        want.dtype == torch.float32
+        and want.numel()
+        and diff.any()
+        and os.environ["WORLD_SIZE"] != "2"
+    ):
+        diff = ~torch.isclose(got, want, rtol=1e-6, atol=0.0)
+    wrong = int(diff.sum().item())
+    finite = torch.isfinite(got) & torch.isfinite(want)
+    max_abs = (
+        float((got.float() - want.float()).abs()[finite].max().item()) if finite.any() else 0.0
+    )
+    first = int(diff.flatten().nonzero()[0].item()) if wrong else None
+    return {"match": wrong == 0, "wrong": wrong, "elements": want.numel(),
+            "unwritten": int(torch.isnan(got).sum().item()), "max_abs_diff": max_abs,
+            "first_wrong": first}  # fmt: skip
+
+
+def gen(seed, shape, dtype, dev):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    return torch.randn(shape, generator=g, device=dev, dtype=torch.float32).to(dtype)
+
+
+def run_cases(pg, out):
+    ext, rank, world, dev = pg.ext, pg.rank, pg.world, pg.dev
+    cases = out["cases"]
+
+    def record(op, case, nbytes, result):
+        result.update(op=op, case=case, bytes=nbytes, rank=rank)
+        cases.append(result)
+
+    def guarded(op, case, nbytes, fn):
+        try:
+            record(op, case, nbytes, fn())
+        except Exception as exc:
+            record(op, case, nbytes, {"match": False, "error": f"{type(exc).__name__}: {exc}"})
+        if pg.aborted():
+            out["aborted"] = f"{op} {case}"
+            raise RuntimeError(f"exllamav3 sync timeout during {op} {case}")
+        pg.lockstep()
+
+    # pg_barrier: back to back, then with rank 1 arriving late, beside dist.barrier
+    def barriers():
+        for _ in range(100):
+            ext.pg_barrier(pg.ptr_g, pg.devices, rank, pg.abort)
+        torch.cuda.synchronize(dev)
+        return {"match": True, "detail": "100 barriers in a row"}
+
+    guarded("pg_barrier", "100 in a row", 0, barriers)
+
+    def late(fn):
+        pg.lockstep()
+        if rank == world - 1 and world > 1:
+            time.sleep(BARRIER_DELAY_S)
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize(dev)
+        return time.perf_counter() - start
+
+    def skew():
+        waited_pg = late(lambda: ext.pg_barrier(pg.ptr_g, pg.devices, rank, pg.abort))
+        waited_dist = late(dist.barrier)
+        held = waited_pg >= 0.8 * BARRIER_DELAY_S and waited_dist >= 0.8 * BARRIER_DELAY_S
+        return {"match": held if rank == 0 and world > 1 else True,
+                "waited_s": round(waited_pg, 4), "torch_waited_s": round(waited_dist, 4),
+                "detail": f"last rank {BARRIER_DELAY_S} s late"}  # fmt: skip
+
+    guarded("pg_barrier", f"last rank {BARRIER_DELAY_S} s late", 0, skew)
+
+    for i, n in enumerate(ALL_REDUCE_NUMEL):
+
+        def all_reduce(n=n, i=i):
+            x = gen(100 + 10 * i + rank, (n,), torch.float32, dev)
+            got, want = x.clone(), x.clone()
+            ext.pg_all_reduce(pg.ptr_g, pg.devices, rank, pg.devices[0], got, pg.ptr_b,
+                              SHBUF_SIZE, pg.abort)  # fmt: skip
+            dist.all_reduce(want)
+            torch.cuda.synchronize(dev)
+            return compare(got, want)
+
+        guarded("pg_all_reduce", f"{n} float32", n * 4, all_reduce)
+
+    for i, n in enumerate(BROADCAST_NUMEL):
+        for src in range(world):
+
+            def broadcast(n=n, i=i, src=src):
+                x = gen(200 + 10 * i, (n,), torch.float16, dev)
+                got = x.clone() if rank == src else torch.full_like(x, float("nan"))
+                want = got.clone()
+                ext.pg_broadcast(pg.ptr_g, pg.devices, rank, src, got, pg.ptr_b, SHBUF_SIZE,
+                                 pg.abort)  # fmt: skip
+                dist.broadcast(want, src)
+                torch.cuda.synchronize(dev)
+                return compare(got, want)
+
+            guarded("pg_broadcast", f"{n} float16 from rank {src}", n * 2, broadcast)
+
+    if world < 2:
+        out["gather_skipped"] = (
+            "one rank: exllamav3 gathers across ranks only "
+            "(pg_gather_kernel returns at once when num_ranks <= 1)"
+        )
+        return
+    for ldims in GATHER_LDIMS:
+        if len(ldims) != world:
+            continue
+        for batch in GATHER_BATCH:
+            for dst in range(world):
+
+                def gather(ldims=ldims, batch=batch, dst=dst):
+                    mine = gen(300 + batch + 7 * rank, (batch, ldims[rank]), torch.float16, dev)
+                    total = sum(ldims)
+                    got = torch.full((batch, total), float("nan"), device=dev,
+                                     dtype=torch.float16) if rank == dst else None  # fmt: skip
+                    ext.pg_gather(pg.ptr_g, pg.devices, rank, dst, mine, got, list(ldims),
+                                  pg.ptr_b, SHBUF_SIZE, pg.abort)  # fmt: skip
+                    # torch.distributed: all_gather of slices padded to the widest, then cut
+                    wide = max(ldims)
+                    pad = torch.zeros((batch, wide), device=dev, dtype=torch.float16)
+                    pad[:, : ldims[rank]] = mine
+                    allp = torch.empty((world, batch, wide), device=dev, dtype=torch.float16)
+                    dist.all_gather_into_tensor(allp, pad)
+                    want = torch.cat([allp[r, :, : ldims[r]] for r in range(world)], dim=-1)
+                    torch.cuda.synchronize(dev)
+                    if rank != dst:
+                        return {"match": True, "detail": "sender"}
+                    res = compare(got, want)
+                    cols, start = [], 0
+                    for r, w in enumerate(ldims):
+                        part = compare(got[:, start : start + w].contiguous(),
+                                       want[:, start : start + w].contiguous())  # fmt: skip
+                        cols.append({"rank": r, "columns": [start, start + w],
+                                     "wrong": part.get("wrong"),
+                                     "unwritten": part.get("unwritten")})  # fmt: skip
+                        start += w
+                    res["by_source"] = cols
+                    return res
+
+                guarded("pg_gather", f"ldims {list(ldims)} batch {batch} to rank {dst}",
+                        batch * sum(ldims) * 2, gather)  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
