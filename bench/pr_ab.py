@@ -67,19 +67,20 @@ def variant(source: Path, dest: Path, kernel: str, drop_pr: int | None, args: An
 
 def pinwheel(*argv: str, log: Path) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "pinwheel", *argv]
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    path = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     print("$ " + " ".join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     log.write_text(p.stdout + p.stderr)
     return p
 
 
-def build(manifest: Path, name: str, args: Any, out: Path) -> tuple[Path | None, float]:
+def build(manifest: Path, name: str, args: Any, out: Path, tag: str) -> tuple[Path | None, float]:
     cache_args = [f"--mirror={m}" for m in args.mirror] + ["--cache", str(args.work / "cache")]
     started = time.monotonic()
     p = pinwheel(
         "--manifest", str(manifest), *cache_args, "--offline", "kernels", "--name", args.kernel,
-        "--out", str(out), log=args.work / f"build-{name}.log",
+        "--out", str(out), log=args.work / f"build-{tag}.log",
     )  # fmt: skip
     seconds = time.monotonic() - started
     wheels = sorted(out.glob("*.whl"))
@@ -91,11 +92,12 @@ def build(manifest: Path, name: str, args: Any, out: Path) -> tuple[Path | None,
     return wheels[0], seconds
 
 
-def check(wheel: Path, devices: str, name: str, args: Any) -> TpOutcome | None:
-    out = args.work / f"tp-{name}-{devices.replace(',', '_')}"
+def check(wheel: Path, devices: str, name: str, args: Any, tag: str) -> TpOutcome | None:
+    tag = f"{tag}-{devices.count(',') + 1}gpu"
+    out = args.work / f"tp-{tag}"
     p = pinwheel(
         "--json", "qualify", "tp", "--wheel", str(wheel), "--devices", devices,
-        "--python", args.python, "--out", str(out), log=args.work / f"tp-{name}-{devices}.log",
+        "--python", args.python, "--out", str(out), log=args.work / f"tp-{tag}.log",
     )  # fmt: skip
     print(p.stderr.strip()[-2000:], flush=True)
     doc_path = out / "tp-primitives.json"
@@ -139,14 +141,14 @@ def main() -> int:
     single: dict[str, TpOutcome] = {}
     for i, (name, drop) in enumerate(names.items()):
         m = variant(manifest, args.work / f"manifest-{i}", args.kernel, drop, args)
-        wheel, seconds = build(m, name, args, args.work / f"wheels-{i}")
+        wheel, seconds = build(m, name, args, args.work / f"wheels-{i}", str(i))
         results[name] = {"wheel": str(wheel) if wheel else None, "build_s": round(seconds, 1)}
         if wheel is None:
             continue
-        tp = check(wheel, args.devices, name, args)
+        tp = check(wheel, args.devices, name, args, str(i))
         if tp is not None:
             outcomes[name] = tp
-        one = check(wheel, args.devices.split(",")[0], name, args)
+        one = check(wheel, args.devices.split(",")[0], name, args, str(i))
         if one is not None:
             single[name] = one
     print(f"\n{args.devices.count(',') + 1} GPUs, pg_* vs torch.distributed:")
