@@ -357,3 +357,26 @@ def test_nvcc_is_looked_up_in_the_environment_the_caller_gives(tmp_path):
     assert (check.status, check.detail) == (OK, f"nvcc 12.4 at {good}")
     check = check_nvcc(dataclasses.replace(base, environ={"PATH": str(wrong.parent)}))
     assert check.status != OK and str(wrong) in check.detail and "13.0" in check.detail
+
+
+def test_human_output_keeps_literal_brackets(tmp_path, capsys):
+    """Check details are text: rich markup ate "[serve.profile.tp2]" from the all-reduce
+    check's detail on the 2 x H200 run, and eats any bracketed path the same way."""
+    smi = _stand_in_smi(
+        tmp_path, "0, NVIDIA H200, 9.0, 143771, 0:19\n", (TOPO / "dgx1-v100.txt").read_text()
+    )
+    engine = _fake_engine(tmp_path, "exl3", "GlmMoeDsaForCausalLM")
+    venv = tmp_path / "[venv]"
+    venv.mkdir()
+    python = venv / "python"
+    python.write_text(engine.read_text())
+    python.chmod(0o755)
+    code = main(
+        ["preflight", "--manifest", str(ROOT / "manifest.toml"), "--nvidia-smi", str(smi),
+         "--python", str(python)]
+    )  # fmt: skip
+    assert code == 1  # one GPU for a four-GPU profile
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    (line,) = [x for x in out.splitlines() if "engine Python" in x]
+    assert f"({python})" in line

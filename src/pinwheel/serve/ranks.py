@@ -50,6 +50,7 @@ class RankRequest:
     world: int  # number of ranks; len(devices) when devices are given
     environ: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float = 300.0
+    grace_s: float = GRACE_S  # once one rank has failed, how long the others get
 
     @property
     def backend(self) -> str:
@@ -139,7 +140,7 @@ def run_ranks(req: RankRequest) -> tuple[RankResult, ...]:
                 where="ranks",
                 next="pass --python PATH to the engine's interpreter (it needs torch)",
             ) from None
-        codes = _wait([p for p, _, _ in procs], req.timeout_s)
+        codes = _wait([p for p, _, _ in procs], req.timeout_s, req.grace_s)
         return tuple(
             RankResult(
                 rank=rank,
@@ -152,7 +153,9 @@ def run_ranks(req: RankRequest) -> tuple[RankResult, ...]:
         )
 
 
-def _wait(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> list[int | None]:
+def _wait(
+    procs: list[subprocess.Popen[bytes]], timeout_s: float, grace_s: float
+) -> list[int | None]:
     deadline = time.monotonic() + timeout_s
     failed_at: float | None = None
     while True:
@@ -162,9 +165,9 @@ def _wait(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> list[int | 
         now = time.monotonic()
         if failed_at is None and any(c not in (None, 0) for c in codes):
             failed_at = now
-        if now > deadline or (failed_at is not None and now - failed_at > GRACE_S):
+        if now > deadline or (failed_at is not None and now - failed_at > grace_s):
             _stop(procs)
-            return [c if c is not None else None for c in codes]
+            return codes
         time.sleep(0.05)
 
 

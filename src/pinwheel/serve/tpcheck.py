@@ -193,13 +193,15 @@ def outcome_of(results: tuple[RankResult, ...]) -> TpOutcome:
     cases = []
     for (op, case), rows in merged.items():
         bad = [r for r in rows if not r.get("match")]
+        # a match says nothing more, except the barrier's waits (what "held" means)
+        shown = bad or [r for r in rows if "waited_s" in r and r.get("rank") == 0]
         cases.append(
             Case(
                 op=op,
                 case=case,
                 nbytes=int(rows[0].get("bytes") or 0),
                 match=not bad,
-                detail="; ".join(_why(r) for r in bad),
+                detail="; ".join(_why(r) for r in shown),
             )
         )
     first = payloads[0] if payloads else {}
