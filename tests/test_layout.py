@@ -147,8 +147,16 @@ _OS_CALLS = {"system", "popen", "getenv", "getenvb", "putenv", "execv", "execve"
              "execvpe", "spawnv", "spawnve", "posix_spawn", "posix_spawnp"}  # fmt: skip
 
 
+# Programs the engine's Python runs, one process per rank (serve/ranks.py starts them through
+# the runner): they are not stages and import nothing from pinwheel; like any program they
+# read their own environment (RANK, WORLD_SIZE, the NVLS flags they report back).
+_WORKERS = "pinwheel.serve.workers."
+
+
 def offences(path: Path, module: str) -> list[str]:
     """Environment reads and process starts in ``path`` that its module may not make."""
+    if module.startswith(_WORKERS):
+        return []
     tree = ast.parse(path.read_text(), str(path))
     found = []
     for node in ast.walk(tree):

@@ -27,14 +27,8 @@ import pytest
 
 from pinwheel.cli import main
 from pinwheel.errors import ManifestError, PinwheelError
-from pinwheel.serve.allreduce import (
-    AllReduceOutcome,
-    AllReduceRequest,
-    allreduce_check,
-    measure,
-    outcome_of,
-)
-from pinwheel.serve.preflight import FAIL, OK, SKIP
+from pinwheel.serve.allreduce import AllReduceOutcome, AllReduceRequest, measure, outcome_of
+from pinwheel.serve.preflight import FAIL, OK, SKIP, allreduce_check
 from pinwheel.serve.ranks import NVLS_OFF, RankRequest, RankResult, child_env, run_ranks
 from pinwheel.serve.tpcheck import (
     Case,

@@ -2,10 +2,10 @@
 
 In: a frozen :class:`AllReduceRequest`. Out: a frozen :class:`AllReduceOutcome`
 (every rank's sum checked element by element, the slowest rank's time, bus
-bandwidth as nccl-tests reports it), and :func:`allreduce_check` turns it into a
-preflight :class:`~pinwheel.serve.preflight.Check` gated by the profile's
-``min_allreduce_gbps``. One process per GPU (:mod:`pinwheel.serve.ranks`), in
-the engine's Python, NVLink multicast off in every rank.
+bandwidth as nccl-tests reports it); :func:`pinwheel.serve.preflight.allreduce_check`
+turns it into a preflight check gated by the profile's ``min_allreduce_gbps``.
+One process per GPU (:mod:`pinwheel.serve.ranks`), in the engine's Python,
+NVLink multicast off in every rank.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pinwheel.serve.preflight import FAIL, OK, Check
 from pinwheel.serve.ranks import NVLS_OFF, WORKERS, RankRequest, RankResult, run_ranks
 
 DEFAULT_BYTES = 256 << 20  # large enough that NVLink bandwidth, not latency, sets the time
@@ -96,58 +95,5 @@ def outcome_of(results: tuple[RankResult, ...], nbytes: int, backend: str) -> Al
     )
 
 
-def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | None) -> Check:
-    """The preflight check: FAIL on a crash, a wrong sum, NVLS left on, or busbw under the gate."""
-    name = "nccl all-reduce"
-    key = f"[serve.profile.{profile_name}] min_allreduce_gbps"
-    rerun = "rerun `pinwheel preflight --selftest` with NCCL_DEBUG=INFO to see NCCL's transport"
-    if outcome.failures:
-        return Check(
-            name,
-            FAIL,
-            f"{outcome.world} ranks ({outcome.backend}): " + "; ".join(outcome.failures),
-            "check the engine's torch sees every GPU "
-            "(`python -c 'import torch; print(torch.cuda.device_count())'`); " + rerun,
-        )
-    if not outcome.nvls_off:
-        return Check(
-            name,
-            FAIL,
-            "a rank ran with NVLink multicast on (NCCL_NVLS_ENABLE / "
-            "TORCH_SYMM_MEM_DISABLE_MULTICAST / NVSHMEM_DISABLE_NVLS not set in its environment)",
-            "report this: pinwheel sets them for every rank",
-        )
-    size = _size(outcome.nbytes)
-    if not outcome.sum_ok:
-        return Check(
-            name,
-            FAIL,
-            f"wrong sums over {outcome.world} GPUs ({size} float32): " + "; ".join(outcome.wrong),
-            "export NCCL_P2P_LEVEL=NVL (or NCCL_P2P_DISABLE=1) and check ACS/IOMMU settings; "
-            + rerun,
-        )
-    busbw = outcome.busbw_gbps or 0.0
-    what = (
-        f"{outcome.world} x {outcome.device} ({outcome.backend}"
-        + (f" {outcome.nccl}" if outcome.nccl else "")
-        + f"), {size} float32: sum right on every rank; "
-        f"bus bandwidth {busbw:.1f} GB/s (algbw {outcome.algbw_gbps or 0:.1f} GB/s, "
-        f"{(outcome.seconds or 0) * 1e3:.3f} ms per all-reduce); NVLS off in every rank"
-    )
-    if outcome.world < 2:
-        return Check(name, OK, f"{what}; one rank: no bus traffic, gate not applied")
-    if gate is None:
-        return Check(name, OK, f"{what}; not gated ({key} unset)")
-    if busbw < gate:
-        return Check(
-            name,
-            FAIL,
-            f"{what}; below the gate {gate:g} GB/s ({key})",
-            "check `nvidia-smi topo -m` (NVLink expected between tensor-parallel GPUs) "
-            "and that no other job uses these GPUs; " + rerun,
-        )
-    return Check(name, OK, f"{what}; gate {gate:g} GB/s ({key})")
-
-
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} B"

@@ -24,12 +24,15 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pinwheel import runner
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest.serve import Engine, Image, ServeConfig, ServeProfile
 from pinwheel.serve.ranks import NVLS_OFF
+
+if TYPE_CHECKING:
+    from pinwheel.serve.allreduce import AllReduceOutcome
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 GPU_QUERY = "index,name,compute_cap,memory.total,pci.bus_id"
@@ -704,9 +707,64 @@ def _preflight_image(
     return tuple(checks)
 
 
+def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | None) -> Check:
+    """The preflight check: FAIL on a crash, a wrong sum, NVLS left on, or busbw under the gate."""
+    from pinwheel.serve.allreduce import size_text
+
+    name = "nccl all-reduce"
+    key = f"[serve.profile.{profile_name}] min_allreduce_gbps"
+    rerun = "rerun `pinwheel preflight --selftest` with NCCL_DEBUG=INFO to see NCCL's transport"
+    if outcome.failures:
+        return Check(
+            name,
+            FAIL,
+            f"{outcome.world} ranks ({outcome.backend}): " + "; ".join(outcome.failures),
+            "check the engine's torch sees every GPU "
+            "(`python -c 'import torch; print(torch.cuda.device_count())'`); " + rerun,
+        )
+    if not outcome.nvls_off:
+        return Check(
+            name,
+            FAIL,
+            "a rank ran with NVLink multicast on (NCCL_NVLS_ENABLE / "
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST / NVSHMEM_DISABLE_NVLS not set in its environment)",
+            "report this: pinwheel sets them for every rank",
+        )
+    size = size_text(outcome.nbytes)
+    if not outcome.sum_ok:
+        return Check(
+            name,
+            FAIL,
+            f"wrong sums over {outcome.world} GPUs ({size} float32): " + "; ".join(outcome.wrong),
+            "export NCCL_P2P_LEVEL=NVL (or NCCL_P2P_DISABLE=1) and check ACS/IOMMU settings; "
+            + rerun,
+        )
+    busbw = outcome.busbw_gbps or 0.0
+    what = (
+        f"{outcome.world} x {outcome.device} ({outcome.backend}"
+        + (f" {outcome.nccl}" if outcome.nccl else "")
+        + f"), {size} float32: sum right on every rank; "
+        f"bus bandwidth {busbw:.1f} GB/s (algbw {outcome.algbw_gbps or 0:.1f} GB/s, "
+        f"{(outcome.seconds or 0) * 1e3:.3f} ms per all-reduce); NVLS off in every rank"
+    )
+    if outcome.world < 2:
+        return Check(name, OK, f"{what}; one rank: no bus traffic, gate not applied")
+    if gate is None:
+        return Check(name, OK, f"{what}; not gated ({key} unset)")
+    if busbw < gate:
+        return Check(
+            name,
+            FAIL,
+            f"{what}; below the gate {gate:g} GB/s ({key})",
+            "check `nvidia-smi topo -m` (NVLink expected between tensor-parallel GPUs) "
+            "and that no other job uses these GPUs; " + rerun,
+        )
+    return Check(name, OK, f"{what}; gate {gate:g} GB/s ({key})")
+
+
 def run_allreduce(opts: Options, gpus: tuple[Gpu, ...] | None) -> Check:
     """NCCL all-reduce over the profile's GPUs, one process each (serve/allreduce.py)."""
-    from pinwheel.serve.allreduce import AllReduceRequest, allreduce_check, measure
+    from pinwheel.serve.allreduce import AllReduceRequest, measure
 
     present = {g.index for g in gpus or ()}
     if not opts.devices or any(d not in present for d in opts.devices):

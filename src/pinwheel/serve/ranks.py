@@ -3,8 +3,9 @@
 In: a frozen :class:`RankRequest` (the engine's Python, a worker script shipped
 with pinwheel, its arguments, the physical GPUs, the caller's environment).
 Out: one frozen :class:`RankResult` per rank (exit code, the JSON document the
-worker printed last, the tail of its stderr). Never raises for a failed rank:
-the caller turns results into checks.
+worker printed last, the tail of its output). Ranks start through
+:func:`pinwheel.runner.spawn`, each in its own process group, output to a log.
+Never raises for a failed rank: the caller turns results into checks.
 
 Each child runs with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/
 ``MASTER_PORT`` (torch.distributed's ``env://``), ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
@@ -19,8 +20,6 @@ the caller's environment says. When one rank fails the others are stopped
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pinwheel import runner
 from pinwheel.errors import PinwheelError
 
 # NCCL's NVLink SHARP (multicast), PyTorch's symmetric-memory multicast, NVSHMEM's NVLS.
@@ -63,7 +63,7 @@ class RankResult:
     device: int | None
     returncode: int | None  # None: stopped (timeout, or another rank failed)
     payload: Mapping[str, Any] | None  # the last stdout line, when it is a JSON object
-    stderr_tail: str
+    stderr_tail: str  # the rank's last output lines (stdout and stderr, interleaved)
 
     @property
     def ok(self) -> bool:
@@ -116,41 +116,40 @@ def run_ranks(req: RankRequest) -> tuple[RankResult, ...]:
         raise PinwheelError("no ranks to start", where="ranks", next="pass at least one GPU")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="pinwheel-ranks-") as tmp:
-        procs: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
+        procs: list[tuple[subprocess.Popen[bytes], Path]] = []
         try:
             for rank in range(req.world):
-                out, err = Path(tmp) / f"{rank}.out", Path(tmp) / f"{rank}.err"
-                env = child_env(
-                    req.environ, rank=rank, world=req.world, port=port, devices=req.devices
+                log = Path(tmp) / f"{rank}.log"
+                cmd = runner.Command(
+                    (req.python, str(req.script), *req.args),
+                    what=f"rank {rank} of {req.script.name}",
+                    env=child_env(
+                        req.environ, rank=rank, world=req.world, port=port, devices=req.devices
+                    ),
+                    output="log",
+                    log_file=log,
+                    new_session=True,
+                    missing_hint="pass --python PATH to the engine's interpreter (it needs torch)",
                 )
-                with out.open("wb") as o, err.open("wb") as e:
-                    p = subprocess.Popen(
-                        [req.python, str(req.script), *req.args],
-                        stdout=o,
-                        stderr=e,
-                        stdin=subprocess.DEVNULL,
-                        env=env,
-                        start_new_session=True,
-                    )
-                procs.append((p, out, err))
-        except OSError as exc:
-            _stop([p for p, _, _ in procs])
-            raise PinwheelError(
-                f"could not start {req.python}: {exc}",
-                where="ranks",
-                next="pass --python PATH to the engine's interpreter (it needs torch)",
-            ) from None
-        codes = _wait([p for p, _, _ in procs], req.timeout_s, req.grace_s)
-        return tuple(
-            RankResult(
-                rank=rank,
-                device=req.devices[rank] if req.devices else None,
-                returncode=codes[rank],
-                payload=_last_json(out.read_text(errors="replace")),
-                stderr_tail=_tail(err.read_text(errors="replace")),
+                procs.append((runner.spawn(cmd), log))
+        except PinwheelError:
+            for p, _ in procs:
+                runner.kill(p)
+            raise
+        codes = _wait([p for p, _ in procs], req.timeout_s, req.grace_s)
+        out = []
+        for rank, (_, log) in enumerate(procs):
+            text = log.read_text(errors="replace")
+            out.append(
+                RankResult(
+                    rank=rank,
+                    device=req.devices[rank] if req.devices else None,
+                    returncode=codes[rank],
+                    payload=_last_json(text),
+                    stderr_tail=_tail(text),
+                )
             )
-            for rank, (_, out, err) in enumerate(procs)
-        )
+        return tuple(out)
 
 
 def _wait(
@@ -166,23 +165,10 @@ def _wait(
         if failed_at is None and any(c not in (None, 0) for c in codes):
             failed_at = now
         if now > deadline or (failed_at is not None and now - failed_at > grace_s):
-            _stop(procs)
+            for p in procs:
+                runner.kill(p)  # its whole process group
             return codes
         time.sleep(0.05)
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _last_json(text: str) -> Mapping[str, Any] | None:
@@ -198,4 +184,6 @@ def _last_json(text: str) -> Mapping[str, Any] | None:
 
 
 def _tail(text: str, lines: int = 20) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
+    """The log's last lines, without the result line and without the log's command line."""
+    kept = [x for x in text.strip().splitlines()[1:] if not x.lstrip().startswith("{")]
+    return "\n".join(kept[-lines:])

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel.build.wheelfile import member_type, unsafe_name_reason, zip_issues
+from pinwheel.build.wheelfile import Limits, header_issues, member_type, unsafe_name_reason
 from pinwheel.errors import PinwheelError
 from pinwheel.serve.preflight import FAIL, OK, SKIP, Check
 from pinwheel.serve.ranks import WORKERS, RankRequest, RankResult, run_ranks
@@ -127,7 +127,7 @@ def extract_extension(wheel: Path, dest: Path, module: str = EXT_MODULE) -> Path
             next="pass the .whl that `pinwheel kernels --name exllamav3` wrote",
         ) from None
     with zf:
-        issues = [i for i in zip_issues(zf) if i.rule == "zip"]
+        issues, _ = header_issues(zf, Limits())
         if issues:
             raise PinwheelError(
                 f"unsafe wheel: {issues[0].message}",
