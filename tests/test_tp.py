@@ -224,9 +224,11 @@ def _load_profile(tmp_path: Path, value: str):
     from pinwheel.manifest import load
 
     text = (Path(__file__).parent.parent / "recipes" / "sm120-tp2" / "manifest.toml").read_text()
-    text = text.replace("tensor_parallel_size = 2\n", f"tensor_parallel_size = 2\n{value}\n", 1)
+    head = "[serve.profile.daily]\n"
+    assert head in text
+    text = text.replace(head, f"{head}{value}\n", 1)
     (tmp_path / "manifest.toml").write_text(text)
-    return load(tmp_path / "manifest.toml").require("serve").profile("tp2")
+    return load(tmp_path / "manifest.toml").require("serve").profile("daily")
 
 
 def test_min_allreduce_gbps_is_read_from_the_profile(tmp_path):

@@ -197,7 +197,7 @@ def _parse_profile(t: Table, name: str, image: bool = False) -> ServeProfile:
         env=_env_map(t, "env"),
         devices=_devices(t),
         cuda=t.int("cuda", 12, minimum=10),
-        min_allreduce_gbps=_positive(t, "min_allreduce_gbps"),
+        min_allreduce_gbps=_gbps(t, "min_allreduce_gbps"),
     )
 
 
@@ -254,7 +254,7 @@ def _parse_image(eng: Table) -> Image:
     )
 
 
-def _positive(t: Table, key: str) -> float | None:
+def _gbps(t: Table, key: str) -> float | None:
     value = t.float(key, None)
     if value is not None and not (math.isfinite(value) and value > 0):
         raise t.error(key, "a positive, finite number (GB/s)", value)
