@@ -241,3 +241,40 @@ def test_preflight_cli_prints_the_cards_known_issues(tmp_path, capsys):
     assert code == 0, doc
     assert any("long500k" in issue for issue in doc["known_issues"])
     assert {c["name"]: c["status"] for c in doc["checks"]}["image digest"] == OK
+
+
+def _selftest_checks(tmp_path, torch_python):
+    bindir = _stand_ins(tmp_path, [f"docker.io/{REF}"])
+    serve = manifest.load(SM120).serve
+    prof = serve.profile("daily")
+    checks = preflight(
+        Options(
+            profile=prof,
+            config=serve,
+            python="python3",
+            model=None,
+            devices=device_indices(prof, None),
+            selftest=True,
+            nvidia_smi=str(bindir / "nvidia-smi"),
+            container_runtime=str(bindir / "docker"),
+            environ=dict(os.environ),
+            torch_python=torch_python,
+        )
+    )
+    return {c.name: c for c in checks}
+
+
+def test_image_engine_all_reduce_needs_a_host_python(tmp_path):
+    """The card's TP2 all-reduce: the engine's torch is inside the image, so without
+    --python the check says how to run it instead of passing silently."""
+    c = _selftest_checks(tmp_path, None)["nccl all-reduce"]
+    assert c.status == SKIP and "--python" in (c.next or "")
+
+
+def test_image_engine_all_reduce_runs_with_the_given_python(tmp_path):
+    """A host Python without torch: both ranks really start with it and the check fails
+    with their error (on a GPU box with CUDA torch this is the two-GPU all-reduce)."""
+    c = _selftest_checks(tmp_path, sys.executable)["nccl all-reduce"]
+    assert c.status == FAIL
+    assert "rank 0:" in c.detail and "rank 1:" in c.detail
+    assert "No module named 'torch'" in c.detail

@@ -157,6 +157,7 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
         nvidia_smi=args.nvidia_smi,
         environ=ctx.environ,
         container_runtime=args.container_runtime,
+        torch_python=args.python or ctx.environ.get("PYTHON"),
     )
     checks = preflight(opts)
     took = time.monotonic() - start

@@ -17,6 +17,7 @@ wheel ``pinwheel_selftest`` when installed, else through torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -166,6 +167,9 @@ class Options:
     timeout_s: float = 10.0
     environ: Mapping[str, str] = field(default_factory=dict)  # CUDA_HOME, PATH
     container_runtime: str | None = None  # the runtime program; default [serve.engine] runtime
+    # a host Python with CUDA torch named by the user (--python / $PYTHON): under an image
+    # engine the engine's torch is inside the image, so the all-reduce runs with this one
+    torch_python: str | None = None
 
 
 def _run(argv: Sequence[str], timeout: float) -> tuple[int, str] | None:
@@ -704,6 +708,17 @@ def _preflight_image(
     checks.append(got["disk"])
     if opts.selftest:
         checks.append(Check("self-test", SKIP, f"the self-test needs a venv engine; {inside}"))
+        if opts.torch_python:
+            checks.append(run_allreduce(dataclasses.replace(opts, python=opts.torch_python), g))
+        else:
+            checks.append(
+                Check(
+                    "nccl all-reduce",
+                    SKIP,
+                    f"the engine's torch is {inside}",
+                    "pass --python PY (a host Python with CUDA torch) to run it on the host",
+                )
+            )
     return tuple(checks)
 
 
