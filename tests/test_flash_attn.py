@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pinwheel.cli import default_cache
+from test_kernels_build import substitutions
 
 pytestmark = [pytest.mark.slow, pytest.mark.flash_attn]
 
@@ -29,7 +30,7 @@ def test_flash_attention_v100_wheel_has_sm70(tmp_path: Path) -> None:
     cache = Path(os.environ.get("PINWHEEL_CACHE") or default_cache())
     cmd = [sys.executable, "-m", "pinwheel", "--manifest", str(REPO / "manifest.toml"),
            "--cache", str(cache), "--json", "kernels", "--name", "flash-attention-v100",
-           "--out", str(tmp_path)]  # fmt: skip
+           "--out", str(tmp_path), *substitutions()]  # fmt: skip
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     took = time.monotonic() - started

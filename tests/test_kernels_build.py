@@ -62,6 +62,13 @@ def test_provisioned_toolkit_is_pinned_and_relocatable(toolkit, cache: Path) -> 
           f"warm {TIMES['provision_warm']:.1f} s")  # fmt: skip
 
 
+def substitutions() -> list[str]:
+    """The V100 card's toolchain (CUDA 12.8, gcc 14) where these machines cannot have it:
+    the provisionable CUDA 12.4 and this machine's g++, substituted explicitly."""
+    gxx = subprocess.run(["g++", "-dumpfullversion"], capture_output=True, text=True, check=True)
+    return ["--substitute", "cuda=12.4", "--substitute", f"gcc={gxx.stdout.split('.')[0]}"]
+
+
 def pinwheel(cache: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
     cmd = [sys.executable, "-m", "pinwheel", "--manifest", str(REPO / "manifest.toml"),
@@ -73,9 +80,13 @@ def pinwheel(cache: Path, *args: str, cwd: Path = REPO) -> subprocess.CompletedP
 def selftest_wheel(toolkit, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("wheels")
     proc = pinwheel(cache, "--json", "kernels", "--name", "pinwheel-selftest", "--twice",
-                    "--out", str(out))  # fmt: skip
+                    "--out", str(out), *substitutions())  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (built,) = json.loads(proc.stdout)["components"]
+    outcome = json.loads(proc.stdout)
+    recorded = json.loads((out / "provenance.json").read_text())["substitutions"]
+    assert outcome["substitutions"] == recorded
+    assert {"key": "cuda", "pinned": "12.8", "used": "12.4"}.items() <= recorded[0].items()
+    (built,) = outcome["components"]
     built["path"] = out / built["wheel"]
     built["sums"] = (out / "SHA256SUMS").read_text()
     return built

@@ -28,7 +28,9 @@ from pinwheel.build.engine import build_engine, commit_time, engine_version
 from pinwheel.build.kernels import BuildOptions, build_kernel, build_twice, select
 from pinwheel.build.provenance import receipt, toolchain_facts
 from pinwheel.build.sources import plan_env, supply, unpinned
-from pinwheel.build.toolchain import Toolkit, ToolkitRequest, resolve_toolkit
+from pinwheel.build.toolchain import Toolkit, ToolkitRequest, choose, resolve_toolkit
+from pinwheel.build.toolchain.substitute import Substitution, headline
+from pinwheel.build.toolchain.substitute import to_json as substitutions_json
 from pinwheel.build.wheelset import Built, WheelSet, publish
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import Manifest
@@ -62,6 +64,8 @@ class BuildRequest:
     cuda: bool = True  # False: no CUDA toolkit at all (CPU-only projects, stand-in builds)
     compiler_cache: bool = True  # sccache per [build.cache]; False: --no-cache (verify-build)
     reuse_from: str | None = None  # release dir | URL | wheel: reuse unchanged compiled members
+    # --substitute: build with this CUDA / gcc instead of [build]'s (recorded, never silent)
+    substitute: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,13 @@ class BuildOutcome:
     built: tuple[Built, ...]
     wheels: WheelSet
     twice: Mapping[str, float] = field(default_factory=dict)  # kernel -> first build seconds
+    substitutions: tuple[Substitution, ...] = ()  # the toolchain [build] pins, replaced on purpose
 
     def to_json(self) -> dict[str, Any]:
         floors = {w.wheel: w.floor.to_json() for w in self.wheels.report.wheels}
         return {
             "toolkit": self.toolkit.facts() if self.toolkit else None,
+            "substitutions": substitutions_json(self.substitutions),
             **self.wheels.to_json(),
             "components": [
                 {
@@ -96,7 +102,8 @@ class BuildOutcome:
 
     def human_lines(self) -> list[str]:
         tk = self.toolkit
-        lines = [f"CUDA {tk.version} ({tk.source}) at {tk.root}" if tk else "no CUDA toolkit"]
+        lines = [line] if (line := headline(self.substitutions)) else []
+        lines.append(f"CUDA {tk.version} ({tk.source}) at {tk.root}" if tk else "no CUDA toolkit")
         for b in self.built:
             first = self.twice.get(b.component)
             extra = f", first build {first:.1f} s, identical" if first is not None else ""
@@ -126,7 +133,9 @@ def build_config(manifest: Manifest) -> BuildConfig:
 def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     """Kernels, then the engine; every wheel checked and published as one set."""
     manifest = request.manifest
-    config = build_config(manifest)
+    choice = choose(build_config(manifest), request.environ, request.substitute)
+    config = choice.config  # the CLI said any substitution before the replay; the outcome says it
+    request = dataclasses.replace(request, environ=choice.environ(request.environ))
     engine = request.replayed is not None or request.engine_source is not None
     specs = select(manifest.kernels, list(request.kernels or []), all_=request.all_kernels)
     if request.kernels == ():
@@ -187,9 +196,16 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
         arches=[str(a) for a in config.targets],
     )
     payload["torch"] = torch_pin(config, facts.torch, built)
+    payload["substitutions"] = substitutions_json(choice.substitutions)
     with reporter.status(f"checking {len(built)} wheel(s)"):
         wheels = publish(built, request.out_dir, spec=check_spec, receipt=payload)
-    return BuildOutcome(toolkit=toolkit, built=wheels.components, wheels=wheels, twice=twice)
+    return BuildOutcome(
+        toolkit=toolkit,
+        built=wheels.components,
+        wheels=wheels,
+        twice=twice,
+        substitutions=choice.substitutions,
+    )
 
 
 def torch_pin(

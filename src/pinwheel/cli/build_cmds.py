@@ -117,11 +117,35 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
             overrides["required_members"] = tuple(args.require)
         spec = spec_from_build(build, **overrides)
     report = check_wheels(args.wheels, spec)
+    stated, problems = _toolchain_statement(ctx, args)
     if ctx.json:
-        ctx.emit(report.to_json())
+        ctx.emit(report.to_json() | {"substitutions": stated, "toolchain_problems": problems})
     else:
-        print("\n".join(report.human_lines()))
-    return 0 if report.ok else EXIT_VERIFY
+        from pinwheel.build.toolchain.substitute import from_receipt, headline
+
+        lines = report.human_lines()
+        if stated:
+            lines.insert(0, str(headline(from_receipt({"substitutions": stated}))))
+        lines += [f"FAIL toolchain: {p}" for p in problems]
+        print("\n".join(lines))
+    return 0 if report.ok and not problems else EXIT_VERIFY
+
+
+def _toolchain_statement(
+    ctx: Context, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The substitutions the build's provenance.json (beside the wheels) records, and any
+    toolchain difference from [build] that none of them explains."""
+    from pinwheel.build.provenance import FILENAME, read_receipt
+    from pinwheel.build.toolchain.substitute import from_receipt, to_json, undeclared
+
+    folders = {Path(w).absolute().parent for w in args.wheels}
+    receipts = [f / FILENAME for f in sorted(folders) if (f / FILENAME).is_file()]
+    if not receipts:
+        return [], []
+    data = read_receipt(receipts[0])
+    build = None if args.arch else ctx.manifest().build
+    return to_json(from_receipt(data)), (undeclared(data, build) if build else [])
 
 
 def _glibc_flag(text: str) -> tuple[int, ...]:
@@ -141,6 +165,7 @@ def _glibc_flag(text: str) -> tuple[int, ...]:
 def _verify_build(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.build.pipeline import BuildRequest
     from pinwheel.build.provenance import FILENAME, component, read_receipt
+    from pinwheel.build.toolchain.substitute import from_receipt
     from pinwheel.build.verify import verify_build
 
     manifest = ctx.manifest()
@@ -168,6 +193,8 @@ def _verify_build(ctx: Context, args: argparse.Namespace) -> int:
         replayed=replayed,
         engine_source=args.source.absolute() if args.source else None,
         compiler_cache=args.with_cache,  # default off: prove a cold rebuild from source
+        # the recorded substitutions: the rebuild uses the toolchain the build used
+        substitute={s.key: s.used for s in from_receipt(recorded)},
     )
     result = verify_build(request, args.wheels, keep=args.keep, reporter=ctx.reporter)
     ctx.emit(result.to_json(), "\n".join(result.human_lines()))

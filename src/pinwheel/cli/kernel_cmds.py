@@ -19,6 +19,9 @@ def add_kernel_commands(sub: Any) -> None:
                 cmd_toolchain)  # fmt: skip
     t.add_argument("--no-provision", action="store_true",
                    help="only look for an installed toolkit; fail if none fits")  # fmt: skip
+    from pinwheel.cli.replay_cmds import add_substitute_flag
+
+    add_substitute_flag(t)
 
     k = command(sub, "kernels", "build the [[kernel]] packages into wheels", cmd_kernels)
     k.add_argument("--name", action="append", metavar="NAME", help="build only NAME (repeatable)")
@@ -35,11 +38,14 @@ def add_kernel_commands(sub: Any) -> None:
     from pinwheel.cli.replay_cmds import add_cache_flags
 
     add_cache_flags(k)
+    add_substitute_flag(k)
 
 
-def _config(ctx: Context) -> BuildConfig:
-    manifest = ctx.manifest()
-    config: BuildConfig = manifest.require("build")
+def _config(ctx: Context, args: argparse.Namespace) -> BuildConfig:
+    """[build] after --substitute, its gcc found (before any toolkit is provisioned)."""
+    from pinwheel.cli.replay_cmds import chosen_toolchain
+
+    config: BuildConfig = chosen_toolchain(ctx, args).config
     return config
 
 
@@ -55,7 +61,7 @@ def _toolkit(ctx: Context, config: BuildConfig, provision: bool) -> tuple[Toolki
 
 
 def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
-    config = _config(ctx)
+    config = _config(ctx, args)
     toolkit, seconds = _toolkit(ctx, config, not args.no_provision)
     payload = {
         "root": str(toolkit.root),
@@ -79,7 +85,9 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.build.pipeline import BuildRequest, build
+    from pinwheel.build.toolchain import parse_flags
 
+    _config(ctx, args)  # a missing gcc or a bad --substitute fails before anything runs
     out = (args.out or ctx.manifest().root / "wheels").absolute()
     request = BuildRequest(
         manifest=ctx.manifest(),
@@ -95,6 +103,7 @@ def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
         source_date_epoch=args.source_date_epoch,
         compiler_cache=not args.no_cache,
         reuse_from=args.reuse_from,
+        substitute=parse_flags(args.substitute),
     )
     outcome = build(request, ctx.reporter)
     ctx.emit(outcome.to_json(), "\n".join(outcome.human_lines()))

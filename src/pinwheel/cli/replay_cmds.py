@@ -92,11 +92,12 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     """Check [build] and the toolkit first, replay, then kernel + engine wheels as one set."""
-    from pinwheel.build.pipeline import BuildRequest, build, build_config
-    from pinwheel.build.toolchain import ToolkitRequest, resolve_toolkit
+    from pinwheel.build.pipeline import BuildRequest, build
+    from pinwheel.build.toolchain import ToolkitRequest, parse_flags, resolve_toolkit
 
     manifest = ctx.manifest()
-    config = build_config(manifest)  # before the replay: a bad [build] fails in a second
+    # Before the replay: a bad [build], a missing gcc or CUDA fails in a second.
+    config = chosen_toolchain(ctx, args).config
     with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
         toolkit = resolve_toolkit(
             ToolkitRequest(config, ctx.cache, ctx.environ, provision=not ctx.offline)
@@ -117,6 +118,7 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
         wheelhouse=_wheelhouse(ctx, args),
         compiler_cache=not args.no_cache,
         reuse_from=args.reuse_from,
+        substitute=parse_flags(args.substitute),
     )
     outcome = build(request, ctx.reporter)
     head = _summary(result) + "\n" if result else ""
@@ -251,6 +253,27 @@ def _component_arg(p: Any) -> None:
     )
 
 
+def add_substitute_flag(p: Any) -> None:
+    """--substitute, shared by `build`, `kernels` and `toolchain`."""
+    p.add_argument(
+        "--substitute", action="append", default=[], metavar="KEY=VERSION",
+        help="build with another CUDA or gcc than [build] pins (cuda=12.4, gcc=12; repeatable): "
+        "recorded in provenance.json, `check` and the release notes",
+    )  # fmt: skip
+
+
+def chosen_toolchain(ctx: Context, args: argparse.Namespace) -> Any:
+    """[build] after --substitute / [build.substitute], its gcc found: fails in a second."""
+    from pinwheel.build.pipeline import build_config
+    from pinwheel.build.toolchain import choose, parse_flags
+    from pinwheel.build.toolchain.substitute import headline
+
+    choice = choose(build_config(ctx.manifest()), ctx.environ, parse_flags(args.substitute))
+    if line := headline(choice.substitutions):
+        ctx.reporter.info(line)
+    return choice
+
+
 def add_cache_flags(p: Any) -> None:
     """--no-cache and --reuse-from, shared by `build` and `kernels`."""
     p.add_argument("--no-cache", action="store_true",
@@ -279,6 +302,7 @@ def register(sub: Any) -> None:
         "(also $PINWHEEL_WHEELHOUSE)",
     )
     add_cache_flags(p)
+    add_substitute_flag(p)
     p = command(sub, "lock", "pin short SHAs, PR heads, commits and the tree in place", cmd_lock)
     p.add_argument("--update-base", action="store_true", help="move the base to the branch tip")
     p.add_argument("--update-heads", action="store_true", help="move PR heads to upstream's")

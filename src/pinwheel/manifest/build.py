@@ -44,6 +44,7 @@ BUILD_KEYS = (
     "cache",
     "max_glibc",
     "gcc",
+    "substitute",
 )
 SOURCE_KEYS = (
     "name", "url", "commit", "ref", "variables", "patches", "submodule", "exclude", "omit",
@@ -183,6 +184,9 @@ class BuildConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)  # [build.cache]
     max_glibc: tuple[int, ...] | None = None  # the oldest glibc the wheels must load on
     gcc: str | None = None  # host compiler major the card builds with ("14"); None: any
+    # [build.substitute]: another toolchain than the pinned one, on purpose and said so
+    substitute: tuple[tuple[str, str], ...] = ()  # ("cuda", "12.4"), ("gcc", "12")
+    substitute_reason: str | None = None
 
     @property
     def targets(self) -> tuple[CudaArch, ...]:
@@ -265,7 +269,28 @@ def parse_build_table(table: Table) -> BuildConfig:
         network=table.choice("network", NETWORK, "none"),
         max_glibc=_glibc(table),
         gcc=_gcc(table),
+        substitute=(sub := _substitute(table))[0],
+        substitute_reason=sub[1],
     )
+
+
+def _substitute(table: Table) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """``[build.substitute]``: cuda / gcc to build with instead of the pinned ones, and why."""
+    if not table.has("substitute"):
+        return (), None
+    t = table.sub("substitute")
+    t.only("cuda", "gcc", "reason")
+    pairs = []
+    for key, pattern in (("cuda", _CUDA), ("gcc", re.compile(r"[1-9][0-9]?"))):
+        value = t.str(key, None)
+        if value is None:
+            continue
+        if not pattern.fullmatch(value):
+            raise t.error(key, "a version like \"12.4\" (cuda) or \"12\" (gcc)", value)
+        pairs.append((key, value))
+    if not pairs:
+        raise t.error("cuda", "cuda and/or gcc to substitute (or drop [build.substitute])")
+    return tuple(pairs), t.str("reason")
 
 
 def _glibc(t: Table) -> tuple[int, ...] | None:

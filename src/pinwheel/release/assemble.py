@@ -19,6 +19,7 @@ from typing import Any
 
 from pinwheel import runner
 from pinwheel.build.provenance import read_receipt
+from pinwheel.build.toolchain.substitute import from_receipt, headline
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_files, verify_dir
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_text
@@ -335,11 +336,15 @@ def assemble(
         listing = dict(digests) | {n: extra_hashes[tmp / n] for n in extras}
         sized = {n: (d, (tmp / n).stat().st_size) for n, d in listing.items()}
         notes = render_notes(manifest, provenance, sized, qual, config)
+        first = []  # what a reader must see before anything else, on the first line
         if reasons:
-            notes = (
-                f"**UNVERIFIED RELEASE** (made with --allow-unverified): {'; '.join(reasons)}\n\n"
-                + notes
+            first.append(
+                f"**UNVERIFIED RELEASE** (made with --allow-unverified): {'; '.join(reasons)}"
             )
+        if substituted := headline(from_receipt(provenance)):
+            first.append(f"**{substituted}**")
+        if first:
+            notes = " ".join(first) + "\n\n" + notes
         atomic_write_text(tmp / NOTES, notes)
         listing[NOTES] = sha256_files([tmp / NOTES])[tmp / NOTES]
         atomic_write_text(tmp / SUMS, format_sums(listing))

@@ -7,18 +7,30 @@
 - :mod:`.provision`: assembles a pinned toolkit tree; :mod:`.apt`, :mod:`.download`
   and :mod:`.unpack` fetch and copy its files.
 - :mod:`.pins`: the pinned files (data only).
+- :mod:`.substitute`: an explicit substitution of the pinned CUDA or gcc (``--substitute``,
+  ``[build.substitute]``), recorded, never silent; :mod:`.hostcc`: the pinned gcc/g++;
+  :mod:`.choose`: both, checked before anything long runs.
 
 Nothing here reads ``os.environ``: the caller's environment comes in through
 :class:`ToolkitRequest` (and the ``env``/``environ`` arguments below it).
 """
 
+from pinwheel.build.toolchain.choose import ToolchainChoice, choose
 from pinwheel.build.toolchain.find import ToolkitRequest, resolve_toolkit
+from pinwheel.build.toolchain.hostcc import HostCompiler, find_host_compiler
 from pinwheel.build.toolchain.pins import LOCKS, MARKER, NOT_PROVISIONABLE, ToolkitLock
 from pinwheel.build.toolchain.provision import provision_toolkit
+from pinwheel.build.toolchain.substitute import Substitution, parse_flags
 from pinwheel.build.toolchain.toolkit import ToolchainError, Toolkit, nvcc_version, probe_arches
 
 __all__ = [
+    "HostCompiler",
     "LOCKS",
+    "Substitution",
+    "ToolchainChoice",
+    "choose",
+    "find_host_compiler",
+    "parse_flags",
     "MARKER",
     "NOT_PROVISIONABLE",
     "ToolchainError",

@@ -87,8 +87,10 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
                 "run `pinwheel toolchain`: it provisions a pinned CUDA "
                 f"{lock.version} into the cache"
                 if lock
-                else f"set CUDA_HOME to a CUDA {config.cuda} install, or pin a provisionable "
-                f"version in [build] cuda ({can})"
+                else f"install CUDA {config.cuda} (NVIDIA's CUDA repository: cuda-toolkit-"
+                f"{config.cuda.replace('.', '-')}) and set CUDA_HOME to it, or build with an "
+                f"explicit substitution, --substitute cuda=V for a provisionable V ({can}): "
+                "provenance.json, `pinwheel check` and the release notes' first line then say so"
                 + (
                     f"; CUDA {config.cuda} is not provisioned: {NOT_PROVISIONABLE[config.cuda]}"
                     if config.cuda in NOT_PROVISIONABLE

@@ -1,0 +1,220 @@
+"""The cards' toolchains, or an explicit substitution that every output states.
+
+[build] pins the card's CUDA and gcc. A build on a machine without them stops before
+anything long runs and names two ways on; `--substitute` / [build.substitute] builds
+with another toolchain and provenance.json, `pinwheel check` and the release notes'
+first line say so. The host compilers here are this machine's real gcc/g++; the real
+kernel build with the substitution is in the closing note (it downloads CUDA 12.4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pinwheel.build.toolchain import ToolchainError, choose, find_host_compiler, parse_flags
+from pinwheel.build.toolchain.substitute import apply, from_receipt, headline, undeclared
+from pinwheel.checksums import sha256_file, write_sums
+from pinwheel.cli import main
+from pinwheel.errors import EXIT_VERIFY, ManifestError, UsageError
+from pinwheel.manifest import model as manifest
+from releasekit import make_wheel, write_manifest, write_provenance
+
+ROOT = Path(__file__).resolve().parent.parent
+V100 = ROOT / "manifest.toml"
+GXX = shutil.which("g++")
+needs_gxx = pytest.mark.skipif(GXX is None, reason="no g++ on this machine")
+
+
+def _gxx_major() -> str:
+    from pinwheel.build.toolchain.hostcc import compiler_version
+
+    version = compiler_version("g++", dict(os.environ))
+    assert version
+    return version.split(".")[0]
+
+
+def test_the_v100_manifest_pins_the_cards_toolchain():
+    build = manifest.load(V100).build
+    assert (build.python, build.cuda, build.gcc, build.arches) == ("3.12", "12.8", "14", ("7.0",))
+    assert build.substitute == ()  # the committed manifest substitutes nothing
+
+
+def test_flags_override_and_every_substitution_is_recorded():
+    config = manifest.load(V100).build
+    effective, subs = apply(config, parse_flags(["cuda=12.4", "gcc=12"]))
+    assert (effective.cuda, effective.gcc) == ("12.4", "12")
+    assert [(s.key, s.pinned, s.used, s.source) for s in subs] == [
+        ("cuda", "12.8", "12.4", "--substitute"),
+        ("gcc", "14", "12", "--substitute"),
+    ]
+    assert headline(subs) == (
+        "SUBSTITUTED TOOLCHAIN (not the one [build] pins): CUDA 12.4 instead of 12.8 "
+        "([build] cuda; --substitute); gcc/g++ 12 instead of 14 ([build] gcc; --substitute)"
+    )
+    same, none = apply(config, {"cuda": "12.8"})  # the pinned one: nothing substituted
+    assert none == () and same == config
+
+
+@pytest.mark.parametrize("flag", ["cuda", "cuda=12", "python=3.11", "gcc=14.2", "cuda=12.4;rm"])
+def test_bad_flags_are_refused(flag):
+    with pytest.raises(UsageError, match="--substitute"):
+        parse_flags([flag])
+
+
+def test_a_substitute_that_cannot_build_the_arch_is_refused():
+    config = manifest.load(V100).build
+    with pytest.raises(UsageError, match="cannot compile for arch 7.0"):
+        apply(config, {"cuda": "13.0"})  # CUDA 13 dropped sm_70
+
+
+def _v100_copy(tmp_path: Path, extra: str) -> Path:
+    """The V100 manifest with ``extra`` appended, beside the kernels/ and patches/ it names."""
+    path = tmp_path / "manifest.toml"
+    path.write_text(V100.read_text() + "\n" + extra)
+    for folder in ("kernels", "patches"):
+        if not (tmp_path / folder).exists():
+            shutil.copytree(ROOT / folder, tmp_path / folder)
+    return path
+
+
+def test_a_manifest_substitution_needs_a_reason_and_is_recorded_with_it(tmp_path):
+    table = '[build.substitute]\ncuda = "12.4"\n'
+    with pytest.raises(ManifestError, match="'reason'"):
+        manifest.load(_v100_copy(tmp_path, table))
+    path = _v100_copy(tmp_path, table + 'reason = "only Debian 12.4 here"\n')
+    config = manifest.load(path).build
+    _, subs = apply(config)
+    assert [(s.used, s.source, s.reason) for s in subs] == [
+        ("12.4", "[build.substitute]", "only Debian 12.4 here")
+    ]
+    _, subs = apply(config, {"cuda": "12.6"})  # the flag wins over the manifest
+    assert [(s.used, s.source) for s in subs] == [("12.6", "--substitute")]
+
+
+def test_a_bad_manifest_substitution_names_its_line(tmp_path):
+    path = _v100_copy(tmp_path, '[build.substitute]\ngcc = "fourteen"\nreason = "x"\n')
+    with pytest.raises(ManifestError) as err:
+        manifest.load(path)
+    assert f"manifest.toml:{len(path.read_text().splitlines()) - 1}" in str(err.value)
+
+
+@needs_gxx
+def test_the_pinned_gcc_is_found_and_handed_to_the_build():
+    major = _gxx_major()
+    host = find_host_compiler(major, dict(os.environ))
+    assert host is not None and host.version.startswith(major + ".")
+    assert host.env()["CUDAHOSTCXX"] == host.cxx and Path(host.cxx).is_file()
+
+
+@needs_gxx
+def test_a_missing_gcc_names_what_was_found_and_the_substitution():
+    major = _gxx_major()
+    other = "14" if major != "14" else "13"
+    with pytest.raises(ToolchainError) as err:
+        find_host_compiler(other, dict(os.environ))
+    assert f"no gcc/g++ {other}" in err.value.what and f"g++ {major}." in err.value.what
+    assert f"--substitute gcc={major}" in (err.value.next or "")
+
+
+@needs_gxx
+def test_the_v100_build_stops_in_seconds_without_gcc_14_then_without_cuda_12_8(
+    tmp_path, capsys, monkeypatch
+):
+    if _gxx_major() == "14":
+        pytest.skip("this machine has gcc 14")
+    for var in ("CUDA_HOME", "CUDA_PATH", "CXX", "CC"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PINWHEEL_CACHE", str(tmp_path / "cache"))
+    out = str(tmp_path / "w")
+    code = main(["--manifest", str(V100), "kernels", "--out", out])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code != 0 and "no gcc/g++ 14, which [build] gcc pins" in err
+    assert f"--substitute gcc={_gxx_major()}" in err
+    gcc = f"gcc={_gxx_major()}"
+    code = main(["--manifest", str(V100), "kernels", "--substitute", gcc, "--out", out])
+    err = " ".join(capsys.readouterr().err.split())
+    if "no usable CUDA 12.8 toolkit" not in err:
+        pytest.skip(f"this machine has a CUDA 12.8 toolkit (exit {code})")
+    assert code != 0 and "SUBSTITUTED TOOLCHAIN" in err and "gcc/g++ 12 instead of 14" in err
+    assert "--substitute cuda=V for a provisionable V (12.4, 13.0)" in err
+    assert not (tmp_path / "w").exists()  # nothing built, nothing written
+
+
+def test_choose_applies_then_finds(tmp_path):
+    config = manifest.load(V100).build
+    choice = choose(config, dict(os.environ), {"gcc": _gxx_major()} if GXX else None)
+    assert choice.config.gcc == (_gxx_major() if GXX else "14")
+    assert choice.environ({"A": "1"})["A"] == "1"
+
+
+# --------------------------------------------------------------------------- stated downstream
+
+
+def _build_output(tmp_path: Path, subs: list[dict] | None, cuda: str = "12.4.131") -> Path:
+    build = tmp_path / "wheels"
+    wheel = make_wheel(build, "pwb", "2.0", payload=1000, seed=2)
+    write_sums(build, [wheel.name])
+    write_provenance(build, {wheel.name: sha256_file(wheel)})
+    data = json.loads((build / "provenance.json").read_text())
+    data["toolchain"]["cuda"] = cuda
+    if subs is not None:
+        data["substitutions"] = subs
+    (build / "provenance.json").write_text(json.dumps(data))
+    return build
+
+
+SUBS = [
+    {"key": "cuda", "pinned": "12.8", "used": "12.4", "source": "--substitute", "reason": None},
+    {"key": "gcc", "pinned": "14", "used": "12", "source": "--substitute", "reason": None},
+]
+
+
+def _kit_manifest(tmp_path: Path) -> Path:
+    path = write_manifest(tmp_path)
+    path.write_text(path.read_text() + '\n[build]\ncuda = "12.8"\ngcc = "14"\narches = ["7.0"]\n')
+    return path
+
+
+def test_release_notes_state_the_substitution_on_their_first_line(tmp_path):
+    build = _build_output(tmp_path, SUBS)
+    m = write_manifest(tmp_path)  # no [build]: the release check takes the wheel as it is
+    rel = tmp_path / "rel"
+    assert main(["--manifest", str(m), "release", "--from", str(build), "--out", str(rel),
+                 "--no-sign"]) == 0  # fmt: skip
+    first = (rel / "RELEASE_NOTES.md").read_text().splitlines()[0]
+    assert first.startswith("**SUBSTITUTED TOOLCHAIN")
+    assert "CUDA 12.4 instead of 12.8" in first and "gcc/g++ 12 instead of 14" in first
+
+
+def test_check_states_a_recorded_substitution(tmp_path, capsys):
+    build = _build_output(tmp_path, SUBS)
+    m = _kit_manifest(tmp_path)
+    wheel = str(next(build.glob("*.whl")))
+    code = main(["--manifest", str(m), "check", "--allow-no-cuda", "--no-tools", wheel])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.splitlines()[0].startswith("SUBSTITUTED TOOLCHAIN")
+    assert "CUDA 12.4 instead of 12.8" in out.splitlines()[0]
+
+
+def test_check_fails_a_toolchain_difference_no_substitution_explains(tmp_path, capsys):
+    build = _build_output(tmp_path, None)  # built with 12.4, records nothing
+    m = _kit_manifest(tmp_path)
+    wheel = str(next(build.glob("*.whl")))
+    code = main(["--manifest", str(m), "check", "--allow-no-cuda", "--no-tools", wheel])
+    out = capsys.readouterr().out
+    assert code == EXIT_VERIFY
+    assert "FAIL toolchain: built with CUDA 12.4.131, [build] pins 12.8" in out
+    assert "FAIL toolchain: built with gcc/g++ 12, [build] pins 14" in out
+
+
+def test_an_older_receipt_without_substitutions_reads_as_none():
+    assert from_receipt({"toolchain": {}}) == ()
+    config = manifest.load(V100).build
+    receipt = {"toolchain": {"cuda": "12.8.93", "gcc": "g++ (GCC) 14.2.0"}}
+    assert undeclared(receipt, config) == []
