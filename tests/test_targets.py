@@ -120,7 +120,8 @@ def test_cuda_12_8_without_an_install_says_why_it_is_not_provisioned(tmp_path: P
         resolve_toolkit(ToolkitRequest(cfg, tmp_path, {"PATH": "/nonexistent"}, provision=True))
     if "12.8" in str(exc.value) and "only ptxas" not in str(exc.value):
         pytest.skip("this machine has a CUDA 12.8 install")  # pragma: no cover
-    assert "set CUDA_HOME to a CUDA 12.8 install" in str(exc.value)
+    assert "install CUDA 12.8 (NVIDIA's CUDA repository" in str(exc.value)
+    assert "set CUDA_HOME to it" in str(exc.value) and "--substitute cuda=V" in str(exc.value)
 
 
 CU13_WHEELS = os.environ.get("PINWHEEL_CU13_WHEELS")
