@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pinwheel import __version__
-from pinwheel.errors import EXIT_ERROR, PinwheelError, UsageError
+from pinwheel.errors import EXIT_ERROR, EXIT_USAGE, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
 from pinwheel.progress import SILENT, LineReporter, Reporter
 from pinwheel.urls import redact, redact_text, url_problem
@@ -37,6 +37,27 @@ COMMAND_MODULES = (
 
 EPILOG = """exit codes: 0 ok, 1 error, 2 bad manifest or usage, 3 drift (PR head moved),
 4 conflict, 5 tree or rebuild mismatch, 6 verification failed, 7 qualification gate failed"""
+
+
+MANIFEST_NAME = "manifest.toml"
+ERROR_SCHEMA = "pinwheel.error/1"
+
+
+def find_manifest(start: Path) -> Path:
+    """``manifest.toml`` in ``start`` or the nearest directory above it, as git finds ``.git``.
+
+    The search stops at the top of a git checkout (a directory holding ``.git``), so a
+    manifest above the repository is never picked up; with none found the answer is
+    ``start/manifest.toml``, whose absence the loader reports.
+    """
+    here = start.absolute()
+    for directory in (here, *here.parents):
+        candidate = directory / MANIFEST_NAME
+        if candidate.exists():
+            return candidate
+        if (directory / ".git").exists():
+            break
+    return here / MANIFEST_NAME
 
 
 def default_cache() -> Path:
@@ -82,6 +103,8 @@ class Context:
     offline: bool
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ), repr=False)
     verbose: bool = False
+    command: str = ""  # "plan", "cache-du", ...: names the JSON schema
+    emitted: bool = False  # one JSON document per run: set once emit wrote it
     _manifest: Manifest | None = None
     _console: Console | None = None
     _reporter: Reporter | None = None
@@ -132,10 +155,24 @@ class Context:
     def emit(self, payload: dict[str, Any], human: str | None = None) -> None:
         """Machine output on stdout with --json; human text otherwise."""
         if self.json:
+            if "schema" not in payload:
+                payload = {"schema": f"pinwheel.{self.command or 'output'}/1", **payload}
             sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+            sys.stdout.flush()
+            self.emitted = True
         elif human:
             print(human)
 
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that remembers its usage error, so ``--json`` can put it in the document."""
+
+    last_error: str | None = None
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        _Parser.last_error = message
+        return super().error(message)
 
 
 def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -143,7 +180,9 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     # `pinwheel plan --json` both work without one overriding the other.
     d = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
     parser.add_argument(
-        "--manifest", default=d("manifest.toml"), help="manifest file (default: ./manifest.toml)"
+        "--manifest",
+        default=d(None),
+        help="manifest file (default: manifest.toml here or in the nearest directory above)",
     )
     parser.add_argument(
         "--cache", default=d(None), help="cache dir (default: $PINWHEEL_CACHE or ~/.cache/pinwheel)"
@@ -163,7 +202,7 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     )  # fmt: skip
 
 
-_COMMON = argparse.ArgumentParser(add_help=False)
+_COMMON = _Parser(add_help=False)
 _global_options(_COMMON, top=False)
 
 
@@ -174,8 +213,36 @@ def command(sub: Any, name: str, help: str, func: Any) -> argparse.ArgumentParse
     return parser
 
 
+def action(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    """A sub-subcommand (``cache du``, ``model check``): global options work after it too."""
+    return sub.add_parser(name, help=help, description=help, parents=[_COMMON])  # type: ignore[no-any-return]
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    """``plan``, ``cache-du``, ``model-check``: the name in each JSON document's schema."""
+    parts = [str(args.command or "")]
+    for attr in ("cache_action", "model_command"):
+        if getattr(args, attr, None):
+            parts.append(str(getattr(args, attr)))
+    return "-".join(p for p in parts if p)
+
+
+def _error_document(
+    command: str, exit_code: int, what: str, where: str | None = None, next: str | None = None
+) -> str:
+    """The one JSON document a failed ``--json`` run prints on stdout."""
+    doc = {
+        "schema": ERROR_SCHEMA,
+        "ok": False,
+        "command": command,
+        "exit_code": exit_code,
+        "error": {"what": what, "where": where, "next": next},
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pinwheel",
         description="Pinned, replayable, verified engine builds, driven by manifest.toml.",
         epilog=EPILOG,
@@ -194,24 +261,51 @@ def ctx_cache(args: argparse.Namespace) -> Path:
     return Path(args.cache).absolute() if getattr(args, "cache", None) else default_cache()
 
 
+def _wants_json(argv: Sequence[str]) -> bool:
+    return "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    _Parser.last_error = None
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse printed its usage error (or --help / --version)
+        code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        if code and _wants_json(argv):
+            what = _Parser.last_error or "bad command line (usage on stderr)"
+            sys.stdout.write(_error_document("", code, what, next="pinwheel --help"))
+        return code
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    ctx: Context | None = None
     try:
         ctx = Context(
-            manifest_path=Path(args.manifest),
+            manifest_path=Path(args.manifest)
+            if getattr(args, "manifest", None)
+            else find_manifest(Path.cwd()),
             cache=ctx_cache(args),
             mirrors=parse_mirrors(args.mirror, os.environ.get("PINWHEEL_MIRRORS")),
             json=args.json,
             offline=args.offline,
             verbose=args.verbose,
+            command=_command_name(args),
         )
         return int(args.func(ctx, args) or 0)
     except PinwheelError as err:
         message = redact_text(str(err))
+        if args.json and not (ctx and ctx.emitted):
+            sys.stdout.write(
+                _error_document(
+                    _command_name(args),
+                    err.exit_code,
+                    redact_text(err.what),
+                    redact_text(err.where) if err.where else None,
+                    redact_text(err.next) if err.next else None,
+                )
+            )
         if sys.stderr.isatty():
             from rich.text import Text
 
@@ -223,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted; nothing was half-written (writes are atomic)", file=sys.stderr)
+        if args.json and not (ctx and ctx.emitted):
+            sys.stdout.write(_error_document(_command_name(args), 130, "interrupted"))
         return 130
     except Exception as err:
         from pinwheel.source import faults
@@ -235,7 +331,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         fault = faults.classify_exception(err, ctx_cache(args))
         if fault is not None:
             print(f"error: {redact_text(str(fault))}", file=sys.stderr)
+            if args.json and not (ctx and ctx.emitted):
+                sys.stdout.write(
+                    _error_document(
+                        _command_name(args),
+                        fault.exit_code,
+                        redact_text(fault.what),
+                        fault.where and redact_text(fault.where),
+                        fault.next and redact_text(fault.next),
+                    )
+                )
             return fault.exit_code
 
         print(f"error: {redact_text(str(err))}", file=sys.stderr)
+        if args.json and not (ctx and ctx.emitted):
+            sys.stdout.write(
+                _error_document(_command_name(args), EXIT_ERROR, redact_text(str(err)))
+            )
         return EXIT_ERROR

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel.cli import Context, command
+from pinwheel.cli import Context, action, command
 from pinwheel.errors import EXIT_ERROR, EXIT_OK
 from pinwheel.manifest import load
 
 if TYPE_CHECKING:  # imported where used: `pinwheel --help` loads no libgit2 or filelock
-    from pinwheel.source.cachetool import Removal
+    from pinwheel.source.cachetool import Removal, RepoCheck
 
 
 def _removal(ctx: Context, outcome: Removal, verb: str, how: str) -> int:
@@ -37,6 +39,39 @@ def _removal(ctx: Context, outcome: Removal, verb: str, how: str) -> int:
     return EXIT_OK
 
 
+def verify_lines(root: Path, checks: tuple[RepoCheck, ...]) -> list[str]:
+    """What `cache verify` prints: each repository by its path, a partial mirror's known
+    missing objects (with their paths) apart from damage, and a fix only for damage."""
+    lines = []
+    for c in checks:
+        if not c.ok:
+            lines.append(f"BAD  {c.path}\n       {c.detail}")
+        elif c.partial:
+            lines.append(
+                f"ok   {c.path}\n       partial mirror: {len(c.known_missing)} object(s) it "
+                "never had (a re-fetch gives the same; replay does not need their content):"
+            )
+            lines += [
+                f"         {k.kind} {k.object}  {k.path or '(no cached ref names it)'}"
+                for k in c.known_missing
+            ]
+        else:
+            lines.append(f"ok   {c.path}")
+    if not checks:
+        lines.append(f"no repositories under {root / 'repos'}")
+    bad = [c for c in checks if not c.ok]
+    if bad:
+        lines.append(
+            "next: remove each damaged repository and run again; it is re-fetched:\n"
+            + "\n".join(f"  rm -rf -- {shlex.quote(str(c.path))}" for c in bad)
+        )
+    elif any(c.partial for c in checks):
+        lines.append(
+            "nothing to fix; a checkout of those paths needs a complete mirror (git clone --mirror)"
+        )
+    return lines
+
+
 def cmd_cache(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.source import cachetool
 
@@ -58,22 +93,23 @@ def cmd_cache(ctx: Context, args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.cache_action == "verify":
         checks = cachetool.verify(root, full=args.full)
-        bad = [c for c in checks if not c.ok]
-        lines = [f"{'ok ' if c.ok else 'BAD'}  {c.path.name}  {c.detail}" for c in checks]
-        if not checks:
-            lines.append(f"no repositories under {root / 'repos'}")
-        if bad:
-            lines.append(
-                "next: remove each BAD repository (rm -rf PATH) and run again; it is re-fetched"
-            )
         ctx.emit(
             {
                 "cache": str(root),
-                "repos": [{"path": str(c.path), "ok": c.ok, "detail": c.detail} for c in checks],
+                "repos": [
+                    {
+                        "path": str(c.path),
+                        "ok": c.ok,
+                        "detail": c.detail,
+                        "partial": c.partial,
+                        "known_missing": [asdict(k) for k in c.known_missing],
+                    }
+                    for c in checks
+                ],
             },
-            "\n".join(lines),
+            "\n".join(verify_lines(root, checks)),
         )
-        return EXIT_ERROR if bad else EXIT_OK
+        return EXIT_ERROR if any(not c.ok for c in checks) else EXIT_OK
     if args.cache_action == "clean":
         outcome = cachetool.clean(root, apply=args.yes)
         return _removal(ctx, outcome, "removed", "pass --yes to remove")
@@ -87,13 +123,13 @@ def register(sub: Any) -> None:
         sub, "cache", "cache sizes, integrity and cleanup (du, verify, clean, prune)", cmd_cache
     )
     actions = p.add_subparsers(dest="cache_action", metavar="ACTION", required=True)
-    actions.add_parser("du", help="size of each entry under the cache (repos/, toolchains/...)")
-    v = actions.add_parser("verify", help="git fsck each cache repository; name damaged ones")
+    action(actions, "du", "size of each entry under the cache (repos/, toolchains/...)")
+    v = action(actions, "verify", "git fsck each cache repository; name damaged ones")
     v.add_argument("--full", action="store_true", help="also read every object (slow)")
-    c = actions.add_parser("clean", help="remove everything in the cache except locks/")
+    c = action(actions, "clean", "remove everything in the cache except locks/")
     c.add_argument("--yes", action="store_true", help="really remove (default: list only)")
-    r = actions.add_parser(
-        "prune", help="remove cache repositories the given manifests do not use (dry run)"
+    r = action(
+        actions, "prune", "remove cache repositories the given manifests do not use (dry run)"
     )
     r.add_argument("manifests", nargs="*", metavar="MANIFEST", help="manifests whose repos stay")
     r.add_argument(

@@ -157,7 +157,7 @@ def cmd_lock(ctx: Context, args: argparse.Namespace) -> int:
         update_heads=args.update_heads,
         components=tuple(args.component or ()),
     )
-    human = [f"  {c.where}: {c.old!s:.14} -> {c.new!s:.60}" for c in outcome.changes]
+    human = [f"  {c.where}: {_lock_value(c.old)} -> {_lock_value(c.new)}" for c in outcome.changes]
     trees = [
         f"locked {outcome.path.name}: tree {s.tree}"
         if s.name == ENGINE
@@ -176,6 +176,17 @@ def cmd_lock(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def _lock_value(value: Any) -> str:
+    """A value lock changed, whole (a SHA is never cut mid-way); an absent one says so."""
+    if value is None:
+        return "(unset)"
+    if isinstance(value, list | tuple):
+        return (
+            f"[{len(value)} item(s)]" if len(value) > 3 else "[" + ", ".join(map(str, value)) + "]"
+        )
+    return str(value)
+
+
 def cmd_drift(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.source.buildsources import drift_lines, plan_sources
     from pinwheel.source.drift import drift_payload, drift_report, render_drift
@@ -189,9 +200,7 @@ def cmd_drift(ctx: Context, args: argparse.Namespace) -> int:
             assert sources is not None
             rows = drift_lines(sources.declared, build.sources, _cache(ctx))
             payload["build_sources"] = rows
-            human += "\nbuild sources:\n" + "\n".join(
-                f"  {r['name']}: {r['state']}" for r in rows
-            )
+            human += "\nbuild sources:\n" + "\n".join(f"  {r['name']}: {r['state']}" for r in rows)
         return payload, human
 
     ctx.emit(*_per_stack(ctx, args, one))

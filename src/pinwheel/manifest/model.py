@@ -154,7 +154,17 @@ def load(path: str | Path, *, allow_short: bool = False) -> Manifest:
     except FileNotFoundError:
         raise ManifestError(
             f"no manifest at {path}",
-            next="pass --manifest PATH, or run from the directory that holds manifest.toml",
+            next="pass --manifest PATH, or run from the directory that holds manifest.toml "
+            "(or one below it)",
+        ) from None
+    except IsADirectoryError:
+        inside = path / "manifest.toml"
+        raise ManifestError(
+            f"{path} is a directory, not a manifest file",
+            where="--manifest",
+            next=f"pass --manifest {inside}"
+            if inside.is_file()
+            else "pass --manifest PATH/manifest.toml (the file)",
         ) from None
     return loads(blob, path, allow_short=allow_short)
 

@@ -153,28 +153,33 @@ class Cache:
         url: str,
         branch: str,
         prs: Sequence[int],
-        want: Sequence[str] = (),
+        want: Sequence[str] | Mapping[str, str] = (),
         *,
         progress: object = None,
         missing_ok: bool = False,
     ) -> Fetched:
         """Fetch ``branch`` and ``refs/pull/N/head`` for ``prs``; make sure ``want`` commits exist.
 
-        Call inside :meth:`locked`. With ``missing_ok`` a PR without a ref and a
-        ``want`` commit that cannot be found are reported in the result
-        (``missing_prs``), not raised: drift reports every PR.
+        ``want`` may map each commit to what names it (``[upstream] commit``, ``step 2
+        (PR #7) head``) so an error says which is missing. Call inside :meth:`locked`.
+        Everything missing is reported at once: the base, every PR ref and every pinned
+        commit, in one error. With ``missing_ok`` a PR without a ref and a ``want``
+        commit that cannot be found are reported in the result (``missing_prs``), not
+        raised: drift reports every PR.
         """
+        labels = dict(want) if isinstance(want, Mapping) else {sha: "" for sha in want}
         path = self.repo_path(url)
         source = resolve_source(url, self.mirrors)
         if source.local:
             self._attach_alternate(path, source)
         can_fetch = source.local or not self.offline
+        missing_refs: list[int] = []
         if can_fetch:
             refspecs = [f"+refs/heads/{branch}:{UPSTREAM_PREFIX}{branch}"]
             refspecs += [f"+refs/pull/{n}/head:{PULL_PREFIX}{n}/head" for n in prs]
-            self._fetch(path, source, refspecs, prs, missing_ok=missing_ok)
+            missing_refs = self._fetch(path, source, refspecs, prs, missing_ok=True)
         repo = pygit2.Repository(str(path))
-        missing = [sha for sha in want if sha not in repo]
+        missing = [sha for sha in labels if sha not in repo]
         if missing and can_fetch:
             # Pinned commits no longer reachable from a ref (force-pushed PRs):
             # upload-pack still serves them by id on GitHub and local mirrors.
@@ -184,17 +189,10 @@ class Cache:
                 user_config=not source.local,
                 check=False,
             )
-            missing = [sha for sha in want if sha not in repo]
-        if missing and not missing_ok:
-            raise PinwheelError(
-                f"commit(s) {', '.join(m[:12] for m in missing)} not found in {redact(url)}"
-                + (" (offline: cache only)" if not can_fetch else ""),
-                where=f"cache {path.name}",
-                next=(
-                    "run again without --offline"
-                    if not can_fetch
-                    else "check the SHAs in the manifest, or point --mirror at a complete mirror"
-                ),
+            missing = [sha for sha in labels if sha not in repo]
+        if (missing or missing_refs) and not missing_ok:
+            raise missing_objects_error(
+                url, path, [(sha, labels[sha]) for sha in missing], missing_refs, can_fetch
             )
         tip_ref = f"{UPSTREAM_PREFIX}{branch}"
         if tip_ref not in repo.references:
@@ -208,7 +206,7 @@ class Cache:
         pr_heads = {}
         for n in prs:
             ref = f"{PULL_PREFIX}{n}/head"
-            if ref in repo.references:
+            if ref in repo.references and n not in missing_refs:
                 pr_heads[n] = str(repo.references[ref].target)
         return Fetched(
             repo_path=path,
@@ -241,7 +239,7 @@ class Cache:
             missing = [sha for sha in commits if sha not in repo]
         if missing:
             raise PinwheelError(
-                f"commit(s) {', '.join(m[:12] for m in missing)} not found in {url}"
+                f"commit(s) {', '.join(missing)} not found in {redact(url)}"
                 + (" (offline: cache only)" if self.offline and not source.local else ""),
                 where=f"cache {path.name}",
                 next="run without --offline, or point --mirror URL=PATH at a mirror that has them",
@@ -342,3 +340,37 @@ class Cache:
             where=f"fetch {redact(source.location)}",
             next="check the network or use --mirror URL=PATH with a local mirror",
         )
+
+
+def missing_objects_error(
+    url: str,
+    repo_path: Path,
+    commits: Sequence[tuple[str, str]],
+    prs: Sequence[int],
+    can_fetch: bool,
+) -> PinwheelError:
+    """One error naming everything a fetch could not supply: each commit as the manifest
+    gives it (full, never cut to a prefix) with what names it, and each PR without a ref."""
+    lines = [f"    {sha}" + (f"  ({label})" if label else "") for sha, label in commits] + [
+        f"    PR #{n} has no refs/pull/{n}/head" for n in prs
+    ]
+    count = len(commits) + len(prs)
+    offline = "" if can_fetch else " (offline: cache only)"
+    if not can_fetch:
+        hint = "run again without --offline"
+    elif prs and not commits:
+        hint = (
+            "check the PR numbers, or fetch PR refs into your mirror "
+            "(git fetch origin '+refs/pull/*/head:refs/pull/*/head')"
+        )
+    else:
+        hint = (
+            "check these SHAs and PR numbers in the manifest, or point --mirror URL=PATH "
+            "at a mirror that has them (with PR refs: "
+            "git fetch origin '+refs/pull/*/head:refs/pull/*/head')"
+        )
+    return PinwheelError(
+        f"{count} object(s) missing from {redact(url)}{offline}:\n" + "\n".join(lines),
+        where=f"cache {repo_path.name}",
+        next=hint,
+    )

@@ -10,6 +10,7 @@ hold one), and :func:`clean` and :func:`prune` only remove with ``apply=True``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -42,10 +43,24 @@ class DiskUsage:
 
 
 @dataclass(frozen=True)
+class KnownMissing:
+    """An object a partial (promisor) mirror never had: expected, not damage."""
+
+    object: str  # its id
+    kind: str  # "blob", "tree", ...
+    path: str  # where a cached ref's tree names it ("" when no cached ref does)
+
+
+@dataclass(frozen=True)
 class RepoCheck:
     path: Path
     ok: bool
     detail: str  # git fsck's complaint, or "ok"
+    known_missing: tuple[KnownMissing, ...] = ()  # a partial mirror's absent objects
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.known_missing)
 
 
 @dataclass(frozen=True)
@@ -94,42 +109,137 @@ def repos(root: Path) -> tuple[Path, ...]:
     return tuple(sorted(p for p in base.glob("*.git") if p.is_dir())) if base.is_dir() else ()
 
 
+_BROKEN = re.compile(r"broken link from\s+(\w+) ([0-9a-f]{40,64})\s+to\s+(\w+) ([0-9a-f]{40,64})")
+_MISSING = re.compile(r"missing (\w+) ([0-9a-f]{40,64})")
+
+
 def verify(root: Path, *, full: bool = False) -> tuple[RepoCheck, ...]:
-    """``git fsck`` each cache repository (``--connectivity-only`` unless ``full``)."""
-    checks = []
-    for repo in repos(root):
-        args = ["fsck", "--no-dangling", "--no-progress"]
-        if not full:
-            args.insert(1, "--connectivity-only")
-        try:
-            proc = gitcli.git(args, git_dir=repo, check=False)
-        except PinwheelError as exc:  # classified faults (corruption) raise: record them
-            checks.append(RepoCheck(repo, False, exc.what))
+    """``git fsck`` each cache repository (``--connectivity-only`` unless ``full``).
+
+    A partial (promisor) mirror attached as an alternate lacks some objects on
+    purpose: an object missing because an object of a promisor pack names it is
+    what the mirror never had (a re-fetch gives the same), reported as known and
+    with its path, not as damage. Anything else missing or broken is damage.
+    """
+    return tuple(_verify_one(repo, full) for repo in repos(root))
+
+
+def _verify_one(repo: Path, full: bool) -> RepoCheck:
+    args = ["fsck", "--no-dangling", "--no-progress"]
+    if not full:
+        args.insert(1, "--connectivity-only")
+    try:
+        proc = gitcli.git(args, git_dir=repo, check=False)
+    except PinwheelError as exc:  # classified faults (corruption) raise: record them
+        return RepoCheck(repo, False, exc.what)
+    text = (proc.stderr + proc.stdout).decode(errors="replace")
+    # fsck prints "broken link from <kind> <id>" and "to <kind> <id>" on two lines.
+    joined = re.sub(r"\n\s+to\s+", " to ", text)
+    problems = [
+        ln.strip()
+        for ln in joined.splitlines()
+        if ln.strip() and not ln.startswith("notice:")  # unborn HEAD of a bare cache repo
+    ]
+    promisor = _PromisorIndex(_promisor_packs(repo))
+    known: dict[str, str] = {}  # missing object -> kind
+    damage = []
+    for line in problems:
+        if m := _BROKEN.search(line):
+            _kind, holder, kind, missing = m.groups()
+            if promisor.has(holder):
+                known[missing] = kind
+                continue
+        elif (m := _MISSING.search(line)) and m.group(2) in known:
             continue
-        text = (proc.stderr + proc.stdout).decode(errors="replace")
-        problems = [
-            ln.strip()
-            for ln in text.splitlines()
-            if ln.strip() and not ln.startswith("notice:")  # unborn HEAD of a bare cache repo
-        ]
-        if _partial_alternate(repo):
-            # Blobs a partial (promisor) mirror never had are expected, not damage.
-            problems = [ln for ln in problems if not ln.startswith("missing blob")]
-        if problems or (proc.returncode != 0 and not _partial_alternate(repo)):
-            checks.append(RepoCheck(repo, False, problems[0] if problems else "fsck failed"))
-        else:
-            checks.append(RepoCheck(repo, True, "ok"))
-    return tuple(checks)
+        damage.append(line)
+    # A "missing" line whose holder came later in the output: settle it now.
+    damage = [ln for ln in damage if not ((m := _MISSING.search(ln)) and m.group(2) in known)]
+    if damage or (proc.returncode != 0 and not known):
+        return RepoCheck(repo, False, damage[0] if damage else "fsck failed")
+    found = _paths_of(repo, set(known))
+    missing = tuple(
+        KnownMissing(obj, kind, found.get(obj, "")) for obj, kind in sorted(known.items())
+    )
+    return RepoCheck(repo, True, "ok", missing)
 
 
-def _partial_alternate(repo: Path) -> bool:
+def _promisor_packs(repo: Path) -> list[Path]:
+    """Index files of promisor packs in the repository and in its alternates."""
+    dirs = [repo / "objects"]
     alternates = repo / "objects" / "info" / "alternates"
-    if not alternates.is_file():
+    if alternates.is_file():
+        dirs += [Path(line) for line in alternates.read_text().split() if line]
+    return [
+        p.with_suffix(".idx")
+        for d in dirs
+        for p in sorted((d / "pack").glob("*.promisor"))
+        if p.with_suffix(".idx").is_file()
+    ]
+
+
+class _PromisorIndex:
+    """Membership in pack index files (version 2), read directly: fanout + sorted ids."""
+
+    def __init__(self, indexes: Sequence[Path]) -> None:
+        self._idx = [ix.read_bytes() for ix in indexes]
+
+    def has(self, oid: str) -> bool:
+        want = bytes.fromhex(oid)
+        for data in self._idx:
+            if data[:4] != b"\xfftOc" or int.from_bytes(data[4:8], "big") != 2:
+                continue
+            width = len(want)
+            first = want[0]
+            lo = (
+                int.from_bytes(data[8 + 4 * (first - 1) : 12 + 4 * (first - 1)], "big")
+                if first
+                else 0
+            )
+            hi = int.from_bytes(data[8 + 4 * first : 12 + 4 * first], "big")
+            base = 8 + 256 * 4
+            while lo < hi:
+                mid = (lo + hi) // 2
+                got = data[base + mid * width : base + (mid + 1) * width]
+                if got == want:
+                    return True
+                if got < want:
+                    lo = mid + 1
+                else:
+                    hi = mid
         return False
-    for line in alternates.read_text().split():
-        if any((Path(line) / "pack").glob("*.promisor")):
-            return True
-    return False
+
+
+def _paths_of(repo: Path, objects: set[str]) -> dict[str, str]:
+    """Where the trees of the cache's refs name ``objects`` (first ref that does)."""
+    if not objects:
+        return {}
+    found: dict[str, str] = {}
+    refs = (
+        gitcli.git(["for-each-ref", "--format=%(objectname)", "refs/"], git_dir=repo, check=False)
+        .stdout.decode()
+        .split()
+    )
+    seen: set[str] = set()
+    for ref in refs:
+        tree = (
+            gitcli.git(
+                ["rev-parse", "--verify", "-q", f"{ref}^{{tree}}"], git_dir=repo, check=False
+            )
+            .stdout.decode()
+            .strip()
+        )
+        if not tree or tree in seen:
+            continue
+        seen.add(tree)
+        listing = gitcli.git(["ls-tree", "-r", "-z", tree], git_dir=repo, check=False).stdout
+        for entry in listing.split(b"\0"):
+            meta, _, name = entry.partition(b"\t")
+            parts = meta.split()
+            if len(parts) == 3 and parts[2].decode() in objects:
+                found.setdefault(parts[2].decode(), name.decode(errors="replace"))
+        if len(found) == len(objects):
+            break
+    return found
 
 
 def _remove(root: Path, paths: Sequence[Path], apply: bool) -> Removal:

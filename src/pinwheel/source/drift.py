@@ -137,14 +137,16 @@ def render_drift(report: DriftReport) -> str:
             state.append(
                 f"{p.status}: upstream has no refs/pull/{p.pr}/head"
                 if p.status == "missing ref"
-                else f"{p.status} (pinned {str(p.pinned)[:12]} not found)"
+                else f"{p.status} (pinned {p.pinned} not found)"
             )
         if p.moved:
             state.append(f"head moved {str(p.pinned)[:12]} -> {str(p.current)[:12]}")
         if p.merged_upstream:
             state.append(f"already upstream ({p.merged_upstream})")
         lines.append(f"  PR #{p.pr}: " + ("; ".join(state) if state else "unchanged"))
-    if report.replays_on_tip:
+    if report.replays_on_tip and report.branch_tip == report.base:
+        lines.append(f"the base is the branch tip {report.branch_tip[:12]}: nothing to update")
+    elif report.replays_on_tip:
         lines.append(
             f"stack replays cleanly on {report.branch_tip[:12]}: "
             "`pinwheel lock --update-base` moves the base there"

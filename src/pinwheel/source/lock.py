@@ -233,9 +233,16 @@ def _pin(
     """Resolve the base, heads, pick commits and patch checksums of one stack, in the doc."""
     loose = target.loose
     p = target.prefix
-    fetched = cache.fetch(loose.upstream.url, loose.upstream.branch, loose.prs)
-    repo = fetched.open()
     where = "[upstream] commit" if not p else f"{p}commit"
+    # Every full SHA the manifest already pins must exist: all missing ones in one error.
+    want: dict[str, str] = {}
+    if not (update_base or target.unpinned) and FULL_SHA.fullmatch(loose.upstream.commit):
+        want[loose.upstream.commit] = where
+    for step in loose.steps:
+        if step.head and FULL_SHA.fullmatch(step.head) and not update_heads:
+            want.setdefault(step.head, f"{p}{step.label} head")
+    fetched = cache.fetch(loose.upstream.url, loose.upstream.branch, loose.prs, want)
+    repo = fetched.open()
     base = (
         fetched.branch_tip
         if update_base or target.unpinned

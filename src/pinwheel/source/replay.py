@@ -294,6 +294,16 @@ class Replayer:
             return current, False
         if current is None or current == pinned:
             return pinned, False
+        others = sorted(n for n, h in self.fetched.pr_heads.items() if h == pinned and n != step.pr)
+        if others:
+            # A copy-paste slip, not a force-push: --allow-drift must not replay it either.
+            raise ManifestError(
+                f"PR #{step.pr}'s pinned head {pinned} is the head of PR #{others[0]}, "
+                f"not of PR #{step.pr} (whose head upstream is {current})",
+                where=f"{step.label} head",
+                next=f'set head = "{current}" in step {step.number} after reviewing it, '
+                "or run `pinwheel lock --update-heads`",
+            )
         if not self.allow_drift:
             raise DriftError(
                 f"PR #{step.pr} head moved: manifest pins {pinned[:12]}, "
@@ -522,11 +532,31 @@ def _missing_object(
 
 
 def fetch_for(manifest: Manifest, cache: Cache, *, extra_want: Sequence[str] = ()) -> Fetched:
-    """Fetch what the manifest names (call inside ``cache.locked``)."""
-    want = [manifest.upstream.commit] + [s.head for s in manifest.steps if s.head]
+    """Fetch what the manifest names (call inside ``cache.locked``).
+
+    Every commit the manifest pins (the base, each PR head, each pinned pick) is
+    resolved here, before anything is built: whatever is missing is reported at
+    once, each SHA with the step that names it.
+    """
     return cache.fetch(
-        manifest.upstream.url, manifest.upstream.branch, manifest.prs, [*want, *extra_want]
+        manifest.upstream.url,
+        manifest.upstream.branch,
+        manifest.prs,
+        wanted_commits(manifest, extra_want),
     )
+
+
+def wanted_commits(manifest: Manifest, extra: Sequence[str] = ()) -> dict[str, str]:
+    """Every commit the manifest pins -> what names it, in manifest order."""
+    want = {manifest.upstream.commit: f"{manifest.path.name} [upstream] commit"}
+    for step in manifest.steps:
+        if step.head:
+            want.setdefault(step.head, f"{step.label} head")
+        for sha in step.commits or ():
+            want.setdefault(sha, f"{step.label} commits")
+    for sha in extra:
+        want.setdefault(sha, "")
+    return want
 
 
 def replay_manifest(

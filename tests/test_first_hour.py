@@ -1,0 +1,260 @@
+"""A new user's first hour (issue 24): fail fast, say what it costs, never call a
+working setup broken. Real git repositories, real subprocesses, real ptys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gitfixture import git
+from pinwheel.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+
+
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """pinwheel in its own process, as a user runs it (stdout and stderr apart)."""
+    full = {**os.environ, "PYTHONPATH": str(SRC), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "pinwheel", *args],
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def one_json(text: str) -> dict:
+    """stdout holds exactly one JSON document (json.loads refuses trailing data)."""
+    doc = json.loads(text)
+    assert isinstance(doc, dict)
+    return doc
+
+
+# --------------------------------------------------------------------- conventions
+
+
+def test_global_options_after_cache_actions(tmp_path: Path, capsys) -> None:
+    cache = tmp_path / "c"
+    (cache / "toolchains").mkdir(parents=True)
+    (cache / "toolchains" / "f").write_bytes(b"x" * 10)
+    rc = main(["cache", "du", "--cache", str(cache), "--json"])
+    doc = one_json(capsys.readouterr().out)
+    assert rc == 0 and doc["cache"] == str(cache) and doc["total"] == 10
+    assert doc["schema"] == "pinwheel.cache-du/1"
+    rc = main(["cache", "verify", "--json", "--cache", str(cache)])
+    doc = one_json(capsys.readouterr().out)
+    assert rc == 0 and doc["repos"] == [] and doc["schema"] == "pinwheel.cache-verify/1"
+
+
+def test_json_failures_print_one_error_document(stack, tmp_path: Path, capsys) -> None:
+    m = stack.write([{"action": "pick", "pr": 77, "head": "1" * 40}])
+    rc, doc = stack.cli(m, "run", capsys=capsys)
+    assert rc == 1 and isinstance(doc, dict)
+    assert doc["schema"] == "pinwheel.error/1" and doc["exit_code"] == 1
+    assert doc["command"] == "run" and "PR #77" in doc["error"]["what"]
+    assert doc["error"]["next"]
+    # plan fails the same way
+    rc, doc = stack.cli(m, "plan", capsys=capsys)
+    assert rc == 1 and isinstance(doc, dict) and doc["command"] == "plan"
+    # a usage error (argparse) too
+    rc = main(["plan", "--json", "--no-such-flag"])
+    doc = one_json(capsys.readouterr().out)
+    assert rc == 2 and doc["exit_code"] == 2 and "--no-such-flag" in doc["error"]["what"]
+
+
+def test_every_json_document_has_a_schema(stack, capsys) -> None:
+    m = stack.write([{"action": "pick", "pr": 2, "head": stack.pr[2]}])
+    for args in (["run"], ["plan"], ["drift"], ["lock"]):
+        rc, doc = stack.cli(m, *args, capsys=capsys)
+        assert rc == 0, (args, doc)
+        assert isinstance(doc, dict) and doc.get("schema", "").startswith("pinwheel."), args
+
+
+def test_manifest_found_upward_like_git(tmp_path: Path) -> None:
+    repo = tmp_path / "proj"
+    (repo / "docs" / "deep").mkdir(parents=True)
+    git(repo, "init", "-q")
+    (repo / "manifest.toml").write_text("[upstream]\nurl = 1\n")  # a bad one: we want its name
+    proc = run_cli(
+        "plan", "--offline", cwd=repo / "docs" / "deep", env={"PINWHEEL_CACHE": str(tmp_path / "c")}
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "manifest.toml" in proc.stderr and "no manifest at" not in proc.stderr
+    # tools/replay's exec does the same from a subdirectory: the search does not cross
+    # the checkout's top
+    outer = tmp_path / "outer"
+    (outer / "inner").mkdir(parents=True)
+    (outer / "manifest.toml").write_text("[upstream]\nurl = 1\n")
+    git(outer / "inner", "init", "-q")
+    proc = run_cli("plan", cwd=outer / "inner", env={"PINWHEEL_CACHE": str(tmp_path / "c")})
+    assert proc.returncode == 2 and "no manifest at" in proc.stderr
+
+
+def test_directory_as_manifest_is_a_clean_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "manifest.toml").write_text("")
+    proc = run_cli("--manifest", str(tmp_path / "m"), "plan", "--json", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "Errno" not in proc.stderr and "is a directory" in proc.stderr
+    doc = one_json(proc.stdout)
+    assert doc["error"]["next"] == f"pass --manifest {tmp_path / 'm' / 'manifest.toml'}"
+
+
+# --------------------------------------------------------------------- fail fast
+
+
+def test_every_missing_object_is_reported_at_once(stack, capsys) -> None:
+    """A missing base and every missing PR head/ref in one error: plan, run and lock alike."""
+    gone = "f" * 40
+    typo = stack.pr[1][:-1] + ("0" if stack.pr[1][-1] != "0" else "1")
+    m = stack.write(
+        [
+            {"action": "pick", "pr": 1, "head": typo},
+            {"action": "pick", "pr": 2, "head": stack.pr[2]},
+            {"action": "merge", "pr": 88, "head": "e" * 40},
+        ]
+    )
+    text = m.read_text().replace(stack.base, gone)
+    m.write_text(text)
+    for command in ("plan", "run", "lock"):
+        rc, doc = stack.cli(m, command, capsys=capsys)
+        assert rc == 1, (command, doc)
+        what = doc["error"]["what"]
+        # the base, the typo'd head (as given, all 40 characters), the gone head, the PR ref
+        assert gone in what and "[upstream] commit" in what, command
+        assert typo in what and "step 1 (pick PR #1) head" in what, command
+        assert "e" * 40 in what and "PR #88 has no refs/pull/88/head" in what, command
+        assert stack.pr[2] not in what
+
+
+def test_a_head_of_another_pr_is_named_as_such(stack, capsys) -> None:
+    m = stack.write(
+        [
+            {"action": "pick", "pr": 1, "head": stack.pr[1]},
+            {"action": "pick", "pr": 2, "head": stack.pr[1]},  # copy-paste slip
+        ]
+    )
+    for extra in ((), ("--allow-drift",)):
+        rc, doc = stack.cli(m, "run", *extra, capsys=capsys)
+        assert rc == 2, doc
+        what = doc["error"]["what"]
+        assert "head of PR #1" in what and "force-push" not in what
+        assert stack.pr[2] in what  # the right head, to copy
+
+
+def test_lock_prints_whole_shas_and_never_none(stack, capsys) -> None:
+    m = stack.write([{"action": "pick", "pr": 2}])
+    m.write_text(m.read_text().replace(stack.base, stack.base[:9]))
+    rc = main(
+        [
+            "--manifest",
+            str(m),
+            "--cache",
+            str(stack.tmp / "cache"),
+            "--mirror",
+            stack.mirror,
+            "lock",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"{stack.base[:9]} -> {stack.base}" in out
+    assert f"(unset) -> {stack.pr[2]}" in out
+    assert "None" not in out
+
+
+def test_drift_after_update_base_does_not_advise_it_again(stack, capsys) -> None:
+    m = stack.write([{"action": "pick", "pr": 2, "head": stack.pr[2]}])
+    assert stack.cli(m, "lock", "--update-base")[0] == 0
+    capsys.readouterr()
+    rc = main(
+        [
+            "--manifest",
+            str(m),
+            "--cache",
+            str(stack.tmp / "cache"),
+            "--mirror",
+            stack.mirror,
+            "drift",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0 and "lock --update-base" not in out and "nothing to update" in out
+
+
+# --------------------------------------------------------------------- cache verify
+
+
+def _partial_mirror(tmp: Path) -> tuple[Path, str]:
+    """A real promisor mirror (blobless above 64 bytes) of a repo with one big file."""
+    src = tmp / "src"
+    src.mkdir()
+    git(src, "init", "-q", "-b", "main")
+    (src / "small.txt").write_text("small\n")
+    (src / "docs").mkdir()
+    (src / "docs" / "big.html").write_text("x" * 4096)
+    git(src, "add", "-A")
+    git(src, "commit", "-q", "-m", "one")
+    git(src, "config", "uploadpack.allowFilter", "true")
+    mirror = tmp / "mirror.git"
+    git(tmp, "clone", "-q", "--mirror", "--filter=blob:limit=64", f"file://{src}", str(mirror))
+    assert list((mirror / "objects" / "pack").glob("*.promisor"))
+    return mirror, git(src, "rev-parse", "HEAD")
+
+
+def _cache_repo_on(cache: Path, mirror: Path, head: str) -> Path:
+    repo = cache / "repos" / "example-partial-0000.git"
+    repo.parent.mkdir(parents=True, exist_ok=True)
+    git(cache, "init", "-q", "--bare", str(repo))
+    (repo / "objects" / "info" / "alternates").write_text(str(mirror / "objects") + "\n")
+    git(repo, "update-ref", "refs/pinwheel/upstream/main", head)
+    return repo
+
+
+def test_cache_verify_tells_a_partial_mirror_from_damage(tmp_path: Path, capsys) -> None:
+    mirror, head = _partial_mirror(tmp_path)
+    cache = tmp_path / "cache"
+    repo = _cache_repo_on(cache, mirror, head)
+    rc = main(["cache", "verify", "--cache", str(cache)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert str(repo) in out and "partial mirror: 1 object(s)" in out
+    assert "docs/big.html" in out and "rm -rf" not in out and "BAD" not in out
+
+    # Real damage beside it: a commit of the cache's own whose tree is gone.
+    damaged = cache / "repos" / "example-damaged-0000.git"
+    git(cache, "init", "-q", "--bare", str(damaged))
+    work = tmp_path / "w"
+    work.mkdir()
+    git(work, "init", "-q")
+    (work / "f").write_text("content\n")
+    git(work, "add", "f")
+    git(work, "commit", "-q", "-m", "x")
+    git(work, "push", "-q", str(damaged), "HEAD:refs/heads/main")
+    tree = git(work, "rev-parse", "HEAD^{tree}")
+    obj = damaged / "objects" / tree[:2] / tree[2:]
+    if not obj.exists():  # packed by push: unpack loose objects instead
+        for pack in (damaged / "objects" / "pack").glob("*.pack"):
+            data = pack.read_bytes()
+            for f in (damaged / "objects" / "pack").iterdir():
+                f.unlink()
+            subprocess.run(["git", "unpack-objects", "-q"], input=data, cwd=damaged, check=True)
+    obj.chmod(0o644)
+    obj.unlink()
+    rc = main(["cache", "verify", "--cache", str(cache), "--json"])
+    doc = one_json(capsys.readouterr().out)
+    rows = {Path(r["path"]).name: r for r in doc["repos"]}
+    assert rc == 1
+    assert rows["example-partial-0000.git"]["ok"] and rows["example-partial-0000.git"]["partial"]
+    assert rows["example-damaged-0000.git"]["ok"] is False
+    rc = main(["cache", "verify", "--cache", str(cache)])
+    out = capsys.readouterr().out
+    assert f"rm -rf -- {damaged}" in out and f"rm -rf -- {repo}" not in out
