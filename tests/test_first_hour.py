@@ -258,3 +258,44 @@ def test_cache_verify_tells_a_partial_mirror_from_damage(tmp_path: Path, capsys)
     rc = main(["cache", "verify", "--cache", str(cache)])
     out = capsys.readouterr().out
     assert f"rm -rf -- {damaged}" in out and f"rm -rf -- {repo}" not in out
+
+
+# --------------------------------------------------------------------- required members
+
+
+def test_required_members_apply_only_to_a_set_with_the_engine(tmp_path: Path) -> None:
+    from pinwheel.build.check import CheckSpec, check_wheels
+    from releasekit import make_wheel
+
+    spec = CheckSpec(arches=(), require_cuda=False, required_members=("vllm/_C.abi3.so",))
+    kernels = make_wheel(tmp_path / "k", "selftest_kernels", "1.0")
+    report = check_wheels([kernels], spec)
+    assert report.ok, report.human_lines()
+    assert any("[build]" not in f.message and "not checked" in f.message for f in report.findings)
+    # The build's receipt beside the wheels says what the set is.
+    (tmp_path / "k" / "provenance.json").write_text(
+        json.dumps({"components": [{"kind": "kernel", "wheel": kernels.name}]})
+    )
+    assert check_wheels([kernels], spec).ok
+    # An engine wheel without the member fails, and the next step says why.
+    engine = make_wheel(tmp_path / "e", "vllm", "1.0")
+    report = check_wheels([engine, kernels], spec)
+    assert not report.ok
+    assert "arches" not in report.next_step() and "required_members" in report.next_step()
+
+
+def test_no_cache_build_never_claims_to_start_the_compiler_cache(tmp_path: Path) -> None:
+    from pinwheel.build.pipeline import build as run_build
+    from pinwheel.progress import CallbackReporter
+    from test_build import make_tiny, request
+
+    tiny = make_tiny(tmp_path)
+    manifest = tiny.manifest()
+    result = tiny.replay(manifest)
+    said: list[str] = []
+    run_build(
+        request(tiny, manifest, tmp_path / "wheels", result, compiler_cache=False),
+        CallbackReporter(said.append),
+    )
+    assert not any("starting the compiler cache" in line for line in said), said
+    assert "building without the compiler cache: turned off (--no-cache)" in said

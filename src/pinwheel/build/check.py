@@ -208,6 +208,12 @@ class CheckReport:
                 "[build] max_glibc (docs/build.md, 'The glibc floor'), or raise max_glibc "
                 "if every target machine has that glibc; then rerun `pinwheel check WHEEL...`"
             )
+        if self.errors and all(f.rule == "required" for f in self.errors):
+            return (
+                "the engine wheel lacks a member [build] required_members names: check the "
+                "engine build's log (`tools/replay build`), or fix required_members in the "
+                "manifest if the member was renamed"
+            )
         return (
             "rebuild with the manifest's [build] arches (TORCH_CUDA_ARCH_LIST) and "
             "rerun `pinwheel check WHEEL...`"
@@ -302,6 +308,41 @@ def _arch_findings(wheel: str, so: SharedObject, arches: Sequence[CudaArch]) -> 
     return found
 
 
+def _engine_in_set(
+    paths: Sequence[Path], listing: Sequence[tuple[str, list[str]]], spec: CheckSpec
+) -> bool:
+    """Whether the set holds the engine wheel: the build's receipt beside the wheels
+    names it; without one, a wheel that has the required members' top-level package."""
+    import json
+
+    listed: dict[str, str] = {}  # wheel -> kind, as the build's receipts record it
+    for receipt in {p.parent / "provenance.json" for p in paths}:
+        try:
+            payload = json.loads(receipt.read_text())
+        except (OSError, ValueError):
+            continue
+        components = payload.get("components") if isinstance(payload, dict) else None
+        for c in components if isinstance(components, list) else ():
+            if isinstance(c, dict) and isinstance(c.get("wheel"), str):
+                listed[c["wheel"]] = str(c.get("kind"))
+    names = {p.name for p in paths}
+    if any(listed.get(n) == "engine" for n in names):
+        return True
+    tops = set()
+    for pattern in spec.required_members:
+        glob = pattern.partition(":")[2] or pattern
+        top = glob.split("/", 1)[0]
+        if "/" not in glob or any(ch in top for ch in "*?["):
+            return True  # no package to recognise the engine by: check as written
+        tops.add(top + "/")
+    return any(
+        name.startswith(tuple(tops))
+        for wheel, members in listing
+        if wheel not in listed
+        for name in members
+    )
+
+
 def _required_findings(
     wheels: Sequence[tuple[str, list[str]]], patterns: Sequence[str]
 ) -> list[Finding]:
@@ -320,7 +361,8 @@ def _required_findings(
                 "required",
                 where,
                 None,
-                f"required member {glob!r} is missing (from [build] required_members)",
+                f"required member {glob!r} is missing from the engine wheel "
+                "(from [build] required_members)",
             )
         )
     return found
@@ -551,10 +593,20 @@ def _looks_native(name: str) -> bool:
 
 
 def check_wheels(
-    paths: Sequence[Path], spec: CheckSpec, *, alongside: Sequence[Path] = ()
+    paths: Sequence[Path],
+    spec: CheckSpec,
+    *,
+    alongside: Sequence[Path] = (),
+    has_engine: bool | None = None,
 ) -> CheckReport:
     """Check ``paths``; ``alongside`` (wheels already checked, kept in the same set) only
-    count toward ``required_members``."""
+    count toward ``required_members``.
+
+    ``required_members`` are the engine's ([build] required_members): they apply to a
+    set that contains the engine only. ``has_engine`` says whether it does; None: the
+    ``provenance.json`` beside the wheels says, else a wheel holding a pattern's
+    top-level package (``vllm/`` for ``vllm/_C.abi3.so``) is the engine.
+    """
     if not paths:
         raise UsageError(
             "no wheels to check", next="pass WHEEL files: `pinwheel check wheels/*.whl`"
@@ -573,7 +625,21 @@ def check_wheels(
     for p in alongside:
         with zipfile.ZipFile(p) as zf:
             listing.append((Path(p).name, zf.namelist()))
-    findings.extend(_required_findings(listing, spec.required_members))
+    if has_engine is None:
+        has_engine = _engine_in_set([Path(p) for p in (*paths, *alongside)], listing, spec)
+    if has_engine:
+        findings.extend(_required_findings(listing, spec.required_members))
+    elif spec.required_members:
+        findings.append(
+            Finding(
+                WARNING,
+                "required",
+                ", ".join(w for w, _ in listing),
+                None,
+                "no engine wheel in this set: the engine's required members "
+                f"({', '.join(spec.required_members)}) are not checked",
+            )
+        )
     tools = tuple(
         (k, _tool_version(v))
         for k, v in (("cuobjdump", spec.cuobjdump), ("auditwheel", spec.auditwheel))

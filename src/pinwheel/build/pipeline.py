@@ -161,12 +161,16 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     canon = canonical.choose(request.cache, request.environ)
     if canon.why:
         reporter.info(f"canonical build path by prefix maps: {canon.why}")
-    with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
-        session, cache_plan = compcache.start(
-            cache_plan, request.cache / "sccache-run", request.environ, canon
-        )
-    if cache_plan.disabled and request.compiler_cache:
+    if cache_plan.disabled:  # off before it starts (--no-cache, config, no binary): say only that
+        session = None
         reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
+    else:
+        with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
+            session, cache_plan = compcache.start(
+                cache_plan, request.cache / "sccache-run", request.environ, canon
+            )
+        if cache_plan.disabled:
+            reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
     try:
         built, twice = _produce(
             request, config, specs, engine, toolkit, reporter, session, cache_plan, earlier, canon

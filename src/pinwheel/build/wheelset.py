@@ -153,12 +153,12 @@ def publish(
     has_engine = any(b.kind == "engine" for b in built) or any(
         c.get("kind") == "engine" for c in old_components.values()
     )
-    if not has_engine:
-        spec = dataclasses.replace(spec, required_members=())
     tags: dict[str, platformtag.TagDecision] = {}
     if tag:
         built, tags = _tagged(built)
-    report = check_wheels([b.wheel for b in built], spec, alongside=[out_dir / n for n in kept])
+    report = check_wheels(
+        [b.wheel for b in built], spec, alongside=[out_dir / n for n in kept], has_engine=has_engine
+    )
     report.raise_if_failed()  # unchecked wheels never reach out_dir
 
     staging = _sibling(out_dir, f"staging-{os.getpid()}")
