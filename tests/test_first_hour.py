@@ -299,3 +299,57 @@ def test_no_cache_build_never_claims_to_start_the_compiler_cache(tmp_path: Path)
     )
     assert not any("starting the compiler cache" in line for line in said), said
     assert "building without the compiler cache: turned off (--no-cache)" in said
+
+
+# --------------------------------------------------------------------- serve
+
+
+def _card_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "proj"
+    (root / "recipes").mkdir(parents=True)
+    (root / "manifest.toml").write_text((REPO / "manifest.toml").read_text())
+    for name in ("kernels", "patches"):  # what the manifest points at
+        (root / name).symlink_to(REPO / name)
+    return root
+
+
+def test_write_recipe_prints_a_path_from_the_current_directory(tmp_path: Path) -> None:
+    root = _card_copy(tmp_path)
+    proc = run_cli("--manifest", str(root / "manifest.toml"), "serve", "--write-recipe", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    shown = proc.stdout.strip().removeprefix("wrote ")
+    assert (tmp_path / shown).is_file() and shown == "proj/recipes/serve_glm53.sh"
+
+
+def test_check_recipe_shows_the_diff(tmp_path: Path) -> None:
+    root = _card_copy(tmp_path)
+    recipe = root / "recipes" / "serve_glm53.sh"
+    recipe.write_text((REPO / "recipes" / "serve_glm53.sh").read_text().replace("4096", "4095"))
+    proc = run_cli("serve", "--check-recipe", cwd=root)
+    assert proc.returncode == 2
+    assert "-" in proc.stderr and "4095" in proc.stderr and "+" in proc.stderr
+    assert "(committed)" in proc.stderr and "(from [serve])" in proc.stderr
+
+
+def test_serve_without_vllm_is_a_clean_error(tmp_path: Path) -> None:
+    root = _card_copy(tmp_path)
+    proc = run_cli("serve", "--model", str(tmp_path), "--python", sys.executable, cwd=root)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "ModuleNotFoundError" not in proc.stderr
+    assert "vLLM cannot be imported" in proc.stderr and "--python" in proc.stderr
+
+
+def test_release_notes_never_say_none(stack) -> None:
+    from pinwheel.manifest import load
+    from pinwheel.release.assemble import release_config, render_notes
+
+    m = load(stack.write([{"action": "pick", "pr": 2, "head": stack.pr[2]}]))
+    provenance = {
+        "toolchain": {"cuda": "12.4.131", "nvcc": "release 12.4", "gcc": "gcc 12", "torch": None,
+                      "python": "3.11.7"},
+        "arches": ["7.0"],
+    }  # fmt: skip
+    notes = render_notes(m, provenance, {}, None, release_config(m))
+    assert "None" not in notes
+    assert "- torch: not installed in the build interpreter" in notes
+    assert "- cuda: `12.4.131`" in notes

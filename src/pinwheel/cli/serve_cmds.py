@@ -195,6 +195,51 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- serve
 
 
+def _shown(path: Path) -> str:
+    """A path as the user would type it from here: relative to the current directory when
+    it is below it, else absolute."""
+    try:
+        return str(path.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path.absolute())
+
+
+def recipe_diff(committed: str | None, wanted: str, name: str, limit: int = 60) -> str:
+    """A unified diff from the committed recipe to the one [serve] generates."""
+    import difflib
+
+    lines = list(
+        difflib.unified_diff(
+            (committed or "").splitlines(keepends=True),
+            wanted.splitlines(keepends=True),
+            fromfile=f"{name} (committed)",
+            tofile=f"{name} (from [serve])",
+        )
+    )
+    shown = "".join(lines[:limit]).rstrip("\n")
+    return shown + (f"\n... {len(lines) - limit} more diff line(s)" if len(lines) > limit else "")
+
+
+def _no_vllm(python: str) -> str | None:
+    """Why ``python`` cannot run vLLM's server module, or None when it can."""
+    import subprocess
+
+    exe = shutil.which(python)
+    if exe is None:
+        return "no such interpreter"
+    probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('vllm') else 3)"
+    try:
+        proc = subprocess.run([exe, "-c", probe], capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot run it: {exc}"
+    if proc.returncode == 3:
+        return "no module named vllm"
+    if proc.returncode != 0:
+        err = proc.stderr.decode(errors="replace").strip().splitlines()
+        return err[-1] if err else f"exit {proc.returncode}"
+    return None
+
+
 def run_serve(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.serve.recipe import launch, render_recipe
 
@@ -207,18 +252,28 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         return 0
     if args.write_recipe:
         atomic_write_text(recipe, text, mode=0o755)
-        ctx.emit({"recipe": str(recipe)}, f"wrote {config.recipe}")
+        ctx.emit({"recipe": str(recipe)}, f"wrote {_shown(recipe)}")
         return 0
     if args.check_recipe:
-        if not recipe.is_file() or recipe.read_text() != text:
+        committed = recipe.read_text() if recipe.is_file() else None
+        if committed != text:
+            diff = recipe_diff(committed, text, _shown(recipe))
             raise UsageError(
-                f"{config.recipe} differs from [serve] in {m.path.name}",
+                f"{_shown(recipe)} differs from [serve] in {m.path.name}"
+                + (" (it does not exist)" if committed is None else f":\n{diff}"),
                 where=config.recipe,
                 next="run `pinwheel serve --write-recipe` and commit it",
             )
-        ctx.emit({"recipe": str(recipe), "ok": True}, f"{config.recipe} matches [serve]")
+        ctx.emit({"recipe": str(recipe), "ok": True}, f"{_shown(recipe)} matches [serve]")
         return 0
     r = _resolve(ctx, args)
+    if (why := _no_vllm(r["python"])) is not None:
+        raise UsageError(
+            f"vLLM cannot be imported by the engine python {r['python']} ({why})",
+            where=f"pinwheel serve (python from {r['python_from']})",
+            next="install the release into a venv (`pinwheel install wheels --venv .venv-engine`) "
+            "and pass --python .venv-engine/bin/python (or set PYTHON)",
+        )
     if r["model"] is None:
         raise UsageError(
             "no model directory",

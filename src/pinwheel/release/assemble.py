@@ -143,6 +143,21 @@ def _floor_lines(comps: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+_ABSENT = {
+    "torch": "not installed in the build interpreter (no torch-extension build)",
+    "cuda": "no CUDA toolkit (CPU-only build)",
+    "nvcc": "no nvcc",
+    "gcc": "no gcc found",
+}
+
+
+def _fact(key: str, value: Any) -> str:
+    """One toolchain fact for the notes: the value, or what its absence means (never None)."""
+    if value is None or value == "":
+        return _ABSENT.get(key, "not recorded")
+    return f"`{value}`"
+
+
 def render_notes(
     manifest: Manifest,
     provenance: Mapping[str, Any],
@@ -185,7 +200,7 @@ def render_notes(
     toolchain = provenance.get("toolchain") or {}
     if toolchain or provenance.get("arches"):
         out += ["## Toolchain", ""]
-        out += [f"- {k}: `{v}`" for k, v in sorted(toolchain.items())]
+        out += [f"- {k}: {_fact(k, v)}" for k, v in sorted(toolchain.items())]
         if provenance.get("arches"):
             out += [f"- arches: `{', '.join(map(str, provenance['arches']))}`"]
         if provenance.get("source_date_epoch") is not None:
