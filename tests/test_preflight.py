@@ -380,3 +380,20 @@ def test_human_output_keeps_literal_brackets(tmp_path, capsys):
     out = captured.out + captured.err
     (line,) = [x for x in out.splitlines() if "engine Python" in x]
     assert f"({python})" in line
+
+
+def test_a_toolkit_already_in_the_cache_is_pointed_at_not_provisioned_again(tmp_path):
+    """Stand-in nvcc (no CUDA 12 here by default): the cache layout is what `pinwheel
+    toolchain` writes, marker included."""
+    wrong = _stand_in_nvcc(tmp_path / "cuda-13.0", "13.0")
+    cached = _stand_in_nvcc(tmp_path / "cache" / "toolchains" / "cuda-12.4.131", "12.4")
+    root = cached.parent.parent
+    (root / ".pinwheel-toolkit.json").write_text("{}\n")
+    base = dataclasses.replace(_opts(tmp_path), environ={"PATH": str(wrong.parent)})
+    check = check_nvcc(dataclasses.replace(base, cache=tmp_path / "cache"))
+    assert check.status != OK
+    assert check.next is not None and f"export CUDA_HOME={root}" in check.next
+    assert "provision" not in check.next.split("(")[0]
+    # no cache toolkit: provisioning is the advice
+    check = check_nvcc(dataclasses.replace(base, cache=tmp_path / "empty"))
+    assert check.next is not None and check.next.startswith("provision CUDA 12.x")

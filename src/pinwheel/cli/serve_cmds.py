@@ -158,6 +158,7 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
         environ=ctx.environ,
         container_runtime=args.container_runtime,
         torch_python=args.python or ctx.environ.get("PYTHON"),
+        cache=ctx.cache,
     )
     checks = preflight(opts)
     took = time.monotonic() - start

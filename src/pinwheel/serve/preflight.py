@@ -170,6 +170,7 @@ class Options:
     # a host Python with CUDA torch named by the user (--python / $PYTHON): under an image
     # engine the engine's torch is inside the image, so the all-reduce runs with this one
     torch_python: str | None = None
+    cache: Path | None = None  # pinwheel's cache: a toolkit `pinwheel toolchain` provisioned
 
 
 def _run(argv: Sequence[str], timeout: float) -> tuple[int, str] | None:
@@ -284,8 +285,28 @@ def check_topology(opts: Options, topo: Topology | None, error: str | None) -> l
     return [Check("topology", OK, f"{summary}; every tensor-parallel pair is NVLinked")]
 
 
+def cached_toolkits(cache: Path | None, major: str) -> list[Path]:
+    """Toolkits of CUDA ``major`` that pinwheel provisioned into the cache (complete ones)."""
+    if cache is None:
+        return []
+    found = sorted((Path(cache) / "toolchains").glob(f"cuda-{major}.*"), reverse=True)
+    return [
+        root
+        for root in found
+        if (root / ".pinwheel-toolkit.json").is_file() and (root / "bin" / "nvcc").is_file()
+    ]
+
+
 def check_nvcc(opts: Options) -> Check:
     want = str(opts.profile.cuda)
+    cached = cached_toolkits(opts.cache, want)
+    # Already provisioned: point at it rather than provisioning again.
+    fix = (
+        f"export CUDA_HOME={cached[0]}  (CUDA {want} that `pinwheel toolchain` already "
+        "provisioned into the cache)"
+        if cached
+        else f"provision CUDA {want}.x (`pinwheel toolchain`) and export CUDA_HOME to it"
+    )
     candidates = []
     if opts.environ.get("CUDA_HOME"):
         candidates.append(str(Path(opts.environ["CUDA_HOME"]) / "bin" / "nvcc"))
@@ -301,13 +322,14 @@ def check_nvcc(opts: Options) -> Check:
                 "cuda toolkit",
                 FAIL,
                 f"nvcc {release} at {nvcc}; TileLang/Triton JIT at start-up need CUDA {want}.x",
-                f"provision CUDA {want}.x (`pinwheel toolchain`) and export CUDA_HOME to it",
+                fix,
             )
     return Check(
         "cuda toolkit",
         FAIL,
-        "no nvcc (CUDA_HOME, PATH, /usr/local/cuda)",
-        f"provision CUDA {want}.x (`pinwheel toolchain`) and export CUDA_HOME to it",
+        "no nvcc (CUDA_HOME, PATH, /usr/local/cuda)"
+        + (f"; the cache holds CUDA {want} at {cached[0]}" if cached else ""),
+        fix,
     )
 
 
