@@ -353,3 +353,18 @@ def test_release_notes_never_say_none(stack) -> None:
     assert "None" not in notes
     assert "- torch: not installed in the build interpreter" in notes
     assert "- cuda: `12.4.131`" in notes
+
+
+def test_build_resolves_every_commit_before_any_toolkit(stack, capsys) -> None:
+    """A missing base and PR head stop `build` before it looks for (or downloads) CUDA."""
+    m = stack.write(
+        [{"action": "pick", "pr": 1, "head": "d" * 40}],
+        extra='\n[build]\ncuda = "12.4"\narches = ["7.0"]\n',
+    )
+    m.write_text(m.read_text().replace(stack.base, "c" * 40))
+    cache = stack.tmp / "cache"
+    rc, doc = stack.cli(m, "--offline", "build", "--out", str(stack.tmp / "w"), capsys=capsys)
+    assert rc == 1, doc
+    what = doc["error"]["what"]
+    assert "c" * 40 in what and "d" * 40 in what and "CUDA" not in what
+    assert not (cache / "toolchains").exists()

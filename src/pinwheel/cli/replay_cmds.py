@@ -70,6 +70,34 @@ def _replay(
     )
 
 
+def reach_all(ctx: Context, chosen: tuple[Stack, ...], *, skip: str | None = None) -> None:
+    """Fetch every stack's upstream and resolve its pinned commits; one error for all."""
+    from pinwheel.errors import PinwheelError
+    from pinwheel.source.replay import fetch_for
+
+    cache = _cache(ctx)
+    failed: list[tuple[Stack, PinwheelError]] = []
+    for stack in chosen:
+        if stack.name == skip:
+            continue
+        try:
+            with cache.locked(stack.manifest.upstream.url):
+                fetch_for(stack.manifest, cache)
+        except PinwheelError as exc:
+            failed.append((stack, exc))
+    if len(failed) == 1:
+        raise failed[0][1]
+    if failed:
+        raise PinwheelError(
+            f"{len(failed)} stacks cannot be fetched:\n"
+            + "\n".join(
+                f"  {s.title}: {e.where + ': ' if e.where else ''}{e.what}" for s, e in failed
+            ),
+            where="pinwheel build",
+            next=failed[0][1].next,
+        )
+
+
 def _summary(result: ReplayResult) -> str:
     verified = result.manifest.result.tree
     state = "matches [result].tree" if verified else "UNVERIFIED (no [result].tree pinned)"
@@ -96,14 +124,17 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.build.toolchain import ToolkitRequest, parse_flags, resolve_toolkit
 
     manifest = ctx.manifest()
-    # Before the replay: a bad [build], a missing gcc or CUDA fails in a second.
+    # Before anything else: a bad [build] or a missing gcc fails in a second.
     config = chosen_toolchain(ctx, args).config
+    # Fail fast, cheapest first: reach every upstream and resolve every pinned commit
+    # (engine and components, all missing ones in one error) before a toolkit download.
+    reach_all(ctx, stacks(manifest))
+    # A manifest of components only (no [upstream]) builds its [[kernel]] wheels.
+    result = _replay(ctx, args) if manifest.has_engine else None
     with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
         toolkit = resolve_toolkit(
             ToolkitRequest(config, ctx.cache, ctx.environ, provision=not ctx.offline)
         )
-    # A manifest of components only (no [upstream]) builds its [[kernel]] wheels.
-    result = _replay(ctx, args) if manifest.has_engine else None
     request = BuildRequest(
         manifest=manifest,
         cache=ctx.cache,
