@@ -31,6 +31,42 @@ def run_cli(
     )
 
 
+def in_pty(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> tuple[int, str]:
+    """pinwheel on a real terminal (a pty on stdin, stdout and stderr): exit code, screen."""
+    import pty
+    import select
+    import time
+
+    full = {**os.environ, "PYTHONPATH": str(SRC), "TERM": "xterm", "COLUMNS": "200", **(env or {})}
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pinwheel", *args],
+        cwd=cwd, env=full, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+    )  # fmt: skip
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    else:
+        proc.kill()
+    rc = proc.wait(timeout=30)
+    os.close(master)
+    return rc, b"".join(chunks).decode(errors="replace")
+
+
 def one_json(text: str) -> dict:
     """stdout holds exactly one JSON document (json.loads refuses trailing data)."""
     doc = json.loads(text)
@@ -315,7 +351,9 @@ def _card_copy(tmp_path: Path) -> Path:
 
 def test_write_recipe_prints_a_path_from_the_current_directory(tmp_path: Path) -> None:
     root = _card_copy(tmp_path)
-    proc = run_cli("--manifest", str(root / "manifest.toml"), "serve", "--write-recipe", cwd=tmp_path)
+    proc = run_cli(
+        "--manifest", str(root / "manifest.toml"), "serve", "--write-recipe", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     shown = proc.stdout.strip().removeprefix("wrote ")
     assert (tmp_path / shown).is_file() and shown == "proj/recipes/serve_glm53.sh"
@@ -368,3 +406,50 @@ def test_build_resolves_every_commit_before_any_toolkit(stack, capsys) -> None:
     what = doc["error"]["what"]
     assert "c" * 40 in what and "d" * 40 in what and "CUDA" not in what
     assert not (cache / "toolchains").exists()
+
+
+# --------------------------------------------------------------------- heartbeats
+
+
+class _Server:
+    """A real HTTP server on localhost answering every GET with ``status``."""
+
+    def __init__(self, status: int) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_qualify_health_wait_beats_with_elapsed_time_and_the_last_answer(tmp_path: Path) -> None:
+    fixture = Path(__file__).parent / "fixtures" / "qualify-cpu.toml"
+    m = tmp_path / "q.toml"
+    m.write_text(fixture.read_text().replace("health_timeout_s = 300", "health_timeout_s = 4"))
+    srv = _Server(404)
+    try:
+        rc, screen = in_pty(
+            "--manifest", str(m), "qualify", "--url", srv.url, "--out", str(tmp_path / "o"),
+            cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        srv.close()
+    flat = " ".join(screen.split())
+    assert rc == 1, screen
+    assert f"waiting for GET {srv.url}/health: still waiting after" in flat, screen
+    assert "of 4 s; last: HTTP 404 (no /health here: is this a vLLM server?)" in flat
+    assert "last answer: HTTP 404" in flat

@@ -15,7 +15,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pinwheel"
 # Stage order: a module may import its own stage, the foundation, and earlier stages.
 STAGES = ("manifest", "source", "build", "release", "serve")
 FOUNDATION = {
-    "errors", "fsutil", "checksums", "cudaarch", "progress", "runner", "urls", "__init__",
+    "errors", "fsutil", "checksums", "cudaarch", "progress", "runner", "heartbeat", "urls",
+    "__init__",
 }  # fmt: skip
 
 

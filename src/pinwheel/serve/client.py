@@ -145,17 +145,24 @@ class Client:
             )
         return json.loads(raw)
 
+    last_health = ""  # what the latest GET /health got: "HTTP 503", "connection refused"
+
     # -- plain endpoints -----------------------------------------------------
     def healthy(self) -> bool:
         """True when GET /health answers 200; False while it refuses or answers otherwise."""
         try:
             resp = self._send("GET", "/health")
             resp.read()
-        except ServerGone:
+        except ServerGone as exc:
+            self.last_health = f"server gone ({exc.what})"
             return False
-        except (ConnectionError, http.client.HTTPException, OSError):
+        except (ConnectionError, http.client.HTTPException, OSError) as exc:
             self.close()
+            self.last_health = _why(exc)
             return False
+        self.last_health = f"HTTP {resp.status}" + (
+            " (no /health here: is this a vLLM server?)" if resp.status == 404 else ""
+        )
         return resp.status == 200
 
     def models(self) -> list[dict[str, Any]]:
@@ -360,3 +367,13 @@ def metric_by_label(samples: Mapping[str, float], name: str, label: str) -> dict
         tag = key[start : key.index('"', start)]
         out[tag] = out.get(tag, 0.0) + value
     return out
+
+
+def _why(exc: BaseException) -> str:
+    """A short reason for a failed request: "connection refused", "timed out", ..."""
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return str(text)[:120]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel.errors import GateFailed, PinwheelError
+from pinwheel.heartbeat import Heartbeat
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.serve import QualifyConfig, QualifyProfile
 from pinwheel.progress import SILENT, Reporter
@@ -90,6 +91,8 @@ def wait_healthy(
     timeout_s: float,
     poll_s: float = 1.0,
     refused_grace_s: float = 5.0,
+    progress: Callable[[str], None] | None = None,
+    heartbeat_s: float = 10.0,
 ) -> float:
     """Seconds until GET /health answered 200; raises if the server exits or time runs out.
 
@@ -112,9 +115,16 @@ def wait_healthy(
         ) from None
     start = time.monotonic()
     refused_since: float | None = None
+    beat = Heartbeat(
+        progress or (lambda _line: None),
+        f"waiting for GET {target.url.rstrip('/')}/health",
+        limit_s=timeout_s,
+        every_s=min(heartbeat_s, max(1.0, timeout_s / 4)),  # a short wait still beats
+    )
     while True:
         if client.healthy():
             return time.monotonic() - start
+        beat.tick(client.last_health)
         _check_alive(target, "before it became healthy")
         if target.alive is None:  # attached with --url: is anything listening at all?
             try:
@@ -141,7 +151,8 @@ def wait_healthy(
                 refused_since = None  # timeouts, unreachable: the deadline below decides
         if time.monotonic() - start > timeout_s:
             raise PinwheelError(
-                f"the server was not healthy after {timeout_s:.0f} s (GET /health)",
+                f"the server was not healthy after {timeout_s:.0f} s (GET /health; last "
+                f"answer: {client.last_health or 'none'})",
                 where=target.url,
                 next="check the server log; raise [qualify].health_timeout_s if it is only slow"
                 + _tail_block(target.log),
@@ -385,7 +396,7 @@ def qualify(
     error: PinwheelError | None = None
     try:
         part.server["health_wait_s"] = round(
-            wait_healthy(client, target, config.health_timeout_s), 2
+            wait_healthy(client, target, config.health_timeout_s, progress=reporter.info), 2
         )
         reporter.info(f"healthy after {part.server['health_wait_s']} s")
         part.markers = check_markers((*config.markers, *prof.markers), target.log)
