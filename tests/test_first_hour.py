@@ -453,3 +453,75 @@ def test_qualify_health_wait_beats_with_elapsed_time_and_the_last_answer(tmp_pat
     assert f"waiting for GET {srv.url}/health: still waiting after" in flat, screen
     assert "of 4 s; last: HTTP 404 (no /health here: is this a vLLM server?)" in flat
     assert "last answer: HTTP 404" in flat
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_fetch_retries_against_a_dead_port_say_so_on_the_terminal(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/release/"
+    rc, screen = in_pty("fetch", url, "--dest", str(tmp_path / "d"), "--retries", "2", cwd=tmp_path)
+    flat = " ".join(screen.split())
+    assert rc == 1, screen
+    assert "retry 1 of 2 in 1 s" in flat and "retry 2 of 2 in 2 s" in flat, screen
+    assert "so far)" in flat and "gave up after 3 attempts" in flat
+
+
+def test_fetch_off_a_terminal_prints_plain_lines_and_with_json_one_document(tmp_path: Path) -> None:
+    import hashlib
+
+    from releasekit import make_wheel
+
+    rel = tmp_path / "rel"
+    wheel = make_wheel(rel, "demo", "1.0", payload=200_000)
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    (rel / "SHA256SUMS").write_text(f"{digest}  {wheel.name}\n")
+    proc = run_cli("fetch", str(rel), "--dest", str(tmp_path / "a"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b[" not in proc.stderr and "━" not in proc.stderr
+    from pinwheel.heartbeat import human_bytes
+
+    size = human_bytes(wheel.stat().st_size)
+    assert proc.stderr.splitlines()[0] == f"{wheel.name}: {size}"  # the size before the copy
+    proc = run_cli("fetch", str(rel), "--dest", str(tmp_path / "b"), "--json", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert one_json(proc.stdout)["schema"] == "pinwheel.fetch/1"
+
+
+def test_toolkit_download_is_announced_with_sizes_and_destination(tmp_path: Path) -> None:
+    from pinwheel.build.toolchain.pins import LOCKS
+    from pinwheel.build.toolchain.provision import download_plan
+
+    lock = LOCKS["12.4"]
+    downloads = tmp_path / "downloads"
+    plan = download_plan(lock, downloads)
+    assert f"downloading 5 file(s), 998.8 MiB, into {downloads}" in plan
+    assert "nvidia-cuda-dev_12.4.127~12.4.1-2_amd64.deb (890.6 MiB)" in plan
+    assert "PINWHEEL_CACHE" in plan
+    # a file already there at its pinned size is not counted again
+    downloads.mkdir()
+    (downloads / lock.debs[1].filename).write_bytes(b"\0" * lock.debs[1].size)
+    assert "downloading 4 file(s), 108.2 MiB" in download_plan(lock, downloads)
+
+
+def test_watch_bytes_reports_arrivals_while_a_download_runs(tmp_path: Path) -> None:
+    import time
+
+    from pinwheel.heartbeat import watch_bytes
+
+    said: list[str] = []
+    target = tmp_path / "dl"
+    target.mkdir()
+    with watch_bytes(said.append, "downloading X", target, expected=3 << 20, every_s=0.2):
+        with open(target / "part", "wb") as fh:
+            for _ in range(3):
+                fh.write(b"\0" * (1 << 20))
+                fh.flush()
+                time.sleep(0.35)
+    assert any("MiB of ~3.0 MiB after" in line and "/s)" in line for line in said[:-1]), said
+    assert said[-1].startswith("downloading X: 3.0 MiB in ")

@@ -151,7 +151,13 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     if toolkit is None and request.cuda:
         with reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
             toolkit = resolve_toolkit(
-                ToolkitRequest(config, request.cache, request.environ, provision=request.provision)
+                ToolkitRequest(
+                    config,
+                    request.cache,
+                    request.environ,
+                    provision=request.provision,
+                    progress=reporter.info,
+                )
             )
 
     earlier = reuse.candidates(request.reuse_from, request.cache) if request.reuse_from else {}

@@ -55,7 +55,9 @@ def _toolkit(ctx: Context, config: BuildConfig, provision: bool) -> tuple[Toolki
     started = time.monotonic()
     with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
         toolkit = resolve_toolkit(
-            ToolkitRequest(config, ctx.cache, ctx.environ, provision=provision)
+            ToolkitRequest(
+                config, ctx.cache, ctx.environ, provision=provision, progress=ctx.reporter.info
+            )
         )
     return toolkit, time.monotonic() - started
 

@@ -139,6 +139,7 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
         allowed_signers=signers,
         principal=principal,
         sums=args.sums,
+        say=ctx.reporter.info,
     )
     source = resolve_source(args.source)
     result = fetch_release(source, Path(args.dest), opts, ctx.reporter, only=tuple(args.file))

@@ -133,7 +133,13 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     result = _replay(ctx, args) if manifest.has_engine else None
     with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
         toolkit = resolve_toolkit(
-            ToolkitRequest(config, ctx.cache, ctx.environ, provision=not ctx.offline)
+            ToolkitRequest(
+                config,
+                ctx.cache,
+                ctx.environ,
+                provision=not ctx.offline,
+                progress=ctx.reporter.info,
+            )
         )
     request = BuildRequest(
         manifest=manifest,

@@ -36,6 +36,7 @@ from typing import BinaryIO
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
+from pinwheel.heartbeat import human_seconds
 from pinwheel.progress import SILENT, Advance, Reporter
 from pinwheel.release import signing
 
@@ -106,6 +107,8 @@ class FetchOptions:
     sums: str | None = None  # SHA256SUMS location for an index source
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    # A line before each retry wait: what failed, which attempt, how long so far.
+    say: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     def started(self) -> FetchOptions:
         """These options with the deadline clock running (once per fetch)."""
@@ -229,6 +232,7 @@ def _with_retries(
 ) -> bytes:
     """Run ``attempt_fn`` until it succeeds; 404 and other 4xx fail at once."""
     attempt = 0
+    began = opts.clock()
     while True:
         attempt += 1
         try:
@@ -245,7 +249,13 @@ def _with_retries(
                 where=url,
                 next="check the server, then rerun the same `pinwheel fetch`",
             ) from None
-        opts.sleep(min(opts.backoff * 2 ** (attempt - 1), opts.max_backoff))
+        wait = min(opts.backoff * 2 ** (attempt - 1), opts.max_backoff)
+        if opts.say is not None:
+            opts.say(
+                f"{what}: {_describe(last, opts)}; retry {attempt} of {opts.retries} in "
+                f"{wait:.0f} s ({human_seconds(opts.clock() - began)} so far)"
+            )
+        opts.sleep(wait)
 
 
 def _http_error(exc: urllib.error.HTTPError, url: str, what: str) -> PinwheelError:

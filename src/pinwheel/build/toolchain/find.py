@@ -8,7 +8,7 @@ Out: a probed :class:`~pinwheel.build.toolchain.toolkit.Toolkit`.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +45,7 @@ class ToolkitRequest:
     cache: Path
     environ: Mapping[str, str]
     provision: bool = True
+    progress: Callable[[str], None] | None = None  # download plan, bytes, phases
 
 
 def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
@@ -98,7 +99,7 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
                 )
             ),
         )
-    root = provision_toolkit(lock, cache, environ)
+    root = provision_toolkit(lock, cache, environ, request.progress)
     return _checked(root, config, "provisioned", environ)
 
 

@@ -17,6 +17,7 @@ class DebPin:
     sha256: str
     # (path inside the package, path inside the toolkit tree); a dir copies recursively.
     files: tuple[tuple[str, str], ...]
+    size: int = 0  # bytes of the .deb as downloaded (measured); 0: not measured
 
     @property
     def filename(self) -> str:
@@ -31,6 +32,7 @@ class WheelPin:
     filename: str
     sha256: str
     files: tuple[tuple[str, str], ...]
+    size: int = 0  # bytes of the wheel as downloaded (measured); 0: not measured
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,12 @@ class ToolkitLock:
     @property
     def dirname(self) -> str:
         return f"cuda-{self.version}" + (f"-{self.variant}" if self.variant else "")
+
+    def files_to_fetch(self) -> tuple[tuple[str, int], ...]:
+        """(file name, bytes; 0 when not measured) of every file the lock downloads."""
+        return tuple((d.filename, d.size) for d in self.debs) + tuple(
+            (w.filename, w.size) for w in self.wheels
+        )
 
     def with_dev(self) -> ToolkitLock:
         """This toolkit plus the dev files: a separate tree (``cuda-X.Y.Z-dev``)."""
@@ -96,6 +104,7 @@ LOCKS: dict[str, ToolkitLock] = {
                 package="nvidia-cuda-toolkit",
                 version="12.4.131~12.4.1-2",
                 sha256="cd5fe85aee38d108b315f408a688641478f2402622a10c677478eb7a6c4e5319",
+                size=87_240_108,  # measured: the downloaded file
                 files=(
                     (f"{_TK}/bin/nvcc", "bin/nvcc"),
                     (f"{_TK}/bin/crt", "bin/crt"),
@@ -112,6 +121,7 @@ LOCKS: dict[str, ToolkitLock] = {
                 package="nvidia-cuda-dev",
                 version="12.4.127~12.4.1-2",
                 sha256="d846838f914a0176948d48a8bcade5d6dbcccb5c9374343f6475f5503f173ee0",
+                size=933_853_452,  # measured: the downloaded file
                 files=(
                     ("usr/lib/x86_64-linux-gnu/libcudadevrt.a", "lib64/libcudadevrt.a"),
                     ("usr/lib/x86_64-linux-gnu/libcudart_static.a", "lib64/libcudart_static.a"),
@@ -125,6 +135,7 @@ LOCKS: dict[str, ToolkitLock] = {
                 version="12.4.131",
                 filename="nvidia_cuda_nvcc_cu12-12.4.131-py3-none-manylinux2014_x86_64.whl",
                 sha256="e4c9a35435c3b0e36c6397c5696334c9ea6650e524736cbd1c5d345ea099bb04",
+                size=22_265_199,  # measured: the downloaded file
                 files=(
                     ("nvidia/cuda_nvcc/include", "include"),
                     ("nvidia/cuda_nvcc/nvvm/lib64", "nvvm/lib64"),
@@ -136,6 +147,7 @@ LOCKS: dict[str, ToolkitLock] = {
                 version="12.4.127",
                 filename="nvidia_cuda_runtime_cu12-12.4.127-py3-none-manylinux2014_x86_64.whl",
                 sha256="64403288fa2136ee8e467cdc9c9427e0434110899d07c779f25b5c068934faa5",
+                size=883_737,  # measured: the downloaded file
                 files=(
                     ("nvidia/cuda_runtime/include", "include"),
                     ("nvidia/cuda_runtime/lib", "lib64"),
@@ -146,6 +158,7 @@ LOCKS: dict[str, ToolkitLock] = {
                 version="12.4.127.post1",
                 filename="nvidia_cuda_cccl_cu12-12.4.127.post1-py3-none-manylinux2014_x86_64.whl",
                 sha256="2027fa5fc75fbee703bf24e8275a40a605cf94a3e8fef8a7187897d49b34facb",
+                size=3_111_329,  # measured: the downloaded file
                 files=(("nvidia/cuda_cccl/include", "include"),),
             ),
         ),

@@ -11,7 +11,7 @@ tree with an ``nvcc.profile``.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from filelock import FileLock
@@ -22,6 +22,7 @@ from pinwheel.build.toolchain.pins import MARKER, ToolkitLock
 from pinwheel.build.toolchain.toolkit import ToolchainError, nvcc_version
 from pinwheel.build.toolchain.unpack import unpack_deb, unpack_wheel
 from pinwheel.fsutil import atomic_dir, atomic_write_text
+from pinwheel.heartbeat import human_bytes, watch_bytes
 
 # nvcc reads this beside itself; $(_HERE_) makes the tree relocatable.
 NVCC_PROFILE = """\
@@ -36,11 +37,40 @@ PTXAS_FLAGS     +=
 """
 
 
-def provision_toolkit(lock: ToolkitLock, cache: Path, environ: Mapping[str, str]) -> Path:
+def download_plan(lock: ToolkitLock, downloads: Path) -> str:
+    """What provisioning will download, said before it starts: files, sizes, destination."""
+    todo = [
+        (name, size)
+        for name, size in lock.files_to_fetch()
+        if not (
+            (downloads / name).is_file() and (not size or (downloads / name).stat().st_size == size)
+        )
+    ]
+    if not todo:
+        return f"CUDA {lock.version}: every pinned file is already in {downloads}"
+    known = sum(size for _, size in todo)
+    unknown = sum(1 for _, size in todo if not size)
+    total = human_bytes(known) + (f" + {unknown} file(s) of unknown size" if unknown else "")
+    listing = ", ".join(f"{name} ({human_bytes(size) if size else '?'})" for name, size in todo)
+    return (
+        f"CUDA {lock.version}: downloading {len(todo)} file(s), {total}, into {downloads} "
+        f"(once; --cache or PINWHEEL_CACHE puts it elsewhere): {listing}"
+    )
+
+
+def provision_toolkit(
+    lock: ToolkitLock,
+    cache: Path,
+    environ: Mapping[str, str],
+    say: Callable[[str], None] | None = None,
+) -> Path:
     """Download, verify and assemble ``lock`` into ``<cache>/toolchains/cuda-X.Y.Z``; idempotent.
 
-    ``environ`` is the caller's environment: apt-get, pip and nvcc run in it.
+    ``environ`` is the caller's environment: apt-get, pip and nvcc run in it. ``say``
+    gets the plan (files, sizes, destination) before any download, the bytes as they
+    arrive, and each phase.
     """
+    say = say or (lambda _line: None)
     base = cache / "toolchains"
     final = base / lock.dirname
     base.mkdir(parents=True, exist_ok=True)
@@ -48,8 +78,12 @@ def provision_toolkit(lock: ToolkitLock, cache: Path, environ: Mapping[str, str]
         if (final / MARKER).is_file():
             return final
         downloads = base / "downloads"
-        debs = fetch_debs(lock, downloads, base / "apt", environ)
-        wheels = [fetch_wheel(pin, downloads, environ) for pin in lock.wheels]
+        say(download_plan(lock, downloads))
+        expected = sum(size for _, size in lock.files_to_fetch()) or None
+        with watch_bytes(say, f"downloading CUDA {lock.version}", downloads, expected=expected):
+            debs = fetch_debs(lock, downloads, base / "apt", environ)
+            wheels = [fetch_wheel(pin, downloads, environ) for pin in lock.wheels]
+        say(f"CUDA {lock.version}: sha256 verified; unpacking into {final}")
         with atomic_dir(final) as tmp:
             for pin, path in zip(lock.debs, debs, strict=True):
                 unpack_deb(path, pin, tmp)
@@ -62,6 +96,7 @@ def provision_toolkit(lock: ToolkitLock, cache: Path, environ: Mapping[str, str]
                 if not (tmp / "lib64" / "libcudart.so").exists():
                     (tmp / "lib64" / "libcudart.so").symlink_to(so.name)
             atomic_write_text(tmp / "bin" / "nvcc.profile", NVCC_PROFILE)
+            say(f"CUDA {lock.version}: checking the assembled nvcc")
             found = nvcc_version(tmp / "bin" / "nvcc", env=environ)
             if found != lock.version:
                 raise ToolchainError(
@@ -76,4 +111,5 @@ def provision_toolkit(lock: ToolkitLock, cache: Path, environ: Mapping[str, str]
             }
             tmp.chmod(0o755)  # mkdtemp made it private; the toolkit is for every user
             atomic_write_text(tmp / MARKER, json.dumps(record, indent=2, sort_keys=True) + "\n")
+        say(f"CUDA {lock.version}: ready at {final}")
         return final
