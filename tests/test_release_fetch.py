@@ -491,3 +491,23 @@ def test_cli_reports_exit_code_and_next_step_in_a_subprocess(kit: Kit, tmp_path:
     assert proc.returncode == EXIT_VERIFY
     assert f"sha256 mismatch for {SMALL}" in proc.stderr and "next:" in proc.stderr
     assert SMALL not in no_final_files(tmp_path / "dl")
+
+
+def test_install_without_uv_says_it_fell_back_and_what_it_lost(
+    kit: Kit, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """A machine without uv (stand-in: find_uv answers None; this venv has uv): auto falls
+    back to pip and says that --torch-backend was not applied."""
+    from pinwheel.release import install as install_mod
+
+    monkeypatch.setattr(install_mod, "find_uv", lambda: None)
+    venv = tmp_path / "venv"
+    rc = main(
+        ["--manifest", str(kit.manifest), "install", str(kit.release), "--venv", str(venv),
+         "--no-deps", "--torch-backend", "cu128"]
+    )  # fmt: skip
+    seen = capsys.readouterr()
+    assert rc == 0, seen.err
+    assert "uv not found: installed with pip" in seen.err
+    assert "--torch-backend cu128 was not applied" in seen.err
+    assert "with pip" in seen.out

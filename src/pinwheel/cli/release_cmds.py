@@ -181,10 +181,13 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
         principal=principal,
         allow_partial=args.allow_partial,
     )
+    if result.fell_back:
+        ctx.reporter.info(f"warning: {result.fell_back}")
     ctx.emit(
         {
             "venv": str(result.venv),
             "installer": result.installer,
+            "fell_back": result.fell_back,
             "wheels": list(result.wheels),
             "commands": [list(c) for c in result.commands],
         },

@@ -47,6 +47,7 @@ class InstallResult:
     commands: tuple[tuple[str, ...], ...]
     signed_by: str | None
     torch: str | None = None  # the torch pinned from provenance.json, if any
+    fell_back: str | None = None  # why pip, not uv, and what that lost (auto without uv)
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,20 @@ def install(
     uv = find_uv()
     chosen = ("uv" if uv else "pip") if installer == "auto" else installer
     if chosen == "uv" and not uv:
-        raise PinwheelError("uv not found", next="pip install uv, or pass --installer pip")
+        raise PinwheelError(
+            "uv not found",
+            next="install uv into the Python that runs pinwheel (python -m pip install uv), "
+            "or pass --installer pip",
+        )
+    fell_back = None
+    if installer == "auto" and not uv:
+        fell_back = "uv not found: installed with pip" + (
+            f"; --torch-backend {torch_backend} was not applied (pip has no torch backend: "
+            "torch comes from pip's index, a CUDA build only if the build's provenance.json "
+            "pins its index); install uv (python -m pip install uv) to apply it"
+            if torch_backend
+            else ""
+        )
     commands = _ensure_venv(venv, uv, chosen)
     python = str(venv_python(venv))
     paths = [str((wheel_dir / w).resolve()) for w in wheels]
@@ -220,6 +234,7 @@ def install(
         commands=tuple(commands),
         signed_by=verified.signed_by,
         torch=pin.version if pin else None,
+        fell_back=fell_back,
     )
 
 
