@@ -10,6 +10,20 @@ import os
 import nox
 
 nox.options.sessions = ["lint", "tests", "kernels", "qualify-cpu"]
+
+
+def _test_caches() -> None:
+    """Every session's caches live in $PINWHEEL_TEST_CACHE (default ~/.cache/pinwheel-test):
+    pinwheel's own cache is set to a directory inside it, so the tests never write into
+    the user's ~/.cache/pinwheel (README: what the test command costs)."""
+    root = os.environ.get("PINWHEEL_TEST_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "pinwheel-test"
+    )
+    os.environ["PINWHEEL_TEST_CACHE"] = root
+    os.environ["PINWHEEL_CACHE"] = os.path.join(root, "pinwheel")
+
+
+_test_caches()
 nox.options.reuse_existing_virtualenvs = True
 PYTHONS = ["3.11"]
 
@@ -48,7 +62,8 @@ def qualify_cpu(session: nox.Session) -> None:
     """End-to-end qualification against a real CPU vLLM server (venv + model cached in
     $PINWHEEL_TEST_CACHE, default ~/.cache/pinwheel-test)."""
     session.install("-e", ".[test,qualify]")
-    session.run("pytest", "-m", "slow and qualify", *session.posargs, env=dict(os.environ))
+    # -s: the server venv's download (~3 GB, sizes said first) shows on the screen
+    session.run("pytest", "-m", "slow and qualify", "-s", *session.posargs, env=dict(os.environ))
 
 
 @nox.session(python=PYTHONS)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -8,6 +9,15 @@ import pytest
 
 from gitfixture import UPSTREAM_URL, Upstream, manifest_text
 from pinwheel.cli import main
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests' caches: $PINWHEEL_TEST_CACHE (default ~/.cache/pinwheel-test), and
+    pinwheel's cache inside it, never the user's ~/.cache/pinwheel (noxfile.py does the
+    same for every session; this covers a plain `pytest`)."""
+    root = os.environ.get("PINWHEEL_TEST_CACHE") or str(Path.home() / ".cache" / "pinwheel-test")
+    os.environ["PINWHEEL_TEST_CACHE"] = root
+    os.environ["PINWHEEL_CACHE"] = str(Path(root) / "pinwheel")
 
 
 @dataclass

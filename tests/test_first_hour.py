@@ -525,3 +525,27 @@ def test_watch_bytes_reports_arrivals_while_a_download_runs(tmp_path: Path) -> N
                 time.sleep(0.35)
     assert any("MiB of ~3.0 MiB after" in line and "/s)" in line for line in said[:-1]), said
     assert said[-1].startswith("downloading X: 3.0 MiB in ")
+
+
+def test_tests_never_use_the_users_pinwheel_cache() -> None:
+    """conftest (and noxfile.py, for every session) point pinwheel's cache into the tests'
+    own cache root: a test that takes the default cache lands there."""
+    from pinwheel.cli import default_cache
+
+    real = Path.home() / ".cache" / "pinwheel"
+    assert default_cache() != real
+    assert default_cache() == Path(os.environ["PINWHEEL_TEST_CACHE"]).absolute() / "pinwheel"
+    nox_env = subprocess.run(
+        [sys.executable, "-c", "import os, runpy; runpy.run_path('noxfile.py'); "
+         "print(os.environ['PINWHEEL_CACHE'])"],
+        cwd=REPO,
+        env={
+            **{k: v for k, v in os.environ.items() if k != "PINWHEEL_TEST_CACHE"},
+            "PINWHEEL_CACHE": str(real),
+            "HOME": "/nonexistent",
+        },
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if nox_env.returncode == 0:  # nox importable here
+        assert nox_env.stdout.strip() != str(real)
+        assert nox_env.stdout.strip().endswith("pinwheel-test/pinwheel")
