@@ -39,6 +39,7 @@ from pinwheel.build.wheeldiff import diff_members
 from pinwheel.build.wheelset import Built
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import ManifestError, MismatchError, PinwheelError
+from pinwheel.heartbeat import watch_bytes
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig, KernelPatch, KernelSpec, parse_kernel_tables  # noqa: F401
 from pinwheel.manifest.component import by_name, component_manifest
@@ -205,7 +206,11 @@ def torch_venv(
     record = [*reqs, *([f"index={config.torch_index}"] if config.torch_index else [])]
     if marker.is_file() and marker.read_text().split() == record:
         return python
-    reporter.info(f"creating {venv.name} (torch=={config.torch}); this downloads ~3 GB once")
+    reporter.info(
+        f"creating {venv} (torch=={config.torch}): this downloads ~3 GB once "
+        "(--cache or PINWHEEL_CACHE puts it elsewhere; pip's log: "
+        f"{venv.with_suffix('.log')})"
+    )
     if not python.exists():
         runner.run(
             runner.Command(
@@ -215,21 +220,22 @@ def torch_venv(
             )
         )
     pip = [str(python), "-m", "pip", "install", "-q", "--upgrade"]
-    if config.torch_index:
+    with watch_bytes(reporter.info, f"torch=={config.torch} into {venv.name}", venv):
+        if config.torch_index:
+            _run(
+                [*pip, "--index-url", config.torch_index, reqs[0]],
+                cwd=cache,
+                env=environ,
+                what=f"installing torch=={config.torch} from {config.torch_index}",
+                log_file=venv.with_suffix(".log"),
+            )
         _run(
-            [*pip, "--index-url", config.torch_index, reqs[0]],
+            [*pip, *(reqs[1:] if config.torch_index else reqs)],
             cwd=cache,
             env=environ,
-            what=f"installing torch=={config.torch} from {config.torch_index}",
+            what=f"installing torch=={config.torch}",
             log_file=venv.with_suffix(".log"),
         )
-    _run(
-        [*pip, *(reqs[1:] if config.torch_index else reqs)],
-        cwd=cache,
-        env=environ,
-        what=f"installing torch=={config.torch}",
-        log_file=venv.with_suffix(".log"),
-    )
     marker.write_text("\n".join(record) + "\n")
     return python
 
