@@ -549,3 +549,27 @@ def test_tests_never_use_the_users_pinwheel_cache() -> None:
     if nox_env.returncode == 0:  # nox importable here
         assert nox_env.stdout.strip() != str(real)
         assert nox_env.stdout.strip().endswith("pinwheel-test/pinwheel")
+
+
+def test_drift_names_a_head_copied_from_another_pr(stack, capsys) -> None:
+    m = stack.write(
+        [
+            {"action": "pick", "pr": 1, "head": stack.pr[1]},
+            {"action": "pick", "pr": 2, "head": stack.pr[1]},
+        ]
+    )
+    rc = main(
+        [
+            "--manifest",
+            str(m),
+            "--cache",
+            str(stack.tmp / "cache"),
+            "--mirror",
+            stack.mirror,
+            "drift",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "PR #2: pinned head is PR #1's head (a typo?)" in out and "head moved" not in out
+    assert f'PR #2 (head = "{stack.pr[2]}")' in out and "check those PR numbers" not in out

@@ -84,13 +84,18 @@ def drift_report(manifest: Manifest, cache: Cache) -> DriftReport:
                 status = "missing ref"
             if s.head and s.head not in repo:
                 status = "missing head" if status == "ok" else "missing ref and head"
+            others = sorted(
+                n for n, h in fetched.pr_heads.items() if s.head and h == s.head and n != s.pr
+            )
+            if others and current != s.head:  # a slip, not a force-push
+                status = f"pinned head is PR #{others[0]}'s head"
             known = s.head if s.head and s.head in repo else None
             prs.append(
                 PrDrift(
                     pr=s.pr,
                     pinned=s.head,
                     current=current,
-                    moved=bool(s.head and current not in (None, s.head)),
+                    moved=bool(s.head and current not in (None, s.head)) and not others,
                     merged_upstream=_merged_upstream(repo, fetched, base, s.pr, known),
                     status=status,
                 )
@@ -133,7 +138,9 @@ def render_drift(report: DriftReport) -> str:
     ]
     for p in report.prs:
         state = []
-        if p.status != "ok":
+        if p.status.startswith("pinned head is PR"):
+            state.append(f"{p.status} (a typo?); PR #{p.pr}'s own head is {p.current}")
+        elif p.status != "ok":
             state.append(
                 f"{p.status}: upstream has no refs/pull/{p.pr}/head"
                 if p.status == "missing ref"
@@ -153,7 +160,14 @@ def render_drift(report: DriftReport) -> str:
         )
     else:
         lines.append(f"stack does NOT replay on the tip: {report.replay_problem}")
-    if any(p.status != "ok" for p in report.prs):
+    slips = [p for p in report.prs if p.status.startswith("pinned head is PR")]
+    if slips:
+        lines.append(
+            "next: fix the head of "
+            + ", ".join(f'PR #{p.pr} (head = "{p.current}")' for p in slips)
+            + " in the manifest after reviewing it"
+        )
+    if any(p.status.startswith("missing") for p in report.prs):
         lines.append(
             "next: check those PR numbers upstream; a deleted PR can be kept by keeping its "
             "pinned head in a --mirror, or remove its step"
