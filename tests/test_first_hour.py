@@ -573,3 +573,24 @@ def test_drift_names_a_head_copied_from_another_pr(stack, capsys) -> None:
     assert rc == 0
     assert "PR #2: pinned head is PR #1's head (a typo?)" in out and "head moved" not in out
     assert f'PR #2 (head = "{stack.pr[2]}")' in out and "check those PR numbers" not in out
+
+
+def test_a_kernel_only_set_is_releasable_without_the_engine_tree(stack, tmp_path: Path) -> None:
+    """kernels -> check -> release: the engine's [result].tree does not judge kernel wheels;
+    each answers for its own recorded source."""
+    from pinwheel.manifest import load
+    from pinwheel.release.assemble import unverified_reasons
+    from releasekit import make_wheel
+
+    m = load(stack.write([{"action": "pick", "pr": 2, "head": stack.pr[2]}]))  # no tree pinned
+    wheel = make_wheel(tmp_path / "w", "selftest_kernels", "1.0")
+    kernel = {"kind": "kernel", "wheel": wheel.name, "source": {"path": "kernels/selftest"}}
+    assert unverified_reasons(m, {"components": [kernel], "tree": None}, [wheel]) == []
+    # the same wheel beside an engine: the engine's tree rules apply
+    engine = make_wheel(tmp_path / "w", "vllm", "1.0")
+    both = {"components": [kernel, {"kind": "engine", "wheel": engine.name}], "tree": None}
+    reasons = unverified_reasons(m, both, [wheel, engine])
+    assert any("[result].tree is not pinned" in r for r in reasons)
+    # a kernel whose receipt names no source is not signed
+    bare = {"components": [{"kind": "kernel", "wheel": wheel.name}]}
+    assert any("records no source" in r for r in unverified_reasons(m, bare, [wheel]))

@@ -386,6 +386,27 @@ def assemble(
     )
 
 
+def _kernel_only_set(provenance: Mapping[str, Any], wheels: list[Path]) -> list[str] | None:
+    """For a set whose receipt lists every wheel as a kernel (no engine): why a kernel is
+    not tied to its source (empty: all are). None when the set has the engine, or the
+    receipt does not say what the wheels are."""
+    components = [c for c in (provenance or {}).get("components") or [] if isinstance(c, dict)]
+    kinds = {c.get("wheel"): c for c in components}
+    listed = [kinds.get(w.name) for w in wheels]
+    if not wheels or any(c is None or c.get("kind") != "kernel" for c in listed):
+        return None
+    reasons = []
+    for w, c in zip(wheels, listed, strict=True):
+        source = c.get("source") if isinstance(c, dict) else None
+        # out of tree: the replayed tree of its pinned commit; in tree: its path in this
+        # repository (the manifest's sha256 is in the receipt)
+        if not isinstance(source, dict) or not (
+            source.get("tree") or source.get("commit") or source.get("path")
+        ):
+            reasons.append(f"{PROVENANCE} records no source (tree, commit or path) for {w.name}")
+    return reasons
+
+
 def unverified_reasons(
     manifest: Manifest, provenance: Mapping[str, Any], wheels: list[Path]
 ) -> list[str]:
@@ -395,16 +416,24 @@ def unverified_reasons(
     reasons = []
     pinned = manifest.result.tree
     tree = provenance.get("tree") if provenance else None
-    if not provenance:
-        reasons.append(f"no {PROVENANCE}: the wheels are not tied to a replayed tree")
-    elif not tree:
-        reasons.append(f"{PROVENANCE} records no replayed tree (built from a plain source dir)")
-    if not pinned:
-        reasons.append(
-            f"[result].tree is not pinned in {manifest.path.name}: the replay is unverified"
-        )
-    elif tree and tree != pinned:
-        reasons.append(f"{PROVENANCE} tree {tree} differs from [result].tree {pinned}")
+    kernels_only = _kernel_only_set(provenance, wheels)
+    if kernels_only is not None:
+        # No engine in the set: the replayed tree is not what these wheels are built
+        # from; each kernel answers for its own recorded source.
+        reasons += kernels_only
+    else:
+        if not provenance:
+            reasons.append(f"no {PROVENANCE}: the wheels are not tied to a replayed tree")
+        elif not tree:
+            reasons.append(
+                f"{PROVENANCE} records no replayed tree (built from a plain source dir)"
+            )
+        if not pinned:
+            reasons.append(
+                f"[result].tree is not pinned in {manifest.path.name}: the replay is unverified"
+            )
+        elif tree and tree != pinned:
+            reasons.append(f"{PROVENANCE} tree {tree} differs from [result].tree {pinned}")
     build = getattr(manifest, "build", None)
     spec = spec_from_build(build) if build is not None else CheckSpec((), require_cuda=False)
     report = check_wheels(wheels, spec)
