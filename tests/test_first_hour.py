@@ -321,18 +321,21 @@ def test_required_members_apply_only_to_a_set_with_the_engine(tmp_path: Path) ->
 
 
 def test_no_cache_build_never_claims_to_start_the_compiler_cache(tmp_path: Path) -> None:
+    import io
+
     from pinwheel.build.pipeline import build as run_build
-    from pinwheel.progress import CallbackReporter
+    from pinwheel.progress import LineReporter
     from test_build import make_tiny, request
 
     tiny = make_tiny(tmp_path)
     manifest = tiny.manifest()
     result = tiny.replay(manifest)
-    said: list[str] = []
+    stream = io.StringIO()
     run_build(
         request(tiny, manifest, tmp_path / "wheels", result, compiler_cache=False),
-        CallbackReporter(said.append),
+        LineReporter(stream),
     )
+    said = stream.getvalue().splitlines()
     assert not any("starting the compiler cache" in line for line in said), said
     assert "building without the compiler cache: turned off (--no-cache)" in said
 
@@ -484,10 +487,8 @@ def test_fetch_off_a_terminal_prints_plain_lines_and_with_json_one_document(tmp_
     proc = run_cli("fetch", str(rel), "--dest", str(tmp_path / "a"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "\x1b[" not in proc.stderr and "━" not in proc.stderr
-    from pinwheel.heartbeat import human_bytes
-
-    size = human_bytes(wheel.stat().st_size)
-    assert proc.stderr.splitlines()[0] == f"{wheel.name}: {size}"  # the size before the copy
+    size = f"{wheel.stat().st_size / 1000:.1f} KB"
+    assert proc.stderr.splitlines()[0] == f"{wheel.name} ({size}) ..."  # size before the copy
     proc = run_cli("fetch", str(rel), "--dest", str(tmp_path / "b"), "--json", cwd=tmp_path)
     assert proc.returncode == 0 and proc.stderr == ""
     assert one_json(proc.stdout)["schema"] == "pinwheel.fetch/1"
@@ -594,3 +595,23 @@ def test_a_kernel_only_set_is_releasable_without_the_engine_tree(stack, tmp_path
     # a kernel whose receipt names no source is not signed
     bare = {"components": [{"kind": "kernel", "wheel": wheel.name}]}
     assert any("records no source" in r for r in unverified_reasons(m, bare, [wheel]))
+
+
+def test_a_plain_line_transfer_says_the_bytes_so_far(monkeypatch) -> None:
+    import io
+    import time
+
+    from pinwheel import progress
+
+    monkeypatch.setattr(progress, "BYTES_EVERY_S", 0.1)
+    stream = io.StringIO()
+    with progress.LineReporter(stream).transfer("w.whl", 3_000_000) as advance:
+        for _ in range(3):
+            advance(1_000_000)
+            time.sleep(0.15)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "w.whl (3.0 MB) ..."
+    assert "w.whl: 2.0 MB of 3.0 MB so far" in " ".join(lines) or any(
+        "of 3.0 MB so far" in ln for ln in lines
+    )
+    assert lines[-1].startswith("w.whl: 3.0 MB in ")

@@ -67,6 +67,9 @@ class _Silent:
 SILENT: Reporter = _Silent()
 
 
+BYTES_EVERY_S = 10.0  # how often a plain-line transfer says the bytes so far
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
@@ -102,11 +105,18 @@ class LineReporter:
     @contextlib.contextmanager
     def transfer(self, name: str, total: int | None, done: int = 0) -> Iterator[Advance]:
         moved = [0]
+        started = time.monotonic()
+        said = [started]
 
         def advance(n: int) -> None:
             moved[0] += n
+            now = time.monotonic()
+            if now - said[0] >= BYTES_EVERY_S:  # a long transfer is never silent
+                said[0] = now
+                of = f" of {_size(total)}" if total else ""
+                rate = _size(moved[0] / max(now - started, 1e-6))
+                self.info(f"{name}: {_size(moved[0])}{of} so far ({rate}/s)")
 
-        started = time.monotonic()
         size = f" ({_size(total)})" if total is not None else ""
         resumed = f", resuming at {_size(done)}" if done else ""
         self.info(f"{name}{size}{resumed} ...")
