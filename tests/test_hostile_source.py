@@ -310,7 +310,7 @@ def test_corrupt_cache_object_is_named_with_repair(stack, capsys):
     rc = main(["--cache", str(stack.tmp / "cache"), "cache", "verify"])
     err_out = capsys.readouterr()
     assert rc == 1
-    assert f"BAD  {repo_dir.name}" in err_out.out and "rm -rf" in err_out.out
+    assert f"BAD  {repo_dir}" in err_out.out and f"rm -rf -- {repo_dir}" in err_out.out
     rc = stack.cli(m, "run")[0]
     err = capsys.readouterr().err
     assert rc == 1 and "cache corruption" in err and "pinwheel cache verify" in err
