@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pinwheel.cli import Context, command
-from pinwheel.errors import UsageError
+from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
@@ -223,21 +223,22 @@ def recipe_diff(committed: str | None, wanted: str, name: str, limit: int = 60) 
 
 def _no_vllm(python: str) -> str | None:
     """Why ``python`` cannot run vLLM's server module, or None when it can."""
-    import subprocess
+    from pinwheel import runner
 
     exe = shutil.which(python)
     if exe is None:
         return "no such interpreter"
     probe = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('vllm') else 3)"
     try:
-        proc = subprocess.run([exe, "-c", probe], capture_output=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"cannot run it: {exc}"
-    if proc.returncode == 3:
+        done = runner.run(
+            runner.Command((exe, "-c", probe), what="probe for vllm", timeout=60, check=False)
+        )
+    except PinwheelError as exc:  # cannot start it, or it hangs
+        return exc.what
+    if done.returncode == 3:
         return "no module named vllm"
-    if proc.returncode != 0:
-        err = proc.stderr.decode(errors="replace").strip().splitlines()
-        return err[-1] if err else f"exit {proc.returncode}"
+    if not done.ok:
+        return done.tail()[-1] if done.tail() else f"exit {done.returncode}"
     return None
 
 
