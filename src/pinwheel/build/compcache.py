@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pinwheel import runner
+from pinwheel import runner, validate
 from pinwheel.build.canonical import Canonical
-from pinwheel.errors import PinwheelError
+from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest.build import CacheConfig
 
 START_TIMEOUT = 60
@@ -115,6 +115,16 @@ def plan(
     # fatal compile error instead of a miss; object entries fall back. Off by default.
     env["SCCACHE_DIRECT"] = "false"
     env.update({k: v for k, v in environ.items() if k.startswith("SCCACHE_")})
+    if "SCCACHE_CACHE_SIZE" in environ:  # first contact: sccache would read it raw
+        try:
+            validate.size(environ["SCCACHE_CACHE_SIZE"])
+        except ValueError as exc:
+            raise UsageError(
+                f"SCCACHE_CACHE_SIZE: {exc}",
+                where="environment variable SCCACHE_CACHE_SIZE",
+                next='export SCCACHE_CACHE_SIZE=20G (digits and K, M, G or T), or unset it '
+                "to use [build.cache] size",
+            ) from None
     env["SCCACHE_IDLE_TIMEOUT"] = "0"
     env.pop("SCCACHE_SERVER_PORT", None)
     env.pop("SCCACHE_SERVER_UDS", None)

@@ -34,7 +34,6 @@ import os
 import re
 import shutil
 import tempfile
-import urllib.request
 import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +44,9 @@ from pinwheel import runner
 from pinwheel.build.provenance import FILENAME, read_receipt
 from pinwheel.checksums import SUMS, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
+from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.progress import SILENT, Reporter
+from pinwheel.release.download import FetchOptions, download, get_small
 
 BUILD_FILES = ("setup.py", "setup.cfg", "pyproject.toml", "CMakeLists.txt")
 # Environment pinwheel sets that does not reach compiled code: dates and version labels.
@@ -272,12 +273,37 @@ class ReuseError(PinwheelError):
     """The --reuse-from source cannot be used."""
 
 
-def _fetch(url: str, dest: Path) -> Path:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(dest.suffix + ".part")
-    with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as out:  # noqa: S310
-        shutil.copyfileobj(resp, out)
-    os.replace(tmp, dest)
+# --reuse-from over http(s): the small files whole within 16 MiB, every transfer under a
+# deadline and a minimum rate, a few retries (a trickling server is not waited on forever).
+REUSE_FETCH = FetchOptions(deadline=1800.0, retries=2, max_small=16 * 1024 * 1024)
+
+
+def _fetch_small(url: str, dest: Path, source: str) -> Path:
+    """SHA256SUMS or provenance.json of a --reuse-from URL into ``dest`` (atomically)."""
+    try:
+        data = get_small(url, REUSE_FETCH.started(), dest.name)
+    except PinwheelError as err:
+        raise ReuseError(
+            err.what,
+            where=f"--reuse-from {source} ({err.where})",
+            next="check the URL (it must be a pinwheel build or release directory served "
+            "over http(s)), or drop --reuse-from to build from source",
+        ) from None
+    atomic_write_bytes(dest, data)
+    return dest
+
+
+def _fetch_wheel(url: str, dest: Path, sha256: str, source: str) -> Path:
+    """A wheel SHA256SUMS lists, hashed while it streams; renamed into place only if it
+    matches."""
+    try:
+        download(url, dest.parent, dest.name, sha256, REUSE_FETCH.started())
+    except PinwheelError as err:
+        raise ReuseError(
+            err.what,
+            where=f"--reuse-from {source} ({err.where})",
+            next="rerun (a partial download resumes), or drop --reuse-from to build from source",
+        ) from None
     return dest
 
 
@@ -287,8 +313,8 @@ def candidates(source: str, cache: Path) -> dict[str, Candidate]:
     if source.startswith(("http://", "https://")):
         base = source if source.endswith("/") else source + "/"
         local = cache / "reuse" / hashlib.sha256(base.encode()).hexdigest()[:16]
-        _fetch(base + SUMS, local / SUMS)
-        _fetch(base + FILENAME, local / FILENAME)
+        _fetch_small(base + SUMS, local / SUMS, source)
+        _fetch_small(base + FILENAME, local / FILENAME, source)
         directory = local
     else:
         path = Path(source)
@@ -324,7 +350,7 @@ def candidates(source: str, cache: Path) -> dict[str, Candidate]:
             )
         wheel = directory / name
         if not wheel.is_file() and source.startswith(("http://", "https://")):
-            _fetch(source.rstrip("/") + "/" + name, wheel)
+            _fetch_wheel(source.rstrip("/") + "/" + name, wheel, str(comp.get("sha256")), source)
         if not wheel.is_file():
             continue
         if sha256_file(wheel) != comp["sha256"]:

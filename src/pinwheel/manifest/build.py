@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from pinwheel import validate
 from pinwheel.cudaarch import CudaArch, cmake_architectures, targets, torch_arch_list
 from pinwheel.errors import ManifestError
 from pinwheel.manifest.steps import Step, parse_step
@@ -103,7 +104,6 @@ CACHE_BACKENDS = ("local", "redis", "s3", "gha")
 CACHE_KEYS = ("enabled", "backend", "size", "endpoint", "bucket", "region", "prefix")
 # Credentials come only from the standard SCCACHE_* / AWS_* variables, never the manifest.
 _SECRET = re.compile(r"(password|passwd|secret|token|credential|access_key|auth)", re.I)
-_SIZE = re.compile(r"^\d+[KMGT]?$")
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,10 @@ def parse_cache_table(table: Table) -> CacheConfig:
     table.only(*CACHE_KEYS)
     backend = table.choice("backend", CACHE_BACKENDS) if table.has("backend") else "local"
     size = table.str("size", "20G")
-    if not _SIZE.match(size):
-        raise table.error("size", 'a size like "20G" or "500M"', size)
+    try:
+        validate.size(size)
+    except ValueError:
+        raise table.error("size", 'a size like "20G" or "500M"', size) from None
     endpoint = table.str("endpoint", None)
     if endpoint and "@" in endpoint.split("//", 1)[-1].split("/", 1)[0]:
         raise ManifestError(
@@ -242,8 +244,11 @@ def parse_build_table(table: Table) -> BuildConfig:
         if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
             raise table.error("env", "environment variable names (A-Z, 0-9, _)", key)
     torch_index = table.str("torch_index", None)
-    if torch_index is not None and not re.match(r"^https://[^\s]+$", torch_index):
-        raise table.error("torch_index", "an https:// package index URL", torch_index)
+    if torch_index is not None:
+        try:
+            validate.https_url(torch_index)
+        except ValueError:
+            raise table.error("torch_index", "an https:// package index URL", torch_index) from None
     problems = target_problems(cuda, arches, torch, torch_index)
     if problems:
         first = problems[0]

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from pinwheel import saferegex, validate
 from pinwheel.errors import ManifestError, PinwheelError, UsageError
 from pinwheel.manifest.table import REQUIRED, Table
 
@@ -537,9 +538,9 @@ def _markers(t: Table) -> tuple[str, ...]:
     markers: tuple[str, ...] = t.str_list("markers", ())
     for m in markers:
         try:
-            re.compile(m)
-        except re.error as exc:
-            raise t.error("markers", f"valid regular expressions ({exc})", m) from None
+            saferegex.compile(m)  # matched in linear time: a pattern cannot hang qualify
+        except saferegex.RegexError as exc:
+            raise t.error("markers", f"regular expressions in the safe syntax ({exc})", m) from None
     return markers
 
 
@@ -658,8 +659,10 @@ def _parse_fidelity(t: Table) -> FidelityConfig:
     if teacher_t.has("url"):
         teacher_t.only("url")
         url = teacher_t.str("url")
-        if not re.match(r"^https?://", url):
-            raise teacher_t.error("url", "an http:// or https:// URL", url)
+        try:
+            validate.http_url(url)
+        except ValueError:
+            raise teacher_t.error("url", "an http:// or https:// URL", url) from None
     else:
         teacher, teacher_sha = _file_ref(t, "teacher")
     return FidelityConfig(

@@ -50,16 +50,11 @@ def release_config(manifest: Manifest | None) -> ReleaseConfig:
 
 
 def _load_json(path: Path) -> dict[str, Any]:
+    from pinwheel import untrusted
+
     if not path.is_file():
         return {}
-    try:
-        value = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise VerifyError(
-            f"not valid JSON: {exc}",
-            where=str(path),
-            next="rebuild (`pinwheel build`) so the receipt is rewritten",
-        ) from None
+    value = untrusted.read_json(path, untrusted.QUALIFICATION)
     return value if isinstance(value, dict) else {}
 
 

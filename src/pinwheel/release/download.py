@@ -31,8 +31,9 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+from pinwheel import validate
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
@@ -275,8 +276,7 @@ def get_small(url: str, opts: FetchOptions, what: str) -> bytes:
 
     def once(_: int) -> bytes:
         with _request(url, opts) as resp:
-            length = resp.headers.get("Content-Length")
-            total = int(length) if length is not None and length.isdigit() else None
+            total = _length(resp, url, what)
             if total is not None and total > opts.max_small:
                 raise FetchError(
                     f"{what}: {total} bytes, more than the {opts.max_small} a {what} may have",
@@ -424,10 +424,10 @@ def download(
                         raise ConnectionError("server resumed at the wrong offset; restarting")
                 elif part.size:  # 200: the server ignored Range, start over
                     part.reset()
-                length = resp.headers.get("Content-Length")
-                total = part.size + int(length) if length is not None else None
+                length = _length(resp, url, name)
+                total = part.size + length if length is not None else None
                 if length is not None:
-                    _check_space(dest, int(length), name)
+                    _check_space(dest, length, name)
                 pace = _Pace(opts, name, url, part.size, total)
                 try:
                     with reporter.transfer(name, total, part.size) as advance:
@@ -463,8 +463,23 @@ def download(
 
 
 def _content_range_start(value: str) -> int | None:
-    m = re.match(r"^bytes (\d+)-\d+/(\d+|\*)$", value.strip())
+    m = re.fullmatch(r"bytes ([0-9]{1,19})-[0-9]{1,19}/([0-9]{1,19}|\*)", value.strip())
     return int(m.group(1)) if m else None
+
+
+def _length(resp: Any, url: str, what: str) -> int | None:
+    """The answer's Content-Length, checked (digits only), or None when it sent none."""
+    value = resp.headers.get("Content-Length")
+    if value is None:
+        return None
+    try:
+        return validate.content_length(value)
+    except ValueError as exc:
+        raise FetchError(
+            f"{what}: the server sent a bad Content-Length: {exc}",
+            where=url,
+            next="the server is broken or not a release host; use another source",
+        ) from None
 
 
 def copy_verified(

@@ -19,7 +19,6 @@ so "cu128" cannot mean a different torch tomorrow.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import sys
@@ -58,15 +57,16 @@ class TorchPin:
 
 def torch_pin(wheel_dir: Path) -> TorchPin | None:
     """The torch the release was built against, from its provenance.json (None if unknown)."""
-    try:
-        payload = json.loads((wheel_dir / "provenance.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    from pinwheel.build.provenance import FILENAME, SCHEMA
+    from pinwheel.untrusted import read_provenance
+
+    path = wheel_dir / FILENAME
+    if not path.exists():
         return None
-    torch = payload.get("torch") if isinstance(payload, dict) else None
-    if not isinstance(torch, dict) or not isinstance(torch.get("version"), str):
+    doc, _raw = read_provenance(path, SCHEMA)  # a damaged receipt is an error, never "no pin"
+    if doc.torch is None:
         return None
-    index = torch.get("index")
-    return TorchPin(torch["version"], index if isinstance(index, str) else None)
+    return TorchPin(doc.torch.version, doc.torch.index)
 
 
 def find_uv() -> str | None:

@@ -10,52 +10,29 @@ and pinned file hashes match. All problems are reported together.
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pinwheel import untrusted
 from pinwheel.checksums import sha256_files
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.manifest.release import ModelConfig
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-MAX_HEADER = 100 * 1024 * 1024  # the format's own limit; larger means a corrupt file
+MAX_HEADER = untrusted.MAX_HEADER
 
 
 # --------------------------------------------------------------------------- safetensors
 
 
 def safetensors_layout(path: Path) -> tuple[int, set[str]]:
-    """(file size the header implies, tensor names) for one .safetensors file."""
-    with open(path, "rb") as fh:
-        raw = fh.read(8)
-        if len(raw) < 8:
-            raise ValueError("shorter than the 8-byte header length")
-        (n,) = struct.unpack("<Q", raw)
-        if n > MAX_HEADER:
-            raise ValueError(f"header length {n} is implausible (corrupt file)")
-        blob = fh.read(n)
-    if len(blob) < n:
-        raise ValueError(f"truncated inside the {n}-byte header")
-    try:
-        header = json.loads(blob)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"header is not JSON: {exc}") from None
-    end = 0
-    names = set()
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2):
-            raise ValueError(f"tensor {name!r} has no data_offsets")
-        end = max(end, int(offsets[1]))
-        names.add(name)
-    return 8 + n + end, names
+    """(file size the header implies, tensor names) for one .safetensors file, its header
+    checked by :func:`pinwheel.untrusted.safetensors_header` (dtypes, shapes, offsets)."""
+    layout = untrusted.safetensors_header(path)
+    return layout.file_size, set(layout.tensors)
 
 
 # --------------------------------------------------------------------------- check
@@ -71,7 +48,7 @@ class ModelReport:
 
 def _lookup(config: Mapping[str, Any], dotted: str) -> Any:
     """A dotted key in config.json; multimodal configs nest the text model's under text_config."""
-    for root in (config, config.get("text_config")):
+    for root in (config, config.get("text_config")):  # a Mapping: decoded JSON
         value: Any = root
         for part in dotted.split("."):
             if not isinstance(value, dict) or part not in value:
@@ -98,17 +75,16 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
     directory = Path(directory)
     problems: list[str] = []
     index_path = directory / INDEX
+    if not directory.is_dir():
+        raise VerifyError(
+            f"{directory} is {'a file' if directory.exists() else 'missing'}, not a directory",
+            where=str(directory),
+            next="pass the model pack's directory: `pinwheel model check DIR`",
+        )
     weight_map: dict[str, str] = {}
-    if index_path.is_file():
-        try:
-            index = json.loads(index_path.read_text())
-            weight_map = dict(index["weight_map"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise VerifyError(
-                f"unreadable index: {exc}",
-                where=str(index_path),
-                next="download the pack again (`pinwheel model fetch`)",
-            ) from None
+    if index_path.exists():
+        index = untrusted.load(index_path, untrusted.ModelIndexDoc, untrusted.MODEL_INDEX)
+        weight_map = dict(index.weight_map)
         shards = sorted(set(weight_map.values()))
     elif (directory / SINGLE).is_file():
         shards = [SINGLE]
@@ -129,8 +105,11 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
         total += size
         try:
             implied, names = safetensors_layout(path)
-        except (OSError, ValueError) as exc:
-            problems.append(f"{shard}: {exc}")
+        except PinwheelError as exc:
+            problems.append(f"{shard}: {exc.what}")
+            continue
+        except OSError as exc:
+            problems.append(f"{shard}: cannot read: {exc.strerror or exc}")
             continue
         if size != implied:
             state = "truncated" if size < implied else "has trailing bytes"
@@ -152,15 +131,12 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
 
     config_path = directory / "config.json"
     if pack.config:
+        config: Mapping[str, Any] | None = None
         try:
-            config = json.loads(config_path.read_text())
-        except FileNotFoundError:
-            config = None
-            problems.append("config.json: missing")
-        except json.JSONDecodeError as exc:
-            config = None
-            problems.append(f"config.json: not JSON: {exc}")
-        if isinstance(config, dict):
+            config = untrusted.model_config(config_path)
+        except PinwheelError as exc:
+            problems.append(exc.what)
+        if config is not None:
             for key, wanted in pack.config.items():
                 actual = _lookup(config, key)
                 if actual is _ABSENT:

@@ -4,6 +4,10 @@ Standard library only (http.client), one persistent connection per client, so
 its own cost per streamed token stays far below the ~11 ms a V100 takes to
 make one (``bench/harness_overhead.py`` measures it). Every transport failure
 becomes :class:`ServerGone`, naming the URL and the request.
+
+A server is untrusted input: every answer is read with a byte cap and a
+deadline (``deadline`` seconds per request, however slowly the bytes trickle),
+and decoded through :mod:`pinwheel.untrusted` into the fields its API promises.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ import http.client
 import json
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from pinwheel import untrusted
 from pinwheel.errors import PinwheelError
+from pinwheel.validate import content_length
 
 
 class ServerGone(PinwheelError):
@@ -80,16 +86,23 @@ class Completion:
 
 
 class Client:
-    def __init__(self, base_url: str, *, timeout: float = 600.0):
-        parts = urllib.parse.urlsplit(base_url.rstrip("/"))
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+    def __init__(self, base_url: str, *, timeout: float = 600.0, deadline: float = 1800.0):
+        try:
+            parts = urllib.parse.urlsplit(base_url.rstrip("/"))
+            port = parts.port  # ValueError for a port out of 0-65535 or not a number
+        except ValueError as exc:
+            raise PinwheelError(
+                f"bad server URL {base_url!r}: {exc}", next="pass --url http://HOST:PORT"
+            ) from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
             raise PinwheelError(f"bad server URL {base_url!r}", next="pass --url http://HOST:PORT")
         self.url = base_url.rstrip("/")
         self._host = parts.hostname
-        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._port = port or (443 if parts.scheme == "https" else 80)
         self._https = parts.scheme == "https"
         self._prefix = parts.path
-        self.timeout = timeout
+        self.timeout = timeout  # connect, and the longest silence mid-answer
+        self.deadline = deadline  # the longest one request may take, bytes trickling or not
         self._conn: http.client.HTTPConnection | None = None
 
     # -- transport -----------------------------------------------------------
@@ -109,6 +122,8 @@ class Client:
         headers = {"Content-Type": "application/json"} if data is not None else {}
         for attempt in (0, 1):
             conn = self._connection()
+            if conn.sock is not None:  # a deadline may have shortened it for the last answer
+                conn.sock.settimeout(self.timeout)
             try:
                 conn.request(method, self._prefix + path, body=data, headers=headers)
                 return conn.getresponse()
@@ -129,13 +144,28 @@ class Client:
             next="look at the server log, restart it, then run `pinwheel qualify` again",
         )
 
-    def _json(self, method: str, path: str, body: Any = None) -> Any:
-        resp = self._send(method, path, body)
+    def _budget(self, request: str, kind: untrusted.Kind) -> _Budget:
+        return _Budget(self, request, kind, time.monotonic() + self.deadline)
+
+    def _body(self, resp: http.client.HTTPResponse, budget: _Budget) -> bytes:
+        """The whole answer, within the kind's byte cap and the request's deadline."""
+        budget.announced(resp.headers.get("Content-Length"))
+        data = bytearray()
         try:
-            raw = resp.read()
+            for block in budget.blocks(resp):
+                data += block
         except (ConnectionError, http.client.HTTPException, OSError) as exc:
             self.close()
-            raise self._gone(f"{method} {path}", exc) from None
+            raise self._gone(budget.request, exc) from None
+        return bytes(data)
+
+    def _answer(
+        self, method: str, path: str, body: Any = None, kind: untrusted.Kind = untrusted.SERVER
+    ) -> Any:
+        """The parsed JSON of a 200 answer (bounded, strict), or ServerRefused."""
+        budget = self._budget(f"{method} {path}", kind)
+        resp = self._send(method, path, body)
+        raw = self._body(resp, budget)
         if resp.status != 200:
             raise ServerRefused(
                 f"{method} {path} answered HTTP {resp.status}: "
@@ -143,7 +173,19 @@ class Client:
                 status=resp.status,
                 where=self.url,
             )
-        return json.loads(raw)
+        return untrusted.parse_json(raw, kind, f"{self.url}{path}")
+
+    def _json(
+        self,
+        method: str,
+        path: str,
+        schema: type[_T],
+        body: Any = None,
+        kind: untrusted.Kind = untrusted.SERVER,
+    ) -> tuple[_T, Any]:
+        """The answer decoded into ``schema``, and the raw JSON it was decoded from."""
+        raw = self._answer(method, path, body, kind)
+        return untrusted.decode(schema, raw, kind, f"{self.url}{path}"), raw
 
     last_health = ""  # what the latest GET /health got: "HTTP 503", "connection refused"
 
@@ -151,10 +193,13 @@ class Client:
     def healthy(self) -> bool:
         """True when GET /health answers 200; False while it refuses or answers otherwise."""
         try:
+            budget = self._budget("GET /health", untrusted.SERVER)
             resp = self._send("GET", "/health")
-            resp.read()
-        except ServerGone as exc:
-            self.last_health = f"server gone ({exc.what})"
+            self._body(resp, budget)
+        except PinwheelError as exc:  # gone, or an answer past its cap or deadline
+            self.last_health = (
+                f"server gone ({exc.what})" if isinstance(exc, ServerGone) else exc.what
+            )
             return False
         except (ConnectionError, http.client.HTTPException, OSError) as exc:
             self.close()
@@ -166,22 +211,28 @@ class Client:
         return resp.status == 200
 
     def models(self) -> list[dict[str, Any]]:
-        return list(self._json("GET", "/v1/models").get("data", []))
+        """``/v1/models`` entries (each with a string ``id``); an empty list is an error."""
+        answer, raw = self._json("GET", "/v1/models", untrusted.ModelsAnswer)
+        if not answer.data:
+            raise PinwheelError(
+                "the server lists no model (GET /v1/models answered an empty data list)",
+                where=f"{self.url}/v1/models",
+                next="start the server with the model to qualify (`vllm serve MODEL_DIR`), "
+                "or point --url at the server that serves it",
+            )
+        return [dict(e) for e in raw["data"]]
 
     def version(self) -> str | None:
         try:
-            return str(self._json("GET", "/version").get("version"))
+            answer, _ = self._json("GET", "/version", untrusted.VersionAnswer)
         except ServerRefused:
             return None
+        return answer.version
 
     def metrics(self) -> dict[str, float]:
+        budget = self._budget("GET /metrics", untrusted.METRICS)
         resp = self._send("GET", "/metrics")
-        try:
-            text = resp.read().decode()
-        except (ConnectionError, http.client.HTTPException, OSError) as exc:
-            self.close()
-            raise self._gone("GET /metrics", exc) from None
-        return parse_prometheus(text)
+        return untrusted.parse_metrics(self._body(resp, budget), f"{self.url}/metrics")
 
     def tokenize(
         self,
@@ -197,7 +248,8 @@ class Client:
             body |= {"messages": list(messages), "add_generation_prompt": True}
         else:
             body |= {"prompt": prompt, "add_special_tokens": add_special_tokens}
-        return [int(t) for t in self._json("POST", "/tokenize", body)["tokens"]]
+        answer, _ = self._json("POST", "/tokenize", untrusted.TokenizeAnswer, body)
+        return list(answer.tokens)
 
     def complete(self, model: str, prompt_ids: Sequence[int], max_tokens: int) -> Completion:
         body = {
@@ -206,14 +258,14 @@ class Client:
             "max_tokens": max_tokens,
             "temperature": 0.0,
         }
-        out = self._json("POST", "/v1/completions", body)
-        choice = out["choices"][0]
-        usage = out.get("usage") or {}
+        out, _ = self._json("POST", "/v1/completions", untrusted.CompletionAnswer, body)
+        choice = out.choices[0]
+        usage = out.usage or untrusted.Usage()
         return Completion(
-            text=choice.get("text") or "",
-            finish_reason=choice.get("finish_reason"),
-            prompt_tokens=int(usage.get("prompt_tokens", 0)),
-            completion_tokens=int(usage.get("completion_tokens", 0)),
+            text=choice.text or "",
+            finish_reason=choice.finish_reason,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
         )
 
     def prompt_logprobs(
@@ -223,6 +275,7 @@ class Client:
 
         Position j holds the distribution that predicted token j (j=0 is None); the
         server returns its top ``top_k`` (-1: the whole vocabulary) plus token j itself.
+        Every entry is checked (ids are token ids, log-probabilities numbers <= 0).
         """
         body = {
             "model": model,
@@ -231,8 +284,10 @@ class Client:
             "temperature": 0.0,
             "prompt_logprobs": top_k,
         }
-        out = self._json("POST", "/v1/completions", body)
-        return list(out["choices"][0].get("prompt_logprobs") or [])
+        _, raw = self._json(
+            "POST", "/v1/completions", untrusted.CompletionAnswer, body, untrusted.LOGPROBS
+        )
+        return list(raw["choices"][0].get("prompt_logprobs") or [])
 
     # -- streaming -----------------------------------------------------------
     def stream_chat(
@@ -252,21 +307,120 @@ class Client:
 
     def stream(self, path: str, body: Mapping[str, Any]) -> Stream:
         started = time.perf_counter()
+        budget = self._budget(f"POST {path}", untrusted.STREAM_EVENT)
         resp = self._send("POST", path, body)
         if resp.status != 200:
-            raw = resp.read()
+            raw = self._body(resp, budget)
             raise ServerRefused(
                 f"POST {path} answered HTTP {resp.status}: {raw[:300].decode(errors='replace')}",
                 status=resp.status,
                 where=self.url,
             )
         return read_stream(
-            resp, started, on_error=lambda e: self._gone(f"POST {path}", e), close=self.close
+            resp,
+            started,
+            on_error=lambda e: self._gone(f"POST {path}", e),
+            close=self.close,
+            budget=budget,
         )
 
 
-def read_stream(resp: Any, started: float, *, on_error: Any, close: Any) -> Stream:
+_T = TypeVar("_T")
+MAX_STREAM = 256 * 1024 * 1024  # a whole streamed reply; a server that never stops ends here
+MAX_LINE = untrusted.STREAM_EVENT.max_bytes  # one event line
+MAX_DRAIN = 64 * 1024  # bytes after [DONE] read to keep the connection; more: close it
+
+
+class _Budget:
+    """A request's byte cap and deadline: every read waits at most what is left of it."""
+
+    def __init__(self, client: Client | None, request: str, kind: untrusted.Kind, until: float):
+        self.client, self.request, self.kind, self.until = client, request, kind, until
+        self.where = client.url if client is not None else "(server)"
+
+    def announced(self, length: str | None) -> None:
+        if length is None:
+            return
+        try:
+            n = content_length(length)
+        except ValueError as exc:
+            raise untrusted.fail(
+                self.kind, f"{self.request}: Content-Length {exc}", self.where
+            ) from None
+        if n > self.kind.max_bytes:
+            raise untrusted.fail(
+                self.kind,
+                f"{self.request}: Content-Length {n}, more than the {self.kind.max_bytes} "
+                "bytes it may have",
+                self.where,
+            )
+
+    def left(self) -> float:
+        left = self.until - time.monotonic()
+        if left <= 0:
+            if self.client is not None:
+                self.client.close()
+            deadline = self.client.deadline if self.client is not None else 0
+            raise ServerGone(
+                f"{self.request}: no complete answer within the {deadline:g} s deadline "
+                "(the server kept the answer open)",
+                where=self.where,
+                next="look at the server log; a server that streams without end or "
+                "trickles its answer is not fit to qualify",
+            )
+        return left
+
+    def blocks(self, resp: Any, cap: int | None = None) -> Iterator[bytes]:
+        """The body in blocks as they arrive, until its end, the cap or the deadline."""
+        cap = self.kind.max_bytes if cap is None else cap
+        got = 0
+        read = getattr(resp, "read1", resp.read)
+        while True:
+            self._wait_at_most(self.left())
+            block = read(64 * 1024)
+            if not block:
+                # read1 leaves a response whose Content-Length is used up open; read() closes it
+                # so the connection can carry the next request.
+                if hasattr(resp, "isclosed") and not resp.isclosed():
+                    resp.read()
+                return
+            got += len(block)
+            if got > cap:
+                if self.client is not None:
+                    self.client.close()
+                raise untrusted.fail(
+                    self.kind, f"{self.request}: more than the {cap} bytes it may have", self.where
+                )
+            yield block
+
+    def _wait_at_most(self, seconds: float) -> None:
+        conn = self.client._conn if self.client is not None else None
+        sock = getattr(conn, "sock", None)
+        if sock is not None:
+            sock.settimeout(min(self.client.timeout if self.client else seconds, seconds))
+
+
+def _lines(budget: _Budget, resp: Any) -> Iterator[bytes]:
+    """Lines of a streamed body, each at most MAX_LINE bytes."""
+    buf = b""
+    for block in budget.blocks(resp, MAX_STREAM):
+        buf += block
+        *done, buf = buf.split(b"\n")
+        yield from done
+        if len(buf) > MAX_LINE:
+            raise untrusted.fail(
+                budget.kind, f"a line longer than {MAX_LINE} bytes", budget.where
+            )
+    if buf:
+        yield buf
+
+
+def read_stream(
+    resp: Any, started: float, *, on_error: Any, close: Any, budget: _Budget | None = None
+) -> Stream:
     """Parse an OpenAI server-sent-event stream, timing the chunks that carry text."""
+    if budget is None:
+        budget = _Budget(None, "stream", untrusted.STREAM_EVENT, time.monotonic() + 1800.0)
     first = last = 0.0
     chunks = completion_tokens = prompt_tokens = 0
     parts: list[str] = []
@@ -274,29 +428,25 @@ def read_stream(resp: Any, started: float, *, on_error: Any, close: Any) -> Stre
     finish: str | None = None
     done = False
     try:
-        while True:
-            line = resp.readline()
-            if not line:
-                break
+        for line in _lines(budget, resp):
             if not line.startswith(b"data: "):
                 continue
             payload = line[6:].strip()
             if payload == b"[DONE]":
                 done = True
-                resp.read()  # drain the closing chunk so the connection can be reused
                 break
-            event = json.loads(payload)
-            for choice in event.get("choices") or ():
-                delta = choice.get("delta")
+            event = untrusted.decode(
+                untrusted.StreamEvent,
+                untrusted.parse_json(payload, untrusted.STREAM_EVENT, budget.where),
+                untrusted.STREAM_EVENT,
+                budget.where,
+            )
+            for choice in event.choices or ():
+                delta = choice.delta
                 piece = (
-                    (
-                        delta.get("content")
-                        or delta.get("reasoning_content")
-                        or delta.get("reasoning")
-                        or ""
-                    )
+                    (delta.content or delta.reasoning_content or delta.reasoning or "")
                     if delta is not None
-                    else choice.get("text") or ""
+                    else choice.text or ""
                 )
                 if piece:
                     now = time.perf_counter()
@@ -306,14 +456,22 @@ def read_stream(resp: Any, started: float, *, on_error: Any, close: Any) -> Stre
                     times.append(now)
                     chunks += 1
                     parts.append(piece)
-                finish = choice.get("finish_reason") or finish
-            usage = event.get("usage")
-            if usage:
-                completion_tokens = int(usage.get("completion_tokens", 0))
-                prompt_tokens = int(usage.get("prompt_tokens", 0))
+                finish = choice.finish_reason or finish
+            if event.usage:
+                completion_tokens = event.usage.completion_tokens
+                prompt_tokens = event.usage.prompt_tokens
+        if done:  # drain the closing chunk so the connection can be reused, a little only
+            try:
+                for _ in budget.blocks(resp, MAX_DRAIN):
+                    pass
+            except PinwheelError:
+                close()
     except (ConnectionError, http.client.HTTPException, OSError) as exc:
         close()
         raise on_error(exc) from None
+    except PinwheelError:
+        close()
+        raise
     if not done:
         close()
         raise on_error(ConnectionError("the stream ended before [DONE]"))
@@ -335,16 +493,7 @@ def read_stream(resp: Any, started: float, *, on_error: Any, close: Any) -> Stre
 
 def parse_prometheus(text: str) -> dict[str, float]:
     """``{'name{labels}': value}`` for every sample line (comments skipped)."""
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        try:
-            samples[key.strip()] = float(value)
-        except ValueError:
-            continue
-    return samples
+    return untrusted.parse_metrics(text.encode(), "(metrics text)")
 
 
 def metric_total(samples: Mapping[str, float], name: str) -> float | None:

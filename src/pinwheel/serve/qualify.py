@@ -14,7 +14,6 @@ fails raises :class:`~pinwheel.errors.GateFailed` (exit 7) after they are writte
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pinwheel import saferegex
 from pinwheel.errors import GateFailed, PinwheelError
 from pinwheel.heartbeat import Heartbeat
 from pinwheel.manifest import Manifest
@@ -169,13 +169,18 @@ def _tail_block(log: Path | None) -> str:
     )
 
 
+MAX_MARKER_LOG = 32 * 1024 * 1024  # start-up markers are looked for in the log's first 32 MiB
+
+
 def check_markers(patterns: Sequence[str], log: Path | None) -> tuple[MarkerResult, ...]:
+    """Each pattern against the log's lines, in linear time (:mod:`pinwheel.saferegex`)."""
     if log is None or not log.is_file():
         return tuple(MarkerResult(p, "unchecked", None) for p in patterns)
-    text = log.read_text(errors="replace").splitlines()
+    with open(log, "rb") as fh:
+        text = fh.read(MAX_MARKER_LOG).decode(errors="replace").splitlines()
     out = []
     for p in patterns:
-        rx = re.compile(p)
+        rx = saferegex.compile(p)
         line = next((ln.strip() for ln in text if rx.search(ln)), None)
         out.append(MarkerResult(p, "found" if line else "missing", line[:300] if line else None))
     return tuple(out)

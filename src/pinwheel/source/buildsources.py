@@ -23,6 +23,7 @@ from pathlib import PurePosixPath
 
 import pygit2
 
+from pinwheel import saferegex
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildSource
@@ -461,9 +462,9 @@ def _binary(state: _State, left: str, op: str, right: str) -> str:
     if op == "STREQUAL":
         return YES if a == b else NO
     if op == "MATCHES":
-        try:
-            return YES if re.search(b, a) else NO
-        except re.error:
+        try:  # a pattern from the tree: matched in linear time, or unknown
+            return YES if saferegex.search(b, a) else NO
+        except saferegex.RegexError:
             return UNKNOWN
     if op.startswith("VERSION_"):
         va, vb = _version(a), _version(b)

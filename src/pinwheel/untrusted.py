@@ -1,0 +1,643 @@
+"""One reader for documents pinwheel did not write in this run: bounded, checked, typed.
+
+A provenance receipt from another machine, a teacher file's meta, a server's
+answers, a model pack's headers and index: each is untrusted. Every one is read
+here, the same way:
+
+1. **size**: the byte count is checked against the kind's cap *before* the bytes
+   are read (a 1 GB index is refused by its ``stat``, not by MemoryError);
+2. **UTF-8**: strict decoding, the byte offset of the first bad byte named;
+3. **depth**: nesting is measured without recursion before ``json.loads`` sees
+   the text, so a ``[[[[...`` bomb is a clean error, never RecursionError;
+4. **schema**: the value is decoded into frozen dataclasses (:func:`decode`),
+   field by field, so a list where an object belongs or a string where a number
+   belongs is named by its path (``components[2].sha256``).
+
+Every failure is a :class:`~pinwheel.errors.PinwheelError` of the kind's class,
+naming the document, the field, and the next step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import struct
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pinwheel.errors import PinwheelError, UsageError, VerifyError
+
+T = TypeVar("T")
+
+KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
+
+
+# --------------------------------------------------------------------------- document kinds
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of untrusted document: its caps, its error class and what to do next."""
+
+    name: str  # "provenance.json", "server answer", ...
+    max_bytes: int
+    max_depth: int
+    error: type[PinwheelError]
+    next: str
+
+
+class ServerAnswerError(PinwheelError):
+    """A server answered something that is not what its API promises (exit 1)."""
+
+
+PROVENANCE = Kind(
+    "provenance.json",
+    16 * MiB,
+    32,
+    VerifyError,
+    "use the provenance.json a pinwheel build wrote (rebuild with `pinwheel build`)",
+)
+QUALIFICATION = Kind(
+    "qualification receipt",
+    16 * MiB,
+    32,
+    VerifyError,
+    "use the qualification.json `pinwheel qualify` wrote (run it again to rewrite it)",
+)
+TEACHER_META = Kind(
+    "teacher file meta",
+    1 * MiB,
+    16,
+    UsageError,
+    "recapture the teacher: `pinwheel qualify teacher --out FILE`, then pin its sha256",
+)
+SERVER = Kind(
+    "server answer",
+    64 * MiB,
+    64,
+    ServerAnswerError,
+    "check that the URL is a vLLM OpenAI-compatible server (`curl URL/v1/models`), "
+    "then run `pinwheel qualify` again",
+)
+LOGPROBS = dataclasses.replace(SERVER, name="prompt_logprobs answer", max_bytes=1 * GiB)
+STREAM_EVENT = dataclasses.replace(SERVER, name="stream event", max_bytes=4 * MiB)
+METRICS = dataclasses.replace(SERVER, name="/metrics answer", max_bytes=32 * MiB)
+MODEL_INDEX = Kind(
+    "model.safetensors.index.json",
+    64 * MiB,
+    16,
+    VerifyError,
+    "download the pack again (`pinwheel model fetch`)",
+)
+MODEL_CONFIG = dataclasses.replace(
+    MODEL_INDEX, name="config.json", max_bytes=16 * MiB, max_depth=32
+)
+SAFETENSORS_HEADER = dataclasses.replace(
+    MODEL_INDEX, name="safetensors header", max_bytes=100 * MiB, max_depth=8
+)
+
+
+def fail(kind: Kind, what: str, where: str, *, field: str | None = None) -> PinwheelError:
+    """The kind's error: ``<where>: <document>[ field <f>]: <what>`` plus its next step."""
+    at = f" field {field}" if field else ""
+    return kind.error(f"{kind.name}{at}: {what}", where=where, next=kind.next)
+
+
+# --------------------------------------------------------------------------- bytes
+
+
+def read_bytes(path: Path, kind: Kind, *, cap: int | None = None) -> bytes:
+    """The file's bytes, its size checked against the cap before they are read."""
+    cap = kind.max_bytes if cap is None else cap
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > cap:
+                raise fail(kind, f"{size} bytes, more than the {cap} it may have", str(path))
+            data = fh.read(cap + 1)
+    except IsADirectoryError:
+        raise fail(kind, "is a directory, not a file", str(path)) from None
+    except FileNotFoundError:
+        raise fail(kind, "missing", str(path)) from None
+    if len(data) > cap:  # a file that grew while read, or a device
+        raise fail(kind, f"more than the {cap} bytes it may have", str(path))
+    return data
+
+
+def text(data: bytes, kind: Kind, where: str) -> str:
+    """Strict UTF-8 (a leading BOM dropped); the offset of the first bad byte named."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise fail(
+            kind, f"not UTF-8 (byte {exc.start}: {data[exc.start : exc.start + 1]!r})", where
+        ) from None
+
+
+# --------------------------------------------------------------------------- JSON
+
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.S)
+
+
+def json_depth(doc: str, limit: int) -> int:
+    """Deepest nesting of ``doc``'s arrays and objects, counted without recursion; stops
+    counting (returns limit + 1) as soon as it passes ``limit``."""
+    depth = deepest = 0
+    for m in _TOKENS.finditer(doc):
+        c = m.group()[0]
+        if c in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    return deepest
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(data: bytes | str, kind: Kind, where: str) -> Any:
+    """Bounded, strict JSON: size, UTF-8, depth, then ``json.loads`` (no NaN/Infinity)."""
+    size = len(data)
+    if size > kind.max_bytes:
+        raise fail(kind, f"{size} bytes, more than the {kind.max_bytes} it may have", where)
+    doc = text(data, kind, where) if isinstance(data, bytes) else data
+    depth = json_depth(doc, kind.max_depth)
+    if depth > kind.max_depth:
+        raise fail(kind, f"nested more than {kind.max_depth} levels deep", where)
+    try:
+        return json.loads(doc, parse_constant=_no_constant)
+    except ValueError as exc:  # JSONDecodeError and the constants above
+        raise fail(kind, f"not JSON: {exc}", where) from None
+    except RecursionError:  # pragma: no cover - json_depth caps nesting first
+        raise fail(kind, "nested too deeply", where) from None
+
+
+def read_json(path: Path, kind: Kind) -> Any:
+    return parse_json(read_bytes(path, kind), kind, str(path))
+
+
+def load(path: Path, cls: type[T], kind: Kind) -> T:
+    """Read ``path`` as ``kind`` and decode it into ``cls``."""
+    return decode(cls, read_json(path, kind), kind, str(path))
+
+
+# --------------------------------------------------------------------------- typed decoding
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is type(None):
+        return "null"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin in (list, tuple, Sequence):
+        return "a list"
+    if origin in (dict, Mapping) or dataclasses.is_dataclass(tp):
+        return "an object"
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, (bytes, bytearray)) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Mismatch(Exception):
+    def __init__(self, path: str, what: str):
+        super().__init__(what)
+        self.path, self.what = path, what
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _decode(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return _decode(option, value, path)
+            except _Mismatch:
+                continue
+        raise _Mismatch(path, f"expected {_type_name(tp)}, got {_shown(value)}")
+    if tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, float) and math.isnan(value):
+                raise _Mismatch(path, "expected a number, got NaN")
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif origin in (list, tuple, Sequence):
+        if isinstance(value, list):
+            (item,) = typing.get_args(tp)[:1] or (Any,)
+            return tuple(_decode(item, v, f"{path}[{i}]") for i, v in enumerate(value))
+    elif origin in (dict, Mapping):
+        if isinstance(value, dict):
+            _, item = typing.get_args(tp)
+            return {k: _decode(item, v, f"{path}.{k}" if path else k) for k, v in value.items()}
+    elif dataclasses.is_dataclass(tp):
+        if isinstance(value, dict):
+            hints = _hints(tp)  # type: ignore[arg-type]
+            kwargs = {}
+            for f in dataclasses.fields(tp):
+                key = f.metadata.get("json", f.name)
+                sub = f"{path}.{key}" if path else key
+                if key in value:
+                    kwargs[f.name] = _decode(hints[f.name], value[key], sub)
+                elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise _Mismatch(sub, "missing (it is required)")
+            obj = tp(**kwargs)  # type: ignore[operator]
+            check = getattr(obj, "check", None)
+            if check is not None:
+                problem = check()
+                if problem:
+                    raise _Mismatch(path or "(top level)", problem)
+            return obj
+    else:  # pragma: no cover - a schema written with a type this decoder does not know
+        raise TypeError(f"cannot decode {tp!r}")
+    raise _Mismatch(path or "(top level)", f"expected {_type_name(tp)}, got {_shown(value)}")
+
+
+def decode(cls: type[T], value: Any, kind: Kind, where: str) -> T:
+    """``value`` (parsed JSON) as ``cls``; the first field that does not fit is named."""
+    try:
+        return typing.cast(T, _decode(cls, value, ""))
+    except _Mismatch as m:
+        raise fail(kind, m.what, where, field=m.path) from None
+
+
+# --------------------------------------------------------------------------- provenance.json
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class ManifestRef:
+    sha256: str
+    name: str | None = None
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class ComponentSource:
+    tree: str | None = None
+    url: str | None = None
+    commit: str | None = None
+
+
+@dataclass(frozen=True)
+class ComponentRecord:
+    name: str
+    kind: str
+    wheel: str
+    sha256: str
+    source: ComponentSource | None = None
+    version: str | None = None
+    source_date_epoch: int | None = None
+
+    def check(self) -> str | None:
+        if not SHA256.fullmatch(self.sha256):
+            return f"sha256 {_shown(self.sha256)} is not 64 lowercase hex digits"
+        if "/" in self.wheel or "\\" in self.wheel or not self.wheel.endswith(".whl"):
+            return f"wheel {_shown(self.wheel)} is not a wheel file name"
+        return None
+
+
+@dataclass(frozen=True)
+class TorchRecord:
+    version: str
+    index: str | None = None
+
+
+@dataclass(frozen=True)
+class ProvenanceDoc:
+    """The fields of ``provenance.json`` that release, reuse, verify-build, install and
+    qualify read (other keys are kept as written)."""
+
+    schema: str
+    manifest: ManifestRef | None = None
+    upstream: Mapping[str, str | None] | None = None
+    steps: Sequence[Mapping[str, Any]] = ()
+    head: str | None = None
+    tree: str | None = None
+    tag: str | None = None
+    toolchain: Mapping[str, Any] | None = None
+    arches: Sequence[str] = ()
+    components: Sequence[ComponentRecord] = ()
+    wheels: Mapping[str, str] | None = None
+    built: Sequence[str] = ()
+    torch: TorchRecord | None = None
+    version: str | None = None
+    source_date_epoch: int | None = None
+
+    def check(self) -> str | None:
+        for name, digest in (self.wheels or {}).items():
+            if not SHA256.fullmatch(digest):
+                return f"wheels.{name}: {_shown(digest)} is not 64 lowercase hex digits"
+        return None
+
+
+def read_provenance(path: Path, schema: str) -> tuple[ProvenanceDoc, dict[str, Any]]:
+    """The checked receipt and its raw mapping (for code that copies keys through)."""
+    raw = read_json(path, PROVENANCE)
+    if not isinstance(raw, dict):
+        raise fail(PROVENANCE, f"expected an object, got {_shown(raw)}", str(path))
+    if raw.get("schema") != schema:
+        raise fail(
+            PROVENANCE,
+            f"unknown receipt schema {_shown(raw.get('schema'))}, expected {schema!r}",
+            str(path),
+            field="schema",
+        )
+    return decode(ProvenanceDoc, raw, PROVENANCE, str(path)), raw
+
+
+# --------------------------------------------------------------------------- teacher meta
+
+
+@dataclass(frozen=True)
+class TeacherMetaDoc:
+    schema: str
+    panel_sha256: str
+    source: str
+    top_k: int
+
+    def check(self) -> str | None:
+        if not SHA256.fullmatch(self.panel_sha256):
+            return f"panel_sha256 {_shown(self.panel_sha256)} is not 64 lowercase hex digits"
+        if self.top_k != -1 and self.top_k < 1:
+            return f"top_k {self.top_k} is neither -1 (full rows) nor >= 1"
+        return None
+
+
+# --------------------------------------------------------------------------- server answers
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    id: str
+
+
+@dataclass(frozen=True)
+class ModelsAnswer:
+    data: Sequence[ModelEntry]
+
+
+@dataclass(frozen=True)
+class VersionAnswer:
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenizeAnswer:
+    tokens: Sequence[int]
+
+    def check(self) -> str | None:
+        bad = next((t for t in self.tokens if t < 0), None)
+        return f"token id {bad} is negative" if bad is not None else None
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def check(self) -> str | None:
+        if self.prompt_tokens < 0 or self.completion_tokens < 0:
+            return "a negative token count"
+        return None
+
+
+@dataclass(frozen=True)
+class LogprobEntry:
+    logprob: float
+    rank: int | None = None
+
+    def check(self) -> str | None:
+        if self.logprob > 1e-6:  # a log-probability is <= 0 (float noise allowed)
+            return f"logprob {self.logprob} is above 0"
+        return None
+
+
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
+
+
+@dataclass(frozen=True)
+class CompletionChoice:
+    text: str | None = None
+    finish_reason: str | None = None
+    prompt_logprobs: Sequence[Mapping[str, LogprobEntry] | None] | None = None
+
+    def check(self) -> str | None:
+        for j, entry in enumerate(self.prompt_logprobs or ()):
+            if entry is None:
+                continue
+            bad = next((k for k in entry if not _TOKEN_ID.fullmatch(k)), None)
+            if bad is not None:
+                return f"prompt_logprobs[{j}] key {_shown(bad)} is not a token id"
+        return None
+
+
+@dataclass(frozen=True)
+class CompletionAnswer:
+    choices: Sequence[CompletionChoice]
+    usage: Usage | None = None
+
+    def check(self) -> str | None:
+        return None if self.choices else "choices is empty"
+
+
+@dataclass(frozen=True)
+class Delta:
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+@dataclass(frozen=True)
+class StreamChoice:
+    delta: Delta | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    choices: Sequence[StreamChoice] | None = None
+    usage: Usage | None = None
+
+
+_METRIC_LINE = re.compile(
+    r"(?P<key>[A-Za-z_:][A-Za-z0-9_:]*(?:\{(?:[^\"}]|\"(?:[^\"\\]|\\.)*\")*\})?)"
+    r"[ \t]+(?P<value>[^ \t]+)(?:[ \t]+-?[0-9]+)?[ \t]*"
+)
+
+
+def parse_metrics(data: bytes, where: str) -> dict[str, float]:
+    """Prometheus text: ``{'name{labels}': value}``; lines that are not samples are skipped,
+    NaN samples too (a gauge with no observation yet)."""
+    body = text(data, METRICS, where) if len(data) <= METRICS.max_bytes else None
+    if body is None:
+        raise fail(METRICS, f"more than {METRICS.max_bytes} bytes", where)
+    samples: dict[str, float] = {}
+    for line in body.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_LINE.fullmatch(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            continue
+        if not math.isnan(value):
+            samples[m.group("key")] = value
+    return samples
+
+
+# --------------------------------------------------------------------------- model packs
+
+# bytes per element of each safetensors dtype (the format's own list)
+DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+# sub-byte dtypes: elements per byte
+DTYPE_PACKED = {"F4": 2, "F6_E2M3": 0, "F6_E3M2": 0}
+MAX_HEADER = 100 * MiB  # the format's own limit; larger means a corrupt file
+MAX_RANK = 16
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    dtype: str
+    shape: Sequence[int]
+    data_offsets: Sequence[int]
+
+    def check(self) -> str | None:
+        if self.dtype not in DTYPE_SIZES and self.dtype not in DTYPE_PACKED:
+            return f"unknown dtype {_shown(self.dtype)}"
+        if len(self.shape) > MAX_RANK or any(d < 0 for d in self.shape):
+            return f"shape {list(self.shape)} is not a list of at most {MAX_RANK} sizes >= 0"
+        if len(self.data_offsets) != 2:
+            return f"data_offsets {list(self.data_offsets)} is not [begin, end]"
+        begin, end = self.data_offsets
+        if begin < 0 or end < begin:
+            return f"data_offsets [{begin}, {end}] are negative or end before they begin"
+        count = math.prod(self.shape)
+        if self.dtype in DTYPE_SIZES:
+            want: int | None = count * DTYPE_SIZES[self.dtype]
+        elif DTYPE_PACKED[self.dtype]:
+            want = -(-count // DTYPE_PACKED[self.dtype])
+        else:  # 6-bit: 3 bytes per 4 elements
+            want = -(-count * 6 // 8)
+        if end - begin != want:
+            return (
+                f"shape {list(self.shape)} of {self.dtype} needs {want} bytes, "
+                f"data_offsets [{begin}, {end}] hold {end - begin}"
+            )
+        return None
+
+
+@dataclass(frozen=True)
+class SafetensorsLayout:
+    header_bytes: int  # the JSON header's length
+    data_bytes: int  # what the tensors occupy after it
+    tensors: Mapping[str, TensorInfo]
+
+    @property
+    def file_size(self) -> int:
+        return 8 + self.header_bytes + self.data_bytes
+
+
+def safetensors_header(path: Path) -> SafetensorsLayout:
+    """The checked header of one .safetensors file: every tensor's dtype known, its shape
+    matching its byte range, ranges not overlapping and without holes. Whether the file
+    holds all of them is the caller's to compare (:attr:`SafetensorsLayout.file_size`)."""
+    kind, where = SAFETENSORS_HEADER, str(path)
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        raw = fh.read(8)
+        if len(raw) < 8:
+            raise fail(kind, "shorter than the 8-byte header length", where)
+        (n,) = struct.unpack("<Q", raw)
+        if n > MAX_HEADER:
+            raise fail(kind, f"header length {n} is over the format's {MAX_HEADER}", where)
+        if n > size - 8:
+            raise fail(kind, f"truncated inside the {n}-byte header ({size} bytes)", where)
+        blob = fh.read(n)
+    header = parse_json(blob, kind, where)
+    if not isinstance(header, dict):
+        raise fail(kind, f"expected an object, got {_shown(header)}", where)
+    meta = header.pop("__metadata__", None)
+    decode(Mapping[str, str] | None, meta, kind, where)  # type: ignore[arg-type]
+    tensors = decode(Mapping[str, TensorInfo], header, kind, where)  # type: ignore[type-abstract]
+    spans = sorted((t.data_offsets[0], t.data_offsets[1], name) for name, t in tensors.items())
+    at = 0
+    for begin, end, name in spans:
+        if begin < at:
+            raise fail(kind, f"data_offsets [{begin}, {end}] overlap the tensor before", where,
+                       field=name)  # fmt: skip
+        if begin > at:
+            raise fail(kind, f"a hole of {begin - at} bytes before data_offsets [{begin}, {end}]",
+                       where, field=name)  # fmt: skip
+        at = end
+    return SafetensorsLayout(header_bytes=n, data_bytes=at, tensors=tensors)
+
+
+@dataclass(frozen=True)
+class IndexMetadata:
+    total_size: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelIndexDoc:
+    weight_map: Mapping[str, str]
+    metadata: Mapping[str, Any] | None = None
+
+    def check(self) -> str | None:
+        for tensor, shard in self.weight_map.items():
+            if not shard or shard.startswith("/") or ".." in shard.split("/") or "\\" in shard:
+                return f"weight_map.{tensor}: shard {_shown(shard)} is not a file in the pack"
+        return None
+
+
+def model_config(path: Path) -> Mapping[str, Any]:
+    """config.json as an object (bounded like every model-pack document)."""
+    value = read_json(path, MODEL_CONFIG)
+    return decode(Mapping[str, Any], value, MODEL_CONFIG, str(path))  # type: ignore[type-abstract]
