@@ -338,8 +338,9 @@ class ComponentRecord:
 
 @dataclass(frozen=True)
 class TorchRecord:
-    version: str
+    version: str | None = None  # None: the build saw no torch
     index: str | None = None
+    requested: str | None = None
 
 
 @dataclass(frozen=True)

@@ -612,6 +612,16 @@ def _file_ref(t: Table, key: str) -> tuple[Path, str]:
     return (rel if rel.is_absolute() else t.source.parent / rel), ref.sha256("sha256")
 
 
+MAX_BOOTSTRAP = 1_000_000  # resamples: 2000 is the usual; a million is already ~minutes
+
+
+def _bootstrap(t: Table) -> int:
+    n = t.int("bootstrap", 2000, minimum=100)
+    if n > MAX_BOOTSTRAP:
+        raise t.error("bootstrap", f"an integer from 100 to {MAX_BOOTSTRAP}", n)
+    return int(n)
+
+
 def _parse_fidelity(t: Table) -> FidelityConfig:
     t.only(
         "panel",
@@ -629,7 +639,7 @@ def _parse_fidelity(t: Table) -> FidelityConfig:
         "top_k": t.int("top_k", 20, minimum=-1),
         "max_mean_kld": _positive(t, "max_mean_kld"),
         "min_top1": _fraction(t, "min_top1"),
-        "bootstrap": t.int("bootstrap", 2000, minimum=100),
+        "bootstrap": _bootstrap(t),
         "seed": t.int("seed", 0, minimum=0),
         "strict": t.bool("strict", False),
         "tolerance": _fraction(t, "tolerance") or 0.0,

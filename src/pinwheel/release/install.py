@@ -64,7 +64,7 @@ def torch_pin(wheel_dir: Path) -> TorchPin | None:
     if not path.exists():
         return None
     doc, _raw = read_provenance(path, SCHEMA)  # a damaged receipt is an error, never "no pin"
-    if doc.torch is None:
+    if doc.torch is None or doc.torch.version is None:
         return None
     return TorchPin(doc.torch.version, doc.torch.index)
 

@@ -52,6 +52,8 @@ PANEL_SCHEMA = "pinwheel.panel/1"
 TEACHER_SCHEMA = "pinwheel.teacher/1"
 FLOOR = 1e-12  # smallest tail mass: a sum of K probabilities can round just above 1
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+MAX_BOOTSTRAP_DRAWS = 2_000_000_000  # resamples x windows: ~1 min of numpy, never more
+BOOTSTRAP_BLOCK = 4_000_000  # indices drawn at once (32 MB of int64)
 
 
 def _np() -> Any:
@@ -178,22 +180,135 @@ def teacher_bytes(arrays: Mapping[str, Any], meta: Mapping[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def load_teacher(data: bytes, source: str) -> Teacher:
+MAX_TEACHER = 8 * 1024**3  # bytes a teacher file's arrays may hold in memory, all together
+TEACHER_ARRAYS = {
+    "meta": ("u1", 1),
+    "offsets": ("i8", 1),
+    "target": ("i4", 1),
+    "target_logprob": ("f4", 1),
+    "top_ids": ("i4", 2),
+    "top_logprobs": ("f4", 2),
+    "full": ("f4", 2),
+}
+
+
+def _teacher_error(what: str, source: str) -> UsageError:
+    return UsageError(
+        f"not a usable teacher file: {what}",
+        where=source,
+        next="recapture it: `pinwheel qualify teacher --out FILE`, then pin its sha256",
+    )
+
+
+def _teacher_members(data: bytes, source: str, limit: int) -> None:
+    """Every member's declared shape and dtype, checked against the limit and the bytes the
+    member really holds, before numpy allocates anything (an .npz bomb asks for GiBs)."""
     np = _np()
+    total = 0
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            infos = zf.infolist()
+            if len(infos) > len(TEACHER_ARRAYS):
+                raise _teacher_error(f"{len(infos)} members, a teacher has at most 7", source)
+            for info in infos:
+                name = info.filename.removesuffix(".npy")
+                if name not in TEACHER_ARRAYS or not info.filename.endswith(".npy"):
+                    raise _teacher_error(f"unexpected member {info.filename!r}", source)
+                if info.file_size > limit:
+                    raise _teacher_error(
+                        f"{info.filename} unpacks to {info.file_size} bytes, over the "
+                        f"{limit}-byte limit",
+                        source,
+                    )
+                with zf.open(info) as fh:
+                    version = np.lib.format.read_magic(fh)
+                    if version not in ((1, 0), (2, 0), (3, 0)):
+                        raise _teacher_error(f"{info.filename}: npy version {version}", source)
+                    read = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, _fortran, dtype = read(fh, max_header_size=10000)
+                    header = fh.tell()
+                kind, ndim = TEACHER_ARRAYS[name]
+                if dtype.str.lstrip("<|") != kind or len(shape) != ndim:
+                    raise _teacher_error(
+                        f"{name} is {dtype.str}{list(shape)}, a teacher stores {kind} with "
+                        f"{ndim} dimension(s)",
+                        source,
+                    )
+                nbytes = math.prod(shape) * dtype.itemsize
+                if nbytes != info.file_size - header:
+                    raise _teacher_error(
+                        f"{name} declares {list(shape)} ({nbytes} bytes), the member holds "
+                        f"{info.file_size - header}",
+                        source,
+                    )
+                total += nbytes
+                if total > limit:
+                    raise _teacher_error(
+                        f"the arrays hold more than the {limit}-byte limit", source
+                    )
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+        raise _teacher_error(str(exc), source) from None
+
+
+def _teacher_shapes(arrays: Mapping[str, Any], source: str) -> None:
+    """The arrays agree with each other: positions, windows, K or V."""
+    np = _np()
+    for name in ("offsets", "target", "target_logprob"):
+        if name not in arrays:
+            raise _teacher_error(f"no {name} array", source)
+    offsets, p = arrays["offsets"], len(arrays["target"])
+    if len(offsets) < 2 or offsets[0] != 0 or np.any(np.diff(offsets) < 1) or offsets[-1] != p:
+        raise _teacher_error(
+            f"offsets are not 0 = o[0] < o[1] < ... < o[-1] = {p} positions", source
+        )
+    if len(arrays["target_logprob"]) != p:
+        raise _teacher_error("target_logprob has another length than target", source)
+    full: Any = arrays.get("full")
+    ids: Any = arrays.get("top_ids")
+    lps: Any = arrays.get("top_logprobs")
+    if full is None and (ids is None or lps is None):
+        raise _teacher_error("neither full rows nor top_ids + top_logprobs", source)
+    if full is not None and (full.shape[0] != p or full.shape[1] < 1):
+        raise _teacher_error(f"full is {list(full.shape)}, expected [{p}, vocabulary]", source)
+    if full is None and (ids.shape != lps.shape or ids.shape[0] != p or ids.shape[1] < 1):
+        raise _teacher_error(
+            f"top_ids {list(ids.shape)} and top_logprobs {list(lps.shape)} are not both "
+            f"[{p}, K]",
+            source,
+        )
+    if np.any(arrays["target"] < 0) or (
+        full is not None and np.any(arrays["target"] >= full.shape[1])
+    ):
+        raise _teacher_error("a target token id is outside the vocabulary", source)
+
+
+def load_teacher(data: bytes, source: str, *, limit: int = MAX_TEACHER) -> Teacher:
+    from pinwheel import untrusted
+
+    np = _np()
+    _teacher_members(data, source, limit)
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except (ValueError, OSError, zipfile.BadZipFile) as exc:
         raise UsageError(f"not a teacher file: {exc}", where=source) from None
-    meta = json.loads(bytes(arrays.pop("meta")).decode())
-    if meta.get("schema") != TEACHER_SCHEMA:
+    if "meta" not in arrays:
+        raise _teacher_error("no meta", source)
+    raw = untrusted.parse_json(bytes(arrays.pop("meta")), untrusted.TEACHER_META, source)
+    if not isinstance(raw, dict) or raw.get("schema") != TEACHER_SCHEMA:
         raise UsageError(
             f"not a {TEACHER_SCHEMA} file",
             where=source,
             next="capture it with `pinwheel qualify teacher --out FILE`",
         )
+    meta = untrusted.decode(untrusted.TeacherMetaDoc, raw, untrusted.TEACHER_META, source)
+    _teacher_shapes(arrays, source)
     return Teacher(
-        meta=meta,
+        meta={**raw, "top_k": meta.top_k, "source": meta.source},
         offsets=arrays["offsets"],
         target=arrays["target"],
         target_logprob=arrays["target_logprob"],
@@ -212,6 +327,9 @@ def read_teacher(path: Path, sha256: str | None) -> Teacher:
             where="[qualify.fidelity].teacher",
             next="capture it once: `pinwheel qualify teacher --out FILE ...`, then pin its sha256",
         )
+    size = path.stat().st_size
+    if size > MAX_TEACHER:
+        raise _teacher_error(f"{size} bytes, over the {MAX_TEACHER}-byte limit", str(path))
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if sha256 is not None and digest != sha256:
@@ -227,9 +345,18 @@ def _check_panel(teacher: Teacher, panel: Panel) -> None:
     np = _np()
     want = np.array([0] + [len(w) - 1 for w in panel.windows], np.int64).cumsum()
     pinned = teacher.meta.get("panel_sha256")
-    if pinned != panel.sha256 or not np.array_equal(teacher.offsets, want):
+    if pinned != panel.sha256:
         raise VerifyError(
             f"the teacher was captured on panel {pinned}, not {panel.sha256}",
+            where=teacher.source,
+            next="recapture the teacher on this panel: `pinwheel qualify teacher --out FILE`",
+        )
+    if not np.array_equal(teacher.offsets, want):
+        raise VerifyError(
+            f"the teacher names panel {pinned} but its windows differ from that panel's "
+            f"({len(teacher.offsets) - 1} windows / {int(teacher.offsets[-1])} positions, "
+            f"the panel has {len(panel.windows)} / {int(want[-1])}): the file was altered "
+            "or written by another tool",
             where=teacher.source,
             next="recapture the teacher on this panel: `pinwheel qualify teacher --out FILE`",
         )
@@ -491,15 +618,29 @@ def bootstrap_ci(
     np = _np()
     rng = np.random.default_rng(seed)
     windows = len(offsets) - 1
+    units = windows if windows >= 2 else len(kld)
+    if resamples * units > MAX_BOOTSTRAP_DRAWS:
+        raise UsageError(
+            f"the bootstrap would draw {resamples} x {units} = {resamples * units} indices, "
+            f"over the limit of {MAX_BOOTSTRAP_DRAWS}",
+            where="[qualify.fidelity] bootstrap",
+            next=f"lower bootstrap to at most {max(MAX_BOOTSTRAP_DRAWS // max(units, 1), 1)}",
+        )
+    # Drawn in blocks of at most BOOTSTRAP_BLOCK indices: memory stays bounded, and the
+    # generator yields the same stream as one (resamples, units) draw would.
+    rows = max(1, BOOTSTRAP_BLOCK // max(units, 1))
+    means = np.empty(resamples, np.float64)
     if windows >= 2:
         sums = np.add.reduceat(kld, offsets[:-1]) if len(kld) else np.zeros(windows)
         counts = np.diff(offsets).astype(np.float64)
-        idx = rng.integers(0, windows, size=(resamples, windows))
-        means = sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
+        for at in range(0, resamples, rows):
+            idx = rng.integers(0, windows, size=(min(rows, resamples - at), windows))
+            means[at : at + len(idx)] = sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
         how = f"bootstrap over {windows} windows, {resamples} resamples, seed {seed}"
     else:
-        idx = rng.integers(0, len(kld), size=(resamples, len(kld)))
-        means = kld[idx].mean(axis=1)
+        for at in range(0, resamples, rows):
+            idx = rng.integers(0, len(kld), size=(min(rows, resamples - at), len(kld)))
+            means[at : at + len(idx)] = kld[idx].mean(axis=1)
         how = f"bootstrap over {len(kld)} positions, {resamples} resamples, seed {seed}"
     lo, hi = np.percentile(means, [2.5, 97.5])
     return (float(lo), float(hi)), how

@@ -31,7 +31,18 @@ from pinwheel.source.cache import Cache
 
 FULL_SHA = re.compile(r"[0-9a-f]{40}")
 YES, NO, UNKNOWN = "yes", "no", "unknown"
-MAX_INCLUDE_DEPTH = 12
+
+# The tree is input: every loop of the evaluator is bounded. A tree past a limit is an
+# error naming the file, the line and the limit (never a hang or a RecursionError); a
+# value past MAX_VALUE becomes unknown.
+MAX_INCLUDE_DEPTH = 12  # include() inside include() ...
+MAX_FILES = 500  # CMake files read in all (include fan-out)
+MAX_FILE_BYTES = 4 * 1024 * 1024  # one CMake file
+MAX_NESTING = 64  # if()/foreach()/function() blocks inside each other
+MAX_PARENS = 64  # parentheses inside one if() condition
+MAX_VALUE = 256 * 1024  # characters of one variable's value
+MAX_WORK = 2_000_000  # commands run + condition tokens read, for the whole tree
+MAX_MATCH_SUBJECT = 64 * 1024  # characters a MATCHES is tried on; longer: unknown
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,12 @@ class Command:
     line: int
 
 
+_BRACKET_OPEN = re.compile(r"#\[=*\[")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)("?)', re.S)
+_WORD = re.compile(r'[^\s()#"]+')
+
+
 def commands(text: str) -> Iterator[Command]:
     """CMake command invocations, with quoted and bracket arguments and comments handled."""
     i, n, line = 0, len(text), 1
@@ -86,15 +103,17 @@ def commands(text: str) -> Iterator[Command]:
             line += 1
             i += 1
         elif c == "#":
-            if text.startswith("#[[", i) or re.match(r"#\[=*\[", text[i:]):
-                end = text.find("]]", i)
+            bracket = _BRACKET_OPEN.match(text, i)
+            if bracket:
+                close = "]" + "=" * (len(bracket.group()) - 3) + "]"
+                end = text.find(close, bracket.end())
                 line += text.count("\n", i, end if end >= 0 else n)
-                i = n if end < 0 else end + 2
+                i = n if end < 0 else end + len(close)
             else:
                 j = text.find("\n", i)
                 i = n if j < 0 else j
         elif c.isalpha() or c == "_":
-            m = re.match(r"[A-Za-z_][A-Za-z0-9_]*", text[i:])
+            m = _IDENT.match(text, i)
             assert m
             name = m.group(0)
             j = i + len(name)
@@ -112,54 +131,56 @@ def commands(text: str) -> Iterator[Command]:
 
 
 def _arguments(text: str, i: int, line: int) -> tuple[list[str], int, int]:
+    """One command's arguments: linear in the text (each character is looked at once)."""
     args: list[str] = []
-    depth, cur, n = 0, "", len(text)
+    depth, n = 0, len(text)
     while i < n:
         c = text[i]
         if c == '"':
-            j = i + 1
-            buf = ""
-            while j < n and text[j] != '"':
-                if text[j] == "\\" and j + 1 < n:
-                    buf += text[j : j + 2]
-                    j += 2
-                    continue
-                if text[j] == "\n":
-                    line += 1
-                buf += text[j]
-                j += 1
-            args.append(buf)
-            i = j + 1
+            m = _QUOTED.match(text, i)
+            assert m
+            args.append(m.group(1))
+            line += m.group(1).count("\n")
+            i = m.end()
         elif c == "#":
             j = text.find("\n", i)
             i = n if j < 0 else j
         elif c in " \t\r\n":
-            if cur:
-                args.append(cur)
-                cur = ""
             if c == "\n":
                 line += 1
             i += 1
         elif c == "(":
             depth += 1
-            if cur:
-                args.append(cur)
-                cur = ""
+            if depth > MAX_PARENS:
+                raise _limit(f"parentheses nested more than {MAX_PARENS} deep", line)
             args.append("(")
             i += 1
         elif c == ")":
-            if cur:
-                args.append(cur)
-                cur = ""
             if depth == 0:
                 return args, i + 1, line
             depth -= 1
             args.append(")")
             i += 1
         else:
-            cur += c
-            i += 1
+            m = _WORD.match(text, i)
+            assert m
+            args.append(m.group())
+            i = m.end()
     return args, n, line
+
+
+class LimitExceeded(PinwheelError):
+    """The tree's CMake is larger or deeper than the evaluator follows."""
+
+
+def _limit(what: str, line: int | str, path: str | None = None) -> LimitExceeded:
+    where = f"{path}:{line}" if path else f"line {line}"
+    return LimitExceeded(
+        f"the tree's CMake goes past pinwheel's evaluator limits: {what}",
+        where=where,
+        next="pin each build-time source by hand in a [[build.source]] table "
+        "(pinwheel then does not need to evaluate the tree's CMake)",
+    )
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -210,6 +231,17 @@ class _State:
     found: dict[str, list[tuple[str, dict[str, list[str]], str, str]]] = field(
         default_factory=dict
     )  # name -> [(where, fields, used, override var)]
+    files: int = 0  # CMake files read
+    work: int = 0  # commands run + condition tokens read
+    nesting: int = 0  # blocks open now
+
+    def spend(self, n: int, path: str, line: int) -> None:
+        self.work += n
+        if self.work > MAX_WORK:
+            raise _limit(f"more than {MAX_WORK} steps of evaluation", line, path)
+
+    def set(self, name: str, value: str | None) -> None:
+        self.variables[name] = value if value is None or len(value) <= MAX_VALUE else None
 
 
 class _Return(Exception):
@@ -274,17 +306,31 @@ def _read(state: _State, path: str) -> str | None:
     if not isinstance(obj, pygit2.Blob):
         return None
     try:
+        if obj.size > MAX_FILE_BYTES:
+            raise _limit(f"a CMake file larger than {MAX_FILE_BYTES} bytes", 1, path)
         return obj.data.decode(errors="replace")
     except KeyError:  # a blob a partial mirror lacks
         return None
 
 
-def _run_file(state: _State, path: str, ctx: str, depth: int) -> None:
+def _run_file(state: _State, path: str, ctx: str, depth: int, line: int = 0) -> None:
+    if depth > MAX_INCLUDE_DEPTH:
+        raise _limit(f"include() nested more than {MAX_INCLUDE_DEPTH} deep", line, path)
+    state.files += 1
+    if state.files > MAX_FILES:
+        raise _limit(f"more than {MAX_FILES} CMake files included", line, path)
     text = _read(state, path)
-    if text is None or depth > MAX_INCLUDE_DEPTH:
+    if text is None:
         return
+    if len(text) > MAX_FILE_BYTES:
+        raise _limit(f"a CMake file larger than {MAX_FILE_BYTES} bytes", 1, path)
     try:
-        _run(state, list(commands(text)), path, ctx, depth)
+        cmds = list(commands(text))
+    except LimitExceeded as exc:
+        exc.where = f"{path}:{exc.where.removeprefix('line ')}" if exc.where else path
+        raise
+    try:
+        _run(state, cmds, path, ctx, depth)
     except _Return:
         return
 
@@ -300,6 +346,7 @@ def _run(state: _State, cmds: list[Command], path: str, ctx: str, depth: int) ->
     i = 0
     while i < len(cmds):
         c = cmds[i]
+        state.spend(1 + len(c.args), path, c.line)
         if c.name in ("function", "macro"):
             i = _skip_block(cmds, i, c.name, "end" + c.name)
             continue
@@ -328,9 +375,22 @@ def _skip_block(cmds: list[Command], i: int, start: str, end: str) -> int:
 
 def _run_if(state: _State, cmds: list[Command], i: int, path: str, ctx: str, depth: int) -> int:
     """Split if/elseif/else/endif at this level, then run the branches that may run."""
+    if state.nesting >= MAX_NESTING:
+        raise _limit(f"if() blocks nested more than {MAX_NESTING} deep", cmds[i].line, path)
+    state.nesting += 1
+    try:
+        return _run_branches(state, cmds, i, path, ctx, depth)
+    finally:
+        state.nesting -= 1
+
+
+def _run_branches(
+    state: _State, cmds: list[Command], i: int, path: str, ctx: str, depth: int
+) -> int:
     branches: list[tuple[tuple[str, ...] | None, list[Command]]] = [(cmds[i].args, [])]
     level, j = 0, i + 1
     while j < len(cmds):
+        state.spend(1, path, cmds[j].line)
         c = cmds[j]
         if c.name == "if":
             level += 1
@@ -365,40 +425,54 @@ def _run_if(state: _State, cmds: list[Command], i: int, path: str, ctx: str, dep
 def _expand(state: _State, text: str) -> str | None:
     """``${VAR}`` and ``$ENV{VAR}`` (unset in the no-override world); None when unknown."""
     unknown = False
+    size = len(text)
 
     def sub(m: re.Match[str]) -> str:
-        nonlocal unknown
-        if m.group(1) == "ENV":
+        nonlocal unknown, size
+        if m.group(1) == "ENV" or unknown:
             return ""
         value = state.variables.get(m.group(2))
-        if m.group(2) in state.variables and value is None:
-            unknown = True
+        size += len(value or "")
+        if (m.group(2) in state.variables and value is None) or size > MAX_VALUE:
+            unknown = True  # an unknown value, or one past MAX_VALUE: never built
             return ""
         return value or ""
 
-    out = re.sub(r"\$(ENV)?\{([A-Za-z0-9_.+-]+)\}", sub, text)
+    out = _VAR_REF.sub(sub, text)
     return None if unknown else out
+
+
+_VAR_REF = re.compile(r"\$(ENV)?\{([A-Za-z0-9_.+-]+)\}")
 
 
 def _condition(state: _State, args: list[str]) -> str:
     """CMake if() arguments -> yes / no / unknown (NOT, AND, OR, parentheses, STREQUAL,
     MATCHES, VERSION_*, DEFINED, IN_LIST, plain variables and constants)."""
     pos = 0
+    nested = 0
 
     def atom() -> str:
-        nonlocal pos
+        nonlocal pos, nested
         if pos >= len(args):
             return UNKNOWN
         tok = args[pos]
         if tok == "(":
             pos += 1
+            nested += 1
+            if nested > MAX_PARENS:
+                return UNKNOWN
             value = expr()
+            nested -= 1
             if pos < len(args) and args[pos] == ")":
                 pos += 1
             return value
         if tok == "NOT":
             pos += 1
+            nested += 1  # NOT NOT NOT ... recurses like a parenthesis
+            if nested > MAX_PARENS:
+                return UNKNOWN
             value = atom()
+            nested -= 1
             return {YES: NO, NO: YES}.get(value, UNKNOWN)
         if tok == "DEFINED":
             pos += 2
@@ -462,6 +536,8 @@ def _binary(state: _State, left: str, op: str, right: str) -> str:
     if op == "STREQUAL":
         return YES if a == b else NO
     if op == "MATCHES":
+        if len(a) > MAX_MATCH_SUBJECT:
+            return UNKNOWN
         try:  # a pattern from the tree: matched in linear time, or unknown
             return YES if saferegex.search(b, a) else NO
         except saferegex.RegexError:
@@ -521,24 +597,24 @@ def _apply(state: _State, c: Command, path: str, ctx: str, depth: int) -> None:
         expanded = [_expand(state, v) for v in values]
         if ctx != YES or any(v is None for v in expanded):
             if ctx == YES or name not in state.variables:
-                state.variables[name] = None
+                state.set(name, None)
             return
-        state.variables[name] = ";".join(v for v in expanded if v is not None)
+        state.set(name, ";".join(v for v in expanded if v is not None))
     elif c.name == "list" and len(args) >= 2 and args[0] == "APPEND":
         name = args[1]
         expanded = [_expand(state, v) for v in args[2:]]
         old = state.variables.get(name, "")
         if ctx != YES or old is None or any(v is None for v in expanded):
-            state.variables[name] = None
+            state.set(name, None)
             return
-        state.variables[name] = ";".join(filter(None, [old, *(v or "" for v in expanded)]))
+        state.set(name, ";".join(filter(None, [old, *(v or "" for v in expanded)])))
     elif c.name == "cuda_archs_loose_intersection" and len(args) >= 3:
         supported, wanted = _expand(state, args[1]), _expand(state, args[2])
         if ctx != YES or supported is None or wanted is None:
-            state.variables[args[0]] = None
+            state.set(args[0], None)
             return
-        state.variables[args[0]] = ";".join(
-            loose_intersection(supported, [w for w in wanted.split(";") if w])
+        state.set(
+            args[0], ";".join(loose_intersection(supported, [w for w in wanted.split(";") if w]))
         )
     elif c.name == "include" and args:
         target = _expand(state, args[0])
@@ -547,7 +623,7 @@ def _apply(state: _State, c: Command, path: str, ctx: str, depth: int) -> None:
         target = target.replace("${CMAKE_CURRENT_LIST_DIR}", str(PurePosixPath(path).parent))
         rel = _tree_path(path, target)
         if rel is not None:
-            _run_file(state, rel, ctx, depth + 1)
+            _run_file(state, rel, ctx, depth + 1, c.line)
     elif c.name == "return" and ctx == YES:
         raise _Return
     elif c.name == "fetchcontent_declare" and args:
