@@ -393,13 +393,13 @@ def read_provenance(path: Path, schema: str) -> tuple[ProvenanceDoc, dict[str, A
 class TeacherMetaDoc:
     schema: str
     panel_sha256: str
-    source: str
-    top_k: int
+    source: str = ""
+    top_k: int | None = None  # None: not recorded
 
     def check(self) -> str | None:
         if not SHA256.fullmatch(self.panel_sha256):
             return f"panel_sha256 {_shown(self.panel_sha256)} is not 64 lowercase hex digits"
-        if self.top_k != -1 and self.top_k < 1:
+        if self.top_k is not None and self.top_k != -1 and self.top_k < 1:
             return f"top_k {self.top_k} is neither -1 (full rows) nor >= 1"
         return None
 

@@ -328,7 +328,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             err, OSError
         ):
             raise
-        fault = faults.classify_exception(err, ctx_cache(args))
+        fault: PinwheelError | None
+        if isinstance(err, OSError):  # one mapping for every stage: path, what, next
+            from pinwheel.oserrors import explain
+
+            fault = explain(err, ctx_cache(args))
+        else:
+            fault = faults.classify_exception(err, ctx_cache(args))
         if fault is not None:
             print(f"error: {redact_text(str(fault))}", file=sys.stderr)
             if args.json and not (ctx and ctx.emitted):

@@ -308,7 +308,7 @@ def load_teacher(data: bytes, source: str, *, limit: int = MAX_TEACHER) -> Teach
     meta = untrusted.decode(untrusted.TeacherMetaDoc, raw, untrusted.TEACHER_META, source)
     _teacher_shapes(arrays, source)
     return Teacher(
-        meta={**raw, "top_k": meta.top_k, "source": meta.source},
+        meta={**raw, "source": meta.source},
         offsets=arrays["offsets"],
         target=arrays["target"],
         target_logprob=arrays["target_logprob"],

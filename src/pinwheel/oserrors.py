@@ -1,0 +1,139 @@
+"""What an OS error means for the user: the path, what is wrong with it, what to do.
+
+Stages let ``OSError`` through (a cache that is a file, a read-only output
+directory, a full disk); the CLI turns it into a :class:`PinwheelError` here,
+once, instead of printing ``[Errno 21] Is a directory``. A full disk names the
+file system the failed write went to and its free space, not the cache's.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+from pinwheel.errors import PinwheelError
+from pinwheel.source.faults import free_space
+
+_WRITE_HINT = "pass --cache DIR (or set PINWHEEL_CACHE) / the command's output option"
+
+
+def _blocker(path: Path) -> Path | None:
+    """The nearest part of ``path`` that exists and is not a directory (ENOTDIR's cause)."""
+    for part in [path, *path.parents]:
+        if part.exists() or part.is_symlink():
+            return part if not part.is_dir() else None
+    return None
+
+
+def explain(err: OSError, cache: Path | None = None) -> PinwheelError:
+    """A PinwheelError for ``err`` with what, where (the path) and next."""
+    name = err.filename if err.filename is not None else err.filename2
+    path = Path(os.fsdecode(name)) if name is not None else None
+    shown = str(path) if path is not None else "(the OS did not name the file)"
+    code = err.errno
+    reason = err.strerror or str(err)
+
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        if path is not None:
+            return PinwheelError(
+                f"disk full: no space left writing {path} "
+                f"(its file system has {free_space(path)} free)",
+                where=shown,
+                next="free space on that file system (`pinwheel cache du` shows what the "
+                "cache holds; `pinwheel cache prune` frees it), or write elsewhere, then run "
+                "again",
+            )
+        places = [("temporary directory", Path(tempfile.gettempdir()))]
+        if cache is not None:
+            places.insert(0, ("cache", cache))
+        free = ", ".join(f"{label} {p}: {free_space(p)} free" for label, p in places)
+        return PinwheelError(
+            f"disk full: a write failed with no space left ({free})",
+            where=shown,
+            next="free space where it is short (set TMPDIR to move temporary files), "
+            "then run again",
+        )
+    if code == errno.EROFS:
+        return PinwheelError(
+            f"read-only file system: cannot write {shown}",
+            where=shown,
+            next=f"write to a writable place: {_WRITE_HINT}",
+        )
+    if code in (errno.EACCES, errno.EPERM):
+        return PinwheelError(
+            f"permission denied: {shown}",
+            where=shown,
+            next=f"check its owner and mode (`ls -ld {shown}`), or {_WRITE_HINT}",
+        )
+    if code == errno.ENOTDIR:
+        blocker = _blocker(path) if path is not None else None
+        what = (
+            f"{blocker} is a file, but {shown} needs it to be a directory"
+            if blocker is not None
+            else f"a part of {shown} is not a directory"
+        )
+        return PinwheelError(
+            what,
+            where=str(blocker or shown),
+            next="move that file out of the way, or choose another path",
+        )
+    if code == errno.EISDIR:
+        return PinwheelError(
+            f"{shown} is a directory, where a file is expected",
+            where=shown,
+            next="pass the file itself (for a manifest: DIR/manifest.toml)",
+        )
+    if code == errno.EEXIST:
+        kind = "a file" if path is not None and path.is_file() else "something"
+        return PinwheelError(
+            f"{shown} already exists as {kind}, where pinwheel needs to make a directory",
+            where=shown,
+            next="move it out of the way, or choose another path",
+        )
+    if code == errno.ENOENT:
+        return PinwheelError(
+            f"{shown} does not exist",
+            where=shown,
+            next="check the path (and that its parent directories exist)",
+        )
+    if code == errno.ENAMETOOLONG:
+        return PinwheelError(
+            f"a path is too long for the file system: {shown[:200]}",
+            where=shown[:200],
+            next="use a shorter --cache or output path",
+        )
+    if code == errno.ELOOP:
+        return PinwheelError(
+            f"too many levels of symbolic links: {shown}",
+            where=shown,
+            next=f"fix the link loop (`ls -l {shown}`)",
+        )
+    if code == errno.ENOTEMPTY:
+        return PinwheelError(
+            f"{shown} is not empty", where=shown, next="move it out of the way, then run again"
+        )
+    if code == errno.EXDEV:
+        return PinwheelError(
+            f"cannot move {shown} across file systems",
+            where=shown,
+            next="keep the output and the cache on one file system",
+        )
+    if code in (errno.EMFILE, errno.ENFILE):
+        return PinwheelError(
+            "too many open files",
+            where=shown,
+            next="raise the limit (`ulimit -n 4096`), then run again",
+        )
+    if code == errno.EIO:
+        return PinwheelError(
+            f"input/output error reading or writing {shown}",
+            where=shown,
+            next="check the disk (dmesg), then run again",
+        )
+    return PinwheelError(
+        f"{reason}: {shown}",
+        where=shown,
+        next="fix the path or its permissions, then run again",
+    )
