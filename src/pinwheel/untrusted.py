@@ -237,12 +237,18 @@ def _decode(tp: Any, value: Any, path: str) -> Any:
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
+        deepest: _Mismatch | None = None
         for option in typing.get_args(tp):
             try:
                 return _decode(option, value, path)
-            except _Mismatch:
-                continue
-        raise _Mismatch(path, f"expected {_type_name(tp)}, got {_shown(value)}")
+            except _Mismatch as m:
+                if m.path != (path or "(top level)") and (
+                    deepest is None or len(m.path) > len(deepest.path)
+                ):
+                    deepest = m  # the option of the value's shape failed inside: say where
+        if deepest is not None:
+            raise deepest
+        raise _Mismatch(path or "(top level)", f"expected {_type_name(tp)}, got {_shown(value)}")
     if tp is type(None):
         if value is None:
             return None
