@@ -11,6 +11,11 @@ profile="${1:-${GLM53_PROFILE:-card}}"
 : "${GLM53_MODEL:?set GLM53_MODEL to the model directory}"
 HOST="${HOST:-0.0.0.0}"
 PORT="${PORT:-8000}"
+# Values from the environment are checked before they reach the server's flags.
+case "$PORT" in
+  ''|*[!0-9]*|0*|??????*) echo "PORT=$PORT is not a port number (1-65535)" >&2; exit 2 ;;
+esac
+if [ "$PORT" -gt 65535 ]; then echo "PORT=$PORT is not a port number (1-65535)" >&2; exit 2; fi
 # known issue (card): keep --max-num-seqs set: the default 256 makes the MLA prefill workspace too big and the server will not start at 131K
 # known issue (card): cross-socket PCIe peer-to-peer copies silently returned corrupt data between non-NVLinked pairs; NCCL_P2P_LEVEL=NVL was the fix
 # known issue (card): the 2-bit quant loops in long multi-turn agent sessions past ~85K context and corrupts paths and JSON by ~120K
@@ -18,6 +23,9 @@ PORT="${PORT:-8000}"
 # known issue (card): stock exllamav3 cannot load this checkpoint: the tile order is V100-specific
 # known issue (card): MTP tok/s moves with the prompt text: compare builds by ms per pass
 PYTHON="${PYTHON:-python3}"
+case "${GLM53_SEQS-1}" in
+  ''|*[!0-9]*|0*|??????*) echo "GLM53_SEQS=$GLM53_SEQS is not a count (1-99999)" >&2; exit 2 ;;
+esac
 export CUDA_DEVICE_ORDER=PCI_BUS_ID
 export VLLM_USE_V2_MODEL_RUNNER=1
 export VLLM_WORKER_MULTIPROC_METHOD=spawn

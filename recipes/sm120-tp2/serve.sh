@@ -11,6 +11,11 @@ profile="${1:-${SM120_PROFILE:-daily}}"
 : "${SM120_MODEL:?set SM120_MODEL to the model directory}"
 HOST="${HOST:-0.0.0.0}"
 PORT="${PORT:-8012}"
+# Values from the environment are checked before they reach the server's flags.
+case "$PORT" in
+  ''|*[!0-9]*|0*|??????*) echo "PORT=$PORT is not a port number (1-65535)" >&2; exit 2 ;;
+esac
+if [ "$PORT" -gt 65535 ]; then echo "PORT=$PORT is not a port number (1-65535)" >&2; exit 2; fi
 # known issue (card): not a stock vLLM/ExLlamaV3 compatibility claim: the image carries a dedicated vLLM/B12X overlay
 # known issue (card): NVFP4 KV missed the preregistered mean KLD < 0.06 gate on v44 (0.0605); use FP8 KV (CACHE=fp8_ds_mla) when KLD fidelity is the priority
 # known issue (card): per-token dynamic KV scaling was worse (mean KLD 0.0682) and is disabled in the daily profile

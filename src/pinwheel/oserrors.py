@@ -38,7 +38,7 @@ def explain(err: OSError, cache: Path | None = None) -> PinwheelError:
     if code in (errno.ENOSPC, errno.EDQUOT):
         if path is not None:
             return PinwheelError(
-                f"disk full: no space left writing {path} "
+                f"disk full: no space left writing this file "
                 f"(its file system has {free_space(path)} free)",
                 where=shown,
                 next="free space on that file system (`pinwheel cache du` shows what the "
@@ -57,22 +57,22 @@ def explain(err: OSError, cache: Path | None = None) -> PinwheelError:
         )
     if code == errno.EROFS:
         return PinwheelError(
-            f"read-only file system: cannot write {shown}",
+            "read-only file system: cannot write here",
             where=shown,
             next=f"write to a writable place: {_WRITE_HINT}",
         )
     if code in (errno.EACCES, errno.EPERM):
         return PinwheelError(
-            f"permission denied: {shown}",
+            "permission denied",
             where=shown,
             next=f"check its owner and mode (`ls -ld {shown}`), or {_WRITE_HINT}",
         )
     if code == errno.ENOTDIR:
         blocker = _blocker(path) if path is not None else None
         what = (
-            f"{blocker} is a file, but {shown} needs it to be a directory"
+            f"this is a file, but {shown} needs it to be a directory"
             if blocker is not None
-            else f"a part of {shown} is not a directory"
+            else "a part of this path is not a directory"
         )
         return PinwheelError(
             what,
@@ -81,42 +81,44 @@ def explain(err: OSError, cache: Path | None = None) -> PinwheelError:
         )
     if code == errno.EISDIR:
         return PinwheelError(
-            f"{shown} is a directory, where a file is expected",
+            "a directory, where a file is expected",
             where=shown,
             next="pass the file itself (for a manifest: DIR/manifest.toml)",
         )
     if code == errno.EEXIST:
         kind = "a file" if path is not None and path.is_file() else "something"
         return PinwheelError(
-            f"{shown} already exists as {kind}, where pinwheel needs to make a directory",
+            f"already exists as {kind}, where pinwheel needs to make a directory",
             where=shown,
             next="move it out of the way, or choose another path",
         )
     if code == errno.ENOENT:
         return PinwheelError(
-            f"{shown} does not exist",
+            "does not exist",
             where=shown,
             next="check the path (and that its parent directories exist)",
         )
     if code == errno.ENAMETOOLONG:
         return PinwheelError(
-            f"a path is too long for the file system: {shown[:200]}",
+            "a path too long for the file system",
             where=shown[:200],
             next="use a shorter --cache or output path",
         )
     if code == errno.ELOOP:
         return PinwheelError(
-            f"too many levels of symbolic links: {shown}",
+            "too many levels of symbolic links",
             where=shown,
             next=f"fix the link loop (`ls -l {shown}`)",
         )
     if code == errno.ENOTEMPTY:
         return PinwheelError(
-            f"{shown} is not empty", where=shown, next="move it out of the way, then run again"
+            "a directory that is not empty",
+            where=shown,
+            next="move it out of the way, then run again",
         )
     if code == errno.EXDEV:
         return PinwheelError(
-            f"cannot move {shown} across file systems",
+            "cannot move this across file systems",
             where=shown,
             next="keep the output and the cache on one file system",
         )
@@ -128,12 +130,12 @@ def explain(err: OSError, cache: Path | None = None) -> PinwheelError:
         )
     if code == errno.EIO:
         return PinwheelError(
-            f"input/output error reading or writing {shown}",
+            "input/output error reading or writing this file",
             where=shown,
             next="check the disk (dmesg), then run again",
         )
     return PinwheelError(
-        f"{reason}: {shown}",
+        reason,
         where=shown,
         next="fix the path or its permissions, then run again",
     )

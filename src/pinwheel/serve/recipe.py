@@ -138,6 +138,11 @@ profile="${{1:-${{{prefix}_PROFILE:-{default}}}}}"
 : "${{{model_var}:?set {model_var} to the model directory}}"
 HOST="${{HOST:-0.0.0.0}}"
 PORT="${{PORT:-{port}}}"
+# Values from the environment are checked before they reach the server's flags.
+case "$PORT" in
+  ''|*[!0-9]*|0*|??????*) echo "PORT=$PORT is not a port number (1-65535)" >&2; exit 2 ;;
+esac
+if [ "$PORT" -gt 65535 ]; then echo "PORT=$PORT is not a port number (1-65535)" >&2; exit 2; fi
 """
 
 
@@ -211,7 +216,13 @@ def _render_container(config: ServeConfig, image: Image) -> str:
 
 
 def _render_venv(config: ServeConfig) -> str:
-    out = ['PYTHON="${PYTHON:-python3}"\n']
+    seqs = config.seqs_var
+    out = [
+        'PYTHON="${PYTHON:-python3}"\n',
+        f'case "${{{seqs}-1}}" in\n'
+        f"  ''|*[!0-9]*|0*|??????*) echo \"{seqs}=${seqs} is not a count (1-99999)\" >&2; "
+        "exit 2 ;;\nesac\n",
+    ]
     for key, value in config.env:
         out.append(f"export {key}={shlex.quote(value)}\n")
     out.append('case "$profile" in\n')
