@@ -237,6 +237,33 @@ def test_a_good_teacher_loads():
     assert load_teacher(_teacher(GOOD_META), "t").positions == 4
 
 
+# --------------------------------------------------------------------------- fidelity panel
+
+PANEL: dict[str, tuple[bytes, str]] = {
+    "a list": (b"[[1, 2]]", "schema is not"),
+    "windows an object": (b'{"schema": "pinwheel.panel/1", "windows": {"a": 1}}', "field windows"),
+    "a window of strings": (b'{"schema": "pinwheel.panel/1", "windows": [["1", "2"]]}', "field windows[0][0]"),
+    "texts a number": (b'{"schema": "pinwheel.panel/1", "texts": 5}', "field texts"),
+    "window a string": (b'{"schema": "pinwheel.panel/1", "texts": ["a"], "window": "8"}', "field window"),
+    "neither windows nor texts": (b'{"schema": "pinwheel.panel/1"}', "neither windows nor texts"),
+    "not UTF-8": (b'{"schema": "pinwheel.panel/1", "texts": ["\xff"]}', "not UTF-8"),
+    "nested deep": (b'{"schema": "pinwheel.panel/1", "windows": ' + b"[" * 20 + b"]" * 20 + b"}", "nested more than"),
+    "not JSON": (b'{"schema": ', "not JSON"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(PANEL))
+def test_a_bad_panel_is_a_usage_error_naming_the_field(case, tmp_path):
+    from pinwheel.serve.fidelity import read_panel
+
+    path = tmp_path / "panel.json"
+    body, gist = PANEL[case]
+    path.write_bytes(body)
+    with pytest.raises(UsageError) as err:
+        read_panel(path, None, lambda text: [1, 2, 3])
+    assert gist in _flat(str(err.value)) and err.value.next, str(err.value)
+
+
 # --------------------------------------------------------------------------- server answers
 
 

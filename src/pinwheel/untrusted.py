@@ -410,6 +410,32 @@ class TeacherMetaDoc:
         return None
 
 
+# --------------------------------------------------------------------------- fidelity panel
+
+PANEL = Kind(
+    "fidelity panel",
+    64 * MiB,
+    8,
+    UsageError,
+    'write {"schema": "pinwheel.panel/1", "windows": [[token ids...], ...]} and pin its sha256',
+)
+
+
+@dataclass(frozen=True)
+class PanelDoc:
+    schema: str
+    windows: Sequence[Sequence[int]] | None = None
+    texts: Sequence[str] | None = None
+    window: int | None = None
+
+    def check(self) -> str | None:
+        if self.windows is None and self.texts is None:
+            return "neither windows nor texts"
+        if self.window is not None and self.window < 2:
+            return f"window {self.window} is below 2 tokens"
+        return None
+
+
 # --------------------------------------------------------------------------- server answers
 
 

@@ -101,16 +101,16 @@ def read_panel(
             where=str(path),
             next="restore the pinned panel, or review the change and pin the new sha256",
         )
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as exc:
-        raise UsageError(f"the panel is not JSON: {exc}", where=str(path)) from None
+    from pinwheel import untrusted
+
+    data = untrusted.read_json(path, untrusted.PANEL)
     if not isinstance(data, dict) or data.get("schema") != PANEL_SCHEMA:
         raise UsageError(
             f"the panel's schema is not {PANEL_SCHEMA!r}",
             where=str(path),
             next='write {"schema": "pinwheel.panel/1", "windows": [[token ids...], ...]}',
         )
+    untrusted.decode(untrusted.PanelDoc, data, untrusted.PANEL, str(path))  # types, field by field
     windows: list[tuple[int, ...]] = []
     if "windows" in data:
         for w in data["windows"]:
