@@ -116,6 +116,8 @@ def test_disk_full_without_a_path_names_both_candidates(tmp_path):
     assert "TMPDIR" in (err.next or "")
 
 
+UP = "https://github.com/1CatAI/1Cat-vLLM.git"  # the root manifest's upstream
+
 # CLI runs that meet the error for real: argv (with {tmp}) -> what stderr says
 CLI = {
     "a directory as the manifest": (["--manifest", "{tmp}", "plan", "--offline"],
@@ -123,6 +125,10 @@ CLI = {
     "a cache that is a file": (["--cache", "{tmp}/afile", "plan"], "this is a file, but"),
     "a manifest under a file": (["--manifest", "{tmp}/afile/manifest.toml", "plan", "--offline"],
                                 "afile"),
+    "a mirror that is a file": (["--cache", "{tmp}/c", "--mirror", UP + "={tmp}/afile", "plan"],
+                                "is not a git repository (a file)"),
+    "a mirror that is no repository": (["--cache", "{tmp}/c", "--mirror", UP + "={tmp}", "plan"],
+                                       "a directory without objects/"),
 }  # fmt: skip
 
 

@@ -80,7 +80,13 @@ def _objects_dir(location: str) -> Path:
     for candidate in (path / "objects", path / ".git" / "objects"):
         if candidate.is_dir():
             return candidate
-    raise PinwheelError(f"{location} is not a git repository", where="mirror")
+    kind = "a file" if path.is_file() else "a directory without objects/ or .git/objects/"
+    raise PinwheelError(
+        f"{location} is not a git repository ({kind})",
+        where="--mirror / PINWHEEL_MIRRORS",
+        next="point the mapping at a repository (a bare mirror: git clone --mirror URL PATH), "
+        "or drop it to fetch from the URL",
+    )
 
 
 @dataclass(frozen=True)
