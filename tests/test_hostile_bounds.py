@@ -391,29 +391,31 @@ def test_the_good_npz_loads():
 REUSE: dict[str, tuple[object, str]] = {
     "SHA256SUMS trickles": (endless(b"a", pause=0.2), "deadline"),
     "SHA256SUMS never ends": (endless(b"a" * 65536), "more than"),
-    "SHA256SUMS 404": (None, "not found (HTTP 404)"),
+    "SHA256SUMS 404": (None, "not found (HTTP 404"),
+    "a host that does not resolve": ("dns", "cannot connect"),
     "Content-Length abc": ("abc", "bad Content-Length"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(REUSE))
 def test_reuse_from_a_hostile_url_ends_cleanly(case, tmp_path, monkeypatch):
-    import dataclasses
-
     from hostile_server import raw_headers
     from pinwheel.build import reuse
 
     route, gist = REUSE[case]
     routes = {}
+    if route == "dns":
+        with pytest.raises(reuse.ReuseError) as err:
+            reuse.candidates("http://no-such-host.invalid/r/", tmp_path / "cache")
+        assert gist in err.value.what and err.value.next
+        return
     if isinstance(route, str):
         routes["/r/SHA256SUMS"] = raw_headers([("Content-Length", route)], b"x")
     elif route is not None:
         routes["/r/SHA256SUMS"] = route
     routes["/r/provenance.json"] = answer(b"{}")
-    monkeypatch.setattr(
-        reuse, "REUSE_FETCH", dataclasses.replace(reuse.REUSE_FETCH, deadline=2.0, retries=0,
-                                                  max_small=1 << 20, min_rate=0)  # fmt: skip
-    )
+    monkeypatch.setattr(reuse, "REUSE_DEADLINE", 2.0)
+    monkeypatch.setattr(reuse, "REUSE_SMALL", 1 << 20)
     with Server(routes) as srv, pytest.raises(reuse.ReuseError) as err:
         reuse.candidates(srv.url + "/r/", tmp_path / "cache")
     assert gist in err.value.what and "--reuse-from" in (err.value.where or "")

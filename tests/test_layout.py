@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pinwheel"
 STAGES = ("manifest", "source", "build", "release", "serve")
 FOUNDATION = {
     "errors", "fsutil", "checksums", "cudaarch", "progress", "runner", "heartbeat", "urls",
-    "__init__",
+    "__init__", "untrusted", "validate", "saferegex", "oserrors", "httpget",
 }  # fmt: skip
 
 

@@ -68,3 +68,19 @@ def recover_dir(final: Path) -> None:
     if not final.exists() and old.is_dir():
         os.replace(old, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def free_space(path: Path) -> str:
+    """Free space on the file system holding ``path`` (its nearest existing parent)."""
+    probe = Path(path).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = float(shutil.disk_usage(probe).free)
+    except OSError:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if free < 1024 or unit == "TiB":
+            return f"{free:.0f} {unit}" if unit == "B" else f"{free:.1f} {unit}"
+        free /= 1024
+    return "unknown"  # pragma: no cover

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from pinwheel.errors import PinwheelError
-from pinwheel.source.faults import free_space
+from pinwheel.fsutil import free_space
 
 _WRITE_HINT = "pass --cache DIR (or set PINWHEEL_CACHE) / the command's output option"
 

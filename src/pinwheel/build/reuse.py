@@ -40,13 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import runner
+from pinwheel import httpget, runner
 from pinwheel.build.provenance import FILENAME, read_receipt
 from pinwheel.checksums import SUMS, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.progress import SILENT, Reporter
-from pinwheel.release.download import FetchOptions, download, get_small
 
 BUILD_FILES = ("setup.py", "setup.cfg", "pyproject.toml", "CMakeLists.txt")
 # Environment pinwheel sets that does not reach compiled code: dates and version labels.
@@ -273,15 +272,17 @@ class ReuseError(PinwheelError):
     """The --reuse-from source cannot be used."""
 
 
-# --reuse-from over http(s): the small files whole within 16 MiB, every transfer under a
-# deadline and a minimum rate, a few retries (a trickling server is not waited on forever).
-REUSE_FETCH = FetchOptions(deadline=1800.0, retries=2, max_small=16 * 1024 * 1024)
+# --reuse-from over http(s): every GET under a byte cap and a deadline (a trickling or
+# endless server is not waited on forever).
+REUSE_SMALL = 16 * 1024 * 1024  # SHA256SUMS, provenance.json
+REUSE_WHEEL = 8 * 1024**3  # one wheel
+REUSE_DEADLINE = 1800.0  # seconds per GET
 
 
 def _fetch_small(url: str, dest: Path, source: str) -> Path:
     """SHA256SUMS or provenance.json of a --reuse-from URL into ``dest`` (atomically)."""
     try:
-        data = get_small(url, REUSE_FETCH.started(), dest.name)
+        data = httpget.get_bytes(url, what=dest.name, cap=REUSE_SMALL, deadline=REUSE_DEADLINE)
     except PinwheelError as err:
         raise ReuseError(
             err.what,
@@ -297,12 +298,12 @@ def _fetch_wheel(url: str, dest: Path, sha256: str, source: str) -> Path:
     """A wheel SHA256SUMS lists, hashed while it streams; renamed into place only if it
     matches."""
     try:
-        download(url, dest.parent, dest.name, sha256, REUSE_FETCH.started())
+        httpget.get_file(url, dest, sha256=sha256, cap=REUSE_WHEEL, deadline=REUSE_DEADLINE)
     except PinwheelError as err:
         raise ReuseError(
             err.what,
             where=f"--reuse-from {source} ({err.where})",
-            next="rerun (a partial download resumes), or drop --reuse-from to build from source",
+            next="run again, or drop --reuse-from to build from source",
         ) from None
     return dest
 

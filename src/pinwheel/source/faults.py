@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from pinwheel.errors import PinwheelError
+from pinwheel.fsutil import free_space
 
 _DISK_FULL = re.compile(r"No space left on device|Disk quota exceeded|ENOSPC|EDQUOT", re.I)
 _CORRUPT = re.compile(
@@ -24,22 +25,6 @@ _CORRUPT = re.compile(
     r"object corrupt|loose object .* is corrupt|bad packed object CRC",
     re.I,
 )
-
-
-def free_space(path: Path) -> str:
-    """Free space on the file system holding ``path`` (its nearest existing parent)."""
-    probe = Path(path).absolute()
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        free = float(shutil.disk_usage(probe).free)
-    except OSError:
-        return "unknown"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if free < 1024 or unit == "TiB":
-            return f"{free:.0f} {unit}" if unit == "B" else f"{free:.1f} {unit}"
-        free /= 1024
-    return "unknown"  # pragma: no cover
 
 
 # Below this much free space a write that failed without a reason is taken as disk full
