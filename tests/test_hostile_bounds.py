@@ -393,6 +393,7 @@ REUSE: dict[str, tuple[object, str]] = {
     "SHA256SUMS never ends": (endless(b"a" * 65536), "more than"),
     "SHA256SUMS 404": (None, "not found (HTTP 404"),
     "a host that does not resolve": ("dns", "cannot connect"),
+    "a redirect loop (302)": ("loop", "HTTP 302"),
     "Content-Length abc": ("abc", "bad Content-Length"),
 }
 
@@ -409,7 +410,10 @@ def test_reuse_from_a_hostile_url_ends_cleanly(case, tmp_path, monkeypatch):
             reuse.candidates("http://no-such-host.invalid/r/", tmp_path / "cache")
         assert gist in err.value.what and err.value.next
         return
-    if isinstance(route, str):
+    if route == "loop":
+        routes["/r/SHA256SUMS"] = raw_headers([("Location", "/r/SHA256SUMS"),
+                                               ("Content-Length", "0")], status=302)  # fmt: skip
+    elif isinstance(route, str):
         routes["/r/SHA256SUMS"] = raw_headers([("Content-Length", route)], b"x")
     elif route is not None:
         routes["/r/SHA256SUMS"] = route
