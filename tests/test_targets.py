@@ -146,7 +146,8 @@ def _fake_release(tmp_path: Path, torch: dict | None) -> Path:
     rel.mkdir()
     make_wheel(rel, "exllamav3", "0.0.43")  # a real wheel: install checks it first
     if torch is not None:
-        (rel / "provenance.json").write_text(json.dumps({"torch": torch}))
+        receipt = {"schema": "pinwheel.provenance/1", "torch": torch}  # install checks it
+        (rel / "provenance.json").write_text(json.dumps(receipt))
     return rel
 
 
