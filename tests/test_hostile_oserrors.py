@@ -121,7 +121,7 @@ UP = "https://github.com/1CatAI/1Cat-vLLM.git"  # the root manifest's upstream
 # CLI runs that meet the error for real: argv (with {tmp}) -> what stderr says
 CLI = {
     "a directory as the manifest": (["--manifest", "{tmp}", "plan", "--offline"],
-                                    "a directory, where a file is expected"),
+                                    "is a directory"),
     "a cache that is a file": (["--cache", "{tmp}/afile", "plan"], "this is a file, but"),
     "a manifest under a file": (["--manifest", "{tmp}/afile/manifest.toml", "plan", "--offline"],
                                 "afile"),
