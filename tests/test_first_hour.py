@@ -615,3 +615,17 @@ def test_a_plain_line_transfer_says_the_bytes_so_far(monkeypatch) -> None:
         "of 3.0 MB so far" in ln for ln in lines
     )
     assert lines[-1].startswith("w.whl: 3.0 MB in ")
+
+
+def test_build_reaches_only_the_stacks_it_builds(stack, capsys) -> None:
+    """A non-default component (built only by `kernels --name`) is not fetched by `build`:
+    its unreachable upstream must not stop the engine build."""
+    m = stack.write(
+        [{"action": "pick", "pr": 1, "head": "d" * 40}],
+        extra='\n[build]\ncuda = "12.4"\narches = ["7.0"]\n\n[[kernel]]\nname = "heavy"\n'
+        'builder = "torch-extension"\nurl = "https://example.invalid/heavy.git"\n'
+        f'commit = "{"9" * 40}"\nbranch = "main"\ndefault = false\n',
+    )
+    rc, doc = stack.cli(m, "--offline", "build", "--out", str(stack.tmp / "w"), capsys=capsys)
+    assert rc == 1, doc
+    assert "d" * 40 in doc["error"]["what"] and "heavy" not in json.dumps(doc)

@@ -314,12 +314,12 @@ def build_kernel(
     dist.mkdir(parents=True)
     if spec.builder == "cmake":
         extra = [
-            f"-Ccmake.define.CMAKE_CUDA_ARCHITECTURES={config.cmake_architectures}",
-            f"-Ccmake.define.CMAKE_CUDA_COMPILER={toolkit.nvcc}",
-            f"-Cbuild-dir={work / 'build'}",
+            f"--config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES={config.cmake_architectures}",
+            f"--config-settings=cmake.define.CMAKE_CUDA_COMPILER={toolkit.nvcc}",
+            f"--config-settings=build-dir={work / 'build'}",
         ]
         if opts.launcher is not None:
-            extra += [f"-Ccmake.define.{d}" for d in opts.launcher.cmake_defines()]
+            extra += [f"--config-settings=cmake.define.{d}" for d in opts.launcher.cmake_defines()]
             env.update(opts.launcher.launch_env(env.get("PATH", "")))
     else:
         extra = []

@@ -128,7 +128,9 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     config = chosen_toolchain(ctx, args).config
     # Fail fast, cheapest first: reach every upstream and resolve every pinned commit
     # (engine and components, all missing ones in one error) before a toolkit download.
-    reach_all(ctx, stacks(manifest))
+    # Only what this build builds: the engine and the default [[kernel]] components.
+    built = {k.name for k in manifest.kernels if k.default and not args.no_kernels}
+    reach_all(ctx, tuple(s for s in stacks(manifest) if s.kernel is None or s.name in built))
     # A manifest of components only (no [upstream]) builds its [[kernel]] wheels.
     result = _replay(ctx, args) if manifest.has_engine else None
     with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
