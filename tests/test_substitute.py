@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,53 @@ def test_an_older_receipt_without_substitutions_reads_as_none():
     config = manifest.load(V100).build
     receipt = {"toolchain": {"cuda": "12.8.93", "gcc": "g++ (GCC) 14.2.0"}}
     assert undeclared(receipt, config) == []
+
+
+# --------------------------------------------------------------------------- cp312
+
+
+def _config(python: str):
+    import dataclasses
+
+    return dataclasses.replace(manifest.load(V100).build, python=python)
+
+
+def test_the_torch_extension_venv_is_made_from_the_pinned_python():
+    import sys
+
+    from pinwheel.build.kernels import KernelBuildError, build_interpreter
+
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert build_interpreter(_config(here), dict(os.environ)) == sys.executable
+    other = "3.12" if here != "3.12" else "3.11"
+    found = shutil.which(f"python{other}")
+    if found is None:
+        pytest.skip(f"no python{other} on this machine")
+    if subprocess.run([found, "-c", ""], capture_output=True).returncode != 0:
+        # e.g. a pyenv shim of a version that is installed but not selected
+        with pytest.raises(KernelBuildError, match=f"python{other} on PATH did not run"):
+            build_interpreter(_config(other), dict(os.environ))
+        return
+    got = build_interpreter(_config(other), dict(os.environ))
+    probe = subprocess.run([got, "-c", "import sys; print(sys.version_info[:2])"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    assert probe.stdout.strip() == str(tuple(int(x) for x in other.split(".")))
+
+
+def test_no_python_of_the_pinned_version_stops_with_the_fix():
+    from pinwheel.build.kernels import KernelBuildError, build_interpreter
+
+    with pytest.raises(KernelBuildError) as err:
+        build_interpreter(_config("3.99"), dict(os.environ))
+    assert "no Python 3.99" in err.value.what and "cp399" in (err.value.next or "")
+
+
+def test_a_given_torch_python_of_another_version_is_refused():
+    import sys
+
+    from pinwheel.build.kernels import torch_venv
+    from pinwheel.progress import SILENT
+
+    with pytest.raises(ManifestError, match=r"is Python 3\.\d+, \[build\] python pins 3.99"):
+        torch_venv(_config("3.99"), Path("/nonexistent"), SILENT,
+                   {"PINWHEEL_TORCH_PYTHON": sys.executable})  # fmt: skip

@@ -195,10 +195,11 @@ def torch_venv(
     given = environ.get("PINWHEEL_TORCH_PYTHON")
     if given:
         return _given_torch_python(Path(given), config)
+    base = build_interpreter(config, environ)
     flavour = ""
     if config.torch_index:
         flavour = "-" + config.torch_index.rstrip("/").rsplit("/", 1)[-1]
-    name = f"torch-{config.torch}{flavour}-py{sys.version_info[0]}.{sys.version_info[1]}"
+    name = f"torch-{config.torch}{flavour}-py{config.python}"
     venv = cache / "venvs" / name
     python = venv / "bin" / "python"
     reqs = (f"torch=={config.torch}", *TORCH_BUILD_REQS)
@@ -214,7 +215,7 @@ def torch_venv(
     if not python.exists():
         runner.run(
             runner.Command(
-                (sys.executable, "-m", "venv", str(venv)),
+                (base, "-m", "venv", str(venv)),
                 what="python -m venv",
                 error=KernelBuildError,
             )
@@ -246,7 +247,45 @@ def _torch_version(python: Path) -> str | None:
     return out.text or None if out.returncode == 0 else None
 
 
+def _python_version(python: str) -> str | None:
+    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+    try:
+        out = runner.run(runner.Command((python, "-c", probe), check=False, timeout=60))
+    except PinwheelError:
+        return None
+    return out.text.strip() if out.returncode == 0 else None
+
+
+def build_interpreter(config: BuildConfig, environ: Mapping[str, str]) -> str:
+    """A Python of ``[build] python`` for the torch-extension venv: its wheels are cpXY of it
+    (the V100 card's are cp312). This interpreter when it matches, else ``pythonX.Y`` on PATH."""
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if here == config.python:
+        return sys.executable
+    found = shutil.which(f"python{config.python}", path=environ.get("PATH"))
+    if found and _python_version(found) == config.python:
+        return found
+    raise KernelBuildError(
+        f"no Python {config.python} for the torch-extension build ([build] python pins it; "
+        f"this interpreter is {here}"
+        + (f", python{config.python} on PATH did not run" if found else "")
+        + ")",
+        where="[build] python",
+        next=f"install Python {config.python} and put python{config.python} on PATH (its "
+        f"wheels are cp{config.python.replace('.', '')}), or point PINWHEEL_TORCH_PYTHON at a "
+        f"Python {config.python} that holds torch {config.torch}",
+    )
+
+
 def _given_torch_python(python: Path, config: BuildConfig) -> Path:
+    running = _python_version(str(python))
+    if running != config.python:
+        raise ManifestError(
+            f"PINWHEEL_TORCH_PYTHON={python} is Python {running or '?'}, "
+            f"[build] python pins {config.python}",
+            where="[build] python",
+            next=f"point PINWHEEL_TORCH_PYTHON at a Python {config.python}, or unset it",
+        )
     probe = "import torch; print(torch.__version__)"
     out = runner.run(runner.Command((str(python), "-c", probe), check=False, error=ManifestError))
     version = out.text
