@@ -278,3 +278,12 @@ def test_image_engine_all_reduce_runs_with_the_given_python(tmp_path):
     assert c.status == FAIL
     assert "rank 0:" in c.detail and "rank 1:" in c.detail
     assert "No module named 'torch'" in c.detail
+
+
+def test_preflight_names_the_image_not_a_python(tmp_path, capsys):
+    bindir = _stand_ins(tmp_path, [REF])
+    main(["--manifest", str(SM120), "preflight", "--nvidia-smi", str(bindir / "nvidia-smi"),
+          "--container-runtime", str(bindir / "docker")])  # fmt: skip
+    got = capsys.readouterr()
+    out = " ".join((got.out + got.err).split())
+    assert f"engine: the image {REF} (run by docker" in out and "engine python:" not in out

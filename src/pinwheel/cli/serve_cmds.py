@@ -132,6 +132,9 @@ def _resolve(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
 
 def python_line(r: dict[str, Any]) -> str:
     """Which Python the engine checks run in, and how to point them at the installed venv."""
+    image = r["config"].engine.image
+    if image is not None:
+        return f"engine: the image {image.ref} (run by {image.runtime}; --python is not used)"
     found = shutil.which(r["python"]) or r["python"]
     return (
         f"engine python: {found} (from {r['python_from']}); to test the venv `pinwheel install` "
