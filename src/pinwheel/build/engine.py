@@ -25,6 +25,7 @@ from typing import Any
 from pinwheel import runner
 from pinwheel.build import reuse
 from pinwheel.build.buildenv import build_env
+from pinwheel.build.canonical import Canonical
 from pinwheel.build.record import BuildRecord
 from pinwheel.build.sources import undeclared_downloads
 from pinwheel.build.wheelset import Built
@@ -56,6 +57,15 @@ class BuildPlan:
     env: Mapping[str, str] = field(repr=False)  # the full environment of the build
     source_date_epoch: int = 0
     toolkit: Any = None  # pinwheel.build.toolchain.Toolkit, or None for a CUDA-free build
+    canonical: Canonical | None = None  # run where the compilers see the canonical path
+    no_network: bool = False  # with canonical's namespace: a network namespace too
+
+    def invocation(self) -> tuple[tuple[str, ...], Path, Mapping[str, str]]:
+        """(argv, directory, environment) to start the build with."""
+        if self.canonical is None:
+            return self.command, self.source, self.env
+        argv, cwd = self.canonical.wrap(self.command, self.source, network=not self.no_network)
+        return tuple(argv), cwd, self.canonical.env(self.env)
 
     @property
     def log(self) -> Path:
@@ -137,9 +147,12 @@ def plan_build(
     base_env: Mapping[str, str],
     extra_env: Mapping[str, str] | None = None,
     wrapper: Sequence[str] = (),
+    canonical: Canonical | None = None,
+    no_network: bool = False,
 ) -> BuildPlan:
     """``extra_env``: what the build sources and the build venv add (recorded as set);
-    ``wrapper``: a prefix such as ``unshare -rn`` (no network for the build)."""
+    ``wrapper``: a prefix such as ``unshare -rn`` (no network for the build);
+    ``canonical``: where the compilers see the cache (``no_network``: and no network)."""
     probe = (python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])")
     running = runner.run(runner.Command(probe, what="the build python", error=BuildError)).text
     if running != config.python:
@@ -171,6 +184,8 @@ def plan_build(
         env=env,
         source_date_epoch=source_date_epoch,
         toolkit=toolkit,
+        canonical=canonical,
+        no_network=no_network,
     )
 
 
@@ -209,8 +224,9 @@ def run_build(plan: BuildPlan, reporter: Reporter = SILENT) -> tuple[Path, ...]:
     shutil.rmtree(outdir, ignore_errors=True)
     outdir.mkdir(parents=True)
     started = time.monotonic()
+    argv, cwd, env = plan.invocation()
     cmd = runner.Command(
-        plan.command, what="the wheel build", cwd=plan.source, env=plan.env, output="log",
+        argv, what="the wheel build", cwd=cwd, env=env, output="log",
         log_file=plan.log, new_session=True, error=BuildError,  # one group: killed as one
     )  # fmt: skip
     proc = runner.spawn(cmd, reporter)
@@ -277,6 +293,8 @@ def build_engine(
     reuse_from: Any = None,
     placeholders: Mapping[str, str] | None = None,
     reporter: Reporter = SILENT,
+    canonical: Canonical | None = None,
+    no_network: bool = False,
 ) -> Built:
     """Build the engine wheel from ``source`` into ``work/dist``; nothing is published here.
 
@@ -300,13 +318,16 @@ def build_engine(
         base_env=environ,
         extra_env=extra_env,
         wrapper=wrapper,
+        canonical=canonical,
+        no_network=no_network,
     )
     started = time.monotonic()
     extra: dict[str, str] = {}
     if launcher is not None:
         nvcc = str(toolkit.nvcc) if toolkit is not None else None
         extra.update(launcher.launch_env(plan.env.get("PATH", ""), nvcc=nvcc))
-    recorder = reuse.Recorder(Path(source), (Path(source) / "build",))
+    alias = Path(canonical.to_build(Path(source).resolve())) if canonical is not None else None
+    recorder = reuse.Recorder(Path(source), (Path(source) / "build",), alias=alias)
     extra.update(recorder.env())
     ident = reuse.identity(
         plan.set_env, toolkit=toolkit, python=plan.python, builder="engine",
@@ -366,7 +387,7 @@ def _built(
     record: Mapping[str, Any] | None = None,
 ) -> Built:
     facts = dict(record or {})
-    unknown = set(facts) - {"excluded", "requirements", "sources", "network"}
+    unknown = set(facts) - {"excluded", "requirements", "sources", "network", "canonical"}
     assert not unknown, f"engine build facts without a BuildRecord field: {sorted(unknown)}"
     return Built(
         component="engine",
@@ -386,6 +407,7 @@ def _built(
             requirements=facts.get("requirements"),
             sources=tuple(facts["sources"]) if "sources" in facts else None,
             network=facts.get("network"),
+            canonical=facts.get("canonical"),
         ),
     )
 

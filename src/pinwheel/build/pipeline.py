@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import shutil
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.build import canonical, compcache, reuse
+from pinwheel.build import canonical, compcache, reuse, workspace
 from pinwheel.build.buildvenv import ensure_build_venv
 from pinwheel.build.check import find_tools, spec_from_build
 from pinwheel.build.engine import build_engine, commit_time, engine_version
@@ -32,6 +33,7 @@ from pinwheel.build.toolchain import Toolkit, ToolkitRequest, choose, resolve_to
 from pinwheel.build.toolchain.substitute import Substitution, headline
 from pinwheel.build.toolchain.substitute import to_json as substitutions_json
 from pinwheel.build.wheelset import Built, WheelSet, publish
+from pinwheel.checksums import sha256_file
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
@@ -292,7 +294,9 @@ def _produce(
                 built.append(measure(functools.partial(_kernel, spec, config, toolkit, one)))
 
     if engine:
-        built.append(measure(lambda s: _engine(request, config, toolkit, reporter, s, earlier)))
+        built.append(
+            measure(lambda s: _engine(request, config, toolkit, reporter, s, earlier, canon))
+        )
     return built, twice
 
 
@@ -308,12 +312,30 @@ def _kernel(
 
 
 def engine_workdir(request: BuildRequest) -> Path:
-    """Fixed per manifest and tree: compilers embed source paths, so rebuilds must match."""
+    """The engine's kept workspace, one per manifest: each new tree updates its export in
+    place, so a rebuild compiles only what the new tree changed (the compilers see it at
+    the canonical path, so its location does not reach the bytes)."""
     if request.engine_workdir is not None:
         return request.engine_workdir
-    manifest = request.manifest
-    tree = request.replayed.tree if request.replayed is not None else "source"
-    return request.cache / "build" / f"{manifest.name}-{str(tree)[:12]}"
+    return request.cache / "build" / request.manifest.name
+
+
+def engine_key(config: BuildConfig, toolkit: Toolkit | None, canon: canonical.Canonical) -> str:
+    """What a kept engine build tree is valid for: every [build] value that can reach the
+    compilers (conservatively all but the version label), the toolkit and the path method."""
+    values = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("version", "label")}
+    nvcc = None
+    if toolkit is not None:
+        nvcc = [toolkit.version, _nvcc_digest(Path(toolkit.nvcc))]
+    return workspace.key_of(
+        json.loads(
+            json.dumps({"config": values, "nvcc": nvcc, "canonical": canon.record()}, default=str)
+        )
+    )
+
+
+def _nvcc_digest(path: Path) -> str | None:
+    return sha256_file(path.resolve()) if path.is_file() else None
 
 
 def _engine(
@@ -323,16 +345,26 @@ def _engine(
     reporter: Reporter,
     session: compcache.Session | None = None,
     earlier: Mapping[str, Any] | None = None,
+    canon: canonical.Canonical | None = None,
 ) -> Built:
-    from pinwheel.source.export import export_tree
-
     replayed = request.replayed
     work = engine_workdir(request)
+    canon = canon or canonical.choose(request.cache, request.environ)
     if request.engine_source is not None:
         source = request.engine_source
     else:
+        key = engine_key(config, toolkit, canon)
+        kept = workspace.prepare(work, key, cold=not request.compiler_cache)
+        state = "kept workspace (incremental)" if kept else "fresh workspace (cold)"
+        reporter.info(f"engine: {state}, canonical path by {canon.method}")
         with reporter.status(f"exporting tree {replayed.tree[:12]}"):
-            source = export_tree(replayed, work / "src", exclude=config.exclude)
+            synced = workspace.sync_tree(
+                replayed, work / "src", work / "export.json", exclude=config.exclude
+            )
+        if kept:
+            reporter.info(f"engine export: {len(synced.written)} file(s) changed, "
+                          f"{len(synced.removed)} removed, {synced.kept} kept")  # fmt: skip
+        source = work / "src"
     version = request.version or engine_version(config, replayed)
     if request.engine_epoch is not None:
         epoch = request.engine_epoch
@@ -371,20 +403,20 @@ def _engine(
         record["requirements"] = venv.record()
     if replayed is not None:  # every source the tree declares for these arches must be pinned
         _check_declared(replayed, config)
-    wrapper, network = network_wrapper(config.network)
-    supplied = supply(
-        config.sources,
-        project=source,
-        dest=work / "deps",
-        cache=Cache(request.cache, request.mirrors, request.offline),
-        reporter=reporter,
-    )
+    wrapper: tuple[str, ...] = ()
+    if canon.method == canonical.NAMESPACE and config.network == "none":
+        # The canonical namespace gets a network namespace too (one unshare).
+        network, netns = "none", True
+    else:
+        (wrapper, network), netns = network_wrapper(config.network), False
+    supplied = _supply_in_place(config, source, work, request, reporter)
     if supplied:
         extra_env.update(
             plan_env(supplied, request.environ.get("CMAKE_ARGS"), disconnected=network != "none")
         )
     record["sources"] = [s.record() for s in supplied]
     record["network"] = network
+    record["canonical"] = canon.record()
     if network != "none" and config.network == "none":
         reporter.info("no network namespace here (unshare -rn failed): building with network")
     with reporter.status(f"building the engine wheel {version}"):
@@ -406,10 +438,36 @@ def _engine(
             reuse_from=(earlier or {}).get("engine"),
             placeholders={str(Path(request.cache).absolute()): "$CACHE"},
             reporter=reporter,
+            canonical=canon,
+            no_network=netns,
         )
     # Recorded without this machine's cache path: provenance travels with the release.
     env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build.env.items()}
     return dataclasses.replace(built, build=dataclasses.replace(built.build, env=env))
+
+
+def _supply_in_place(
+    config: BuildConfig, source: Path, work: Path, request: BuildRequest, reporter: Reporter
+) -> tuple[Any, ...]:
+    """The build sources under ``work/deps``, updated in place: exported into a staging
+    directory, then only changed files are written (a kept build tree sees the others
+    unchanged)."""
+    staged = work / ".deps-staged"
+    shutil.rmtree(staged, ignore_errors=True)
+    supplied = supply(
+        config.sources,
+        project=source,
+        dest=staged,
+        cache=Cache(request.cache, request.mirrors, request.offline),
+        reporter=reporter,
+    )
+    out = []
+    for s in supplied:
+        final = work / "deps" / s.name
+        workspace.sync(final, workspace.dir_entries(s.path, skip=()), work / f"deps-{s.name}.json")
+        out.append(dataclasses.replace(s, path=final))
+    shutil.rmtree(staged, ignore_errors=True)
+    return tuple(out)
 
 
 def _check_declared(replayed: Any, config: BuildConfig) -> None:

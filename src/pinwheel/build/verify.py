@@ -162,8 +162,6 @@ def verify_build(
 
 
 def _recorded_workdir(request: BuildRequest, engine: Mapping[str, Any] | None) -> Path | None:
-    """The first build's engine scratch path: compilers embed it, so the rebuild reuses it."""
-    if engine is None:
-        return None
-    tree = (engine.get("source") or {}).get("tree") or "source"
-    return request.cache / "build" / f"{request.manifest.name}-{str(tree)[:12]}"
+    """The engine's workspace for the rebuild: the default one (one per manifest, at the
+    canonical path whatever the cache), wiped first because verify-build is cold."""
+    return None
