@@ -227,3 +227,45 @@ def test_cli_verify_build_refuses_a_changed_manifest_or_missing_receipt(tiny: Ti
     empty.mkdir()
     proc = _cli(tiny, edited, "verify-build", "--wheels", str(empty))
     assert proc.returncode == 6 and "no provenance.json in" in proc.stderr
+
+
+def test_engine_workspace_is_kept_updated_in_place_and_wiped_when_cold(tiny: Tiny) -> None:
+    """The default engine workspace (one per manifest, under the cache, seen at the canonical
+    path) survives a rebuild: unchanged files keep their mtime, the builder's products stay;
+    a cold build (--no-cache, verify-build) starts from nothing."""
+    import dataclasses
+
+    from pinwheel.build import canonical
+
+    manifest = tiny.manifest()
+    result = tiny.replay(manifest)
+
+    def once(out: str, **kw):
+        req = dataclasses.replace(request(tiny, manifest, tiny.tmp / out, result, **kw),
+                                  engine_workdir=None)  # fmt: skip
+        return run_build(req)
+
+    first = once("w1")
+    work = tiny.tmp / "cache" / "build" / load(manifest).name
+    setup = work / "src" / "setup.py"
+    old = 1_000_000_000
+    os.utime(setup, ns=(old, old))
+    (work / "src" / "build").mkdir(exist_ok=True)
+    (work / "src" / "build" / "product.o").write_text("left by the builder")
+    second = once("w2")
+    assert second.wheels.wheels == first.wheels.wheels  # same bytes
+    assert setup.stat().st_mtime_ns == old  # not rewritten: nothing to recompile
+    assert (work / "src" / "build" / "product.o").is_file()
+    engine = read_receipt(tiny.tmp / "w2" / "provenance.json")["components"][0]
+    assert engine["canonical"]["path"] == str(canonical.CANONICAL_CACHE)
+    assert str(tiny.tmp) not in json_text(engine["env"])
+    cold = once("w3", compiler_cache=False)
+    assert cold.wheels.wheels == first.wheels.wheels
+    assert not (work / "src" / "build" / "product.o").exists()
+    assert setup.stat().st_mtime_ns != old
+
+
+def json_text(value: object) -> str:
+    import json
+
+    return json.dumps(value)

@@ -12,15 +12,24 @@ import pytest
 
 from pinwheel.build import canonical, workspace
 
-SOURCE = "#include <stdio.h>\nint where(void) { return puts(__FILE__); }\n"
+SOURCE = (
+    "#include <stdio.h>\n#include <tk.h>\n"
+    "int where(void) { return puts(__FILE__) + puts(toolkit_where()); }\n"
+)
+# A header of a toolkit installed outside the cache: its inline code names its own path.
+HEADER = "static inline const char* toolkit_where(void) { return __FILE__; }\n"
 needs_gcc = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
 
 
-def compile_in(cache: Path, canon: canonical.Canonical) -> bytes:
+def compile_in(cache: Path, toolkit: Path, canon: canonical.Canonical) -> bytes:
     src = cache / "kernels" / "demo" / "src"
     src.mkdir(parents=True, exist_ok=True)
     (src / "where.c").write_text(SOURCE)
-    cmd = ["gcc", "-O2", "-c", str(src / "where.c"), "-o", str(src / "where.o")]
+    (toolkit / "include").mkdir(parents=True, exist_ok=True)
+    (toolkit / "include" / "tk.h").write_text(HEADER)
+    canon = canon.with_toolkit(toolkit)
+    cmd = ["gcc", "-O2", f"-I{toolkit / 'include'}", "-c", str(src / "where.c"),
+           "-o", str(src / "where.o")]  # fmt: skip
     env = {"PATH": os.environ.get("PATH", os.defpath)}
     if canon.method == canonical.PREFIX_MAP:  # the build's CFLAGS, as a build system uses them
         cmd[1:1] = canon.env(env)["CFLAGS"].split()
@@ -40,11 +49,15 @@ def test_file_paths_are_canonical_from_any_cache(tmp_path: Path, method: str) ->
     if method == canonical.NAMESPACE and ca.method != method:
         pytest.skip(f"no mount namespace here: {ca.why}")
     assert ca.method == cb.method == method
-    one, two = compile_in(a, ca), compile_in(b, cb)
+    one = compile_in(a, tmp_path / "opt" / "cuda-a", ca)
+    two = compile_in(b, tmp_path / "usr" / "local" / "cuda-b", cb)
     where = f"{canonical.CANONICAL_CACHE}/kernels/demo/src/where.c".encode()
-    assert where in one and str(tmp_path).encode() not in one
+    header = f"{canonical.CANONICAL_TOOLKIT}/include/tk.h".encode()
+    assert where in one and header in one and str(tmp_path).encode() not in one
     assert one == two
     assert ca.record() == {"path": str(canonical.CANONICAL_CACHE), "method": method}
+    assert ca.with_toolkit(tmp_path / "opt").record()["toolkit"] == str(canonical.CANONICAL_TOOLKIT)
+    assert ca.with_toolkit(a / "toolchains" / "cuda").toolkit is None  # in the cache already
 
 
 def test_paths_are_translated_for_the_build_and_recorded_canonically(tmp_path: Path) -> None:

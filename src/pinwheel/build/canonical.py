@@ -25,6 +25,7 @@ translates paths, wraps commands and records ``{"path", "method"}``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -38,20 +39,24 @@ from pinwheel import runner
 
 CANONICAL_ROOT = Path("/tmp/pinwheel-canonical")
 CANONICAL_CACHE = CANONICAL_ROOT / "cache"
+CANONICAL_TOOLKIT = CANONICAL_ROOT / "toolkit"  # a CUDA toolkit installed outside the cache
 
 NAMESPACE = "mount-namespace"
 PREFIX_MAP = "prefix-map"
 
-# Runs inside the new namespace (as its root): cover the root with a tmpfs, bind the
-# cache under it, enter the working directory, exec the build. Self-contained: it runs
-# with -I (no PYTHONPATH, no site), so nothing of the caller's Python leaks in.
+# Runs inside the new namespace (as its root): cover the root with a tmpfs, bind each real
+# directory at its canonical place under it, enter the working directory, exec the build.
+# Self-contained: it runs with -I (no PYTHONPATH, no site), so nothing of the caller's
+# Python leaks in. argv: ROOT CWD N REAL1 CANON1 ... REALn CANONn -- COMMAND...
 _ENTER = """
 import os, subprocess, sys
-root, cache, real, cwd = sys.argv[1:5]
-cmd = sys.argv[6:]
+root, cwd, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+pairs = sys.argv[4 : 4 + 2 * n]
+cmd = sys.argv[5 + 2 * n :]
 subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "--", "pinwheel", root], check=True)
-os.makedirs(cache)
-subprocess.run(["mount", "--bind", "--", real, cache], check=True)
+for real, canon in zip(pairs[::2], pairs[1::2]):
+    os.makedirs(canon)
+    subprocess.run(["mount", "--rbind", "--", real, canon], check=True)
 os.chdir(cwd)
 os.execvp(cmd[0], cmd)
 """
@@ -59,20 +64,46 @@ os.execvp(cmd[0], cmd)
 
 @dataclass(frozen=True)
 class Canonical:
-    """How builds of ``real`` (the cache) see it at :data:`CANONICAL_CACHE`."""
+    """How builds of ``real`` (the cache) see it at :data:`CANONICAL_CACHE`, and a toolkit
+    installed elsewhere at :data:`CANONICAL_TOOLKIT`."""
 
     real: Path  # the cache, absolute and resolved
     method: str  # NAMESPACE | PREFIX_MAP
     unshare: str | None = None  # the unshare binary (NAMESPACE)
     why: str | None = None  # why the fallback was taken
+    toolkit: Path | None = None  # a toolkit outside the cache, resolved
+    toolkit_spellings: tuple[str, ...] = ()  # how the build may name it (as given, resolved)
 
     @property
     def path(self) -> Path:
         return CANONICAL_CACHE
 
+    def with_toolkit(self, root: Path | None) -> Canonical:
+        """Also move the toolkit when it lives outside the cache (CUDA_HOME, /usr/local/cuda):
+        its headers' paths reach the bytes like the sources' do."""
+        if root is None:
+            return self
+        given = Path(root).absolute()
+        resolved = given.resolve()
+        for inside in (self.real, CANONICAL_ROOT):
+            if resolved == inside or inside in resolved.parents:
+                return self
+        return dataclasses.replace(
+            self, toolkit=resolved, toolkit_spellings=tuple(sorted({str(given), str(resolved)}))
+        )
+
+    def maps(self) -> list[tuple[str, str]]:
+        """(real spelling, canonical path), longest real first."""
+        pairs = [(str(self.real), str(CANONICAL_CACHE))]
+        pairs += [(s, str(CANONICAL_TOOLKIT)) for s in self.toolkit_spellings]
+        return sorted(pairs, key=lambda p: -len(p[0]))
+
     def record(self) -> dict[str, str]:
-        """For provenance: the canonical path and the method, no machine path."""
-        return {"path": str(CANONICAL_CACHE), "method": self.method}
+        """For provenance: the canonical paths and the method, no machine path."""
+        out = {"path": str(CANONICAL_CACHE), "method": self.method}
+        if self.toolkit is not None:
+            out["toolkit"] = str(CANONICAL_TOOLKIT)
+        return out
 
     def to_build(self, value: str | os.PathLike[str]) -> str:
         """``value`` as the build must spell it: the canonical path under the namespace,
@@ -82,17 +113,18 @@ class Canonical:
 
     def recorded(self, value: str) -> str:
         """``value`` as provenance records it: the canonical spelling whatever the method
-        (what the outputs carry), never this machine's cache path."""
-        real = str(self.real)
-        if value == real or value.startswith(real + "/"):
-            return str(CANONICAL_CACHE) + value[len(real) :]
-        return value.replace(real + "/", str(CANONICAL_CACHE) + "/")
+        (what the outputs carry), never this machine's cache or toolkit path."""
+        for real, canon in self.maps():
+            if value == real:
+                return canon
+            value = value.replace(real + "/", canon + "/")
+        return value
 
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` for the build: paths translated; prefix maps added for the fallback."""
         out = {k: self.to_build(v) for k, v in env.items()}
         if self.method == PREFIX_MAP:
-            out.update(prefix_map_env(out, self.real, CANONICAL_CACHE))
+            out.update(prefix_map_env(out, self.maps()))
         return out
 
     def wrap(
@@ -106,23 +138,29 @@ class Canonical:
             raise ValueError("no network namespace without the mount namespace: use wrapper()")
         flags = "-rm" if network else "-rmn"
         assert self.unshare is not None
+        binds = [(str(self.real), str(CANONICAL_CACHE))]
+        if self.toolkit is not None:
+            binds.append((str(self.toolkit), str(CANONICAL_TOOLKIT)))
         enter = [self.unshare, flags, "--", sys.executable, "-I", "-c", _ENTER]
-        args = [str(CANONICAL_ROOT), str(CANONICAL_CACHE), str(self.real), self.to_build(cwd)]
+        args = [str(CANONICAL_ROOT), self.to_build(cwd), str(len(binds))]
+        args += [part for pair in binds for part in pair]
         return [*enter, *args, "--", *(self.to_build(c) for c in cmd)], self.real
 
 
-def prefix_map_env(env: Mapping[str, str], real: Path, canonical: Path) -> dict[str, str]:
-    """CFLAGS, CXXFLAGS, CUDAFLAGS and NVCC_APPEND_FLAGS with ``real`` mapped to ``canonical``."""
-    mapping = f"-ffile-prefix-map={real}={canonical}"
+def prefix_map_env(env: Mapping[str, str], maps: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """CFLAGS, CXXFLAGS, CUDAFLAGS and NVCC_APPEND_FLAGS with each real prefix mapped to its
+    canonical one (``-ffile-prefix-map``: ``__FILE__`` and debug paths; ``-Xcompiler`` for
+    nvcc's host and device preprocessing)."""
+    flags = [f"-ffile-prefix-map={real}={canon}" for real, canon in maps]
 
-    def add(key: str, flag: str) -> str:
-        return (env.get(key, "") + " " + flag).strip()
+    def add(key: str, items: list[str]) -> str:
+        return " ".join([env.get(key, ""), *items]).strip()
 
     return {
-        "CFLAGS": add("CFLAGS", mapping),
-        "CXXFLAGS": add("CXXFLAGS", mapping),
-        "CUDAFLAGS": add("CUDAFLAGS", f"-Xcompiler={mapping}"),
-        "NVCC_APPEND_FLAGS": add("NVCC_APPEND_FLAGS", f"-Xcompiler={mapping}"),
+        "CFLAGS": add("CFLAGS", flags),
+        "CXXFLAGS": add("CXXFLAGS", flags),
+        "CUDAFLAGS": add("CUDAFLAGS", [f"-Xcompiler={f}" for f in flags]),
+        "NVCC_APPEND_FLAGS": add("NVCC_APPEND_FLAGS", [f"-Xcompiler={f}" for f in flags]),
     }
 
 
@@ -174,6 +212,7 @@ def _namespace_refused(path: str) -> str | None:
 __all__ = [
     "CANONICAL_CACHE",
     "CANONICAL_ROOT",
+    "CANONICAL_TOOLKIT",
     "NAMESPACE",
     "PREFIX_MAP",
     "Canonical",

@@ -167,6 +167,7 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
         config.cache, request.cache, request.environ, enabled=request.compiler_cache
     )
     canon = canonical.choose(request.cache, request.environ)
+    canon = canon.with_toolkit(toolkit.root if toolkit is not None else None)
     if canon.why:
         reporter.info(f"canonical build path by prefix maps: {canon.why}")
     if cache_plan.disabled:  # off before it starts (--no-cache, config, no binary): say only that
