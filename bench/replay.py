@@ -10,6 +10,9 @@ Measured, each as a median over ``--runs``:
     holds the refs (fetch from the mirror, replay, tree check, tag);
   * pinwheel warm, CLI: ``python -m pinwheel run`` as a user runs it
     (adds interpreter start-up and imports);
+  * pinwheel warm, ``tools/replay run``: the launcher a fresh clone uses (adds
+    its stamp check); measured when its .venv is set up (run ``tools/replay
+    --version`` once), else left out and said so;
   * git CLI: a fresh ``git clone --shared`` of the mirror, sparse checkout of
     the base, ``git cherry-pick`` per commit, ``git merge --no-ff`` per merge
     step (bench/gitcli.py; the sparse checkout leaves out the blobs a partial
@@ -43,6 +46,7 @@ from pinwheel.source.cache import resolve_source  # noqa: E402
 from pinwheel.source.replay import replay_manifest  # noqa: E402
 
 DEFAULT_MANIFEST = HERE.parent / "recipes" / "examples" / "1cat-stack.toml"
+LAUNCHER = HERE.parent / "tools" / "replay"
 
 
 def cpu_seconds() -> float:
@@ -96,6 +100,12 @@ def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, 
         proc = subprocess.run(cli_argv, capture_output=True, text=True, check=True)
         return str(json.loads(proc.stdout)["tree"])
 
+    launcher_argv = [str(LAUNCHER), *cli_argv[3:]]
+
+    def engine_launcher() -> str:
+        proc = subprocess.run(launcher_argv, capture_output=True, text=True, check=True)
+        return str(json.loads(proc.stdout)["tree"])
+
     env = sealed_env(work / "home", manifest)
     start = time.perf_counter()
     absent = absent_paths(mirror, manifest.upstream.commit, env)
@@ -107,8 +117,14 @@ def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, 
 
     engine_s, engine_cpu, engine_trees = timed(engine, runs)
     cli_s, cli_cpu, cli_trees = timed(engine_cli, runs)
+    launcher_ready = (LAUNCHER.parent.parent / ".venv" / ".pinwheel-stamp").is_file()
+    if launcher_ready:
+        engine_launcher()  # a first call restamps a stamp from an older tools/replay
+        tool_s, tool_cpu, tool_trees = timed(engine_launcher, runs)
+    else:
+        tool_s, tool_cpu, tool_trees = [], [], set()
     git_s, git_cpu, git_trees = timed(git_cli, runs)
-    trees = engine_trees | cli_trees | git_trees | {cold.tree}
+    trees = engine_trees | cli_trees | tool_trees | git_trees | {cold.tree}
     commits = sum(len(s.commits) for s in cold.steps)
     return {
         "manifest": manifest.path.name,
@@ -122,12 +138,16 @@ def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, 
         "pinwheel_cold_s": cold_s,
         "pinwheel_warm_s": statistics.median(engine_s),
         "pinwheel_cli_warm_s": statistics.median(cli_s),
+        "tools_replay_warm_s": statistics.median(tool_s) if tool_s else None,
+        "tools_replay_warm_cpu_s": statistics.median(tool_cpu) if tool_cpu else None,
         "git_cli_s": statistics.median(git_s),
         "pinwheel_warm_cpu_s": statistics.median(engine_cpu),
         "pinwheel_cli_warm_cpu_s": statistics.median(cli_cpu),
         "git_cli_cpu_s": statistics.median(git_cpu),
         "load_average_1m": os.getloadavg()[0],
-        "all_s": {"pinwheel": engine_s, "pinwheel_cli": cli_s, "git_cli": git_s},
+        "all_s": {
+            "pinwheel": engine_s, "pinwheel_cli": cli_s, "tools_replay": tool_s, "git_cli": git_s
+        },
     }
 
 
@@ -164,6 +184,11 @@ def main() -> int:
         print(f"  pinwheel cold (empty cache)      {f['pinwheel_cold_s']:7.3f} s")
         print(f"  pinwheel warm, in process        {eng:7.3f} s {ceng:7.3f} s")
         print(f"  pinwheel warm, `pinwheel run`    {cli:7.3f} s {ccli:7.3f} s")
+        tool, ctool = r["tools_replay_warm_s"], r["tools_replay_warm_cpu_s"]
+        if isinstance(tool, float) and isinstance(ctool, float):
+            print(f"  pinwheel warm, `tools/replay run`{tool:7.3f} s {ctool:7.3f} s")
+        else:
+            print("  pinwheel warm, `tools/replay run`  not measured: run `tools/replay --version`")
         print(f"  git CLI (clone, pick, merge)     {git:7.3f} s {cgit:7.3f} s")
         print(
             f"  ratio git CLI / pinwheel, wall:  {git / eng:5.1f}x in process, "
@@ -173,6 +198,11 @@ def main() -> int:
             f"  ratio git CLI / pinwheel, CPU:   {cgit / ceng:5.1f}x in process, "
             f"{cgit / ccli:5.1f}x as a command"
         )
+        if isinstance(tool, float) and isinstance(ctool, float):
+            print(
+                f"  ratio git CLI / `tools/replay run`: {git / tool:5.1f}x wall, "
+                f"{cgit / ctool:5.1f}x CPU"
+            )
         print(f"  trees agree across all runs: {r['trees_agree']}")
     return 0 if r["trees_agree"] else 1
 

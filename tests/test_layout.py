@@ -7,6 +7,7 @@ the ones inside functions), so a lazy import cannot hide a dependency.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,14 @@ def test_the_environment_check_sees_a_planted_read(tmp_path: Path) -> None:
     assert any("imports ['environ']" in f for f in found)
     assert not offences(mod, "pinwheel.runner")
     assert not [f for f in offences(mod, "pinwheel.cli.x") if "environ" in f or "getenv" in f]
+
+
+def test_every_module_has_a_row_in_the_architecture_doc() -> None:
+    doc = (SRC.parents[1] / "docs" / "ARCHITECTURE.md").read_text()
+    rows = set(re.findall(r"^\| `([\w.]+)` \|", doc, re.M))
+    modules = {m.removeprefix("pinwheel.") for m in graph() if m not in ("pinwheel",)}
+    modules -= {"__main__", *STAGES}  # a stage package's row is its section heading
+    missing = sorted(modules - rows)
+    stale = sorted(rows - modules)
+    assert not missing, f"modules without a row in docs/ARCHITECTURE.md: {missing}"
+    assert not stale, f"rows in docs/ARCHITECTURE.md naming no module: {stale}"

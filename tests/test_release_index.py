@@ -68,7 +68,8 @@ def pypiserver(tmp_path: Path) -> Iterator[str]:
     try:
         for _ in range(200):
             try:
-                urllib.request.urlopen(url + "simple/", timeout=1).read()
+                with urllib.request.urlopen(url + "simple/", timeout=1) as resp:
+                    resp.read()
                 break
             except OSError:
                 if proc.poll() is not None:
@@ -78,6 +79,8 @@ def pypiserver(tmp_path: Path) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        assert proc.stderr is not None
+        proc.stderr.close()
 
 
 @pytest.fixture

@@ -3,11 +3,16 @@ reason and the fix; CUDA 13.0 is provisionable from PyPI; install pins the build
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import json
 import os
 import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -21,12 +26,14 @@ from pinwheel.build.toolchain import (
     provision_toolkit,
     resolve_toolkit,
 )
-from pinwheel.errors import ManifestError
+from pinwheel.checksums import sha256_file, write_sums
+from pinwheel.cli import main
+from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import loads
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.manifest.targets import index_cuda, target_problems
 from pinwheel.release import install as install_mod
-from releasekit import make_wheel
+from releasekit import make_wheel, write_manifest, write_provenance
 
 HEAD = """[upstream]
 url = "https://example.invalid/up.git"
@@ -141,56 +148,94 @@ def test_cuda_13_assembles_from_the_pinned_wheels_and_compiles_sm120(tmp_path: P
     probe_arches(root / "bin" / "nvcc", ("12.0", "12.1"), env=env)
 
 
-def _fake_release(tmp_path: Path, torch: dict | None) -> Path:
-    rel = tmp_path / "rel"
-    rel.mkdir()
-    make_wheel(rel, "exllamav3", "0.0.43")  # a real wheel: install checks it first
+def _release(tmp_path: Path, torch: dict | None) -> Path:
+    """A real release made by `pinwheel release` from a test-kit build: a wheel, SHA256SUMS,
+    and the build's provenance (with ``torch`` when given)."""
+    build = tmp_path / "wheels"
+    made = make_wheel(build, "exllamav3", "0.0.43")
+    write_sums(build, [made.name])
+    write_provenance(build, {made.name: sha256_file(made)})
     if torch is not None:
-        receipt = {"schema": "pinwheel.provenance/1", "torch": torch}  # install checks it
-        (rel / "provenance.json").write_text(json.dumps(receipt))
-    return rel
+        path = build / "provenance.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "torch": torch}))
+    manifest = write_manifest(tmp_path)
+    assert main(["--manifest", str(manifest), "release", "--no-sign"]) == 0
+    return tmp_path / "release"
 
 
+@contextlib.contextmanager
+def torch_index(tmp_path: Path, version: str) -> Iterator[str]:
+    """A PEP 503 index on 127.0.0.1 serving one stand-in ``torch`` wheel (a real wheel named
+    torch: the real one is gigabytes; what is checked is which index and version install
+    takes it from)."""
+    root = tmp_path / "index"
+    make_wheel(root / "simple" / "torch", "torch", version)
+    handler = functools.partial(_Quiet, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/simple/"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _installed(venv: Path, name: str) -> str:
+    probe = f"import importlib.metadata as m; print(m.version({name!r}))"
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+@pytest.mark.release
 @pytest.mark.parametrize("installer", ["pip", "uv"])
-def test_install_pins_the_torch_and_index_the_build_used(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, installer: str
-) -> None:
-    rel = _fake_release(tmp_path, {"version": "2.11.0+cu130", "index": CU130})
-    seen: list[list[str]] = []
-    name = "exllamav3-0.0.43-py3-none-any.whl"
-    monkeypatch.setattr(install_mod, "verify_release", lambda *a, **k: SimpleNamespace(
-        sums={name: "0" * 64}, signed_by=None))  # fmt: skip
-    monkeypatch.setattr(install_mod, "find_uv", lambda: "/usr/bin/uv")
-    monkeypatch.setattr(install_mod, "_ensure_venv", lambda *a: [])
-
-    def fake_run(cmd, what, venv):
-        seen.append(list(cmd))
-        for i, arg in enumerate(cmd):  # the constraint file lives only during install
-            if arg == "-c":
-                seen[-1][i + 1] = Path(cmd[i + 1]).read_text()
-        return tuple(cmd)
-
-    monkeypatch.setattr(install_mod, "_run", fake_run)
-    result = install_mod.install(rel, tmp_path / "venv", torch_backend="cu128",
-                                 installer=installer)  # fmt: skip
-    assert result.torch == "2.11.0+cu130"
-    first = seen[0]
-    assert first[-3:] == ["--index-url", CU130, "torch==2.11.0+cu130"]
-    rest = [a for cmd in seen[1:] for a in cmd]
-    assert "--torch-backend=cu128" not in rest  # the pinned index decides
-    assert "torch==2.11.0+cu130\n" in rest  # every later step is constrained
+def test_install_pins_the_torch_and_index_the_build_used(tmp_path: Path, installer: str) -> None:
+    """A real release whose provenance records torch 2.11.0+cu130 from an index: install
+    takes exactly that torch from exactly that index, before the release's wheels."""
+    version = "2.11.0+cu130"
+    with torch_index(tmp_path, version) as index:
+        rel = _release(tmp_path, {"version": version, "index": index})
+        result = install_mod.install(
+            rel, tmp_path / "venv", torch_backend="cu128", installer=installer
+        )
+    assert result.torch == version
+    assert _installed(tmp_path / "venv", "torch") == version
+    assert _installed(tmp_path / "venv", "exllamav3") == "0.0.43"
+    torch_cmd = next(c for c in result.commands if f"torch=={version}" in c)
+    assert list(torch_cmd[-3:]) == ["--index-url", index, f"torch=={version}"]
+    later = [a for c in result.commands[result.commands.index(torch_cmd) + 1 :] for a in c]
+    assert "--torch-backend=cu128" not in later  # the pinned index decides
+    assert "-c" in later or installer == "pip"  # uv's install is constrained to that torch
 
 
-def test_install_without_provenance_keeps_the_backend(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    rel = _fake_release(tmp_path, None)
-    name = "exllamav3-0.0.43-py3-none-any.whl"
-    seen: list[tuple[str, ...]] = []
-    monkeypatch.setattr(install_mod, "verify_release", lambda *a, **k: SimpleNamespace(
-        sums={name: "0" * 64}, signed_by=None))  # fmt: skip
-    monkeypatch.setattr(install_mod, "find_uv", lambda: "/usr/bin/uv")
-    monkeypatch.setattr(install_mod, "_ensure_venv", lambda *a: [])
-    monkeypatch.setattr(install_mod, "_run", lambda cmd, what, venv: seen.append(tuple(cmd)))
-    install_mod.install(rel, tmp_path / "venv", torch_backend="cu128", installer="uv")
-    assert len(seen) == 1 and "--torch-backend=cu128" in seen[0]
+@pytest.mark.release
+def test_install_without_a_torch_record_keeps_the_backend(tmp_path: Path) -> None:
+    rel = _release(tmp_path, None)
+    result = install_mod.install(rel, tmp_path / "venv", torch_backend="cu128", installer="uv")
+    assert result.torch is None
+    assert _installed(tmp_path / "venv", "exllamav3") == "0.0.43"
+    (install,) = [c for c in result.commands if "install" in c and "--python" in c]
+    assert "--torch-backend=cu128" in install
+
+
+@pytest.mark.release
+def test_a_provenance_file_that_is_not_a_receipt_pins_nothing(tmp_path: Path) -> None:
+    """The one provenance reader decides: a bare {"torch": ...} without the schema is not
+    a provenance receipt, so install refuses it rather than pin from it."""
+    build = tmp_path / "rel"
+    made = make_wheel(build, "exllamav3", "0.0.43")
+    (build / "provenance.json").write_text(json.dumps({"torch": {"version": "6.6.6"}}))
+    with pytest.raises(PinwheelError):
+        install_mod.torch_pin(build)
+    write_provenance(build, {made.name: sha256_file(made)})
+    path = build / "provenance.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "torch": {"version": "6.6.6"}}))
+    pin = install_mod.torch_pin(build)
+    assert pin is not None and pin.version == "6.6.6" and pin.index is None

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from pinwheel.errors import VerifyError
 from pinwheel.fsutil import atomic_write_text
@@ -26,16 +27,24 @@ CHUNK = 8 * 1024 * 1024
 _LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
-# Called with a byte count after every read, from the hashing threads.
-ProgressFn = Callable[[int], None]
+# Called with a byte count after every read, from the hashing threads (progress.Advance).
+Advance = Callable[[int], None]
 
 
 SUMS = "SHA256SUMS"
 SIG = "SHA256SUMS.sig"
 
 
-def sha256_file(path: Path, chunk: int = CHUNK, on_bytes: ProgressFn | None = None) -> str:
+def sha256_file(path: Path, chunk: int = CHUNK, on_bytes: Advance | None = None) -> str:
     digest = hashlib.sha256()
+    feed(digest, path, chunk, on_bytes)
+    return digest.hexdigest()
+
+
+def feed(
+    digest: Any, path: Path, chunk: int = CHUNK, on_bytes: Advance | None = None
+) -> None:
+    """Hash ``path``'s bytes into ``digest`` (a hashlib object): the one file-reading loop."""
     with open(path, "rb", buffering=0) as fh:
         if hasattr(os, "posix_fadvise"):
             # Tell the kernel we read front to back: it reads ahead further.
@@ -46,7 +55,6 @@ def sha256_file(path: Path, chunk: int = CHUNK, on_bytes: ProgressFn | None = No
             digest.update(view[:n])
             if on_bytes is not None:
                 on_bytes(n)
-    return digest.hexdigest()
 
 
 def default_workers(count: int) -> int:
@@ -54,7 +62,7 @@ def default_workers(count: int) -> int:
 
 
 def sha256_files(
-    paths: Iterable[Path], workers: int | None = None, on_bytes: ProgressFn | None = None
+    paths: Iterable[Path], workers: int | None = None, on_bytes: Advance | None = None
 ) -> dict[Path, str]:
     """Hash many files in parallel; returns {path: hexdigest} in input order."""
     paths = list(paths)

@@ -39,6 +39,13 @@ class CudaArch:
         return self.dotted + ("+PTX" if self.ptx else "")
 
     @property
+    def gencode(self) -> str:
+        """nvcc's ``-gencode`` value: SASS, and PTX beside it when ``ptx``."""
+        sm = f"{self.sm}{self.suffix}"
+        code = f"[sm_{sm},compute_{sm}]" if self.ptx else f"sm_{sm}"
+        return f"arch=compute_{sm},code={code}"
+
+    @property
     def cmake(self) -> str:
         return f"{self.sm}{self.suffix}" if self.ptx else f"{self.sm}{self.suffix}-real"
 

@@ -84,3 +84,15 @@ def free_space(path: Path) -> str:
             return f"{free:.0f} {unit}" if unit == "B" else f"{free:.1f} {unit}"
         free /= 1024
     return "unknown"  # pragma: no cover
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` as a hard link to ``src`` (multi-GiB wheels: no second copy on the same
+    filesystem), a copy where linking is not possible; a directory is copied whole."""
+    if src.is_dir():
+        shutil.copytree(src, dst, symlinks=True)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

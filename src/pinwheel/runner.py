@@ -212,18 +212,8 @@ def replace_process(cmd: Command, reporter: Reporter = SILENT) -> NoReturn:
         os.chdir(cmd.cwd)
     try:
         os.execvpe(cmd.argv[0], list(cmd.argv), env if env is not None else dict(os.environ))
-    except FileNotFoundError:
-        raise cmd.error(
-            f"cannot run {cmd.label}: {cmd.argv[0]} not found",
-            where=cmd.where or cmd.shell,
-            next=cmd.missing_hint or f"install {Path(cmd.argv[0]).name} or put it on PATH",
-        ) from None
     except OSError as exc:
-        raise cmd.error(
-            f"cannot run {cmd.label}: {exc.strerror or exc}",
-            where=cmd.where or cmd.shell,
-            next=cmd.missing_hint or f"check that {cmd.argv[0]} is an executable program",
-        ) from None
+        raise _start_error(cmd, exc) from None
 
 
 def stop(proc: subprocess.Popen[bytes], *, group: bool = True, grace_s: float = 30.0) -> None:
@@ -271,26 +261,30 @@ def _popen(cmd: Command, log: IO[bytes] | None) -> subprocess.Popen[bytes]:
             stderr=stderr,
             start_new_session=cmd.new_session,
         )
-    except FileNotFoundError as exc:
+    except OSError as exc:
+        raise _start_error(cmd, exc) from None
+
+
+def _start_error(cmd: Command, exc: OSError) -> PinwheelError:
+    """Why ``cmd`` could not start: a missing directory, program, or an unrunnable file."""
+    if cmd.cwd is not None and not Path(cmd.cwd).is_dir():
+        return cmd.error(
+            f"cannot run {cmd.label}: its directory {cmd.cwd} does not exist",
+            where=cmd.where or cmd.shell,
+            next=cmd.next or "check the path (was the cache moved or cleaned?)",
+        )
+    if isinstance(exc, FileNotFoundError):
         missing = exc.filename if exc.filename not in (None, cmd.argv[0]) else cmd.argv[0]
-        if cmd.cwd is not None and not Path(cmd.cwd).is_dir():
-            raise cmd.error(
-                f"cannot run {cmd.label}: its directory {cmd.cwd} does not exist",
-                where=cmd.where or cmd.shell,
-                next=cmd.next or "check the path (was the cache moved or cleaned?)",
-            ) from None
-        raise cmd.error(
+        return cmd.error(
             f"cannot run {cmd.label}: {missing} not found",
             where=cmd.where or cmd.shell,
             next=cmd.missing_hint or f"install {Path(cmd.argv[0]).name} or put it on PATH",
-        ) from None
-    except OSError as exc:
-        raise cmd.error(
-            f"cannot run {cmd.label}: {exc.strerror or exc}",
-            where=cmd.where or cmd.shell,
-            next=cmd.missing_hint or f"check that {cmd.argv[0]} is an executable program",
-        ) from None
-
+        )
+    return cmd.error(
+        f"cannot run {cmd.label}: {exc.strerror or exc}",
+        where=cmd.where or cmd.shell,
+        next=cmd.missing_hint or f"check that {cmd.argv[0]} is an executable program",
+    )
 
 def _signal(proc: subprocess.Popen[bytes], sig: int, group: bool) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):

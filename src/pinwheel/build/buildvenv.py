@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
+from packaging.utils import canonicalize_name
 
 from pinwheel import runner
 from pinwheel.errors import PinwheelError
@@ -67,7 +68,7 @@ def parse_requirements(text: str, source: str) -> dict[str, tuple[str, tuple[str
                 next="regenerate it with `pip-compile --generate-hashes` or `uv pip compile "
                 "--generate-hashes`",
             )
-        pins[m.group(1).lower().replace("_", "-")] = (m.group(2), hashes)
+        pins[canonicalize_name(m.group(1))] = (m.group(2), hashes)
     if not pins:
         raise BuildVenvError(f"{source} lists no requirements", where=source)
     return pins

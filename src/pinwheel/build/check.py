@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from packaging.utils import canonicalize_name
+
 from pinwheel import runner
 from pinwheel.build import abifloor, elf, fatbin
-from pinwheel.build.wheelfile import Limits, audit
+from pinwheel.build.wheelfile import Limits, audit, dist_name
 from pinwheel.checksums import sha256_file
 from pinwheel.cudaarch import CudaArch, names
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
@@ -351,7 +353,7 @@ def _required_findings(
         dist, sep, glob = pattern.partition(":")
         if not sep:
             dist, glob = "", pattern
-        pool = [(w, m) for w, m in wheels if not dist or _dist_name(w) == _normalize(dist)]
+        pool = [(w, m) for w, m in wheels if not dist or dist_name(w) == canonicalize_name(dist)]
         if any(fnmatch.fnmatchcase(name, glob) for _, members in pool for name in members):
             continue
         where = ", ".join(w for w, _ in pool) or f"(no wheel of distribution {dist!r})"
@@ -366,14 +368,6 @@ def _required_findings(
             )
         )
     return found
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
-def _dist_name(wheel: str) -> str:
-    return _normalize(wheel.split("-", 1)[0])
 
 
 # --------------------------------------------------------------------------- per wheel

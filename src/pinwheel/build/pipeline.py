@@ -15,7 +15,6 @@ import functools
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +22,9 @@ from typing import Any
 
 from pinwheel import runner
 from pinwheel.build import canonical, compcache, reuse, workspace
-from pinwheel.build.buildvenv import ensure_build_venv
+from pinwheel.build.buildvenv import BuildVenv, ensure_build_venv
 from pinwheel.build.check import find_tools, spec_from_build
-from pinwheel.build.engine import build_engine, commit_time, engine_version
+from pinwheel.build.engine import build_engine, build_python, commit_time, engine_version
 from pinwheel.build.kernels import BuildOptions, build_kernel, build_twice, select
 from pinwheel.build.provenance import receipt, toolchain_facts
 from pinwheel.build.sources import plan_env, supply, unpinned
@@ -128,7 +127,7 @@ def _cache_note(b: Built) -> str:
 
 
 def build_config(manifest: Manifest) -> BuildConfig:
-    config: BuildConfig = manifest.require("build")
+    config = manifest.require("build")
     return config
 
 
@@ -180,9 +179,24 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
             )
         if cache_plan.disabled:
             reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
+    # The interpreter the engine builds in: the [build.requirements] venv when there is
+    # one, else $PINWHEEL_BUILD_PYTHON or this one. Provenance (python, torch) and the
+    # torch pin `install` reads come from it, not from the interpreter running pinwheel.
+    venv = None
+    if engine and config.requirements is not None:
+        venv = ensure_build_venv(
+            config.requirements,
+            request.cache,
+            environ=request.environ,
+            offline=request.offline,
+            wheelhouse=request.wheelhouse,
+            reporter=reporter,
+        )
+    python = str(venv.python) if venv is not None else build_python(request.environ, engine)
     try:
         built, twice = _produce(
-            request, config, specs, engine, toolkit, reporter, session, cache_plan, earlier, canon
+            request, config, specs, engine, toolkit, reporter, session, cache_plan, earlier, canon,
+            venv,
         )
     finally:
         if session is not None:
@@ -195,7 +209,6 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
         cuobjdump=cuobjdump,
         auditwheel=auditwheel,
     )
-    python = request.environ.get("PINWHEEL_BUILD_PYTHON") or sys.executable
     facts = toolchain_facts(
         python,
         toolkit.nvcc if toolkit else None,
@@ -244,6 +257,7 @@ def _produce(
     cache_plan: compcache.Plan,
     earlier: Mapping[str, Any],
     canon: canonical.Canonical,
+    venv: BuildVenv | None,
 ) -> tuple[list[Built], dict[str, float]]:
     """Run the producers; each wheel records its compiler-cache numbers."""
     built: list[Built] = []
@@ -296,7 +310,9 @@ def _produce(
 
     if engine:
         built.append(
-            measure(lambda s: _engine(request, config, toolkit, reporter, s, earlier, canon))
+            measure(
+                lambda s: _engine(request, config, toolkit, reporter, s, earlier, canon, venv)
+            )
         )
     return built, twice
 
@@ -347,6 +363,7 @@ def _engine(
     session: compcache.Session | None = None,
     earlier: Mapping[str, Any] | None = None,
     canon: canonical.Canonical | None = None,
+    venv: BuildVenv | None = None,
 ) -> Built:
     replayed = request.replayed
     work = engine_workdir(request)
@@ -387,15 +404,7 @@ def _engine(
     extra_env: dict[str, str] = {}
     record: dict[str, Any] = {"excluded": list(config.exclude)}
     python = None
-    if config.requirements is not None:
-        venv = ensure_build_venv(
-            config.requirements,
-            request.cache,
-            environ=request.environ,
-            offline=request.offline,
-            wheelhouse=request.wheelhouse,
-            reporter=reporter,
-        )
+    if venv is not None:
         python = str(venv.python)
         path = request.environ.get("PATH", os.defpath)
         if toolkit is not None:

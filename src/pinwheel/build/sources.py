@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
+from pinwheel.checksums import feed, sha256_file
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_dir
 from pinwheel.manifest.build import BuildSource
@@ -140,7 +141,7 @@ def _export(src: BuildSource, target: Path, project: Path, cache: Cache) -> Supp
                     next="fix the path (relative to the engine's tree), then `tools/replay build`",
                 )
             _apply(patch, tmp, src.name)
-            patches.append((rel, hashlib.sha256(patch.read_bytes()).hexdigest()))
+            patches.append((rel, sha256_file(patch)))
     return Supplied(
         name=src.name,
         path=target,
@@ -226,9 +227,7 @@ def tree_digest(root: Path) -> str:
         else:
             mode = "x" if os.access(path, os.X_OK) else "-"
             digest.update(f"F {rel} {mode} {path.stat().st_size}\n".encode())
-            with open(path, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(chunk)
+            feed(digest, path)
     return digest.hexdigest()
 
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
 SAFE_HASHES = ("sha256", "sha384", "sha512")  # PEP 427: no md5/sha1
 _DRIVE = re.compile(r"^[A-Za-z]:")
 # zipfile can read these; anything else is refused by name rather than failing mid-read.
@@ -359,3 +361,15 @@ def audit(
         if name not in members and name not in signatures:
             result.issues.append(Issue(name, "listed in RECORD but not in the wheel", "record"))
     return result
+
+
+def dist_name(wheel: str) -> str:
+    """The distribution of a wheel file name, normalized as PEP 503 says (``packaging``).
+
+    A name that is not a valid wheel file name still gets its first field normalized,
+    so a checker can name it in a finding.
+    """
+    try:
+        return canonicalize_name(parse_wheel_filename(wheel)[0])
+    except InvalidWheelFilename:
+        return canonicalize_name(wheel.split("-", 1)[0])

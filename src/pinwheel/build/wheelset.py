@@ -27,9 +27,10 @@ from pinwheel.build import platformtag
 from pinwheel.build.check import CheckReport, CheckSpec, check_wheels
 from pinwheel.build.provenance import FILENAME, read_receipt, write_receipt
 from pinwheel.build.record import BuildRecord
+from pinwheel.build.wheelfile import dist_name
 from pinwheel.checksums import SUMS, parse_sums, sha256_file, write_sums
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import recover_dir, swap_dir
+from pinwheel.fsutil import link_or_copy, recover_dir, swap_dir
 
 
 @dataclass(frozen=True)
@@ -87,11 +88,6 @@ class WheelSet:
         lines += self.report.human_lines()
         lines += [f"wrote {self.sums}", f"wrote {self.provenance}"]
         return lines
-
-
-def dist_name(wheel: str) -> str:
-    """The distribution part of a wheel file name, normalized."""
-    return wheel.split("-", 1)[0].lower().replace(".", "_")
 
 
 def recover(out_dir: Path) -> None:
@@ -166,7 +162,7 @@ def publish(
     staging.mkdir()
     try:
         for name in kept:
-            _link_or_copy(out_dir / name, staging / name)
+            link_or_copy(out_dir / name, staging / name)
         digests: dict[str, str] = dict(kept)
         components: list[dict[str, Any]] = [old_components[n] for n in sorted(old_components)]
         for b in built:
@@ -236,18 +232,8 @@ def _swap(staging: Path, out_dir: Path) -> None:
             if entry.name.endswith(".whl") or entry.name in (SUMS, FILENAME):
                 continue
             if not (staging / entry.name).exists():
-                _link_or_copy(entry, staging / entry.name)
+                link_or_copy(entry, staging / entry.name)
     swap_dir(staging, out_dir)
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    if src.is_dir():
-        shutil.copytree(src, dst, symlinks=True)
-        return
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -109,7 +109,7 @@ def _profile_options(p: argparse.ArgumentParser) -> None:
 
 def _serve_config(ctx: Context) -> ServeConfig:
     m = ctx.manifest()
-    config: ServeConfig = m.require("serve")
+    config = m.require("serve")
     return config
 
 

@@ -20,7 +20,7 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from pinwheel.errors import ManifestError
 from pinwheel.manifest.build import BuildConfig, KernelSpec, parse_build_table, parse_kernel_tables
@@ -113,8 +113,22 @@ class Manifest:
     def root(self) -> Path:
         return self.path.parent
 
-    def require(self, table: str) -> Any:
-        """The parsed ``[table]``, or the one error for a manifest that lacks it."""
+    @overload
+    def require(self, table: Literal["build"]) -> BuildConfig: ...
+    @overload
+    def require(self, table: Literal["kernel"]) -> tuple[KernelSpec, ...]: ...
+    @overload
+    def require(self, table: Literal["release"]) -> ReleaseConfig: ...
+    @overload
+    def require(self, table: Literal["model"]) -> ModelConfig: ...
+    @overload
+    def require(self, table: Literal["serve"]) -> ServeConfig: ...
+    @overload
+    def require(self, table: Literal["qualify"]) -> QualifyConfig: ...
+
+    def require(self, table: str) -> object:
+        """The parsed ``[table]``, or the one error for a manifest that lacks it (typed per
+        table: ``require("build")`` is a :class:`BuildConfig`)."""
         value = getattr(self, STAGE_TABLES[table])
         if value is None or value == ():
             header = f"[[{table}]]" if table == "kernel" else f"[{table}]"

@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from pinwheel.cudaarch import parse_arch
+
 # First CUDA release whose nvcc targets the arch (SASS).
 MIN_CUDA: dict[int, tuple[int, int]] = {
     50: (6, 0),
@@ -72,8 +74,7 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def _sm(arch: str) -> int:
-    major, minor = re.match(r"^(\d+)\.(\d+)", arch).groups()  # type: ignore[union-attr]
-    return int(major) * 10 + int(minor)
+    return parse_arch(arch).sm
 
 
 def index_cuda(url: str) -> str | None:

@@ -9,7 +9,6 @@ release uploads exactly these files; the package index gets the wheels.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from collections.abc import Mapping
@@ -18,18 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.build.provenance import read_receipt
+from pinwheel.build.provenance import FILENAME, read_receipt
 from pinwheel.build.toolchain.substitute import from_receipt, headline
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_files, verify_dir
 from pinwheel.errors import PinwheelError, VerifyError
-from pinwheel.fsutil import atomic_dir, atomic_write_text
+from pinwheel.fsutil import atomic_dir, atomic_write_text, link_or_copy
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.release import GithubTarget, IndexTarget, ReleaseConfig
 from pinwheel.release import signing
 from pinwheel.urls import redact
 
 NOTES = "RELEASE_NOTES.md"
-PROVENANCE = "provenance.json"
 QUALIFICATION = "qualification.json"
 
 
@@ -276,11 +274,11 @@ def _check_build_output(
         if bad:
             raise VerifyError(
                 f"sha256 differs from provenance.json: {', '.join(bad)}",
-                where=str(build / PROVENANCE),
+                where=str(build / FILENAME),
                 next="rebuild (`pinwheel build`)",
             )
     if not provenance:
-        warnings.append(f"no {PROVENANCE} in {build}: notes carry the manifest only")
+        warnings.append(f"no {FILENAME} in {build}: notes carry the manifest only")
     return warnings
 
 
@@ -310,7 +308,7 @@ def assemble(
     hashed = sha256_files([build / w for w in wheels])
     digests = {w: hashed[build / w] for w in wheels}
     # The build stage's one receipt reader (schema checked); an absent receipt reads as {}.
-    provenance = read_receipt(build / PROVENANCE) if (build / PROVENANCE).is_file() else {}
+    provenance = read_receipt(build / FILENAME) if (build / FILENAME).is_file() else {}
     warnings = _check_build_output(build, wheels, digests, provenance)
     reasons = unverified_reasons(manifest, provenance, [build / w for w in wheels])
     if reasons and not allow_unverified:
@@ -336,12 +334,12 @@ def assemble(
     with atomic_dir(out) if not same_dir else _in_place(out) as tmp:
         if not same_dir:
             for w in wheels:
-                _link_or_copy(build / w, tmp / w)
+                link_or_copy(build / w, tmp / w)
             if provenance:
-                shutil.copy2(build / PROVENANCE, tmp / PROVENANCE)
+                shutil.copy2(build / FILENAME, tmp / FILENAME)
         if qual is not None and qual_path.resolve() != (tmp / QUALIFICATION).resolve():
             shutil.copy2(qual_path, tmp / QUALIFICATION)
-        extras = [n for n in (PROVENANCE, QUALIFICATION) if (tmp / n).is_file()]
+        extras = [n for n in (FILENAME, QUALIFICATION) if (tmp / n).is_file()]
         extra_hashes = sha256_files([tmp / n for n in extras])
         listing = dict(digests) | {n: extra_hashes[tmp / n] for n in extras}
         sized = {n: (d, (tmp / n).stat().st_size) for n, d in listing.items()}
@@ -398,7 +396,7 @@ def _kernel_only_set(provenance: Mapping[str, Any], wheels: list[Path]) -> list[
         if not isinstance(source, dict) or not (
             source.get("tree") or source.get("commit") or source.get("path")
         ):
-            reasons.append(f"{PROVENANCE} records no source (tree, commit or path) for {w.name}")
+            reasons.append(f"{FILENAME} records no source (tree, commit or path) for {w.name}")
     return reasons
 
 
@@ -418,17 +416,17 @@ def unverified_reasons(
         reasons += kernels_only
     else:
         if not provenance:
-            reasons.append(f"no {PROVENANCE}: the wheels are not tied to a replayed tree")
+            reasons.append(f"no {FILENAME}: the wheels are not tied to a replayed tree")
         elif not tree:
             reasons.append(
-                f"{PROVENANCE} records no replayed tree (built from a plain source dir)"
+                f"{FILENAME} records no replayed tree (built from a plain source dir)"
             )
         if not pinned:
             reasons.append(
                 f"[result].tree is not pinned in {manifest.path.name}: the replay is unverified"
             )
         elif tree and tree != pinned:
-            reasons.append(f"{PROVENANCE} tree {tree} differs from [result].tree {pinned}")
+            reasons.append(f"{FILENAME} tree {tree} differs from [result].tree {pinned}")
     build = getattr(manifest, "build", None)
     spec = spec_from_build(build) if build is not None else CheckSpec((), require_cuda=False)
     report = check_wheels(wheels, spec)
@@ -449,13 +447,6 @@ class _in_place:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)  # multi-GiB wheels: no second copy on the same filesystem
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 # --------------------------------------------------------------------------- checking a release

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pinwheel import validate
-from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums
+from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.heartbeat import human_seconds
@@ -239,6 +239,7 @@ def _with_retries(
         try:
             return attempt_fn(attempt)
         except urllib.error.HTTPError as exc:
+            exc.close()  # its body holds the connection open
             if not _retryable_status(exc.code):
                 raise _http_error(exc, url, what) from None
             last: BaseException = exc
@@ -380,11 +381,7 @@ def _disk_full(part: _Partial, dest: Path) -> FetchError:
 def _already_there(final: Path, expected: str) -> bool:
     if not final.is_file():
         return False
-    digest = hashlib.sha256()
-    with open(final, "rb") as fh:
-        while block := fh.read(8 * 1024 * 1024):
-            digest.update(block)
-    return digest.hexdigest() == expected
+    return sha256_file(final) == expected
 
 
 def download(
@@ -413,6 +410,7 @@ def download(
                 resp = _request(url, opts, headers)
             except urllib.error.HTTPError as exc:
                 if exc.code == 416 and part.size:  # the partial is longer than the file
+                    exc.close()
                     part.reset()
                     raise ConnectionError("range not satisfiable; restarting from zero") from None
                 raise

@@ -30,6 +30,7 @@ from pathlib import Path
 from pinwheel import runner
 from pinwheel.build.abifloor import Version, host_glibc, show
 from pinwheel.build.check import CheckSpec, check_wheels
+from pinwheel.build.provenance import FILENAME
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.release.assemble import verify_release
 
@@ -57,7 +58,7 @@ class TorchPin:
 
 def torch_pin(wheel_dir: Path) -> TorchPin | None:
     """The torch the release was built against, from its provenance.json (None if unknown)."""
-    from pinwheel.build.provenance import FILENAME, SCHEMA
+    from pinwheel.build.provenance import SCHEMA
     from pinwheel.untrusted import read_provenance
 
     path = wheel_dir / FILENAME

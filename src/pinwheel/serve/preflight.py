@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pinwheel import runner
+from pinwheel.cudaarch import parse_arch
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest.serve import Engine, Image, ServeConfig, ServeProfile
 from pinwheel.serve.ranks import NVLS_OFF
@@ -214,7 +215,12 @@ def check_gpus(opts: Options, gpus: tuple[Gpu, ...] | None, error: str | None) -
     out.append(Check("gpu count", OK, f"{prof.gpus} of {len(gpus)}: {listing}"))
     chosen = [by_index[i] for i in opts.devices]
     if prof.compute_capability:
-        bad = [g for g in chosen if g.compute_capability != prof.compute_capability]
+        want = parse_arch(prof.compute_capability).sm
+        bad = [
+            g
+            for g in chosen
+            if g.compute_capability is None or parse_arch(g.compute_capability).sm != want
+        ]
         out.append(
             Check(
                 "compute capability",

@@ -391,7 +391,7 @@ def qualify(
     reporter: Reporter = SILENT,
 ) -> Receipt:
     """Run every phase against ``target`` and write the receipt, report and plots to ``out``."""
-    config: QualifyConfig = manifest.require("qualify")
+    config = manifest.require("qualify")
     prof = config.profile(profile_name)
     prov = read_provenance(provenance)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

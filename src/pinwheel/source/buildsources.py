@@ -24,7 +24,8 @@ from pathlib import PurePosixPath
 import pygit2
 
 from pinwheel import saferegex
-from pinwheel.errors import PinwheelError
+from pinwheel.cudaarch import parse_arch
+from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildSource
 from pinwheel.source.cache import Cache
@@ -196,8 +197,13 @@ _KEYWORDS = {
 
 
 def _arch_key(text: str) -> tuple[int, int] | None:
-    m = re.fullmatch(r"(\d+)\.(\d+)[af]?(\+PTX)?", text.strip())
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    """(major, minor) of a CMake arch entry such as ``9.0a`` or ``8.0+PTX``."""
+    if "." not in text:  # CMake lists write major.minor; a bare number is something else
+        return None
+    try:
+        return divmod(parse_arch(text).sm, 10)
+    except UsageError:
+        return None
 
 
 def loose_intersection(supported: str, wanted: Sequence[str]) -> list[str]:

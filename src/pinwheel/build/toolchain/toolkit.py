@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pinwheel import runner
+from pinwheel.cudaarch import CudaArch, parse_arch
 from pinwheel.errors import PinwheelError
 
 
@@ -99,14 +100,14 @@ def probe_arches(nvcc: Path, arches: tuple[str, ...], *, env: Mapping[str, str])
         src = Path(tmp) / "probe.cu"
         src.write_text(_PROBE)
         for arch in arches:
-            sm = arch.replace(".", "")
+            target = CudaArch(parse_arch(arch).sm, True, parse_arch(arch).suffix)  # SASS + PTX
             cmd = [
                 str(nvcc),
                 "-c",
                 str(src),
                 "-o",
-                str(Path(tmp) / f"probe_{sm}.o"),
-                f"-gencode=arch=compute_{sm},code=[sm_{sm},compute_{sm}]",
+                str(Path(tmp) / f"probe_{target.sm}{target.suffix}.o"),
+                f"-gencode={target.gencode}",
             ]
             out = runner.run(
                 runner.Command(
