@@ -43,11 +43,51 @@ def lint(session: nox.Session) -> None:
     session.run("mypy", "src")
 
 
+# Provisions CUDA 12.4 into argv[1] (a cache dir) and prints the toolkit's root.
+PROVISION = """
+import os, sys
+from pathlib import Path
+from pinwheel.build.toolchain import ToolkitRequest, resolve_toolkit
+from pinwheel.manifest.build import BuildConfig
+config = BuildConfig(python="%d.%d" % sys.version_info[:2], cuda="12.4", arches=("8.0", "9.0"),
+                     ptx=True, torch=None, label=None, version=None)
+toolkit = resolve_toolkit(ToolkitRequest(config, Path(sys.argv[1]), {"PATH": os.defpath},
+                                         provision=True))
+print(toolkit.root)
+"""
+
+
+def _test_cache() -> str:
+    return os.environ.get("PINWHEEL_TEST_CACHE") or os.path.expanduser("~/.cache/pinwheel-test")
+
+
 @nox.session(python=PYTHONS)
 def kernels(session: nox.Session) -> None:
-    """Provision CUDA 12.x, build the in-tree kernel wheel twice, check it."""
+    """Provision CUDA 12.x, build the in-tree kernel wheel twice, check it; then the check's
+    real-nvcc fatbin test with that toolkit's nvcc on PATH (it must run, not skip)."""
     session.install("-e", ".[test,kernels,build]")
     session.run("pytest", "-m", "slow and kernels", "-s", *session.posargs)
+    out = session.run(
+        "python", "-c", PROVISION, os.path.join(_test_cache(), "kernels-session"), silent=True
+    )
+    root = str(out).strip().splitlines()[-1]
+    path = os.pathsep.join([os.path.join(root, "bin"), session.env.get("PATH") or os.defpath])
+    session.run(
+        "pytest", "tests/test_check.py", "-k", "nvcc", "-rs",
+        env={"PATH": path, "PINWHEEL_REQUIRE_NVCC": "1"},
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHONS)
+def bootstrap(session: nox.Session) -> None:
+    """Slow tests that are neither kernels nor qualify: tools/replay's fresh-clone bootstrap
+    (pip installs from the package index) and the CUDA 13 wheel toolkit when its wheels are
+    given (PINWHEEL_CU13_WHEELS)."""
+    session.install("-e", ".[test]")
+    session.run(
+        "pytest", "-m", "slow and not kernels and not qualify and not flash_attn and not upstream",
+        "-rs", *session.posargs, env=dict(os.environ),
+    )  # fmt: skip
 
 
 @nox.session(name="flash-attn", python=PYTHONS)

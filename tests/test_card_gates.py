@@ -244,3 +244,33 @@ def test_a_wrong_served_name_and_a_wrong_smoke_reply_fail_the_run(tmp_path, caps
     assert gates["smoke prompt 'What is 17*23?'"]["status"] == "FAIL"
     err = " ".join(capsys.readouterr().err.split())
     assert "served model name 'other' (needs 'glm-5.3-flash')" in err
+
+
+def test_qualify_returns_a_failing_outcome_and_json_still_prints_it(tmp_path, capsys):
+    """The stage returns its receipt (verdict FAIL) instead of raising; the CLI prints the
+    one JSON document and then exits 7."""
+    from pinwheel.manifest import load
+    from pinwheel.serve.qualify import Target, gate_failure, qualify
+
+    path = tmp_path / "m.toml"
+    path.write_text(_MANIFEST.format(extra=_GATES, smoke=_SMOKE))
+    handler = type("H", (_StandIn,), {"passes": 0, "served": "other"})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        m = load(path)
+        profile = m.require("qualify").profiles[0].name
+        receipt = qualify(m, profile, Target(url=url, log=None), tmp_path / "api")
+        assert receipt.verdict == "FAIL"
+        failure = gate_failure(receipt, tmp_path / "api")
+        assert failure is not None and failure.exit_code == 7
+        capsys.readouterr()
+        code = main(["qualify", "--manifest", str(path), "--url", url, "--out",
+                     str(tmp_path / "cli"), "--json"])  # fmt: skip
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert code == 7
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "FAIL"

@@ -257,6 +257,8 @@ def nvcc_so(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An NVIDIA-made .so: sm_80 and sm_90 SASS, each with its PTX (nvcc 12.x and 13.x both
     target these). Not made by the reader's own writer, so the reader can be wrong here."""
     if not shutil.which("nvcc"):
+        if os.environ.get("PINWHEEL_REQUIRE_NVCC"):  # the kernels nox session: must run
+            pytest.fail("PINWHEEL_REQUIRE_NVCC is set but no nvcc is on PATH")
         pytest.skip("needs an nvcc (any version) to make a real fatbin")
     return _nvcc_so(
         tmp_path_factory.mktemp("nvcc"),

@@ -172,16 +172,11 @@ def _verify_build(ctx: Context, args: argparse.Namespace) -> int:
     recorded = read_receipt(Path(args.wheels) / FILENAME)
     replayed = None
     if component(recorded, "engine") is not None and args.source is None:
-        from pinwheel.source.replay import replay_manifest
+        from pinwheel.cli.replay_cmds import replay_request
+        from pinwheel.source.replay import replay
 
         with ctx.reporter.status(f"replaying {manifest.name}"):
-            replayed = replay_manifest(
-                manifest,
-                cache=ctx.cache,
-                mirrors=ctx.mirrors,
-                offline=ctx.offline,
-                write_refs=False,
-            )
+            replayed = replay(replay_request(ctx, args, manifest, write_refs=False))
     request = BuildRequest(
         manifest=manifest,
         cache=ctx.cache,

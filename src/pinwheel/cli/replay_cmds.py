@@ -14,7 +14,7 @@ from pinwheel.urls import redact
 
 if TYPE_CHECKING:  # imported where used: `pinwheel --help` should not load libgit2
     from pinwheel.source.cache import Cache
-    from pinwheel.source.replay import ReplayResult
+    from pinwheel.source.replay import ReplayRequest, ReplayResult
 
 
 def _cache(ctx: Context) -> Cache:
@@ -49,25 +49,34 @@ def _per_stack(
     return payload, "\n".join(human)
 
 
-def _replay(
-    ctx: Context, args: argparse.Namespace, manifest: Manifest | None = None
-) -> ReplayResult:
-    from pinwheel.source.replay import replay_manifest
+def replay_request(
+    ctx: Context, args: argparse.Namespace, manifest: Manifest | None = None, **kw: Any
+) -> ReplayRequest:
+    """Flags + context (cache, mirrors, offline) + manifest, resolved once into a request."""
+    from pinwheel.source.replay import ReplayRequest
 
-    manifest = manifest or ctx.manifest()
-    report = ctx.reporter
-    report.info(
-        f"replaying {manifest.name}: {len(manifest.steps)} step(s) on "
-        f"{manifest.upstream.commit[:12]} ({redact(manifest.upstream.url)})"
-    )
-    return replay_manifest(
-        manifest,
+    return ReplayRequest(
+        manifest=manifest or ctx.manifest(),
         cache=ctx.cache,
         mirrors=ctx.mirrors,
         offline=ctx.offline,
         allow_drift=getattr(args, "allow_drift", False),
-        reporter=report,
+        **kw,
     )
+
+
+def _replay(
+    ctx: Context, args: argparse.Namespace, manifest: Manifest | None = None
+) -> ReplayResult:
+    from pinwheel.source.replay import replay
+
+    request = replay_request(ctx, args, manifest)
+    m = request.manifest
+    ctx.reporter.info(
+        f"replaying {m.name}: {len(m.steps)} step(s) on "
+        f"{m.upstream.commit[:12]} ({redact(m.upstream.url)})"
+    )
+    return replay(request, ctx.reporter)
 
 
 def reach_all(ctx: Context, chosen: tuple[Stack, ...], *, skip: str | None = None) -> None:

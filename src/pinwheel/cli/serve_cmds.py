@@ -446,7 +446,7 @@ def run_tp(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.serve.qualify import Target, qualify
+    from pinwheel.serve.qualify import Target, gate_failure, qualify
 
     if args.action == "teacher":
         return run_teacher(ctx, args)
@@ -484,4 +484,7 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
         {"verdict": receipt.verdict, "out": str(out)},
         f"qualification {receipt.verdict}: {out / 'report.md'}",
     )
+    failure = gate_failure(receipt, out)
+    if failure is not None:
+        raise failure  # the outcome is printed; the exit code says a gate failed
     return 0

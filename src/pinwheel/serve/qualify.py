@@ -8,8 +8,10 @@ tok/s), needle ladder (exact token lengths x depths). Then gates from
 ``[qualify]`` are judged on raw numbers: a miss is FAIL, never rounded.
 
 Outputs in ``--out``: ``receipt.json`` (schema ``pinwheel.qualify/1``, with
-the manifest and provenance hashes), ``report.md`` and PNG plots. A gate that
-fails raises :class:`~pinwheel.errors.GateFailed` (exit 7) after they are written.
+the manifest and provenance hashes), ``report.md`` and PNG plots. :func:`qualify`
+returns the :class:`Receipt` (verdict PASS or FAIL) once they are written; the CLI
+prints it and exits 7 through :func:`gate_failure` when a gate failed. Only a run
+that could not finish raises (its receipt, verdict ERROR, is written first).
 """
 
 from __future__ import annotations
@@ -507,15 +509,20 @@ def qualify(
     write_outputs(receipt, out)
     if error:
         raise error
-    failed = [g for g in gates if g.status == "FAIL"]
-    if failed:
-        raise GateFailed(
-            "qualification FAILED: "
-            + "; ".join(f"{g.name} {g.measured} (needs {g.threshold})" for g in failed),
-            where=str(out / "report.md"),
-            next="read the report; compare builds by ms/pass, then rerun `pinwheel qualify`",
-        )
     return receipt
+
+
+def gate_failure(receipt: Receipt, out: Path) -> GateFailed | None:
+    """The error the CLI exits with (7) when a gate failed; None for a passing receipt."""
+    failed = [g for g in receipt.gates if g.status == "FAIL"]
+    if not failed:
+        return None
+    return GateFailed(
+        "qualification FAILED: "
+        + "; ".join(f"{g.name} {g.measured} (needs {g.threshold})" for g in failed),
+        where=str(out / "report.md"),
+        next="read the report; compare builds by ms/pass, then rerun `pinwheel qualify`",
+    )
 
 
 def _acceptance(decode: Sequence[DecodeSample]) -> Acceptance | None:

@@ -559,6 +559,35 @@ def wanted_commits(manifest: Manifest, extra: Sequence[str] = ()) -> dict[str, s
     return want
 
 
+@dataclass(frozen=True)
+class ReplayRequest:
+    """Everything one replay needs, resolved once by the caller (the CLI: flags, environment)."""
+
+    manifest: Manifest
+    cache: Path
+    mirrors: Mapping[str, str] = field(default_factory=dict)
+    offline: bool = False
+    allow_drift: bool = False
+    check_tree: bool = True  # raise MismatchError when [result].tree differs
+    write_refs: bool = True  # refs/pinwheel/stack/NAME and the [result] tag in the cache
+
+
+def replay(request: ReplayRequest, reporter: Reporter = SILENT) -> ReplayResult:
+    """Fetch, replay, check the tree, and tag: the whole of ``pinwheel run``."""
+    manifest = request.manifest
+    store = Cache(request.cache, request.mirrors, request.offline, reporter=reporter)
+    with store.locked(manifest.upstream.url):
+        fetched = fetch_for(manifest, store)
+        result = Replayer(
+            manifest, fetched, allow_drift=request.allow_drift, reporter=reporter
+        ).run()
+        if request.check_tree:
+            check_result_tree(result)
+        if request.write_refs:
+            write_result_refs(result)
+    return result
+
+
 def replay_manifest(
     manifest: Manifest,
     *,
@@ -570,16 +599,11 @@ def replay_manifest(
     write_refs: bool = True,
     reporter: Reporter = SILENT,
 ) -> ReplayResult:
-    """Fetch, replay, check the tree, and tag: the whole of ``pinwheel run``."""
-    store = Cache(cache, mirrors or {}, offline, reporter=reporter)
-    with store.locked(manifest.upstream.url):
-        fetched = fetch_for(manifest, store)
-        result = Replayer(manifest, fetched, allow_drift=allow_drift, reporter=reporter).run()
-        if check_tree:
-            check_result_tree(result)
-        if write_refs:
-            write_result_refs(result)
-    return result
+    """:func:`replay` with the request's fields as keywords (library callers, tests, benches)."""
+    request = ReplayRequest(
+        manifest, Path(cache), dict(mirrors or {}), offline, allow_drift, check_tree, write_refs
+    )
+    return replay(request, reporter)
 
 
 def check_result_tree(result: ReplayResult) -> None:
