@@ -629,3 +629,11 @@ def test_build_reaches_only_the_stacks_it_builds(stack, capsys) -> None:
     rc, doc = stack.cli(m, "--offline", "build", "--out", str(stack.tmp / "w"), capsys=capsys)
     assert rc == 1, doc
     assert "d" * 40 in doc["error"]["what"] and "heavy" not in json.dumps(doc)
+
+
+def test_print_recipe_with_json_is_one_document(tmp_path: Path) -> None:
+    root = _card_copy(tmp_path)
+    proc = run_cli("serve", "--print-recipe", "--json", cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    doc = one_json(proc.stdout)
+    assert doc["schema"] == "pinwheel.serve/1" and doc["text"].startswith("#!")

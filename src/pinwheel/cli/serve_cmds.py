@@ -253,7 +253,10 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
     text = render_recipe(config, m.path.name)
     recipe = m.root / config.recipe
     if args.print_recipe:
-        sys.stdout.write(text)
+        if ctx.json:  # one JSON document, the script inside it
+            ctx.emit({"recipe": str(recipe), "text": text})
+        else:
+            sys.stdout.write(text)
         return 0
     if args.write_recipe:
         atomic_write_text(recipe, text, mode=0o755)
