@@ -13,7 +13,6 @@ import hashlib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +72,8 @@ def sha256_files(
         return {p: sha256_file(p, on_bytes=on_bytes) for p in paths}
     # Largest first: with one big file last, one core would idle while the other finishes it.
     order = sorted(paths, key=lambda p: -_size(p))
+    from concurrent.futures import ThreadPoolExecutor  # a thread pool only when hashing many
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
         done = dict(
             zip(order, pool.map(lambda p: sha256_file(p, on_bytes=on_bytes), order), strict=True)

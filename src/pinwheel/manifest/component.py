@@ -13,12 +13,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from pinwheel.errors import ManifestError
-from pinwheel.manifest.build import KernelSpec
 from pinwheel.manifest.model import DEFAULT_IDENTITY, Identity, Manifest, Result, Upstream
 from pinwheel.manifest.steps import Step
+
+if TYPE_CHECKING:
+    from pinwheel.manifest.build import KernelSpec
 
 ENGINE = "engine"
 

@@ -15,27 +15,15 @@ A stage asks for its table with :meth:`Manifest.require`.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from pinwheel.errors import ManifestError
-from pinwheel.manifest.build import BuildConfig, KernelSpec, parse_build_table, parse_kernel_tables
-from pinwheel.manifest.release import (
-    ModelConfig,
-    ReleaseConfig,
-    parse_model_table,
-    parse_release_table,
-)
-from pinwheel.manifest.serve import (
-    QualifyConfig,
-    ServeConfig,
-    parse_qualify_table,
-    parse_serve_table,
-)
 from pinwheel.manifest.steps import Step, parse_step
 from pinwheel.manifest.table import (
     SAFE_NAME,
@@ -43,6 +31,11 @@ from pinwheel.manifest.table import (
     _key_lines,
     parse_date,
 )
+
+if TYPE_CHECKING:  # the stage tables' modules load when a manifest has the table (start-up)
+    from pinwheel.manifest.build import BuildConfig, KernelSpec
+    from pinwheel.manifest.release import ModelConfig, ReleaseConfig
+    from pinwheel.manifest.serve import QualifyConfig, ServeConfig
 
 CORE_TABLES = ("upstream", "step", "identity", "result", "manifest")
 # Stage table name in the TOML -> Manifest field, and its parser.
@@ -54,14 +47,21 @@ STAGE_TABLES = {
     "serve": "serve",
     "qualify": "qualify",
 }
-_PARSERS: dict[str, Callable[[Any], Any]] = {
-    "build": parse_build_table,
-    "kernel": parse_kernel_tables,
-    "release": parse_release_table,
-    "model": parse_model_table,
-    "serve": parse_serve_table,
-    "qualify": parse_qualify_table,
+# Table -> (module, parser): imported only for a manifest that has the table.
+_PARSERS: dict[str, tuple[str, str]] = {
+    "build": ("pinwheel.manifest.build", "parse_build_table"),
+    "kernel": ("pinwheel.manifest.build", "parse_kernel_tables"),
+    "release": ("pinwheel.manifest.release", "parse_release_table"),
+    "model": ("pinwheel.manifest.release", "parse_model_table"),
+    "serve": ("pinwheel.manifest.serve", "parse_serve_table"),
+    "qualify": ("pinwheel.manifest.serve", "parse_qualify_table"),
 }
+
+
+def _parser(table: str) -> Callable[..., Any]:
+    module, name = _PARSERS[table]
+    parse: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return parse
 
 
 # --------------------------------------------------------------------------- the model
@@ -318,9 +318,9 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
         else:
             raw_tables = table(key)
         if key == "kernel":
-            stages["kernels"] = parse_kernel_tables(raw_tables, allow_short=allow_short)
+            stages["kernels"] = _parser(key)(raw_tables, allow_short=allow_short)
         else:
-            stages[STAGE_TABLES[key]] = _PARSERS[key](raw_tables)
+            stages[STAGE_TABLES[key]] = _parser(key)(raw_tables)
     if upstream is None:
         first = next(k for k in stages["kernels"] if k.url)
         upstream = Upstream(url=first.url, commit=first.commit or "", branch=first.branch)
