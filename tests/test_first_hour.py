@@ -511,19 +511,22 @@ def test_toolkit_download_is_announced_with_sizes_and_destination(tmp_path: Path
 
 
 def test_watch_bytes_reports_arrivals_while_a_download_runs(tmp_path: Path) -> None:
+    import io
     import time
 
     from pinwheel.heartbeat import watch_bytes
+    from pinwheel.progress import LineReporter
 
-    said: list[str] = []
+    stream = io.StringIO()
     target = tmp_path / "dl"
     target.mkdir()
-    with watch_bytes(said.append, "downloading X", target, expected=3 << 20, every_s=0.2):
+    with watch_bytes(LineReporter(stream), "downloading X", target, expected=3 << 20, every_s=0.2):
         with open(target / "part", "wb") as fh:
             for _ in range(3):
                 fh.write(b"\0" * (1 << 20))
                 fh.flush()
                 time.sleep(0.35)
+    said = stream.getvalue().splitlines()
     assert any("MiB of ~3.0 MiB after" in line and "/s)" in line for line in said[:-1]), said
     assert said[-1].startswith("downloading X: 3.0 MiB in ")
 

@@ -1,8 +1,8 @@
 """Heartbeats for long waits: a line every so often with the elapsed time and the last status.
 
 A wait that prints nothing for minutes (a health poll, retries against a dead
-port, a download in a subprocess) looks hung. Stages take a callable for lines
-(a Reporter's ``info``) and call :meth:`Heartbeat.tick` on every poll with what
+port, a download in a subprocess) looks hung. Stages pass their
+:class:`~pinwheel.progress.Reporter` and call :meth:`Heartbeat.tick` on every poll with what
 they saw last; a line comes out at most every ``every_s`` seconds, so a log
 stays short. :func:`watch_bytes` does the same from a thread for a download that
 runs in a subprocess: the bytes that arrived so far and the rate.
@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-Say = Callable[[str], None]
+from pinwheel.progress import Reporter
+
 DEFAULT_EVERY_S = 10.0
 
 
@@ -39,14 +40,14 @@ class Heartbeat:
 
     def __init__(
         self,
-        say: Say,
+        reporter: Reporter,
         what: str,
         *,
         limit_s: float | None = None,
         every_s: float = DEFAULT_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.say = say
+        self.reporter = reporter
         self.what = what
         self.limit_s = limit_s
         self.every_s = every_s
@@ -72,7 +73,7 @@ class Heartbeat:
         if now - self._last_said < self.every_s:
             return False
         self._last_said = now
-        self.say(self.line())
+        self.reporter.info(self.line())
         return True
 
 
@@ -93,7 +94,7 @@ def tree_bytes(path: Path) -> int:
 
 @contextlib.contextmanager
 def watch_bytes(
-    say: Say,
+    reporter: Reporter,
     what: str,
     path: Path,
     *,
@@ -120,7 +121,7 @@ def watch_bytes(
 
     def run() -> None:
         while not stop.wait(every_s):
-            say(status())
+            reporter.info(status())
 
     thread = threading.Thread(target=run, name="pinwheel-watch-bytes", daemon=True)
     thread.start()
@@ -129,4 +130,4 @@ def watch_bytes(
     finally:
         stop.set()
         thread.join()
-    say(f"{what}: {human_bytes(arrived())} in {human_seconds(time.monotonic() - start)}")
+    reporter.info(f"{what}: {human_bytes(arrived())} in {human_seconds(time.monotonic() - start)}")

@@ -221,7 +221,7 @@ def torch_venv(
             )
         )
     pip = [str(python), "-m", "pip", "install", "-q", "--upgrade"]
-    with watch_bytes(reporter.info, f"torch=={config.torch} into {venv.name}", venv):
+    with watch_bytes(reporter, f"torch=={config.torch} into {venv.name}", venv):
         if config.torch_index:
             _run(
                 [*pip, "--index-url", config.torch_index, reqs[0]],

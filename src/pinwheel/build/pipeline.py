@@ -157,7 +157,7 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
                     request.cache,
                     request.environ,
                     provision=request.provision,
-                    progress=reporter.info,
+                    reporter=reporter,
                 )
             )
 

@@ -56,7 +56,7 @@ def _toolkit(ctx: Context, config: BuildConfig, provision: bool) -> tuple[Toolki
     with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
         toolkit = resolve_toolkit(
             ToolkitRequest(
-                config, ctx.cache, ctx.environ, provision=provision, progress=ctx.reporter.info
+                config, ctx.cache, ctx.environ, provision=provision, reporter=ctx.reporter
             )
         )
     return toolkit, time.monotonic() - started

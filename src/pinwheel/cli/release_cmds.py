@@ -139,10 +139,10 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
         allowed_signers=signers,
         principal=principal,
         sums=args.sums,
-        say=ctx.reporter.info,
+        reporter=ctx.reporter,
     )
     source = resolve_source(args.source)
-    result = fetch_release(source, Path(args.dest), opts, ctx.reporter, only=tuple(args.file))
+    result = fetch_release(source, Path(args.dest), opts, only=tuple(args.file))
     payload: dict[str, Any] = {
         "source": source.describe(),
         "dest": str(result.dest),

@@ -149,7 +149,7 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
                 ctx.cache,
                 ctx.environ,
                 provision=not ctx.offline,
-                progress=ctx.reporter.info,
+                reporter=ctx.reporter,
             )
         )
     request = BuildRequest(

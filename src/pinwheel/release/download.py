@@ -108,8 +108,9 @@ class FetchOptions:
     sums: str | None = None  # SHA256SUMS location for an index source
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
-    # A line before each retry wait: what failed, which attempt, how long so far.
-    say: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+    # Bytes as they arrive, and a line before each retry wait (what failed, which
+    # attempt, how long so far): the caller's one progress channel.
+    reporter: Reporter = field(default=SILENT, repr=False, compare=False)
 
     def started(self) -> FetchOptions:
         """These options with the deadline clock running (once per fetch)."""
@@ -252,11 +253,10 @@ def _with_retries(
                 next="check the server, then rerun the same `pinwheel fetch`",
             ) from None
         wait = min(opts.backoff * 2 ** (attempt - 1), opts.max_backoff)
-        if opts.say is not None:
-            opts.say(
-                f"{what}: {_describe(last, opts)}; retry {attempt} of {opts.retries} in "
-                f"{wait:.0f} s ({human_seconds(opts.clock() - began)} so far)"
-            )
+        opts.reporter.info(
+            f"{what}: {_describe(last, opts)}; retry {attempt} of {opts.retries} in "
+            f"{wait:.0f} s ({human_seconds(opts.clock() - began)} so far)"
+        )
         opts.sleep(wait)
 
 
@@ -390,7 +390,6 @@ def download(
     name: str,
     expected: str,
     opts: FetchOptions,
-    reporter: Reporter = SILENT,
 ) -> FetchedFile:
     """Stream ``url`` to ``dest/name``, hashing as it goes; resume with Range after a break."""
     opts = opts.started()
@@ -428,7 +427,7 @@ def download(
                     _check_space(dest, length, name)
                 pace = _Pace(opts, name, url, part.size, total)
                 try:
-                    with reporter.transfer(name, total, part.size) as advance:
+                    with opts.reporter.transfer(name, total, part.size) as advance:
                         part.append_from(resp, opts.chunk, advance, pace)
                 except OSError as exc:
                     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -564,7 +563,6 @@ def fetch_release(
     source: Source,
     dest: Path,
     opts: FetchOptions,
-    reporter: Reporter = SILENT,
     only: tuple[str, ...] = (),
 ) -> FetchResult:
     """Verify SHA256SUMS (and its signature), then fetch and verify every listed file.
@@ -640,14 +638,14 @@ def fetch_release(
     for name in wanted:
         if source.kind == "dir":
             fetched.append(
-                copy_verified(Path(source.location) / name, dest, name, sums[name], reporter)
+                copy_verified(Path(source.location) / name, dest, name, sums[name], opts.reporter)
             )
         else:
             url = offered.get(name) or urllib.parse.urljoin(
                 source.location, urllib.parse.quote(name)
             )
             url = url.split("#", 1)[0]
-            fetched.append(download(url, dest, name, sums[name], opts, reporter))
+            fetched.append(download(url, dest, name, sums[name], opts))
     # The sums (and signature) last: a directory with SHA256SUMS is a complete one.
     kept = {n: sums[n] for n in wanted}
     atomic_write_bytes(dest / SUMS, sums_bytes if kept == sums else format_sums(kept).encode())

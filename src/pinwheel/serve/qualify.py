@@ -93,7 +93,7 @@ def wait_healthy(
     timeout_s: float,
     poll_s: float = 1.0,
     refused_grace_s: float = 5.0,
-    progress: Callable[[str], None] | None = None,
+    reporter: Reporter = SILENT,
     heartbeat_s: float = 10.0,
 ) -> float:
     """Seconds until GET /health answered 200; raises if the server exits or time runs out.
@@ -118,7 +118,7 @@ def wait_healthy(
     start = time.monotonic()
     refused_since: float | None = None
     beat = Heartbeat(
-        progress or (lambda _line: None),
+        reporter,
         f"waiting for GET {target.url.rstrip('/')}/health",
         limit_s=timeout_s,
         every_s=min(heartbeat_s, max(1.0, timeout_s / 4)),  # a short wait still beats
@@ -403,7 +403,7 @@ def qualify(
     error: PinwheelError | None = None
     try:
         part.server["health_wait_s"] = round(
-            wait_healthy(client, target, config.health_timeout_s, progress=reporter.info), 2
+            wait_healthy(client, target, config.health_timeout_s, reporter=reporter), 2
         )
         reporter.info(f"healthy after {part.server['health_wait_s']} s")
         part.markers = check_markers((*config.markers, *prof.markers), target.log)

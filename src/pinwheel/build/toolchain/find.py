@@ -8,7 +8,7 @@ Out: a probed :class:`~pinwheel.build.toolchain.toolkit.Toolkit`.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from pinwheel.build.toolchain.provision import provision_toolkit
 from pinwheel.build.toolchain.toolkit import ToolchainError, Toolkit, nvcc_version, probe_arches
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.manifest.targets import target_problems
+from pinwheel.progress import SILENT, Reporter
 
 
 def _candidates(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
@@ -45,7 +46,7 @@ class ToolkitRequest:
     cache: Path
     environ: Mapping[str, str]
     provision: bool = True
-    progress: Callable[[str], None] | None = None  # download plan, bytes, phases
+    reporter: Reporter = SILENT  # download plan, bytes, phases
 
 
 def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
@@ -99,7 +100,7 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
                 )
             ),
         )
-    root = provision_toolkit(lock, cache, environ, request.progress)
+    root = provision_toolkit(lock, cache, environ, request.reporter)
     return _checked(root, config, "provisioned", environ)
 
 

@@ -11,7 +11,7 @@ tree with an ``nvcc.profile``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from filelock import FileLock
@@ -23,6 +23,7 @@ from pinwheel.build.toolchain.toolkit import ToolchainError, nvcc_version
 from pinwheel.build.toolchain.unpack import unpack_deb, unpack_wheel
 from pinwheel.fsutil import atomic_dir, atomic_write_text
 from pinwheel.heartbeat import human_bytes, watch_bytes
+from pinwheel.progress import SILENT, Reporter
 
 # nvcc reads this beside itself; $(_HERE_) makes the tree relocatable.
 NVCC_PROFILE = """\
@@ -62,15 +63,14 @@ def provision_toolkit(
     lock: ToolkitLock,
     cache: Path,
     environ: Mapping[str, str],
-    say: Callable[[str], None] | None = None,
+    reporter: Reporter = SILENT,
 ) -> Path:
     """Download, verify and assemble ``lock`` into ``<cache>/toolchains/cuda-X.Y.Z``; idempotent.
 
-    ``environ`` is the caller's environment: apt-get, pip and nvcc run in it. ``say``
+    ``environ`` is the caller's environment: apt-get, pip and nvcc run in it. ``reporter``
     gets the plan (files, sizes, destination) before any download, the bytes as they
     arrive, and each phase.
     """
-    say = say or (lambda _line: None)
     base = cache / "toolchains"
     final = base / lock.dirname
     base.mkdir(parents=True, exist_ok=True)
@@ -78,12 +78,13 @@ def provision_toolkit(
         if (final / MARKER).is_file():
             return final
         downloads = base / "downloads"
-        say(download_plan(lock, downloads))
+        reporter.info(download_plan(lock, downloads))
         expected = sum(size for _, size in lock.files_to_fetch()) or None
-        with watch_bytes(say, f"downloading CUDA {lock.version}", downloads, expected=expected):
+        what = f"downloading CUDA {lock.version}"
+        with watch_bytes(reporter, what, downloads, expected=expected):
             debs = fetch_debs(lock, downloads, base / "apt", environ)
             wheels = [fetch_wheel(pin, downloads, environ) for pin in lock.wheels]
-        say(f"CUDA {lock.version}: sha256 verified; unpacking into {final}")
+        reporter.info(f"CUDA {lock.version}: sha256 verified; unpacking into {final}")
         with atomic_dir(final) as tmp:
             for pin, path in zip(lock.debs, debs, strict=True):
                 unpack_deb(path, pin, tmp)
@@ -96,7 +97,7 @@ def provision_toolkit(
                 if not (tmp / "lib64" / "libcudart.so").exists():
                     (tmp / "lib64" / "libcudart.so").symlink_to(so.name)
             atomic_write_text(tmp / "bin" / "nvcc.profile", NVCC_PROFILE)
-            say(f"CUDA {lock.version}: checking the assembled nvcc")
+            reporter.info(f"CUDA {lock.version}: checking the assembled nvcc")
             found = nvcc_version(tmp / "bin" / "nvcc", env=environ)
             if found != lock.version:
                 raise ToolchainError(
@@ -111,5 +112,5 @@ def provision_toolkit(
             }
             tmp.chmod(0o755)  # mkdtemp made it private; the toolkit is for every user
             atomic_write_text(tmp / MARKER, json.dumps(record, indent=2, sort_keys=True) + "\n")
-        say(f"CUDA {lock.version}: ready at {final}")
+        reporter.info(f"CUDA {lock.version}: ready at {final}")
         return final
