@@ -22,7 +22,7 @@ from pinwheel.checksums import write_sums
 from pinwheel.errors import ManifestError, VerifyError
 from pinwheel.manifest import load
 from pinwheel.release.assemble import _component_lines
-from pinwheel.release.install import install
+from pinwheel.release.install import InstallRequest, install
 from wheelfactory import make_wheel
 
 HOST = abifloor.host_glibc()
@@ -259,7 +259,7 @@ def test_install_refuses_a_wheel_above_the_machines_glibc_before_installing(
     write_sums(release, [new.name])
     venv = tmp_path / "venv"
     with pytest.raises(VerifyError) as err:
-        install(release, venv, torch_backend=None, no_deps=True, target_glibc=(2, 31))
+        install(InstallRequest(release, venv, None, no_deps=True, target_glibc=(2, 31)))
     text = str(err.value)
     assert "GLIBC_2.34" in text and "pthread_create" in text and "demo/new.so" in text
     assert "2.31" in (err.value.next or "")

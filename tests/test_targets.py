@@ -203,7 +203,7 @@ def test_install_pins_the_torch_and_index_the_build_used(tmp_path: Path, install
     with torch_index(tmp_path, version) as index:
         rel = _release(tmp_path, {"version": version, "index": index})
         result = install_mod.install(
-            rel, tmp_path / "venv", torch_backend="cu128", installer=installer
+            install_mod.InstallRequest(rel, tmp_path / "venv", "cu128", installer=installer)
         )
     assert result.torch == version
     assert _installed(tmp_path / "venv", "torch") == version
@@ -218,7 +218,9 @@ def test_install_pins_the_torch_and_index_the_build_used(tmp_path: Path, install
 @pytest.mark.release
 def test_install_without_a_torch_record_keeps_the_backend(tmp_path: Path) -> None:
     rel = _release(tmp_path, None)
-    result = install_mod.install(rel, tmp_path / "venv", torch_backend="cu128", installer="uv")
+    result = install_mod.install(
+        install_mod.InstallRequest(rel, tmp_path / "venv", "cu128", installer="uv")
+    )
     assert result.torch is None
     assert _installed(tmp_path / "venv", "exllamav3") == "0.0.43"
     (install,) = [c for c in result.commands if "install" in c and "--python" in c]

@@ -28,14 +28,14 @@ def _signers(ctx: Context, args: argparse.Namespace) -> tuple[Path | None, str |
 
 
 def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.release.assemble import assemble, release_config
+    from pinwheel.release.assemble import AssembleRequest, assemble, release_config
 
     manifest = ctx.manifest()
     config = release_config(manifest)
     key = (
         None if args.no_sign else (Path(args.key).expanduser() if args.key else config.signing_key)
     )
-    built = assemble(
+    request = AssembleRequest(
         manifest,
         config,
         build=Path(args.source) if args.source else config.source,
@@ -44,6 +44,7 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
         qualification=Path(args.qualification) if args.qualification else None,
         allow_unverified=args.allow_unverified,
     )
+    built = assemble(request)
     for warning in built.warnings:
         ctx.say(f"warning: {warning}", style="yellow")
     ctx.emit(
@@ -167,13 +168,13 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.release.assemble import release_config
-    from pinwheel.release.install import install
+    from pinwheel.release.install import InstallRequest, install
 
     signers, principal = _signers(ctx, args)
     backend = args.torch_backend or release_config(_manifest_or_none(ctx)).torch_backend
-    result = install(
-        Path(args.dir),
-        Path(args.venv),
+    request = InstallRequest(
+        wheel_dir=Path(args.dir),
+        venv=Path(args.venv),
         torch_backend=backend,
         installer=args.installer,
         no_deps=args.no_deps,
@@ -181,6 +182,7 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
         principal=principal,
         allow_partial=args.allow_partial,
     )
+    result = install(request)
     if result.fell_back:
         ctx.reporter.info(f"warning: {result.fell_back}")
     ctx.emit(

@@ -282,22 +282,29 @@ def _check_build_output(
     return warnings
 
 
-def assemble(
-    manifest: Manifest,
-    config: ReleaseConfig,
-    *,
-    build: Path,
-    out: Path,
-    key: Path | None,
-    qualification: Path | None = None,
-    allow_unverified: bool = False,
-) -> Release:
+@dataclass(frozen=True)
+class AssembleRequest:
+    """One `pinwheel release`, resolved once by the CLI (flags over [release])."""
+
+    manifest: Manifest
+    config: ReleaseConfig
+    build: Path  # the build output: wheels, SHA256SUMS, provenance
+    out: Path  # the release directory to make
+    key: Path | None  # None: unsigned
+    qualification: Path | None = None
+    allow_unverified: bool = False
+
+
+def assemble(request: AssembleRequest) -> Release:
     """Make the release directory ``out`` from the build output ``build`` (atomically).
 
     Refuses (before anything is written) a build that ``pinwheel check`` rejects or whose
     provenance does not tie it to the pinned ``[result].tree``, unless ``allow_unverified``:
     then RELEASE_NOTES.md starts with a line saying it is unverified and why.
     """
+    manifest, config, build, out = request.manifest, request.config, request.build, request.out
+    key, qualification = request.key, request.qualification
+    allow_unverified = request.allow_unverified
     wheels = sorted(p.name for p in build.glob("*.whl"))
     if not wheels:
         raise PinwheelError(

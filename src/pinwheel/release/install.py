@@ -146,19 +146,27 @@ def _ensure_venv(venv: Path, uv: str | None, installer: str) -> list[tuple[str, 
     return [_run([sys.executable, "-m", "venv", str(venv.absolute())], "python -m venv", venv)]
 
 
-def install(
-    wheel_dir: Path,
-    venv: Path,
-    *,
-    torch_backend: str | None,
-    installer: str = "auto",
-    no_deps: bool = False,
-    allowed_signers: Path | None = None,
-    principal: str | None = None,
-    allow_partial: bool = False,
-    target_glibc: Version | None = None,
-) -> InstallResult:
+@dataclass(frozen=True)
+class InstallRequest:
+    """One `pinwheel install`, resolved once by the CLI (flags, [release], environment)."""
+
+    wheel_dir: Path  # a fetched release (SHA256SUMS, wheels, provenance)
+    venv: Path
+    torch_backend: str | None  # uv's --torch-backend when provenance pins no torch index
+    installer: str = "auto"  # auto | uv | pip
+    no_deps: bool = False
+    allowed_signers: Path | None = None
+    principal: str | None = None
+    allow_partial: bool = False
+    target_glibc: Version | None = None  # None: this machine's
+
+
+def install(request: InstallRequest) -> InstallResult:
     """Verify, check (glibc floor against ``target_glibc``, default this machine's), install."""
+    wheel_dir, venv, torch_backend = request.wheel_dir, request.venv, request.torch_backend
+    installer, no_deps, target_glibc = request.installer, request.no_deps, request.target_glibc
+    allowed_signers, principal = request.allowed_signers, request.principal
+    allow_partial = request.allow_partial
     if target_glibc is None:
         target_glibc = host_glibc()
     if installer not in INSTALLERS:
