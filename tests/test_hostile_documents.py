@@ -231,6 +231,20 @@ def test_a_bad_teacher_meta_is_a_usage_error_naming_the_field(case):
     assert gist in text and err.value.next, text
 
 
+def test_a_teacher_on_the_same_panel_sha_but_other_windows_says_so():
+    import numpy as np
+
+    from pinwheel.errors import VerifyError
+    from pinwheel.serve.fidelity import Panel, _check_panel, load_teacher
+
+    teacher = load_teacher(_teacher(GOOD_META), "t.npz")  # offsets [0, 2, 4]
+    panel = Panel(((1, 2, 3, 4, 5),), GOOD_SHA, "panel.json")  # one window of 4 positions
+    with pytest.raises(VerifyError) as err:
+        _check_panel(teacher, panel)
+    assert "its windows differ" in err.value.what and f"not {GOOD_SHA}" not in err.value.what
+    assert np.array_equal(teacher.offsets, [0, 2, 4])
+
+
 def test_a_good_teacher_loads():
     from pinwheel.serve.fidelity import load_teacher
 

@@ -129,12 +129,25 @@ CLI = {
                                 "is not a git repository (a file)"),
     "a mirror that is no repository": (["--cache", "{tmp}/c", "--mirror", UP + "={tmp}", "plan"],
                                        "a directory without objects/"),
+    "fetch --dest that is a file": (["fetch", "{tmp}/rel", "--dest", "{tmp}/afile"],
+                                    "already exists as a file"),
+    "fetch --dest under a file": (["fetch", "{tmp}/rel", "--dest", "{tmp}/afile/sub"],
+                                  "this is a file, but"),
 }  # fmt: skip
+
+
+def _release_dir(tmp: Path) -> None:
+    from pinwheel.checksums import write_sums
+    from wheelfactory import make_wheel
+
+    whl = make_wheel(tmp / "rel", {"demo/__init__.py": b"x = 1\n"}, tag="py3-none-any")
+    write_sums(tmp / "rel", [whl.name])
 
 
 @pytest.mark.parametrize("case", sorted(CLI))
 def test_the_cli_prints_the_mapping_not_a_traceback(case, tmp_path, capsys):
     (tmp_path / "afile").write_text("not a directory")
+    _release_dir(tmp_path)
     manifest = Path(__file__).parents[1] / "manifest.toml"
     argv, gist = CLI[case]
     argv = [a.format(tmp=tmp_path) for a in argv]
