@@ -174,9 +174,12 @@ def parse_json(data: bytes | str, kind: Kind, where: str) -> Any:
     if size > kind.max_bytes:
         raise fail(kind, f"{size} bytes, more than the {kind.max_bytes} it may have", where)
     doc = text(data, kind, where) if isinstance(data, bytes) else data
-    depth = json_depth(doc, kind.max_depth)
-    if depth > kind.max_depth:
-        raise fail(kind, f"nested more than {kind.max_depth} levels deep", where)
+    # Fewer opening brackets than the cap cannot nest past it: the scan is skipped (it
+    # would cost more than json.loads on the many small stream events of a reply).
+    if doc.count("[") + doc.count("{") > kind.max_depth:
+        depth = json_depth(doc, kind.max_depth)
+        if depth > kind.max_depth:
+            raise fail(kind, f"nested more than {kind.max_depth} levels deep", where)
     try:
         return json.loads(doc, parse_constant=_no_constant)
     except ValueError as exc:  # JSONDecodeError and the constants above
@@ -531,6 +534,48 @@ class StreamChoice:
 class StreamEvent:
     choices: Sequence[StreamChoice] | None = None
     usage: Usage | None = None
+
+
+def stream_event(value: Any, where: str) -> StreamEvent:
+    """One streamed event as :class:`StreamEvent`: the same checks as :func:`decode`,
+    written out, because a reply has one event per token and this is its hot path."""
+
+    def bad(field: str, want: str, got: Any) -> PinwheelError:
+        return fail(STREAM_EVENT, f"expected {want}, got {_shown(got)}", where, field=field)
+
+    if not isinstance(value, dict):
+        raise bad("(top level)", "an object", value)
+    raw = value.get("choices")
+    choices: list[StreamChoice] | None = None
+    if raw is not None:
+        if not isinstance(raw, list):
+            raise bad("choices", "a list", raw)
+        choices = []
+        for i, c in enumerate(raw):
+            if not isinstance(c, dict):
+                raise bad(f"choices[{i}]", "an object", c)
+            d = c.get("delta")
+            delta = None
+            if d is not None:
+                if not isinstance(d, dict):
+                    raise bad(f"choices[{i}].delta", "an object or null", d)
+                for key in ("content", "reasoning_content", "reasoning"):
+                    v = d.get(key)
+                    if v is not None and not isinstance(v, str):
+                        raise bad(f"choices[{i}].delta.{key}", "a string or null", v)
+                delta = Delta(d.get("content"), d.get("reasoning_content"), d.get("reasoning"))
+            for key in ("text", "finish_reason"):
+                v = c.get(key)
+                if v is not None and not isinstance(v, str):
+                    raise bad(f"choices[{i}].{key}", "a string or null", v)
+            choices.append(StreamChoice(delta, c.get("text"), c.get("finish_reason")))
+    usage = value.get("usage")
+    if usage is None:
+        return StreamEvent(choices, None)
+    try:
+        return StreamEvent(choices, _decode(Usage, usage, "usage"))
+    except _Mismatch as m:
+        raise fail(STREAM_EVENT, m.what, where, field=m.path) from None
 
 
 _METRIC_LINE = re.compile(

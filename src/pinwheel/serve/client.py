@@ -435,10 +435,8 @@ def read_stream(
             if payload == b"[DONE]":
                 done = True
                 break
-            event = untrusted.decode(
-                untrusted.StreamEvent,
+            event = untrusted.stream_event(
                 untrusted.parse_json(payload, untrusted.STREAM_EVENT, budget.where),
-                untrusted.STREAM_EVENT,
                 budget.where,
             )
             for choice in event.choices or ():
