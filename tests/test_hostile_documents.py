@@ -634,3 +634,31 @@ def test_the_reader_counts_depth_without_recursion():
     with pytest.raises(VerifyError, match="nested more than 32"):
         untrusted.parse_json(b"[" * 33 + b"]" * 33, untrusted.PROVENANCE, "x")
     assert untrusted.parse_json(b"[" * 32 + b"]" * 32, untrusted.PROVENANCE, "x") is not None
+
+
+# --------------------------------------------------------------------------- SHA256SUMS
+
+
+@pytest.mark.parametrize("reader", ["install", "reuse", "release"])
+def test_a_1_gib_sha256sums_is_refused_by_its_size_unread(reader, tmp_path, capsys):
+    path = _receipt(tmp_path)
+    sums = path.parent / "SHA256SUMS"
+    with open(sums, "r+b") as fh:
+        fh.truncate(1 << 30)  # sparse: nothing is written, nothing may be read
+    if reader == "install":
+        venv = tmp_path / "venv"
+        rc = main(["install", str(path.parent), "--venv", str(venv), "--no-deps"])
+        err = _flat(capsys.readouterr().err)
+        assert rc == 6 and "SHA256SUMS" in err and "more than" in err and not venv.exists()
+    elif reader == "reuse":
+        from pinwheel.build.reuse import candidates
+
+        with pytest.raises(VerifyError, match="SHA256SUMS: 1073741824 bytes, more than"):
+            candidates(str(path.parent), tmp_path / "cache")
+    else:
+        manifest = write_manifest(tmp_path)
+        rc = main(["--manifest", str(manifest), "release", "--from", str(path.parent)]
+                  + ["--no-sign", "--out", str(tmp_path / "rel")])  # fmt: skip
+        err = _flat(capsys.readouterr().err)
+        assert rc == 6 and "SHA256SUMS" in err and "more than" in err
+        assert not (tmp_path / "rel").exists()

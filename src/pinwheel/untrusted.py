@@ -71,6 +71,13 @@ QUALIFICATION = Kind(
     VerifyError,
     "use the qualification.json `pinwheel qualify` wrote (run it again to rewrite it)",
 )
+SHA256SUMS = Kind(
+    "SHA256SUMS",
+    16 * MiB,
+    0,
+    VerifyError,
+    "use the SHA256SUMS a pinwheel build or release wrote (a release lists a few wheels)",
+)
 TEACHER_META = Kind(
     "teacher file meta",
     1 * MiB,

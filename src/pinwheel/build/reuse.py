@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import httpget, runner
+from pinwheel import httpget, runner, untrusted
 from pinwheel.build.provenance import FILENAME, read_receipt
 from pinwheel.checksums import SUMS, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
@@ -336,7 +336,7 @@ def candidates(source: str, cache: Path) -> dict[str, Candidate]:
                 where=f"--reuse-from {source}",
                 next="reuse a pinwheel build or release directory",
             )
-    sums = parse_sums((directory / SUMS).read_text())
+    sums = parse_sums(untrusted.read_bytes(directory / SUMS, untrusted.SHA256SUMS))
     receipt = read_receipt(directory / FILENAME)
     out: dict[str, Candidate] = {}
     for comp in receipt.get("components", []):

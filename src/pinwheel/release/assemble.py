@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import runner
+from pinwheel import runner, untrusted
 from pinwheel.build.provenance import FILENAME, read_receipt
 from pinwheel.build.toolchain.substitute import from_receipt, headline
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_files, verify_dir
@@ -48,8 +48,6 @@ def release_config(manifest: Manifest | None) -> ReleaseConfig:
 
 
 def _load_json(path: Path) -> dict[str, Any]:
-    from pinwheel import untrusted
-
     if not path.is_file():
         return {}
     value = untrusted.read_json(path, untrusted.QUALIFICATION)
@@ -251,7 +249,8 @@ def _check_build_output(
     warnings = []
     sums_path = build / SUMS
     if sums_path.is_file():
-        listed = parse_sums(sums_path.read_bytes(), str(sums_path))
+        data = untrusted.read_bytes(sums_path, untrusted.SHA256SUMS)
+        listed = parse_sums(data, str(sums_path))
         unlisted = [w for w in wheels if w not in listed]
         if unlisted:
             raise VerifyError(
@@ -481,7 +480,7 @@ def verify_release(
             where=str(directory),
             next="run `pinwheel release` (or `pinwheel fetch`) to make one",
         )
-    data = sums_path.read_bytes()
+    data = untrusted.read_bytes(sums_path, untrusted.SHA256SUMS)  # size-capped before reading
     signed_by = None
     if allowed_signers is not None:
         sig_path = directory / SIG
