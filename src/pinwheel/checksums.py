@@ -23,7 +23,7 @@ from pinwheel.fsutil import atomic_write_text
 # that the GIL stays released for most of the time.
 CHUNK = 8 * 1024 * 1024
 # As `sha256sum -c` reads it: hex in either case, then " " and " " (text) or "*" (binary).
-_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
+_LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # Called with a byte count after every read, from the hashing threads (progress.Advance).
@@ -123,7 +123,7 @@ def parse_sums(text: str | bytes, source: str = SUMS, *, flat: bool = True) -> d
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        m = _LINE.match(line)
+        m = _LINE.fullmatch(line)
         if not m:
             raise VerifyError(
                 f"malformed line {line[:80]!r}",
