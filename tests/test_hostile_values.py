@@ -138,6 +138,10 @@ def _manifest(tmp_path: Path, edit) -> Path:
     return path
 
 
+def _cache_endpoint(url: str):
+    return lambda t: t + f'\n[build.cache]\nbackend = "redis"\nendpoint = "{url}"\n'
+
+
 # manifest edit -> the key the error names
 def _index(url: str):
     return lambda t: t.replace("[build]\n", f'[build]\ntorch_index = "{url}"\n', 1)
@@ -158,6 +162,11 @@ MANIFEST_VALUES = {
     "cache size with a trailing newline": (_cache_size("20G\\n"), "size"),
     "cache size negative": (_cache_size("-1G"), "size"),
     "cache size fractional": (_cache_size("1.5G"), "size"),
+    "cache endpoint port out of range": (_cache_endpoint("redis://cache.internal:99999"), "endpoint"),
+    "cache endpoint port not a number": (_cache_endpoint("redis://cache.internal:63x9"), "endpoint"),
+    "cache endpoint scheme": (_cache_endpoint("ftp://cache.internal"), "endpoint"),
+    "cache endpoint IPv6 that is not": (_cache_endpoint("redis://[::g]:6379"), "endpoint"),
+    "cache endpoint with a newline": (_cache_endpoint("redis://cache.internal:6379\\n"), "endpoint"),
 }  # fmt: skip
 
 
@@ -241,3 +250,10 @@ def test_content_range_is_read_with_fullmatch(header, want):
     from pinwheel.release.download import _content_range_start
 
     assert _content_range_start(header) == want
+
+
+@pytest.mark.parametrize("endpoint", ["redis://h:99999", "redis://h:abc", "redis://[::1]:70000"])
+def test_a_bad_endpoint_from_the_environment_is_a_probe_answer_not_a_traceback(endpoint):
+    from pinwheel.build.compcache import _tcp
+
+    assert "cannot read a port" in (_tcp(endpoint, 6379) or "")

@@ -157,7 +157,10 @@ def probe_remote(plan_: Plan, environ: Mapping[str, str]) -> str | None:
 
 def _tcp(url: str, default_port: int) -> str | None:
     parts = urlsplit(url if "//" in url else f"tcp://{url}")
-    host, port = parts.hostname, parts.port or default_port
+    try:
+        host, port = parts.hostname, validate.port(parts.port or default_port)
+    except ValueError as exc:  # a port out of 1-65535 or not a number
+        return f"cannot read a port from {url!r}: {exc}"
     if not host:
         return f"cannot read a host from {url!r}"
     try:

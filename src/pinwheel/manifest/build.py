@@ -147,6 +147,14 @@ def parse_cache_table(table: Table) -> CacheConfig:
             where=table.where("endpoint"),
             next="drop the user info and export SCCACHE_REDIS_USERNAME/SCCACHE_REDIS_PASSWORD",
         )
+    if endpoint:  # host and port checked here, not when the compiler cache first dials it
+        url = endpoint if "://" in endpoint else f"http://{endpoint}"  # S3: host[:port] too
+        try:
+            validate.http_url(url, schemes=("redis", "rediss", "http", "https"))
+        except ValueError as exc:
+            raise table.error(
+                "endpoint", f"a redis:// or http(s):// URL ({exc})", endpoint
+            ) from None
     if backend == "redis" and not endpoint:
         raise table.error("endpoint", 'a redis URL like "redis://cache.internal:6379"')
     bucket = table.str("bucket", None)
