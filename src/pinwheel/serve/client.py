@@ -149,14 +149,19 @@ class Client:
 
     def _body(self, resp: http.client.HTTPResponse, budget: _Budget) -> bytes:
         """The whole answer, within the kind's byte cap and the request's deadline."""
-        budget.announced(resp.headers.get("Content-Length"))
         data = bytearray()
         try:
+            budget.announced(resp.headers.get("Content-Length"))
             for block in budget.blocks(resp):
                 data += block
         except (ConnectionError, http.client.HTTPException, OSError) as exc:
+            resp.close()
             self.close()
             raise self._gone(budget.request, exc) from None
+        except BaseException:  # past the cap or the deadline: drop the answer and its socket
+            resp.close()
+            self.close()
+            raise
         return bytes(data)
 
     def _answer(
@@ -463,14 +468,18 @@ def read_stream(
                 for _ in budget.blocks(resp, MAX_DRAIN):
                     pass
             except PinwheelError:
+                resp.close()
                 close()
     except (ConnectionError, http.client.HTTPException, OSError) as exc:
+        resp.close()
         close()
         raise on_error(exc) from None
     except PinwheelError:
+        resp.close()
         close()
         raise
     if not done:
+        resp.close()
         close()
         raise on_error(ConnectionError("the stream ended before [DONE]"))
     return Stream(
