@@ -33,6 +33,7 @@ def _open(url: str, what: str, timeout: float) -> Any:
     try:
         return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - http(s) only
     except urllib.error.HTTPError as exc:
+        exc.close()  # it holds the error answer and its socket
         found = "not found " if exc.code in (404, 410) else ""
         raise FetchFailed(
             f"{what}: {found}(HTTP {exc.code} {exc.reason})",
