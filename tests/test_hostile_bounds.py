@@ -354,8 +354,10 @@ def _good_members() -> dict[str, bytes]:
 # case -> (members changed, what the message names)
 NPZ: dict[str, tuple[dict[str, bytes], str, bool]] = {
     "full declares 6 GiB": ({"full.npy": _npy("<f4", (400_000, 4096))}, "declares", False),
-    "a deflate bomb": ({"full.npy": _npy("<f4", (4096, 8192), b"\0" * (4096 * 8192 * 4))},
-                       "over the", True),  # fmt: skip
+    "a deflate bomb (128 MiB from ~130 KiB)": (
+        {"full.npy": _npy("<f4", (4096, 8192), b"\0" * (4096 * 8192 * 4))}, "is compressed", True),
+    "a stored member over the limit": (
+        {"full.npy": _npy("<f4", (4096, 4097), b"\0" * (4096 * 4097 * 4))}, "over the", False),
     "target is float64": ({"target.npy": _npy("<f8", (2,), b"\0" * 16)}, "a teacher stores", False),
     "a pickled object array": ({"top_ids.npy": _npy("|O", (2, 1), b"\0" * 16)}, "a teacher stores", False),
     "an unexpected member": ({"evil.npy": _npy("<f4", (1,), b"\0" * 4)}, "unexpected member", False),

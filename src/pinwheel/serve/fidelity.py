@@ -214,6 +214,12 @@ def _teacher_members(data: bytes, source: str, limit: int) -> None:
                 name = info.filename.removesuffix(".npy")
                 if name not in TEACHER_ARRAYS or not info.filename.endswith(".npy"):
                     raise _teacher_error(f"unexpected member {info.filename!r}", source)
+                if info.compress_type != zipfile.ZIP_STORED:  # what teacher_bytes writes
+                    raise _teacher_error(
+                        f"{info.filename} is compressed: a teacher file stores its arrays "
+                        "(a compressed member could unpack to any size)",
+                        source,
+                    )
                 if info.file_size > limit:
                     raise _teacher_error(
                         f"{info.filename} unpacks to {info.file_size} bytes, over the "
