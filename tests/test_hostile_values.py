@@ -257,3 +257,44 @@ def test_a_bad_endpoint_from_the_environment_is_a_probe_answer_not_a_traceback(e
     from pinwheel.build.compcache import _tcp
 
     assert "cannot read a port" in (_tcp(endpoint, 6379) or "")
+
+
+# what `pinwheel serve` / `qualify` read from the environment and flags before launch()
+SERVE_ENV = {
+    "PORT=abc": ({"PORT": "abc"}, None, "$PORT"),
+    "PORT=0": ({"PORT": "0"}, None, "$PORT"),
+    "PORT=70000": ({"PORT": "70000"}, None, "$PORT"),
+    "PORT with a newline": ({"PORT": "8000\n"}, None, "$PORT"),
+    "--port 65536": ({}, 65536, "--port"),
+    "--port -1": ({}, -1, "--port"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SERVE_ENV))
+def test_serve_ports_from_the_environment_and_flags_are_checked(case, tmp_path):
+    import argparse
+
+    from pinwheel.cli import Context
+    from pinwheel.cli.serve_cmds import _port
+
+    env, flag, where = SERVE_ENV[case]
+    ctx = Context(manifest_path=tmp_path / "m.toml", cache=tmp_path, mirrors={}, json=False,
+                  offline=True, environ=env)  # fmt: skip
+    with pytest.raises(UsageError) as err:
+        _port(ctx, argparse.Namespace(port=flag))
+    assert err.value.where == where and "port" in err.value.what and err.value.next
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "100000", "4 ", "-2", "\u0664"])
+def test_serve_seqs_from_the_environment_are_checked(value, tmp_path):
+    from pinwheel.cli import Context
+    from pinwheel.cli.serve_cmds import _seqs
+
+    ctx = Context(manifest_path=tmp_path / "m.toml", cache=tmp_path, mirrors={}, json=False,
+                  offline=True, environ={"GLM53_SEQS": value})  # fmt: skip
+    with pytest.raises(UsageError) as err:
+        _seqs(ctx, "GLM53_SEQS")
+    assert err.value.where == "$GLM53_SEQS"
+    ok = Context(manifest_path=tmp_path / "m.toml", cache=tmp_path, mirrors={}, json=False,
+                 offline=True, environ={"GLM53_SEQS": "8"})  # fmt: skip
+    assert _seqs(ok, "GLM53_SEQS") == 8

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pinwheel import validate
 from pinwheel.cli import Context, command
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.fsutil import atomic_write_text
@@ -288,15 +289,15 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
             where="--model / $" + config.model_var,
             next=f"pass --model DIR or export {config.model_var}=DIR (`pinwheel model` fetches it)",
         )
-    seqs = ctx.environ.get(config.seqs_var)
     run = launch(
         config,
         r["profile"],
         model=str(r["model"]),
         python=r["python"],
-        host=args.host or ctx.environ.get("HOST", "0.0.0.0"),
-        port=args.port or int(ctx.environ.get("PORT", "8000")),
-        max_num_seqs=int(seqs) if seqs else None,
+        host=_checked(validate.host, args.host or ctx.environ.get("HOST", "0.0.0.0"),
+                      "--host / $HOST").strip("[]"),
+        port=_port(ctx, args),
+        max_num_seqs=_seqs(ctx, config.seqs_var),
         devices=r["devices"],
     )
     from pinwheel import runner
@@ -310,6 +311,29 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         ),
         ctx.reporter,
     )
+
+
+def _checked(check: Any, value: Any, where: str) -> Any:
+    """``check(value)``, or a usage error naming the flag or variable it came from."""
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise UsageError(
+            f"{exc}", where=where, next=f"fix {where.split(' / ')[0]} (or unset the variable)"
+        ) from None
+
+
+def _port(ctx: Context, args: argparse.Namespace) -> int:
+    if args.port is not None:
+        return int(_checked(validate.port, args.port, "--port"))
+    return int(_checked(validate.port, ctx.environ.get("PORT", "8000"), "$PORT"))
+
+
+def _seqs(ctx: Context, var: str) -> int | None:
+    seqs = ctx.environ.get(var)
+    if not seqs:
+        return None
+    return int(_checked(lambda v: validate.count(v, minimum=1, maximum=99999), seqs, f"${var}"))
 
 
 # --------------------------------------------------------------------------- qualify
@@ -329,8 +353,7 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
             where="--model / $" + config.model_var,
             next="pass --model DIR (or --url URL to attach to a running server)",
         )
-    port = args.port or free_port()
-    seqs = ctx.environ.get(config.seqs_var)
+    port = _checked(validate.port, args.port, "--port") if args.port is not None else free_port()
     run = launch(
         config,
         r["profile"],
@@ -338,7 +361,7 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
         python=r["python"],
         host="127.0.0.1",
         port=port,
-        max_num_seqs=int(seqs) if seqs else None,
+        max_num_seqs=_seqs(ctx, config.seqs_var),
         devices=r["devices"],
     )
     url = f"http://127.0.0.1:{port}"
