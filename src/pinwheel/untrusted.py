@@ -706,11 +706,6 @@ def safetensors_header(path: Path) -> SafetensorsLayout:
 
 
 @dataclass(frozen=True)
-class IndexMetadata:
-    total_size: int | None = None
-
-
-@dataclass(frozen=True)
 class ModelIndexDoc:
     weight_map: Mapping[str, str]
     metadata: Mapping[str, Any] | None = None
