@@ -292,6 +292,9 @@ SERVER: dict[str, tuple[dict[str, Any], Callable[[Client], Any], str]] = {
     "models: id a number": (_models(b'{"data": [{"id": 5}]}'), Client.models, "field data[0].id"),
     "models: entry a string": (_models(b'{"data": ["m"]}'), Client.models, "field data[0]"),
     "models: no data": (_models(b"{}"), Client.models, "field data: missing"),
+    "models: entry without id": (_models(b'{"data": [{"object": "model"}]}'), Client.models,
+                                 "field data[0].id: missing"),
+    "models: Infinity": (_models(b'{"data": Infinity}'), Client.models, "not JSON"),
     "models: empty": (_models(b'{"data": []}'), Client.models, "lists no model"),
     "models: not UTF-8": (_models(b'{"data": [{"id": "\xff"}]}'), Client.models, "not UTF-8"),
     "models: not JSON": (_models(b"<html>"), Client.models, "not JSON"),
@@ -322,6 +325,16 @@ SERVER: dict[str, tuple[dict[str, Any], Callable[[Client], Any], str]] = {
         {"/tokenize": answer(b'{"count": 2}')},
         lambda c: c.tokenize("m", prompt="hi"),
         "field tokens: missing",
+    ),
+    "completion: no choices": (
+        {"/v1/completions": answer(b'{"usage": {}}')},
+        lambda c: c.complete("m", [1], 4),
+        "field choices: missing",
+    ),
+    "completion: text a number": (
+        {"/v1/completions": answer(b'{"choices": [{"text": 5}]}')},
+        lambda c: c.complete("m", [1], 4),
+        "field choices[0].text",
     ),
     "completion: choices empty": (
         {"/v1/completions": answer(b'{"choices": []}')},
@@ -505,7 +518,12 @@ MODEL_HEADERS: dict[str, tuple[Any, bytes, str]] = {
     "shape a string": ({"w": _tensor(shape="2")}, b"\0" * 8, "field w.shape"),
     "tensor a list": ({"w": [1, 2]}, b"\0" * 8, "field w"),
     "header a list": ([1, 2], b"", "expected an object"),
-    "metadata values numbers": ({"__metadata__": {"a": 1}, "w": _tensor()}, b"\0" * 8, "field a"),
+    "metadata values numbers": ({"__metadata__": {"a": 1}, "w": _tensor()}, b"\0" * 8,
+                                "field __metadata__.a"),
+    "metadata a list": ({"__metadata__": [1], "w": _tensor()}, b"\0" * 8, "field __metadata__"),
+    "dtype lowercase": ({"w": _tensor("f32")}, b"\0" * 8, "unknown dtype"),
+    "rank 17": ({"w": _tensor(shape=[1] * 17)}, b"\0" * 8, "at most 16"),
+    "offsets a dict": ({"w": _tensor(offsets={"0": 8})}, b"\0" * 8, "field w.data_offsets"),
     "header not UTF-8": (None, b"", "not UTF-8"),
     "header nested deep": (None, b"", "nested more than"),
     "header not JSON": (None, b"", "not JSON"),
@@ -568,6 +586,9 @@ MODEL_INDEX: dict[str, tuple[Any, str]] = {
     "nested deep": (DEEP, "nested more than"),
     "1 GiB (sparse)": (None, "more than the"),
     "a directory": (None, "is a directory"),
+    "a shard that is a directory": (b'{"weight_map": {"w": "shard.safetensors"}}',
+                                    "a directory, not a shard file"),
+    "a shard that is missing": (b'{"weight_map": {"w": "nope.safetensors"}}', "missing"),
 }  # fmt: skip
 
 
@@ -584,6 +605,8 @@ def test_model_check_fails_on_a_hostile_index(case, tmp_path, capsys):
         index.mkdir()
     else:
         index.write_bytes(body)
+    if case == "a shard that is a directory":
+        (pack / "shard.safetensors").mkdir()
     manifest = write_manifest(tmp_path, model='[model]\nrepo = "org/m"\n')
     rc = main(["--manifest", str(manifest), "model", "check", str(pack)])
     err = _flat(capsys.readouterr().err)

@@ -690,7 +690,10 @@ def safetensors_header(path: Path) -> SafetensorsLayout:
     if not isinstance(header, dict):
         raise fail(kind, f"expected an object, got {_shown(header)}", where)
     meta = header.pop("__metadata__", None)
-    decode(Mapping[str, str] | None, meta, kind, where)  # type: ignore[arg-type]
+    try:
+        _decode(Mapping[str, str] | None, meta, "__metadata__")
+    except _Mismatch as m:
+        raise fail(kind, m.what, where, field=m.path) from None
     tensors = decode(Mapping[str, TensorInfo], header, kind, where)  # type: ignore[type-abstract]
     spans = sorted((t.data_offsets[0], t.data_offsets[1], name) for name, t in tensors.items())
     at = 0

@@ -98,6 +98,9 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
     total = 0
     for shard in shards:
         path = directory / shard
+        if path.is_dir():
+            problems.append(f"{shard}: a directory, not a shard file")
+            continue
         if not path.is_file():
             problems.append(f"{shard}: missing")
             continue
