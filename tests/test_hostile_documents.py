@@ -445,6 +445,16 @@ def test_a_trickled_answer_ends_at_the_deadline_though_no_read_stalls():
         client.close()
 
 
+def test_a_server_gone_silent_mid_answer_ends_at_the_deadline_not_the_stall_timeout():
+    # One byte, then silence far longer than the suite's timeout: only a read bounded by
+    # the deadline (not the 600 s stall timeout) lets this test finish.
+    with Server({"/v1/models": endless(b" ", pause=1000, limit=1)}) as srv:
+        client = Client(srv.url, timeout=600, deadline=1.0)
+        with pytest.raises(ServerGone, match="deadline"):
+            client.models()
+        client.close()
+
+
 def test_metrics_with_timestamps_and_labels_with_spaces_parse():
     body = (
         b'# HELP x\nvllm:a_total{model_name="my model"} 3 1712000000000\n'

@@ -381,8 +381,14 @@ class _Budget:
         got = 0
         read = getattr(resp, "read1", resp.read)
         while True:
-            self._wait_at_most(self.left())
-            block = read(64 * 1024)
+            self._wait_at_most(resp, self.left())
+            try:
+                block = read(64 * 1024)
+            except TimeoutError:
+                if self.until - time.monotonic() < 0.1:  # the read waited out the deadline
+                    self.until = time.monotonic()
+                    self.left()  # raises: no complete answer within the deadline
+                raise
             if not block:
                 # read1 leaves a response whose Content-Length is used up open; read() closes it
                 # so the connection can carry the next request.
@@ -398,9 +404,12 @@ class _Budget:
                 )
             yield block
 
-    def _wait_at_most(self, seconds: float) -> None:
+    def _wait_at_most(self, resp: Any, seconds: float) -> None:
+        """The next read waits no longer than the stall timeout or what is left."""
         conn = self.client._conn if self.client is not None else None
         sock = getattr(conn, "sock", None)
+        if sock is None:  # a Connection: close answer owns the socket (its file's raw part)
+            sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
         if sock is not None:
             sock.settimeout(min(self.client.timeout if self.client else seconds, seconds))
 
