@@ -9,7 +9,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
-    from pinwheel.manifest.serve import ServeConfig
+    from pinwheel.manifest.serve import ServeConfig, ServeProfile
 
 
 def register(sub: Any) -> None:
@@ -114,31 +114,43 @@ def _serve_config(ctx: Context) -> ServeConfig:
     return config
 
 
-def _resolve(ctx: Context, args: argparse.Namespace) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ServeOptions:
+    """Serve/preflight/qualify options, resolved once: flags before environment."""
+
+    config: ServeConfig
+    profile: ServeProfile
+    model: Path | None
+    python: str
+    python_from: str  # "--python" | "$PYTHON" | "default"
+    devices: str | None  # "0,1"
+
+
+def _resolve(ctx: Context, args: argparse.Namespace) -> ServeOptions:
     """Options resolved once, flags before environment."""
     config = _serve_config(ctx)
     profile = config.profile(args.profile or ctx.environ.get(f"{config.env_prefix}_PROFILE"))
     model = args.model or ctx.environ.get(config.model_var)
-    return {
-        "config": config,
-        "profile": profile,
-        "model": Path(model) if model else None,
-        "python": args.python or ctx.environ.get("PYTHON") or "python3",
-        "python_from": "--python"
+    return ServeOptions(
+        config=config,
+        profile=profile,
+        model=Path(model) if model else None,
+        python=args.python or ctx.environ.get("PYTHON") or "python3",
+        python_from="--python"
         if args.python
         else ("$PYTHON" if ctx.environ.get("PYTHON") else "default"),
-        "devices": args.devices or ctx.environ.get("CUDA_VISIBLE_DEVICES"),
-    }
+        devices=args.devices or ctx.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
 
 
-def python_line(r: dict[str, Any]) -> str:
+def python_line(r: ServeOptions) -> str:
     """Which Python the engine checks run in, and how to point them at the installed venv."""
-    image = r["config"].engine.image
+    image = r.config.engine.image
     if image is not None:
         return f"engine: the image {image.ref} (run by {image.runtime}; --python is not used)"
-    found = shutil.which(r["python"]) or r["python"]
+    found = shutil.which(r.python) or r.python
     return (
-        f"engine python: {found} (from {r['python_from']}); to test the venv `pinwheel install` "
+        f"engine python: {found} (from {r.python_from}); to test the venv `pinwheel install` "
         "made, pass --python VENV/bin/python (or set PYTHON)"
     )
 
@@ -152,11 +164,11 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
     r = _resolve(ctx, args)
     start = time.monotonic()
     opts = Options(
-        profile=r["profile"],
-        config=r["config"],
-        python=r["python"],
-        model=r["model"],
-        devices=device_indices(r["profile"], r["devices"]),
+        profile=r.profile,
+        config=r.config,
+        python=r.python,
+        model=r.model,
+        devices=device_indices(r.profile, r.devices),
         selftest=args.selftest,
         nvidia_smi=args.nvidia_smi,
         environ=ctx.environ,
@@ -170,7 +182,7 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
     ctx.emit(
         {
             "profile": opts.profile.name,
-            "python": shutil.which(r["python"]) or r["python"],
+            "python": shutil.which(r.python) or r.python,
             "seconds": round(took, 3),
             "checks": [asdict(c) for c in checks],
             "known_issues": list(opts.config.known_issues),
@@ -276,14 +288,14 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit({"recipe": str(recipe), "ok": True}, f"{_shown(recipe)} matches [serve]")
         return 0
     r = _resolve(ctx, args)
-    if (why := _no_vllm(r["python"])) is not None:
+    if (why := _no_vllm(r.python)) is not None:
         raise UsageError(
-            f"vLLM cannot be imported by the engine python {r['python']} ({why})",
-            where=f"pinwheel serve (python from {r['python_from']})",
+            f"vLLM cannot be imported by the engine python {r.python} ({why})",
+            where=f"pinwheel serve (python from {r.python_from})",
             next="install the release into a venv (`pinwheel install wheels --venv .venv-engine`) "
             "and pass --python .venv-engine/bin/python (or set PYTHON)",
         )
-    if r["model"] is None:
+    if r.model is None:
         raise UsageError(
             "no model directory",
             where="--model / $" + config.model_var,
@@ -291,14 +303,14 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         )
     run = launch(
         config,
-        r["profile"],
-        model=str(r["model"]),
-        python=r["python"],
+        r.profile,
+        model=str(r.model),
+        python=r.python,
         host=_checked(validate.host, args.host or ctx.environ.get("HOST", "0.0.0.0"),
                       "--host / $HOST").strip("[]"),
         port=_port(ctx, args),
         max_num_seqs=_seqs(ctx, config.seqs_var),
-        devices=r["devices"],
+        devices=r.devices,
     )
     from pinwheel import runner
 
@@ -346,8 +358,8 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
     from pinwheel.serve.supervise import free_port, started_server
 
     r = _resolve(ctx, args)
-    config = r["config"]
-    if r["model"] is None:
+    config = r.config
+    if r.model is None:
         raise UsageError(
             "no model directory to start a server with",
             where="--model / $" + config.model_var,
@@ -356,13 +368,13 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
     port = _checked(validate.port, args.port, "--port") if args.port is not None else free_port()
     run = launch(
         config,
-        r["profile"],
-        model=str(r["model"]),
-        python=r["python"],
+        r.profile,
+        model=str(r.model),
+        python=r.python,
         host="127.0.0.1",
         port=port,
         max_num_seqs=_seqs(ctx, config.seqs_var),
-        devices=r["devices"],
+        devices=r.devices,
     )
     url = f"http://127.0.0.1:{port}"
     with started_server(run, out, environ=ctx.environ, url=url, reporter=ctx.reporter) as target:
