@@ -5,6 +5,7 @@ tests build a real .cu with nvcc 12.4."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -269,3 +270,70 @@ def json_text(value: object) -> str:
     import json
 
     return json.dumps(value)
+
+
+def _repack(dist_name: str, directory: Path) -> Path:
+    """A wheel of an installed distribution (its RECORD files zipped with a fresh RECORD):
+    the build venv installs it offline with --require-hashes, as it would from an index."""
+    import base64
+    import hashlib
+    import importlib.metadata
+
+    dist = importlib.metadata.distribution(dist_name)
+    name, version = dist.metadata["Name"].replace("-", "_"), dist.version
+    target = directory / f"{name}-{version}-py3-none-any.whl"
+    directory.mkdir(parents=True, exist_ok=True)
+    rows, record = [], None
+    with zipfile.ZipFile(target, "w") as zf:
+        for f in dist.files or ():
+            rel = str(f)
+            if rel.endswith(".dist-info/RECORD"):
+                record = rel
+                continue
+            src = Path(str(f.locate()))
+            if rel.startswith("..") or "__pycache__" in rel or not src.is_file():
+                continue
+            data = src.read_bytes()
+            zf.writestr(rel, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            rows.append(f"{rel},sha256={digest.decode()},{len(data)}")
+        assert record is not None
+        zf.writestr(record, "\n".join([*rows, f"{record},,"]) + "\n")
+    return target
+
+
+def test_provenance_records_the_build_venv_not_pinwheels_interpreter(tiny: Tiny) -> None:
+    """With [build.requirements], the engine builds in that venv: provenance's python/torch
+    and the torch pin install reads come from it. The caller's PINWHEEL_BUILD_PYTHON here
+    sees a stand-in torch 9.9.9 (a module on its path, said so); the venv has no torch."""
+    import hashlib
+
+    wheelhouse = tiny.tmp / "wheelhouse"
+    lines = []
+    for dist in ("wheel", "packaging"):  # setup.py bdist_wheel needs them in the venv
+        made = _repack(dist, wheelhouse)
+        digest = hashlib.sha256(made.read_bytes()).hexdigest()
+        lines.append(f"{dist}=={made.name.split('-')[1]} --hash=sha256:{digest}\n")
+    reqs = tiny.tmp / "build-requirements.txt"
+    reqs.write_text("".join(lines))
+    fake = tiny.tmp / "fake-torch"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text('__version__ = "9.9.9"\n')
+    wrapper = tiny.tmp / "python-with-torch"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{fake}" exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    manifest = tiny.manifest()
+    sha = hashlib.sha256(reqs.read_bytes()).hexdigest()
+    manifest.write_text(
+        manifest.read_text().replace(
+            "[build]\n", f'[build]\nrequirements = {{ path = "{reqs.name}", sha256 = "{sha}" }}\n'
+        )
+    )
+    result = tiny.replay(manifest)
+    out = tiny.tmp / "wheels"
+    req = request(tiny, manifest, out, result, wheelhouse=wheelhouse, offline=True)
+    req = dataclasses.replace(req, environ={**req.environ, "PINWHEEL_BUILD_PYTHON": str(wrapper)})
+    run_build(req)
+    receipt = read_receipt(out / "provenance.json")
+    assert receipt["toolchain"]["torch"] is None, receipt["toolchain"]
+    assert receipt["torch"]["version"] is None
