@@ -376,6 +376,13 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
         max_num_seqs=_seqs(ctx, config.seqs_var),
         devices=r.devices,
     )
+    fid = ctx.manifest().require("qualify").fidelity
+    if fid is not None:  # vLLM must be allowed to return the panel's prompt log-probabilities
+        from dataclasses import replace
+
+        from pinwheel.serve.fidelity import server_flags
+
+        run = replace(run, argv=run.argv + server_flags(fid, r["profile"].args))
     url = f"http://127.0.0.1:{port}"
     with started_server(run, out, environ=ctx.environ, url=url, reporter=ctx.reporter) as target:
         yield target

@@ -394,7 +394,7 @@ class FidelityConfig:
     teacher_sha256: str | None
     teacher_url: str | None
     top_k: int
-    max_mean_kld: float | None
+    max_mean_kld: float | None  # judged on the exact KLD; a lower bound can only FAIL it
     min_top1: float | None
     bootstrap: int  # resamples for the 95% CI
     seed: int
@@ -464,6 +464,15 @@ _QUALIFY_PROFILE_KEYS = (
     "markers",
 )
 METRICS = ("tok_s", "ms_per_pass", "acceptance_length", "acceptance_rate", "aggregate_tok_s")
+# Old names, refused with what replaced them (the figure changed meaning, not only name).
+_RENAMED = {
+    "min_accepted_per_pass": "min_acceptance_length",
+    "accepted_per_pass": "acceptance_length",
+}
+_RENAMED_WHY = (
+    "the figure is vLLM's mean acceptance length, 1 + accepted / drafts (the bonus token "
+    "counts); accepted / drafts alone is the acceptance rate per draft"
+)
 
 
 def _int_list(t: Table, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -475,7 +484,20 @@ def _int_list(t: Table, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _refuse_renamed(t: Table, keys: object, where_key: str = "") -> None:
+    for old in keys if isinstance(keys, dict) else ():
+        if old in _RENAMED:
+            raise ManifestError(
+                f"'{old}' was renamed to '{_RENAMED[old]}': {_RENAMED_WHY}",
+                where=t.where(where_key or old),
+                next=f"rename the key to {_RENAMED[old]} in {t.source.name} (check the value "
+                "is 1 + accepted/drafts)",
+            )
+
+
 def _parse_qualify_profile(t: Table, name: str) -> QualifyProfile:
+    _refuse_renamed(t, t.data)
+    _refuse_renamed(t, t.raw("reference", {}), "reference")
     t.only(*_QUALIFY_PROFILE_KEYS)
     depths = t.raw("needle_depths", [0.1, 0.5, 0.9])
     if not isinstance(depths, list) or not all(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import datetime as _dt
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -167,6 +168,8 @@ class Table:
             return value
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise self.error(key, "a number", value)
+        if not math.isfinite(value):  # nan never compares true, inf always does: no gate
+            raise self.error(key, "a finite number (nan and inf are not thresholds)", value)
         return float(value)
 
     def bool(self, key: builtins.str, default: Any = _MISSING) -> Any:

@@ -50,6 +50,9 @@ class Stream:
     prompt_tokens: int
     finish_reason: str | None
     chunk_times: tuple[float, ...] = ()  # perf_counter of every chunk that carried text
+    # perf_counter of every chunk with a non-empty ``choices`` (the role chunk, text
+    # chunks, the finish chunk; not the usage-only chunk): what `vllm bench serve` times
+    choice_times: tuple[float, ...] = ()
 
     @property
     def e2el_s(self) -> float:
@@ -64,6 +67,23 @@ class Stream:
     @property
     def ttft_s(self) -> float:
         return self.first - self.started
+
+    # -- as `vllm bench serve` measures them (vllm/benchmarks/lib/endpoint_request_func.py)
+    @property
+    def bench_ttft_s(self) -> float:
+        """First chunk with ``choices`` - request sent (0 when none came, as vLLM leaves it)."""
+        return self.choice_times[0] - self.started if self.choice_times else 0.0
+
+    @property
+    def bench_latency_s(self) -> float:
+        """Last chunk with ``choices`` - request sent (vLLM's E2EL)."""
+        return self.choice_times[-1] - self.started if self.choice_times else 0.0
+
+    @property
+    def bench_itl_s(self) -> tuple[float, ...]:
+        """Gaps between consecutive chunks with ``choices`` (vLLM's ITL)."""
+        t = self.choice_times
+        return tuple(b - a for a, b in zip(t, t[1:], strict=False))
 
     @property
     def decode_s(self) -> float:
@@ -422,9 +442,7 @@ def _lines(budget: _Budget, resp: Any) -> Iterator[bytes]:
         *done, buf = buf.split(b"\n")
         yield from done
         if len(buf) > MAX_LINE:
-            raise untrusted.fail(
-                budget.kind, f"a line longer than {MAX_LINE} bytes", budget.where
-            )
+            raise untrusted.fail(budget.kind, f"a line longer than {MAX_LINE} bytes", budget.where)
     if buf:
         yield buf
 
@@ -439,6 +457,7 @@ def read_stream(
     chunks = completion_tokens = prompt_tokens = 0
     parts: list[str] = []
     times: list[float] = []
+    choice_times: list[float] = []
     finish: str | None = None
     done = False
     try:
@@ -453,6 +472,9 @@ def read_stream(
                 untrusted.parse_json(payload, untrusted.STREAM_EVENT, budget.where),
                 budget.where,
             )
+            stamp = time.perf_counter()
+            if event.choices:  # vllm bench serve times every chunk with choices
+                choice_times.append(stamp)
             for choice in event.choices or ():
                 delta = choice.delta
                 piece = (
@@ -461,7 +483,7 @@ def read_stream(
                     else choice.text or ""
                 )
                 if piece:
-                    now = time.perf_counter()
+                    now = stamp
                     if not chunks:
                         first = now
                     last = now
@@ -501,6 +523,7 @@ def read_stream(
         prompt_tokens=prompt_tokens,
         finish_reason=finish,
         chunk_times=tuple(times),
+        choice_times=tuple(choice_times),
     )
 
 

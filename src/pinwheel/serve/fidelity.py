@@ -4,22 +4,22 @@ In: a panel (JSON token windows, sha256-pinned), a teacher (a file written by
 ``pinwheel qualify teacher``, sha256-pinned, or a reference server), and the
 served model's ``prompt_logprobs`` on the same windows. Out: per-position KLD in
 nats (float64) and its summary: mean with a seeded bootstrap 95% CI, median,
-p99, top-1 agreement, and the sha256 of the per-position array's float64
-little-endian bytes, so repeated runs compare bit for bit.
+p99, top-1 agreement (and how many positions had a tied maximum), and
+``kld_sha256``: the sha256 of the canonical per-position text (one
+``printf("%.9f\\n")`` line per position, :mod:`pinwheel.serve.kld`), which a
+third party recomputes from the same log-probabilities on any CPU.
 
 Position j of a window (j >= 1) is the distribution that predicted token j from
 tokens < j: vLLM's ``prompt_logprobs[j]`` and the teacher's logits row j-1.
 
-Methods (``FidelityResult.method``):
+Methods (``FidelityResult.method`` / ``.bound``; the math is in docs/qualify.md):
 
-- ``full``: both sides return the whole vocabulary. Both rows are renormalized
-  in float64 first (fp32 log-softmax rows sum to 1 + 1e-6..3e-5; without it
-  the sum is +-1e-5 of noise), then ``sum_v p_t (log p_t - log p_s)``.
-- ``top-K+tail``: the student returned its top K plus the prompt token. S = the
-  tokens whose probability is known on both sides (all of the student's when the
-  teacher file holds full rows); the KL is taken over the buckets {each token in
-  S} + {the rest}, tails ``1 - sum_S p`` as served (clamped at 1e-12). By the
-  log-sum inequality this is a lower bound of the full KLD.
+- ``full`` / ``exact``: both sides returned the whole vocabulary; both rows are
+  renormalized in float64, then ``sum_v p_t (log p_t - log p_s)`` (exactly rounded
+  sum; 0 * log 0 = 0; +inf where the student has no mass and the teacher has).
+- ``top-K+tail`` / ``lower``: otherwise. A proven lower bound of the KLD, even
+  with float32 log-probabilities and tiny tails: it can FAIL a ``max_mean_kld``
+  gate, never PASS it (the gate is then NOT PROVEN).
 
 Teacher file (``.npz``, byte-reproducible: fixed zip timestamps, stored): ``meta``
 (JSON bytes), ``offsets`` (int64 [W+1], positions per window), ``target``
@@ -50,7 +50,6 @@ from pinwheel.serve.receipt import FidelityResult, Gate
 
 PANEL_SCHEMA = "pinwheel.panel/1"
 TEACHER_SCHEMA = "pinwheel.teacher/1"
-FLOOR = 1e-12  # smallest tail mass: a sum of K probabilities can round just above 1
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 MAX_BOOTSTRAP_DRAWS = 2_000_000_000  # resamples x windows: ~1 min of numpy, never more
 BOOTSTRAP_BLOCK = 4_000_000  # indices drawn at once (32 MB of int64)
@@ -393,18 +392,69 @@ class TeacherOutcome:
 
 
 def parse_position(entry: Mapping[str, Any]) -> tuple[Any, Any, int]:
-    """One ``prompt_logprobs`` entry -> (ids int64, logprobs float64, rank-1 id or -1)."""
+    """One ``prompt_logprobs`` entry -> (ids int64, logprobs float64, top-1 id).
+
+    The top-1 id follows the one tie rule both sides use (highest log-probability,
+    ties to the lowest id), not the server's ``rank`` (its order among ties is arbitrary).
+    """
     np = _np()
     ids = np.fromiter((int(k) for k in entry), np.int64, len(entry))
     lps = np.fromiter((float(v["logprob"]) for v in entry.values()), np.float64, len(entry))
-    top1 = next((int(k) for k, v in entry.items() if v.get("rank") == 1), -1)
-    return ids, lps, top1
+    at = ids[lps == lps.max()] if len(lps) else ids
+    return ids, lps, int(at.min()) if len(at) else -1  # -1: empty, or NaN (refused later)
+
+
+VLLM_DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs default caps prompt_logprobs
+
+
+def server_flags(cfg: FidelityConfig | None, args: Sequence[str]) -> tuple[str, ...]:
+    """What a server started for qualification needs so vLLM returns ``top_k`` prompt
+    log-probabilities (``-1``: the whole vocabulary, for the exact KLD): ``--max-logprobs``
+    when the profile's ``args`` leave it at vLLM's default cap of 20."""
+    if cfg is None:
+        return ()
+    need = cfg.top_k
+    given: str | None = None
+    for i, a in enumerate(args):
+        if a == "--max-logprobs" and i + 1 < len(args):
+            given = args[i + 1]
+        elif a.startswith("--max-logprobs="):
+            given = a.split("=", 1)[1]
+    if given is None:
+        if need != -1 and need <= VLLM_DEFAULT_MAX_LOGPROBS:
+            return ()
+        return ("--max-logprobs", str(need))
+    try:
+        have = int(given)
+    except ValueError:
+        have = None
+    if have == -1 or (have is not None and need != -1 and have >= need):
+        return ()
+    raise UsageError(
+        f"the serve profile starts vLLM with --max-logprobs {given}, but [qualify.fidelity] "
+        f"asks for top_k = {need}" + (" (the whole vocabulary)" if need == -1 else ""),
+        where="[serve.profile].args",
+        next=f"set --max-logprobs {need} in the profile's args (or drop it: qualify sets it)",
+    )
 
 
 def _server_rows(client: Any, model: str, panel: Panel, top_k: int) -> list[tuple[Any, Any, int]]:
+    from pinwheel.serve.client import ServerRefused
+
     rows: list[tuple[Any, Any, int]] = []
     for w in panel.windows:
-        got = client.prompt_logprobs(model, w, top_k)
+        try:
+            got = client.prompt_logprobs(model, w, top_k)
+        except ServerRefused as exc:
+            if exc.status != 400 or "logprobs" not in exc.what:
+                raise
+            raise PinwheelError(
+                exc.what,
+                where=client.url,
+                next=f"start the server with --max-logprobs {top_k} (vLLM caps prompt_logprobs "
+                "at 20 by default; -1 allows the whole vocabulary), or let `pinwheel qualify` "
+                "start it (drop --url)",
+            ) from None
         if len(got) != len(w) or got[0] is not None:
             raise PinwheelError(
                 f"the server returned {len(got)} prompt positions for a window of {len(w)}",
@@ -559,62 +609,60 @@ def capture_teacher(req: TeacherRequest) -> TeacherOutcome:
 # --------------------------------------------------------------------------- KLD
 
 
-def coarse_kl(pt: Any, ps: Any) -> float:
-    """KL over the buckets {each token of S} + {tail}, probabilities on S given (float64)."""
-    np = _np()
-    tt = max(1.0 - float(pt.sum()), FLOOR)
-    ts = max(1.0 - float(ps.sum()), FLOOR)
-    body = float(np.sum(pt * (np.log(pt) - np.log(ps))))
-    return body + tt * (math.log(tt) - math.log(ts))
-
-
-def full_kl(t: Any, s: Any) -> float:
-    """KL of two full log-probability rows, both renormalized in float64 first."""
-    np = _np()
-    tn = t.astype(np.float64)
-    tn = tn - np.logaddexp.reduce(tn)
-    sn = s.astype(np.float64)
-    sn = sn - np.logaddexp.reduce(sn)
-    return float(np.sum(np.exp(tn) * (tn - sn)))
-
-
 def score_positions(
     teacher: Teacher, student: Sequence[tuple[Any, Any, int]]
-) -> tuple[Any, Any, bool]:
-    """Per-position KLD (float64), top-1 agreement (bool) and whether every row was full."""
+) -> tuple[Any, Any, bool, int]:
+    """Per-position KLD (float64), top-1 agreement, whether every value is exact, top-1 ties.
+
+    Exact (:func:`kld.exact_kl`) where both sides gave the whole vocabulary; a proven
+    lower bound (:func:`kld.lower_bound`) elsewhere. Top-1 on both sides: the highest
+    log-probability, ties to the lowest token id; a position where either side's
+    maximum is tied counts in ``ties``.
+    """
     np = _np()
+    from pinwheel.serve import kld as K
+
     n = len(student)
-    kld = np.empty(n, np.float64)
+    out = np.empty(n, np.float64)
     agree = np.empty(n, bool)
-    all_full = True
-    for p, (ids, lps, s_top1) in enumerate(student):
+    exact = True
+    ties = 0
+    vocab = None if teacher.full is None else teacher.full.shape[1]
+    for p, (ids, lps, _) in enumerate(student):
+        target = int(teacher.target[p])
         if teacher.full is not None:
-            row = teacher.full[p]
-            t_top1 = int(np.argmax(row))  # first maximum: ties go to the lowest id
-            if len(ids) == len(row):
-                s = np.empty(len(row), np.float64)
-                s[ids] = lps
-                kld[p] = full_kl(row, s)
-            else:
-                all_full = False
-                kld[p] = coarse_kl(np.exp(row[ids].astype(np.float64)), np.exp(lps))
+            t_side = K.Side.whole(teacher.full[p])
         else:
-            all_full = False
-            known = dict(
-                zip(teacher.top_ids[p].tolist(), teacher.top_logprobs[p].tolist(), strict=True)
+            t_side = K.Side.top(
+                teacher.top_ids[p], teacher.top_logprobs[p], [target], [teacher.target_logprob[p]]
             )
-            known[int(teacher.target[p])] = float(teacher.target_logprob[p])
-            t_top1 = int(teacher.top_ids[p, 0])
-            mask = np.fromiter((int(i) in known for i in ids), bool, len(ids))
-            t_lp = np.array([known[int(i)] for i in ids[mask]], np.float64)
-            kld[p] = coarse_kl(np.exp(t_lp), np.exp(lps[mask]))
-        agree[p] = t_top1 == s_top1
-    return kld, agree, all_full
+        try:
+            if vocab is not None and len(ids) == vocab:
+                s_row = np.full(vocab, np.nan)
+                s_row[ids] = lps
+                out[p] = K.exact_kl(t_side.lps, s_row)
+            else:
+                exact = False
+                out[p] = K.lower_bound(t_side, K.Side.served(ids, lps, target))
+        except K.KldInputError as exc:
+            raise VerifyError(
+                f"position {p}: {exc}",
+                where=teacher.source,
+                next="the server or the teacher file returned log-probabilities that are not "
+                "a distribution; recapture, or report it to the engine",
+            ) from None
+        t_top, t_tie = K.top1(t_side.ids, t_side.lps)
+        s_top, s_tie = K.top1(ids, lps)
+        agree[p] = t_top == s_top
+        ties += int(t_tie or s_tie)
+    return out, agree, exact, ties
 
 
 def kld_sha256(kld: Any) -> str:
-    np = _np()
-    return hashlib.sha256(np.asarray(kld, dtype="<f8").tobytes()).hexdigest()
+    """sha256 of the canonical per-position text (:func:`pinwheel.serve.kld.canonical_text`)."""
+    from pinwheel.serve import kld as K
+
+    return K.kld_sha256(kld)
 
 
 def bootstrap_ci(
@@ -655,26 +703,32 @@ def bootstrap_ci(
 def summarize(
     kld: Any,
     agree: Any,
-    all_full: bool,
+    exact: bool,
     *,
     panel: Panel,
     teacher: Teacher,
     top_k: int,
     resamples: int,
     seed: int,
+    ties: int = 0,
 ) -> FidelityResult:
     np = _np()
-    ci, how = bootstrap_ci(kld, teacher.offsets, resamples, seed)
+    with np.errstate(invalid="ignore"):  # +inf positions: inf - inf inside percentiles
+        ci, how = bootstrap_ci(kld, teacher.offsets, resamples, seed)
+        median, p99 = float(np.median(kld)), float(np.percentile(kld, 99))
+    if np.isinf(kld).any():  # an infinite position makes the figures above it infinite
+        ci = tuple(math.inf if x != x else x for x in ci)  # type: ignore[assignment]
+        median, p99 = (math.inf if x != x else x for x in (median, p99))
     return FidelityResult(
         mean_kld=float(kld.mean()),
         ci95=ci,
-        median=float(np.median(kld)),
-        p99=float(np.percentile(kld, 99)),
+        median=median,
+        p99=p99,
         max=float(kld.max()),
         top1=float(agree.mean()),
         positions=int(len(kld)),
         windows=len(panel.windows),
-        method="full" if all_full else f"top-{top_k}+tail",
+        method="full" if exact else f"top-{top_k}+tail",
         kld_sha256=kld_sha256(kld),
         panel_sha256=panel.sha256,
         teacher_sha256=teacher.sha256,
@@ -682,6 +736,8 @@ def summarize(
         top_k=top_k,
         ci_method=how,
         kld=tuple(float(x) for x in kld),
+        bound="exact" if exact else "lower",
+        top1_ties=ties,
     )
 
 
@@ -719,11 +775,12 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
             next="recapture with `pinwheel qualify teacher --top-k -1`, or set top_k",
         )
     student = _server_rows(client, model, panel, cfg.top_k)
-    kld, agree, all_full = score_positions(teacher, student)
+    kld, agree, exact, ties = score_positions(teacher, student)
     return summarize(
         kld,
         agree,
-        all_full,
+        exact,
+        ties=ties,
         panel=panel,
         teacher=teacher,
         top_k=cfg.top_k,
@@ -735,9 +792,14 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
 # --------------------------------------------------------------------------- gates
 
 
+NOT_PROVEN = "NOT PROVEN"  # a gate failure: the figure cannot show the limit is met
+
+
 def judge(cfg: FidelityConfig | None, result: FidelityResult | None) -> tuple[Gate, ...]:
     """The card's fidelity gates on the raw figures: ``<`` where the card writes ``<``.
 
+    ``max_mean_kld`` PASSes only on the exact KLD: a lower bound FAILs it when the bound
+    already breaks the limit and leaves it NOT PROVEN (a failure) otherwise.
     ``tolerance`` widens a gate that is a card's own measurement (never a strict gate);
     without a pinned panel (FILL IN) the gates SKIP with the reason: never PASS.
     """
@@ -747,25 +809,36 @@ def judge(cfg: FidelityConfig | None, result: FidelityResult | None) -> tuple[Ga
     unpinned = cfg.panel is None
     why = "FILL IN: the card's panel and teacher are not pinned in [qualify.fidelity]"
     if cfg.max_mean_kld is not None:
+        name = "fidelity mean KLD (nats)"
         t = cfg.max_mean_kld if cfg.strict else cfg.max_mean_kld * (1 + cfg.tolerance)
         op = "<" if cfg.strict else "<="
         needs = f"{op} {t:.6g}" + _card(cfg.max_mean_kld, cfg.tolerance, cfg.strict)
         if unpinned:
-            gates.append(Gate("fidelity mean KLD (nats)", "SKIP", "not measured", needs, why))
+            gates.append(Gate(name, "SKIP", "not measured", needs, why))
         elif result is None:
-            gates.append(Gate("fidelity mean KLD (nats)", "FAIL", "not measured", needs))
+            gates.append(Gate(name, "FAIL", "not measured", needs))
         else:
             ok = result.mean_kld < t if cfg.strict else result.mean_kld <= t
-            gates.append(
-                Gate(
-                    "fidelity mean KLD (nats)",
-                    "PASS" if ok else "FAIL",
-                    repr(result.mean_kld),  # raw: never rounded
-                    needs,
-                    f"{result.method}, {result.positions} positions, 95% CI "
-                    f"{result.ci95[0]:.3e}-{result.ci95[1]:.3e}",
-                )
+            detail = (
+                f"{result.method}, {result.positions} positions, 95% CI "
+                f"{result.ci95[0]:.3e}-{result.ci95[1]:.3e}"
             )
+            if result.bound == "exact":
+                status, measured = ("PASS" if ok else "FAIL"), repr(result.mean_kld)  # raw
+            else:
+                measured = f">= {result.mean_kld!r} (lower bound)"
+                if not ok:
+                    status = "FAIL"
+                    detail = "the lower bound already breaks the limit; " + detail
+                else:
+                    status = NOT_PROVEN
+                    detail = (
+                        "a top-K figure is only a lower bound of the KLD: it can prove a "
+                        "FAIL, never a PASS; score full-vocabulary rows (top_k = -1, a "
+                        "teacher with full rows; qualify starts vLLM with --max-logprobs "
+                        "-1); " + detail
+                    )
+            gates.append(Gate(name, status, measured, needs, detail))
     if cfg.min_top1 is not None:
         t = cfg.min_top1 * (1 - cfg.tolerance)
         needs = f">= {t:.6g}" + _card(cfg.min_top1, cfg.tolerance, False)
@@ -780,7 +853,8 @@ def judge(cfg: FidelityConfig | None, result: FidelityResult | None) -> tuple[Ga
                     "PASS" if result.top1 >= t else "FAIL",
                     repr(result.top1),
                     needs,
-                    f"{round(result.top1 * result.positions)}/{result.positions} positions",
+                    f"{round(result.top1 * result.positions)}/{result.positions} positions; "
+                    f"{result.top1_ties} with a tied maximum (ties go to the lowest token id)",
                 )
             )
     return tuple(gates)

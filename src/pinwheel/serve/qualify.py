@@ -39,6 +39,7 @@ from pinwheel.serve.client import (
     metric_total,
 )
 from pinwheel.serve.receipt import (
+    FAILING,
     NOT_MEASURABLE,
     SCHEMA,
     Acceptance,
@@ -257,7 +258,7 @@ def decode_sample(
         drafts=drafts,
         draft_tokens=draft_tokens,
         accepted=accepted,
-        accepted_per_pass=(accepted / drafts) if drafts and accepted is not None else None,
+        acceptance_length=(1 + accepted / drafts) if drafts and accepted is not None else None,
         accepted_per_pos=per_pos,
     )
 
@@ -456,8 +457,8 @@ def qualify(
             part.fidelity = fidelity.measure(client, model, config.fidelity)
             f = part.fidelity
             reporter.info(
-                f"fidelity: mean KLD {f.mean_kld:.4e} nats ({f.method}, {f.positions} "
-                f"positions), top-1 {f.top1:.4f}"
+                f"fidelity: mean KLD {'>= ' if f.bound == 'lower' else ''}{f.mean_kld:.4e} "
+                f"nats ({f.method}, {f.bound}, {f.positions} positions), top-1 {f.top1:.4f}"
             )
     except (ServerGone, ServerRefused) as exc:
         error = _explain(exc, target)
@@ -483,7 +484,7 @@ def qualify(
         smoke=part.smoke,
         served=(served_name, part.server.get("model") if served_name else None),
     ) + fidelity.judge(config.fidelity, part.fidelity)
-    verdict = "ERROR" if error else ("FAIL" if any(g.status == "FAIL" for g in gates) else "PASS")
+    verdict = "ERROR" if error else ("FAIL" if any(g.status in FAILING for g in gates) else "PASS")
     receipt = Receipt(
         schema=SCHEMA,
         verdict=verdict,
@@ -514,12 +515,16 @@ def qualify(
 
 def gate_failure(receipt: Receipt, out: Path) -> GateFailed | None:
     """The error the CLI exits with (7) when a gate failed; None for a passing receipt."""
-    failed = [g for g in receipt.gates if g.status == "FAIL"]
+    failed = [g for g in receipt.gates if g.status in FAILING]
     if not failed:
         return None
     return GateFailed(
         "qualification FAILED: "
-        + "; ".join(f"{g.name} {g.measured} (needs {g.threshold})" for g in failed),
+        + "; ".join(
+            f"{g.name} {'' if g.status == 'FAIL' else g.status + ': '}{g.measured} "
+            f"(needs {g.threshold})"
+            for g in failed
+        ),
         where=str(out / "report.md"),
         next="read the report; compare builds by ms/pass, then rerun `pinwheel qualify`",
     )
@@ -583,13 +588,23 @@ def _explain(exc: PinwheelError, target: Target) -> PinwheelError:
     return exc
 
 
+def _mean_acceptance_length(decode: Sequence[DecodeSample]) -> float | None:
+    """vLLM's mean acceptance length over the decode phase: 1 + accepted / drafts."""
+    a = _acceptance(decode)
+    return a.mean_length if a else None
+
+
 def _summary(
     decode: Sequence[DecodeSample], single: Spread | None, ms_pass: Spread | None
 ) -> dict[str, Any]:
-    acc = spread([s.accepted_per_pass for s in decode if s.accepted_per_pass is not None])
+    acc = spread([s.acceptance_length for s in decode if s.acceptance_length is not None])
     drafts = sum(s.drafts or 0 for s in decode)
     draft_tokens = sum(s.draft_tokens or 0 for s in decode)
     accepted = sum(s.accepted or 0 for s in decode)
+    per_pos: dict[str, float] = {}
+    for s in decode:
+        for k, v in s.accepted_per_pos.items():
+            per_pos[k] = per_pos.get(k, 0.0) + v
     per_prompt = {}
     for i in sorted({s.prompt for s in decode}):
         one = spread([s.tok_s for s in decode if s.prompt == i])
@@ -603,9 +618,14 @@ def _summary(
             sorted({s.passes_from for s in decode if s.ms_per_pass is not None})
         )
         or NOT_MEASURABLE,
-        "accepted_per_pass": asdict(acc) if acc else None,
+        "acceptance_length": asdict(acc) if acc else None,  # per decode run
         "acceptance_rate": (accepted / draft_tokens) if draft_tokens else None,
-        "mean_acceptance_length": (1 + accepted / drafts) if drafts else None,
+        "mean_acceptance_length": _mean_acceptance_length(decode),
+        "per_position_acceptance_rates": [
+            per_pos[k] / drafts for k in sorted(per_pos, key=lambda k: (len(k), k))
+        ]
+        if drafts
+        else None,
         "ttft_s": asdict(ttft) if (ttft := spread([s.ttft_s for s in decode])) else None,
         "per_prompt_tok_s": per_prompt,
     }

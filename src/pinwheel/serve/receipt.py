@@ -38,8 +38,8 @@ class DecodeSample:
     drafts: float | None
     draft_tokens: float | None
     accepted: float | None
-    accepted_per_pass: float | None  # accepted draft tokens per verify pass
-    accepted_per_pos: Mapping[str, float] = field(default_factory=dict)
+    acceptance_length: float | None  # vLLM's mean acceptance length: 1 + accepted / drafts
+    accepted_per_pos: Mapping[str, float] = field(default_factory=dict)  # counter deltas
 
 
 @dataclass(frozen=True)
@@ -102,22 +102,27 @@ class FidelityResult:
     positions: int
     windows: int
     method: str  # "full" or "top-K+tail"
-    kld_sha256: str  # sha256 of the per-position KLD, float64 little-endian bytes
+    kld_sha256: str  # sha256 of the canonical per-position text (kld.canonical_text)
     panel_sha256: str
     teacher_sha256: str
     teacher_source: str
     top_k: int
     ci_method: str
     kld: tuple[float, ...] = field(default=(), repr=False, compare=False)  # not in the JSON
+    bound: str = "exact"  # "exact", or "lower": every figure above is a lower bound
+    top1_ties: int = 0  # positions where either side's maximum was tied
 
 
 NOT_MEASURABLE = "not measurable"
+FAILING = ("FAIL", "NOT PROVEN")  # gate statuses that fail the qualification
 
 
 @dataclass(frozen=True)
 class Gate:
     name: str
-    status: str  # PASS | FAIL | SKIP | INFO (compared with the card's figure, never fails)
+    # PASS | FAIL | SKIP | INFO (compared with the card's figure, never fails) |
+    # NOT PROVEN (a failure: the figure cannot show the limit is met)
+    status: str
     measured: str
     threshold: str
     detail: str = ""

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
-from pinwheel.serve.receipt import Receipt
+from pinwheel.serve.receipt import FAILING, Receipt
 
 STATUS_COLOURS = {"pass": "#2e7d32", "miss": "#c62828", "garbage": "#6a1b9a", "skipped": "#9e9e9e"}
 
@@ -41,7 +41,7 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
         "|---|---|---|---|---|",
     ]
     for g in r.gates:
-        mark = f"**{g.status}**" if g.status == "FAIL" else g.status
+        mark = f"**{g.status}**" if g.status in FAILING else g.status
         lines.append(f"| {g.name} | {mark} | {g.measured} | {g.threshold} | {g.detail} |")
     if not r.gates:
         lines.append("| (none) | | | | |")
@@ -59,12 +59,12 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
         lines.append(
             f"- ms per forward pass: median **{m['median']:.2f}** ({m['low']:.2f}-{m['high']:.2f})"
         )
-    if s.get("accepted_per_pass"):
-        a = s["accepted_per_pass"]
+    if s.get("mean_acceptance_length") is not None:
+        rates = ", ".join(f"{x:.2f}" for x in s.get("per_position_acceptance_rates") or ())
         lines.append(
-            f"- accepted draft tokens per pass: median {a['median']:.2f}; acceptance rate "
-            f"{_num(s.get('acceptance_rate'))}; "
-            f"mean acceptance length {_num(s.get('mean_acceptance_length'))}"
+            f"- mean acceptance length (1 + accepted/drafts) "
+            f"**{_num(s.get('mean_acceptance_length'))}**; acceptance rate "
+            f"{_num(s.get('acceptance_rate'))}; per-position acceptance rate: {rates}"
         )
     if s.get("ttft_s"):
         lines.append(f"- time to first token: median {s['ttft_s']['median']:.3f} s")
@@ -73,13 +73,13 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
         lines.append(f"- the card measured: {ref}")
     lines += [
         "",
-        "| prompt | repeat | tokens | TTFT s | tok/s | passes | ms/pass | accepted/pass |",
+        "| prompt | repeat | tokens | TTFT s | tok/s | passes | ms/pass | acceptance length |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for d in r.decode:
         lines.append(
             f"| {d.prompt} | {d.repeat} | {d.tokens} | {d.ttft_s:.3f} | {d.tok_s:.2f} | "
-            f"{d.passes} | {_num(d.ms_per_pass)} | {_num(d.accepted_per_pass)} |"
+            f"{d.passes} | {_num(d.ms_per_pass)} | {_num(d.acceptance_length)} |"
         )
     if "decode" in plots:
         lines += ["", f"![per-prompt tok/s]({plots['decode']})"]
@@ -148,13 +148,15 @@ def _fidelity_markdown(r: Receipt, plots: dict[str, str]) -> list[str]:
         "## Fidelity: KLD(teacher || served model), nats",
         "",
         "| fidelity.mean_kld | fidelity.ci95 | fidelity.median | fidelity.p99 | "
-        "fidelity.top1 | fidelity.positions | fidelity.method |",
-        "|---|---|---|---|---|---|---|",
+        "fidelity.top1 | fidelity.positions | fidelity.method | fidelity.bound |",
+        "|---|---|---|---|---|---|---|---|",
         f"| {f.mean_kld!r} | {_sci(f.ci95[0])} - {_sci(f.ci95[1])} | {_sci(f.median)} | "
-        f"{_sci(f.p99)} | {f.top1!r} | {f.positions} ({f.windows} windows) | {f.method} |",
+        f"{_sci(f.p99)} | {f.top1!r} | {f.positions} ({f.windows} windows) | {f.method} | "
+        f"{f.bound} |",
         "",
-        f"- fidelity.kld_sha256 `{f.kld_sha256}` (per-position KLD, float64 little-endian: "
-        "`fidelity_kld.f64`)",
+        f"- fidelity.kld_sha256 `{f.kld_sha256}` (sha256 of `fidelity_kld.txt`: one "
+        '`printf("%.9f\\n")` line per position; the float64 values: `fidelity_kld.f64`)',
+        f"- top-1 ties (either side's maximum tied; ties go to the lowest token id): {f.top1_ties}",
         f"- panel sha256 `{f.panel_sha256}`; teacher sha256 `{f.teacher_sha256}` "
         f"({f.teacher_source})",
         f"- 95% CI: {f.ci_method}; max {_sci(f.max)}",
@@ -266,10 +268,10 @@ def render_plots(r: Receipt, out: Path) -> dict[str, str]:
         ax.hist(logs, bins=40, color="#1565c0")
         ax.axvline(math.log10(max(r.fidelity.mean_kld, 1e-16)), color="#000", label="mean")
         for g in r.gates:
-            if g.name.startswith("fidelity mean KLD") and g.threshold.startswith("<="):
-                ax.axvline(
-                    math.log10(float(g.threshold[2:])), color="#c62828", ls="--", label="gate"
-                )
+            if g.name.startswith("fidelity mean KLD") and g.threshold.startswith("<"):
+                limit = float(g.threshold.lstrip("<= "))
+                if limit > 0:
+                    ax.axvline(math.log10(limit), color="#c62828", ls="--", label="gate")
         ax.legend()
         ax.set_xlabel("log10 KLD per position (nats; 1e-16 floor)")
         ax.set_ylabel("positions")
@@ -306,5 +308,8 @@ def write_outputs(receipt: Receipt, out: Path) -> None:
     if receipt.fidelity is not None:
         kld = receipt.fidelity.kld
         atomic_write_bytes(out / "fidelity_kld.f64", struct.pack(f"<{len(kld)}d", *kld))
+        from pinwheel.serve.kld import canonical_text  # numpy: fidelity ran, so it is there
+
+        atomic_write_bytes(out / "fidelity_kld.txt", canonical_text(kld))
     atomic_write_text(out / "receipt.json", receipt.to_json())
     atomic_write_text(out / "report.md", render_markdown(receipt, plots))

@@ -3,22 +3,31 @@
 In: streamed replies (:class:`~pinwheel.serve.client.Stream`), the wall time
 they ran in, optional SLOs and spec-decode counter deltas. Out: a flat dict
 whose keys match ``vllm bench serve``'s result JSON where they mean the same
-thing (vLLM 0.32, ``vllm/benchmarks/serve.py``):
+thing, computed as vLLM 0.32 computes them (``vllm/benchmarks/serve.py``
+``calculate_metrics`` and ``benchmarks/lib/endpoint_request_func.py``):
 
-- ``ttft`` = first text chunk - request sent; ``e2el`` = last chunk - sent;
-  ``tpot`` per request = (e2el - ttft) / (output tokens - 1);
-  ``itl`` = every gap between text chunks (several tokens per chunk under
-  spec decode, as vLLM counts them);
-- ``mean_X_ms``, ``median_X_ms``, ``std_X_ms`` (population), ``p90_X_ms``,
-  ``p99_X_ms`` (numpy's linear percentile, which vLLM uses);
+- every chunk with a non-empty ``choices`` is timed (the role chunk and the
+  finish chunk too, not the usage-only chunk): ``ttft`` = first such chunk -
+  request sent; ``e2el`` = last such chunk - sent; ``itl`` = every gap between
+  them; ``tpot`` per request = (e2el - ttft) / (output tokens - 1), only for
+  requests with more than one output token;
+- ``mean_X_ms`` = ``np.mean(seconds) * 1000``, likewise ``median``, ``std``
+  (population), ``p90``/``p99`` (``np.percentile``, linear); an empty list counts
+  as ``[0]``;
 - ``duration``, ``completed``, ``total_output_tokens``, ``request_throughput``,
   ``output_throughput`` (tokens / duration), ``request_goodput`` (requests
-  meeting every SLO / duration; None without SLOs, as vLLM writes it);
-- ``spec_decode_acceptance_rate`` (percent), ``spec_decode_acceptance_length``,
+  meeting every SLO / duration; None without SLOs);
+- goodput: a request is good when ``slo_ms / 1000 >= value`` (seconds) for each
+  SLO; a request with at most one output token has TPOT 0 there (vLLM's rule);
+- ``spec_decode_acceptance_rate`` (percent), ``spec_decode_acceptance_length``
+  (vLLM's "mean acceptance length": 1 + accepted / drafts),
   ``spec_decode_num_drafts``, ``spec_decode_draft_tokens``,
-  ``spec_decode_accepted_tokens``, ``spec_decode_per_position_acceptance_rates``.
+  ``spec_decode_accepted_tokens``, ``spec_decode_per_position_acceptance_rates``
+  (accepted at draft position i / drafts).
 
-Goodput: vLLM counts a request good when each SLO >= its value (ttft, tpot, e2el).
+numpy computes the figures when it is installed (the ``qualify`` extra), as vLLM
+does; without it, the same formulas in Python agree to rounding (``statistics``
+names which).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from typing import Any
 from pinwheel.manifest.serve import Slo
 
 PERCENTILES = (90, 99)
+MS = 1000.0  # vLLM's MILLISECONDS_TO_SECONDS_CONVERSION
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -43,26 +53,48 @@ def percentile(values: Sequence[float], p: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
 def describe(name: str, seconds: Sequence[float]) -> dict[str, float]:
-    ms = [s * 1000.0 for s in seconds] or [0.0]  # vLLM reports 0 for an empty list
+    """``np.mean(seconds or 0) * 1000`` and friends, exactly as vLLM computes them."""
+    np = _numpy()
+    xs: Sequence[float] = list(seconds) or [0.0]
+    if np is not None:
+        out = {
+            f"mean_{name}_ms": float(np.mean(xs) * MS),
+            f"median_{name}_ms": float(np.median(xs) * MS),
+            f"std_{name}_ms": float(np.std(xs) * MS),
+        }
+        for p in PERCENTILES:
+            out[f"p{p}_{name}_ms"] = float(np.percentile(xs, p) * MS)
+        return out
     out = {
-        f"mean_{name}_ms": statistics.fmean(ms),
-        f"median_{name}_ms": statistics.median(ms),
-        f"std_{name}_ms": statistics.pstdev(ms),
+        f"mean_{name}_ms": statistics.fmean(xs) * MS,
+        f"median_{name}_ms": statistics.median(xs) * MS,
+        f"std_{name}_ms": statistics.pstdev(xs) * MS,
     }
     for p in PERCENTILES:
-        out[f"p{p}_{name}_ms"] = percentile(ms, p)
+        out[f"p{p}_{name}_ms"] = percentile(xs, p) * MS
     return out
 
 
 def per_request(stream: Any) -> dict[str, Any]:
+    """One request's figures as vLLM takes them from the same chunks."""
     tokens = int(stream.completion_tokens)
-    tpot = (stream.e2el_s - stream.ttft_s) / (tokens - 1) if tokens > 1 else None
+    ttft = float(stream.bench_ttft_s)
+    e2el = float(stream.bench_latency_s)
+    tpot = (e2el - ttft) / (tokens - 1) if tokens > 1 else None
     return {
-        "ttft": stream.ttft_s,
-        "tpot": tpot,
-        "e2el": stream.e2el_s,
-        "itl": list(stream.itl_s),
+        "ttft": ttft,
+        "tpot": tpot,  # None: not in the TPOT statistics; 0 for goodput (vLLM)
+        "e2el": e2el,
+        "itl": list(stream.bench_itl_s),
         "output_tokens": tokens,
     }
 
@@ -86,6 +118,7 @@ def serving_stats(
     out |= describe("tpot", [r["tpot"] for r in reqs if r["tpot"] is not None])
     out |= describe("itl", [gap for r in reqs for gap in r["itl"]])
     out |= describe("e2el", [r["e2el"] for r in reqs])
+    out["statistics"] = "numpy" if _numpy() is not None else "python"
     out["request_goodput"] = None
     if slo is not None and any(v is not None for v in vars(slo).values()):
         good = sum(1 for r in reqs if meets(r, slo))
@@ -102,11 +135,12 @@ def serving_stats(
 
 
 def meets(req: Mapping[str, Any], slo: Slo) -> bool:
+    """vLLM's goodput test: ``slo_ms / 1000 >= value`` in seconds; TPOT 0 for <= 1 token."""
     for key, limit in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms), ("e2el", slo.e2el_ms)):
         if limit is None:
             continue
-        value = req[key]
-        if value is None or value * 1000.0 > limit:
+        value = req[key] if req[key] is not None else 0.0
+        if not limit / MS >= value:
             return False
     return True
 
