@@ -130,33 +130,46 @@ def _manifest(tmp_path, profile_lines: str):
 
 
 @pytest.mark.parametrize(
-    "line",
-    ["reference = { accepted_per_pass = 2.79 }", "min_accepted_per_pass = 2.0"],
+    ("line", "new"),
+    [
+        ("reference = { accepted_per_pass = 2.79 }", "acceptance_length"),
+        ("min_accepted_per_pass = 2.0", "min_acceptance_length"),
+    ],
 )
-def test_the_old_acceptance_key_is_refused_with_its_new_name(tmp_path, line):
+def test_the_old_acceptance_key_is_refused_with_its_new_name(tmp_path, line, new):
     from pinwheel.errors import ManifestError
 
-    with pytest.raises(ManifestError, match="renamed to 'min_mean_acceptance_length'|renamed "
-                       "to 'mean_acceptance_length'") as err:  # fmt: skip
+    with pytest.raises(ManifestError, match=f"renamed to '{new}'") as err:
         _manifest(tmp_path, line)
     assert "1 + accepted / drafts" in str(err.value)
 
 
-def test_mean_acceptance_length_gate(tmp_path):
-    from pinwheel.serve.qualify import DecodeSample, _mean_acceptance_length
-    from pinwheel.serve.receipt import judge
+def test_decode_runs_report_vllms_mean_acceptance_length(tmp_path):
+    from pinwheel.serve.qualify import _summary
+    from pinwheel.serve.receipt import DecodeSample
 
-    prof = _manifest(tmp_path, "min_mean_acceptance_length = 2.5")
     # two decode runs: 10 drafts / 14 accepted and 6 drafts / 10 accepted -> 1 + 24/16 = 2.5
     runs = [
-        DecodeSample(0, r, 32, 0.1, 1.0, 31.0, 10, "spec-decode drafts", 100.0, d, 3 * d, a, None)
+        DecodeSample(
+            0,
+            r,
+            32,
+            0.1,
+            1.0,
+            31.0,
+            10,
+            "spec-decode drafts",
+            100.0,
+            d,
+            3 * d,
+            a,
+            1 + a / d,
+            {"0": a / 2, "1": a / 2},
+        )  # fmt: skip
         for r, (d, a) in enumerate(((10.0, 14.0), (6.0, 10.0)))
     ]
-    length = _mean_acceptance_length(runs)
-    assert length == 2.5  # vLLM: 1 + accepted / drafts; accepted / drafts would be 1.5
-    (gate,) = judge(prof, None, None, (), (), (), acceptance_length=length)
-    assert gate.name == "mean acceptance length" and gate.status == "PASS"
-    (low,) = judge(prof, None, None, (), (), (), acceptance_length=2.4999)
-    assert low.status == "FAIL" and low.measured == "2.4999"
-    (none,) = judge(prof, None, None, (), (), (), acceptance_length=None)
-    assert none.status == "FAIL" and none.measured == "not measurable"
+    s = _summary(runs, None, None)
+    assert s["mean_acceptance_length"] == 2.5  # accepted / drafts (old "per pass") is 1.5
+    assert s["acceptance_length"]["median"] == pytest.approx((2.4 + 1 + 10 / 6) / 2)
+    assert s["per_position_acceptance_rates"] == [12 / 16, 12 / 16]
+    assert s["acceptance_rate"] == 24 / 48
