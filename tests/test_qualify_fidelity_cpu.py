@@ -290,9 +290,9 @@ def test_fidelity_degraded_student_matches_offline_exact_and_fails_a_gate_below_
                      "max_mean_kld = 0.01": "max_mean_kld = 1.0",
                      "min_top1 = 0.8": "min_top1 = 0.5"})  # fmt: skip
     below = _manifest(tmp_path / "b", inputs, tiny=True, **{"top_k = 20": "top_k = -1",
-                      "max_mean_kld = 0.01": f'max_mean_kld = "< {exact_offline / 2}"'})  # fmt: skip
+                      "max_mean_kld = 0.01": f"max_mean_kld = {exact_offline / 2}\nstrict = true"})  # fmt: skip
     topk = _manifest(tmp_path / "c", inputs, tiny=True, **{"max_mean_kld = 0.01":
-                     f'max_mean_kld = "< {exact_offline * 2}"'})  # fmt: skip
+                     f"max_mean_kld = {exact_offline * 2}\nstrict = true"})  # fmt: skip
     with _server(cpu, "perturbed", tmp_path / "srv", degraded["model"]) as srv:
         code_ok, ok = _qualify(full, srv, tmp_path / "full", "perturbed")
         code_below, low = _qualify(below, srv, tmp_path / "below", "perturbed")
