@@ -10,6 +10,7 @@ import json
 import math
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -292,3 +293,25 @@ def test_qualification_server_is_allowed_the_panels_log_probabilities():
     with pytest.raises(UsageError, match="--max-logprobs 20") as err:
         fidelity.server_flags(_cfg(top_k=-1), ["--max-logprobs", "20"])
     assert "--max-logprobs -1" in str(err.value.next)
+
+
+def test_qualify_starts_the_server_with_the_log_probabilities_it_asks_for(tmp_path):
+    # The server qualify starts must allow top_k = -1 (full rows): a stand-in python
+    # records the argv it was started with and exits, like a server that failed to start.
+    from pinwheel.cli import main
+
+    fixture = Path(__file__).parent / "fixtures" / "qualify-fidelity-cpu.toml"
+    m = tmp_path / "m.toml"
+    m.write_text(fixture.read_text().replace("top_k = 20", "top_k = -1"))
+    argv_file = tmp_path / "argv"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{argv_file}"\nexit 3\n')
+    python.chmod(0o755)
+    (tmp_path / "model").mkdir()
+    code = main(["qualify", "--manifest", str(m), "--profile", "bf16", "--model",
+                 str(tmp_path / "model"), "--python", str(python), "--out",
+                 str(tmp_path / "out")])  # fmt: skip
+    assert code == 1  # the stand-in exited: the server never became healthy
+    argv = argv_file.read_text().splitlines()
+    i = argv.index("--max-logprobs")
+    assert argv[i + 1] == "-1"

@@ -382,7 +382,7 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
 
         from pinwheel.serve.fidelity import server_flags
 
-        run = replace(run, argv=run.argv + server_flags(fid, r["profile"].args))
+        run = replace(run, argv=run.argv + server_flags(fid, r.profile.args))
     url = f"http://127.0.0.1:{port}"
     with started_server(run, out, environ=ctx.environ, url=url, reporter=ctx.reporter) as target:
         yield target
