@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol, TextIO
 
+from pinwheel.urls import redact_text
+
 #: Called with the size of each chunk moved.
 Advance = Callable[[int], None]
 
@@ -89,7 +91,8 @@ class LineReporter:
         self.verbose = verbose
 
     def info(self, message: str) -> None:
-        print(self.prefix + message, file=self.stream, flush=True)
+        # One redaction for every output: a URL's credentials never reach a log line.
+        print(self.prefix + redact_text(message), file=self.stream, flush=True)
 
     def detail(self, message: str) -> None:
         if self.verbose:

@@ -2,9 +2,8 @@
 
 A URL read from a manifest reaches ``git`` as an argument, so one that starts
 with ``-`` would be an option (``--upload-pack=CMD`` runs CMD). :func:`url_problem`
-admits only the forms git documents for a remote: ``https``, ``http``, ``ssh``,
-``git`` and ``file`` URLs, scp-style ``user@host:path`` and absolute local
-paths. :func:`redact` hides credentials (``https://user:token@host``) in every
+admits only the forms git documents for a remote (the allowlist lives in
+:mod:`pinwheel.validate`). :func:`redact` hides credentials (``https://user:token@host``) in every
 message and log line that shows a URL; :func:`redact_text` does the same for
 free text such as git's stderr.
 """
@@ -12,16 +11,19 @@ free text such as git's stderr.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
-SCHEMES = ("https", "http", "ssh", "git", "file")
+from pinwheel.validate import git_url_problem
 
-_SCHEME_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://(?P<rest>\S+)")
-# [user@]host:path, where the host names no scheme ("://") and no slash before the colon.
-# "host::x" is not scp-style: git reads "<transport>::<address>" as a remote helper
-# (ext::, fd::), so a second colon right after the host is refused.
-_SCP = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._~+\-]*@)?[A-Za-z0-9][A-Za-z0-9.\-]*:(?!:)(?!//)\S+")
 # Anything "scheme://userinfo@" in free text: keep the user name, drop the secret.
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/@\s]+)@")
+# Query or fragment parameters that carry a secret (?access_token=..., &sig=..., #token=...).
+_SECRET_PARAM = re.compile(
+    r"(?P<lead>[?&#;][A-Za-z0-9_.\-]*(?:token|secret|password|passwd|pwd|auth|key|"
+    r"credential|credentials|signature|sig|session)=)(?P<value>[^&#\s\"'<>]+)",
+    re.IGNORECASE,
+)
 
 
 def _hide(match: re.Match[str]) -> str:
@@ -30,36 +32,29 @@ def _hide(match: re.Match[str]) -> str:
 
 
 def redact(url: str) -> str:
-    """``url`` with any password or token replaced by ``***`` (user names kept)."""
-    return _USERINFO.sub(_hide, url)
+    """``url`` with any password, token or secret query parameter replaced by ``***``.
+
+    User names are kept (``https://user:***@host``); ``?access_token=***``.
+    """
+    return _SECRET_PARAM.sub(lambda m: f"{m.group('lead')}***", _USERINFO.sub(_hide, url))
 
 
 def redact_text(text: str) -> str:
     """Every URL inside ``text`` (an error message, git's stderr) redacted."""
-    return _USERINFO.sub(_hide, text)
+    return redact(text)
 
 
 def url_problem(url: str) -> str | None:
-    """Why ``url`` is not an acceptable git remote, or None when it is."""
-    if not url or url != url.strip():
-        return "an empty URL or one with leading/trailing whitespace"
-    if url.startswith("-"):
-        return "a URL that starts with '-' (git would read it as an option)"
-    if any(ord(c) < 32 or ord(c) == 127 for c in url):
-        return "a URL with control characters"
-    if "::" in url.split("/")[0]:
-        return "a remote-helper address ('<transport>::...'; git would run a helper program)"
-    m = _SCHEME_URL.fullmatch(url)
-    if m:
-        if m.group("scheme").lower() not in SCHEMES:
-            return f"scheme '{m.group('scheme')}' (allowed: {', '.join(SCHEMES)})"
-        if m.group("scheme").lower() != "file" and m.group("rest").startswith(("-", "/")):
-            return "a URL whose host is missing or starts with '-'"
-        return None
-    if "://" in url:
-        return "a URL with a scheme git does not fetch from here"
-    if url.startswith("/"):
-        return None  # an absolute local path (a mirror or a test repository)
-    if _SCP.fullmatch(url):
-        return None
-    return "a URL (https://, http://, ssh://, git://, file://, user@host:path or /abs/path)"
+    """Why ``url`` is not an acceptable git remote, or None when it is (see pinwheel.validate)."""
+    return git_url_problem(url)
+
+
+def redact_tree(value: Any) -> Any:
+    """A JSON-like value with every string redacted (receipts, --json documents)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {k: redact_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_tree(v) for v in value]
+    return value

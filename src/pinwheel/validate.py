@@ -5,6 +5,24 @@ trailing newline through (``$`` matches before a final ``\\n``), and ``int()``
 accepts ``" 8_0\\n"``. Each validator returns the value in its canonical form or
 raises ``ValueError`` with the reason; callers turn that into the project's
 error naming the key or flag it came from.
+
+Problem-style validators (``*_problem`` returns why a value is refused, or None;
+``check`` turns that into :class:`Invalid`), one per kind of value that reaches git,
+a shell, pip or a file system:
+
+- :func:`git_url_problem`: a repository URL. Protocol allowlist: ``https``,
+  ``ssh``, ``git``, ``file`` (mirrors), ``http`` only for a loopback host;
+  scp-style ``user@host:path`` and absolute paths. Never a remote helper
+  (``ext::``, ``fd::``, ``<transport>::``), never option-shaped (``-...``),
+  never control characters or whitespace.
+- :func:`index_url_problem`: a package index (``https``, ``http`` only on loopback).
+- :func:`ref_problem` / :func:`tag_problem`: git ref names by ``check-ref-format``
+  rules, never starting with ``-``.
+- :func:`identifier_problem`: names that become file names, shell words or CLI values.
+- :func:`env_key_problem`: environment variable names.
+- :func:`version_problem`: PEP 440 versions (with a local label).
+- :func:`rel_path_problem`: relative paths that stay inside their root.
+- :func:`line_problem`: free text that must stay one printable line.
 """
 
 from __future__ import annotations
@@ -129,3 +147,268 @@ def http_url(value: str, *, schemes: tuple[str, ...] = ("https", "http")) -> str
 def https_url(value: str) -> str:
     """``http_url`` for https only (package indexes: torch_index)."""
     return http_url(value, schemes=("https",))
+
+
+# ---------------------------------------------------------------- problem-style validators
+
+
+# Transports git may use for a manifest's repositories (GIT_ALLOW_PROTOCOL uses the same list).
+GIT_SCHEMES = ("https", "http", "ssh", "git", "file")
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SCHEME_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://(?P<rest>[^\s]*)")
+# [user@]host:path: no scheme, no slash before the colon, no second colon (remote helper).
+_SCP = re.compile(
+    r"(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9._~+\-]*)@)?(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]*)"
+    r":(?!:)(?!//)(?P<path>[^\s]+)"
+)
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.\-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+
+
+class Invalid(ValueError):
+    """A value of ``kind`` refused, with the reason."""
+
+    def __init__(self, kind: str, value: object, problem: str):
+        super().__init__(f"{kind} {value!r}: {problem}")
+        self.kind = kind
+        self.value = value
+        self.problem = problem
+
+
+def _basic(value: object) -> str | None:
+    if not isinstance(value, str):
+        return "not a string"
+    if not value:
+        return "empty"
+    if _CONTROL.search(value):
+        return "it contains control characters (a newline, tab or escape)"
+    if value.startswith("-"):
+        return "it starts with '-' (a program would read it as an option)"
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_parts(url: str) -> tuple[str, str, str] | None:
+    """(scheme, host, userinfo) of a scheme://host/... URL, or None when unparsable."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return None
+    userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+    return parts.scheme.lower(), host, userinfo
+
+
+def git_url_problem(url: object, *, schemes: tuple[str, ...] = GIT_SCHEMES) -> str | None:
+    """Why ``url`` is not an acceptable repository URL, or None when it is."""
+    basic = _basic(url)
+    if basic:
+        return basic
+    assert isinstance(url, str)
+    if url != url.strip() or any(c.isspace() for c in url):
+        return "it contains whitespace"
+    if "::" in url.split("/")[0]:
+        return "a remote-helper address ('<transport>::...'; git would run a helper program)"
+    m = _SCHEME_URL.fullmatch(url)
+    if m:
+        scheme = m.group("scheme").lower()
+        if scheme not in schemes:
+            return f"scheme '{m.group('scheme')}' (allowed: {', '.join(schemes)})"
+        if scheme == "file":
+            path = urllib.parse.unquote(m.group("rest"))
+            if not path.startswith("/"):
+                return "a file:// URL needs an absolute path (file:///path)"
+            return None
+        rest = m.group("rest")
+        if not rest or rest.startswith(("-", "/")):
+            return "a URL whose host is missing or starts with '-'"
+        parts = _url_parts(url)
+        if parts is None:
+            return "a URL that cannot be parsed"
+        _, host, userinfo = parts
+        if not host or not _HOST.fullmatch(host if ":" not in host else f"[{host}]"):
+            return f"a URL with an invalid host {host!r}"
+        if userinfo.startswith("-"):
+            return "a URL whose user name starts with '-'"
+        if scheme == "http" and not is_loopback(host):
+            return "plain http:// is only accepted for a loopback host (use https://)"
+        return None
+    if "://" in url:
+        return "a URL with a scheme git does not fetch from here"
+    if url.startswith("/"):
+        return None  # an absolute local path (a mirror or a test repository)
+    if _SCP.fullmatch(url):
+        return None
+    return "a URL (https://, ssh://, git://, file://, user@host:path or /abs/path)"
+
+
+def index_url_problem(url: object) -> str | None:
+    """A PEP 503 package index / upload URL: https (http on loopback), no credentials shown."""
+    basic = _basic(url)
+    if basic:
+        return basic
+    assert isinstance(url, str)
+    if any(c.isspace() for c in url):
+        return "it contains whitespace"
+    parts = _url_parts(url)
+    if parts is None or parts[0] not in ("https", "http") or not parts[1]:
+        return "an https:// URL with a host"
+    if parts[0] == "http" and not is_loopback(parts[1]):
+        return "plain http:// is only accepted for a loopback host (use https://)"
+    return None
+
+
+def http_url_problem(url: object) -> str | None:
+    """A server or download URL: http or https with a host (see :func:`http_url`)."""
+    if not isinstance(url, str):
+        return "not a string"
+    try:
+        http_url(url)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def ref_problem(name: object) -> str | None:
+    """Why ``name`` is not a git ref name (``git check-ref-format --allow-onelevel``)."""
+    if not isinstance(name, str):
+        return "not a string"
+    if not name:
+        return "an empty name"
+    if name.startswith("-"):
+        return "it starts with '-'"
+    if name == "@":
+        return "it is '@'"
+    bad = sorted({c for c in name if ord(c) < 32 or ord(c) == 127 or c in " ~^:?*[\\"})
+    if bad:
+        return "it contains " + " ".join(repr(c) for c in bad)
+    if ".." in name:
+        return "it contains '..'"
+    if "@{" in name:
+        return "it contains '@{'"
+    if name.startswith("/") or name.endswith("/") or "//" in name:
+        return "it starts or ends with '/' or contains '//'"
+    if name.endswith("."):
+        return "it ends with '.'"
+    for part in name.split("/"):
+        if part.startswith("."):
+            return f"component {part!r} starts with '.'"
+        if part.endswith(".lock"):
+            return f"component {part!r} ends with '.lock'"
+    return None
+
+
+def tag_problem(name: object) -> str | None:
+    """A release tag: a ref name (never an option) that is one path component for hosts."""
+    problem = ref_problem(name)
+    if problem:
+        return problem
+    assert isinstance(name, str)
+    if name.startswith("refs/"):
+        return "a tag name, not a full ref"
+    return None
+
+
+_IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,127}")
+
+
+def identifier_problem(name: object) -> str | None:
+    """Names that become file names, shell words, case labels: [A-Za-z0-9][A-Za-z0-9._-]*."""
+    if not isinstance(name, str) or not _IDENT.fullmatch(name):
+        return "letters, digits, '.', '_' and '-' only, starting with a letter or digit"
+    return None
+
+
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def env_key_problem(name: object) -> str | None:
+    if not isinstance(name, str) or not _ENV_KEY.fullmatch(name):
+        return "an environment variable name (letters, digits, '_'; not starting with a digit)"
+    return None
+
+
+# PEP 440 (public part + optional local label); what pip accepts after "==".
+_VERSION = re.compile(
+    r"v?(?:\d+!)?\d+(?:\.\d+)*(?:[-_.]?(?:a|b|rc|alpha|beta|c|pre|preview)[-_.]?\d*)?"
+    r"(?:(?:-\d+)|(?:[-_.]?(?:post|rev|r)[-_.]?\d*))?(?:[-_.]?dev[-_.]?\d*)?"
+    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?",
+    re.IGNORECASE,
+)
+
+
+def version_problem(value: object) -> str | None:
+    if not isinstance(value, str) or not _VERSION.fullmatch(value):
+        return "a PEP 440 version like 2.9.1 or 2.9.1+cu128"
+    return None
+
+
+_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+def sha_problem(value: object) -> str | None:
+    if not isinstance(value, str) or not _SHA.fullmatch(value):
+        return "a full 40-hex lowercase git object id"
+    return None
+
+
+def rel_path_problem(value: object) -> str | None:
+    """A relative POSIX path that stays inside its root: no '/', no '..', no '-', no controls."""
+    basic = _basic(value)
+    if basic:
+        return basic
+    assert isinstance(value, str)
+    if value.startswith("/") or "\\" in value:
+        return "an absolute path (a relative path inside its folder is expected)"
+    parts = value.split("/")
+    if ".." in parts:
+        return "a path that climbs out with '..'"
+    if any(p == "" for p in parts[:-1]):
+        return "a path with an empty component ('//')"
+    return None
+
+
+def file_name_problem(value: object) -> str | None:
+    """One file name: no '/', no '..', not hidden-as-dot-only, no controls, not an option."""
+    basic = _basic(value)
+    if basic:
+        return basic
+    assert isinstance(value, str)
+    if "/" in value or "\\" in value or value in (".", ".."):
+        return "a plain file name (no '/', not '.' or '..')"
+    return None
+
+
+_WHEEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl")
+
+
+def wheel_name_problem(value: object) -> str | None:
+    if not isinstance(value, str) or not _WHEEL.fullmatch(value) or ".." in value:
+        return "a wheel file name (PEP 427)"
+    return None
+
+
+def line_problem(value: object) -> str | None:
+    """Free text (a title, a reason) that must stay one line."""
+    if not isinstance(value, str):
+        return "not a string"
+    if _CONTROL.search(value):
+        return "it contains control characters (a newline, tab or escape)"
+    return None
+
+
+def check(kind: str, value: object, problem: str | None) -> str:
+    """``value`` when ``problem`` is None, else :class:`Invalid`."""
+    if problem is not None:
+        raise Invalid(kind, value, problem)
+    assert isinstance(value, str)
+    return value

@@ -21,7 +21,7 @@ from typing import Any
 from pinwheel import runner
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_text
-from pinwheel.urls import redact
+from pinwheel.urls import redact, redact_tree
 
 SCHEMA = "pinwheel.provenance/1"
 FILENAME = "provenance.json"
@@ -179,7 +179,9 @@ def component(payload: Mapping[str, Any], name: str) -> dict[str, Any] | None:
 def write_receipt(out_dir: Path, payload: Mapping[str, Any]) -> Path:
     """Write ``provenance.json`` atomically beside the wheels and SHA256SUMS."""
     target = Path(out_dir) / FILENAME
-    atomic_write_text(target, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    # Credentials in any URL (a build source's https://user:token@...) never reach a receipt.
+    safe = redact_tree(payload)
+    atomic_write_text(target, json.dumps(safe, indent=2, sort_keys=True) + "\n")
     return target
 
 

@@ -21,7 +21,7 @@ from pinwheel import __version__
 from pinwheel.errors import EXIT_ERROR, EXIT_USAGE, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
 from pinwheel.progress import SILENT, LineReporter, Reporter
-from pinwheel.urls import redact, redact_text, url_problem
+from pinwheel.urls import redact, redact_text, redact_tree, url_problem
 
 if TYPE_CHECKING:  # rich is imported when a command first prints through it
     from rich.console import Console
@@ -157,11 +157,12 @@ class Context:
         if self.json:
             if "schema" not in payload:
                 payload = {"schema": f"pinwheel.{self.command or 'output'}/1", **payload}
-            sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+            text = json.dumps(redact_tree(payload), indent=2, sort_keys=True, default=str)
+            sys.stdout.write(text + "\n")
             sys.stdout.flush()
             self.emitted = True
         elif human:
-            print(human)
+            print(redact_text(human))
 
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from pinwheel.progress import Advance
+from pinwheel.urls import redact_text
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -33,11 +34,11 @@ class RichReporter:
         self.depth = 0
 
     def info(self, message: str) -> None:
-        self.console.print(message, markup=False, highlight=False)
+        self.console.print(redact_text(message), markup=False, highlight=False)
 
     def detail(self, message: str) -> None:
         if self.verbose:
-            self.console.print(message, markup=False, highlight=False, style="dim")
+            self.console.print(redact_text(message), markup=False, highlight=False, style="dim")
 
     @contextlib.contextmanager
     def status(self, message: str) -> Iterator[None]:

@@ -123,6 +123,22 @@ class CacheConfig:
     prefix: str | None = None  # key prefix (redis, s3, gha version)
 
 
+def _endpoint_problem(value: object) -> str | None:
+    basic = validate.line_problem(value)
+    if basic:
+        return basic
+    assert isinstance(value, str)
+    if value.startswith("-") or not re.fullmatch(r"(rediss?|https?)://[^\s/@][^\s]*", value):
+        return "redis://host:port, rediss://..., or an http(s):// S3 endpoint"
+    return None
+
+
+def _prefix_problem(value: object) -> str | None:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/\-]*", value):
+        return "letters, digits, '.', '_', '-' and '/'"
+    return None
+
+
 def parse_cache_table(table: Table) -> CacheConfig:
     for key in table.data:
         if _SECRET.search(key):
@@ -140,7 +156,9 @@ def parse_cache_table(table: Table) -> CacheConfig:
         validate.size(size)
     except ValueError:
         raise table.error("size", 'a size like "20G" or "500M"', size) from None
-    endpoint = table.str("endpoint", None)
+    endpoint = table.checked(
+        "endpoint", _endpoint_problem, "a redis://, rediss://, http(s):// endpoint URL", None
+    )
     if endpoint and "@" in endpoint.split("//", 1)[-1].split("/", 1)[0]:
         raise ManifestError(
             "the endpoint carries user info (user:password@): secrets never go in the manifest",
@@ -157,7 +175,7 @@ def parse_cache_table(table: Table) -> CacheConfig:
             ) from None
     if backend == "redis" and not endpoint:
         raise table.error("endpoint", 'a redis URL like "redis://cache.internal:6379"')
-    bucket = table.str("bucket", None)
+    bucket = table.checked("bucket", validate.identifier_problem, "an S3 bucket name", None)
     if backend == "s3" and not bucket:
         raise table.error("bucket", "the S3 bucket name (backend = s3)")
     return CacheConfig(
@@ -166,8 +184,8 @@ def parse_cache_table(table: Table) -> CacheConfig:
         size=size,
         endpoint=endpoint,
         bucket=bucket,
-        region=table.str("region", None),
-        prefix=table.str("prefix", None),
+        region=table.checked("region", validate.identifier_problem, "a region name", None),
+        prefix=table.checked("prefix", _prefix_problem, "a key prefix", None),
     )
 
 
@@ -246,8 +264,8 @@ def parse_build_table(table: Table) -> BuildConfig:
         r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$", version
     ):
         raise table.error("version", 'a PEP 440 public version like "1.5.2.dev1486"', version)
-    torch = table.str("torch", None)
-    env = table.str_map("env", {})
+    torch = table.checked("torch", validate.version_problem, "a torch version", None)
+    env = table.env_map("env", {})
     for key in env:
         if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
             raise table.error("env", "environment variable names (A-Z, 0-9, _)", key)
@@ -271,8 +289,12 @@ def parse_build_table(table: Table) -> BuildConfig:
         label=label,
         version=version,
         env=env,
-        required_members=table.str_list("required_members", ()),
-        runner_labels=table.str_list("runner_labels", ()),
+        required_members=table.checked_list(
+            "required_members", validate.rel_path_problem, "wheel member paths", ()
+        ),
+        runner_labels=table.checked_list(
+            "runner_labels", validate.identifier_problem, "runner labels", ()
+        ),
         cache=parse_cache_table(table.sub("cache")) if table.has("cache") else CacheConfig(),
         torch_index=torch_index,
         sources=tuple(_parse_source(s) for s in table.subs("source")),
@@ -326,7 +348,11 @@ def _gcc(table: Table) -> str | None:
 def _pathspecs(t: Table, key: str) -> tuple[str, ...]:
     specs = t.str_list(key, ())
     for spec in specs:
-        if spec.startswith(("/", "-", ":")) or ".." in spec.split("/"):
+        if (
+            spec.startswith(("/", "-", ":"))
+            or ".." in spec.split("/")
+            or validate.line_problem(spec)
+        ):
             raise t.error(key, "relative paths or globs inside the tree (no /, -, : or ..)", spec)
     return tuple(specs)
 
@@ -353,9 +379,9 @@ def _parse_source(t: Table) -> BuildSource:
     if not _SOURCE_NAME.fullmatch(name):
         raise t.error("name", "the FetchContent name (letters, digits, . _ -)", name)
     omit = t.bool("omit", False)
-    url = t.str("url", None)
+    url = t.url("url", None)
     commit = t.sha("commit", None)
-    reason = t.str("reason", None)
+    reason = t.checked("reason", validate.line_problem, "one line", None)
     if omit and not reason:
         raise t.error("reason", "why the source is omitted (provenance and notes say it)")
     if not omit and (url is None or commit is None):
@@ -372,16 +398,15 @@ def _parse_source(t: Table) -> BuildSource:
     subs = []
     for s in t.subs("submodule"):
         s.only("path", "url", "commit", "exclude")
-        subs.append(Submodule(path=s.str("path"), url=s.str("url"), commit=s.sha("commit"),
-                              exclude=_pathspecs(s, "exclude")))  # fmt: skip
-    for sub in subs:
-        if sub.path.startswith("/") or ".." in sub.path.split("/"):
-            raise t.error("submodule", "submodule paths inside the source", sub.path)
+        subs.append(Submodule(
+            path=s.checked("path", validate.rel_path_problem, "a submodule path inside the source"),
+            url=s.url("url"), commit=s.sha("commit"), exclude=_pathspecs(s, "exclude"),
+        ))  # fmt: skip
     return BuildSource(
         name=name,
         url=url,
         commit=commit,
-        ref=t.str("ref", None),
+        ref=t.ref("ref", None),
         variables=variables,
         patches=patches,
         submodules=tuple(subs),

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pinwheel import validate
 from pinwheel.manifest.table import Table
 
 
@@ -52,6 +53,23 @@ def _path(t: Table, key: str, default: str | None = None) -> Path | None:
     return path if path.is_absolute() else t.source.parent / path
 
 
+def _repo_problem(value: object) -> str | None:
+    if not isinstance(value, str) or value.count("/") != 1:
+        return "owner/name"
+    owner, name = value.split("/")
+    return validate.identifier_problem(owner) or validate.identifier_problem(name)
+
+
+def _path_in_repo_problem(value: object) -> str | None:
+    return None if value == "." else validate.rel_path_problem(value)
+
+
+def _principal_problem(value: object) -> str | None:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.@+\-]*", value):
+        return "letters, digits and . _ @ + - (an email-like identity)"
+    return None
+
+
 def parse_release_table(t: Table) -> ReleaseConfig:
     t.only(
         "source",
@@ -69,7 +87,7 @@ def parse_release_table(t: Table) -> ReleaseConfig:
         it = t.sub("index")
         it.only("url")
         index_url = it.str("url")
-        if not re.fullmatch(r"https?://[^\s/\-][^\s]*", index_url):
+        if validate.index_url_problem(index_url):
             raise it.error(
                 "url", "an https:// (or http://) upload URL of a package index", index_url
             )
@@ -77,27 +95,31 @@ def parse_release_table(t: Table) -> ReleaseConfig:
     if t.has("github"):
         gt = t.sub("github")
         gt.only("repo", "tag")
-        repo = gt.str("repo")
-        if repo.count("/") != 1:
-            raise gt.error("repo", "owner/name", repo)
-        github = GithubTarget(repo=repo, tag=gt.str("tag", None))
+        repo = gt.checked("repo", _repo_problem, "owner/name")
+        github = GithubTarget(
+            repo=repo, tag=gt.checked("tag", validate.tag_problem, "a release tag name", None)
+        )
     if t.has("huggingface"):
         ht = t.sub("huggingface")
         ht.only("repo", "revision", "parent_commit", "repo_type", "path_in_repo")
         hub = HubTarget(
-            repo=ht.str("repo"),
-            revision=ht.str("revision", "main"),
+            repo=ht.checked("repo", _repo_problem, "owner/name"),
+            revision=ht.checked("revision", validate.ref_problem, "a branch name", "main"),
             parent_commit=ht.sha("parent_commit", None),
             repo_type=ht.choice("repo_type", ("model", "dataset"), "model"),
-            path_in_repo=ht.str("path_in_repo", "."),
+            path_in_repo=ht.checked(
+                "path_in_repo", _path_in_repo_problem, "a relative path in the repo", "."
+            ),
         )
     return ReleaseConfig(
         source=_path(t, "source", "wheels"),  # type: ignore[arg-type]
         dir=_path(t, "dir", "release"),  # type: ignore[arg-type]
         signing_key=_path(t, "signing_key"),
         allowed_signers=_path(t, "allowed_signers"),
-        principal=t.str("principal", None),
-        torch_backend=t.str("torch_backend", None),
+        principal=t.checked("principal", _principal_problem, "a signer identity", None),
+        torch_backend=t.checked(
+            "torch_backend", validate.identifier_problem, "a backend name like cu128", None
+        ),
         index=index,
         github=github,
         huggingface=hub,
@@ -130,9 +152,11 @@ def parse_model_table(t: Table) -> ModelConfig:
     if t.has("sha256"):
         st = t.sub("sha256")
         for name in st.data:
+            if validate.rel_path_problem(name):
+                raise st.error(name, "a file path inside the model pack (no '/', '..')", name)
             hashes[name] = st.sha256(name)
     return ModelConfig(
-        repo=t.str("repo", None),
+        repo=t.checked("repo", _repo_problem, "owner/name", None),
         revision=t.sha("revision", None),
         shards=t.int("shards", None, minimum=1),
         total_bytes=t.int("total_bytes", None, minimum=1),

@@ -178,7 +178,9 @@ def _parse_profile(t: Table, name: str, image: bool = False) -> ServeProfile:
         if not all(isinstance(v, (str, int, float, bool)) for v in raw.values()):
             raise t.error("speculative", "scalar values only", raw)
         spec = tuple(raw.items())
-    args: tuple[str, ...] = tuple(t.str_list("args", ()))
+    args: tuple[str, ...] = tuple(
+        t.checked_list("args", validate.line_problem, "one-line engine flags", ())
+    )
     for flag in args:
         name_only = str(flag).split("=", 1)[0]
         if name_only in _OWNED_FLAGS:
@@ -204,9 +206,11 @@ def _parse_profile(t: Table, name: str, image: bool = False) -> ServeProfile:
 
 def _env_map(t: Table, key: str) -> tuple[tuple[str, str], ...]:
     env = t.str_map(key, {})
-    for k in env:
+    for k, v in env.items():
         if not _ENV_KEY.fullmatch(k):
             raise t.error(key, "environment variable names (A-Z, 0-9, _)", k)
+        if validate.line_problem(v):
+            raise t.error(key, "values without newlines or control characters", v)
     return tuple(env.items())
 
 
@@ -262,6 +266,17 @@ def _gbps(t: Table, key: str) -> float | None:
     return None if value is None else float(value)
 
 
+_SAFE_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._\-]*")
+
+
+def _module_problem(value: object) -> str | None:
+    if not isinstance(value, str) or not re.fullmatch(
+        r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*", value
+    ):
+        return "a dotted Python module name"
+    return None
+
+
 def _is_cc(text: str) -> bool:
     major, dot, minor = text.partition(".")
     return bool(dot) and major.isdigit() and minor.isdigit()
@@ -295,10 +310,14 @@ def parse_serve_table(table: Table) -> ServeConfig:
         "known_issues",
     )
     prefix = table.str("env_prefix", "MODEL")
-    if not prefix.replace("_", "").isalnum() or not prefix[0].isalpha():
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", prefix):
         raise table.error("env_prefix", "a shell variable prefix like GLM53", prefix)
     recipe = table.str("recipe")
-    if recipe.startswith("/") or ".." in Path(recipe).parts or not recipe.endswith(".sh"):
+    if (
+        validate.rel_path_problem(recipe)
+        or not all(_SAFE_PART.fullmatch(part) for part in recipe.split("/"))
+        or not recipe.endswith(".sh")
+    ):
         raise table.error("recipe", "a relative path to a .sh file inside the repo", recipe)
     engine = Engine(module="vllm", quantization=None, architecture=None)
     if table.has("engine"):
@@ -312,12 +331,19 @@ def parse_serve_table(table: Table) -> ServeConfig:
                 if eng.has(key):
                     raise eng.error(key, "this key only with image = ... (a container engine)")
         engine = Engine(
-            module=eng.str("module", "vllm"),
-            quantization=eng.str("quantization", None),
-            architecture=eng.str("architecture", None),
+            module=eng.checked("module", _module_problem, "a Python module name", "vllm"),
+            quantization=eng.checked(
+                "quantization", validate.identifier_problem, "a method name", None
+            ),
+            architecture=eng.checked(
+                "architecture", validate.identifier_problem, "an architecture name", None
+            ),
             image=image,
         )
     holder = table.sub("profile")
+    for name in holder.data:
+        if validate.identifier_problem(name):
+            raise holder.error(name, "a profile name of letters, digits, '.', '_', '-'", name)
     profiles = tuple(
         _parse_profile(
             holder.sub(name, label=f"[serve.profile.{name}]"), name, engine.image is not None
@@ -596,6 +622,9 @@ def parse_qualify_table(table: Table) -> QualifyConfig:
     )
     markers = _markers(table)
     holder = table.sub("profile")
+    for n in holder.data:
+        if validate.identifier_problem(n):
+            raise holder.error(n, "a profile name of letters, digits, '.', '_', '-'", n)
     profiles = tuple(
         _parse_qualify_profile(holder.sub(n, label=f"[qualify.profile.{n}]"), n)
         for n in holder.data

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pinwheel import validate
 from pinwheel.errors import ManifestError
 from pinwheel.manifest.table import FULL_SHA, SHORT_SHA, Table, check_file_sha
 
@@ -50,7 +51,7 @@ def parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
     action = t.choice("action", ACTIONS)
     pr = t.int("pr", None, minimum=1)
     head = t.sha("head", None, allow_short=allow_short)
-    title = t.str("title", None)
+    title = t.checked("title", validate.line_problem, "a one-line title", None)
     commits = None
     if t.has("commits"):
         commits = t.str_list("commits")

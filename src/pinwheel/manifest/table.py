@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from pinwheel import validate
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import ManifestError
 from pinwheel.urls import redact, url_problem
@@ -29,33 +30,8 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,99}")
 
 
 def ref_name_problem(name: str) -> str | None:
-    """Why ``name`` is not a valid git ref name (``git check-ref-format --allow-onelevel``).
-
-    None when it is valid. Also refuses a leading '-' so a name can never be an option.
-    """
-    if not name:
-        return "an empty name"
-    if name.startswith("-"):
-        return "it starts with '-'"
-    if name == "@":
-        return "it is '@'"
-    bad = sorted({c for c in name if ord(c) < 32 or ord(c) == 127 or c in " ~^:?*[\\"})
-    if bad:
-        return "it contains " + " ".join(repr(c) for c in bad)
-    if ".." in name:
-        return "it contains '..'"
-    if "@{" in name:
-        return "it contains '@{'"
-    if name.startswith("/") or name.endswith("/") or "//" in name:
-        return "it starts or ends with '/' or contains '//'"
-    if name.endswith("."):
-        return "it ends with '.'"
-    for part in name.split("/"):
-        if part.startswith("."):
-            return f"component {part!r} starts with '.'"
-        if part.endswith(".lock"):
-            return f"component {part!r} ends with '.lock'"
-    return None
+    """Why ``name`` is not a valid git ref name (see :func:`pinwheel.validate.ref_problem`)."""
+    return validate.ref_problem(name)
 
 
 # Table's typed getters are named after the types they return (t.str, t.int),
@@ -232,6 +208,43 @@ class Table:
         if problem:
             raise self.error(key, f"a git ref name ({problem})", value)
         return value
+
+    def checked(
+        self,
+        key: builtins.str,
+        problem: Any,
+        expected: builtins.str,
+        default: Any = _MISSING,
+    ) -> Any:
+        """A string checked by a :mod:`pinwheel.validate` ``*_problem`` function."""
+        value = self.str(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        why = problem(value)
+        if why:
+            raise self.error(key, f"{expected} ({why})", value)
+        return value
+
+    def checked_list(
+        self, key: builtins.str, problem: Any, expected: builtins.str, default: Any = _MISSING
+    ) -> Any:
+        values = self.str_list(key, default)
+        for value in values or ():
+            why = problem(value)
+            if why:
+                raise self.error(key, f"{expected} ({why})", value)
+        return values
+
+    def env_map(self, key: builtins.str, default: Any = _MISSING) -> dict[builtins.str, builtins.str]:
+        """``{ NAME = "value" }``: variable names checked, values one line each."""
+        env = self.str_map(key, default)
+        for name, value in env.items():
+            why = validate.env_key_problem(name)
+            if why:
+                raise self.error(key, f"environment variable names ({why})", name)
+            if validate.line_problem(value):
+                raise self.error(key, "values without newlines or control characters", value)
+        return env
 
     def sha(
         self, key: builtins.str, default: Any = _MISSING, *, allow_short: builtins.bool = False

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pinwheel import markup as md
 from pinwheel import runner, untrusted
 from pinwheel.build.provenance import FILENAME, read_receipt
 from pinwheel.build.toolchain.substitute import from_receipt, headline
@@ -79,15 +80,20 @@ def _component_lines(provenance: Mapping[str, Any]) -> list[str]:
         origin = src.get("origin") or src.get("url") or ""
         commit = (src.get("commit") or "")[:12]
         out.append(
-            f"| {c.get('wheel')} | {c.get('kind')} | {origin} {commit} | `{c.get('sha256')}` |"
+            f"| {md.text(c.get('wheel'))} | {md.text(c.get('kind'))} | {md.text(origin)} "
+            f"{md.text(commit)} | `{md.code(c.get('sha256'))}` |"
         )
         for s in c.get("sources") or []:
+            if not isinstance(s, dict):
+                continue
             if s.get("omitted"):
-                lacks.append(f"- {c.get('wheel')}: build source `{s.get('name')}` omitted: "
-                             f"{s.get('reason')}")  # fmt: skip
+                lacks.append(f"- {md.text(c.get('wheel'))}: build source "
+                             f"`{md.code(s.get('name'))}` omitted: "
+                             f"{md.text(s.get('reason'))}")  # fmt: skip
             else:
-                sources.append(f"- `{s.get('name')}`: {s.get('url')} @ `{s.get('commit')}` "
-                               f"(declared `{s.get('ref')}`)")  # fmt: skip
+                sources.append(f"- `{md.code(s.get('name'))}`: {md.text(s.get('url'))} @ "
+                               f"`{md.code(s.get('commit'))}` "
+                               f"(declared `{md.code(s.get('ref'))}`)")  # fmt: skip
     out.append("")
     out += _floor_lines(comps)
     if sources:
@@ -146,7 +152,7 @@ def _fact(key: str, value: Any) -> str:
     """One toolchain fact for the notes: the value, or what its absence means (never None)."""
     if value is None or value == "":
         return _ABSENT.get(key, "not recorded")
-    return f"`{value}`"
+    return f"`{md.code(value)}`"
 
 
 def render_notes(
@@ -161,12 +167,12 @@ def render_notes(
     upstream = provenance.get("upstream") or {}
     base = upstream.get("base") or manifest.upstream.commit
     url = redact(upstream.get("url") or manifest.upstream.url)
-    out = [f"# {manifest.name} {tag}", ""]
-    out += [f"- Base: `{url}` at `{base}`"]
+    out = [f"# {md.text(manifest.name)} {md.text(tag)}", ""]
+    out += [f"- Base: `{md.code(url)}` at `{md.code(base)}`"]
     tree = provenance.get("tree") or manifest.result.tree
-    out += [f"- Tree: `{tree}`" if tree else "- Tree: not pinned ([result].tree unset)"]
+    out += [f"- Tree: `{md.code(tree)}`" if tree else "- Tree: not pinned ([result].tree unset)"]
     if provenance.get("head"):
-        out += [f"- Head: `{provenance['head']}`"]
+        out += [f"- Head: `{md.code(provenance['head'])}`"]
     out += [f"- Manifest: `{manifest.path.name}` sha256 `{manifest.sha256}`", ""]
 
     out += [
@@ -178,24 +184,27 @@ def render_notes(
     receipts = {s.get("number"): s for s in provenance.get("steps") or [] if isinstance(s, dict)}
     for step in manifest.steps:
         got = receipts.get(step.number, {})
-        authors = sorted({c.get("author", "") for c in got.get("commits") or []} - {""})
+        authors = sorted(
+            {str(c.get("author", "")) for c in got.get("commits") or [] if isinstance(c, dict)}
+            - {""}
+        )
         pr = f"#{step.pr}" if step.pr else (step.patch.name if step.patch else "")
-        head = (got.get("head") or step.head or "")[:12]
-        title = (step.title or "").replace("|", "\\|")
+        head = str(got.get("head") or step.head or "")[:12]
+        title = md.text(step.title or "")
         out += [
-            f"| {step.number} | {step.action} | {pr} | {title} | `{head}` | "
-            f"{', '.join(authors) or 'n/a'} |"
+            f"| {step.number} | {step.action} | {md.text(pr)} | {title} | `{md.code(head)}` | "
+            f"{md.text(', '.join(authors)) or 'n/a'} |"
         ]
     out += [""]
 
     toolchain = provenance.get("toolchain") or {}
     if toolchain or provenance.get("arches"):
         out += ["## Toolchain", ""]
-        out += [f"- {k}: {_fact(k, v)}" for k, v in sorted(toolchain.items())]
+        out += [f"- {md.text(k)}: {_fact(k, v)}" for k, v in sorted(toolchain.items())]
         if provenance.get("arches"):
-            out += [f"- arches: `{', '.join(map(str, provenance['arches']))}`"]
+            out += [f"- arches: `{md.code(', '.join(map(str, provenance['arches'])))}`"]
         if provenance.get("source_date_epoch") is not None:
-            out += [f"- SOURCE_DATE_EPOCH: `{provenance['source_date_epoch']}`"]
+            out += [f"- SOURCE_DATE_EPOCH: `{md.code(provenance['source_date_epoch'])}`"]
         out += [""]
     else:
         out += ["## Toolchain", "", "- not recorded (no provenance.json in the build output)", ""]
@@ -204,11 +213,14 @@ def render_notes(
 
     if qualification:
         out += ["## Qualification", "", "| figure | value |", "|---|---|"]
-        out += [f"| {k} | {v} |" for k, v in _flatten(qualification)[:60]]
+        out += [f"| {md.text(k)} | {md.text(v)} |" for k, v in _flatten(qualification)[:60]]
         out += [""]
 
     out += ["## Files", "", "| file | bytes | sha256 |", "|---|---|---|"]
-    out += [f"| {name} | {size} | `{digest}` |" for name, (digest, size) in sorted(files.items())]
+    out += [
+        f"| {md.text(name)} | {size} | `{md.code(digest)}` |"
+        for name, (digest, size) in sorted(files.items())
+    ]
     out += [
         "",
         "## Install",

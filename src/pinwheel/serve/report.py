@@ -6,8 +6,11 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from pinwheel import markup as md
 from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
 from pinwheel.serve.receipt import FAILING, Receipt
+from pinwheel.serve.receipt import Receipt
+from pinwheel.urls import redact
 
 STATUS_COLOURS = {"pass": "#2e7d32", "miss": "#c62828", "garbage": "#6a1b9a", "skipped": "#9e9e9e"}
 
@@ -19,20 +22,26 @@ def _num(value: Any, digits: int = 2) -> str:
 def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
     lines = [f"# Qualification: {r.verdict}", ""]
     lines += [
-        f"- manifest: `{r.manifest['path']}` ({r.manifest['name']}), "
-        f"sha256 `{r.manifest['sha256']}`",
-        f"- profile: `{r.profile}`",
-        f"- server: {r.server.get('url', '?')}, model `{r.server.get('model', '?')}`, "
-        f"vLLM {r.server.get('version', '?')}",
+        f"- manifest: `{md.code(r.manifest['path'])}` ({md.text(r.manifest['name'])}), "
+        f"sha256 `{md.code(r.manifest['sha256'])}`",
+        f"- profile: `{md.code(r.profile)}`",
+        # The server's answers (model id, version) are untrusted text: escaped, one line.
+        f"- server: {md.text(r.server.get('url', '?'))}, "
+        f"model `{md.code(r.server.get('model', '?'))}`, "
+        f"vLLM {md.text(r.server.get('version', '?'))}",
         f"- started {r.started}, took {r.seconds:.0f} s",
     ]
     if r.provenance:
         p = r.provenance
-        lines.append(f"- provenance: `{p.path}` sha256 `{p.sha256}` (tag {p.tag}, tree {p.tree})")
+        lines.append(
+            f"- provenance: `{md.code(p.path)}` sha256 `{md.code(p.sha256)}` "
+            f"(tag {md.text(p.tag)}, tree {md.text(p.tree)})"
+        )
     else:
         lines.append("- provenance: none given (pass --provenance wheels/provenance.json)")
     if r.error:
-        lines += ["", "## Error", "", "```", r.error, "```"]
+        fenced = redact(r.error).replace("```", "'''")
+        lines += ["", "## Error", "", "```", fenced, "```"]
     lines += [
         "",
         "## Gates",
@@ -42,7 +51,10 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
     ]
     for g in r.gates:
         mark = f"**{g.status}**" if g.status in FAILING else g.status
-        lines.append(f"| {g.name} | {mark} | {g.measured} | {g.threshold} | {g.detail} |")
+        lines.append(
+            f"| {md.text(g.name)} | {mark} | {md.text(g.measured)} | {md.text(g.threshold)} "
+            f"| {md.text(g.detail)} |"
+        )
     if not r.gates:
         lines.append("| (none) | | | | |")
 
@@ -78,7 +90,7 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
     ]
     for d in r.decode:
         lines.append(
-            f"| {d.prompt} | {d.repeat} | {d.tokens} | {d.ttft_s:.3f} | {d.tok_s:.2f} | "
+            f"| {md.text(d.prompt)} | {d.repeat} | {d.tokens} | {d.ttft_s:.3f} | {d.tok_s:.2f} | "
             f"{d.passes} | {_num(d.ms_per_pass)} | {_num(d.acceptance_length)} |"
         )
     if "decode" in plots:
@@ -115,7 +127,10 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
             lines.append(f"| {length} | " + " | ".join(cells) + " |")
         odd = [n for n in r.needles if n.status not in ("pass", "skipped")]
         for n in odd:
-            lines.append(f"- {n.length} @ {n.depth}: {n.status}, {n.reason}: `{n.answer[:120]!r}`")
+            lines.append(
+                f"- {n.length} @ {n.depth}: {md.text(n.status)}, {md.text(n.reason)}: "
+                f"`{md.code(repr(n.answer[:120]))}`"
+            )
         if "needle" in plots:
             lines += ["", f"![needle grid]({plots['needle']})"]
 
@@ -129,7 +144,10 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
     if r.markers:
         lines += ["", "## Start-up log markers", ""]
         for m in r.markers:
-            lines.append(f"- `/{m.pattern}/`: {m.status}" + (f" — `{m.line}`" if m.line else ""))
+            lines.append(
+                f"- `/{md.code(m.pattern)}/`: {md.text(m.status)}"
+                + (f" — `{md.code(m.line)}`" if m.line else "")
+            )
     if "missing" in plots:
         lines += ["", f"_plots not drawn: {plots['missing']}_"]
     return "\n".join(lines) + "\n"

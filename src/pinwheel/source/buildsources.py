@@ -23,12 +23,13 @@ from pathlib import PurePosixPath
 
 import pygit2
 
-from pinwheel import saferegex
+from pinwheel import saferegex, validate
 from pinwheel.cudaarch import parse_arch
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildSource
 from pinwheel.source.cache import Cache
+from pinwheel.urls import redact
 
 FULL_SHA = re.compile(r"[0-9a-f]{40}")
 YES, NO, UNKNOWN = "yes", "no", "unknown"
@@ -720,6 +721,11 @@ def pin(declared: Declared, cache: Cache) -> Pin:
             where=declared.where,
             next="pin it by hand in a [[build.source]] table, or omit it with a reason",
         )
+    # The declaration comes from the replayed tree (a repository's CMake): validated like a
+    # manifest value before git sees it.
+    _refuse(declared.name, "URL", declared.url, validate.git_url_problem(declared.url), declared.where)
+    if declared.ref is not None:
+        _refuse(declared.name, "ref", declared.ref, validate.ref_problem(declared.ref), declared.where)
     commit = cache.resolve_ref(declared.url, declared.ref or "HEAD")
     with cache.locked(declared.url):
         repo_path = cache.ensure_commits(declared.url, [commit])
@@ -734,6 +740,16 @@ def pin(declared: Declared, cache: Cache) -> Pin:
         patches=declared.patches,
         submodules=subs,
         used=declared.used,
+    )
+
+
+def _refuse(name: str, what: str, value: object, problem: str | None, where: str) -> None:
+    if problem is None:
+        return
+    raise PinwheelError(
+        f"build source {name}: refusing {what} {redact(str(value))!r}: {problem}",
+        where=where,
+        next="pin the source by hand in [[build.source]] with a safe URL, or omit it with a reason",
     )
 
 
@@ -767,12 +783,15 @@ def _submodules(
         if entry.filemode != pygit2.enums.FileMode.COMMIT or path not in urls:
             continue
         url = urls[path]
+        where = f"{name} .gitmodules"
+        _refuse(name, f"submodule {path!r} path", path, validate.rel_path_problem(path), where)
         if url.startswith("../"):
             raise PinwheelError(
                 f"submodule {path} of {name} has a relative URL {url!r}",
                 where=f"{name} .gitmodules",
                 next="pin it by hand in [[build.source.submodule]]",
             )
+        _refuse(name, f"submodule {path} URL", url, validate.git_url_problem(url), where)
         out.append((path, url, str(entry.id)))
     return tuple(out)
 

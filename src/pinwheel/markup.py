@@ -1,0 +1,37 @@
+"""Untrusted text in Markdown (and the HTML it renders to): escaped, one line, secrets redacted.
+
+Step titles, server answers (model ids, versions), receipt values and error
+text reach ``RELEASE_NOTES.md`` and ``report.md``. Written raw, a newline and
+``#`` make a heading, a ``|`` splits a table cell, ``<script>`` is HTML and a
+URL may carry a token. :func:`text` makes any value safe as inline Markdown
+(also inside a table cell); :func:`code` makes it safe inside backticks.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+from pinwheel.urls import redact
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\u0085]+")
+# Characters with a meaning in CommonMark/GFM inline or at a line start.
+_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+
+
+def _one_line(value: object, limit: int) -> str:
+    out = redact(_CONTROL.sub(" ", str(value))).strip()
+    return out if len(out) <= limit else out[: limit - 1] + "…"
+
+
+def text(value: object, limit: int = 300) -> str:
+    """``value`` as inline Markdown text: one line, markup characters backslash-escaped,
+    ``< > &`` as HTML entities (so no raw HTML reaches a renderer)."""
+    line = _one_line(value, limit)
+    return _SPECIAL.sub(r"\\\1", html.escape(line, quote=False))
+
+
+def code(value: object, limit: int = 300) -> str:
+    """``value`` inside a code span (the caller writes the backticks): one line, no backtick,
+    no ``|`` (a GFM table splits on it even inside a code span)."""
+    return _one_line(value, limit).replace("`", "'").replace("|", "¦")
