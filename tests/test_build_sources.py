@@ -170,7 +170,7 @@ def test_plan_flags_lock_pins_and_build_supplies_offline(tmp_path: Path) -> None
     assert engine["network"] in ("none", "host (no network namespace available)")
     notes = render_notes(load(m), read_receipt(tmp_path / "wheels" / "provenance.json"), {},
                          None, release_config(load(m)))  # fmt: skip
-    assert f"- `demodep`: {DEP_URL} @ `{v1}` (declared `v1.0`)" in notes
+    assert f"- `demodep`: `{DEP_URL}` @ `{v1}` (declared `v1.0`)" in notes
 
     # drift: the pin still matches the tag; after the tag moves, drift says so.
     ok = cli(tmp_path, up, dep, m, "drift")

@@ -9,14 +9,15 @@ URL may carry a token. :func:`text` makes any value safe as inline Markdown
 
 from __future__ import annotations
 
-import html
 import re
 
 from pinwheel.urls import redact
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\u0085]+")
-# Characters with a meaning in CommonMark/GFM inline or at a line start.
-_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+# Characters with a meaning inside a line in CommonMark/GFM (emphasis, code, links,
+# tables, strike-through, autolinks); line-start markers (#, -, >) cannot occur because
+# the text is one line that never starts one.
+_SPECIAL = re.compile(r"([\\`*_\[\]|~<>&])")
 
 
 def _one_line(value: object, limit: int) -> str:
@@ -25,10 +26,9 @@ def _one_line(value: object, limit: int) -> str:
 
 
 def text(value: object, limit: int = 300) -> str:
-    """``value`` as inline Markdown text: one line, markup characters backslash-escaped,
-    ``< > &`` as HTML entities (so no raw HTML reaches a renderer)."""
-    line = _one_line(value, limit)
-    return _SPECIAL.sub(r"\\\1", html.escape(line, quote=False))
+    """``value`` as inline Markdown text: one line, markup characters and ``< > &``
+    backslash-escaped (so no raw HTML or entity reaches a renderer)."""
+    return _SPECIAL.sub(r"\\\1", _one_line(value, limit))
 
 
 def code(value: object, limit: int = 300) -> str:

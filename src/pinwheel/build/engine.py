@@ -91,6 +91,7 @@ def scm_version(repo_path: Path, commit: str) -> str:
         ["describe", "--tags", "--long", "--match", "v*", "--end-of-options", commit],
         git_dir=repo_path,
         check=False,
+        what="git describe",
     )
     if out.returncode != 0:
         raise ManifestError(

@@ -107,7 +107,10 @@ def stage_in_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
 
 def _git_date(path: Path) -> int | None:
     """Committer time of the last commit touching ``path`` (its checkout's history)."""
-    out = gitcli.git(["log", "-1", "--format=%ct", "--", "."], cwd=path, check=False)
+    # The user's own checkout: its config is theirs (not refused); the policy's overrides apply.
+    out = gitcli.git(
+        ["log", "-1", "--format=%ct", "--", "."], cwd=path, check=False, own_checkout=True
+    )
     value = out.text
     return int(value) if out.returncode == 0 and value.isdigit() else None
 

@@ -235,7 +235,9 @@ class Table:
                 raise self.error(key, f"{expected} ({why})", value)
         return values
 
-    def env_map(self, key: builtins.str, default: Any = _MISSING) -> dict[builtins.str, builtins.str]:
+    def env_map(
+        self, key: builtins.str, default: Any = _MISSING
+    ) -> dict[builtins.str, builtins.str]:
         """``{ NAME = "value" }``: variable names checked, values one line each."""
         env = self.str_map(key, default)
         for name, value in env.items():

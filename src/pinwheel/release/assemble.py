@@ -91,7 +91,7 @@ def _component_lines(provenance: Mapping[str, Any]) -> list[str]:
                              f"`{md.code(s.get('name'))}` omitted: "
                              f"{md.text(s.get('reason'))}")  # fmt: skip
             else:
-                sources.append(f"- `{md.code(s.get('name'))}`: {md.text(s.get('url'))} @ "
+                sources.append(f"- `{md.code(s.get('name'))}`: `{md.code(s.get('url'))}` @ "
                                f"`{md.code(s.get('commit'))}` "
                                f"(declared `{md.code(s.get('ref'))}`)")  # fmt: skip
     out.append("")

@@ -723,9 +723,13 @@ def pin(declared: Declared, cache: Cache) -> Pin:
         )
     # The declaration comes from the replayed tree (a repository's CMake): validated like a
     # manifest value before git sees it.
-    _refuse(declared.name, "URL", declared.url, validate.git_url_problem(declared.url), declared.where)
+    _refuse(
+        declared.name, "URL", declared.url, validate.git_url_problem(declared.url), declared.where
+    )
     if declared.ref is not None:
-        _refuse(declared.name, "ref", declared.ref, validate.ref_problem(declared.ref), declared.where)
+        _refuse(
+            declared.name, "ref", declared.ref, validate.ref_problem(declared.ref), declared.where
+        )
     commit = cache.resolve_ref(declared.url, declared.ref or "HEAD")
     with cache.locked(declared.url):
         repo_path = cache.ensure_commits(declared.url, [commit])

@@ -192,7 +192,6 @@ class Cache:
             gitcli.git(
                 ["fetch", "-q", "--no-tags", "--", source.location, *missing],
                 git_dir=path,
-                user_config=not source.local,
                 check=False,
             )
             missing = [sha for sha in labels if sha not in repo]
@@ -239,7 +238,6 @@ class Cache:
             gitcli.git(
                 ["fetch", "-q", "--no-tags", "--", source.location, *missing],
                 git_dir=path,
-                user_config=not source.local,
                 check=False,
             )
             missing = [sha for sha in commits if sha not in repo]
@@ -265,7 +263,6 @@ class Cache:
             )
         proc = gitcli.git(
             ["ls-remote", "--", source.location, ref, f"{ref}^{{}}"],
-            user_config=not source.local,
             check=False,
         )
         rows = [line.split("\t") for line in proc.stdout.decode().splitlines() if "\t" in line]
@@ -309,7 +306,7 @@ class Cache:
         )
         with step:
             proc = gitcli.git(
-                [*args, *refspecs], git_dir=path, user_config=not source.local, check=False,
+                [*args, *refspecs], git_dir=path, check=False,
                 reporter=self.reporter,
             )  # fmt: skip
         if proc.returncode == 0:
@@ -317,14 +314,14 @@ class Cache:
         # Find what failed so the error can name it: the source itself (network,
         # bad URL, missing branch) or one PR's ref.
         branch = gitcli.git(
-            [*args, refspecs[0]], git_dir=path, user_config=not source.local, check=False
+            [*args, refspecs[0]], git_dir=path, check=False
         )
         proc = branch
         if branch.returncode == 0:
             missing = []
             for spec, n in zip(refspecs[1:], prs, strict=True):
                 one = gitcli.git(
-                    [*args, spec], git_dir=path, user_config=not source.local, check=False
+                    [*args, spec], git_dir=path, check=False
                 )
                 if one.returncode != 0 and missing_ok:
                     # Forget a ref fetched earlier: upstream no longer has it.

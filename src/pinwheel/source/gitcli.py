@@ -1,9 +1,10 @@
 """Running the git CLI where pinwheel needs it (fetch, apply, archive, worktrees).
 
 Everything that decides commit bytes happens in libgit2 (replay.py). The CLI is
-run hermetically so a user's config cannot change results: no system or global
-config, no hooks, no signing, C locale, UTC. Fetches may opt back into the
-user's config (proxies, credentials, insteadOf) because they do not shape commits.
+run under one fixed policy (:mod:`pinwheel.source.gitpolicy`): no system or
+global config (fetches included), a protocol allowlist, no hooks, fsmonitor,
+credential helpers or signing, C locale, UTC, and no repository whose own
+config names files or commands.
 
 Every git command goes through :func:`git`, which asks :func:`policy` for the
 options and environment to run it with and hands the command to
@@ -13,7 +14,6 @@ edit in :func:`policy`.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +21,7 @@ from pathlib import Path
 from pinwheel import runner
 from pinwheel.errors import PinwheelError
 from pinwheel.progress import SILENT, Reporter
-from pinwheel.source import faults
+from pinwheel.source import faults, gitpolicy
 from pinwheel.urls import redact_text
 
 
@@ -34,22 +34,13 @@ class GitPolicy:
     env_unset_prefixes: tuple[str, ...] = ("GIT_",)  # no inherited GIT_DIR, GIT_CONFIG_*, ...
 
 
-def policy(*, user_config: bool) -> GitPolicy:
-    """The one place git's hermetic settings are decided.
+def policy() -> GitPolicy:
+    """The one place git's settings are decided: :mod:`pinwheel.source.gitpolicy`.
 
-    ``user_config`` (fetches from the network only): the user's global config
-    applies (proxies, credentials, insteadOf); the system config never does.
+    No user or system config (not even for fetches), ``GIT_ALLOW_PROTOCOL``,
+    hooks/fsmonitor/credential helpers/signing off per command.
     """
-    env = {"LC_ALL": "C", "LANG": "C", "TZ": "UTC", "GIT_TERMINAL_PROMPT": "0", "GIT_ADVICE": "0"}
-    if not user_config:
-        env |= {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
-    # Hooks and signing are switched off per command as a second fence.
-    options = (
-        "-c", "core.hooksPath=/dev/null",
-        "-c", "commit.gpgSign=false",
-        "-c", "tag.gpgSign=false",
-    )  # fmt: skip
-    return GitPolicy(options=options, env_set=env)
+    return GitPolicy(options=tuple(gitpolicy.config_args()), env_set=gitpolicy.fixed_env())
 
 
 def command(
@@ -58,21 +49,34 @@ def command(
     git_dir: Path | None = None,
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
-    user_config: bool = False,
     input: bytes | None = None,
     what: str = "git",
+    own_checkout: bool = False,
 ) -> runner.Command:
-    """The :class:`~pinwheel.runner.Command` for ``git ARGS`` under :func:`policy`."""
-    rule = policy(user_config=user_config)
+    """The :class:`~pinwheel.runner.Command` for ``git ARGS`` under :func:`policy`.
+
+    A repository whose own config names files or commands is refused first
+    (:func:`pinwheel.source.gitpolicy.check_repo_config`). ``own_checkout``: the
+    user's checkout that holds the manifest (its config is the user's, as trusted
+    as the manifest); only read-only history commands run there, under the same
+    per-command overrides.
+    """
+    rule = policy()
+    if not own_checkout:
+        if git_dir is not None:
+            gitpolicy.check_repo_config(Path(git_dir))
+        elif cwd is not None:
+            gitpolicy.check_repo_config(Path(cwd))
     argv = ["git"]
     if git_dir is not None:
         argv += ["--git-dir", str(git_dir)]
     argv += [*rule.options, *args]
+    extra = {k: v for k, v in (env or {}).items() if k not in rule.env_set}
     return runner.Command(
         argv=tuple(argv),
         what=what,
         cwd=cwd,
-        env_set={**rule.env_set, **(env or {})},
+        env_set={**extra, **rule.env_set},  # a caller adds variables, never loosens the policy
         env_unset_prefixes=rule.env_unset_prefixes,
         input=input,
         check=False,
@@ -87,10 +91,10 @@ def git(
     git_dir: Path | None = None,
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
-    user_config: bool = False,
     input: bytes | None = None,
     check: bool = True,
     what: str = "git",
+    own_checkout: bool = False,
     reporter: Reporter = SILENT,
 ) -> runner.Completed:
     """Run git hermetically (see :func:`policy`); ``env`` adds variables on top.
@@ -99,7 +103,7 @@ def git(
     (or ``--end-of-options``) so git can never read them as options.
     """
     cmd = command(
-        args, git_dir=git_dir, cwd=cwd, env=env, user_config=user_config, input=input, what=what
+        args, git_dir=git_dir, cwd=cwd, env=env, input=input, what=what, own_checkout=own_checkout
     )
     proc = runner.run(cmd, reporter)
     if proc.returncode != 0 and proc.stderr:

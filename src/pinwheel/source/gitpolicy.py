@@ -1,0 +1,199 @@
+"""The one git policy: what every git process and every libgit2 call runs under.
+
+Neither the user's, the system's nor a repository's configuration may make git
+run a command, read a file or use a transport pinwheel did not choose:
+
+- no system or global config (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``,
+  and no inherited ``GIT_*`` variable such as ``GIT_SSH_COMMAND`` or ``GIT_CONFIG_PARAMETERS``);
+- a protocol allowlist (``GIT_ALLOW_PROTOCOL``: git then behaves as if
+  ``protocol.allow=never`` with only these allowed, overriding any config), so
+  ``ext::`` and ``fd::`` never run, whatever ``protocol.ext.allow`` says;
+- per command: no hooks, no fsmonitor, no credential helper, no signing;
+- a repository's own config is read first and refused unless every key is one
+  ``git init`` writes (:func:`check_repo_config`): ``fsck.skipList``, hooks,
+  ``core.sshCommand``, ``core.alternateRefsCommand``, filters, merge drivers,
+  ``include.path`` and the like can name files or commands, and ``-c`` cannot
+  unset an additive key such as ``fsck.skipList``;
+- libgit2 (pygit2): global, XDG, system and program-data search paths emptied
+  (:func:`apply_libgit2`), run once at import by every module that uses pygit2.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import pygit2
+
+from pinwheel.errors import PinwheelError
+from pinwheel.validate import GIT_SCHEMES
+
+ALLOW_PROTOCOL = ":".join(GIT_SCHEMES)
+
+# Per-command settings: the second fence after the environment.
+COMMAND_CONFIG = (
+    ("core.hooksPath", os.devnull),
+    ("core.fsmonitor", "false"),
+    ("core.askPass", ""),
+    ("credential.helper", ""),
+    ("core.sshCommand", "ssh"),
+    ("core.pager", "cat"),
+    ("log.showSignature", "false"),
+    ("commit.gpgSign", "false"),
+    ("tag.gpgSign", "false"),
+    ("protocol.allow", "never"),
+    *((f"protocol.{scheme}.allow", "always") for scheme in GIT_SCHEMES),
+)
+
+# Keys a repository's own config may hold: what `git init`, `git worktree` and the
+# partial-clone machinery write. Anything else is refused before git runs there.
+SAFE_REPO_KEYS = frozenset(
+    {
+        "core.repositoryformatversion",
+        "core.filemode",
+        "core.bare",
+        "core.logallrefupdates",
+        "core.ignorecase",
+        "core.precomposeunicode",
+        "core.symlinks",
+        "core.autocrlf",
+        "core.sparsecheckout",
+        "core.sparsecheckoutcone",
+        "extensions.objectformat",
+        "extensions.worktreeconfig",
+        "extensions.partialclone",
+        "extensions.preciousobjects",
+        "index.sparse",
+        "gc.auto",
+        "gc.autodetach",
+    }
+)
+
+
+def fixed_env() -> dict[str, str]:
+    """What every git process's environment is set to (inherited ``GIT_*`` are dropped)."""
+    return {
+        "LC_ALL": "C",
+        "LANG": "C",
+        "TZ": "UTC",
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ADVICE": "0",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_ALLOW_PROTOCOL": ALLOW_PROTOCOL,
+        "GIT_PROTOCOL_FROM_USER": "0",
+        "GIT_NO_REPLACE_OBJECTS": "1",
+    }
+
+
+def env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of a git process run outside :mod:`pinwheel.source.gitcli`."""
+    out = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    out.pop("SSH_ASKPASS", None)
+    fixed = fixed_env()
+    out.update({k: v for k, v in (extra or {}).items() if k not in fixed})
+    out.update(fixed)
+    return out
+
+
+def config_args() -> list[str]:
+    """``-c key=value`` pairs that go before every git subcommand."""
+    args: list[str] = []
+    for key, value in COMMAND_CONFIG:
+        args += ["-c", f"{key}={value}"]
+    return args
+
+
+def command(git_dir: Path | None = None) -> list[str]:
+    """``git [--git-dir D] -c ...``: the start of every git command line."""
+    cmd = ["git"]
+    if git_dir is not None:
+        cmd += ["--git-dir", str(Path(git_dir).absolute())]
+    return cmd + config_args()
+
+
+# --------------------------------------------------------------------------- repository config
+
+
+def config_file(location: Path) -> Path | None:
+    """The config file git would read for a bare repo, a work tree or a linked worktree."""
+    location = Path(location)
+    dot = location / ".git"
+    if dot.is_file():  # a linked worktree or a submodule: "gitdir: PATH"
+        text = dot.read_text(errors="replace").strip()
+        if text.startswith("gitdir:"):
+            gitdir = Path(text[7:].strip())
+            gitdir = gitdir if gitdir.is_absolute() else (location / gitdir)
+            common = gitdir / "commondir"
+            if common.is_file():
+                rel = Path(common.read_text().strip())
+                gitdir = rel if rel.is_absolute() else gitdir / rel
+            return gitdir / "config"
+        return None
+    if dot.is_dir():
+        return dot / "config"
+    if (location / "HEAD").exists() and (location / "objects").is_dir():
+        return location / "config"
+    return None
+
+
+_checked: dict[Path, tuple[int, int, int]] = {}
+
+
+def check_repo_config(location: Path) -> None:
+    """Refuse a repository whose own config holds a key outside :data:`SAFE_REPO_KEYS`."""
+    path = config_file(location)
+    if path is None:
+        return
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    if _checked.get(path) == stamp:
+        return
+    proc = subprocess.run(
+        ["git", "config", "--file", str(path), "--no-includes", "--list", "--null"],
+        env=env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise PinwheelError(
+            "the repository's config cannot be read: "
+            + (proc.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1],
+            where=str(path),
+            next="remove the repository (`pinwheel cache clean`) and run again",
+        )
+    keys = []
+    for entry in proc.stdout.split(b"\0"):
+        if entry:
+            keys.append(entry.split(b"\n", 1)[0].decode(errors="replace").lower())
+    bad = sorted({k for k in keys if k not in SAFE_REPO_KEYS})
+    if bad:
+        raise PinwheelError(
+            "refusing a repository whose config sets "
+            + ", ".join(bad[:5])
+            + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
+            + ": a repository's config may not name files or commands for pinwheel's git",
+            where=str(path),
+            next="remove those keys from the repository's config, or remove the repository "
+            "(`pinwheel cache clean`) and run again",
+        )
+    _checked[path] = stamp
+
+
+# --------------------------------------------------------------------------- libgit2
+
+
+def apply_libgit2() -> None:
+    """libgit2 reads no global, XDG, system or program-data config (idempotent)."""
+    levels = pygit2.enums.ConfigLevel
+    for level in (levels.GLOBAL, levels.XDG, levels.SYSTEM, levels.PROGRAMDATA):
+        pygit2.settings.search_path[level] = ""
+
+
+apply_libgit2()
