@@ -14,10 +14,11 @@ import re
 from pinwheel.urls import redact
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\u0085]+")
-# Characters with a meaning inside a line in CommonMark/GFM (emphasis, code, links,
-# tables, strike-through, autolinks); line-start markers (#, -, >) cannot occur because
-# the text is one line that never starts one.
-_SPECIAL = re.compile(r"([\\`*_\[\]|~<>&])")
+# What could change structure inside a line in CommonMark/GFM: code spans, links and
+# images, table cells, raw HTML, entities and the escape itself. Line-start markers
+# (#, -, >) cannot act: the text is one line placed after other content. Emphasis
+# characters (_ *) are left alone: they change looks, not structure.
+_SPECIAL = re.compile(r"([\\`\[\]|<>&])")
 
 
 def _one_line(value: object, limit: int) -> str:
