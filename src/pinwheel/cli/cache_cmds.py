@@ -33,8 +33,15 @@ def _removal(ctx: Context, outcome: Removal, verb: str, how: str) -> int:
             "applied": outcome.applied,
             "bytes": outcome.bytes,
             "paths": [str(p) for p in outcome.paths],
+            "busy": [str(p) for p in outcome.busy],
         },
-        "\n".join([head, *listing]),
+        "\n".join(
+            [head, *listing]
+            + [
+                f"kept {p.relative_to(outcome.root)}: another run holds its cache lock"
+                for p in outcome.busy
+            ]
+        ),
     )
     return EXIT_OK
 

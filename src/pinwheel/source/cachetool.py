@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
+from pinwheel import confine
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest import Manifest
 from pinwheel.source import gitcli
@@ -69,6 +71,7 @@ class Removal:
     paths: tuple[Path, ...]
     bytes: int
     applied: bool  # False: dry run, nothing removed
+    busy: tuple[Path, ...] = ()  # repositories another run holds the lock of: kept
 
 
 def human(n: float) -> str:
@@ -105,8 +108,21 @@ def disk_usage(root: Path) -> DiskUsage:
 
 
 def repos(root: Path) -> tuple[Path, ...]:
-    base = Path(root) / "repos"
-    return tuple(sorted(p for p in base.glob("*.git") if p.is_dir())) if base.is_dir() else ()
+    """The cache repositories, each checked to be inside the cache (``repos/`` or an entry
+    that is a symlink out of the cache is refused, never followed)."""
+    base = confine.inside(root, "repos", what="cache folder")
+    if base.is_symlink() or not base.is_dir():
+        if base.is_symlink():
+            confine.inside(root, Path(base) / "x", what="cache folder")  # raises when it leads out
+        else:
+            return ()
+    found = []
+    for p in sorted(base.glob("*.git")):
+        if p.is_symlink():
+            continue  # never a cache repository: pinwheel makes real directories
+        if p.is_dir():
+            found.append(confine.inside(root, p, what="cache repository"))
+    return tuple(found)
 
 
 _BROKEN = re.compile(r"broken link from\s+(\w+) ([0-9a-f]{40,64})\s+to\s+(\w+) ([0-9a-f]{40,64})")
@@ -242,21 +258,60 @@ def _paths_of(repo: Path, objects: set[str]) -> dict[str, str]:
     return found
 
 
+def _repo_lock(root: Path, repo: Path) -> FileLock | None:
+    """The lock a run holds while it uses ``repo`` (``locks/<slug>.lock``), or None."""
+    if repo.parent.name != "repos" or not repo.name.endswith(".git"):
+        return None
+    lock = confine.inside(root, Path("locks") / (repo.name[: -len(".git")] + ".lock"))
+    confine.mkdirs(root, lock.parent)
+    return FileLock(str(lock), timeout=0)
+
+
 def _remove(root: Path, paths: Sequence[Path], apply: bool) -> Removal:
+    root = Path(root)
+    paths = [confine.inside(root, p, what="path to remove") for p in paths]
     size = sum(_size(p)[0] for p in paths)
-    if apply:
-        for p in paths:
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            else:
-                p.unlink(missing_ok=True)
-    return Removal(Path(root), tuple(paths), size, apply)
+    removed: list[Path] = []
+    busy: list[Path] = []
+    for p in paths:
+        lock = _repo_lock(root, p)
+        if not apply:
+            removed.append(p)
+            continue
+        if lock is None:
+            confine.remove(root, p)
+            removed.append(p)
+            continue
+        # The same lock a run holds while it fetches, replays or exports from the repo.
+        try:
+            with lock:
+                confine.remove(root, p)
+            removed.append(p)
+        except Timeout:
+            busy.append(p)
+    if busy:
+        size -= sum(_size(p)[0] for p in busy)
+    return Removal(Path(os.path.realpath(root)), tuple(removed), size, apply, tuple(busy))
 
 
 def clean(root: Path, *, apply: bool) -> Removal:
     """Everything under the cache except ``locks/``."""
     root = Path(root)
     paths = [p for p in sorted(root.iterdir()) if p.name not in KEEP] if root.is_dir() else []
+    if apply and (root / "repos").is_dir() and not (root / "repos").is_symlink():
+        # Repositories one by one, each under its lock; then the rest.
+        inner = list(repos(root))
+        first = _remove(root, inner, apply)
+        # repos/ itself goes too unless a busy repository is kept in it.
+        rest = [p for p in paths if p.name != "repos" or not first.busy]
+        second = _remove(root, rest, apply)
+        return Removal(
+            first.root,
+            first.paths + second.paths,
+            first.bytes + second.bytes,
+            apply,
+            first.busy,
+        )
     return _remove(root, paths, apply)
 
 
