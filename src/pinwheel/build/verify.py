@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pinwheel import runner
+from pinwheel import runner, validate
 from pinwheel.build.pipeline import BuildRequest, build
 from pinwheel.build.provenance import FILENAME, component, read_receipt
 from pinwheel.build.wheeldiff import MemberDiff, diff_members
 from pinwheel.checksums import sha256_file
-from pinwheel.errors import EXIT_MISMATCH, MismatchError
+from pinwheel.errors import EXIT_MISMATCH, MismatchError, VerifyError
 from pinwheel.progress import SILENT, Reporter
 
 
@@ -97,6 +97,12 @@ def compare_builds(recorded_dir: Path, rebuilt_dir: Path) -> RebuildComparison:
     names = [c["wheel"] for c in recorded.get("components") or []] or list(recorded["built"])
     results = []
     for name in sorted(names):
+        if validate.wheel_name_problem(name):
+            raise VerifyError(
+                f"the receipt names a wheel that is not a plain wheel file name: {name!r}",
+                where=str(Path(recorded_dir) / FILENAME),
+                next="verify a receipt pinwheel wrote",
+            )
         want = recorded["wheels"][name]
         ours = Path(recorded_dir) / name
         theirs = Path(rebuilt_dir) / name
@@ -138,6 +144,7 @@ def verify_build(
     kernels = tuple(c["name"] for c in comps if c.get("kind") == "kernel")
     engine = component(recorded, "engine")
     epochs = {c.get("source_date_epoch") for c in comps if c.get("kind") == "kernel"}
+    _check_recorded(recorded, engine, epochs, Path(wheels_dir) / FILENAME)
     out = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="pinwheel-rebuild-"))
     try:
         rebuild = replace(
@@ -159,6 +166,33 @@ def verify_build(
     finally:
         if not keep:
             shutil.rmtree(out, ignore_errors=True)
+
+
+def _check_recorded(
+    recorded: Mapping[str, Any], engine: Mapping[str, Any] | None, epochs: set[Any], where: Path
+) -> None:
+    """Receipt values that reach the rebuild (version, dates, names) are validated first."""
+    problems = []
+    tree = ((engine or {}).get("source") or {}).get("tree")
+    if tree is not None and validate.sha_problem(tree):
+        problems.append(f"engine source tree {str(tree)[:80]!r} (not a git tree id)")
+    if engine is not None and engine.get("version") is not None:
+        if validate.version_problem(engine.get("version")):
+            problems.append(f"engine version {str(engine.get('version'))[:80]!r}")
+        if not isinstance(engine.get("source_date_epoch"), (int, type(None))):
+            problems.append("engine source_date_epoch")
+    if any(not isinstance(e, (int, type(None))) for e in epochs):
+        problems.append("a kernel's source_date_epoch")
+    for c in recorded.get("components") or []:
+        if not isinstance(c, dict) or validate.identifier_problem(c.get("name")):
+            shown = str(c.get("name") if isinstance(c, dict) else c)[:80]
+            problems.append(f"component name {shown!r}")
+    if problems:
+        raise VerifyError(
+            "the receipt holds values a rebuild cannot take: " + ", ".join(problems),
+            where=str(where),
+            next="verify a receipt pinwheel wrote",
+        )
 
 
 def _recorded_workdir(request: BuildRequest, engine: Mapping[str, Any] | None) -> Path | None:
