@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pinwheel import validate
+from pinwheel import confine, validate
 from pinwheel.errors import PinwheelError, VerifyError
 
 USER_AGENT = "pinwheel/1"
@@ -115,9 +115,12 @@ def get_file(
     until = time.monotonic() + deadline
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(f".{dest.name}.part")
+    # A symlink planted at the partial's name is removed, never written through.
+    if part.is_symlink() or part.exists():
+        confine.remove(dest.parent, part)
     digest = hashlib.sha256()
     try:
-        with _open(url, dest.name, timeout) as resp, open(part, "wb") as out:
+        with _open(url, dest.name, timeout) as resp, confine.open_append(dest.parent, part) as out:
             for block in _blocks(resp, url, dest.name, cap, until):
                 out.write(block)
                 digest.update(block)

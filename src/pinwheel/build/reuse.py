@@ -40,12 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import httpget, runner, untrusted
+from pinwheel import archive, confine, httpget, runner, untrusted, validate
 from pinwheel.build.provenance import FILENAME, read_receipt
 from pinwheel.checksums import SUMS, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.progress import SILENT, Reporter
+from pinwheel.urls import redact
 
 BUILD_FILES = ("setup.py", "setup.cfg", "pyproject.toml", "CMakeLists.txt")
 # Environment pinwheel sets that does not reach compiled code: dates and version labels.
@@ -313,7 +314,10 @@ def candidates(source: str, cache: Path) -> dict[str, Candidate]:
     only: str | None = None
     if source.startswith(("http://", "https://")):
         base = source if source.endswith("/") else source + "/"
-        local = cache / "reuse" / hashlib.sha256(base.encode()).hexdigest()[:16]
+        local = confine.inside(
+            cache, Path("reuse") / hashlib.sha256(base.encode()).hexdigest()[:16]
+        )
+        confine.mkdirs(cache, local)
         _fetch_small(base + SUMS, local / SUMS, source)
         _fetch_small(base + FILENAME, local / FILENAME, source)
         directory = local
@@ -343,13 +347,20 @@ def candidates(source: str, cache: Path) -> dict[str, Candidate]:
         name = comp.get("wheel")
         if not name or (only and name != only):
             continue
+        if validate.wheel_name_problem(name):
+            raise VerifyError(
+                f"provenance names a wheel that is not a plain wheel file name: "
+                f"{str(name)[:120]!r}",
+                where=f"--reuse-from {redact(source)}",
+                next="reuse a release pinwheel wrote",
+            )
         if sums.get(name) != comp.get("sha256"):
             raise VerifyError(
                 f"{name}: SHA256SUMS and provenance.json disagree",
                 where=f"--reuse-from {source}",
                 next="reuse an intact release",
             )
-        wheel = directory / name
+        wheel = confine.inside(directory, name, what="wheel")
         if not wheel.is_file() and source.startswith(("http://", "https://")):
             _fetch_wheel(source.rstrip("/") + "/" + name, wheel, str(comp.get("sha256")), source)
         if not wheel.is_file():
@@ -360,8 +371,37 @@ def candidates(source: str, cache: Path) -> dict[str, Candidate]:
                 where=f"--reuse-from {source}",
                 next="fetch the release again",
             )
+        _archive_check(wheel, comp, source)
         out[str(comp["name"])] = Candidate(wheel, comp["sha256"], comp, source)
     return out
+
+
+def _archive_check(wheel: Path, comp: Mapping[str, Any], source: str) -> None:
+    """The earlier wheel through the one archive reader and the wheel audit; and every
+    compiled member provenance records must be in it with that sha256."""
+    from pinwheel.build.check import CheckSpec, check_wheels
+
+    where = f"--reuse-from {redact(source)}"
+    with zipfile.ZipFile(wheel) as zf:
+        infos = {i.filename: i for i in archive.zip_members(zf, f"{where}: {wheel.name}")}
+        report = check_wheels([wheel], CheckSpec(arches=(), require_cuda=False))
+        if not report.ok:
+            first = report.errors[0]
+            raise VerifyError(
+                f"{wheel.name}: the earlier wheel fails the archive check: {first.line()}",
+                where=where,
+                next="reuse an intact release (`pinwheel check WHEEL` shows every finding)",
+            )
+        rec = comp.get("compiled_inputs") or {}
+        for member, digest in dict(rec.get("compiled_members") or {}).items():
+            info = infos.get(member)
+            if info is None or hashlib.sha256(zf.read(info)).hexdigest() != digest:
+                raise VerifyError(
+                    f"{wheel.name}: compiled member {member!r} does not match the sha256 "
+                    "provenance records for it",
+                    where=where,
+                    next="do not reuse this release; rebuild from source (drop --reuse-from)",
+                )
 
 
 # --------------------------------------------------------------------------- reuse
@@ -442,29 +482,37 @@ def transplant(
     env: Mapping[str, str],
 ) -> Path | None:
     from_tree = set(rec.get("from_tree") or ())
+    compiled = dict(rec.get("compiled_members") or {})
     with tempfile.TemporaryDirectory(prefix="pinwheel-reuse-") as tmp:
         root = Path(tmp) / "unpacked"
+        root.mkdir()
         with zipfile.ZipFile(old) as zf:
-            infos = [i for i in zf.infolist() if not i.filename.endswith("/")]
+            # The one archive reader: zip-slip, absolute names, links and bombs refused.
+            infos = [i for i in archive.zip_members(zf, old.name) if not i.is_dir()]
             for info in infos:
                 name = info.filename
                 if name.endswith(".dist-info/RECORD"):
                     continue
-                target = root / name
-                target.parent.mkdir(parents=True, exist_ok=True)
+                target = confine.inside(root, name, what="wheel member")
+                confine.mkdirs(root, target.parent)
                 if name in from_tree:
                     new = _tree_file(source, name)
                     if new is None:
                         continue  # deleted from the tree
                     shutil.copyfile(new, target)
                 else:
-                    target.write_bytes(zf.read(info))
+                    data = zf.read(info)
+                    if name in compiled and hashlib.sha256(data).hexdigest() != compiled[name]:
+                        return None  # never take a member provenance does not vouch for
+                    target.write_bytes(data)
                 mode = (info.external_attr >> 16) & 0o777
                 if mode:
-                    target.chmod(mode)
+                    target.chmod(mode & 0o755)
         for added in _new_modules(from_tree, source):
-            target = root / added
-            target.parent.mkdir(parents=True, exist_ok=True)
+            if validate.rel_path_problem(added):
+                continue
+            target = confine.inside(root, added, what="wheel member")
+            confine.mkdirs(root, target.parent)
             shutil.copyfile(_tree_file(source, added) or source / added, target)
         shutil.rmtree(dist, ignore_errors=True)
         dist.mkdir(parents=True)

@@ -100,6 +100,8 @@ class Requirements:
 
     path: Path
     sha256: str
+
+
 CACHE_BACKENDS = ("local", "redis", "s3", "gha")
 CACHE_KEYS = ("enabled", "backend", "size", "endpoint", "bucket", "region", "prefix")
 # Credentials come only from the standard SCCACHE_* / AWS_* variables, never the manifest.

@@ -233,7 +233,8 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
             )
     has_engine = "upstream" in data
     if not has_engine and not any(
-        isinstance(k, dict) and "url" in k for k in data.get("kernel", [])
+        isinstance(k, dict) and "url" in k
+        for k in data.get("kernel", [])
         if isinstance(data.get("kernel"), list)
     ):
         raise top.error(

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import io
-import shutil
 import tarfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from pinwheel import archive
 from pinwheel.build.toolchain.pins import DebPin, WheelPin
 from pinwheel.build.toolchain.toolkit import ToolchainError
 
@@ -51,25 +51,22 @@ def unpack_deb(path: Path, pin: DebPin, dest: Path) -> None:
     with open(path, "rb") as fh:
         stream = io.BufferedReader(_Window(fh, offset, size), 1 << 20)
         with tarfile.open(fileobj=stream, mode="r|*") as tar:
-            for member in tar:
-                rel = member.name.removeprefix("./")
+
+            def select(rel: str, is_dir: bool) -> str | None:
                 target = _map(rel, wanted)
-                if target is None or not (member.isfile() or member.isdir()):
-                    continue
-                if member.isfile() and rel in wanted:
+                if target is not None and not is_dir and rel in wanted:
                     seen.add(rel)
-                out = dest / target
-                if member.isdir():
-                    out.mkdir(parents=True, exist_ok=True)
-                else:
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    src = tar.extractfile(member)
-                    assert src is not None
-                    with open(out, "wb") as dst:
-                        shutil.copyfileobj(src, dst, 1 << 20)
-                    out.chmod(0o755 if member.mode & 0o111 else 0o644)
-                if len(seen) == len(wanted):
-                    break  # every pinned file is out: skip decompressing the rest
+                return target
+
+            # The one archive reader: names, links, devices and sizes checked, writes confined.
+            archive.extract_tar(
+                tar,
+                dest,
+                path.name,
+                select=select,
+                stop=lambda: len(seen) == len(wanted),
+                skip_links=True,
+            )
     _require(dest, pin.files, path.name)
 
 
@@ -96,13 +93,5 @@ def _require(dest: Path, files: tuple[tuple[str, str], ...], origin: str) -> Non
 def unpack_wheel(path: Path, pin: WheelPin, dest: Path) -> None:
     wanted = dict(pin.files)
     with zipfile.ZipFile(path) as zf:
-        for info in zf.infolist():
-            target = _map(info.filename.rstrip("/"), wanted)
-            if target is None or info.is_dir():
-                continue
-            out = dest / target
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(zf.read(info))
-            mode = (info.external_attr >> 16) & 0o777
-            out.chmod(0o755 if mode & 0o111 else 0o644)
+        archive.extract_zip(zf, dest, path.name, select=lambda n, _d: _map(n.rstrip("/"), wanted))
     _require(dest, pin.files, path.name)

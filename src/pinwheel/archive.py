@@ -1,0 +1,230 @@
+"""The one archive reader: zip (wheels) and tar (toolchain tarballs, a .deb's data.tar, exports).
+
+Every member is judged before a byte of it is written: no absolute name, no
+``..``, no drive letter, no NUL or control character, no link (symlink or
+hard link) — members are plain files and directories — no device, FIFO or
+socket, and size and count limits (a zip bomb or a tar bomb is refused from
+its headers). Extraction writes through :mod:`pinwheel.confine`, so even a
+symlink planted in the destination cannot lead a member out.
+
+The wheel-specific audit (RECORD hashes, CRCs, ELF checks) stays in
+:mod:`pinwheel.build.wheelfile` and :mod:`pinwheel.build.check`; it uses the
+same name rule (:func:`name_problem`).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import stat
+import tarfile
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from pinwheel import confine
+from pinwheel.errors import VerifyError
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+_DRIVE = re.compile(r"^[A-Za-z]:")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Limits:
+    members: int = 200_000  # entries in one archive
+    member: int = 8 * GiB  # bytes of one member, unpacked
+    total: int = 32 * GiB  # bytes of all members, unpacked
+    ratio: float = 200.0  # unpacked / packed for a zip member larger than ratio_floor
+    ratio_floor: int = 16 * MiB
+
+
+class ArchiveError(VerifyError):
+    """An archive member that must not be read or written."""
+
+
+def name_problem(name: str) -> str | None:
+    """Why extracting ``name`` could write outside the target directory, else None."""
+    norm = name.replace("\\", "/")
+    if not norm:
+        return "empty name"
+    if norm.startswith("/") or _DRIVE.match(norm):
+        return "absolute path"
+    if ".." in PurePosixPath(norm).parts:
+        return "'..' component escapes the target directory"
+    if "\0" in name:
+        return "NUL byte in name"
+    if _CONTROL.search(name):
+        return "control character in name"
+    return None
+
+
+def zip_kind(info: zipfile.ZipInfo) -> str:
+    """'file', 'dir', 'symlink' or 'special' from the Unix mode in external_attr."""
+    mode = info.external_attr >> 16
+    kind = stat.S_IFMT(mode)
+    if kind == stat.S_IFLNK:
+        return "symlink"
+    if kind == stat.S_IFDIR or info.filename.endswith("/"):
+        return "dir"
+    if kind in (0, stat.S_IFREG):  # 0: written without Unix attributes
+        return "file"
+    return "special"
+
+
+def _refuse(origin: str, member: str, problem: str) -> ArchiveError:
+    return ArchiveError(
+        f"refusing archive member {member[:200]!r}: {problem}",
+        where=origin,
+        next="do not use this archive; fetch it from its publisher again",
+    )
+
+
+def zip_members(
+    zf: zipfile.ZipFile, origin: str, limits: Limits = Limits()
+) -> list[zipfile.ZipInfo]:
+    """Every member of ``zf``, checked (raises :class:`ArchiveError` on the first bad one)."""
+    infos = zf.infolist()
+    if len(infos) > limits.members:
+        raise _refuse(origin, f"({len(infos)} members)", f"over the {limits.members} member limit")
+    seen: set[str] = set()
+    total = 0
+    for info in infos:
+        name = info.filename
+        problem = name_problem(name)
+        if problem:
+            raise _refuse(origin, name, problem)
+        norm = name.rstrip("/")
+        if norm in seen:
+            raise _refuse(origin, name, "duplicate member (readers disagree on which wins)")
+        seen.add(norm)
+        kind = zip_kind(info)
+        if kind == "symlink":
+            raise _refuse(origin, name, "symlink member (only plain files and directories)")
+        if kind == "special":
+            raise _refuse(origin, name, f"special file (mode 0o{info.external_attr >> 16:o})")
+        if info.flag_bits & 0x1:
+            raise _refuse(origin, name, "encrypted member")
+        total += info.file_size
+        if info.file_size > limits.member:
+            raise _refuse(
+                origin, name, f"unpacks to {info.file_size} bytes (limit {limits.member})"
+            )
+        if info.file_size > limits.ratio_floor and info.file_size > limits.ratio * max(
+            info.compress_size, 1
+        ):
+            raise _refuse(origin, name, "compression ratio over the limit (zip bomb?)")
+        if total > limits.total:
+            raise _refuse(origin, name, f"archive unpacks to over {limits.total} bytes")
+    return infos
+
+
+def tar_members(
+    tar: tarfile.TarFile, origin: str, limits: Limits = Limits(), *, skip_links: bool = False
+) -> Iterator[tarfile.TarInfo]:
+    """Members of ``tar`` as they stream by, each checked; only files and directories.
+
+    ``skip_links``: links and special members are passed over (never written) instead of
+    refused: a Debian package's data.tar holds library symlinks pinwheel does not copy.
+    """
+    count = total = 0
+    for member in tar:
+        count += 1
+        if count > limits.members:
+            raise _refuse(origin, member.name, f"over the {limits.members} member limit")
+        problem = name_problem(member.name)
+        if problem:
+            raise _refuse(origin, member.name, problem)
+        if skip_links and not (member.isfile() or member.isdir()):
+            continue
+        if member.issym() or member.islnk():
+            raise _refuse(
+                origin, member.name, f"link member (-> {member.linkname[:200]!r}); only files"
+            )
+        if not (member.isfile() or member.isdir()):
+            raise _refuse(origin, member.name, "device, FIFO or other special member")
+        total += member.size
+        if member.size > limits.member:
+            raise _refuse(origin, member.name, f"{member.size} bytes (limit {limits.member})")
+        if total > limits.total:
+            raise _refuse(origin, member.name, f"archive unpacks to over {limits.total} bytes")
+        yield member
+
+
+def _mode(bits: int) -> int:
+    return 0o755 if bits & 0o111 else 0o644
+
+
+def _write(dest: Path, rel: str, src: IO[bytes], executable: bool) -> Path:
+    out = confine.inside(dest, rel, what="archive member")
+    confine.mkdirs(dest, out.parent)
+    if out.is_symlink() or (out.exists() and not out.is_file()):
+        confine.remove(dest, out)
+    with confine.open_append(dest, out) as fh:
+        fh.truncate(0)
+        shutil.copyfileobj(src, fh, 1 << 20)
+    out.chmod(0o755 if executable else 0o644)
+    return out
+
+
+def extract_zip(
+    zf: zipfile.ZipFile,
+    dest: Path,
+    origin: str,
+    *,
+    select: Callable[[str, bool], str | None] | None = None,
+    limits: Limits = Limits(),
+) -> list[str]:
+    """Write the checked members of ``zf`` under ``dest``; ``select(name, is_dir)`` maps a
+    member to its relative target (None: skip). Returns the names written."""
+    written = []
+    for info in zip_members(zf, origin, limits):
+        if zip_kind(info) == "dir":
+            continue
+        rel = select(info.filename, False) if select else info.filename
+        if rel is None:
+            continue
+        problem = name_problem(rel)
+        if problem:
+            raise _refuse(origin, rel, problem)
+        with zf.open(info) as src:
+            _write(dest, rel, src, bool(_mode((info.external_attr >> 16) & 0o777) & 0o111))
+        written.append(info.filename)
+    return written
+
+
+def extract_tar(
+    tar: tarfile.TarFile,
+    dest: Path,
+    origin: str,
+    *,
+    select: Callable[[str, bool], str | None] | None = None,
+    limits: Limits = Limits(),
+    stop: Callable[[], bool] | None = None,
+    skip_links: bool = False,
+) -> list[str]:
+    """Write the checked members of a (streamed) tar under ``dest``; like :func:`extract_zip`.
+
+    ``stop`` is asked after each member: True ends the read early (what was wanted is out).
+    """
+    written = []
+    for member in tar_members(tar, origin, limits, skip_links=skip_links):
+        name = member.name.removeprefix("./")
+        rel = select(name, member.isdir()) if select else name
+        if rel is not None:
+            problem = name_problem(rel)
+            if problem:
+                raise _refuse(origin, rel, problem)
+            if member.isdir():
+                confine.mkdirs(dest, confine.inside(dest, rel, what="archive member"))
+            else:
+                src = tar.extractfile(member)
+                assert src is not None
+                _write(dest, rel, src, bool(member.mode & 0o111))
+                written.append(member.name)
+        if stop is not None and stop():
+            break
+    return written
