@@ -664,17 +664,17 @@ def test_release_steps_sign_and_upload_exactly_the_release(tmp_path: Path) -> No
     result = run_step({**upload, "env": env_gh}, work, env)
     assert result.returncode == 0, result.stderr
     args = gh_log.read_text().splitlines()
-    assert args[:7] == [
+    assert args[:6] == [
         "release",
         "create",
-        "kit-20261010",
         "--verify-tag",
         "--title",
         "kit-20261010",
         "--notes-file",
     ]
-    assert args[7] == "release/RELEASE_NOTES.md"
-    assert sorted(Path(a).name for a in args[8:]) == sorted(p.name for p in release.iterdir())
+    # The tag after "--": a tag starting with '-' is never an option to gh.
+    assert args[6] == "release/RELEASE_NOTES.md" and args[7:9] == ["--", "kit-20261010"]
+    assert sorted(Path(a).name for a in args[9:]) == sorted(p.name for p in release.iterdir())
 
     gh_log.unlink()
     wrong = run_step({**upload, "env": {**env_gh, "GH_REPO": "other/fork"}}, work, env)

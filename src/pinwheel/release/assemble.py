@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import markup as md
-from pinwheel import runner, untrusted
+from pinwheel import runner, untrusted, validate
 from pinwheel.build.provenance import FILENAME, read_receipt
 from pinwheel.build.toolchain.substitute import from_receipt, headline
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_files, verify_dir
@@ -564,8 +564,15 @@ def github_plan(release: Verified, target: GithubTarget, manifest: Manifest) -> 
             where="[release.github] tag / [result] tag",
             next="set [result].tag in the manifest",
         )
+    problem = validate.tag_problem(tag)
+    if problem:
+        raise PinwheelError(
+            f"refusing release tag {tag[:80]!r}: {problem}",
+            where="[release.github] tag / [result] tag",
+            next="set a tag name like v1.2.3 in the manifest",
+        )
     files = sorted(release.sums) + [SUMS] + ([SIG] if (release.dir / SIG).is_file() else [])
-    paths = [str(release.dir / f) for f in files]
+    paths = [str((release.dir / f).absolute()) for f in files]
     return {
         "repo": target.repo,
         "tag": tag,
@@ -575,11 +582,13 @@ def github_plan(release: Verified, target: GithubTarget, manifest: Manifest) -> 
             "gh",
             "release",
             "create",
-            tag,
             "--repo",
             target.repo,
             "--notes-file",
-            str(release.dir / NOTES),
+            str((release.dir / NOTES).absolute()),
+            # "--": the tag and the file names are never read as options.
+            "--",
+            tag,
             *paths,
         ],
     }

@@ -33,13 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pinwheel import validate
+from pinwheel import confine, validate
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.heartbeat import human_seconds
 from pinwheel.progress import SILENT, Advance, Reporter
 from pinwheel.release import signing
+from pinwheel.urls import redact
 
 USER_AGENT = "pinwheel-fetch/1"
 
@@ -185,8 +186,13 @@ def _links(page: bytes, base: str) -> dict[str, str]:
     parser = _Links()
     parser.feed(page.decode("utf-8", errors="replace"))
     out = {}
+    scheme = urllib.parse.urlsplit(base).scheme.lower()
     for href in parser.hrefs:
-        url = urllib.parse.urljoin(base, href)
+        url = urllib.parse.urljoin(base, href.strip())
+        # A remote page may only point at its own scheme: never file://, data:, ftp://,
+        # and never an https page down to http.
+        if urllib.parse.urlsplit(url).scheme.lower() != scheme:
+            continue
         name = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
         if name:
             out[name] = url
@@ -201,6 +207,13 @@ def _retryable_status(code: int) -> bool:
 
 
 def _request(url: str, opts: FetchOptions, headers: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    if urllib.parse.urlsplit(url).scheme.lower() not in ("http", "https"):
+        # urllib would also open file://, ftp:// and data: URLs: a download is http(s) only.
+        raise FetchError(
+            f"refusing to fetch a non-http(s) URL: {redact(url)[:200]}",
+            where=redact(url)[:200],
+            next="fetch only from an http(s) release, index or a local directory",
+        )
     req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, **(headers or {})})
     return urllib.request.urlopen(req, timeout=opts.timeout)
 
@@ -310,26 +323,31 @@ class _Partial:
     """``.NAME.part`` beside the final name, with the running hash of what it holds."""
 
     def __init__(self, dest: Path, name: str):
-        self.final = dest / name
-        self.path = dest / f".{name}.part"
+        # Both names confined to --dest; a symlink or non-file planted at the partial's
+        # name is removed, never written or read through.
+        self.dest = dest
+        self.final = confine.inside(dest, name, what="fetched file")
+        self.path = confine.inside(dest, f".{name}.part", what="partial file")
         self.digest = hashlib.sha256()
         self.size = 0
-        if self.path.exists():  # left by an interrupted run: hash it once, then resume
-            with open(self.path, "rb") as fh:
+        if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+            confine.remove(dest, self.path)
+        elif self.path.exists():  # left by an interrupted run: hash it once, then resume
+            with confine.open_read(dest, self.path) as fh:
                 while block := fh.read(8 * 1024 * 1024):
                     self.digest.update(block)
                     self.size += len(block)
         self.resumed_from = self.size
 
     def reset(self) -> None:
-        self.path.unlink(missing_ok=True)
+        confine.remove(self.dest, self.path)
         self.digest = hashlib.sha256()
         self.size = 0
 
     def append_from(
         self, stream: BinaryIO, chunk: int, advance: Advance, pace: _Pace | None = None
     ) -> None:
-        with open(self.path, "ab") as fh:
+        with confine.open_append(self.dest, self.path) as fh:
             # read1: whatever has arrived (up to chunk), so bytes before a stall are kept.
             read = getattr(stream, "read1", stream.read)
             try:
@@ -355,7 +373,7 @@ class _Partial:
                 where=where,
                 next="do not use this source; fetch from the publisher again or report it",
             )
-        os.replace(self.path, self.final)
+        confine.replace(self.dest, self.path, self.final)
         return actual
 
 
@@ -379,8 +397,8 @@ def _disk_full(part: _Partial, dest: Path) -> FetchError:
 
 
 def _already_there(final: Path, expected: str) -> bool:
-    if not final.is_file():
-        return False
+    if final.is_symlink() or not final.is_file():
+        return False  # a symlink is replaced by the verified file, never trusted
     return sha256_file(final) == expected
 
 

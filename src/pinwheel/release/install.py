@@ -19,6 +19,7 @@ so "cu128" cannot mean a different torch tomorrow.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import sys
@@ -27,12 +28,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pinwheel import runner
+from pinwheel import runner, validate
 from pinwheel.build.abifloor import Version, host_glibc, show
 from pinwheel.build.check import CheckSpec, check_wheels
 from pinwheel.build.provenance import FILENAME
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.release.assemble import verify_release
+from pinwheel.urls import redact
 
 INSTALLERS = ("auto", "uv", "pip")
 # A wheel file name (PEP 427): no spaces, no path, never an option to pip or uv.
@@ -56,18 +58,45 @@ class TorchPin:
     index: str | None  # the package index the build's torch came from
 
 
-def torch_pin(wheel_dir: Path) -> TorchPin | None:
-    """The torch the release was built against, from its provenance.json (None if unknown)."""
+def torch_pin(wheel_dir: Path, sums: Mapping[str, str]) -> TorchPin | None:
+    """The torch the release was built against, from its provenance.json (None if unknown).
+
+    Trust follows verification: the provenance is read only when the verified
+    SHA256SUMS (``sums``) lists it and its bytes hash to that entry; it is read
+    through the checked receipt reader, and every value passed on to pip or uv is
+    validated (a PEP 440 version, an https index).
+    """
     from pinwheel.build.provenance import SCHEMA
     from pinwheel.untrusted import read_provenance
 
     path = wheel_dir / FILENAME
-    if not path.exists():
-        return None
+    listed = sums.get(FILENAME)
+    if listed is None or not path.exists():
+        return None  # not covered by the verified sums: never read
+    if hashlib.sha256(path.read_bytes()).hexdigest() != listed:
+        raise VerifyError(
+            f"{FILENAME} differs from the verified SHA256SUMS; nothing was installed",
+            where=str(path),
+            next="do not install this release; fetch it from the publisher again",
+        )
     doc, _raw = read_provenance(path, SCHEMA)  # a damaged receipt is an error, never "no pin"
     if doc.torch is None or doc.torch.version is None:
         return None
-    return TorchPin(doc.torch.version, doc.torch.index)
+    version, index = doc.torch.version, doc.torch.index
+    if validate.version_problem(version):
+        raise VerifyError(
+            f"{FILENAME}'s torch version is not a version: {str(version)[:80]!r}",
+            where=str(path),
+            next="do not install this release; report it to the publisher",
+        )
+    if index is not None and validate.index_url_problem(index):
+        raise VerifyError(
+            f"{FILENAME}'s torch index is not an https package index URL: "
+            f"{redact(str(index))[:120]!r} ({validate.index_url_problem(index)})",
+            where=str(path),
+            next="do not install this release; report it to the publisher",
+        )
+    return TorchPin(version, index)
 
 
 def find_uv() -> str | None:
@@ -219,7 +248,7 @@ def install(request: InstallRequest) -> InstallResult:
     commands = _ensure_venv(venv, uv, chosen)
     python = str(venv_python(venv))
     paths = [str((wheel_dir / w).resolve()) for w in wheels]
-    pin = None if no_deps else torch_pin(wheel_dir)
+    pin = None if no_deps else torch_pin(wheel_dir, verified.sums)
     with tempfile.TemporaryDirectory(prefix="pinwheel-install.") as tmp:
         constraint: list[str] = []
         if pin is not None:
@@ -231,7 +260,7 @@ def install(request: InstallRequest) -> InstallResult:
                 first = [python, "-m", "pip", "install"]
                 if chosen == "uv" and uv:
                     first = [uv, "pip", "install", "--python", python]
-                first += ["--index-url", pin.index, f"torch=={pin.version}"]
+                first += ["--index-url", pin.index, "--", f"torch=={pin.version}"]
                 commands.append(_run(first, f"install torch=={pin.version}", venv))
                 torch_backend = None  # the pinned index decides, not a backend name
         _install(chosen, uv, python, paths, wheels, verified.sums, torch_backend, no_deps,
