@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import runner
+from pinwheel import confine, runner
 from pinwheel.build import reuse, workspace
 from pinwheel.build.buildenv import build_env
 from pinwheel.build.canonical import Canonical
@@ -203,7 +204,9 @@ def torch_venv(
     if config.torch_index:
         flavour = "-" + config.torch_index.rstrip("/").rsplit("/", 1)[-1]
     name = f"torch-{config.torch}{flavour}-py{config.python}"
-    venv = cache / "venvs" / name
+    # One folder under <cache>/venvs whatever [build] torch and torch_index hold.
+    name = re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".")
+    venv = confine.inside(cache, Path("venvs") / name, what="torch venv")
     python = venv / "bin" / "python"
     reqs = (f"torch=={config.torch}", *TORCH_BUILD_REQS)
     marker = venv / ".pinwheel-ready"

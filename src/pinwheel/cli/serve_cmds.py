@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel import validate
+from pinwheel import confine, validate
 from pinwheel.cli import Context, command
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.fsutil import atomic_write_text
@@ -264,7 +264,8 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
     config = _serve_config(ctx)
     m = ctx.manifest()
     text = render_recipe(config, m.path.name)
-    recipe = m.root / config.recipe
+    # The recipe stays in the manifest's folder, whatever symlinked folder lies on the way.
+    recipe = confine.inside(m.root, config.recipe, what="serve recipe")
     if args.print_recipe:
         if ctx.json:  # one JSON document, the script inside it
             ctx.emit({"recipe": str(recipe), "text": text})
@@ -272,7 +273,7 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
             sys.stdout.write(text)
         return 0
     if args.write_recipe:
-        atomic_write_text(recipe, text, mode=0o755)
+        confine.write_text(m.root, recipe, text, mode=0o755)
         ctx.emit({"recipe": str(recipe)}, f"wrote {_shown(recipe)}")
         return 0
     if args.check_recipe:

@@ -10,12 +10,13 @@ and pinned file hashes match. All problems are reported together.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import untrusted
+from pinwheel import confine, untrusted, validate
 from pinwheel.checksums import sha256_files
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.manifest.release import ModelConfig
@@ -71,9 +72,32 @@ def _same(actual: Any, wanted: Any) -> bool:
     return bool(actual == wanted)
 
 
+def _member(directory: Path, name: str) -> tuple[Path | None, str | None]:
+    """(path, None) for a file name inside the pack, or (None, why) when it climbs out:
+    an absolute name, '..', or a symlink (the file or a folder) that leads outside."""
+    if not isinstance(name, str) or validate.rel_path_problem(name):
+        return None, f"{str(name)[:120]!r}: not a path inside the pack"
+    try:
+        path = confine.inside(directory, name, what="model file")
+    except confine.Escape:
+        return None, f"{name}: reached through a symlink out of the pack"
+    real = Path(os.path.realpath(path))
+    if not real.is_relative_to(Path(os.path.realpath(directory))):
+        return None, f"{name}: a symlink out of the pack (-> {real})"
+    return path, None
+
+
 def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> ModelReport:
     directory = Path(directory)
     problems: list[str] = []
+    for fixed in (INDEX, SINGLE, "config.json"):
+        _, escape = _member(directory, fixed)
+        if escape:
+            raise VerifyError(
+                f"model pack file {escape}",
+                where=str(directory),
+                next="replace the symlink with the file itself (`pinwheel model fetch`)",
+            )
     index_path = directory / INDEX
     if not directory.is_dir():
         raise VerifyError(
@@ -97,7 +121,10 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
 
     total = 0
     for shard in shards:
-        path = directory / shard
+        path, escape = _member(directory, shard)
+        if path is None:
+            problems.append(escape or shard)
+            continue
         if path.is_dir():
             problems.append(f"{shard}: a directory, not a shard file")
             continue
@@ -153,11 +180,16 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
 
     hashed: list[str] = []
     if hashes and pack.sha256:
-        present = [n for n in pack.sha256 if (directory / n).is_file()]
+        inside: list[str] = []
+        for n in pack.sha256:
+            member, escape = _member(directory, n)
+            if member is None:
+                problems.append(escape or n)
+            else:
+                inside.append(n)
+        present = [n for n in inside if (directory / n).is_file()]
         problems += [
-            f"{n}: missing (hash pinned)"
-            for n in pack.sha256
-            if n not in present and n not in shards
+            f"{n}: missing (hash pinned)" for n in inside if n not in present and n not in shards
         ]
         digests = sha256_files([directory / n for n in present])
         for name in present:

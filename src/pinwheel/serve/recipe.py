@@ -19,10 +19,12 @@ own launcher). Every value is validated at load and shell-quoted here.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pinwheel import validate
 from pinwheel.manifest.serve import Image, ServeConfig, ServeProfile
 
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"
@@ -146,8 +148,46 @@ if [ "$PORT" -gt 65535 ]; then echo "PORT=$PORT is not a port number (1-65535)" 
 """
 
 
+def _unsafe(config: ServeConfig) -> str | None:
+    """What in ``config`` could not be written into a shell script safely, or None.
+
+    The manifest loader refuses these already; the generator checks again, because a
+    value it places outside quotes (a name, a variable, devices) must be a plain word.
+    """
+    words = [("default profile", config.default_profile)]
+    words += [("profile name", p.name) for p in config.profiles]
+    for what, word in words:
+        if validate.identifier_problem(word):
+            return f"{what} {word!r}"
+    if validate.env_key_problem(config.model_var) or validate.env_key_problem(config.seqs_var):
+        return f"env_prefix {config.env_prefix!r}"
+    env_keys = [k for k, _ in config.env] + [k for p in config.profiles for k, _ in p.env]
+    for key in env_keys:
+        if validate.env_key_problem(key):
+            return f"environment variable name {key!r}"
+    for p in config.profiles:
+        if p.devices is not None and not _DEVICES.fullmatch(p.devices):
+            return f"devices {p.devices!r} of profile {p.name}"
+    values = [v for _, v in config.env] + [v for p in config.profiles for _, v in p.env]
+    values += [a for p in config.profiles for a in p.args]
+    for value in values:
+        if validate.line_problem(value):
+            return f"value {value!r} (no newline or control character in a recipe)"
+    return None
+
+
+_DEVICES = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-]*(?:,[A-Za-z0-9][A-Za-z0-9\-]*)*")
+
+
 def render_recipe(config: ServeConfig, manifest_name: str = "manifest.toml") -> str:
-    """The shell recipe for every profile; byte-stable so it can be committed and compared."""
+    """The shell recipe for every profile; byte-stable so it can be committed and compared.
+
+    Every manifest value is either a checked plain word (names, variables, devices) or
+    ``shlex``-quoted; nothing spans a line.
+    """
+    problem = _unsafe(config)
+    if problem:
+        raise ValueError(f"cannot write {problem} into a shell recipe")
     names = "|".join(p.name for p in config.profiles)
     image = config.engine.image
     reads = (
@@ -157,10 +197,10 @@ def render_recipe(config: ServeConfig, manifest_name: str = "manifest.toml") -> 
     )
     out = [
         _HEADER.format(
-            manifest=manifest_name,
+            manifest=_comment(manifest_name),
             model_var=config.model_var,
             reads=reads,
-            recipe=config.recipe,
+            recipe=_comment(config.recipe),
             names=names,
             prefix=config.env_prefix,
             default=config.default_profile,
