@@ -214,10 +214,10 @@ def git_url_problem(url: object, *, schemes: tuple[str, ...] = GIT_SCHEMES) -> s
     if basic:
         return basic
     assert isinstance(url, str)
-    if url != url.strip() or any(c.isspace() for c in url):
-        return "it contains whitespace"
     if "::" in url.split("/")[0]:
         return "a remote-helper address ('<transport>::...'; git would run a helper program)"
+    if url != url.strip() or any(c.isspace() for c in url):
+        return "it contains whitespace"
     m = _SCHEME_URL.fullmatch(url)
     if m:
         scheme = m.group("scheme").lower()
