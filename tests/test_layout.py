@@ -18,6 +18,8 @@ STAGES = ("manifest", "source", "build", "release", "serve")
 FOUNDATION = {
     "errors", "fsutil", "checksums", "cudaarch", "progress", "runner", "heartbeat", "urls",
     "__init__", "untrusted", "validate", "saferegex", "oserrors", "httpget",
+    # security foundation: confinement, the archive reader, Markdown escaping
+    "confine", "archive", "markup",
 }  # fmt: skip
 
 

@@ -209,7 +209,7 @@ def test_install_pins_the_torch_and_index_the_build_used(tmp_path: Path, install
     assert _installed(tmp_path / "venv", "torch") == version
     assert _installed(tmp_path / "venv", "exllamav3") == "0.0.43"
     torch_cmd = next(c for c in result.commands if f"torch=={version}" in c)
-    assert list(torch_cmd[-3:]) == ["--index-url", index, f"torch=={version}"]
+    assert list(torch_cmd[-4:]) == ["--index-url", index, "--", f"torch=={version}"]
     later = [a for c in result.commands[result.commands.index(torch_cmd) + 1 :] for a in c]
     assert "--torch-backend=cu128" not in later  # the pinned index decides
     assert "-c" in later or installer == "pip"  # uv's install is constrained to that torch
