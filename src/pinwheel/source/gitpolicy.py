@@ -21,12 +21,11 @@ run a command, read a file or use a transport pinwheel did not choose:
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Mapping
 from pathlib import Path
 
 import pygit2
 
+from pinwheel import runner
 from pinwheel.errors import PinwheelError
 from pinwheel.validate import GIT_SCHEMES
 
@@ -88,30 +87,12 @@ def fixed_env() -> dict[str, str]:
     }
 
 
-def env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The whole environment of a git process run outside :mod:`pinwheel.source.gitcli`."""
-    out = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    out.pop("SSH_ASKPASS", None)
-    fixed = fixed_env()
-    out.update({k: v for k, v in (extra or {}).items() if k not in fixed})
-    out.update(fixed)
-    return out
-
-
 def config_args() -> list[str]:
     """``-c key=value`` pairs that go before every git subcommand."""
     args: list[str] = []
     for key, value in COMMAND_CONFIG:
         args += ["-c", f"{key}={value}"]
     return args
-
-
-def command(git_dir: Path | None = None) -> list[str]:
-    """``git [--git-dir D] -c ...``: the start of every git command line."""
-    cmd = ["git"]
-    if git_dir is not None:
-        cmd += ["--git-dir", str(Path(git_dir).absolute())]
-    return cmd + config_args()
 
 
 # --------------------------------------------------------------------------- repository config
@@ -154,12 +135,15 @@ def check_repo_config(location: Path) -> None:
     stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
     if _checked.get(path) == stamp:
         return
-    proc = subprocess.run(
-        ["git", "config", "--file", str(path), "--no-includes", "--list", "--null"],
-        env=env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        check=False,
+    proc = runner.run(
+        runner.Command(
+            argv=("git", "config", "--file", str(path), "--no-includes", "--list", "--null"),
+            what="git config --list",
+            env_set=fixed_env(),
+            env_unset_prefixes=("GIT_",),
+            check=False,
+            missing_hint="install git (2.38 or newer) and put it on PATH",
+        )
     )
     if proc.returncode != 0:
         raise PinwheelError(
