@@ -137,10 +137,13 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
     if r.smoke:
         lines += ["", "## Smoke prompts (the card's, greedy)", ""]
         for sm in r.smoke:
-            lines.append(f"- `{sm.prompt}`: {sm.status} — reply `{sm.reply[:120]!r}`")
+            lines.append(
+                f"- `{md.code(sm.prompt)}`: {md.text(sm.status)} — reply "
+                f"`{md.code(repr(sm.reply[:120]))}`"
+            )
     if r.known_issues:
         lines += ["", "## Known issues (the card's warnings)", ""]
-        lines += [f"- {issue}" for issue in r.known_issues]
+        lines += [f"- {md.text(issue, limit=1000)}" for issue in r.known_issues]
     if r.markers:
         lines += ["", "## Start-up log markers", ""]
         for m in r.markers:
