@@ -489,3 +489,26 @@ def test_archive_writes_never_follow_a_symlink_planted_in_the_destination(tmp_pa
     with zipfile.ZipFile(whl) as zf, pytest.raises(PinwheelError, match="symlink"):
         extract_zip(zf, dest, "x.zip")
     assert (outside / "keep.txt").read_text() == "precious\n"
+
+
+def test_export_reader_keeps_links_inside_the_tree_and_refuses_links_out(tmp_path):
+    """Exports (git archive of a replayed tree) go through the same reader: a symlink that
+    stays in the tree is kept, one that leads out is refused by name."""
+    from pinwheel.archive import ArchiveError, extract_tar
+
+    inside = _tar([
+        (_member("src/b.txt"), b"b\n"),
+        (_member("src/dir/a.txt", tarfile.SYMTYPE, "../b.txt"), b""),
+    ])  # fmt: skip
+    dest = tmp_path / "ok"
+    dest.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(inside)) as tar:
+        extract_tar(tar, dest, "tree", inner_links=True)
+    link = dest / "src/dir/a.txt"
+    assert link.is_symlink() and link.read_text() == "b\n"
+    out = _tar([(_member("src/leak", tarfile.SYMTYPE, "../../../../etc/passwd"), b"")])
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(out)) as tar, pytest.raises(ArchiveError, match="out"):
+        extract_tar(tar, bad, "tree", inner_links=True)
+    assert not list(bad.rglob("*"))

@@ -14,6 +14,8 @@ same name rule (:func:`name_problem`).
 
 from __future__ import annotations
 
+import os
+import posixpath
 import re
 import shutil
 import stat
@@ -122,13 +124,30 @@ def zip_members(
     return infos
 
 
+def link_problem(name: str, target: str) -> str | None:
+    """Why a symlink ``name -> target`` inside an archive would point out of it, else None."""
+    if not target or target.startswith("/") or _DRIVE.match(target) or "\0" in target:
+        return f"link to an absolute or empty target {target[:200]!r}"
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+    if joined == ".." or joined.startswith("../") or joined.startswith("/"):
+        return f"link out of the archive (-> {target[:200]!r})"
+    return None
+
+
 def tar_members(
-    tar: tarfile.TarFile, origin: str, limits: Limits = Limits(), *, skip_links: bool = False
+    tar: tarfile.TarFile,
+    origin: str,
+    limits: Limits = Limits(),
+    *,
+    skip_links: bool = False,
+    inner_links: bool = False,
 ) -> Iterator[tarfile.TarInfo]:
     """Members of ``tar`` as they stream by, each checked; only files and directories.
 
     ``skip_links``: links and special members are passed over (never written) instead of
     refused: a Debian package's data.tar holds library symlinks pinwheel does not copy.
+    ``inner_links``: symlinks whose target stays inside the archive are kept (a source
+    tree exported by ``git archive`` holds them); hard links, and symlinks out, are refused.
     """
     count = total = 0
     for member in tar:
@@ -139,6 +158,12 @@ def tar_members(
         if problem:
             raise _refuse(origin, member.name, problem)
         if skip_links and not (member.isfile() or member.isdir()):
+            continue
+        if inner_links and member.issym():
+            why = link_problem(member.name, member.linkname)
+            if why:
+                raise _refuse(origin, member.name, why)
+            yield member
             continue
         if member.issym() or member.islnk():
             raise _refuse(
@@ -205,20 +230,25 @@ def extract_tar(
     limits: Limits = Limits(),
     stop: Callable[[], bool] | None = None,
     skip_links: bool = False,
+    inner_links: bool = False,
 ) -> list[str]:
     """Write the checked members of a (streamed) tar under ``dest``; like :func:`extract_zip`.
 
     ``stop`` is asked after each member: True ends the read early (what was wanted is out).
     """
     written = []
-    for member in tar_members(tar, origin, limits, skip_links=skip_links):
+    links: list[tuple[Path, str]] = []
+    for member in tar_members(tar, origin, limits, skip_links=skip_links, inner_links=inner_links):
         name = member.name.removeprefix("./")
         rel = select(name, member.isdir()) if select else name
         if rel is not None:
             problem = name_problem(rel)
             if problem:
                 raise _refuse(origin, rel, problem)
-            if member.isdir():
+            if member.issym():
+                # Made after every file: no later member can be written through it.
+                links.append((confine.inside(dest, rel, what="archive member"), member.linkname))
+            elif member.isdir():
                 confine.mkdirs(dest, confine.inside(dest, rel, what="archive member"))
             else:
                 src = tar.extractfile(member)
@@ -227,4 +257,9 @@ def extract_tar(
                 written.append(member.name)
         if stop is not None and stop():
             break
+    for path, target in links:
+        confine.mkdirs(dest, path.parent)
+        if path.is_symlink() or path.exists():
+            confine.remove(dest, path)
+        os.symlink(target, path)
     return written

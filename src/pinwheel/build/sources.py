@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import runner
+from pinwheel import archive, runner
 from pinwheel.checksums import feed, sha256_file
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_dir
@@ -178,7 +178,8 @@ def _archive(repo: Path, commit: str, dest: Path, exclude: Sequence[str], *, wha
             "complete mirror",
         )
     with tarfile.open(fileobj=io.BytesIO(proc.stdout), mode="r:") as tar:
-        tar.extractall(dest, filter="data")
+        # The one archive reader: in-tree symlinks kept, anything leading out refused.
+        archive.extract_tar(tar, dest, f"{what} ({repo.name})", inner_links=True)
 
 
 def _apply(patch: Path, root: Path, name: str) -> None:

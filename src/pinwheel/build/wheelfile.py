@@ -27,10 +27,12 @@ import zipfile
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+from pinwheel import archive
 
 SAFE_HASHES = ("sha256", "sha384", "sha512")  # PEP 427: no md5/sha1
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -80,15 +82,11 @@ class Issue(NamedTuple):
 
 
 def unsafe_name_reason(name: str) -> str | None:
-    """Why extracting ``name`` could write outside the target directory, else None."""
-    norm = name.replace("\\", "/")
-    if norm.startswith("/") or _DRIVE.match(norm):
-        return "absolute path"
-    if ".." in PurePosixPath(norm).parts:
-        return "'..' component escapes the install directory"
-    if "\0" in name:
-        return "NUL byte in name"
-    return None
+    """Why extracting ``name`` could write outside the target directory, else None.
+
+    The one rule of :func:`pinwheel.archive.name_problem` (every archive reader uses it).
+    """
+    return archive.name_problem(name)
 
 
 def member_type(info: zipfile.ZipInfo) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pygit2
 
+from pinwheel import archive
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_dir, atomic_write_bytes, atomic_write_text
 from pinwheel.source import gitcli
@@ -108,7 +109,8 @@ def export_tree(result: ReplayResult, dest: Path, exclude: Sequence[str] = ()) -
     raw = _archive(result, "src", exclude)
     with atomic_dir(Path(dest)) as tmp:
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
-            tar.extractall(tmp, filter="data")
+            # The one archive reader: in-tree symlinks kept, anything leading out refused.
+            archive.extract_tar(tar, tmp, "the replayed tree", inner_links=True)
         staged = tmp / "src"
         for child in staged.iterdir():
             child.rename(tmp / child.name)
