@@ -168,10 +168,12 @@ def test_release_reuse_and_install_say_so_too(case, tmp_path, capsys):
     with pytest.raises(VerifyError, match="provenance.json"):
         candidates(str(path.parent), tmp_path / "cache")
 
+    from pinwheel.checksums import sha256_file
     from pinwheel.release.install import torch_pin
 
+    # install reads a provenance only as the verified SHA256SUMS lists it (issue 20)
     with pytest.raises(VerifyError, match="provenance.json"):
-        torch_pin(path.parent)
+        torch_pin(path.parent, {"provenance.json": sha256_file(path)})
 
 
 # --------------------------------------------------------------------------- teacher file
