@@ -137,10 +137,12 @@ def test_verify_build_refuses_a_receipt_wheel_name_with_a_path(tmp_path):
         "schema": "pinwheel.provenance/1",
         "built": ["../../x.whl"],
         "wheels": {"../../x.whl": "0" * 64},
-        "components": [{"name": "engine", "wheel": "../../x.whl", "sha256": "0" * 64}],
+        "components": [
+            {"name": "engine", "kind": "engine", "wheel": "../../x.whl", "sha256": "0" * 64}
+        ],
     }
     (wheels / "provenance.json").write_text(json.dumps(receipt))
-    with pytest.raises(VerifyError, match="plain wheel file name"):
+    with pytest.raises(VerifyError, match="wheel file name"):
         compare_builds(wheels, tmp_path / "rebuilt")
 
 
@@ -214,11 +216,11 @@ def test_reuse_download_never_writes_a_provenance_name_outside(tmp_path, outside
     site.mkdir()
     wheel = _zip(site / "demo-1.0-py3-none-any.whl", {"demo/__init__.py": b""})
     name = "../../../outside/evil.whl"
-    _release(site, wheel, {"name": "demo", "wheel": name})
+    _release(site, wheel, {"name": "demo", "kind": "kernel", "wheel": name, "sha256": "0" * 64})
     files = {p.name: p.read_bytes() for p in site.iterdir()}
     files[name] = b"not a wheel"
     files["outside/evil.whl"] = b"not a wheel"
-    with Files(files) as srv, pytest.raises(VerifyError, match="plain wheel file name"):
+    with Files(files) as srv, pytest.raises(VerifyError, match="wheel file name"):
         candidates(srv.url, tmp_path / "cache")
     assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
 
@@ -233,7 +235,7 @@ def test_reuse_refuses_a_compiled_member_provenance_does_not_vouch_for(tmp_path)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     claimed = hashlib.sha256(b"\x7fELF another build").hexdigest()
     component = {
-        "name": "demo", "wheel": wheel.name, "sha256": digest,
+        "name": "demo", "kind": "kernel", "wheel": wheel.name, "sha256": digest,
         "compiled_inputs": {"complete": True, "compiled_members": {"demo/_C.so": claimed}},
     }  # fmt: skip
     _release(rel, wheel, component)
@@ -248,7 +250,7 @@ def test_reuse_archive_checks_the_earlier_wheel(tmp_path):
     rel.mkdir()
     wheel = _zip(rel / "demo-1.0-py3-none-any.whl", {"demo/__init__.py": b""},
                  links={"demo/leak": "/etc/passwd"})  # fmt: skip
-    component = {"name": "demo", "wheel": wheel.name,
+    component = {"name": "demo", "kind": "kernel", "wheel": wheel.name,
                  "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}  # fmt: skip
     _release(rel, wheel, component)
     with pytest.raises(VerifyError, match="symlink"):
@@ -385,7 +387,7 @@ def test_model_check_refuses_index_entries_that_climb_out(tmp_path, outside):
     index.write_text(json.dumps(data))
     pack = ModelConfig(repo=None, revision=None, shards=None, total_bytes=None, config={},
                        sha256={}, local_dir=None)  # fmt: skip
-    with pytest.raises(VerifyError, match="not a path inside the pack"):
+    with pytest.raises(VerifyError, match="not a (path|file) in(side)? the pack"):
         check_model(pack_dir, pack)
 
 
