@@ -19,7 +19,6 @@ import tarfile
 import threading
 import zipfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from filelock import FileLock
@@ -119,12 +118,13 @@ def test_prune_keeps_a_repository_whose_cache_lock_another_run_holds(tmp_path, c
 
 
 @pytest.mark.parametrize("tree", ["../../..", "../../../../tmp/x", "/abs/elsewhere"])
-def test_verify_build_refuses_a_receipt_tree_that_climbs_out_of_the_cache(tmp_path, tree):
-    from pinwheel.build.verify import _recorded_workdir
+def test_verify_build_refuses_a_receipt_tree_that_is_not_a_tree_id(tmp_path, tree):
+    """A receipt's engine tree used to name the rebuild folder under the cache."""
+    from pinwheel.build.verify import _check_recorded
 
-    request = SimpleNamespace(cache=tmp_path / "cache", manifest=SimpleNamespace(name="m"))
+    engine = {"name": "engine", "source": {"tree": tree}}
     with pytest.raises(VerifyError) as err:
-        _recorded_workdir(request, {"source": {"tree": tree}})  # type: ignore[arg-type]
+        _check_recorded({"components": [engine]}, engine, set(), tmp_path / "provenance.json")
     assert "tree" in err.value.what and err.value.next
 
 

@@ -234,10 +234,11 @@ def test_a_provenance_file_that_is_not_a_receipt_pins_nothing(tmp_path: Path) ->
     build = tmp_path / "rel"
     made = make_wheel(build, "exllamav3", "0.0.43")
     (build / "provenance.json").write_text(json.dumps({"torch": {"version": "6.6.6"}}))
-    with pytest.raises(PinwheelError):
-        install_mod.torch_pin(build)
-    write_provenance(build, {made.name: sha256_file(made)})
     path = build / "provenance.json"
+    # (install reads a provenance only as the verified SHA256SUMS lists it: issue 20)
+    with pytest.raises(PinwheelError):
+        install_mod.torch_pin(build, {path.name: sha256_file(path)})
+    write_provenance(build, {made.name: sha256_file(made)})
     path.write_text(json.dumps({**json.loads(path.read_text()), "torch": {"version": "6.6.6"}}))
-    pin = install_mod.torch_pin(build)
+    pin = install_mod.torch_pin(build, {path.name: sha256_file(path)})
     assert pin is not None and pin.version == "6.6.6" and pin.index is None
