@@ -49,7 +49,9 @@ def _install(monkeypatch, rel: Path, sums: dict) -> list[list[str]]:
     monkeypatch.setattr(install_mod, "_ensure_venv", lambda *a: [])
     monkeypatch.setattr(install_mod, "_run",
                         lambda cmd, what, venv: seen.append(list(cmd)) or tuple(cmd))  # fmt: skip
-    install_mod.install(rel, rel.parent / "venv", torch_backend=None, installer="pip")
+    install_mod.install(
+        install_mod.InstallRequest(rel, rel.parent / "venv", torch_backend=None, installer="pip")
+    )
     return seen
 
 
