@@ -9,7 +9,6 @@ from typing import Any
 from pinwheel import markup as md
 from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
 from pinwheel.serve.receipt import FAILING, Receipt
-from pinwheel.serve.receipt import Receipt
 from pinwheel.urls import redact
 
 STATUS_COLOURS = {"pass": "#2e7d32", "miss": "#c62828", "garbage": "#6a1b9a", "skipped": "#9e9e9e"}
