@@ -173,3 +173,20 @@ def test_decode_runs_report_vllms_mean_acceptance_length(tmp_path):
     assert s["acceptance_length"]["median"] == pytest.approx((2.4 + 1 + 10 / 6) / 2)
     assert s["per_position_acceptance_rates"] == [12 / 16, 12 / 16]
     assert s["acceptance_rate"] == 24 / 48
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_goodput_slo_that_is_not_finite_is_refused_at_load(tmp_path, value):
+    # nan: no request is ever good; inf: every request is. Every manifest float is finite.
+    from pinwheel.errors import ManifestError
+    from pinwheel.manifest import model as manifest
+
+    path = tmp_path / "m.toml"
+    path.write_text(
+        '[manifest]\nname = "x"\n[upstream]\nurl = "https://example.com/x.git"\n'
+        f'commit = "{"c" * 40}"\nbranch = "main"\n[qualify]\nprompts = ["hi"]\n'
+        f"slo = {{ ttft_ms = {value} }}\n[qualify.profile.p]\nconcurrency = [1]\n"
+    )
+    with pytest.raises(ManifestError, match="finite") as err:
+        manifest.load(path).require("qualify")
+    assert "ttft_ms" in str(err.value.where)
