@@ -98,7 +98,11 @@ def main() -> int:
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"pinwheel-bench-logprobs-{port}"
     url = f"http://127.0.0.1:{port}"
     with started_server(run, out, environ=os.environ, url=url) as target:
-        wait_healthy(_C(url), target, timeout_s=900)
+        probe = _C(url)
+        try:
+            wait_healthy(probe, target, timeout_s=900)
+        finally:
+            probe.close()
         return measure(url, args.window, args.repeats, ks)
 
 

@@ -52,7 +52,11 @@ def server(cpu, tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     out = tmp_path_factory.mktemp("server")
     with started_server(run, out, environ=os.environ, url=url) as target:
-        wait_healthy(Client(target.url), target, timeout_s=600)
+        probe = Client(target.url)
+        try:
+            wait_healthy(probe, target, timeout_s=600)
+        finally:
+            probe.close()  # an unclosed socket is an error under filterwarnings
         yield target
 
 

@@ -174,7 +174,11 @@ def _server(cpu, profile: str, out: Path, model: Path | None = None) -> Iterator
     run = type(run)(argv=run.argv + ("--max-logprobs", "-1"), env=run.env)
     url = f"http://127.0.0.1:{port}"
     with started_server(run, out, environ=os.environ, url=url) as target:
-        wait_healthy(Client(target.url), target, timeout_s=900)
+        probe = Client(target.url)
+        try:
+            wait_healthy(probe, target, timeout_s=900)
+        finally:
+            probe.close()  # an unclosed socket is an error under filterwarnings
         yield target
 
 
