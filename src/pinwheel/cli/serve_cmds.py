@@ -413,7 +413,11 @@ def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
         def tokenize(text: str) -> list[int]:
             return client.tokenize(model, prompt=text)
 
-    panel = read_panel(panel_path, pinned, tokenize)
+    try:
+        panel = read_panel(panel_path, pinned, tokenize)
+    finally:
+        if args.url:
+            client.close()
     if args.top_k == 0 or args.top_k < -1:
         raise UsageError("--top-k must be positive, or -1 for full rows", where="--top-k")
     req = TeacherRequest(
