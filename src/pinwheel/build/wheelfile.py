@@ -20,7 +20,6 @@ import hashlib
 import io
 import lzma
 import re
-import stat
 import struct
 import tempfile
 import zipfile
@@ -89,19 +88,6 @@ def unsafe_name_reason(name: str) -> str | None:
     return archive.name_problem(name)
 
 
-def member_type(info: zipfile.ZipInfo) -> str:
-    """'file', 'dir', 'symlink' or 'special' from the Unix mode in external_attr."""
-    mode = info.external_attr >> 16
-    kind = stat.S_IFMT(mode)
-    if kind == stat.S_IFLNK:
-        return "symlink"
-    if kind == stat.S_IFDIR or info.filename.endswith("/"):
-        return "dir"
-    if kind in (0, stat.S_IFREG):  # 0: written without Unix attributes
-        return "file"
-    return "special"
-
-
 def _size(n: int) -> str:
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB" if n >= MiB else f"{n} B"
 
@@ -121,7 +107,7 @@ def header_issues(zf: zipfile.ZipFile, limits: Limits) -> tuple[list[Issue], set
         reason = unsafe_name_reason(name)
         if reason:
             issues.append(Issue(name, f"unsafe member name: {reason}"))
-        kind = member_type(info)
+        kind = archive.zip_kind(info)
         if kind == "special":
             mode = info.external_attr >> 16
             issues.append(Issue(name, f"special file member (mode 0o{mode:o})"))
@@ -279,10 +265,10 @@ def audit(
     signatures = {record, f"{record}.jws", f"{record}.p7s"} if record else set()
     members: dict[str, zipfile.ZipInfo] = {}
     for info in zf.infolist():
-        if member_type(info) != "dir":
+        if archive.zip_kind(info) != "dir":
             members.setdefault(info.filename, info)
     for name, info in members.items():
-        kind = member_type(info)
+        kind = archive.zip_kind(info)
         if name in unreadable:
             continue
         if kind == "symlink":

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel.build.wheelfile import Limits, header_issues, member_type, unsafe_name_reason
+from pinwheel.archive import zip_kind
+from pinwheel.build.wheelfile import Limits, header_issues, unsafe_name_reason
 from pinwheel.errors import PinwheelError
 from pinwheel.serve.preflight import FAIL, OK, SKIP, Check
 from pinwheel.serve.ranks import WORKERS, RankRequest, RankResult, run_ranks
@@ -139,7 +140,7 @@ def extract_extension(wheel: Path, dest: Path, module: str = EXT_MODULE) -> Path
             i
             for i in zf.infolist()
             if pattern.fullmatch(i.filename)
-            and member_type(i) == "file"
+            and zip_kind(i) == "file"
             and unsafe_name_reason(i.filename) is None
         ]
         if len(members) != 1:
