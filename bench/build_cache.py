@@ -191,21 +191,7 @@ def build_kernel(
 
 # default: what provisions on the 2-core machines (CUDA 12.4, sm_70); the selftest as the
 # V100 card's manifest declares it (that manifest pins CUDA 12.8, which cannot be had here).
-SELFTEST_MANIFEST = """# not replayed: `pinwheel kernels` builds the in-tree kernel only
-[upstream]
-url = "https://example.invalid/engine.git"
-commit = "0123456789abcdef0123456789abcdef01234567"
-
-[build]
-python = "3.11"
-cuda = "12.4"
-arches = ["7.0"]
-
-[[kernel]]
-name = "pinwheel-selftest"
-builder = "cmake"
-path = "kernels/pinwheel-selftest"
-"""
+SELFTEST_MANIFEST = (ROOT / "recipes" / "examples" / "selftest-cuda124.toml").read_text()
 
 
 def bench_selftest(toolkit, work: Path) -> dict[str, object]:

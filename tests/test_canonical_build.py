@@ -57,21 +57,7 @@ def make_cache(root: Path, toolkit_root: Path) -> Path:
 
 
 # default: the toolkit that provisions here; the selftest as the card manifest declares it.
-MANIFEST = """# not replayed: `pinwheel kernels` builds the in-tree kernel only
-[upstream]
-url = "https://example.invalid/engine.git"
-commit = "0123456789abcdef0123456789abcdef01234567"
-
-[build]
-python = "3.11"
-cuda = "12.4"
-arches = ["7.0"]
-
-[[kernel]]
-name = "pinwheel-selftest"
-builder = "cmake"
-path = "kernels/pinwheel-selftest"
-"""
+MANIFEST = (REPO / "recipes" / "examples" / "selftest-cuda124.toml").read_text()
 
 
 def checkout(dest: Path) -> Path:
