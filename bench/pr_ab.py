@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from pinwheel.serve.tpcheck import Case, TpOutcome, table  # noqa: E402
+from pinwheel.serve.tpcheck import TpOutcome, table  # noqa: E402
 
 
 def variant(source: Path, dest: Path, kernel: str, drop_pr: int | None, args: Any) -> Path:
@@ -104,16 +104,7 @@ def check(wheel: Path, devices: str, name: str, args: Any, tag: str) -> TpOutcom
     if not doc_path.is_file():
         print(f"tp {name} on {devices}: no result (exit {p.returncode})", flush=True)
         return None
-    o = json.loads(doc_path.read_text())["outcome"]
-    outcome = TpOutcome(
-        world=o["world"],
-        device=o["device"],
-        init=o["init"],
-        cases=tuple(Case(**c) for c in o["cases"]),
-        failures=tuple(o["failures"]),
-        aborted=o["aborted"],
-        notes=tuple(o["notes"]),
-    )
+    outcome = TpOutcome.from_json(json.loads(doc_path.read_text())["outcome"])
     for c in outcome.checks():
         print(f"  [{name} on {devices}] {c.status:4} {c.name}: {c.detail}", flush=True)
     return outcome

@@ -31,7 +31,6 @@ from pinwheel.serve.allreduce import AllReduceOutcome, AllReduceRequest, measure
 from pinwheel.serve.preflight import FAIL, OK, SKIP, allreduce_check
 from pinwheel.serve.ranks import NVLS_OFF, RankRequest, RankResult, child_env, run_ranks
 from pinwheel.serve.tpcheck import (
-    Case,
     TpOutcome,
     TpRequest,
     extract_extension,
@@ -329,16 +328,7 @@ def test_pg_primitives_on_one_gpu_are_the_degenerate_cases(request):
 
 
 def _fixture(name: str) -> TpOutcome:
-    o = json.loads((FIXTURES / f"{name}.json").read_text())["outcome"]
-    return TpOutcome(
-        world=o["world"],
-        device=o["device"],
-        init=o["init"],
-        cases=tuple(Case(**c) for c in o["cases"]),
-        failures=tuple(o["failures"]),
-        aborted=o["aborted"],
-        notes=tuple(o["notes"]),
-    )
+    return TpOutcome.from_json(json.loads((FIXTURES / f"{name}.json").read_text())["outcome"])
 
 
 def test_pinned_stack_passes_every_primitive_on_two_gpus():

@@ -62,6 +62,19 @@ class TpOutcome:
     aborted: str | None  # the case during which exllamav3's sync timeout fired
     notes: tuple[str, ...]  # e.g. why gather was not run
 
+    @classmethod
+    def from_json(cls, o: Mapping[str, Any]) -> TpOutcome:
+        """The outcome ``qualify tp --json`` wrote (``asdict``) read back."""
+        return cls(
+            world=o["world"],
+            device=o["device"],
+            init=o["init"],
+            cases=tuple(Case(**c) for c in o["cases"]),
+            failures=tuple(o["failures"]),
+            aborted=o["aborted"],
+            notes=tuple(o["notes"]),
+        )
+
     @property
     def ok(self) -> bool:
         return not self.failures and not self.aborted and all(c.match for c in self.cases)
