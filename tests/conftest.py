@@ -40,8 +40,15 @@ class Stack:
         return path
 
     def cli(
-        self, manifest: Path, *args: str, cache: Path | None = None, capsys=None
+        self,
+        manifest: Path,
+        *args: str,
+        cache: Path | None = None,
+        capsys=None,
+        as_json: bool = True,
     ) -> tuple[int, dict | str]:
+        """``pinwheel`` with this stack's manifest, cache and mirror; ``--json`` unless
+        ``as_json`` is False (then the human output comes back as text)."""
         cache = cache or self.tmp / "cache"
         argv = [
             "--manifest",
@@ -50,13 +57,15 @@ class Stack:
             str(cache),
             "--mirror",
             self.mirror,
-            "--json",
+            *(["--json"] if as_json else []),
             *args,
         ]
         rc = main(argv)
         if capsys is None:
             return rc, ""
         out = capsys.readouterr().out
+        if not as_json:
+            return rc, out
         try:
             return rc, json.loads(out)
         except json.JSONDecodeError:

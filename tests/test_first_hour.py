@@ -189,18 +189,7 @@ def test_a_head_of_another_pr_is_named_as_such(stack, capsys) -> None:
 def test_lock_prints_whole_shas_and_never_none(stack, capsys) -> None:
     m = stack.write([{"action": "pick", "pr": 2}])
     m.write_text(m.read_text().replace(stack.base, stack.base[:9]))
-    rc = main(
-        [
-            "--manifest",
-            str(m),
-            "--cache",
-            str(stack.tmp / "cache"),
-            "--mirror",
-            stack.mirror,
-            "lock",
-        ]
-    )
-    out = capsys.readouterr().out
+    rc, out = stack.cli(m, "lock", capsys=capsys, as_json=False)
     assert rc == 0
     assert f"{stack.base[:9]} -> {stack.base}" in out
     assert f"(unset) -> {stack.pr[2]}" in out
@@ -211,18 +200,7 @@ def test_drift_after_update_base_does_not_advise_it_again(stack, capsys) -> None
     m = stack.write([{"action": "pick", "pr": 2, "head": stack.pr[2]}])
     assert stack.cli(m, "lock", "--update-base")[0] == 0
     capsys.readouterr()
-    rc = main(
-        [
-            "--manifest",
-            str(m),
-            "--cache",
-            str(stack.tmp / "cache"),
-            "--mirror",
-            stack.mirror,
-            "drift",
-        ]
-    )
-    out = capsys.readouterr().out
+    rc, out = stack.cli(m, "drift", capsys=capsys, as_json=False)
     assert rc == 0 and "lock --update-base" not in out and "nothing to update" in out
 
 
@@ -562,18 +540,7 @@ def test_drift_names_a_head_copied_from_another_pr(stack, capsys) -> None:
             {"action": "pick", "pr": 2, "head": stack.pr[1]},
         ]
     )
-    rc = main(
-        [
-            "--manifest",
-            str(m),
-            "--cache",
-            str(stack.tmp / "cache"),
-            "--mirror",
-            stack.mirror,
-            "drift",
-        ]
-    )
-    out = capsys.readouterr().out
+    rc, out = stack.cli(m, "drift", capsys=capsys, as_json=False)
     assert rc == 0
     assert "PR #2: pinned head is PR #1's head (a typo?)" in out and "head moved" not in out
     assert f'PR #2 (head = "{stack.pr[2]}")' in out and "check those PR numbers" not in out
