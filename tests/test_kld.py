@@ -16,14 +16,13 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pinwheel.manifest.serve import FidelityConfig
 from pinwheel.serve import fidelity
+from test_fidelity import _cfg
 
 V = 400
 
@@ -250,22 +249,6 @@ def test_one_tie_rule_on_both_sides_and_ties_counted(tmp_path):
     kld, agree, exact, *rest = fidelity.score_positions(teacher, [fidelity.parse_position(entry)])
     assert bool(agree[0])  # both sides: token 3 (the lowest id among the tied maximum)
     assert rest == [1]
-
-
-def _cfg(**kw) -> FidelityConfig:
-    base = FidelityConfig(
-        panel=Path("p"),
-        panel_sha256="a" * 64,
-        teacher=None,
-        teacher_sha256=None,
-        teacher_url="http://x",
-        top_k=20,
-        max_mean_kld=1e-4,
-        min_top1=0.95,
-        bootstrap=1000,
-        seed=0,
-    )
-    return replace(base, **kw)
 
 
 # --------------------------------------------------------------------------- the hash
