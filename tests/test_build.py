@@ -63,9 +63,11 @@ class Tiny:
         )
 
 
-def make_tiny(tmp: Path, setup_py: str = STANDIN_SETUP) -> Tiny:
+def make_tiny(
+    tmp: Path, setup_py: str = STANDIN_SETUP, extra: dict[str, str] | None = None
+) -> Tiny:
     up = Upstream(tmp / "gh")
-    base = up.commit(project_files(setup_py), "tiny: initial")
+    base = up.commit(project_files(setup_py, extra), "tiny: initial")
     up.checkout("main", "pr7")
     head = up.commit(
         {"tiny/__init__.py": '"""tiny, patched by PR 7."""\nPATCHED = True\n'},
@@ -241,9 +243,11 @@ def test_engine_workspace_is_kept_updated_in_place_and_wiped_when_cold(tiny: Tin
     manifest = tiny.manifest()
     result = tiny.replay(manifest)
 
-    def once(out: str, **kw):
+    def once(out: str, environ=None, **kw):
         req = dataclasses.replace(request(tiny, manifest, tiny.tmp / out, result, **kw),
                                   engine_workdir=None)  # fmt: skip
+        if environ is not None:
+            req = dataclasses.replace(req, environ=environ)
         return run_build(req)
 
     first = once("w1")
@@ -251,12 +255,20 @@ def test_engine_workspace_is_kept_updated_in_place_and_wiped_when_cold(tiny: Tin
     setup = work / "src" / "setup.py"
     old = 1_000_000_000
     os.utime(setup, ns=(old, old))
+    os.utime(work / "build.log", ns=(old, old))
     (work / "src" / "build").mkdir(exist_ok=True)
     (work / "src" / "build" / "product.o").write_text("left by the builder")
     second = once("w2")
     assert second.wheels.wheels == first.wheels.wheels  # same bytes
     assert setup.stat().st_mtime_ns == old  # not rewritten: nothing to recompile
     assert (work / "src" / "build" / "product.o").is_file()
+    # Nothing changed at all: the builder did not even run (its log is the first build's).
+    assert (work / "build.log").stat().st_mtime_ns == old
+    # A compiler flag of the caller's environment changed: the builder runs (incrementally).
+    third = once("w2b", environ={**os.environ, "CFLAGS": "-O1"})
+    assert (work / "build.log").stat().st_mtime_ns != old
+    assert third.wheels.wheels == first.wheels.wheels  # the stand-in ignores CFLAGS
+    assert setup.stat().st_mtime_ns == old
     engine = read_receipt(tiny.tmp / "w2" / "provenance.json")["components"][0]
     assert engine["canonical"]["path"] == str(canonical.CANONICAL_CACHE)
     assert str(tiny.tmp) not in json_text(engine["env"])

@@ -112,15 +112,24 @@ def test_selftest_bytes_do_not_depend_on_cache_or_home(toolkit_root: Path, tmp_p
 
 
 def test_incremental_rebuild_equals_the_cold_bytes(toolkit_root: Path, tmp_path: Path) -> None:
-    """A kept workspace: no change compiles nothing, one edited .cu recompiles and gives
-    the bytes a cold build of the edited source gives."""
+    """A kept workspace: no change runs no builder (the last wheel is the build), a changed
+    file that is not compiled compiles nothing, one edited .cu recompiles and gives the
+    bytes a cold build of the edited source gives."""
     cache = make_cache(tmp_path / "cache", toolkit_root)
     home = tmp_path / "home"
     tree = checkout(tmp_path / "checkout")
     cold = kernels(tree, cache, home, tmp_path / "cold")
     log = cache / "kernels" / "pinwheel-selftest" / "build.log"
+    stamp = log.stat().st_mtime_ns
     again = kernels(tree, cache, home, tmp_path / "again")
     assert again["sha256"] == cold["sha256"]
+    assert log.stat().st_mtime_ns == stamp  # nothing changed: the builder did not even run
+    # A file that is not compiled changed: the builder runs, ninja compiles nothing.
+    readme = tree / "kernels" / "pinwheel-selftest" / "README.md"
+    readme.write_text(readme.read_text() + "\nA line that compiles nothing.\n")
+    docs = kernels(tree, cache, home, tmp_path / "docs")
+    assert docs["sha256"] == cold["sha256"]
+    assert log.stat().st_mtime_ns != stamp
     assert "Building CUDA object" not in log.read_text()  # ninja had nothing to compile
     assert "no work to do" in log.read_text()
     src = cache / "kernels" / "pinwheel-selftest" / "src"

@@ -84,6 +84,26 @@ setup(name="tiny", version=os.environ["SETUPTOOLS_SCM_PRETEND_VERSION"], package
       cmdclass={"build_py": BuildWithCuda}, distclass=Binary)
 """
 
+# STANDIN_SETUP, but the shared object links every C file under csrc/ in the order
+# os.walk lists them (what exllamav3's setup.py does with its .cu files).
+WALK_SETUP = STANDIN_SETUP.replace(
+    '''subprocess.check_call(["gcc", "-shared", "-fPIC", "-O2", "-o", so, "csrc/probe.c"])''',
+    '''sources = [os.path.join(top, f) for top, _, files in os.walk("csrc") for f in files
+                   if f.endswith(".c")]
+        subprocess.check_call(["gcc", "-shared", "-fPIC", "-O2", "-o", so, *sources])''',
+)
+assert WALK_SETUP != STANDIN_SETUP
+
+
+def walk_sources(count: int = 16) -> dict[str, str]:
+    """C files for WALK_SETUP, each a function of its own size (the link order shows)."""
+    files = {}
+    for i in range(count):
+        body = [f"int tiny_part_{i}_{j}(int x) {{ return x * {j + 3} ^ {i}; }}\n" for j in range(i)]
+        files[f"csrc/part_{i:02d}.c"] = "".join(body) or f"int tiny_part_{i}(int x) {{ return x; }}\n"
+    return files
+
+
 SCALE_CU = r"""
 __global__ void scale(float* x, float k, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -111,10 +131,11 @@ env = {{ MAX_JOBS = "2", NVCC_THREADS = "{threads}"{extra_env} }}
 """
 
 
-def project_files(setup_py: str) -> dict[str, str]:
+def project_files(setup_py: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     return {
         "setup.py": setup_py,
         "tiny/__init__.py": INIT_PY,
         "csrc/probe.c": PROBE_C,
         "csrc/scale.cu": SCALE_CU,
+        **(extra or {}),
     }

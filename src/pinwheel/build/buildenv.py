@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from pinwheel.build.listing import python_path
 from pinwheel.manifest.build import BuildConfig
 
 
@@ -22,8 +23,14 @@ def build_env(
     base: Mapping[str, str],
     version: str | None = None,
     cpu_count: int | None = None,
+    listing_hook: str | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """(full environment, the part pinwheel set). ``[build] env`` wins over pinwheel's defaults."""
+    """(full environment, the part pinwheel set). ``[build] env`` wins over pinwheel's defaults.
+
+    ``listing_hook``: :func:`pinwheel.build.listing.install`'s directory, put first on
+    ``PYTHONPATH`` (the build's Python processes list directories in name order); the
+    ``PYTHONPATH`` of ``[build] env`` follows it (recorded), else the caller's (unrecorded).
+    """
     set_env = {
         "TORCH_CUDA_ARCH_LIST": config.torch_arch_list,
         "CUDAARCHS": config.cmake_architectures,  # CMake's default CMAKE_CUDA_ARCHITECTURES
@@ -47,4 +54,8 @@ def build_env(
         full = toolkit.env(full)
         set_env.update({k: full[k] for k in ("CUDA_HOME", "CUDACXX") if k in full})
     full.update(set_env)
+    if listing_hook is not None:
+        declared = {"PYTHONPATH": set_env["PYTHONPATH"]} if "PYTHONPATH" in set_env else {}
+        set_env["PYTHONPATH"] = python_path(listing_hook, declared)
+        full["PYTHONPATH"] = python_path(listing_hook, declared or base)
     return full, set_env

@@ -12,6 +12,7 @@ checked and published by :mod:`pinwheel.build.wheelset`, like every other.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.build import reuse
+from pinwheel.build import reuse, workspace
 from pinwheel.build.buildenv import build_env
 from pinwheel.build.canonical import Canonical
 from pinwheel.build.record import BuildRecord
@@ -150,10 +151,12 @@ def plan_build(
     wrapper: Sequence[str] = (),
     canonical: Canonical | None = None,
     no_network: bool = False,
+    listing_hook: str | None = None,
 ) -> BuildPlan:
     """``extra_env``: what the build sources and the build venv add (recorded as set);
     ``wrapper``: a prefix such as ``unshare -rn`` (no network for the build);
-    ``canonical``: where the compilers see the cache (``no_network``: and no network)."""
+    ``canonical``: where the compilers see the cache (``no_network``: and no network);
+    ``listing_hook``: :mod:`pinwheel.build.listing`'s directory (sorted listings)."""
     probe = (python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])")
     running = runner.run(runner.Command(probe, what="the build python", error=BuildError)).text
     if running != config.python:
@@ -168,6 +171,7 @@ def plan_build(
         source_date_epoch=source_date_epoch,
         toolkit=toolkit,
         base=base_env,
+        listing_hook=listing_hook,
     )
     if extra_env:
         env.update(extra_env)
@@ -296,6 +300,9 @@ def build_engine(
     reporter: Reporter = SILENT,
     canonical: Canonical | None = None,
     no_network: bool = False,
+    listing_hook: str | None = None,
+    export_digest: str | None = None,
+    kept: bool = False,
 ) -> Built:
     """Build the engine wheel from ``source`` into ``work/dist``; nothing is published here.
 
@@ -304,7 +311,10 @@ def build_engine(
     shows beyond them fails the build); ``launcher``: a
     :class:`pinwheel.build.compcache.Session` (compiler cache); ``reuse_from``: a
     :class:`pinwheel.build.reuse.Candidate` (earlier wheel); ``placeholders``: machine
-    paths (the cache) and their names in the recorded identity.
+    paths (the cache) and their names in the recorded identity; ``export_digest``: the
+    export's digest when ``work`` is the engine's workspace (each build is stamped with
+    what it was given) and ``kept`` when that workspace was kept: a build given exactly
+    what the last one was hands back its wheel, nothing compiled.
     """
     work.mkdir(parents=True, exist_ok=True)
     plan = plan_build(
@@ -321,8 +331,27 @@ def build_engine(
         wrapper=wrapper,
         canonical=canonical,
         no_network=no_network,
+        listing_hook=listing_hook,
     )
     started = time.monotonic()
+    given = workspace.inputs_digest(
+        key=str(plan.work), sources=[export_digest or ""], env=workspace.builder_env(plan.env, plan.set_env),
+        command=list(plan.command), version=version, epoch=source_date_epoch,
+        record=json.loads(json.dumps(record or {}, sort_keys=True, default=str)),
+    )  # fmt: skip
+    usable = kept and export_digest is not None and reuse_from is None
+    last = workspace.last_build(work, given) if usable else None
+    if last is not None:
+        reporter.info(
+            f"engine: nothing changed since the last build (same tree, sources, toolchain and "
+            f"environment): its wheel {last.wheel.name} is the build, nothing compiled"
+        )
+        return dataclasses.replace(
+            _built(plan, origin, last.wheel, time.monotonic() - started, version,
+                   source_date_epoch, {}, None, record),
+            build=BuildRecord.from_json(last.record),
+        )  # fmt: skip
+    workspace.forget(work)
     extra: dict[str, str] = {}
     if launcher is not None:
         nvcc = str(toolkit.nvcc) if toolkit is not None else None
@@ -371,9 +400,12 @@ def build_engine(
         new, _ = reuse.members_of(built[0], Path(source))
         reused["members"] = {m: d for m, d in reused["members"].items() if new.get(m) == d}
         inputs = rec  # nothing was compiled: the reused members' inputs still hold
-    return _built(
+    made = _built(
         plan, origin, built[0], seconds, version, source_date_epoch, inputs, reused, record
     )
+    if export_digest is not None:
+        workspace.remember(work, given, built[0], made.build.to_json())
+    return made
 
 
 def _built(

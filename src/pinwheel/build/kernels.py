@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import confine, runner
-from pinwheel.build import reuse, workspace
+from pinwheel.build import listing, reuse, workspace
 from pinwheel.build.buildenv import build_env
 from pinwheel.build.canonical import Canonical
 from pinwheel.build.canonical import choose as canonical_paths
@@ -67,6 +67,7 @@ class SourceTree:
     source_date_epoch: int
     origin: str  # "kernels/NAME" or "URL@COMMIT"
     tree: str | None  # replayed git tree (out-of-tree kernels)
+    digest: str = ""  # workspace.Synced.digest of the export
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,12 @@ def stage_in_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     assert spec.path is not None
     work = workdir(spec, opts)
     dest = work / "src"
-    workspace.sync(dest, workspace.dir_entries(spec.path), work / "export.json")
+    synced = workspace.sync(dest, workspace.dir_entries(spec.path), work / "export.json")
     epoch = opts.source_date_epoch
     if epoch is None:
         epoch = _git_date(spec.path) or ZIP_EPOCH
     rel = f"{spec.path.parent.name}/{spec.path.name}"
-    return SourceTree(dest, epoch, rel, None)
+    return SourceTree(dest, epoch, rel, None, synced.digest)
 
 
 def _git_date(path: Path) -> int | None:
@@ -135,7 +136,7 @@ def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     )
     work = workdir(spec, opts)
     dest = work / "src"
-    workspace.sync_tree(result, dest, work / "export.json")
+    synced = workspace.sync_tree(result, dest, work / "export.json")
     epoch = opts.source_date_epoch
     if epoch is None:
         base = pygit2.Repository(str(result.repo_path))[result.base]
@@ -143,7 +144,7 @@ def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     origin = f"{redact(spec.url or '')}@{spec.commit[:12]}"  # type: ignore[index]
     if spec.steps:
         origin += f" + {len(spec.steps)} step(s) -> {result.head[:12]}"
-    return SourceTree(dest, epoch, origin, result.tree)
+    return SourceTree(dest, epoch, origin, result.tree, synced.digest)
 
 
 def _run(
@@ -339,7 +340,10 @@ def build_kernel(
         torch_version = _torch_version(python)
     # SOURCE_DATE_EPOCH is left out of the identity: the staged tree's date does not
     # change what compiles.
-    _, set_env = build_env(config, toolkit=toolkit, source_date_epoch=0, base=opts.environ)
+    hook = str(listing.install(opts.cache))
+    _, set_env = build_env(
+        config, toolkit=toolkit, source_date_epoch=0, base=opts.environ, listing_hook=hook
+    )
     placeholders = {str(Path(work).absolute()): "$WORK", str(opts.cache.absolute()): "$CACHE"}
     identity = reuse.identity(
         {k: canon.recorded(v) for k, v in set_env.items()}, toolkit=toolkit, python=str(python),
@@ -352,31 +356,20 @@ def build_kernel(
     opts.reporter.info(f"{spec.name}: {state}, canonical path by {canon.method}")
     staged = stage_in_tree(spec, opts) if spec.in_tree else stage_out_of_tree(spec, opts)
     env, set_env = build_env(
-        config, toolkit=toolkit, source_date_epoch=staged.source_date_epoch, base=opts.environ
-    )
+        config, toolkit=toolkit, source_date_epoch=staged.source_date_epoch, base=opts.environ,
+        listing_hook=hook,
+    )  # fmt: skip
     dist = work / "dist"
-    shutil.rmtree(dist, ignore_errors=True)
-    dist.mkdir(parents=True)
     if spec.builder == "cmake":
         extra = [
             f"--config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES={config.cmake_architectures}",
             f"--config-settings=cmake.define.CMAKE_CUDA_COMPILER={toolkit.nvcc}",
             f"--config-settings=build-dir={work / 'build'}",
         ]
-        if opts.launcher is not None:
-            extra += [f"--config-settings=cmake.define.{d}" for d in opts.launcher.cmake_defines()]
-            env.update(opts.launcher.launch_env(env.get("PATH", "")))
     else:
         extra = []
         env["PATH"] = os.pathsep.join([str(python.parent), env["PATH"]])
         env["CPATH"] = torch_library_headers(python, env.get("CPATH"))
-        if opts.launcher is not None:
-            env.update(opts.launcher.launch_env(env["PATH"], nvcc=str(toolkit.nvcc), cxx=True))
-    inputs = reuse.Recorder(
-        staged.directory, (work / "build", staged.directory / "build"),
-        alias=Path(canon.to_build(staged.directory)),
-    )  # fmt: skip
-    env.update(inputs.env())
 
     def record(compiled_inputs: Mapping[str, Any], **more: Any) -> BuildRecord:
         return BuildRecord(
@@ -389,6 +382,34 @@ def build_kernel(
     source = {"origin": staged.origin, "url": spec.url, "commit": spec.commit,
               "tree": staged.tree, "path": str(spec.path.relative_to(spec.source.parent))
               if spec.path else None}  # fmt: skip
+    given = workspace.inputs_digest(
+        key=key, sources=[staged.digest], env=workspace.builder_env(env, set_env),
+        command=extra, torch=torch_version, torch_index=config.torch_index,
+    )  # fmt: skip
+    last = workspace.last_build(work, given) if kept and opts.reuse is None else None
+    if last is not None:
+        opts.reporter.info(
+            f"{spec.name}: nothing changed since the last build (same sources, toolchain and "
+            f"environment): its wheel {last.wheel.name} is the build, nothing compiled"
+        )
+        return Built(
+            component=spec.name, kind="kernel", wheel=last.wheel,
+            seconds=time.monotonic() - started, source=source,
+            build=BuildRecord.from_json(last.record),
+        )  # fmt: skip
+    workspace.forget(work)
+    shutil.rmtree(dist, ignore_errors=True)
+    dist.mkdir(parents=True)
+    if opts.launcher is not None and spec.builder == "cmake":
+        extra += [f"--config-settings=cmake.define.{d}" for d in opts.launcher.cmake_defines()]
+        env.update(opts.launcher.launch_env(env.get("PATH", "")))
+    elif opts.launcher is not None:
+        env.update(opts.launcher.launch_env(env["PATH"], nvcc=str(toolkit.nvcc), cxx=True))
+    inputs = reuse.Recorder(
+        staged.directory, (work / "build", staged.directory / "build"),
+        alias=Path(canon.to_build(staged.directory)),
+    )  # fmt: skip
+    env.update(inputs.env())
     if opts.reuse is not None:
         taken = reuse.try_reuse(
             opts.reuse, staged.directory, identity, dist,
@@ -414,11 +435,12 @@ def build_kernel(
             where=f"{spec.where} ({dist})",
         )
     recorded = inputs.collect(built[0], identity, tree=staged.tree)
+    made = record(recorded, torch=torch_version,
+                  torch_index=config.torch_index if torch_version else None)  # fmt: skip
+    workspace.remember(work, given, built[0], made.to_json())
     return Built(
         component=spec.name, kind="kernel", wheel=built[0],
-        seconds=time.monotonic() - started, source=source,
-        build=record(recorded, torch=torch_version,
-                     torch_index=config.torch_index if torch_version else None),
+        seconds=time.monotonic() - started, source=source, build=made,
     )  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.build import canonical, compcache, reuse, workspace
+from pinwheel.build import canonical, compcache, listing, reuse, workspace
 from pinwheel.build.buildvenv import BuildVenv, ensure_build_venv
 from pinwheel.build.check import find_tools, spec_from_build
 from pinwheel.build.engine import build_engine, build_python, commit_time, engine_version
@@ -368,6 +368,8 @@ def _engine(
     replayed = request.replayed
     work = engine_workdir(request)
     canon = canon or canonical.choose(request.cache, request.environ)
+    export_digest: str | None = None
+    kept = False
     if request.engine_source is not None:
         source = request.engine_source
     else:
@@ -382,6 +384,7 @@ def _engine(
         if kept:
             reporter.info(f"engine export: {len(synced.written)} file(s) changed, "
                           f"{len(synced.removed)} removed, {synced.kept} kept")  # fmt: skip
+        export_digest = synced.digest
         source = work / "src"
     version = request.version or engine_version(config, replayed)
     if request.engine_epoch is not None:
@@ -450,6 +453,9 @@ def _engine(
             reporter=reporter,
             canonical=canon,
             no_network=netns,
+            listing_hook=str(listing.install(request.cache)),
+            export_digest=export_digest,
+            kept=kept,
         )
     # Recorded without this machine's cache path: provenance travels with the release.
     env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build.env.items()}

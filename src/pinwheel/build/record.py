@@ -33,6 +33,19 @@ class BuildRecord:
     sources: tuple[Mapping[str, Any], ...] | None = None  # engine: supplied build sources
     network: str | None = None  # engine: "none" | "allowed" | "host (...)"
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BuildRecord:
+        """What :meth:`to_json` wrote, read back (a kept workspace's last build)."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"build record fields unknown here: {sorted(unknown)}")
+        values = dict(data)
+        for name in ("arches", "command", "excluded", "sources"):
+            if values.get(name) is not None:
+                values[name] = tuple(values[name])
+        return cls(**values)
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in fields(self):

@@ -9,6 +9,11 @@ and ninja/setuptools recompile what includes it), every other file keeps its
 timestamp, files the new tree dropped are deleted, and build products the
 builder left are kept. A different key, or a cold build (``--no-cache``,
 ``verify-build``), wipes the directory first.
+
+A build that changed nothing at all (same key, same exported bytes, same
+environment) does not run the builder: :func:`remember` stamps each finished
+build with a digest of everything it was given, and :func:`last_build` hands
+back that build's wheel (sha256 checked) and record when the digest matches.
 """
 
 from __future__ import annotations
@@ -25,9 +30,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pinwheel.checksums import sha256_file
 from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
 
 STAMP = ".pinwheel-workspace.json"
+LAST = "last-build.json"
+# What a builder reads from the environment beside what pinwheel sets: a change starts a
+# real (incremental) build instead of handing back the last wheel.
+COMPILER_ENV = (
+    "PATH", "CC", "CXX", "CUDAHOSTCXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS",
+    "CUDAFLAGS", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "CPATH", "C_INCLUDE_PATH",
+    "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "LD_LIBRARY_PATH", "PYTHONPATH",
+)  # fmt: skip
 SKIP_DIRS = frozenset({"build", "dist", "__pycache__", ".git", "_skbuild"})
 
 
@@ -48,6 +62,15 @@ class Synced:
     written: tuple[str, ...]  # new or changed files (new mtime)
     removed: tuple[str, ...]
     kept: int  # unchanged files (timestamps kept)
+    digest: str = ""  # sha256 over every exported file's name, mode, link and bytes
+
+
+@dataclass(frozen=True)
+class LastBuild:
+    """The wheel a finished build left in the workspace, and its build record."""
+
+    wheel: Path
+    record: Mapping[str, Any]
 
 
 def key_of(identity: Mapping[str, Any]) -> str:
@@ -114,9 +137,13 @@ def sync(dest: Path, entries: Iterable[Entry], listing: Path) -> Synced:
     written: list[str] = []
     now: list[str] = []
     kept = 0
+    digest = hashlib.sha256()
     dest.mkdir(parents=True, exist_ok=True)
     for entry in entries:
         now.append(entry.rel)
+        content = entry.link if entry.link is not None else hashlib.sha256(entry.data).hexdigest()
+        digest.update(json.dumps([entry.rel, entry.executable, entry.link is not None, content])
+                      .encode() + b"\n")  # fmt: skip
         target = dest / entry.rel
         if _same(target, entry):
             kept += 1
@@ -138,7 +165,7 @@ def sync(dest: Path, entries: Iterable[Entry], listing: Path) -> Synced:
         if target.is_symlink() or target.is_file():
             target.unlink()
     atomic_write_text(listing, json.dumps(sorted(now)) + "\n")
-    return Synced(tuple(written), tuple(removed), kept)
+    return Synced(tuple(written), tuple(removed), kept, digest.hexdigest())
 
 
 def sync_tree(result: Any, dest: Path, listing: Path, exclude: Sequence[str] = ()) -> Synced:
@@ -147,6 +174,51 @@ def sync_tree(result: Any, dest: Path, listing: Path, exclude: Sequence[str] = (
     from pinwheel.source.export import tree_archive  # pygit2: only when a tree is synced
 
     return sync(dest, tar_entries(tree_archive(result, exclude)), listing)
+
+
+def inputs_digest(
+    *, key: str, sources: Sequence[str], env: Mapping[str, str], **facts: Any
+) -> str:
+    """Everything a build is given: the workspace key, the exported sources' digests, the
+    environment the builder reads (pinwheel's and :data:`COMPILER_ENV` of the caller's)
+    and any other fact that reaches the bytes (date, version, command)."""
+    return key_of({"key": key, "sources": list(sources), "env": dict(env), "facts": facts})
+
+
+def builder_env(env: Mapping[str, str], set_env: Mapping[str, str]) -> dict[str, str]:
+    """The part of a build's environment :func:`inputs_digest` covers."""
+    return {**{k: env[k] for k in COMPILER_ENV if k in env}, **set_env}
+
+
+def last_build(root: Path, inputs: str) -> LastBuild | None:
+    """The last finished build's wheel when it was given exactly ``inputs`` and the wheel
+    is still there with the bytes it was stamped with; else None."""
+    try:
+        stamp = json.loads((root / LAST).read_text())
+        wheel = root / stamp["wheel"]
+        if stamp["inputs"] != inputs or not wheel.is_file():
+            return None
+        if sha256_file(wheel) != stamp["sha256"]:
+            return None
+        return LastBuild(wheel, stamp["record"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def forget(root: Path) -> None:
+    """Before a build starts: the stamp would no longer describe the workspace."""
+    (root / LAST).unlink(missing_ok=True)
+
+
+def remember(root: Path, inputs: str, wheel: Path, record: Mapping[str, Any]) -> None:
+    """After a build finished: stamp the wheel (under ``root``) with what it was given."""
+    stamp = {
+        "inputs": inputs,
+        "wheel": str(Path(wheel).relative_to(root)),
+        "sha256": sha256_file(wheel),
+        "record": dict(record),
+    }
+    atomic_write_text(root / LAST, json.dumps(stamp, sort_keys=True) + "\n")
 
 
 def _same(target: Path, entry: Entry) -> bool:
