@@ -95,16 +95,19 @@ def test_sync_writes_only_changed_files_and_keeps_build_products(tmp_path: Path)
     assert not (dest / "build").exists()
     (dest / "build").mkdir()
     (dest / "build" / "a.o").write_text("object")  # what the builder left
-    old = 1_000_000_000
-    for rel in ("csrc/a.cu", "csrc/b.cu"):
-        os.utime(dest / rel, ns=(old, old))
+    inode = {rel: (dest / rel).stat().st_ino for rel in ("csrc/a.cu", "csrc/b.cu")}
     (checkout / "csrc" / "b.cu").write_text("b changed\n")
     (checkout / "gone.py").unlink()
     second = workspace.sync(dest, workspace.dir_entries(checkout), listing)
     assert second.written == ("csrc/b.cu",) and second.removed == ("gone.py",)
-    assert second.kept == 1
-    assert (dest / "csrc" / "a.cu").stat().st_mtime_ns == old  # ninja sees it unchanged
-    assert (dest / "csrc" / "b.cu").stat().st_mtime_ns > old
+    assert second.changed == ("csrc/b.cu", "gone.py") and second.kept == 1
+    assert (dest / "csrc" / "a.cu").stat().st_ino == inode["csrc/a.cu"]  # not rewritten
+    assert (dest / "csrc" / "b.cu").read_text() == "b changed\n"
+    # Every exported file has the one fixed time, written or kept (compilers record it).
+    assert {(dest / r).stat().st_mtime for r in ("csrc/a.cu", "csrc/b.cu")} == {
+        workspace.SOURCE_MTIME
+    }
+    assert second.digest != first.digest
     assert (dest / "build" / "a.o").read_text() == "object" and not (dest / "gone.py").exists()
 
 

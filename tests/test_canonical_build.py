@@ -124,9 +124,9 @@ def test_incremental_rebuild_equals_the_cold_bytes(toolkit_root: Path, tmp_path:
     again = kernels(tree, cache, home, tmp_path / "again")
     assert again["sha256"] == cold["sha256"]
     assert log.stat().st_mtime_ns == stamp  # nothing changed: the builder did not even run
-    # A file that is not compiled changed: the builder runs, ninja compiles nothing.
-    readme = tree / "kernels" / "pinwheel-selftest" / "README.md"
-    readme.write_text(readme.read_text() + "\nA line that compiles nothing.\n")
+    # A file that is neither compiled nor packed changed: the builder runs, ninja compiles
+    # nothing (README.md would change the wheel: it is the METADATA's description).
+    (tree / "kernels" / "pinwheel-selftest" / "NOTES.txt").write_text("compiles nothing\n")
     docs = kernels(tree, cache, home, tmp_path / "docs")
     assert docs["sha256"] == cold["sha256"]
     assert log.stat().st_mtime_ns != stamp

@@ -335,8 +335,9 @@ def build_engine(
     )
     started = time.monotonic()
     given = workspace.inputs_digest(
-        key=str(plan.work), sources=[export_digest or ""], env=workspace.builder_env(plan.env, plan.set_env),
-        command=list(plan.command), version=version, epoch=source_date_epoch,
+        key=str(plan.work), sources=[export_digest or ""],
+        env=workspace.builder_env(plan.env, plan.set_env), command=list(plan.command),
+        version=version, epoch=source_date_epoch,
         record=json.loads(json.dumps(record or {}, sort_keys=True, default=str)),
     )  # fmt: skip
     usable = kept and export_digest is not None and reuse_from is None

@@ -34,6 +34,7 @@ from pinwheel.build import listing, reuse, workspace
 from pinwheel.build.buildenv import build_env
 from pinwheel.build.canonical import Canonical
 from pinwheel.build.canonical import choose as canonical_paths
+from pinwheel.build.invalidate import invalidate
 from pinwheel.build.record import BuildRecord
 from pinwheel.build.toolchain import Toolkit
 from pinwheel.build.wheeldiff import diff_members
@@ -68,6 +69,7 @@ class SourceTree:
     origin: str  # "kernels/NAME" or "URL@COMMIT"
     tree: str | None  # replayed git tree (out-of-tree kernels)
     digest: str = ""  # workspace.Synced.digest of the export
+    changed: tuple[str, ...] = ()  # files the sync wrote or removed (relative)
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ def stage_in_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     if epoch is None:
         epoch = _git_date(spec.path) or ZIP_EPOCH
     rel = f"{spec.path.parent.name}/{spec.path.name}"
-    return SourceTree(dest, epoch, rel, None, synced.digest)
+    return SourceTree(dest, epoch, rel, None, synced.digest, synced.changed)
 
 
 def _git_date(path: Path) -> int | None:
@@ -144,7 +146,7 @@ def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
     origin = f"{redact(spec.url or '')}@{spec.commit[:12]}"  # type: ignore[index]
     if spec.steps:
         origin += f" + {len(spec.steps)} step(s) -> {result.head[:12]}"
-    return SourceTree(dest, epoch, origin, result.tree, synced.digest)
+    return SourceTree(dest, epoch, origin, result.tree, synced.digest, synced.changed)
 
 
 def _run(
@@ -398,6 +400,13 @@ def build_kernel(
             build=BuildRecord.from_json(last.record),
         )  # fmt: skip
     workspace.forget(work)
+    if kept and staged.changed:  # file times are fixed: pinwheel says what changed
+        gone = invalidate(
+            (work / "build", staged.directory / "build"), staged.changed,
+            roots=(staged.directory, canon.to_build(staged.directory)), path=env["PATH"],
+            build_dir_spellings=((work, canon.to_build(work)),),
+        )  # fmt: skip
+        opts.reporter.info(f"{spec.name}: {len(staged.changed)} file(s) changed: {gone.summary()}")
     shutil.rmtree(dist, ignore_errors=True)
     dist.mkdir(parents=True)
     if opts.launcher is not None and spec.builder == "cmake":

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.build import canonical, compcache, listing, reuse, workspace
+from pinwheel.build import canonical, compcache, invalidate, listing, reuse, workspace
 from pinwheel.build.buildvenv import BuildVenv, ensure_build_venv
 from pinwheel.build.check import find_tools, spec_from_build
 from pinwheel.build.engine import build_engine, build_python, commit_time, engine_version
@@ -370,6 +370,7 @@ def _engine(
     canon = canon or canonical.choose(request.cache, request.environ)
     export_digest: str | None = None
     kept = False
+    changed: tuple[str, ...] = ()
     if request.engine_source is not None:
         source = request.engine_source
     else:
@@ -384,7 +385,7 @@ def _engine(
         if kept:
             reporter.info(f"engine export: {len(synced.written)} file(s) changed, "
                           f"{len(synced.removed)} removed, {synced.kept} kept")  # fmt: skip
-        export_digest = synced.digest
+        export_digest, changed = synced.digest, synced.changed
         source = work / "src"
     version = request.version or engine_version(config, replayed)
     if request.engine_epoch is not None:
@@ -422,7 +423,19 @@ def _engine(
         network, netns = "none", True
     else:
         (wrapper, network), netns = network_wrapper(config.network), False
-    supplied = _supply_in_place(config, source, work, request, reporter)
+    supplied, deps_changed = _supply_in_place(config, source, work, request, reporter)
+    if kept and (changed or deps_changed):  # file times are fixed: pinwheel says what changed
+        trees = (source / "build",)
+        path = extra_env.get("PATH") or request.environ.get("PATH", os.defpath)
+        gone = (
+            invalidate.wipe(trees, f"build source changed: {', '.join(deps_changed)}")
+            if deps_changed
+            else invalidate.invalidate(
+                trees, changed, roots=(source, canon.to_build(source)), path=path,
+                build_dir_spellings=((work, canon.to_build(work)),),
+            )  # fmt: skip
+        )
+        reporter.info(f"engine: {len(changed)} file(s) changed: {gone.summary()}")
     if supplied:
         extra_env.update(
             plan_env(supplied, request.environ.get("CMAKE_ARGS"), disconnected=network != "none")
@@ -464,10 +477,10 @@ def _engine(
 
 def _supply_in_place(
     config: BuildConfig, source: Path, work: Path, request: BuildRequest, reporter: Reporter
-) -> tuple[Any, ...]:
+) -> tuple[tuple[Any, ...], tuple[str, ...]]:
     """The build sources under ``work/deps``, updated in place: exported into a staging
     directory, then only changed files are written (a kept build tree sees the others
-    unchanged)."""
+    unchanged). Also: the names of the sources that changed."""
     staged = work / ".deps-staged"
     shutil.rmtree(staged, ignore_errors=True)
     supplied = supply(
@@ -477,13 +490,17 @@ def _supply_in_place(
         cache=Cache(request.cache, request.mirrors, request.offline),
         reporter=reporter,
     )
-    out = []
+    out, changed = [], []
     for s in supplied:
         final = work / "deps" / s.name
-        workspace.sync(final, workspace.dir_entries(s.path, skip=()), work / f"deps-{s.name}.json")
+        listing = work / f"deps-{s.name}.json"
+        fresh = not listing.is_file()
+        synced = workspace.sync(final, workspace.dir_entries(s.path, skip=()), listing)
+        if synced.changed and not fresh:
+            changed.append(s.name)
         out.append(dataclasses.replace(s, path=final))
     shutil.rmtree(staged, ignore_errors=True)
-    return tuple(out)
+    return tuple(out), tuple(changed)
 
 
 def _check_declared(replayed: Any, config: BuildConfig) -> None:

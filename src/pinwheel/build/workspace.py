@@ -10,6 +10,12 @@ timestamp, files the new tree dropped are deleted, and build products the
 builder left are kept. A different key, or a cold build (``--no-cache``,
 ``verify-build``), wipes the directory first.
 
+Every exported file carries one fixed mtime, :data:`SOURCE_MTIME`: compilers write
+source mtimes into what they make (ptxas with ``-lineinfo`` puts each source's
+mtime in the cubin's line table; gcc's ``__TIMESTAMP__``), so export times made two
+builds of one tree differ. File times then say nothing about what changed:
+:mod:`pinwheel.build.invalidate` removes what the changed files reached instead.
+
 A build that changed nothing at all (same key, same exported bytes, same
 environment) does not run the builder: :func:`remember` stamps each finished
 build with a digest of everything it was given, and :func:`last_build` hands
@@ -35,6 +41,7 @@ from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
 
 STAMP = ".pinwheel-workspace.json"
 LAST = "last-build.json"
+SOURCE_MTIME = 315532800  # 1980-01-01T00:00:00Z, the zip epoch: every exported file's mtime
 # What a builder reads from the environment beside what pinwheel sets: a change starts a
 # real (incremental) build instead of handing back the last wheel.
 COMPILER_ENV = (
@@ -59,10 +66,14 @@ class Entry:
 class Synced:
     """What an in-place update did."""
 
-    written: tuple[str, ...]  # new or changed files (new mtime)
+    written: tuple[str, ...]  # new or changed files
     removed: tuple[str, ...]
-    kept: int  # unchanged files (timestamps kept)
+    kept: int  # unchanged files (not rewritten)
     digest: str = ""  # sha256 over every exported file's name, mode, link and bytes
+
+    @property
+    def changed(self) -> tuple[str, ...]:
+        return self.written + self.removed
 
 
 @dataclass(frozen=True)
@@ -125,9 +136,12 @@ def tar_entries(raw: bytes, prefix: str = "src/") -> Iterator[Entry]:
                 yield Entry(rel, data.read(), executable=bool(member.mode & 0o100))
 
 
-def sync(dest: Path, entries: Iterable[Entry], listing: Path) -> Synced:
+def sync(
+    dest: Path, entries: Iterable[Entry], listing: Path, *, mtime: int | None = SOURCE_MTIME
+) -> Synced:
     """Update ``dest`` to hold exactly ``entries`` among the files ``listing`` says were
-    exported last time; write only what changed."""
+    exported last time; write only what changed. Every file ends with ``mtime`` (None:
+    written files keep the time of writing)."""
     previous: set[str] = set()
     if listing.is_file():
         try:
@@ -147,6 +161,7 @@ def sync(dest: Path, entries: Iterable[Entry], listing: Path) -> Synced:
         target = dest / entry.rel
         if _same(target, entry):
             kept += 1
+            _set_mtime(target, mtime)
             continue
         if target.is_symlink() or target.is_file():
             target.unlink()
@@ -158,6 +173,7 @@ def sync(dest: Path, entries: Iterable[Entry], listing: Path) -> Synced:
         else:
             atomic_write_bytes(target, entry.data)
             target.chmod(0o755 if entry.executable else 0o644)
+        _set_mtime(target, mtime)
         written.append(entry.rel)
     removed = sorted(previous - set(now))
     for rel in removed:
@@ -219,6 +235,11 @@ def remember(root: Path, inputs: str, wheel: Path, record: Mapping[str, Any]) ->
         "record": dict(record),
     }
     atomic_write_text(root / LAST, json.dumps(stamp, sort_keys=True) + "\n")
+
+
+def _set_mtime(target: Path, mtime: int | None) -> None:
+    if mtime is not None and target.lstat().st_mtime_ns != mtime * 1_000_000_000:
+        os.utime(target, (mtime, mtime), follow_symlinks=False)
 
 
 def _same(target: Path, entry: Entry) -> bool:
