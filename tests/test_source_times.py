@@ -166,3 +166,45 @@ def test_objects_recorded_at_the_canonical_path_are_found_at_the_real_one(
     )  # fmt: skip
     assert gone.objects == ("obj/a.o",) and not (real / "build" / "obj" / "a.o").exists()
     assert (real / "build" / "obj" / "b.o").exists()
+
+
+def test_unpacked_toolkit_files_keep_the_archives_times(tmp_path: Path) -> None:
+    """A provisioned toolkit's headers get the time their archive records, not the time
+    of unpacking: two machines provisioning at two times get the same header mtimes."""
+    import io
+    import tarfile
+    import zipfile
+
+    from pinwheel.archive import extract_tar, extract_zip
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, mtime in (("include/cuda_fp16.hpp", 1_700_000_000), ("bad.h", 2**40)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = 4, mtime
+            tar.addfile(info, io.BytesIO(b"x\ny\n"))
+    raw.seek(0)
+    with tarfile.open(fileobj=raw, mode="r:") as tar:
+        extract_tar(tar, tmp_path / "t", "test.tar")
+    assert (tmp_path / "t" / "include" / "cuda_fp16.hpp").stat().st_mtime == 1_700_000_000
+    assert abs((tmp_path / "t" / "bad.h").stat().st_mtime - time.time()) < 600  # refused time
+    packed = tmp_path / "w.zip"
+    with zipfile.ZipFile(packed, "w") as zf:
+        zf.writestr(zipfile.ZipInfo("nvidia/include/crt.h", (2024, 5, 6, 7, 8, 10)), "z\n")
+    with zipfile.ZipFile(packed) as zf:
+        extract_zip(zf, tmp_path / "z", "w.zip")
+    got = (tmp_path / "z" / "nvidia" / "include" / "crt.h").stat().st_mtime
+    assert time.gmtime(got)[:6] == (2024, 5, 6, 7, 8, 10)
+
+
+def test_a_venvs_headers_get_the_fixed_time_and_nothing_else_does(tmp_path: Path) -> None:
+    site = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
+    headers = [site / "torch" / "include" / "c10" / "util" / "Half-inl.h",
+               site / "nvidia" / "cuda_runtime" / "include" / "cuda_fp16.hpp"]  # fmt: skip
+    other = site / "torch" / "__init__.py"
+    for path in [*headers, other]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x\n")
+    assert workspace.fix_header_times(tmp_path / "venv") == 2
+    assert {h.stat().st_mtime for h in headers} == {workspace.SOURCE_MTIME}
+    assert other.stat().st_mtime != workspace.SOURCE_MTIME

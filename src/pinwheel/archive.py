@@ -14,6 +14,7 @@ same name rule (:func:`name_problem`).
 
 from __future__ import annotations
 
+import calendar
 import os
 import posixpath
 import re
@@ -183,7 +184,9 @@ def _mode(bits: int) -> int:
     return 0o755 if bits & 0o111 else 0o644
 
 
-def _write(dest: Path, rel: str, src: IO[bytes], executable: bool) -> Path:
+def _write(
+    dest: Path, rel: str, src: IO[bytes], executable: bool, mtime: float | None = None
+) -> Path:
     out = confine.inside(dest, rel, what="archive member")
     confine.mkdirs(dest, out.parent)
     if out.is_symlink() or (out.exists() and not out.is_file()):
@@ -192,7 +195,17 @@ def _write(dest: Path, rel: str, src: IO[bytes], executable: bool) -> Path:
         fh.truncate(0)
         shutil.copyfileobj(src, fh, 1 << 20)
     out.chmod(0o755 if executable else 0o644)
+    # The member's own time, as tar and unzip keep it: a toolkit unpacked on two machines
+    # then has the same header mtimes (ptxas -lineinfo writes them into cubins). A time
+    # outside 1970..2106 (a hostile or broken archive) is left at the time of writing.
+    if mtime is not None and 0 <= mtime < 2**32:
+        os.utime(out, (mtime, mtime))
     return out
+
+
+def zip_mtime(info: zipfile.ZipInfo) -> float:
+    """A zip member's DOS date and time, read as UTC (zip stores no zone)."""
+    return float(calendar.timegm((*info.date_time, 0, 0, 0)))
 
 
 def extract_zip(
@@ -215,8 +228,9 @@ def extract_zip(
         problem = name_problem(rel)
         if problem:
             raise _refuse(origin, rel, problem)
+        executable = bool(_mode((info.external_attr >> 16) & 0o777) & 0o111)
         with zf.open(info) as src:
-            _write(dest, rel, src, bool(_mode((info.external_attr >> 16) & 0o777) & 0o111))
+            _write(dest, rel, src, executable, zip_mtime(info))
         written.append(info.filename)
     return written
 
@@ -253,7 +267,7 @@ def extract_tar(
             else:
                 src = tar.extractfile(member)
                 assert src is not None
-                _write(dest, rel, src, bool(member.mode & 0o111))
+                _write(dest, rel, src, bool(member.mode & 0o111), member.mtime)
                 written.append(member.name)
         if stop is not None and stop():
             break

@@ -23,6 +23,7 @@ from filelock import FileLock
 from packaging.utils import canonicalize_name
 
 from pinwheel import runner
+from pinwheel.build import workspace
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.manifest.build import Requirements
@@ -136,6 +137,7 @@ def _make(
                 next="check the network or --wheelhouse; a hash mismatch means the index "
                 "serves another file than the one pinned",
             )
+        workspace.fix_header_times(final)  # torch's headers reach the cubins' line tables
         atomic_write_text(final / READY, json.dumps({"sha256": reqs.sha256}) + "\n")
     except BaseException:
         shutil.rmtree(final, ignore_errors=True)

@@ -246,6 +246,7 @@ def torch_venv(
             what=f"installing torch=={config.torch}",
             log_file=venv.with_suffix(".log"),
         )
+    workspace.fix_header_times(venv)  # torch's headers reach the cubins' line tables
     marker.write_text("\n".join(record) + "\n")
     return python
 

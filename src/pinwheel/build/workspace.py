@@ -237,6 +237,20 @@ def remember(root: Path, inputs: str, wheel: Path, record: Mapping[str, Any]) ->
     atomic_write_text(root / LAST, json.dumps(stamp, sort_keys=True) + "\n")
 
 
+def fix_header_times(venv: Path, mtime: int = SOURCE_MTIME) -> int:
+    """Give every file under an ``include`` directory of ``venv``'s site-packages (torch's
+    and the nvidia wheels' headers, which pip writes at install time) ``mtime``: their
+    mtimes reach cubins like the sources' do. Returns how many files were set."""
+    count = 0
+    for site in sorted(venv.glob("lib/python*/site-packages")):
+        for include in sorted(p for p in site.rglob("include") if p.is_dir()):
+            for path in include.rglob("*"):
+                if path.is_file() and not path.is_symlink():
+                    _set_mtime(path, mtime)
+                    count += 1
+    return count
+
+
 def _set_mtime(target: Path, mtime: int | None) -> None:
     if mtime is not None and target.lstat().st_mtime_ns != mtime * 1_000_000_000:
         os.utime(target, (mtime, mtime), follow_symlinks=False)
