@@ -350,3 +350,28 @@ def test_provenance_records_the_build_venv_not_pinwheels_interpreter(tiny: Tiny)
     receipt = read_receipt(out / "provenance.json")
     assert receipt["toolchain"]["torch"] is None, receipt["toolchain"]
     assert receipt["torch"]["version"] is None
+
+
+def test_an_update_stopped_before_invalidation_rebuilds_the_tree(tiny: Tiny) -> None:
+    """File times are fixed, so an export rewritten by a run that stopped before it
+    removed what the change reached would look up to date forever: the next build
+    finds the mark that run left and starts the build tree from scratch."""
+    from pinwheel.build import workspace
+
+    manifest = tiny.manifest()
+    result = tiny.replay(manifest)
+
+    def once(out: str):
+        return run_build(dataclasses.replace(request(tiny, manifest, tiny.tmp / out, result),
+                                             engine_workdir=None))  # fmt: skip
+
+    first = once("w1")
+    work = tiny.tmp / "cache" / "build" / load(manifest).name
+    assert not (work / workspace.PENDING).exists()
+    (work / "src" / "build").mkdir(exist_ok=True)
+    (work / "src" / "build" / "product.o").write_text("built from the old export")
+    assert workspace.begin_update(work) is False  # a run starts updating ... and dies
+    again = once("w2")
+    assert again.wheels.wheels == first.wheels.wheels
+    assert not (work / "src" / "build" / "product.o").exists()  # the tree was not trusted
+    assert not (work / workspace.PENDING).exists()

@@ -34,7 +34,7 @@ from pinwheel.build import listing, reuse, workspace
 from pinwheel.build.buildenv import build_env
 from pinwheel.build.canonical import Canonical
 from pinwheel.build.canonical import choose as canonical_paths
-from pinwheel.build.invalidate import invalidate
+from pinwheel.build.invalidate import invalidate, wipe
 from pinwheel.build.record import BuildRecord
 from pinwheel.build.toolchain import Toolkit
 from pinwheel.build.wheeldiff import diff_members
@@ -357,6 +357,7 @@ def build_kernel(
     kept = workspace.prepare(work, key, cold=opts.cold)
     state = "kept workspace (incremental)" if kept else "fresh workspace (cold)"
     opts.reporter.info(f"{spec.name}: {state}, canonical path by {canon.method}")
+    interrupted = workspace.begin_update(work)
     staged = stage_in_tree(spec, opts) if spec.in_tree else stage_out_of_tree(spec, opts)
     env, set_env = build_env(
         config, toolkit=toolkit, source_date_epoch=staged.source_date_epoch, base=opts.environ,
@@ -391,6 +392,7 @@ def build_kernel(
     )  # fmt: skip
     last = workspace.last_build(work, given) if kept and opts.reuse is None else None
     if last is not None:
+        workspace.end_update(work)  # the stamp's build tree matches this export
         opts.reporter.info(
             f"{spec.name}: nothing changed since the last build (same sources, toolchain and "
             f"environment): its wheel {last.wheel.name} is the build, nothing compiled"
@@ -401,13 +403,17 @@ def build_kernel(
             build=BuildRecord.from_json(last.record),
         )  # fmt: skip
     workspace.forget(work)
-    if kept and staged.changed:  # file times are fixed: pinwheel says what changed
+    trees = (work / "build", staged.directory / "build")
+    if kept and interrupted:
+        gone = wipe(trees, "an earlier build stopped between updating the export and the tree")
+        opts.reporter.info(f"{spec.name}: {gone.summary()}")
+    elif kept and staged.changed:  # file times are fixed: pinwheel says what changed
         gone = invalidate(
-            (work / "build", staged.directory / "build"), staged.changed,
-            roots=(staged.directory, canon.to_build(staged.directory)), path=env["PATH"],
-            build_dir_spellings=((work, canon.to_build(work)),),
+            trees, staged.changed, roots=(staged.directory, canon.to_build(staged.directory)),
+            path=env["PATH"], build_dir_spellings=((work, canon.to_build(work)),),
         )  # fmt: skip
         opts.reporter.info(f"{spec.name}: {len(staged.changed)} file(s) changed: {gone.summary()}")
+    workspace.end_update(work)
     shutil.rmtree(dist, ignore_errors=True)
     dist.mkdir(parents=True)
     if opts.launcher is not None and spec.builder == "cmake":

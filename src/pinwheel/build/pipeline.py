@@ -369,13 +369,14 @@ def _engine(
     work = engine_workdir(request)
     canon = canon or canonical.choose(request.cache, request.environ)
     export_digest: str | None = None
-    kept = False
+    kept = interrupted = False
     changed: tuple[str, ...] = ()
     if request.engine_source is not None:
         source = request.engine_source
     else:
         key = engine_key(config, toolkit, canon)
         kept = workspace.prepare(work, key, cold=not request.compiler_cache)
+        interrupted = workspace.begin_update(work)
         state = "kept workspace (incremental)" if kept else "fresh workspace (cold)"
         reporter.info(f"engine: {state}, canonical path by {canon.method}")
         with reporter.status(f"exporting tree {replayed.tree[:12]}"):
@@ -424,18 +425,22 @@ def _engine(
     else:
         (wrapper, network), netns = network_wrapper(config.network), False
     supplied, deps_changed = _supply_in_place(config, source, work, request, reporter)
-    if kept and (changed or deps_changed):  # file times are fixed: pinwheel says what changed
-        trees = (source / "build",)
+    if kept and (changed or deps_changed or interrupted):  # file times are fixed: pinwheel
+        trees = (source / "build",)  # says what changed
         path = extra_env.get("PATH") or request.environ.get("PATH", os.defpath)
-        gone = (
-            invalidate.wipe(trees, f"build source changed: {', '.join(deps_changed)}")
-            if deps_changed
-            else invalidate.invalidate(
+        if interrupted:
+            why = "an earlier build stopped between updating the export and the tree"
+            gone = invalidate.wipe(trees, why)
+        elif deps_changed:
+            gone = invalidate.wipe(trees, f"build source changed: {', '.join(deps_changed)}")
+        else:
+            gone = invalidate.invalidate(
                 trees, changed, roots=(source, canon.to_build(source)), path=path,
                 build_dir_spellings=((work, canon.to_build(work)),),
             )  # fmt: skip
-        )
         reporter.info(f"engine: {len(changed)} file(s) changed: {gone.summary()}")
+    if request.engine_source is None:
+        workspace.end_update(work)
     if supplied:
         extra_env.update(
             plan_env(supplied, request.environ.get("CMAKE_ARGS"), disconnected=network != "none")

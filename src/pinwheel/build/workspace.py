@@ -41,6 +41,7 @@ from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
 
 STAMP = ".pinwheel-workspace.json"
 LAST = "last-build.json"
+PENDING = ".pinwheel-update-pending"  # between updating the export and invalidating
 SOURCE_MTIME = 315532800  # 1980-01-01T00:00:00Z, the zip epoch: every exported file's mtime
 # What a builder reads from the environment beside what pinwheel sets: a change starts a
 # real (incremental) build instead of handing back the last wheel.
@@ -235,6 +236,20 @@ def remember(root: Path, inputs: str, wheel: Path, record: Mapping[str, Any]) ->
         "record": dict(record),
     }
     atomic_write_text(root / LAST, json.dumps(stamp, sort_keys=True) + "\n")
+
+
+def begin_update(root: Path) -> bool:
+    """Before the export is updated in place: mark the update. True when an earlier one
+    never reached :func:`end_update` (stopped between rewriting files and removing what
+    they reached): its changes are no longer visible, so the build tree must go."""
+    interrupted = (root / PENDING).exists()
+    atomic_write_text(root / PENDING, "the export is being updated\n")
+    return interrupted
+
+
+def end_update(root: Path) -> None:
+    """The build tree has been told what the update changed."""
+    (root / PENDING).unlink(missing_ok=True)
 
 
 def fix_header_times(venv: Path, mtime: int = SOURCE_MTIME) -> int:
