@@ -425,8 +425,9 @@ def _engine(
     else:
         (wrapper, network), netns = network_wrapper(config.network), False
     supplied, deps_changed = _supply_in_place(config, source, work, request, reporter)
-    if kept and (changed or deps_changed or interrupted):  # file times are fixed: pinwheel
-        trees = (source / "build",)  # says what changed
+    if kept and (changed or deps_changed or interrupted):
+        # File times are fixed (workspace.SOURCE_MTIME): pinwheel tells the tree what changed.
+        trees = (source / "build",)
         path = extra_env.get("PATH") or request.environ.get("PATH", os.defpath)
         if interrupted:
             why = "an earlier build stopped between updating the export and the tree"
@@ -498,9 +499,9 @@ def _supply_in_place(
     out, changed = [], []
     for s in supplied:
         final = work / "deps" / s.name
-        listing = work / f"deps-{s.name}.json"
-        fresh = not listing.is_file()
-        synced = workspace.sync(final, workspace.dir_entries(s.path, skip=()), listing)
+        exported = work / f"deps-{s.name}.json"
+        fresh = not exported.is_file()
+        synced = workspace.sync(final, workspace.dir_entries(s.path, skip=()), exported)
         if synced.changed and not fresh:
             changed.append(s.name)
         out.append(dataclasses.replace(s, path=final))
