@@ -4,11 +4,10 @@ Each component builds in one directory under the cache (``src/`` the export,
 the builder's build tree beside or inside it), kept between builds while its
 key (the compiled-input identity: toolchain, flags, builder, Python, torch,
 and how paths are made canonical) stays the same. The export is updated in
-place: a file is written only when its bytes changed (so it gets a new mtime
-and ninja/setuptools recompile what includes it), every other file keeps its
-timestamp, files the new tree dropped are deleted, and build products the
-builder left are kept. A different key, or a cold build (``--no-cache``,
-``verify-build``), wipes the directory first.
+place: a file is written only when its bytes changed (:attr:`Synced.changed`
+names them), every other file is left alone, files the new tree dropped are
+deleted, and build products the builder left are kept. A different key, or a
+cold build (``--no-cache``, ``verify-build``), wipes the directory first.
 
 Every exported file carries one fixed mtime, :data:`SOURCE_MTIME`: compilers write
 source mtimes into what they make (ptxas with ``-lineinfo`` puts each source's
