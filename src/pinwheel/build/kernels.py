@@ -8,11 +8,13 @@ CUDAExtension in a venv holding ``[build].torch``.
 Each build returns a :class:`~pinwheel.build.wheelset.Built` (the wheel still
 in scratch); :mod:`pinwheel.build.wheelset` checks and publishes it with the
 rest. Builds run with ``SOURCE_DATE_EPOCH`` set, in the component's kept
-workspace (:mod:`pinwheel.build.workspace`: the export updated in place, the
-build tree kept while the compiled-input identity holds, so a rebuild compiles
-only what changed), seen by the compilers at the canonical path
-(:mod:`pinwheel.build.canonical`), so two builds of the same inputs give the
-same bytes from any cache path (``--twice`` proves it on one machine).
+workspace (:mod:`pinwheel.build.workspace`: the export updated in place with
+fixed file times, the build tree kept while the compiled-input identity holds and
+told what changed by :mod:`pinwheel.build.invalidate`, so a rebuild compiles only
+what changed; unchanged inputs hand back the last wheel), seen by the compilers
+at the canonical path (:mod:`pinwheel.build.canonical`) with sorted directory
+listings (:mod:`pinwheel.build.listing`), so two builds of the same inputs give
+the same bytes from any cache path (``--twice`` proves it on one machine).
 """
 
 from __future__ import annotations
