@@ -162,3 +162,25 @@ def test_in_tree_staging_is_a_clean_copy_at_a_fixed_path(tmp_path: Path) -> None
     assert (staged.directory / "CMakeLists.txt").is_file()
     assert not (staged.directory / "build").exists()
     assert staged.source_date_epoch == 1760054400
+
+
+def test_the_torch_version_comes_from_metadata_without_importing_torch(tmp_path: Path) -> None:
+    """Every build asks the build Python which torch it compiles against; importing torch
+    to ask took seconds per build. Here torch has metadata and no code at all."""
+    import stat
+    import sys
+
+    from pinwheel.build.kernels import _torch_version
+
+    site = tmp_path / "site"
+    info = site / "torch-2.11.0+cu130.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0+cu130\n")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    assert _torch_version(python) == "2.11.0+cu130"
+    (info / "METADATA").unlink()  # a broken install: no version
+    assert _torch_version(python) is None
+    info.rmdir()  # no torch at all
+    assert _torch_version(python) is None

@@ -254,7 +254,13 @@ def torch_venv(
 
 
 def _torch_version(python: Path) -> str | None:
-    probe = "import torch; print(torch.__version__)"
+    """The torch the build compiles against, from its distribution metadata: importing
+    torch to ask (about two seconds) was paid on every build, no-change ones included."""
+    probe = (
+        "import importlib.metadata as m, sys\n"
+        "v = m.version('torch')\n"
+        "sys.exit(1) if not v else print(v)"
+    )
     out = runner.run(runner.Command((str(python), "-c", probe), check=False))
     return out.text or None if out.returncode == 0 else None
 
