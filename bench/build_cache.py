@@ -99,6 +99,7 @@ class Run:
     hits: int | None
     misses: int | None
     errors: int | None = None
+    stage: float | None = None  # the component's own build (staging + builder), of `seconds`
 
 
 def report(package: str, runs: list[Run], plain: str | None) -> dict[str, object]:
@@ -106,6 +107,7 @@ def report(package: str, runs: list[Run], plain: str | None) -> dict[str, object
     print(f"\n== {package}")
     for r in runs:
         extra = f" errors={r.errors}" if r.errors else ""
+        extra += f" (component build {r.stage:.1f} s)" if r.stage is not None else ""
         print(
             f"  {r.name:<22} {r.seconds:7.1f} s  hits={r.hits} misses={r.misses}{extra}  {r.sha256}"
         )
@@ -206,9 +208,9 @@ def build_kernel(
     wheel = outcome.wheels.built[0]
     print(f"  {name} {run}: {seconds:.1f} s {sha(wheel)}", flush=True)
     if not compiler_cache:
-        return Run(run, seconds, sha(wheel), None, None)
+        return Run(run, seconds, sha(wheel), None, None, stage=b.seconds)
     counts = cache_counts(f"{name} {run}", b.build.compiler_cache or {})
-    return Run(run, seconds, sha(wheel), *counts)
+    return Run(run, seconds, sha(wheel), *counts, stage=b.seconds)
 
 
 # default: what provisions on the 2-core machines (CUDA 12.4, sm_70); the selftest as the
