@@ -161,6 +161,28 @@ def _real(output: str, directory: Path, spellings: Sequence[tuple[Path, str]]) -
     return here if _under(here, directory) else None
 
 
+def after_update(
+    trees: Sequence[Path],
+    changed: Sequence[str],
+    *,
+    roots: Sequence[str | os.PathLike[str]],
+    path: str,
+    build_dir_spellings: Sequence[tuple[Path, str]] = (),
+    interrupted: bool = False,
+    changed_sources: Sequence[str] = (),
+) -> Invalidated:
+    """What a kept build tree loses after its export was updated in place: all of it when
+    an earlier update was ``interrupted`` before this step or a build source changed
+    (``changed_sources``), else what :func:`invalidate` finds ``changed`` reached."""
+    if interrupted:
+        return wipe(trees, "an earlier build stopped between updating the export and the tree")
+    if changed_sources:
+        return wipe(trees, f"build source changed: {', '.join(changed_sources)}")
+    return invalidate(
+        trees, changed, roots=roots, path=path, build_dir_spellings=build_dir_spellings
+    )
+
+
 def _under(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
@@ -175,4 +197,4 @@ def wipe(trees: Sequence[Path], why: str) -> Invalidated:
     return Invalidated(wiped=tuple(wiped), why=why)
 
 
-__all__ = ["Invalidated", "invalidate", "parse_deps", "wipe"]
+__all__ = ["Invalidated", "after_update", "invalidate", "parse_deps", "wipe"]

@@ -36,7 +36,7 @@ from pinwheel.build import listing, reuse, workspace
 from pinwheel.build.buildenv import build_env
 from pinwheel.build.canonical import Canonical
 from pinwheel.build.canonical import choose as canonical_paths
-from pinwheel.build.invalidate import invalidate, wipe
+from pinwheel.build.invalidate import after_update
 from pinwheel.build.record import BuildRecord
 from pinwheel.build.toolchain import Toolkit
 from pinwheel.build.wheeldiff import diff_members
@@ -411,14 +411,12 @@ def build_kernel(
             build=BuildRecord.from_json(last.record),
         )  # fmt: skip
     workspace.forget(work)
-    trees = (work / "build", staged.directory / "build")
-    if kept and interrupted:
-        gone = wipe(trees, "an earlier build stopped between updating the export and the tree")
-        opts.reporter.info(f"{spec.name}: {gone.summary()}")
-    elif kept and staged.changed:  # file times are fixed: pinwheel says what changed
-        gone = invalidate(
-            trees, staged.changed, roots=(staged.directory, canon.to_build(staged.directory)),
-            path=env["PATH"], build_dir_spellings=((work, canon.to_build(work)),),
+    if kept and (staged.changed or interrupted):
+        # File times are fixed (workspace.SOURCE_MTIME): pinwheel tells the tree what changed.
+        gone = after_update(
+            (work / "build", staged.directory / "build"), staged.changed,
+            roots=(staged.directory, canon.to_build(staged.directory)), path=env["PATH"],
+            build_dir_spellings=((work, canon.to_build(work)),), interrupted=interrupted,
         )  # fmt: skip
         opts.reporter.info(f"{spec.name}: {len(staged.changed)} file(s) changed: {gone.summary()}")
     workspace.end_update(work)

@@ -427,18 +427,12 @@ def _engine(
     supplied, deps_changed = _supply_in_place(config, source, work, request, reporter)
     if kept and (changed or deps_changed or interrupted):
         # File times are fixed (workspace.SOURCE_MTIME): pinwheel tells the tree what changed.
-        trees = (source / "build",)
-        path = extra_env.get("PATH") or request.environ.get("PATH", os.defpath)
-        if interrupted:
-            why = "an earlier build stopped between updating the export and the tree"
-            gone = invalidate.wipe(trees, why)
-        elif deps_changed:
-            gone = invalidate.wipe(trees, f"build source changed: {', '.join(deps_changed)}")
-        else:
-            gone = invalidate.invalidate(
-                trees, changed, roots=(source, canon.to_build(source)), path=path,
-                build_dir_spellings=((work, canon.to_build(work)),),
-            )  # fmt: skip
+        gone = invalidate.after_update(
+            (source / "build",), changed, roots=(source, canon.to_build(source)),
+            path=extra_env.get("PATH") or request.environ.get("PATH", os.defpath),
+            build_dir_spellings=((work, canon.to_build(work)),), interrupted=interrupted,
+            changed_sources=deps_changed,
+        )  # fmt: skip
         reporter.info(f"engine: {len(changed)} file(s) changed: {gone.summary()}")
     if request.engine_source is None:
         workspace.end_update(work)

@@ -255,14 +255,17 @@ def fix_header_times(venv: Path, mtime: int = SOURCE_MTIME) -> int:
     """Give every file under an ``include`` directory of ``venv``'s site-packages (torch's
     and the nvidia wheels' headers, which pip writes at install time) ``mtime``: their
     mtimes reach cubins like the sources' do. Returns how many files were set."""
-    count = 0
-    for site in sorted(venv.glob("lib/python*/site-packages")):
-        for include in sorted(p for p in site.rglob("include") if p.is_dir()):
-            for path in include.rglob("*"):
-                if path.is_file() and not path.is_symlink():
-                    _set_mtime(path, mtime)
-                    count += 1
-    return count
+    headers = {
+        path
+        for site in venv.glob("lib/python*/site-packages")
+        for include in site.rglob("include")
+        if include.is_dir()
+        for path in include.rglob("*")  # an include/ inside an include/ is walked twice
+        if path.is_file() and not path.is_symlink()
+    }
+    for path in headers:
+        _set_mtime(path, mtime)
+    return len(headers)
 
 
 def _set_mtime(target: Path, mtime: int | None) -> None:
