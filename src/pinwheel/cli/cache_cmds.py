@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pinwheel.cli import Context, action, command
 from pinwheel.errors import EXIT_ERROR, EXIT_OK
+from pinwheel.heartbeat import human_bytes
 from pinwheel.manifest import load
 
 if TYPE_CHECKING:  # imported where used: `pinwheel --help` loads no libgit2 or filelock
@@ -17,15 +18,13 @@ if TYPE_CHECKING:  # imported where used: `pinwheel --help` loads no libgit2 or 
 
 
 def _removal(ctx: Context, outcome: Removal, verb: str, how: str) -> int:
-    from pinwheel.source.cachetool import human
-
     listing = [f"  {p.relative_to(outcome.root)}" for p in outcome.paths]
     if outcome.applied:
-        head = f"{verb} {len(outcome.paths)} entr(ies), {human(outcome.bytes)} freed"
+        head = f"{verb} {len(outcome.paths)} entr(ies), {human_bytes(outcome.bytes)} freed"
     else:
         head = (
             f"would {verb.removesuffix('d')} {len(outcome.paths)} entr(ies), "
-            f"{human(outcome.bytes)} (dry run; {how})"
+            f"{human_bytes(outcome.bytes)} (dry run; {how})"
         )
     ctx.emit(
         {
@@ -82,13 +81,11 @@ def verify_lines(root: Path, checks: tuple[RepoCheck, ...]) -> list[str]:
 def cmd_cache(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.source import cachetool
 
-    human = cachetool.human
-
     root = ctx.cache
     if args.cache_action == "du":
         usage = cachetool.disk_usage(root)
-        lines = [f"{human(e.bytes):>10}  {e.name}/  ({e.files} files)" for e in usage.entries]
-        lines.append(f"{human(usage.total):>10}  total in {root}")
+        lines = [f"{human_bytes(e.bytes):>10}  {e.name}/  ({e.files} files)" for e in usage.entries]
+        lines.append(f"{human_bytes(usage.total):>10}  total in {root}")
         ctx.emit(
             {
                 "cache": str(root),

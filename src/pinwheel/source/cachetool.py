@@ -74,14 +74,6 @@ class Removal:
     busy: tuple[Path, ...] = ()  # repositories another run holds the lock of: kept
 
 
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def _size(path: Path) -> tuple[int, int]:
     """(bytes, files) under ``path``; symlinks are counted, not followed."""
     if path.is_symlink() or path.is_file():
