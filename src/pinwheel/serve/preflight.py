@@ -631,6 +631,13 @@ def run_selftest(opts: Options, nbytes: int = 64 << 20) -> list[Check]:
 # --------------------------------------------------------------------------- the whole preflight
 
 
+def _run_at_once(tools: Mapping[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Each probe in its own thread (they wait on subprocesses); their results by name."""
+    with ThreadPoolExecutor(max_workers=len(tools)) as pool:
+        futures = {k: pool.submit(f) for k, f in tools.items()}
+        return {k: f.result() for k, f in futures.items()}
+
+
 def preflight(opts: Options) -> tuple[Check, ...]:
     """Every check, probes run concurrently; never raises for a failed check."""
     smi = opts.nvidia_smi
@@ -681,9 +688,7 @@ def preflight(opts: Options) -> tuple[Check, ...]:
         ),
         "disk": lambda: check_disk(opts),
     }
-    with ThreadPoolExecutor(max_workers=len(tools)) as pool:
-        futures = {k: pool.submit(f) for k, f in tools.items()}
-        got: dict[str, Any] = {k: f.result() for k, f in futures.items()}
+    got = _run_at_once(tools)
     g, g_err = got["gpus"]
     t, t_err = got["topo"]
     info, info_err = got["engine"]
@@ -722,9 +727,7 @@ def _preflight_image(
         "image": runtime_and_image,
         "disk": lambda: check_disk(opts),
     }
-    with ThreadPoolExecutor(max_workers=len(tools)) as pool:
-        futures = {k: pool.submit(f) for k, f in tools.items()}
-        got: dict[str, Any] = {k: f.result() for k, f in futures.items()}
+    got = _run_at_once(tools)
     g, g_err = got["gpus"]
     t, t_err = got["topo"]
     inside = f"inside the image {image.ref}"
