@@ -304,9 +304,11 @@ class Pattern:
     _nodes: tuple[_Node, ...]
     _start: int
 
-    def _closure(self, states: set[int], at_start: bool) -> frozenset[int]:
-        """States reachable without reading a character (``^`` only at the start; ``$`` is
-        kept as a state and decided at the end)."""
+    def _closure(
+        self, states: set[int] | frozenset[int], at_start: bool, at_end: bool = False
+    ) -> frozenset[int]:
+        """States reachable without reading a character (``^`` only at the start; ``$``
+        only at the end: elsewhere it is kept as a state and decided at the end)."""
         seen: set[int] = set()
         stack = list(states)
         while stack:
@@ -317,26 +319,13 @@ class Pattern:
             node = self._nodes[s]
             if node.kind == "split":
                 stack += [node.out, node.out2]
-            elif node.kind == "bol" and at_start:
+            elif (node.kind == "bol" and at_start) or (node.kind == "eol" and at_end):
                 stack.append(node.out)
         return frozenset(seen)
 
     def _accepts_at_end(self, states: frozenset[int], at_start: bool) -> bool:
-        seen: set[int] = set()
-        stack = list(states)
-        while stack:
-            s = stack.pop()
-            if s in seen:
-                continue
-            seen.add(s)
-            node = self._nodes[s]
-            if node.kind == "match":
-                return True
-            if node.kind in ("split",):
-                stack += [node.out, node.out2]
-            elif node.kind == "eol" or (node.kind == "bol" and at_start):
-                stack.append(node.out)
-        return False
+        reach = self._closure(states, at_start, at_end=True)
+        return any(self._nodes[s].kind == "match" for s in reach)
 
     def search(self, subject: str) -> bool:
         """True when the pattern matches somewhere in ``subject`` (like ``re.search``)."""
