@@ -252,32 +252,20 @@ def judge(
         else ""
     )
     no_spec = "the server exposed no spec-decode counters (vllm:spec_decode_*)"
-    if prof.min_acceptance_length is not None:
-        gates.append(
-            _card_gate(
-                prof,
-                "mean acceptance length (1 + accepted/drafts)",
-                "acceptance_length",
-                prof.min_acceptance_length,
-                acceptance.mean_length if acceptance else None,
-                higher_is_better=True,
-                detail=spec_detail,
-                missing_detail=no_spec,
+    spec_gates = (
+        ("mean acceptance length (1 + accepted/drafts)", "acceptance_length",
+         prof.min_acceptance_length, acceptance.mean_length if acceptance else None),
+        ("draft acceptance rate (accepted/draft tokens)", "acceptance_rate",
+         prof.min_acceptance_rate, acceptance.rate if acceptance else None),
+    )  # fmt: skip
+    for title, key, threshold, measured_value in spec_gates:
+        if threshold is not None:
+            gates.append(
+                _card_gate(
+                    prof, title, key, threshold, measured_value, higher_is_better=True,
+                    detail=spec_detail, missing_detail=no_spec,
+                )  # fmt: skip
             )
-        )
-    if prof.min_acceptance_rate is not None:
-        gates.append(
-            _card_gate(
-                prof,
-                "draft acceptance rate (accepted/draft tokens)",
-                "acceptance_rate",
-                prof.min_acceptance_rate,
-                acceptance.rate if acceptance else None,
-                higher_is_better=True,
-                detail=spec_detail,
-                missing_detail=no_spec,
-            )
-        )
     if prof.min_aggregate_tok_s is not None:
         top = max(conc, key=lambda c: c.streams, default=None)
         measured = top.aggregate_tok_s if top is not None and top.streams >= 2 else None
