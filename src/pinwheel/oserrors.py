@@ -18,6 +18,30 @@ from pinwheel.fsutil import free_space
 
 _WRITE_HINT = "pass --cache DIR (or set PINWHEEL_CACHE) / the command's output option"
 
+# errno -> (what is wrong, what to do); ``{shown}`` is the path, ``{hint}`` _WRITE_HINT.
+_PLAIN: dict[int, tuple[str, str]] = {
+    errno.EROFS: ("read-only file system: cannot write here", "write to a writable place: {hint}"),
+    errno.EACCES: ("permission denied", "check its owner and mode (`ls -ld {shown}`), or {hint}"),
+    errno.EPERM: ("permission denied", "check its owner and mode (`ls -ld {shown}`), or {hint}"),
+    errno.EISDIR: (
+        "a directory, where a file is expected",
+        "pass the file itself (for a manifest: DIR/manifest.toml)",
+    ),
+    errno.ENOENT: ("does not exist", "check the path (and that its parent directories exist)"),
+    errno.ELOOP: ("too many levels of symbolic links", "fix the link loop (`ls -l {shown}`)"),
+    errno.ENOTEMPTY: ("a directory that is not empty", "move it out of the way, then run again"),
+    errno.EXDEV: (
+        "cannot move this across file systems",
+        "keep the output and the cache on one file system",
+    ),
+    errno.EMFILE: ("too many open files", "raise the limit (`ulimit -n 4096`), then run again"),
+    errno.ENFILE: ("too many open files", "raise the limit (`ulimit -n 4096`), then run again"),
+    errno.EIO: (
+        "input/output error reading or writing this file",
+        "check the disk (dmesg), then run again",
+    ),
+}
+
 
 def _blocker(path: Path) -> Path | None:
     """The nearest part of ``path`` that exists and is not a directory (ENOTDIR's cause)."""
@@ -55,18 +79,6 @@ def explain(err: OSError, cache: Path | None = None) -> PinwheelError:
             next="free space where it is short (set TMPDIR to move temporary files), "
             "then run again",
         )
-    if code == errno.EROFS:
-        return PinwheelError(
-            "read-only file system: cannot write here",
-            where=shown,
-            next=f"write to a writable place: {_WRITE_HINT}",
-        )
-    if code in (errno.EACCES, errno.EPERM):
-        return PinwheelError(
-            "permission denied",
-            where=shown,
-            next=f"check its owner and mode (`ls -ld {shown}`), or {_WRITE_HINT}",
-        )
     if code == errno.ENOTDIR:
         blocker = _blocker(path) if path is not None else None
         what = (
@@ -79,12 +91,6 @@ def explain(err: OSError, cache: Path | None = None) -> PinwheelError:
             where=str(blocker or shown),
             next="move that file out of the way, or choose another path",
         )
-    if code == errno.EISDIR:
-        return PinwheelError(
-            "a directory, where a file is expected",
-            where=shown,
-            next="pass the file itself (for a manifest: DIR/manifest.toml)",
-        )
     if code == errno.EEXIST:
         kind = "a file" if path is not None and path.is_file() else "something"
         return PinwheelError(
@@ -92,48 +98,15 @@ def explain(err: OSError, cache: Path | None = None) -> PinwheelError:
             where=shown,
             next="move it out of the way, or choose another path",
         )
-    if code == errno.ENOENT:
-        return PinwheelError(
-            "does not exist",
-            where=shown,
-            next="check the path (and that its parent directories exist)",
-        )
     if code == errno.ENAMETOOLONG:
         return PinwheelError(
             "a path too long for the file system",
             where=shown[:200],
             next="use a shorter --cache or output path",
         )
-    if code == errno.ELOOP:
-        return PinwheelError(
-            "too many levels of symbolic links",
-            where=shown,
-            next=f"fix the link loop (`ls -l {shown}`)",
-        )
-    if code == errno.ENOTEMPTY:
-        return PinwheelError(
-            "a directory that is not empty",
-            where=shown,
-            next="move it out of the way, then run again",
-        )
-    if code == errno.EXDEV:
-        return PinwheelError(
-            "cannot move this across file systems",
-            where=shown,
-            next="keep the output and the cache on one file system",
-        )
-    if code in (errno.EMFILE, errno.ENFILE):
-        return PinwheelError(
-            "too many open files",
-            where=shown,
-            next="raise the limit (`ulimit -n 4096`), then run again",
-        )
-    if code == errno.EIO:
-        return PinwheelError(
-            "input/output error reading or writing this file",
-            where=shown,
-            next="check the disk (dmesg), then run again",
-        )
+    if code in _PLAIN:
+        what, then = _PLAIN[code]
+        return PinwheelError(what, where=shown, next=then.format(shown=shown, hint=_WRITE_HINT))
     return PinwheelError(
         reason,
         where=shown,
