@@ -18,24 +18,13 @@ import pytest
 from pinwheel.cli import main
 from pinwheel.errors import ManifestError
 from pinwheel.manifest import model as manifest
-from pinwheel.manifest.serve import QualifyProfile
 from pinwheel.serve.receipt import Acceptance, SmokeResult, Spread, judge
+from test_qualify_fast import _profile as qualify_profile
 
 
 def _profile(**kw):
-    base = dict(
-        name="p",
-        concurrency=(1,),
-        needle_lengths=(),
-        needle_depths=(0.5,),
-        needle_max_tokens=8,
-        min_tok_s=None,
-        max_ms_per_pass=None,
-        min_aggregate_tok_s=None,
-        needle_required=None,
-        reference=(),
-    )
-    return QualifyProfile(**(base | kw))
+    """test_qualify_fast's profile, with no needle lengths unless a test asks."""
+    return qualify_profile(**({"needle_lengths": ()} | kw))
 
 
 def test_acceptance_length_counts_the_bonus_token_as_the_card_does():
