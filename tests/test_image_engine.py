@@ -175,7 +175,7 @@ def _stand_ins(tmp_path: Path, digests: list[str] | None, runtime: bool = True) 
     return bindir
 
 
-def _checks(tmp_path, digests, runtime=True, profile="daily"):
+def _checks(tmp_path, digests, runtime=True, profile="daily", **options):
     bindir = _stand_ins(tmp_path, digests, runtime)
     serve = manifest.load(SM120).serve
     prof = serve.profile(profile)
@@ -188,6 +188,7 @@ def _checks(tmp_path, digests, runtime=True, profile="daily"):
             devices=device_indices(prof, None),
             nvidia_smi=str(bindir / "nvidia-smi"),
             container_runtime=str(bindir / "docker"),
+            **options,
         )
     )
     return {c.name: c for c in checks}
@@ -244,24 +245,8 @@ def test_preflight_cli_prints_the_cards_known_issues(tmp_path, capsys):
 
 
 def _selftest_checks(tmp_path, torch_python):
-    bindir = _stand_ins(tmp_path, [f"docker.io/{REF}"])
-    serve = manifest.load(SM120).serve
-    prof = serve.profile("daily")
-    checks = preflight(
-        Options(
-            profile=prof,
-            config=serve,
-            python="python3",
-            model=None,
-            devices=device_indices(prof, None),
-            selftest=True,
-            nvidia_smi=str(bindir / "nvidia-smi"),
-            container_runtime=str(bindir / "docker"),
-            environ=dict(os.environ),
-            torch_python=torch_python,
-        )
-    )
-    return {c.name: c for c in checks}
+    return _checks(tmp_path, [f"docker.io/{REF}"], selftest=True, environ=dict(os.environ),
+                   torch_python=torch_python)  # fmt: skip
 
 
 def test_image_engine_all_reduce_needs_a_host_python(tmp_path):
