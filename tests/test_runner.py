@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import sys
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from pinwheel import runner
 from pinwheel.errors import EXIT_VERIFY, PinwheelError, VerifyError
 from pinwheel.progress import SILENT, LineReporter
 from pinwheel.source import gitcli
+from procwait import gone
 
 PY = sys.executable
 
@@ -90,13 +90,7 @@ def test_a_timeout_stops_the_whole_process_group(tmp_path: Path) -> None:
         runner.run(cmd)
     assert time.monotonic() - started < 30
     grandchild = int(pidfile.read_text())
-    for _ in range(50):  # reaped by init shortly after the group's SIGKILL
-        try:
-            os.kill(grandchild, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
+    if not gone(grandchild):  # reaped by init shortly after the group's SIGKILL
         pytest.fail(f"grandchild {grandchild} survived the timeout")
 
 
