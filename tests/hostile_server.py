@@ -8,10 +8,11 @@ server sends: a wrong Content-Length, a body without end, bytes trickling in.
 from __future__ import annotations
 
 import http.server
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from localhttp import LocalHTTP
 
 Route = Callable[[http.server.BaseHTTPRequestHandler], None]
 
@@ -61,7 +62,9 @@ def endless(chunk: bytes, *, pause: float = 0.0, limit: float = 30.0) -> Route:
     return route
 
 
-class Server:
+class Server(LocalHTTP):
+    url_suffix = ""  # URLs are built as url + path
+
     def __init__(self, routes: dict[str, Route]):
         self.routes = routes
         outer = self
@@ -84,18 +87,4 @@ class Server:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._serve(Handler)

@@ -20,6 +20,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localhttp import LocalHTTP
+
 SHA_BASE = "1" * 40
 HEAD_A = "a" * 40
 HEAD_B = "b" * 40
@@ -156,7 +158,7 @@ class ServerLog:
         return [r for p, r in self.requests if p.endswith("/" + name) and r]
 
 
-class ReleaseServer:
+class ReleaseServer(LocalHTTP):
     """Serve ``root`` on 127.0.0.1 with Range support and optional misbehaviour."""
 
     def __init__(self, root: Path, stall_seconds: float = 3.0):
@@ -176,21 +178,8 @@ class ReleaseServer:
             def do_GET(self) -> None:  # noqa: N802
                 server._handle(self)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._serve(Handler)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/"
-
-    def __enter__(self) -> ReleaseServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
     def _send(
         self,

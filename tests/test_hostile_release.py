@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.server
 import shutil
 import struct
-import threading
 import time
 import warnings
 import zipfile
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from localhttp import LocalHTTP
 from pinwheel.checksums import format_sums, sha256_file, write_sums
 from pinwheel.cli import main
 from pinwheel.errors import PinwheelError
@@ -239,7 +239,7 @@ def test_a_1_gib_member_is_refused_without_unpacking_it(tmp_path, capsys):
 # --------------------------------------------------------------------------- hostile HTTP
 
 
-class Hostile:
+class Hostile(LocalHTTP):
     """A real http.server serving ``files``; ``mode`` per path: drip, long-length, 404."""
 
     def __init__(self, files: dict[str, bytes], mode: dict[str, str] | None = None):
@@ -261,20 +261,8 @@ class Hostile:
             def handle_error(self, request: object, client_address: object) -> None:
                 pass  # the client hanging up on a drip is expected
 
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._serve(Handler, Server)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/"
-
-    def __enter__(self) -> Hostile:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
     def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
         name = h.path.lstrip("/")

@@ -16,13 +16,13 @@ import io
 import json
 import os
 import tarfile
-import threading
 import zipfile
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
+from localhttp import LocalHTTP
 from pinwheel.cli import main
 from pinwheel.errors import PinwheelError, VerifyError
 
@@ -38,7 +38,7 @@ def outside(tmp_path: Path) -> Path:
     return out
 
 
-class Files:
+class Files(LocalHTTP):
     """A real http.server on loopback serving ``files`` {path: bytes}."""
 
     def __init__(self, files: dict[str, bytes]):
@@ -61,20 +61,7 @@ class Files:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/"
-
-    def __enter__(self) -> Files:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._serve(Handler, daemon_threads=False)
 
 
 # --------------------------------------------------------------------------- cache prune
