@@ -208,12 +208,25 @@ def zip_mtime(info: zipfile.ZipInfo) -> float:
     return float(calendar.timegm((*info.date_time, 0, 0, 0)))
 
 
+Select = Callable[[str, bool], str | None]
+
+
+def _target(name: str, is_dir: bool, origin: str, select: Select | None) -> str | None:
+    """Where ``select`` puts a member (None: skipped), refused if that name is unsafe."""
+    rel = select(name, is_dir) if select else name
+    if rel is not None:
+        problem = name_problem(rel)
+        if problem:
+            raise _refuse(origin, rel, problem)
+    return rel
+
+
 def extract_zip(
     zf: zipfile.ZipFile,
     dest: Path,
     origin: str,
     *,
-    select: Callable[[str, bool], str | None] | None = None,
+    select: Select | None = None,
     limits: Limits = Limits(),
 ) -> list[str]:
     """Write the checked members of ``zf`` under ``dest``; ``select(name, is_dir)`` maps a
@@ -222,12 +235,9 @@ def extract_zip(
     for info in zip_members(zf, origin, limits):
         if zip_kind(info) == "dir":
             continue
-        rel = select(info.filename, False) if select else info.filename
+        rel = _target(info.filename, False, origin, select)
         if rel is None:
             continue
-        problem = name_problem(rel)
-        if problem:
-            raise _refuse(origin, rel, problem)
         executable = bool(_mode((info.external_attr >> 16) & 0o777) & 0o111)
         with zf.open(info) as src:
             _write(dest, rel, src, executable, zip_mtime(info))
@@ -240,7 +250,7 @@ def extract_tar(
     dest: Path,
     origin: str,
     *,
-    select: Callable[[str, bool], str | None] | None = None,
+    select: Select | None = None,
     limits: Limits = Limits(),
     stop: Callable[[], bool] | None = None,
     skip_links: bool = False,
@@ -254,11 +264,8 @@ def extract_tar(
     links: list[tuple[Path, str]] = []
     for member in tar_members(tar, origin, limits, skip_links=skip_links, inner_links=inner_links):
         name = member.name.removeprefix("./")
-        rel = select(name, member.isdir()) if select else name
+        rel = _target(name, member.isdir(), origin, select)
         if rel is not None:
-            problem = name_problem(rel)
-            if problem:
-                raise _refuse(origin, rel, problem)
             if member.issym():
                 # Made after every file: no later member can be written through it.
                 links.append((confine.inside(dest, rel, what="archive member"), member.linkname))
