@@ -37,6 +37,7 @@ build stage).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import difflib
 import hashlib
@@ -61,6 +62,9 @@ from pinwheel.build.toolchain import ToolkitRequest, resolve_toolkit  # noqa: E4
 from pinwheel.cli import parse_mirrors  # noqa: E402
 from pinwheel.manifest import Manifest, load  # noqa: E402
 from pinwheel.manifest.build import CacheConfig  # noqa: E402
+
+# --profile DIR: one cProfile file per build (``NAME-RUN.pstats``), where the seconds went.
+PROFILE_DIR: Path | None = None
 
 
 def sha(path: Path) -> str:
@@ -189,7 +193,10 @@ def build_kernel(
 ) -> Run:  # fmt: skip
     """One real build of kernel ``name`` into ``out``: its time, sha256 and cache counts."""
     shutil.rmtree(out, ignore_errors=True)
+    profiler = cProfile.Profile() if PROFILE_DIR is not None else None
     started = time.monotonic()
+    if profiler is not None:
+        profiler.enable()
     outcome = build(
         BuildRequest(
             manifest=manifest,
@@ -204,6 +211,9 @@ def build_kernel(
         )
     )
     seconds = time.monotonic() - started
+    if profiler is not None and PROFILE_DIR is not None:
+        profiler.disable()
+        profiler.dump_stats(PROFILE_DIR / f"{name}-{run}.pstats")
     (b,) = outcome.built
     wheel = outcome.wheels.built[0]
     print(f"  {name} {run}: {seconds:.1f} s {sha(wheel)}", flush=True)
@@ -463,10 +473,18 @@ def main() -> int:
         help="cache B of cold-other-path (default WORK/.../cache-b); e.g. on another filesystem",
     )  # fmt: skip
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--profile", type=Path, default=None, metavar="DIR",
+        help="write a cProfile file per build into DIR (NAME-RUN.pstats)",
+    )  # fmt: skip
     ap.add_argument("--cuda", default=None, help="another CUDA (a system toolkit), e.g. 13.0")
     ap.add_argument("--arch", action="append", default=None, help="instead of [build] arches")
     ap.add_argument("--jobs", type=int, default=2, help="ninja -j for bitsandbytes")
     args = ap.parse_args()
+    if args.profile is not None:
+        global PROFILE_DIR
+        args.profile.mkdir(parents=True, exist_ok=True)
+        PROFILE_DIR = args.profile.absolute()
     runs = tuple(r for r in args.runs.split(",") if r)
     unknown = sorted(set(runs) - set(RUNS))
     if unknown:

@@ -7,7 +7,11 @@ one run, each against the cold build of the same run as the baseline:
 2. warm: the same inputs again, the cache now full (every object a hit);
 3. reuse: ``--pyonly`` (the same stack plus a Python-only change, e.g.
    ``recipes/examples/1cat-build-pyonly.toml``) with ``--reuse-from`` the warm
-   (else the cold) build's release directory.
+   (else the cold) build's release directory;
+4. other-path: the same manifest from another pinwheel cache (``--other-cache``,
+   at another path: its own workspace, toolchain and build venv) sharing cold's
+   compiler cache: the canonical build path makes every object a hit there, and
+   the wheel must be cold's sha256.
 
 Prints each build's seconds (the wheel build as provenance records it; the whole
 ``pinwheel build`` beside it), its ratio to cold, the wheel's sha256, the compiler
@@ -46,7 +50,7 @@ import time
 import zipfile
 from pathlib import Path
 
-PHASES = ("cold", "warm", "reuse")
+PHASES = ("cold", "warm", "reuse", "other-path")
 
 
 def sha256(path: Path) -> str:
@@ -130,6 +134,10 @@ def main() -> int:
         help="the compiler cache (default WORK/sccache; emptied by the cold phase); with "
         "--cold-from, the one that cold build filled",
     )  # fmt: skip
+    ap.add_argument(
+        "--other-cache", type=Path, default=None,
+        help="the other-path phase's pinwheel cache (another path than --cache)",
+    )  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the results here too")
     ap.add_argument(
         "--resume", action="store_true",
@@ -143,6 +151,10 @@ def main() -> int:
     if "reuse" in phases and args.pyonly is None:
         ap.error("the reuse phase needs --pyonly MANIFEST")
 
+    if "other-path" in phases and args.other_cache is None:
+        ap.error("the other-path phase needs --other-cache DIR")
+    if args.other_cache is not None and args.other_cache.absolute() == args.cache.absolute():
+        ap.error("--other-cache must be another path than --cache")
     if args.cold_from is not None and "cold" in phases:
         ap.error("--cold-from replaces the cold phase: leave 'cold' out of --phases")
 
@@ -166,6 +178,8 @@ def main() -> int:
             reuse_from = work / "warm" if "warm" in results else cold_out
             extra = ("--reuse-from", str(reuse_from))
             r = run_build(args.pyonly, args.cache, work / phase, env, *extra)
+        elif phase == "other-path":
+            r = run_build(args.manifest, args.other_cache.absolute(), work / phase, env)
         else:
             r = run_build(args.manifest, args.cache, work / phase, env)
         results[phase] = r
@@ -179,15 +193,16 @@ def main() -> int:
     if cold:
         if cold.get("baseline"):
             print(f"baseline: the cold build is from an {cold['baseline']}, not this run")
-        for phase in ("warm", "reuse"):
+        for phase in ("warm", "reuse", "other-path"):
             if phase in results:
                 r = results[phase]
                 ratio = cold["seconds"] / r["seconds"]
                 took = f"{r['seconds']:.1f} s vs {cold['seconds']:.1f} s of wheel build"
                 print(f"{phase} vs cold: {ratio:.1f}x faster ({took})")
-        if "warm" in results:
-            same = results["warm"]["sha256"] == cold["sha256"]
-            print(f"cold == warm sha256: {same}")
+        for phase in ("warm", "other-path"):
+            if phase in results:
+                same = results[phase]["sha256"] == cold["sha256"]
+                print(f"cold == {phase} sha256: {same}")
         if args.compare:
             diff = differing_members(Path(cold["path"]), args.compare)
             print(f"cold vs {args.compare.name}: {len(diff)} member(s) differ")

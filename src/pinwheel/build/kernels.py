@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import confine, runner
-from pinwheel.build import listing, reuse, workspace
+from pinwheel.build import frontend, listing, reuse, workspace
 from pinwheel.build.buildenv import build_env
 from pinwheel.build.canonical import Canonical
 from pinwheel.build.canonical import choose as canonical_paths
@@ -304,10 +304,8 @@ def _given_torch_python(python: Path, config: BuildConfig) -> Path:
             where="[build] python",
             next=f"point PINWHEEL_TORCH_PYTHON at a Python {config.python}, or unset it",
         )
-    probe = "import torch; print(torch.__version__)"
-    out = runner.run(runner.Command((str(python), "-c", probe), check=False, error=ManifestError))
-    version = out.text
-    if out.returncode != 0 or version.split("+")[0] != str(config.torch).split("+")[0]:
+    version = _torch_version(python)
+    if version is None or version.split("+")[0] != str(config.torch).split("+")[0]:
         raise ManifestError(
             f"PINWHEEL_TORCH_PYTHON={python} has torch {version or 'none'}, "
             f"[build] torch pins {config.torch}",
@@ -443,13 +441,12 @@ def build_kernel(
                 seconds=time.monotonic() - started, source=source,
                 build=record(taken.inputs, reused=taken.members),
             )  # fmt: skip
-    cmd = [
-        str(python), "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-        "--no-cache-dir", "-v", "-w", str(dist), *extra, str(staged.directory),
-    ]  # fmt: skip
+    # The backend's build_wheel alone, in the tree (what `pip wheel --no-build-isolation`
+    # ends in, without pip and its second setup.py run for metadata).
+    cmd = frontend.command(str(python), staged.directory, dist, frontend.config_settings(extra))
     opts.reporter.info(f"building {spec.name} ({spec.builder}) from {staged.origin}")
-    _run(cmd, cwd=work, env=env, what=f"building kernel {spec.name}", log_file=work / "build.log",
-         canonical=canon)  # fmt: skip
+    _run(cmd, cwd=staged.directory, env=env, what=f"building kernel {spec.name}",
+         log_file=work / "build.log", canonical=canon)  # fmt: skip
     built = sorted(dist.glob("*.whl"))
     if len(built) != 1:
         raise KernelBuildError(

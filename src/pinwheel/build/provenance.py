@@ -53,11 +53,15 @@ def toolchain_facts(
     python: str, nvcc: Path | None, cuda: str | None, environ: Mapping[str, str]
 ) -> ToolchainFacts:
     """Versions as the build saw them: ask each tool, never assume."""
+    # torch's version from its distribution metadata (what torch.__version__ says, for
+    # PyPI's and source builds alike): importing torch to ask cost seconds on every build,
+    # a no-change one included.
     probe = (
-        "import platform, importlib.util as u; v = platform.python_version(); "
-        "t = None\n"
-        "if u.find_spec('torch'):\n"
-        "    import torch; t = torch.__version__\n"
+        "import platform, importlib.metadata as m; v = platform.python_version()\n"
+        "try:\n"
+        "    t = m.version('torch')\n"
+        "except m.PackageNotFoundError:\n"
+        "    t = None\n"
         "print(v); print(t or '')"
     )
     out = runner.run(
