@@ -45,18 +45,23 @@ NAMESPACE = "mount-namespace"
 PREFIX_MAP = "prefix-map"
 
 # Runs inside the new namespace (as its root): cover the root with a tmpfs, bind each real
-# directory at its canonical place under it, enter the working directory, exec the build.
-# Self-contained: it runs with -I (no PYTHONPATH, no site), so nothing of the caller's
-# Python leaks in. argv: ROOT CWD N REAL1 CANON1 ... REALn CANONn -- COMMAND...
+# directory at its canonical place under it, bind each header view over the directory it
+# covers, enter the working directory, exec the build. Self-contained: it runs with -I (no
+# PYTHONPATH, no site), so nothing of the caller's Python leaks in.
+# argv: ROOT CWD N REAL1 CANON1 ... REALn CANONn M COPY1 COVERS1 ... COPYm COVERSm -- COMMAND...
 _ENTER = """
 import os, subprocess, sys
 root, cwd, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 pairs = sys.argv[4 : 4 + 2 * n]
-cmd = sys.argv[5 + 2 * n :]
+m = int(sys.argv[4 + 2 * n])
+views = sys.argv[5 + 2 * n : 5 + 2 * n + 2 * m]
+cmd = sys.argv[6 + 2 * n + 2 * m :]
 subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "--", "pinwheel", root], check=True)
 for real, canon in zip(pairs[::2], pairs[1::2]):
     os.makedirs(canon)
     subprocess.run(["mount", "--rbind", "--", real, canon], check=True)
+for copy, covers in zip(views[::2], views[1::2]):
+    subprocess.run(["mount", "--bind", "--", copy, covers], check=True)
 os.chdir(cwd)
 os.execvp(cmd[0], cmd)
 """
@@ -73,6 +78,11 @@ class Canonical:
     why: str | None = None  # why the fallback was taken
     toolkit: Path | None = None  # a toolkit outside the cache, resolved
     toolkit_spellings: tuple[str, ...] = ()  # how the build may name it (as given, resolved)
+    # header views (pinwheel.build.headerview): (fixed-time copy, the directory it covers as
+    # the build names it), bound inside the namespace; and how many directories outside
+    # pinwheel's making the build reads (their times are the machine's without a namespace)
+    views: tuple[tuple[str, str], ...] = ()
+    foreign_headers: int = 0
 
     @property
     def path(self) -> Path:
@@ -92,6 +102,30 @@ class Canonical:
             self, toolkit=resolved, toolkit_spellings=tuple(sorted({str(given), str(resolved)}))
         )
 
+    def with_views(self, cache: Path, dirs: Sequence[Path]) -> Canonical:
+        """Also give the header directories ``dirs`` (outside pinwheel's making: a system
+        toolkit's, a given Python's torch) one fixed mtime, through views in the namespace;
+        under prefix maps they keep the machine's times and :meth:`record` says so."""
+        from pinwheel.build import headerview  # workspace imports stay out of plain path use
+
+        foreign = headerview.outside(dirs, self.real)
+        if not foreign:
+            return self
+        if self.method != NAMESPACE:
+            return dataclasses.replace(self, foreign_headers=len(foreign))
+        views = []
+        for d in foreign:
+            view = headerview.make(d, self.real)
+            views.append((str(view.copy), self.to_build_path(d)))
+        return dataclasses.replace(self, views=tuple(views), foreign_headers=len(foreign))
+
+    def to_build_path(self, path: Path) -> str:
+        """A resolved directory as the build reaches it: under the toolkit's canonical
+        place when it is the toolkit's, else where it is."""
+        if self.toolkit is not None and (path == self.toolkit or self.toolkit in path.parents):
+            return str(CANONICAL_TOOLKIT / path.relative_to(self.toolkit))
+        return str(path)
+
     def maps(self) -> list[tuple[str, str]]:
         """(real spelling, canonical path), longest real first."""
         pairs = [(str(self.real), str(CANONICAL_CACHE))]
@@ -103,6 +137,14 @@ class Canonical:
         out = {"path": str(CANONICAL_CACHE), "method": self.method}
         if self.toolkit is not None:
             out["toolkit"] = str(CANONICAL_TOOLKIT)
+        if self.foreign_headers:  # header directories pinwheel did not install
+            fixed = len(self.views) == self.foreign_headers
+            out["header_times"] = (
+                f"fixed: {len(self.views)} directories outside the cache seen through views"
+                if fixed
+                else f"the machine's: {self.foreign_headers} directories outside the cache "
+                "(no mount namespace for views)"
+            )
         return out
 
     def to_build(self, value: str | os.PathLike[str]) -> str:
@@ -144,6 +186,7 @@ class Canonical:
         enter = [self.unshare, flags, "--", sys.executable, "-I", "-c", _ENTER]
         args = [str(CANONICAL_ROOT), self.to_build(cwd), str(len(binds))]
         args += [part for pair in binds for part in pair]
+        args += [str(len(self.views)), *(part for view in self.views for part in view)]
         return [*enter, *args, "--", *(self.to_build(c) for c in cmd)], self.real
 
 

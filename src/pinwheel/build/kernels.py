@@ -180,6 +180,8 @@ def _run(
     )
 
 
+TORCH_VENV_READY = ".pinwheel-ready"  # in a torch venv pinwheel made (its headers' times fixed)
+
 # Beside torch: what setup.py-based CUDA extensions import at build time.
 # setuptools >= 77 reads PEP 639 license strings (flash-attention-v100 has one).
 TORCH_BUILD_REQS = ("setuptools>=77", "wheel", "ninja", "packaging", "numpy", "psutil")
@@ -214,7 +216,7 @@ def torch_venv(
     venv = confine.inside(cache, Path("venvs") / name, what="torch venv")
     python = venv / "bin" / "python"
     reqs = (f"torch=={config.torch}", *TORCH_BUILD_REQS)
-    marker = venv / ".pinwheel-ready"
+    marker = venv / TORCH_VENV_READY
     record = [*reqs, *([f"index={config.torch_index}"] if config.torch_index else [])]
     if marker.is_file() and marker.read_text().split() == record:
         return python

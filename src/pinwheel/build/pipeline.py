@@ -21,14 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.build import canonical, compcache, invalidate, listing, reuse, workspace
+from pinwheel.build import canonical, compcache, headerview, invalidate, listing, reuse, workspace
+from pinwheel.build.buildvenv import READY as BUILD_VENV_READY
 from pinwheel.build.buildvenv import BuildVenv, ensure_build_venv
 from pinwheel.build.check import find_tools, spec_from_build
 from pinwheel.build.engine import build_engine, build_python, commit_time, engine_version
-from pinwheel.build.kernels import BuildOptions, build_kernel, build_twice, select
+from pinwheel.build.kernels import TORCH_VENV_READY, BuildOptions, build_kernel, build_twice, select
 from pinwheel.build.provenance import receipt, toolchain_facts
 from pinwheel.build.sources import plan_env, supply, unpinned
 from pinwheel.build.toolchain import Toolkit, ToolkitRequest, choose, resolve_toolkit
+from pinwheel.build.toolchain.pins import MARKER as TOOLKIT_MARKER
 from pinwheel.build.toolchain.substitute import Substitution, headline
 from pinwheel.build.toolchain.substitute import to_json as substitutions_json
 from pinwheel.build.wheelset import Built, WheelSet, publish
@@ -167,6 +169,12 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     )
     canon = canonical.choose(request.cache, request.environ)
     canon = canon.with_toolkit(toolkit.root if toolkit is not None else None)
+    canon = canon.with_views(request.cache, foreign_header_dirs(request, config, engine, canon))
+    if canon.foreign_headers and not canon.views:
+        reporter.info(
+            f"{canon.foreign_headers} header directories outside the cache keep this machine's "
+            "file times (no mount namespace): their cubins' line tables can differ elsewhere"
+        )
     if canon.why:
         reporter.info(f"canonical build path by prefix maps: {canon.why}")
     if cache_plan.disabled:  # off before it starts (--no-cache, config, no binary): say only that
@@ -232,6 +240,28 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
         twice=twice,
         substitutions=choice.substitutions,
     )
+
+
+def foreign_header_dirs(
+    request: BuildRequest, config: BuildConfig, engine: bool, canon: canonical.Canonical
+) -> list[Path]:
+    """Header directories the build reads that pinwheel did not install: a toolkit outside
+    the cache, and torch's (and the nvidia wheels') of a Python the caller named
+    (``PINWHEEL_TORCH_PYTHON``; the engine's ``PINWHEEL_BUILD_PYTHON`` or this interpreter
+    when no ``[build.requirements]`` venv is made)."""
+    dirs: list[Path] = []
+    # A toolkit pinwheel provisioned (in this cache or another) keeps its pinned archive
+    # times, and a venv it made has fixed header times: neither needs a view.
+    if canon.toolkit is not None and not (canon.toolkit / TOOLKIT_MARKER).is_file():
+        dirs += headerview.toolkit_include_dirs(canon.toolkit)
+    pythons = [request.environ.get("PINWHEEL_TORCH_PYTHON")]
+    if engine and config.requirements is None:
+        pythons.append(build_python(request.environ, check=False))
+    for python in dict.fromkeys(p for p in pythons if p):
+        prefix = Path(python).absolute().parent.parent
+        if not any((prefix / m).is_file() for m in (TORCH_VENV_READY, BUILD_VENV_READY)):
+            dirs += headerview.torch_include_dirs(Path(python))
+    return dirs
 
 
 def torch_pin(
