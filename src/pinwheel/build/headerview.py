@@ -28,6 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock
+
 from pinwheel.build.workspace import SOURCE_MTIME
 
 READY = ".pinwheel-view"
@@ -68,15 +70,16 @@ def make(root: Path, cache: Path, mtime: int = SOURCE_MTIME) -> View:
     root = Path(root)
     key = key_of(root)
     final = cache / "headers" / key
-    marker = final / READY
-    if not marker.is_file():
-        tmp = final.with_name(f".{key}.part-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(root, tmp, symlinks=True)
-        _fix_times(tmp, mtime)
-        (tmp / READY).write_text(f"{root}\n")
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final.parent / f".{key}.lock")):  # another build may be making it
+        if not (final / READY).is_file():
+            tmp = final.with_name(f".{key}.part-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(root, tmp, symlinks=True)
+            _fix_times(tmp, mtime)
+            (tmp / READY).write_text(f"{root}\n")  # last: a copy without it is redone
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
     files = sum(1 for _ in final.rglob("*")) - 1
     return View(copy=final, covers=root, files=files)
 
