@@ -21,6 +21,7 @@ from pinwheel import __version__
 from pinwheel.errors import EXIT_ERROR, EXIT_USAGE, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
 from pinwheel.progress import SILENT, LineReporter, Reporter
+from pinwheel.cli.stopsignal import Terminated, terminate_as_interrupt
 from pinwheel.urls import redact, redact_text, redact_tree, url_problem
 
 if TYPE_CHECKING:  # rich is imported when a command first prints through it
@@ -294,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             verbose=args.verbose,
             command=_command_name(args),
         )
-        return int(args.func(ctx, args) or 0)
+        with terminate_as_interrupt():
+            return int(args.func(ctx, args) or 0)
     except PinwheelError as err:
         message = redact_text(str(err))
         if args.json and not (ctx and ctx.emitted):
@@ -316,11 +318,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(f"error: {message}", file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt:
-        print("interrupted; nothing was half-written (writes are atomic)", file=sys.stderr)
+    except KeyboardInterrupt as stop:
+        code = stop.exit_code if isinstance(stop, Terminated) else 130
+        why = f"stopped by {stop}" if isinstance(stop, Terminated) else "interrupted"
+        print(f"{why}; nothing was half-written (writes are atomic)", file=sys.stderr)
         if args.json and not (ctx and ctx.emitted):
-            sys.stdout.write(_error_document(_command_name(args), 130, "interrupted"))
-        return 130
+            sys.stdout.write(_error_document(_command_name(args), code, why))
+        return code
     except Exception as err:
         from pinwheel.source import faults
 
