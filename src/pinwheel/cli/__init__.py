@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pinwheel import __version__
+from pinwheel.cli.stopsignal import Terminated, terminate_as_interrupt
 from pinwheel.errors import EXIT_ERROR, EXIT_USAGE, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
 from pinwheel.progress import SILENT, LineReporter, Reporter
-from pinwheel.cli.stopsignal import Terminated, terminate_as_interrupt
 from pinwheel.urls import redact, redact_text, redact_tree, url_problem
 
 if TYPE_CHECKING:  # rich is imported when a command first prints through it
