@@ -373,3 +373,43 @@ def test_the_server_socket_path_fits_af_unix_under_a_long_tmpdir(tmp_path, monke
         assert not list(deep.iterdir())  # the too-long attempt was removed
     finally:
         shutil.rmtree(path.parent, ignore_errors=True)
+
+
+@needs_sccache
+def test_stopping_the_cache_ends_the_compiles_it_still_runs(tmp_path: Path) -> None:
+    """A build interrupted mid-compile: ``sccache --stop-server`` alone leaves the server's
+    compile running (seen: two 2 GB cicc of the real engine build ran on). Here the real
+    server's preprocessor blocks on a FIFO the source includes, so it stays in flight."""
+    import os
+    import time
+
+    from procwait import gone
+
+    (tmp_path / "never.h").unlink(missing_ok=True)
+    os.mkfifo(tmp_path / "never.h")  # opened for reading: blocks until a writer comes
+    src = tmp_path / "k.c"
+    src.write_text('#include "never.h"\nint k(void) { return 1; }\n')
+    environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    plan = compcache.plan(CacheConfig(), tmp_path / "cache", environ)
+    session, plan = compcache.start(plan, tmp_path / "cache" / "run", environ)
+    assert session is not None, plan.disabled
+    env = {**session.environ, **session.launch_env(environ["PATH"])}
+    client = subprocess.Popen(
+        [str(session.binary), "gcc", "-c", str(src), "-o", str(tmp_path / "k.o")],
+        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    marker = f"SCCACHE_SERVER_UDS={session.socket}"
+    try:
+        for _ in range(100):  # the server and its blocked preprocessor
+            compiles = [p for p in compcache.stragglers(marker) if p != client.pid]
+            if len(compiles) >= 2:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"no compile in flight: {compiles}")
+        session.stop()
+        for pid in compiles:
+            assert gone(pid), f"process {pid} of the stopped cache still runs"
+    finally:
+        client.kill()
+        client.wait()

@@ -28,9 +28,11 @@ and per-wheel numbers (``compiler_cache`` in provenance).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -242,11 +244,40 @@ class Session:
         return summarize(json.loads(proc.text), self.plan)
 
     def stop(self) -> None:
+        """Stop the server, and every compile it still runs: ``--stop-server`` leaves a
+        compile in flight running (an interrupted engine build left two cicc of 2 GB
+        each), so what carries this session's socket in its environment is killed."""
         try:
             self._run("--stop-server", timeout=30)
         except PinwheelError:  # hung, or the binary is gone: the socket dir goes anyway
             pass
+        for pid in stragglers(f"SCCACHE_SERVER_UDS={self.socket}"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.socket.parent, ignore_errors=True)
+
+
+def stragglers(marker: str) -> list[int]:
+    """Processes (other than this one) whose environment holds ``marker`` exactly: the
+    server and the compiles it started (each gets the socket variable). Linux /proc; none
+    elsewhere."""
+    want = marker.encode()
+    found: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+        except OSError:  # gone, or not ours
+            continue
+        if want in env.split(b"\0"):
+            found.append(int(entry))
+    return found
 
 
 def summarize(raw: Mapping[str, Any], plan_: Plan) -> dict[str, Any]:
