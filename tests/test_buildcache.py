@@ -413,3 +413,28 @@ def test_stopping_the_cache_ends_the_compiles_it_still_runs(tmp_path: Path) -> N
     finally:
         client.kill()
         client.wait()
+
+
+def test_the_dependency_resolver_agrees_with_path_resolve(tmp_path: Path) -> None:
+    """collect() resolves each directory once: links to directories, links to files,
+    '..', missing files and relative links must resolve exactly as Path.resolve does."""
+    import os
+
+    real = tmp_path / "real"
+    (real / "inc" / "sub").mkdir(parents=True)
+    (real / "inc" / "a.h").write_text("a")
+    (real / "inc" / "sub" / "b.h").write_text("b")
+    (tmp_path / "dirlink").symlink_to(real / "inc")
+    (real / "inc" / "filelink.h").symlink_to("sub/b.h")
+    (real / "inc" / "abslink.h").symlink_to(real / "inc" / "a.h")
+    (tmp_path / "chain").symlink_to("dirlink")
+    paths = [
+        real / "inc" / "a.h", tmp_path / "dirlink" / "a.h", tmp_path / "dirlink" / "sub" / "b.h",
+        real / "inc" / "filelink.h", tmp_path / "dirlink" / "abslink.h",
+        tmp_path / "chain" / "sub" / ".." / "a.h", real / "inc" / "sub" / "..",
+        real / "inc" / "missing.h", tmp_path / "dirlink" / "nowhere" / "x.h",
+        Path(os.path.relpath(real / "inc" / "a.h")),
+    ]  # fmt: skip
+    resolver = reuse._Resolver()
+    for p in paths * 2:  # the second pass answers from the directory cache
+        assert resolver(p) == p.resolve(), p

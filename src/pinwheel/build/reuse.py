@@ -201,11 +201,12 @@ class Recorder:
     def collect(self, wheel: Path, ident: Mapping[str, Any], *, tree: str | None) -> dict[str, Any]:
         deps, methods = self._deps()
         inside: set[str] = set()
+        real = _Resolver()
         for dep in deps:
             p = Path(dep)
             p = p if p.is_absolute() else self.source / p
             try:
-                rel = p.resolve().relative_to(self.source)
+                rel = real(p).relative_to(self.source)
             except (ValueError, OSError):
                 continue
             if str(rel) in self.before and (self.source / rel).is_file():
@@ -228,6 +229,26 @@ class Recorder:
             "compiled_members": compiled,
             "from_tree": from_tree,
         }
+
+
+class _Resolver:
+    """``Path.resolve()`` for thousands of headers that share a few directories: each
+    directory is resolved once, and a file only when it is itself a link. (Resolving
+    every dependency whole, one lstat per path component, took most of a one-file
+    rebuild's bookkeeping: torch's headers are thousands of deep paths.)"""
+
+    def __init__(self) -> None:
+        self._dirs: dict[str, str] = {}
+
+    def __call__(self, path: Path) -> Path:
+        if path.name in ("", ".", ".."):
+            return path.resolve()
+        parent = str(path.parent)
+        real_parent = self._dirs.get(parent)
+        if real_parent is None:
+            real_parent = self._dirs[parent] = os.path.realpath(parent)
+        full = os.path.join(real_parent, path.name)
+        return Path(os.path.realpath(full)) if os.path.islink(full) else Path(full)
 
 
 def _tree_file(source: Path, member: str) -> Path | None:
