@@ -286,3 +286,43 @@ def test_a_relative_cache_is_made_absolute_before_any_path_under_it_is_handed_on
     assert ctx_cache(argparse.Namespace(cache="c")) == tmp_path / "c"
     monkeypatch.setenv("PINWHEEL_CACHE", "rel")
     assert default_cache() == tmp_path / "rel"
+
+
+def test_a_kept_workspace_keeps_an_unchanged_build_source_and_restores_a_touched_one(
+    tmp_path: Path,
+) -> None:
+    """The second build reuses deps/<name> without exporting it again (its files are not
+    even touched); a file changed since is noticed by its time and the source exported
+    again, so the wheel still holds the pinned, patched bytes."""
+    up, dep, base, _ = make(tmp_path)
+    m = manifest(tmp_path, base)
+    assert cli(tmp_path, up, dep, m, "lock").returncode == 0
+    build(tmp_path, up, dep, m)
+    (value,) = (tmp_path / "c" / "build").glob("*/deps/demodep/VALUE.txt")
+    assert value.read_text() == "one, patched\n"
+    touched = value.stat().st_ctime_ns
+    (record,) = (tmp_path / "c" / "build").glob("*/deps-demodep.kept.json")
+
+    # Same pins, same files: kept as it is, without its repository (both copies moved away:
+    # an export would fail).
+    repos = [p for p in (tmp_path / "c" / "repos").iterdir() if "demodep" in p.name]
+    assert repos
+    for p in [dep.bare, *repos]:
+        p.rename(p.with_name(p.name + ".away"))
+    build(tmp_path, up, dep, m)
+    assert value.stat().st_ctime_ns == touched
+    for p in [dep.bare, *repos]:
+        p.with_name(p.name + ".away").rename(p)
+
+    value.write_text("tampered\n")  # written after the export: another mtime
+    outcome = build(tmp_path, up, dep, m)
+    assert value.read_text() == "one, patched\n"
+    (wheel,) = outcome.wheels.built
+    with zipfile.ZipFile(wheel) as zf:
+        assert zf.read("tiny/dep_value.txt") == b"one, patched\n"
+    assert json.loads(record.read_text())["files"]["VALUE.txt"][0] == len("one, patched\n")
+
+    record.write_text("{not json")  # a damaged record is no reason to fail: export again
+    build(tmp_path, up, dep, m)
+    assert value.read_text() == "one, patched\n"
+    assert json.loads(record.read_text())["key"]

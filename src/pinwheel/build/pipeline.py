@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.build import canonical, compcache, headerview, invalidate, listing, reuse, workspace
+from pinwheel.build import (
+    canonical,
+    compcache,
+    headerview,
+    invalidate,
+    keptsources,
+    listing,
+    reuse,
+    workspace,
+)
 from pinwheel.build.buildvenv import READY as BUILD_VENV_READY
 from pinwheel.build.buildvenv import BuildVenv, ensure_build_venv
 from pinwheel.build.check import find_tools, spec_from_build
@@ -508,28 +517,38 @@ def _engine(
 def _supply_in_place(
     config: BuildConfig, source: Path, work: Path, request: BuildRequest, reporter: Reporter
 ) -> tuple[tuple[Any, ...], tuple[str, ...]]:
-    """The build sources under ``work/deps``, updated in place: exported into a staging
-    directory, then only changed files are written (a kept build tree sees the others
-    unchanged). Also: the names of the sources that changed."""
+    """The build sources under ``work/deps``, updated in place: a source whose pins and
+    files still hold is kept as it is (:mod:`pinwheel.build.keptsources`); the others are
+    exported into a staging directory, then only changed files are written (a kept build
+    tree sees the others unchanged). Also: the names of the sources that changed."""
+    found: dict[str, Any] = {}
+    for src in config.sources:
+        last = keptsources.kept(work, src, source)
+        if last is not None:
+            found[src.name] = last
+            reporter.info(f"build source {src.name}: unchanged since the last build, kept")
+    todo = tuple(src for src in config.sources if src.name not in found)
     staged = work / ".deps-staged"
     shutil.rmtree(staged, ignore_errors=True)
     supplied = supply(
-        config.sources,
+        todo,
         project=source,
         dest=staged,
         cache=Cache(request.cache, request.mirrors, request.offline),
         reporter=reporter,
     )
-    out, changed = [], []
-    for s in supplied:
+    changed = []
+    for src, s in zip(todo, supplied, strict=True):
         final = work / "deps" / s.name
         exported = work / f"deps-{s.name}.json"
         fresh = not exported.is_file()
         synced = workspace.sync(final, workspace.dir_entries(s.path, skip=()), exported)
         if synced.changed and not fresh:
             changed.append(s.name)
-        out.append(dataclasses.replace(s, path=final))
+        found[s.name] = dataclasses.replace(s, path=final)
+        keptsources.remember(work, keptsources.key_of(src, source), found[s.name])
     shutil.rmtree(staged, ignore_errors=True)
+    out = [found[src.name] for src in config.sources]
     return tuple(out), tuple(changed)
 
 

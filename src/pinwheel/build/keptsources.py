@@ -1,0 +1,105 @@
+"""A kept engine workspace's build sources, reused when their pins hold and their files do.
+
+``pinwheel build`` exported every ``[[build.source]]`` again on every build (git
+archive of cutlass and of the flash-attention fork with its cutlass submodule: about
+7,000 files and 150 MB each, 11 s apiece on two cores) only to find, file by file,
+that nothing had changed. A source exported into ``<work>/deps/<name>`` now leaves a
+record beside it: its key (everything that decides its bytes: URL, commit, excludes,
+submodule pins, the bytes of its patches, this module's format) and the size, mode and
+link target of every file. The next build with the same key checks the files against
+the record by ``lstat`` alone (every exported file carries the workspace's fixed
+mtime, so a file written since has another) and reuses the source as it was; any
+difference exports it again.
+
+In: the :class:`~pinwheel.manifest.build.BuildSource` and the replayed tree holding its
+patches. Out: the :class:`~pinwheel.build.sources.Supplied` of last time, or None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from pinwheel.build.sources import Supplied
+from pinwheel.build.workspace import SOURCE_MTIME
+from pinwheel.fsutil import atomic_write_text
+from pinwheel.manifest.build import BuildSource
+
+FORMAT = 1  # bump when the export of a build source changes what it writes
+
+
+def record_path(work: Path, name: str) -> Path:
+    return work / f"deps-{name}.kept.json"
+
+
+def key_of(src: BuildSource, project: Path) -> str:
+    """Everything that decides the exported bytes of ``src``."""
+    patches = []
+    for rel in src.patches:
+        patch = project / rel
+        digest = hashlib.sha256(patch.read_bytes()).hexdigest() if patch.is_file() else None
+        patches.append([rel, digest])
+    facts = {
+        "format": FORMAT,
+        "source": {k: v for k, v in dataclasses.asdict(src).items() if k != "used"},
+        "patches": patches,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _files(root: Path) -> dict[str, list[Any]] | None:
+    """rel -> [size, executable, link target] of every file under ``root``; None when a
+    file does not carry the fixed mtime (something wrote it after the export)."""
+    out: dict[str, list[Any]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames) + [d for d in dirnames if Path(dirpath, d).is_symlink()]:
+            full = Path(dirpath) / name
+            st = full.lstat()
+            rel = full.relative_to(root).as_posix()
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = [0, False, os.readlink(full)]
+            else:
+                if int(st.st_mtime) != SOURCE_MTIME:
+                    return None
+                out[rel] = [st.st_size, bool(st.st_mode & 0o100), None]
+    return out
+
+
+def remember(work: Path, key: str, supplied: Supplied) -> None:
+    """After ``supplied`` was exported into ``work/deps/<name>``: the record for next time."""
+    files = _files(supplied.path)
+    if files is None:  # not the fixed times: never reused
+        record_path(work, supplied.name).unlink(missing_ok=True)
+        return
+    fields = dataclasses.asdict(supplied)
+    fields.pop("path")
+    payload = {"key": key, "supplied": fields, "files": files}
+    atomic_write_text(record_path(work, supplied.name), json.dumps(payload, sort_keys=True))
+
+
+def kept(work: Path, src: BuildSource, project: Path) -> Supplied | None:
+    """Last build's ``src`` in ``work/deps/<name>`` when its key and files still hold."""
+    final = work / "deps" / src.name
+    try:
+        payload = json.loads(record_path(work, src.name).read_text())
+        if payload["key"] != key_of(src, project) or not final.is_dir():
+            return None
+        if _files(final) != payload["files"]:
+            return None
+        fields = payload["supplied"]
+        return Supplied(
+            name=fields["name"], path=final, url=fields["url"], commit=fields["commit"],
+            ref=fields["ref"], tree=fields["tree"], sha256=fields["sha256"],
+            patches=tuple(tuple(p) for p in fields["patches"]),
+            submodules=tuple(tuple(s) for s in fields["submodules"]),
+            excluded=tuple(fields["excluded"]), omitted=fields["omitted"],
+            reason=fields["reason"], variables=tuple(fields["variables"]),
+        )  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
