@@ -110,18 +110,24 @@ def _compile_through(session: compcache.Session, src: Path, obj: Path) -> None:
 
 
 @needs_sccache
+def _local_session(tmp_path: Path, code: str) -> tuple[Path, dict[str, str], compcache.Session]:
+    """``k.c`` holding ``code``, a plain environment, and a real local sccache server."""
+    src = tmp_path / "k.c"
+    src.write_text(code)
+    environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    plan = compcache.plan(CacheConfig(), tmp_path / "cache", environ)
+    session, plan = compcache.start(plan, tmp_path / "cache" / "run", environ)
+    assert session is not None, plan.disabled
+    return src, environ, session
+
+
 def test_a_build_in_its_own_network_namespace_reaches_the_cache(tmp_path: Path) -> None:
     """`network = "none"` builds run under `unshare -rn`, with a loopback of their own: the
     compilers there must still reach the server started outside (a TCP port would not,
     and every compile would bypass the cache without a word)."""
     if subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode != 0:
         pytest.skip("no network namespace here (unshare -rn)")
-    src = tmp_path / "k.c"
-    src.write_text("int k(int x) { return 5 * x + 2; }\n")
-    environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    plan = compcache.plan(CacheConfig(), tmp_path / "cache", environ)
-    session, plan = compcache.start(plan, tmp_path / "cache" / "run", environ)
-    assert session is not None, plan.disabled
+    src, environ, session = _local_session(tmp_path, "int k(int x) { return 5 * x + 2; }\n")
     try:
         session.zero()
         env = {**session.environ, **session.launch_env(environ["PATH"])}
@@ -387,12 +393,7 @@ def test_stopping_the_cache_ends_the_compiles_it_still_runs(tmp_path: Path) -> N
 
     (tmp_path / "never.h").unlink(missing_ok=True)
     os.mkfifo(tmp_path / "never.h")  # opened for reading: blocks until a writer comes
-    src = tmp_path / "k.c"
-    src.write_text('#include "never.h"\nint k(void) { return 1; }\n')
-    environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    plan = compcache.plan(CacheConfig(), tmp_path / "cache", environ)
-    session, plan = compcache.start(plan, tmp_path / "cache" / "run", environ)
-    assert session is not None, plan.disabled
+    src, environ, session = _local_session(tmp_path, '#include "never.h"\nint k(void) { return 1; }\n')
     env = {**session.environ, **session.launch_env(environ["PATH"])}
     client = subprocess.Popen(
         [str(session.binary), "gcc", "-c", str(src), "-o", str(tmp_path / "k.o")],
