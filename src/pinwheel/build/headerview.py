@@ -42,7 +42,11 @@ class View:
 
     copy: Path
     covers: Path
-    files: int
+
+    @property
+    def files(self) -> int:
+        """Entries of the copy (its marker aside): counted when asked, not on every build."""
+        return sum(1 for _ in self.copy.rglob("*")) - 1
 
 
 def _walk(root: Path) -> list[tuple[str, os.stat_result]]:
@@ -80,8 +84,7 @@ def make(root: Path, cache: Path, mtime: int = SOURCE_MTIME) -> View:
             (tmp / READY).write_text(f"{root}\n")  # last: a copy without it is redone
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
-    files = sum(1 for _ in final.rglob("*")) - 1
-    return View(copy=final, covers=root, files=files)
+    return View(copy=final, covers=root)
 
 
 def _fix_times(root: Path, mtime: int) -> None:
