@@ -375,3 +375,25 @@ def test_an_update_stopped_before_invalidation_rebuilds_the_tree(tiny: Tiny) -> 
     assert again.wheels.wheels == first.wheels.wheels
     assert not (work / "src" / "build" / "product.o").exists()  # the tree was not trusted
     assert not (work / workspace.PENDING).exists()
+
+
+def test_the_engine_workspace_key_does_not_depend_on_the_checkouts_path(tmp_path: Path) -> None:
+    """The same manifest from two checkouts keeps one engine workspace: its requirements
+    file counts by its pinned sha256, not by where the checkout put it (a clone elsewhere
+    wiped the kept 1Cat-vLLM build tree and exported its build sources again)."""
+    from pinwheel.build import canonical
+    from pinwheel.build.pipeline import engine_key
+
+    examples = Path(__file__).resolve().parent.parent / "recipes" / "examples"
+    keys = []
+    for where in ("alice/src", "ci/checkout/deeper"):
+        dest = tmp_path / where
+        dest.mkdir(parents=True)
+        for name in ("1cat-build.toml", "1cat-build-requirements.txt"):
+            shutil.copy(examples / name, dest / name)
+        config = load(dest / "1cat-build.toml").require("build")
+        canon = canonical.Canonical(tmp_path.resolve(), canonical.PREFIX_MAP)
+        keys.append(engine_key(config, None, canon))
+        other = dataclasses.replace(config, arches=("8.0",))
+        assert engine_key(other, None, canon) != keys[-1]  # a real [build] value still counts
+    assert keys[0] == keys[1]

@@ -380,6 +380,8 @@ def engine_key(config: BuildConfig, toolkit: Toolkit | None, canon: canonical.Ca
     """What a kept engine build tree is valid for: every [build] value that can reach the
     compilers (conservatively all but the version label), the toolkit and the path method."""
     values = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("version", "label")}
+    if config.requirements is not None:  # its bytes (pinned by sha256), not the checkout's path
+        values["requirements"] = {"sha256": config.requirements.sha256}
     nvcc = None
     if toolkit is not None:
         nvcc = [toolkit.version, _nvcc_digest(Path(toolkit.nvcc))]
