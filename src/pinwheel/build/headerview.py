@@ -50,13 +50,27 @@ class View:
 
 
 def _walk(root: Path) -> list[tuple[str, os.stat_result]]:
-    """(relative path, lstat) of everything under ``root``, sorted; links not followed."""
+    """(relative path, lstat) of everything under ``root``, sorted; links not followed.
+
+    Each directory's entries by name, then its subdirectories in that order (``os.walk``
+    top-down, sorted). Run on every build for each view (torch's headers are thousands of
+    files), so on strings and ``scandir`` entries, not ``pathlib``."""
     out: list[tuple[str, os.stat_result]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(dirnames + filenames):
-            full = Path(dirpath) / name
-            out.append((full.relative_to(root).as_posix(), full.lstat()))
+    pending = [(str(root), "")]
+    while pending:
+        path, rel = pending.pop()
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:  # as os.walk: an unreadable directory is skipped
+            continue
+        subdirs = []
+        for entry in entries:
+            st = entry.stat(follow_symlinks=False)
+            out.append((rel + entry.name, st))
+            if stat.S_ISDIR(st.st_mode):
+                subdirs.append((entry.path, rel + entry.name + "/"))
+        pending.extend(reversed(subdirs))
     return out
 
 

@@ -202,15 +202,16 @@ class Recorder:
         deps, methods = self._deps()
         inside: set[str] = set()
         real = _Resolver()
-        for dep in deps:
-            p = Path(dep)
-            p = p if p.is_absolute() else self.source / p
+        src = str(self.source)
+        under = src + "/"
+        for dep in deps:  # strings, not Paths: a torch build names thousands of headers
             try:
-                rel = real(p).relative_to(self.source)
-            except (ValueError, OSError):
+                found = real(dep if os.path.isabs(dep) else os.path.join(src, dep))
+            except OSError:
                 continue
-            if str(rel) in self.before and (self.source / rel).is_file():
-                inside.add(str(rel))
+            rel = found[len(under) :] if found.startswith(under) else None
+            if rel is not None and rel in self.before and os.path.isfile(found):
+                inside.add(rel)
         compiled_sources = sorted(inside)
         paths = sorted(inside | {p for p in self.before if is_build_file(p)})  # no second walk
         files = {p: blob_id(self.source / p) for p in paths}
@@ -232,7 +233,7 @@ class Recorder:
 
 
 class _Resolver:
-    """``Path.resolve()`` for thousands of headers that share a few directories: each
+    """``os.path.realpath`` for thousands of headers that share a few directories: each
     directory is resolved once, and a file only when it is itself a link. (Resolving
     every dependency whole, one lstat per path component, took most of a one-file
     rebuild's bookkeeping: torch's headers are thousands of deep paths.)"""
@@ -240,15 +241,15 @@ class _Resolver:
     def __init__(self) -> None:
         self._dirs: dict[str, str] = {}
 
-    def __call__(self, path: Path) -> Path:
-        if path.name in ("", ".", ".."):
-            return path.resolve()
-        parent = str(path.parent)
+    def __call__(self, path: str) -> str:
+        parent, name = os.path.split(path)
+        if name in ("", ".", ".."):
+            return os.path.realpath(path)
         real_parent = self._dirs.get(parent)
         if real_parent is None:
-            real_parent = self._dirs[parent] = os.path.realpath(parent)
-        full = os.path.join(real_parent, path.name)
-        return Path(os.path.realpath(full)) if os.path.islink(full) else Path(full)
+            real_parent = self._dirs[parent] = os.path.realpath(parent or ".")
+        full = os.path.join(real_parent, name)
+        return os.path.realpath(full) if os.path.islink(full) else full
 
 
 def _tree_file(source: Path, member: str) -> Path | None:
