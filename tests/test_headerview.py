@@ -48,6 +48,34 @@ def test_a_changed_header_gets_a_new_copy_and_a_half_made_one_is_redone(tmp_path
     assert (again.copy / "a.h").is_file() and (again.copy / headerview.READY).is_file()
 
 
+def test_the_key_sees_every_entry_deep_down_and_follows_no_link(tmp_path: Path) -> None:
+    """The walk lists what os.walk (top-down, sorted) lists, in that order; a link to a
+    directory is an entry, never descended; a change three levels down is a new key."""
+    src = _headers(tmp_path / "inc", 1_750_000_000)
+    (src / "sub" / "deep" / "deeper").mkdir(parents=True)
+    (src / "sub" / "deep" / "deeper" / "c.cuh").write_text("// c\n")
+    (src / "sub" / "Z.h").write_text("// Z\n")
+    (src / "dirlink").symlink_to("sub")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "x.h").write_text("// x\n")
+    (src / "outlink").symlink_to(tmp_path / "outside")
+
+    expected = []
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            expected.append((Path(dirpath) / name).relative_to(src).as_posix())
+    assert [rel for rel, _ in headerview._walk(src)] == expected
+    assert "dirlink/Z.h" not in expected and "outlink/x.h" not in expected
+
+    before = headerview.key_of(src)
+    (tmp_path / "outside" / "x.h").write_text("// changed outside\n")  # behind a link
+    assert headerview.key_of(src) == before
+    deep = src / "sub" / "deep" / "deeper" / "c.cuh"
+    os.utime(deep, (1_760_000_000, 1_760_000_000))
+    assert headerview.key_of(src) != before
+
+
 def test_outside_drops_what_lies_in_the_cache(tmp_path: Path) -> None:
     cache, other = tmp_path / "cache", tmp_path / "sys" / "include"
     (cache / "venvs" / "x" / "include").mkdir(parents=True)
