@@ -109,7 +109,6 @@ def _compile_through(session: compcache.Session, src: Path, obj: Path) -> None:
     )
 
 
-@needs_sccache
 def _local_session(tmp_path: Path, code: str) -> tuple[Path, dict[str, str], compcache.Session]:
     """``k.c`` holding ``code``, a plain environment, and a real local sccache server."""
     src = tmp_path / "k.c"
@@ -121,6 +120,7 @@ def _local_session(tmp_path: Path, code: str) -> tuple[Path, dict[str, str], com
     return src, environ, session
 
 
+@needs_sccache
 def test_a_build_in_its_own_network_namespace_reaches_the_cache(tmp_path: Path) -> None:
     """`network = "none"` builds run under `unshare -rn`, with a loopback of their own: the
     compilers there must still reach the server started outside (a TCP port would not,
