@@ -47,7 +47,7 @@ def lint(session: nox.Session) -> None:
 PROVISION = """
 import os, sys
 from pathlib import Path
-from pinwheel.build.toolchain import ToolkitRequest, resolve_toolkit
+from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
 from pinwheel.manifest.build import BuildConfig
 config = BuildConfig(python="%d.%d" % sys.version_info[:2], cuda="12.4", arches=("8.0", "9.0"),
                      ptx=True, torch=None, label=None, version=None)

@@ -55,11 +55,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from pinwheel.build import compcache  # noqa: E402
-from pinwheel.build.buildenv import build_env  # noqa: E402
-from pinwheel.build.pipeline import BuildRequest, build  # noqa: E402
-from pinwheel.build.toolchain import ToolkitRequest, resolve_toolkit  # noqa: E402
 from pinwheel.cli import parse_mirrors  # noqa: E402
+from pinwheel.compile import compcache  # noqa: E402
+from pinwheel.compile.buildenv import build_env  # noqa: E402
+from pinwheel.compile.pipeline import BuildRequest, build  # noqa: E402
+from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit  # noqa: E402
 from pinwheel.manifest import Manifest, load  # noqa: E402
 from pinwheel.manifest.build import CacheConfig  # noqa: E402
 
@@ -421,7 +421,7 @@ def bench_kernel(
     # original in a scratch cache gives that tree, and the cold run then starts empty).
     probe = work / "cache-probe"
     shutil.rmtree(probe, ignore_errors=True)
-    from pinwheel.build.kernels import BuildOptions, stage_out_of_tree
+    from pinwheel.compile.kernels import BuildOptions, stage_out_of_tree
 
     (spec,) = [k for k in base.kernels if k.name == name]
     opts = BuildOptions(cache=probe, mirrors=mirrors, environ=bench_environ(), offline=True)

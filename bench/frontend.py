@@ -1,5 +1,5 @@
 """What the kernel build's frontend saves: ``pip wheel --no-build-isolation`` against the
-backend's ``build_wheel`` alone (:mod:`pinwheel.build.frontend`), on one torch extension.
+backend's ``build_wheel`` alone (:mod:`pinwheel.compile.frontend`), on one torch extension.
 
 A tiny torch ``CppExtension`` (setup.py imports torch, as every torch-extension
 kernel's does) is built once, then rebuilt ``--repeat`` times by each frontend in
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from pinwheel.build import frontend  # noqa: E402
+from pinwheel.compile import frontend  # noqa: E402
 
 SETUP = """
 from setuptools import setup

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from gitfixture import UPSTREAM_URL, Upstream, git, manifest_text
-from pinwheel.build.engine import BuildError
-from pinwheel.build.pipeline import BuildRequest
-from pinwheel.build.pipeline import build as run_build
-from pinwheel.build.provenance import component, read_receipt
-from pinwheel.build.verify import compare_builds
+from pinwheel.compile.engine import BuildError
+from pinwheel.compile.pipeline import BuildRequest
+from pinwheel.compile.pipeline import build as run_build
+from pinwheel.compile.verify import compare_builds
 from pinwheel.errors import VerifyError
 from pinwheel.manifest import load
 from pinwheel.source.export import export_tree
 from pinwheel.source.replay import replay_manifest
+from pinwheel.wheels.provenance import component, read_receipt
 from tinyproject import BUILD_TABLE, STANDIN_SETUP, project_files
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -238,7 +238,7 @@ def test_engine_workspace_is_kept_updated_in_place_and_wiped_when_cold(tiny: Tin
     a cold build (--no-cache, verify-build) starts from nothing."""
     import dataclasses
 
-    from pinwheel.build import canonical, workspace
+    from pinwheel.compile import canonical, workspace
 
     manifest = tiny.manifest()
     result = tiny.replay(manifest)
@@ -356,7 +356,7 @@ def test_an_update_stopped_before_invalidation_rebuilds_the_tree(tiny: Tiny) -> 
     """File times are fixed, so an export rewritten by a run that stopped before it
     removed what the change reached would look up to date forever: the next build
     finds the mark that run left and starts the build tree from scratch."""
-    from pinwheel.build import workspace
+    from pinwheel.compile import workspace
 
     manifest = tiny.manifest()
     result = tiny.replay(manifest)
@@ -381,8 +381,8 @@ def test_the_engine_workspace_key_does_not_depend_on_the_checkouts_path(tmp_path
     """The same manifest from two checkouts keeps one engine workspace: its requirements
     file counts by its pinned sha256, not by where the checkout put it (a clone elsewhere
     wiped the kept 1Cat-vLLM build tree and exported its build sources again)."""
-    from pinwheel.build import canonical
-    from pinwheel.build.pipeline import engine_key
+    from pinwheel.compile import canonical
+    from pinwheel.compile.pipeline import engine_key
 
     examples = Path(__file__).resolve().parent.parent / "recipes" / "examples"
     keys = []

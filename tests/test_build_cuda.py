@@ -1,5 +1,5 @@
 """Slow: the build driver with a real CUDA 12.4 toolkit (resolved or provisioned by
-pinwheel.build.toolchain). A tiny setuptools project compiles a real .cu with nvcc through
+pinwheel.compile.toolchain). A tiny setuptools project compiles a real .cu with nvcc through
 `pinwheel build` (replay + build), then `pinwheel check` and `pinwheel verify-build`."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def tiny_wheel(wheels: Path) -> str:
 
 @pytest.fixture(scope="module")
 def cuda12():
-    from pinwheel.build.toolchain import ToolkitRequest, resolve_toolkit
+    from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
     from pinwheel.manifest.build import BuildConfig
 
     config = BuildConfig(

@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 
 from gitfixture import UPSTREAM_URL, Upstream, manifest_text
-from pinwheel.build.pipeline import BuildRequest
-from pinwheel.build.pipeline import build as run_build
-from pinwheel.build.provenance import component, read_receipt
+from pinwheel.compile.pipeline import BuildRequest
+from pinwheel.compile.pipeline import build as run_build
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import load
 from pinwheel.release.assemble import release_config, render_notes
 from pinwheel.source.replay import replay_manifest
+from pinwheel.wheels.provenance import component, read_receipt
 from tinyproject import BUILD_TABLE, STANDIN_SETUP, project_files
 
 DEP_URL = "https://example.invalid/demodep.git"
@@ -208,7 +208,7 @@ def test_an_omitted_source_is_a_stand_in_real_cmake_accepts(tmp_path: Path) -> N
     """CMake refuses an empty SOURCE_DIR ("not an existing non-empty directory", as the
     real 1Cat-vLLM triton_kernels declaration does): the stand-in holds only a marker, which
     no build step installs, and the record says what is missing and why."""
-    from pinwheel.build.sources import OMITTED_MARKER, source_env, supply
+    from pinwheel.compile.sources import OMITTED_MARKER, source_env, supply
     from pinwheel.manifest.build import BuildSource
     from pinwheel.source.cache import Cache
 

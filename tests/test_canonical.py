@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build import canonical, workspace
+from pinwheel.compile import canonical, workspace
 
 SOURCE = (
     "#include <stdio.h>\n#include <tk.h>\n"

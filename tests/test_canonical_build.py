@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build import canonical
-from pinwheel.build.toolchain import MARKER, ToolkitRequest, resolve_toolkit
 from pinwheel.cli import default_cache
+from pinwheel.compile import canonical
+from pinwheel.compile.toolchain import MARKER, ToolkitRequest, resolve_toolkit
 from pinwheel.manifest.build import BuildConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernels]

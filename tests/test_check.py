@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build import elf
-from pinwheel.build import fatbin as fatbin_reader
-from pinwheel.build.check import CheckSpec, check_wheels, find_tools, unsafe_rpath_reason
 from pinwheel.cudaarch import CudaArch, parse_arches
 from pinwheel.errors import VerifyError
+from pinwheel.wheels import elf
+from pinwheel.wheels import fatbin as fatbin_reader
+from pinwheel.wheels.check import CheckSpec, check_wheels, find_tools, unsafe_rpath_reason
 from wheelfactory import FakeEntry, cuda_so, fatbin, host_so, make_wheel, section
 
 pytestmark = pytest.mark.skipif(

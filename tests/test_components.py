@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gitfixture import UPSTREAM_URL, manifest_text
-from pinwheel.build.kernels import BuildOptions, stage_out_of_tree
 from pinwheel.cli import main
+from pinwheel.compile.kernels import BuildOptions, stage_out_of_tree
 from pinwheel.errors import ManifestError
 from pinwheel.manifest import load, loads
 from pinwheel.manifest.component import component_manifest, stacks

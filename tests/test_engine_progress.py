@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build import engine
-from pinwheel.build.engine import BuildPlan, ninja_progress, run_build
+from pinwheel.compile import engine
+from pinwheel.compile.engine import BuildPlan, ninja_progress, run_build
 from pinwheel.progress import LineReporter
 from procwait import gone
 

@@ -278,7 +278,7 @@ def test_cache_verify_tells_a_partial_mirror_from_damage(tmp_path: Path, capsys)
 
 
 def test_required_members_apply_only_to_a_set_with_the_engine(tmp_path: Path) -> None:
-    from pinwheel.build.check import CheckSpec, check_wheels
+    from pinwheel.wheels.check import CheckSpec, check_wheels
     from releasekit import make_wheel
 
     spec = CheckSpec(arches=(), require_cuda=False, required_members=("vllm/_C.abi3.so",))
@@ -301,7 +301,7 @@ def test_required_members_apply_only_to_a_set_with_the_engine(tmp_path: Path) ->
 def test_no_cache_build_never_claims_to_start_the_compiler_cache(tmp_path: Path) -> None:
     import io
 
-    from pinwheel.build.pipeline import build as run_build
+    from pinwheel.compile.pipeline import build as run_build
     from pinwheel.progress import LineReporter
     from test_build import make_tiny, request
 
@@ -473,8 +473,8 @@ def test_fetch_off_a_terminal_prints_plain_lines_and_with_json_one_document(tmp_
 
 
 def test_toolkit_download_is_announced_with_sizes_and_destination(tmp_path: Path) -> None:
-    from pinwheel.build.toolchain.pins import LOCKS
-    from pinwheel.build.toolchain.provision import download_plan
+    from pinwheel.compile.toolchain.pins import LOCKS
+    from pinwheel.compile.toolchain.provision import download_plan
 
     lock = LOCKS["12.4"]
     downloads = tmp_path / "downloads"

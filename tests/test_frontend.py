@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build import frontend
+from pinwheel.compile import frontend
 from pinwheel.errors import ManifestError
 
 SETUP = """

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build import abifloor, elf, platformtag
-from pinwheel.build.check import CheckSpec, check_wheels
-from pinwheel.build.record import BuildRecord
-from pinwheel.build.wheelset import Built, publish
 from pinwheel.checksums import write_sums
 from pinwheel.errors import ManifestError, VerifyError
 from pinwheel.manifest import load
 from pinwheel.release.assemble import _component_lines
 from pinwheel.release.install import InstallRequest, install
+from pinwheel.wheels import abifloor, elf, platformtag
+from pinwheel.wheels.check import CheckSpec, check_wheels
+from pinwheel.wheels.record import BuildRecord
+from pinwheel.wheels.wheelset import Built, publish
 from wheelfactory import make_wheel
 
 HOST = abifloor.host_glibc()

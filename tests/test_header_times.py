@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build import canonical
-from pinwheel.build.toolchain import MARKER
+from pinwheel.compile import canonical
+from pinwheel.compile.toolchain import MARKER
 from test_canonical_build import checkout, kernels, toolkit_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernels]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build import canonical, headerview
-from pinwheel.build.workspace import SOURCE_MTIME
+from pinwheel.compile import canonical, headerview
+from pinwheel.compile.workspace import SOURCE_MTIME
 
 
 def _headers(root: Path, mtime: int) -> Path:

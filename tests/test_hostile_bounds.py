@@ -403,7 +403,7 @@ REUSE: dict[str, tuple[object, str]] = {
 @pytest.mark.parametrize("case", sorted(REUSE))
 def test_reuse_from_a_hostile_url_ends_cleanly(case, tmp_path, monkeypatch):
     from hostile_server import raw_headers
-    from pinwheel.build import reuse
+    from pinwheel.compile import reuse
 
     route, gist = REUSE[case]
     routes = {}

@@ -25,11 +25,11 @@ import pytest
 
 from hostile_server import Server, answer, endless, raw_headers
 from pinwheel import untrusted
-from pinwheel.build.provenance import read_receipt
 from pinwheel.checksums import sha256_file, write_sums
 from pinwheel.cli import main
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.serve.client import Client, ServerGone
+from pinwheel.wheels.provenance import read_receipt
 from releasekit import TREE, write_manifest, write_provenance
 from wheelfactory import make_wheel
 
@@ -163,7 +163,7 @@ def test_release_reuse_and_install_say_so_too(case, tmp_path, capsys):
     assert rc == 6 and "provenance.json" in err and "next:" in err and "Traceback" not in err
     assert not (tmp_path / "rel").exists()
 
-    from pinwheel.build.reuse import candidates
+    from pinwheel.compile.reuse import candidates
 
     with pytest.raises(VerifyError, match="provenance.json"):
         candidates(str(path.parent), tmp_path / "cache")
@@ -686,7 +686,7 @@ def test_a_1_gib_sha256sums_is_refused_by_its_size_unread(reader, tmp_path, caps
         err = _flat(capsys.readouterr().err)
         assert rc == 6 and "SHA256SUMS" in err and "more than" in err and not venv.exists()
     elif reader == "reuse":
-        from pinwheel.build.reuse import candidates
+        from pinwheel.compile.reuse import candidates
 
         with pytest.raises(VerifyError, match="SHA256SUMS: 1073741824 bytes, more than"):
             candidates(str(path.parent), tmp_path / "cache")

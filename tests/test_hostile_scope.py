@@ -107,7 +107,7 @@ def test_prune_keeps_a_repository_whose_cache_lock_another_run_holds(tmp_path, c
 @pytest.mark.parametrize("tree", ["../../..", "../../../../tmp/x", "/abs/elsewhere"])
 def test_verify_build_refuses_a_receipt_tree_that_is_not_a_tree_id(tmp_path, tree):
     """A receipt's engine tree used to name the rebuild folder under the cache."""
-    from pinwheel.build.verify import _check_recorded
+    from pinwheel.compile.verify import _check_recorded
 
     engine = {"name": "engine", "source": {"tree": tree}}
     with pytest.raises(VerifyError) as err:
@@ -116,7 +116,7 @@ def test_verify_build_refuses_a_receipt_tree_that_is_not_a_tree_id(tmp_path, tre
 
 
 def test_verify_build_refuses_a_receipt_wheel_name_with_a_path(tmp_path):
-    from pinwheel.build.verify import compare_builds
+    from pinwheel.compile.verify import compare_builds
 
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -156,7 +156,7 @@ BAD_MEMBERS = {
 @pytest.mark.parametrize("case", sorted(BAD_MEMBERS))
 def test_reuse_transplant_never_writes_a_member_outside(case, tmp_path, outside):
     from pinwheel.archive import ArchiveError
-    from pinwheel.build.reuse import transplant
+    from pinwheel.compile.reuse import transplant
 
     old = _zip(tmp_path / "demo-1.0-py3-none-any.whl", {
         "demo/__init__.py": b"", **BAD_MEMBERS[case](outside),
@@ -174,7 +174,7 @@ def test_reuse_transplant_never_writes_a_member_outside(case, tmp_path, outside)
 def test_reuse_transplant_refuses_a_symlink_member(tmp_path, outside):
     """A symlink member used to reach the new wheel as a regular file."""
     from pinwheel.archive import ArchiveError
-    from pinwheel.build.reuse import transplant
+    from pinwheel.compile.reuse import transplant
 
     old = _zip(tmp_path / "demo-1.0-py3-none-any.whl", {"demo/__init__.py": b""},
                links={"demo/leak": str(outside / "keep.txt")})  # fmt: skip
@@ -197,7 +197,7 @@ def _release(directory: Path, wheel: Path, component: dict) -> None:
 
 def test_reuse_download_never_writes_a_provenance_name_outside(tmp_path, outside):
     """A remote receipt naming ``../../x.whl`` (with no sha256) used to be downloaded there."""
-    from pinwheel.build.reuse import candidates
+    from pinwheel.compile.reuse import candidates
 
     site = tmp_path / "site"
     site.mkdir()
@@ -213,7 +213,7 @@ def test_reuse_download_never_writes_a_provenance_name_outside(tmp_path, outside
 
 
 def test_reuse_refuses_a_compiled_member_provenance_does_not_vouch_for(tmp_path):
-    from pinwheel.build.reuse import candidates
+    from pinwheel.compile.reuse import candidates
     from wheelfactory import host_so, make_wheel
 
     rel = tmp_path / "rel"
@@ -231,7 +231,7 @@ def test_reuse_refuses_a_compiled_member_provenance_does_not_vouch_for(tmp_path)
 
 
 def test_reuse_archive_checks_the_earlier_wheel(tmp_path):
-    from pinwheel.build.reuse import candidates
+    from pinwheel.compile.reuse import candidates
 
     rel = tmp_path / "rel"
     rel.mkdir()
@@ -417,8 +417,8 @@ def _deb(path: Path, data_tar: bytes) -> Path:
 
 def test_deb_unpack_never_writes_a_member_outside_the_toolkit(tmp_path, outside):
     from pinwheel.archive import ArchiveError
-    from pinwheel.build.toolchain.pins import DebPin
-    from pinwheel.build.toolchain.unpack import unpack_deb
+    from pinwheel.compile.toolchain.pins import DebPin
+    from pinwheel.compile.toolchain.unpack import unpack_deb
 
     climb = os.path.relpath(outside / "evil", tmp_path / "tree" / "bin" / "crt")
     data = _tar([

@@ -92,7 +92,7 @@ def test_install_validates_every_value_it_passes_on(tmp_path, monkeypatch, torch
 
 
 def test_receipts_never_hold_credentials(tmp_path):
-    from pinwheel.build.provenance import write_receipt
+    from pinwheel.wheels.provenance import write_receipt
 
     payload = {
         "schema": "pinwheel.provenance/1",

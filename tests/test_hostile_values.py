@@ -185,7 +185,7 @@ def test_manifest_values_are_checked_at_load(case, tmp_path, capsys):
 
 @pytest.mark.parametrize("value", ["10G\n", "-1", "lots", "1.5G"])
 def test_sccache_cache_size_from_the_environment_is_checked(value, tmp_path):
-    from pinwheel.build import compcache
+    from pinwheel.compile import compcache
     from pinwheel.manifest.build import CacheConfig
 
     with pytest.raises(UsageError, match="SCCACHE_CACHE_SIZE") as err:
@@ -254,7 +254,7 @@ def test_content_range_is_read_with_fullmatch(header, want):
 
 @pytest.mark.parametrize("endpoint", ["redis://h:99999", "redis://h:abc", "redis://[::1]:70000"])
 def test_a_bad_endpoint_from_the_environment_is_a_probe_answer_not_a_traceback(endpoint):
-    from pinwheel.build.compcache import _tcp
+    from pinwheel.compile.compcache import _tcp
 
     assert "cannot read a port" in (_tcp(endpoint, 6379) or "")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build.kernels import (
+from pinwheel.compile.kernels import (
     BuildOptions,
     kernel_manifest,
     select,
@@ -170,7 +170,7 @@ def test_the_torch_version_comes_from_metadata_without_importing_torch(tmp_path:
     import stat
     import sys
 
-    from pinwheel.build.kernels import _torch_version
+    from pinwheel.compile.kernels import _torch_version
 
     site = tmp_path / "site"
     info = site / "torch-2.11.0+cu130.dist-info"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build.toolchain import MARKER, ToolkitRequest, resolve_toolkit
+from pinwheel.compile.toolchain import MARKER, ToolkitRequest, resolve_toolkit
 from pinwheel.manifest.build import BuildConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernels]

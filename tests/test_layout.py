@@ -14,7 +14,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "pinwheel"
 # Stage order: a module may import its own stage, the foundation, and earlier stages.
-STAGES = ("manifest", "source", "build", "release", "serve")
+STAGES = ("manifest", "source", "wheels", "compile", "release", "serve")
 FOUNDATION = {
     "errors", "fsutil", "checksums", "cudaarch", "progress", "runner", "heartbeat", "urls",
     "__init__", "untrusted", "validate", "saferegex", "oserrors", "httpget",
@@ -51,7 +51,7 @@ def imports(path: Path, package: str | None = None) -> set[str]:
             if not mod.startswith("pinwheel"):
                 continue
             found.add(mod)
-            for alias in node.names:  # `from pinwheel.build import engine` imports a module
+            for alias in node.names:  # `from pinwheel.compile import engine` imports a module
                 if (
                     (SRC.parent / (mod + "." + alias.name).replace(".", "/"))
                     .with_suffix(".py")
@@ -136,7 +136,7 @@ def test_the_checker_sees_a_planted_violation(tmp_path: Path) -> None:
         "def f():\n    from pinwheel.cli import main\n    from ..serve import qualify\n"
         "    return main, qualify\n"
     )
-    found = imports(mod, package="pinwheel.build")
+    found = imports(mod, package="pinwheel.compile")
     assert {"pinwheel.cli", "pinwheel.serve", "pinwheel.serve.qualify"} <= found
     assert stage_of("pinwheel.serve.qualify") == "serve" and stage_of("pinwheel.cli") == "cli"
 
@@ -198,7 +198,7 @@ def test_the_environment_check_sees_a_planted_read(tmp_path: Path) -> None:
         "import os, subprocess\nfrom os import environ\n"
         "def f():\n    subprocess.run(['true'])\n    return os.environ.get('HOME'), os.getenv('X')\n"
     )
-    found = offences(mod, "pinwheel.build.x")
+    found = offences(mod, "pinwheel.compile.x")
     assert any("reads os.environ" in f for f in found)
     assert any("reads os.getenv" in f for f in found)
     assert any("subprocess.run" in f for f in found)

@@ -1,6 +1,6 @@
 """Directory listings in name order inside the build's Python processes.
 
-The hook (pinwheel.build.listing) runs in a real Python through PYTHONPATH; the
+The hook (pinwheel.compile.listing) runs in a real Python through PYTHONPATH; the
 build test builds a real setuptools project (gcc) whose setup.py links its C
 files in os.walk's order, from two caches on two filesystems that list one
 directory in two different orders (ext4 orders names by a salted hash, tmpfs
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build import listing
-from pinwheel.build.pipeline import BuildRequest
-from pinwheel.build.pipeline import build as run_build
+from pinwheel.compile import listing
+from pinwheel.compile.pipeline import BuildRequest
+from pinwheel.compile.pipeline import build as run_build
 from pinwheel.manifest import load
 from test_build import PY, make_tiny
 from tinyproject import WALK_SETUP, walk_sources

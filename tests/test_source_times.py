@@ -4,7 +4,7 @@ Compilers write source mtimes into what they make: ptxas with -lineinfo puts eve
 source's mtime in the cubin's .debug_line (two H200 builds of one exllamav3 tree
 differed in 46 of 54 cubins by exactly that), gcc's ``__TIMESTAMP__`` in the object.
 These tests use the real gcc and ninja: an export is stamped with one fixed mtime,
-and :func:`pinwheel.build.invalidate.invalidate` removes exactly the objects a
+and :func:`pinwheel.compile.invalidate.invalidate` removes exactly the objects a
 changed file reached, so an incremental build still equals a cold one.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build import workspace
-from pinwheel.build.invalidate import invalidate, parse_deps
+from pinwheel.compile import workspace
+from pinwheel.compile.invalidate import invalidate, parse_deps
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("gcc") and shutil.which("ninja")), reason="needs gcc and ninja"

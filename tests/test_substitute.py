@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build.toolchain import ToolchainError, choose, find_host_compiler, parse_flags
-from pinwheel.build.toolchain.substitute import apply, from_receipt, headline, undeclared
 from pinwheel.checksums import sha256_file, write_sums
 from pinwheel.cli import main
+from pinwheel.compile.toolchain import ToolchainError, choose, find_host_compiler, parse_flags
 from pinwheel.errors import EXIT_VERIFY, ManifestError, UsageError
 from pinwheel.manifest import model as manifest
+from pinwheel.wheels.substitute import apply, from_receipt, headline, undeclared
 from releasekit import make_wheel, write_manifest, write_provenance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ needs_gxx = pytest.mark.skipif(GXX is None, reason="no g++ on this machine")
 
 
 def _gxx_major() -> str:
-    from pinwheel.build.toolchain.hostcc import compiler_version
+    from pinwheel.compile.toolchain.hostcc import compiler_version
 
     version = compiler_version("g++", dict(os.environ))
     assert version
@@ -233,7 +233,7 @@ def _config(python: str):
 def test_the_torch_extension_venv_is_made_from_the_pinned_python():
     import sys
 
-    from pinwheel.build.kernels import KernelBuildError, build_interpreter
+    from pinwheel.compile.kernels import KernelBuildError, build_interpreter
 
     here = f"{sys.version_info[0]}.{sys.version_info[1]}"
     assert build_interpreter(_config(here), dict(os.environ)) == sys.executable
@@ -253,7 +253,7 @@ def test_the_torch_extension_venv_is_made_from_the_pinned_python():
 
 
 def test_no_python_of_the_pinned_version_stops_with_the_fix():
-    from pinwheel.build.kernels import KernelBuildError, build_interpreter
+    from pinwheel.compile.kernels import KernelBuildError, build_interpreter
 
     with pytest.raises(KernelBuildError) as err:
         build_interpreter(_config("3.99"), dict(os.environ))
@@ -263,7 +263,7 @@ def test_no_python_of_the_pinned_version_stops_with_the_fix():
 def test_a_given_torch_python_of_another_version_is_refused():
     import sys
 
-    from pinwheel.build.kernels import torch_venv
+    from pinwheel.compile.kernels import torch_venv
     from pinwheel.progress import SILENT
 
     with pytest.raises(ManifestError, match=r"is Python 3\.\d+, \[build\] python pins 3.99"):

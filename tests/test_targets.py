@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build.toolchain import (
+from pinwheel.checksums import sha256_file, write_sums
+from pinwheel.cli import main
+from pinwheel.compile.toolchain import (
     LOCKS,
     NOT_PROVISIONABLE,
     ToolchainError,
@@ -26,8 +28,6 @@ from pinwheel.build.toolchain import (
     provision_toolkit,
     resolve_toolkit,
 )
-from pinwheel.checksums import sha256_file, write_sums
-from pinwheel.cli import main
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import loads
 from pinwheel.manifest.build import BuildConfig

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build.toolchain import (
+from pinwheel.compile.toolchain import (
     LOCKS,
     ToolchainError,
     ToolkitRequest,
@@ -18,10 +18,10 @@ from pinwheel.build.toolchain import (
     probe_arches,
     resolve_toolkit,
 )
-from pinwheel.build.toolchain.apt import debian_sources
-from pinwheel.build.toolchain.download import check_download
-from pinwheel.build.toolchain.pins import DebPin
-from pinwheel.build.toolchain.unpack import unpack_deb
+from pinwheel.compile.toolchain.apt import debian_sources
+from pinwheel.compile.toolchain.download import check_download
+from pinwheel.compile.toolchain.pins import DebPin
+from pinwheel.compile.toolchain.unpack import unpack_deb
 from pinwheel.errors import ManifestError
 from pinwheel.manifest import loads
 from pinwheel.manifest.build import BuildConfig

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from pinwheel.build.check import CheckSpec
-from pinwheel.build.record import BuildRecord
-from pinwheel.build.wheelset import Built, publish, recover
 from pinwheel.checksums import parse_sums
 from pinwheel.cudaarch import parse_arches
 from pinwheel.errors import VerifyError
+from pinwheel.wheels.check import CheckSpec
+from pinwheel.wheels.record import BuildRecord
+from pinwheel.wheels.wheelset import Built, publish, recover
 from releasekit import make_wheel
 
 SPEC = CheckSpec(arches=(), require_cuda=False)

@@ -8,7 +8,7 @@ its headers). Extraction writes through :mod:`pinwheel.confine`, so even a
 symlink planted in the destination cannot lead a member out.
 
 The wheel-specific audit (RECORD hashes, CRCs, ELF checks) stays in
-:mod:`pinwheel.build.wheelfile` and :mod:`pinwheel.build.check`; it uses the
+:mod:`pinwheel.wheels.wheelfile` and :mod:`pinwheel.wheels.check`; it uses the
 same name rule (:func:`name_problem`).
 """
 

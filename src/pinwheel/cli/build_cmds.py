@@ -85,8 +85,8 @@ def register_check(sub: Any) -> None:
 
 
 def _check(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.build.check import CheckSpec, check_wheels, find_tools, spec_from_build
     from pinwheel.cudaarch import parse_arches
+    from pinwheel.wheels.check import CheckSpec, check_wheels, find_tools, spec_from_build
 
     tools: dict[str, Any] = {"cuobjdump": None, "auditwheel": None}
     if not args.no_tools:
@@ -121,7 +121,7 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.json:
         ctx.emit(report.to_json() | {"substitutions": stated, "toolchain_problems": problems})
     else:
-        from pinwheel.build.toolchain.substitute import from_receipt, headline
+        from pinwheel.wheels.substitute import from_receipt, headline
 
         lines = report.human_lines()
         if stated:
@@ -136,8 +136,8 @@ def _toolchain_statement(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The substitutions the build's provenance.json (beside the wheels) records, and any
     toolchain difference from [build] that none of them explains."""
-    from pinwheel.build.provenance import FILENAME, read_receipt
-    from pinwheel.build.toolchain.substitute import from_receipt, to_json, undeclared
+    from pinwheel.wheels.provenance import FILENAME, read_receipt
+    from pinwheel.wheels.substitute import from_receipt, to_json, undeclared
 
     folders = {Path(w).absolute().parent for w in args.wheels}
     receipts = [f / FILENAME for f in sorted(folders) if (f / FILENAME).is_file()]
@@ -163,10 +163,10 @@ def _glibc_flag(text: str) -> tuple[int, ...]:
 
 
 def _verify_build(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.build.pipeline import BuildRequest
-    from pinwheel.build.provenance import FILENAME, component, read_receipt
-    from pinwheel.build.toolchain.substitute import from_receipt
-    from pinwheel.build.verify import verify_build
+    from pinwheel.compile.pipeline import BuildRequest
+    from pinwheel.compile.verify import verify_build
+    from pinwheel.wheels.provenance import FILENAME, component, read_receipt
+    from pinwheel.wheels.substitute import from_receipt
 
     manifest = ctx.manifest()
     recorded = read_receipt(Path(args.wheels) / FILENAME)

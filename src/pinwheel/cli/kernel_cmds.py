@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pinwheel.cli import Context, command
 
 if TYPE_CHECKING:
-    from pinwheel.build.toolchain import Toolkit
+    from pinwheel.compile.toolchain import Toolkit
     from pinwheel.manifest.build import BuildConfig
 
 
@@ -50,7 +50,7 @@ def _config(ctx: Context, args: argparse.Namespace) -> BuildConfig:
 
 
 def _toolkit(ctx: Context, config: BuildConfig, provision: bool) -> tuple[Toolkit, float]:
-    from pinwheel.build.toolchain import ToolkitRequest, resolve_toolkit
+    from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
 
     started = time.monotonic()
     with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
@@ -86,10 +86,10 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.build.kernels import select
-    from pinwheel.build.pipeline import BuildRequest, build
-    from pinwheel.build.toolchain import parse_flags
     from pinwheel.cli.replay_cmds import reach_all
+    from pinwheel.compile.kernels import select
+    from pinwheel.compile.pipeline import BuildRequest, build
+    from pinwheel.compile.toolchain import parse_flags
     from pinwheel.manifest.component import stacks
 
     _config(ctx, args)  # a missing gcc or a bad --substitute fails before anything runs

@@ -129,8 +129,8 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     """Check [build] and the toolkit first, replay, then kernel + engine wheels as one set."""
-    from pinwheel.build.pipeline import BuildRequest, build
-    from pinwheel.build.toolchain import ToolkitRequest, parse_flags, resolve_toolkit
+    from pinwheel.compile.pipeline import BuildRequest, build
+    from pinwheel.compile.toolchain import ToolkitRequest, parse_flags, resolve_toolkit
 
     manifest = ctx.manifest()
     # Before anything else: a bad [build] or a missing gcc fails in a second.
@@ -321,9 +321,9 @@ def add_substitute_flag(p: Any) -> None:
 
 def chosen_toolchain(ctx: Context, args: argparse.Namespace) -> Any:
     """[build] after --substitute / [build.substitute], its gcc found: fails in a second."""
-    from pinwheel.build.pipeline import build_config
-    from pinwheel.build.toolchain import choose, parse_flags
-    from pinwheel.build.toolchain.substitute import headline
+    from pinwheel.compile.pipeline import build_config
+    from pinwheel.compile.toolchain import choose, parse_flags
+    from pinwheel.wheels.substitute import headline
 
     choice = choose(build_config(ctx.manifest()), ctx.environ, parse_flags(args.substitute))
     if line := headline(choice.substitutions):

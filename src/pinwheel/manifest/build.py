@@ -113,7 +113,7 @@ class CacheConfig:
     """``[build.cache]``: the compiler cache (sccache) every build goes through.
 
     Only non-secret settings live here; SCCACHE_* variables in the environment
-    override them (pinwheel.build.compcache).
+    override them (pinwheel.compile.compcache).
     """
 
     enabled: bool = True

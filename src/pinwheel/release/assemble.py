@@ -18,8 +18,6 @@ from typing import Any
 
 from pinwheel import markup as md
 from pinwheel import runner, untrusted, validate
-from pinwheel.build.provenance import FILENAME, read_receipt
-from pinwheel.build.toolchain.substitute import from_receipt, headline
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_files, verify_dir
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_text, link_or_copy
@@ -27,6 +25,8 @@ from pinwheel.manifest import Manifest
 from pinwheel.manifest.release import GithubTarget, IndexTarget, ReleaseConfig
 from pinwheel.release import signing
 from pinwheel.urls import redact
+from pinwheel.wheels.provenance import FILENAME, read_receipt
+from pinwheel.wheels.substitute import from_receipt, headline
 
 NOTES = "RELEASE_NOTES.md"
 QUALIFICATION = "qualification.json"
@@ -422,7 +422,7 @@ def unverified_reasons(
     manifest: Manifest, provenance: Mapping[str, Any], wheels: list[Path]
 ) -> list[str]:
     """Why this build is not one to sign: the artifact check's errors and an unpinned tree."""
-    from pinwheel.build.check import CheckSpec, check_wheels, spec_from_build
+    from pinwheel.wheels.check import CheckSpec, check_wheels, spec_from_build
 
     reasons = []
     pinned = manifest.result.tree

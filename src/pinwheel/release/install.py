@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pinwheel import runner, validate
-from pinwheel.build.abifloor import Version, host_glibc, show
-from pinwheel.build.check import CheckSpec, check_wheels
-from pinwheel.build.provenance import FILENAME
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.release.assemble import verify_release
 from pinwheel.urls import redact
+from pinwheel.wheels.abifloor import Version, host_glibc, show
+from pinwheel.wheels.check import CheckSpec, check_wheels
+from pinwheel.wheels.provenance import FILENAME
 
 INSTALLERS = ("auto", "uv", "pip")
 # A wheel file name (PEP 427): no spaces, no path, never an option to pip or uv.
@@ -66,8 +66,8 @@ def torch_pin(wheel_dir: Path, sums: Mapping[str, str]) -> TorchPin | None:
     through the checked receipt reader, and every value passed on to pip or uv is
     validated (a PEP 440 version, an https index).
     """
-    from pinwheel.build.provenance import SCHEMA
     from pinwheel.untrusted import read_provenance
+    from pinwheel.wheels.provenance import SCHEMA
 
     path = wheel_dir / FILENAME
     listed = sums.get(FILENAME)

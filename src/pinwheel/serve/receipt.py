@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel.build.provenance import read_receipt
 from pinwheel.checksums import sha256_file
 from pinwheel.manifest.serve import QualifyProfile
+from pinwheel.wheels.provenance import read_receipt
 
 SCHEMA = "pinwheel.qualify/1"
 

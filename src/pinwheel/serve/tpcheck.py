@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel.archive import zip_kind
-from pinwheel.build.wheelfile import Limits, header_issues, unsafe_name_reason
 from pinwheel.errors import PinwheelError
 from pinwheel.serve.preflight import FAIL, OK, SKIP, Check
 from pinwheel.serve.ranks import WORKERS, RankRequest, RankResult, run_ranks
+from pinwheel.wheels.wheelfile import Limits, header_issues, unsafe_name_reason
 
 EXT_MODULE = "exllamav3_ext"
 PRIMITIVES = ("pg_init_context", "pg_barrier", "pg_all_reduce", "pg_broadcast", "pg_gather")

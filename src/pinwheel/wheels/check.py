@@ -7,7 +7,7 @@ check needs no NVIDIA tools; cuobjdump, when given, must agree. Required
 members are present; no ELF member has an RPATH/RUNPATH into a build, temp or
 home directory; no member is absolute, escapes with ``..``, or is a symlink;
 RECORD hashes match; the wheel's glibc floor (the highest GLIBC_/GLIBCXX_/CXXABI_
-symbol version any ELF member needs, :mod:`pinwheel.build.abifloor`) is reported and
+symbol version any ELF member needs, :mod:`pinwheel.wheels.abifloor`) is reported and
 gated by ``[build] max_glibc``; ``auditwheel show`` runs when installed.
 
 Everything found is collected into a frozen :class:`CheckReport`; a caller
@@ -32,11 +32,11 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from pinwheel import runner
-from pinwheel.build import abifloor, elf, fatbin
-from pinwheel.build.wheelfile import Limits, audit, dist_name
 from pinwheel.checksums import sha256_file
 from pinwheel.cudaarch import CudaArch, names
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
+from pinwheel.wheels import abifloor, elf, fatbin
+from pinwheel.wheels.wheelfile import Limits, audit, dist_name
 
 ERROR, WARNING = "error", "warning"
 _HOME = ("/home/", "/root/", "/Users/")

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner, validate
-from pinwheel.build.pipeline import BuildRequest, build
-from pinwheel.build.provenance import FILENAME, component, read_receipt
-from pinwheel.build.wheeldiff import MemberDiff, diff_members
 from pinwheel.checksums import sha256_file
+from pinwheel.compile.pipeline import BuildRequest, build
 from pinwheel.errors import EXIT_MISMATCH, MismatchError, VerifyError
 from pinwheel.progress import SILENT, Reporter
+from pinwheel.wheels.provenance import FILENAME, component, read_receipt
+from pinwheel.wheels.wheeldiff import MemberDiff, diff_members
 
 
 @dataclass(frozen=True)

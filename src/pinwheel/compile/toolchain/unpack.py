@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pinwheel import archive
-from pinwheel.build.toolchain.pins import DebPin, WheelPin
-from pinwheel.build.toolchain.toolkit import ToolchainError
+from pinwheel.compile.toolchain.pins import DebPin, WheelPin
+from pinwheel.compile.toolchain.toolkit import ToolchainError
 
 
 def _ar_member(path: Path, prefix: str) -> tuple[int, int]:
@@ -86,7 +86,7 @@ def _require(dest: Path, files: tuple[tuple[str, str], ...], origin: str) -> Non
         raise ToolchainError(
             f"{origin} lacks {', '.join(missing)}",
             where=origin,
-            next="the package layout changed: update LOCKS in pinwheel/build/toolchain/pins.py",
+            next="the package layout changed: update LOCKS in pinwheel/compile/toolchain/pins.py",
         )
 
 

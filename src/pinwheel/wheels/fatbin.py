@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from pinwheel.build.elf import Reader, as_reader
+from pinwheel.wheels.elf import Reader, as_reader
 
 FATBIN_MAGIC = 0xBA55ED50
 SECTIONS = (".nv_fatbin", "__nv_relfatbin")  # linked, and relocatable (-rdc) objects

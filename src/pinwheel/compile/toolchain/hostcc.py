@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pinwheel import runner
-from pinwheel.build.toolchain.toolkit import ToolchainError
+from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.errors import PinwheelError
 
 

@@ -2,7 +2,7 @@
 
 In: a :class:`ToolkitRequest` (``[build]``, the cache, whether provisioning is
 allowed, and the caller's environment: nothing here reads ``os.environ``).
-Out: a probed :class:`~pinwheel.build.toolchain.toolkit.Toolkit`.
+Out: a probed :class:`~pinwheel.compile.toolchain.toolkit.Toolkit`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pinwheel.build.toolchain.pins import DEV_PROBES, LOCKS, MARKER, NOT_PROVISIONABLE
-from pinwheel.build.toolchain.provision import provision_toolkit
-from pinwheel.build.toolchain.toolkit import ToolchainError, Toolkit, nvcc_version, probe_arches
+from pinwheel.compile.toolchain.pins import DEV_PROBES, LOCKS, MARKER, NOT_PROVISIONABLE
+from pinwheel.compile.toolchain.provision import provision_toolkit
+from pinwheel.compile.toolchain.toolkit import ToolchainError, Toolkit, nvcc_version, probe_arches
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.manifest.targets import target_problems
 from pinwheel.progress import SILENT, Reporter

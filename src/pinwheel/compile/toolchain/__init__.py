@@ -15,13 +15,13 @@ Nothing here reads ``os.environ``: the caller's environment comes in through
 :class:`ToolkitRequest` (and the ``env``/``environ`` arguments below it).
 """
 
-from pinwheel.build.toolchain.choose import ToolchainChoice, choose
-from pinwheel.build.toolchain.find import ToolkitRequest, resolve_toolkit
-from pinwheel.build.toolchain.hostcc import HostCompiler, find_host_compiler
-from pinwheel.build.toolchain.pins import LOCKS, MARKER, NOT_PROVISIONABLE, ToolkitLock
-from pinwheel.build.toolchain.provision import provision_toolkit
-from pinwheel.build.toolchain.substitute import Substitution, parse_flags
-from pinwheel.build.toolchain.toolkit import ToolchainError, Toolkit, nvcc_version, probe_arches
+from pinwheel.compile.toolchain.choose import ToolchainChoice, choose
+from pinwheel.compile.toolchain.find import ToolkitRequest, resolve_toolkit
+from pinwheel.compile.toolchain.hostcc import HostCompiler, find_host_compiler
+from pinwheel.compile.toolchain.pins import LOCKS, MARKER, NOT_PROVISIONABLE, ToolkitLock
+from pinwheel.compile.toolchain.provision import provision_toolkit
+from pinwheel.compile.toolchain.toolkit import ToolchainError, Toolkit, nvcc_version, probe_arches
+from pinwheel.wheels.substitute import Substitution, parse_flags
 
 __all__ = [
     "HostCompiler",

@@ -32,7 +32,7 @@ MARKER = "pinwheel-sorted-listing"
 
 SITECUSTOMIZE = '''"""pinwheel: directory listings in name order for this build (same bytes).
 
-Installed by pinwheel.build.listing; os.listdir and os.scandir (and so os.walk,
+Installed by pinwheel.compile.listing; os.listdir and os.scandir (and so os.walk,
 glob, pathlib, shutil) return entries sorted by name, whatever the filesystem's order.
 Then the sitecustomize this file shadows on sys.path, if any, runs.
 """

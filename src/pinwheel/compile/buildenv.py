@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pinwheel.build.listing import python_path
+from pinwheel.compile.listing import python_path
 from pinwheel.manifest.build import BuildConfig
 
 
@@ -27,7 +27,7 @@ def build_env(
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(full environment, the part pinwheel set). ``[build] env`` wins over pinwheel's defaults.
 
-    ``listing_hook``: :func:`pinwheel.build.listing.install`'s directory, put first on
+    ``listing_hook``: :func:`pinwheel.compile.listing.install`'s directory, put first on
     ``PYTHONPATH`` (the build's Python processes list directories in name order); the
     ``PYTHONPATH`` of ``[build] env`` follows it (recorded), else the caller's (unrecorded).
     """

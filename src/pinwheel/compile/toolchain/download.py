@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pinwheel import runner
-from pinwheel.build.toolchain.pins import WheelPin
-from pinwheel.build.toolchain.toolkit import ToolchainError
 from pinwheel.checksums import sha256_file
+from pinwheel.compile.toolchain.pins import WheelPin
+from pinwheel.compile.toolchain.toolkit import ToolchainError
 
 
 def verified(path: Path, sha256: str) -> bool:
@@ -28,7 +28,7 @@ def check_download(path: Path, sha256: str, origin: str) -> Path:
             f"{path.name} from {origin} has sha256 {actual}, the lock pins {sha256}",
             where=f"toolchain lock ({path.name})",
             next="the mirror serves a different file: check the mirror, or re-pin LOCKS "
-            "in pinwheel/build/toolchain/pins.py after reviewing the new file",
+            "in pinwheel/compile/toolchain/pins.py after reviewing the new file",
         )
     return path
 

@@ -12,7 +12,7 @@ pinwheel never touches those files. It keeps a copy of each such ``include``
 directory under ``<cache>/headers/<key>`` (key: every file's path, size, mode and
 mtime; made once, atomically) whose files all carry :data:`SOURCE_MTIME`, and the
 build's mount namespace binds the copy over the original path
-(:meth:`pinwheel.build.canonical.Canonical.with_views`). Without a namespace
+(:meth:`pinwheel.compile.canonical.Canonical.with_views`). Without a namespace
 (prefix maps) no view applies and provenance says the headers keep their times.
 
 In: the directories and the cache. Out: :class:`View` (copy, the path it covers).
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from pinwheel.build.workspace import SOURCE_MTIME
+from pinwheel.compile.workspace import SOURCE_MTIME
 
 READY = ".pinwheel-view"
 

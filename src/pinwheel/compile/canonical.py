@@ -78,7 +78,7 @@ class Canonical:
     why: str | None = None  # why the fallback was taken
     toolkit: Path | None = None  # a toolkit outside the cache, resolved
     toolkit_spellings: tuple[str, ...] = ()  # how the build may name it (as given, resolved)
-    # header views (pinwheel.build.headerview): (fixed-time copy, the directory it covers as
+    # header views (pinwheel.compile.headerview): (fixed-time copy, the directory it covers as
     # the build names it), bound inside the namespace; and how many directories outside
     # pinwheel's making the build reads (their times are the machine's without a namespace)
     views: tuple[tuple[str, str], ...] = ()
@@ -106,7 +106,7 @@ class Canonical:
         """Also give the header directories ``dirs`` (outside pinwheel's making: a system
         toolkit's, a given Python's torch) one fixed mtime, through views in the namespace;
         under prefix maps they keep the machine's times and :meth:`record` says so."""
-        from pinwheel.build import headerview  # workspace imports stay out of plain path use
+        from pinwheel.compile import headerview  # workspace imports stay out of plain path use
 
         foreign = headerview.outside(dirs, self.real)
         if not foreign:

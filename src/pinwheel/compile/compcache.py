@@ -21,7 +21,7 @@ and per-wheel numbers (``compiler_cache`` in provenance).
   never fails a build.
 - Hits need the same absolute source path (cudafe++ hashes it into internal
   symbol names): every build sees its sources at the canonical path
-  (:mod:`pinwheel.build.canonical`), so entries hit across cache directories and
+  (:mod:`pinwheel.compile.canonical`), so entries hit across cache directories and
   machines. sccache hashes the compiler binaries themselves, so another nvcc never
   hits.
 """
@@ -43,7 +43,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pinwheel import runner, validate
-from pinwheel.build.canonical import Canonical
+from pinwheel.compile.canonical import Canonical
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest.build import CacheConfig
 

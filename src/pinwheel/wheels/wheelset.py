@@ -3,7 +3,7 @@
 Producers (the engine build, in-tree and out-of-tree kernels, components) only
 build: each returns a :class:`Built` whose wheel is still in scratch. Then
 :func:`publish` gives each wheel the manylinux tag auditwheel finds for it (or
-keeps ``linux_*`` and records why, :mod:`pinwheel.build.platformtag`), checks
+keeps ``linux_*`` and records why, :mod:`pinwheel.wheels.platformtag`), checks
 every new wheel together (its glibc floor included), and places the new set in
 the output directory as one unit: wheels from an earlier build that this one
 does not replace are kept only if ``SHA256SUMS`` and ``provenance.json`` vouch
@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel.build import platformtag
-from pinwheel.build.check import CheckReport, CheckSpec, check_wheels
-from pinwheel.build.provenance import FILENAME, read_receipt, write_receipt
-from pinwheel.build.record import BuildRecord
-from pinwheel.build.wheelfile import dist_name
 from pinwheel.checksums import SUMS, parse_sums, sha256_file, write_sums
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import link_or_copy, recover_dir, swap_dir
+from pinwheel.wheels import platformtag
+from pinwheel.wheels.check import CheckReport, CheckSpec, check_wheels
+from pinwheel.wheels.provenance import FILENAME, read_receipt, write_receipt
+from pinwheel.wheels.record import BuildRecord
+from pinwheel.wheels.wheelfile import dist_name
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Order: resolve the toolkit once (it refuses one that cannot compile the
 manifest's arches), build the selected ``[[kernel]]`` wheels, export the
 replayed tree and build the engine wheel, then hand every wheel to
-:func:`pinwheel.build.wheelset.publish` (check -> SHA256SUMS -> provenance ->
+:func:`pinwheel.wheels.wheelset.publish` (check -> SHA256SUMS -> provenance ->
 ``wheels/`` as one set). ``tools/replay build``, ``pinwheel kernels`` and
 ``pinwheel verify-build`` all come through here.
 """
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.build import (
+from pinwheel.checksums import sha256_file
+from pinwheel.compile import (
     canonical,
     compcache,
     headerview,
@@ -31,24 +32,29 @@ from pinwheel.build import (
     reuse,
     workspace,
 )
-from pinwheel.build.buildvenv import READY as BUILD_VENV_READY
-from pinwheel.build.buildvenv import BuildVenv, ensure_build_venv
-from pinwheel.build.check import find_tools, spec_from_build
-from pinwheel.build.engine import build_engine, build_python, commit_time, engine_version
-from pinwheel.build.kernels import TORCH_VENV_READY, BuildOptions, build_kernel, build_twice, select
-from pinwheel.build.provenance import receipt, toolchain_facts
-from pinwheel.build.sources import plan_env, supply, unpinned
-from pinwheel.build.toolchain import Toolkit, ToolkitRequest, choose, resolve_toolkit
-from pinwheel.build.toolchain.pins import MARKER as TOOLKIT_MARKER
-from pinwheel.build.toolchain.substitute import Substitution, headline
-from pinwheel.build.toolchain.substitute import to_json as substitutions_json
-from pinwheel.build.wheelset import Built, WheelSet, publish
-from pinwheel.checksums import sha256_file
+from pinwheel.compile.buildvenv import READY as BUILD_VENV_READY
+from pinwheel.compile.buildvenv import BuildVenv, ensure_build_venv
+from pinwheel.compile.engine import build_engine, build_python, commit_time, engine_version
+from pinwheel.compile.kernels import (
+    TORCH_VENV_READY,
+    BuildOptions,
+    build_kernel,
+    build_twice,
+    select,
+)
+from pinwheel.compile.sources import plan_env, supply, unpinned
+from pinwheel.compile.toolchain import Toolkit, ToolkitRequest, choose, resolve_toolkit
+from pinwheel.compile.toolchain.pins import MARKER as TOOLKIT_MARKER
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
+from pinwheel.wheels.check import find_tools, spec_from_build
+from pinwheel.wheels.provenance import receipt, toolchain_facts
+from pinwheel.wheels.substitute import Substitution, headline
+from pinwheel.wheels.substitute import to_json as substitutions_json
+from pinwheel.wheels.wheelset import Built, WheelSet, publish
 
 
 @dataclass(frozen=True)
@@ -520,7 +526,7 @@ def _supply_in_place(
     config: BuildConfig, source: Path, work: Path, request: BuildRequest, reporter: Reporter
 ) -> tuple[tuple[Any, ...], tuple[str, ...]]:
     """The build sources under ``work/deps``, updated in place: a source whose pins and
-    files still hold is kept as it is (:mod:`pinwheel.build.keptsources`); the others are
+    files still hold is kept as it is (:mod:`pinwheel.compile.keptsources`); the others are
     exported into a staging directory, then only changed files are written (a kept build
     tree sees the others unchanged). Also: the names of the sources that changed."""
     found: dict[str, Any] = {}

@@ -13,7 +13,7 @@ Every exported file carries one fixed mtime, :data:`SOURCE_MTIME`: compilers wri
 source mtimes into what they make (ptxas with ``-lineinfo`` puts each source's
 mtime in the cubin's line table; gcc's ``__TIMESTAMP__``), so export times made two
 builds of one tree differ. File times then say nothing about what changed:
-:mod:`pinwheel.build.invalidate` removes what the changed files reached instead.
+:mod:`pinwheel.compile.invalidate` removes what the changed files reached instead.
 
 A build that changed nothing at all (same key, same exported bytes, same
 environment) does not run the builder: :func:`remember` stamps each finished

@@ -134,7 +134,7 @@ def receipt(
     arches: list[str],
     host: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The receipt of a wheel set, minus what :func:`pinwheel.build.wheelset.publish` adds
+    """The receipt of a wheel set, minus what :func:`pinwheel.wheels.wheelset.publish` adds
     (``wheels``, ``built``, ``components`` and the engine's ``version`` and
     ``source_date_epoch``). ``replayed`` is a ``ReplayResult`` (None when the engine
     was not replayed by this run: steps are then the manifest's)."""

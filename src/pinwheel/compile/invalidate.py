@@ -1,6 +1,6 @@
 """Tell a kept build tree what changed, when file times cannot.
 
-Every exported source carries one fixed mtime (:data:`pinwheel.build.workspace.SOURCE_MTIME`):
+Every exported source carries one fixed mtime (:data:`pinwheel.compile.workspace.SOURCE_MTIME`):
 compilers write source mtimes into their output (ptxas with ``-lineinfo`` puts
 each ``.file``'s mtime in the cubin's ``.debug_line``; gcc's ``__TIMESTAMP__``),
 so real export times made two builds of one tree differ. With the times fixed,
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pinwheel import runner
-from pinwheel.build.reuse import is_build_file
+from pinwheel.compile.reuse import is_build_file
 
 SETUPTOOLS_COPIES = ("lib", "lib.*", "bdist.*")
 # A changed file with one of these suffixes that no recorded dependency names may still

@@ -5,15 +5,15 @@ CMake package) or out-of-tree (``url`` + ``commit`` + ``[[kernel.patch]]``),
 replayed with the same engine as the main stack and built with torch's
 CUDAExtension in a venv holding ``[build].torch``.
 
-Each build returns a :class:`~pinwheel.build.wheelset.Built` (the wheel still
-in scratch); :mod:`pinwheel.build.wheelset` checks and publishes it with the
+Each build returns a :class:`~pinwheel.wheels.wheelset.Built` (the wheel still
+in scratch); :mod:`pinwheel.wheels.wheelset` checks and publishes it with the
 rest. Builds run with ``SOURCE_DATE_EPOCH`` set, in the component's kept
-workspace (:mod:`pinwheel.build.workspace`: the export updated in place with
+workspace (:mod:`pinwheel.compile.workspace`: the export updated in place with
 fixed file times, the build tree kept while the compiled-input identity holds and
-told what changed by :mod:`pinwheel.build.invalidate`, so a rebuild compiles only
+told what changed by :mod:`pinwheel.compile.invalidate`, so a rebuild compiles only
 what changed; unchanged inputs hand back the last wheel), seen by the compilers
-at the canonical path (:mod:`pinwheel.build.canonical`) with sorted directory
-listings (:mod:`pinwheel.build.listing`), so two builds of the same inputs give
+at the canonical path (:mod:`pinwheel.compile.canonical`) with sorted directory
+listings (:mod:`pinwheel.compile.listing`), so two builds of the same inputs give
 the same bytes from any cache path (``--twice`` proves it on one machine).
 """
 
@@ -32,16 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import confine, runner
-from pinwheel.build import frontend, listing, reuse, workspace
-from pinwheel.build.buildenv import build_env
-from pinwheel.build.canonical import Canonical
-from pinwheel.build.canonical import choose as canonical_paths
-from pinwheel.build.invalidate import after_update
-from pinwheel.build.record import BuildRecord
-from pinwheel.build.toolchain import Toolkit
-from pinwheel.build.wheeldiff import diff_members
-from pinwheel.build.wheelset import Built
 from pinwheel.checksums import sha256_file
+from pinwheel.compile import frontend, listing, reuse, workspace
+from pinwheel.compile.buildenv import build_env
+from pinwheel.compile.canonical import Canonical
+from pinwheel.compile.canonical import choose as canonical_paths
+from pinwheel.compile.invalidate import after_update
+from pinwheel.compile.toolchain import Toolkit
 from pinwheel.errors import ManifestError, MismatchError, PinwheelError
 from pinwheel.heartbeat import watch_bytes
 from pinwheel.manifest import Manifest
@@ -50,6 +47,9 @@ from pinwheel.manifest.component import by_name, component_manifest
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
 from pinwheel.urls import redact
+from pinwheel.wheels.record import BuildRecord
+from pinwheel.wheels.wheeldiff import diff_members
+from pinwheel.wheels.wheelset import Built
 
 # Earliest time a zip member can carry; used when nothing better dates the source.
 ZIP_EPOCH = 315532800  # 1980-01-01T00:00:00Z

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pinwheel.build.toolchain.hostcc import HostCompiler, find_host_compiler
-from pinwheel.build.toolchain.substitute import Substitution, apply
+from pinwheel.compile.toolchain.hostcc import HostCompiler, find_host_compiler
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.wheels.substitute import Substitution, apply
 
 
 @dataclass(frozen=True)

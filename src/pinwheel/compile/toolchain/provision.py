@@ -4,7 +4,7 @@ NVIDIA's compiler binaries come from the Debian ``nvidia-cuda-toolkit`` package
 (fetched from the machine's own Debian mirror, suite trixie, component
 non-free, with a private APT state), the headers, libnvvm and libcudart from
 PyPI's ``nvidia-cuda-*`` wheels, every file pinned by sha256 in
-:data:`~pinwheel.build.toolchain.pins.LOCKS`, assembled into one relocatable
+:data:`~pinwheel.compile.toolchain.pins.LOCKS`, assembled into one relocatable
 tree with an ``nvcc.profile``.
 """
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from pinwheel.build.toolchain.apt import fetch_debs
-from pinwheel.build.toolchain.download import fetch_wheel
-from pinwheel.build.toolchain.pins import MARKER, ToolkitLock
-from pinwheel.build.toolchain.toolkit import ToolchainError, nvcc_version
-from pinwheel.build.toolchain.unpack import unpack_deb, unpack_wheel
+from pinwheel.compile.toolchain.apt import fetch_debs
+from pinwheel.compile.toolchain.download import fetch_wheel
+from pinwheel.compile.toolchain.pins import MARKER, ToolkitLock
+from pinwheel.compile.toolchain.toolkit import ToolchainError, nvcc_version
+from pinwheel.compile.toolchain.unpack import unpack_deb, unpack_wheel
 from pinwheel.fsutil import atomic_dir, atomic_write_text
 from pinwheel.heartbeat import human_bytes, watch_bytes
 from pinwheel.progress import SILENT, Reporter
@@ -103,7 +103,7 @@ def provision_toolkit(
                 raise ToolchainError(
                     f"assembled nvcc reports {found}, the lock says {lock.version}",
                     where=f"toolchain lock for CUDA {lock.version}",
-                    next="fix LOCKS in pinwheel/build/toolchain/pins.py",
+                    next="fix LOCKS in pinwheel/compile/toolchain/pins.py",
                 )
             record = {
                 "version": lock.version,

@@ -41,12 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import archive, confine, httpget, runner, untrusted, validate
-from pinwheel.build.provenance import FILENAME, read_receipt
 from pinwheel.checksums import SUMS, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.urls import redact
+from pinwheel.wheels.provenance import FILENAME, read_receipt
 
 BUILD_FILES = ("setup.py", "setup.cfg", "pyproject.toml", "CMakeLists.txt")
 # Environment pinwheel sets that does not reach compiled code: dates and version labels.
@@ -401,7 +401,7 @@ def candidates(source: str, cache: Path) -> dict[str, Candidate]:
 def _archive_check(wheel: Path, comp: Mapping[str, Any], source: str) -> None:
     """The earlier wheel through the one archive reader and the wheel audit; and every
     compiled member provenance records must be in it with that sha256."""
-    from pinwheel.build.check import CheckSpec, check_wheels
+    from pinwheel.wheels.check import CheckSpec, check_wheels
 
     where = f"--reuse-from {redact(source)}"
     with zipfile.ZipFile(wheel) as zf:

@@ -2,11 +2,11 @@
 
 :func:`build_engine` runs ``python -m build --wheel --no-isolation`` (or
 ``setup.py bdist_wheel``) in the exported tree with the environment from
-:mod:`pinwheel.build.buildenv`: TORCH_CUDA_ARCH_LIST / CUDAARCHS from ``[build]
+:mod:`pinwheel.compile.buildenv`: TORCH_CUDA_ARCH_LIST / CUDAARCHS from ``[build]
 arches``, the version ``<version>+<label>`` in SETUPTOOLS_SCM_PRETEND_VERSION
 and VLLM_VERSION_OVERRIDE, MAX_JOBS / NVCC_THREADS, CUDA_HOME from the toolkit,
 and SOURCE_DATE_EPOCH = the base commit's committer date. The wheel is then
-checked and published by :mod:`pinwheel.build.wheelset`, like every other.
+checked and published by :mod:`pinwheel.wheels.wheelset`, like every other.
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.build import reuse, workspace
-from pinwheel.build.buildenv import build_env
-from pinwheel.build.canonical import Canonical
-from pinwheel.build.record import BuildRecord
-from pinwheel.build.sources import undeclared_downloads
-from pinwheel.build.wheelset import Built
+from pinwheel.compile import reuse, workspace
+from pinwheel.compile.buildenv import build_env
+from pinwheel.compile.canonical import Canonical
+from pinwheel.compile.sources import undeclared_downloads
 from pinwheel.cudaarch import CudaArch
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
+from pinwheel.wheels.record import BuildRecord
+from pinwheel.wheels.wheelset import Built
 
 LOG_TAIL = 25
 
@@ -57,7 +57,7 @@ class BuildPlan:
     set_env: Mapping[str, str]  # what pinwheel set (recorded in provenance)
     env: Mapping[str, str] = field(repr=False)  # the full environment of the build
     source_date_epoch: int = 0
-    toolkit: Any = None  # pinwheel.build.toolchain.Toolkit, or None for a CUDA-free build
+    toolkit: Any = None  # pinwheel.compile.toolchain.Toolkit, or None for a CUDA-free build
     canonical: Canonical | None = None  # run where the compilers see the canonical path
     no_network: bool = False  # with canonical's namespace: a network namespace too
 
@@ -156,7 +156,7 @@ def plan_build(
     """``extra_env``: what the build sources and the build venv add (recorded as set);
     ``wrapper``: a prefix such as ``unshare -rn`` (no network for the build);
     ``canonical``: where the compilers see the cache (``no_network``: and no network);
-    ``listing_hook``: :mod:`pinwheel.build.listing`'s directory (sorted listings)."""
+    ``listing_hook``: :mod:`pinwheel.compile.listing`'s directory (sorted listings)."""
     probe = (python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])")
     running = runner.run(runner.Command(probe, what="the build python", error=BuildError)).text
     if running != config.python:
@@ -309,8 +309,8 @@ def build_engine(
     ``extra_env``/``wrapper``: what the build sources, the build venv and the network
     fence add; ``supplied`` names the build sources handed over (a download the log
     shows beyond them fails the build); ``launcher``: a
-    :class:`pinwheel.build.compcache.Session` (compiler cache); ``reuse_from``: a
-    :class:`pinwheel.build.reuse.Candidate` (earlier wheel); ``placeholders``: machine
+    :class:`pinwheel.compile.compcache.Session` (compiler cache); ``reuse_from``: a
+    :class:`pinwheel.compile.reuse.Candidate` (earlier wheel); ``placeholders``: machine
     paths (the cache) and their names in the recorded identity; ``export_digest``: the
     export's digest when ``work`` is the engine's workspace (each build is stamped with
     what it was given) and ``kept`` when that workspace was kept: a build given exactly

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from pinwheel.build.elf import VersionNeed
+from pinwheel.wheels.elf import VersionNeed
 
 FAMILIES = ("GLIBC", "GLIBCXX", "CXXABI")
 _VERSION_NAME = re.compile(r"(GLIBC|GLIBCXX|CXXABI)_(\d+(?:\.\d+)*)")

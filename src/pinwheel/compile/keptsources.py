@@ -12,7 +12,7 @@ mtime, so a file written since has another) and reuses the source as it was; any
 difference exports it again.
 
 In: the :class:`~pinwheel.manifest.build.BuildSource` and the replayed tree holding its
-patches. Out: the :class:`~pinwheel.build.sources.Supplied` of last time, or None.
+patches. Out: the :class:`~pinwheel.compile.sources.Supplied` of last time, or None.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from pinwheel.build.sources import Supplied
-from pinwheel.build.workspace import SOURCE_MTIME
+from pinwheel.compile.sources import Supplied
+from pinwheel.compile.workspace import SOURCE_MTIME
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.manifest.build import BuildSource
 

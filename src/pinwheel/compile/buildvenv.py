@@ -23,7 +23,7 @@ from filelock import FileLock
 from packaging.utils import canonicalize_name
 
 from pinwheel import runner
-from pinwheel.build import workspace
+from pinwheel.compile import workspace
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.manifest.build import Requirements

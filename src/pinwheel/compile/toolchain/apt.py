@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pinwheel import runner
-from pinwheel.build.toolchain.download import check_download, verified
-from pinwheel.build.toolchain.pins import ToolkitLock
-from pinwheel.build.toolchain.toolkit import ToolchainError
+from pinwheel.compile.toolchain.download import check_download, verified
+from pinwheel.compile.toolchain.pins import ToolkitLock
+from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.fsutil import atomic_write_text
 
 DEBIAN_SUITES = {"buster", "bullseye", "bookworm", "trixie", "forky", "sid"}
