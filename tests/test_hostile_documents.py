@@ -148,7 +148,8 @@ def test_a_damaged_receipt_is_a_verify_error_naming_the_field(case, tmp_path):
 
 
 def test_the_good_receipt_reads(tmp_path):
-    assert read_receipt(_receipt(tmp_path))["tree"] == TREE
+    receipt = read_receipt(_receipt(tmp_path))
+    assert receipt.tree == TREE and receipt["tree"] == TREE  # typed, and every key as written
 
 
 @pytest.mark.parametrize(

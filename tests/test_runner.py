@@ -134,7 +134,7 @@ def test_spawn_refuses_capture_and_stop_ends_the_group(tmp_path: Path) -> None:
         if "ready" in (tmp_path / "server.log").read_text():
             break
         time.sleep(0.05)
-    runner.stop(proc, grace_s=5)
+    proc.stop(grace_s=5)
     assert proc.returncode is not None
     assert runner.tail_of(tmp_path / "server.log")[-1] == "ready"
 

@@ -45,10 +45,6 @@ class CudaArch:
         code = f"[sm_{sm},compute_{sm}]" if self.ptx else f"sm_{sm}"
         return f"arch=compute_{sm},code={code}"
 
-    @property
-    def cmake(self) -> str:
-        return f"{self.sm}{self.suffix}" if self.ptx else f"{self.sm}{self.suffix}-real"
-
     def __str__(self) -> str:
         return self.name + ("+PTX" if self.ptx else "")
 

@@ -267,16 +267,6 @@ def index_url_problem(url: object) -> str | None:
     return None
 
 
-def http_url_problem(url: object) -> str | None:
-    """A server or download URL: http or https with a host (see :func:`http_url`)."""
-    if not isinstance(url, str):
-        return "not a string"
-    try:
-        http_url(url)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
 
 def ref_problem(name: object) -> str | None:
     """Why ``name`` is not a git ref name (``git check-ref-format --allow-onelevel``)."""
@@ -376,16 +366,6 @@ def rel_path_problem(value: object) -> str | None:
         return "a path with an empty component ('//')"
     return None
 
-
-def file_name_problem(value: object) -> str | None:
-    """One file name: no '/', no '..', not hidden-as-dot-only, no controls, not an option."""
-    basic = _basic(value)
-    if basic:
-        return basic
-    assert isinstance(value, str)
-    if "/" in value or "\\" in value or value in (".", ".."):
-        return "a plain file name (no '/', not '.' or '..')"
-    return None
 
 
 _WHEEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl")

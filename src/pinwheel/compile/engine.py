@@ -247,7 +247,7 @@ def run_build(plan: BuildPlan, reporter: Reporter = SILENT) -> tuple[Path, ...]:
                     n, m, what = step
                     reporter.info(f"compiling [{n}/{m}] {what[:100]} ({minutes:.0f} min)")
     except BaseException:  # interrupted: stop the whole build (cmake, ninja, nvcc) too
-        runner.kill(proc, group=True)
+        proc.kill()  # its whole group (new_session)
         raise
     wheels = tuple(sorted(outdir.glob("*.whl")))
     if proc.returncode != 0 or not wheels:

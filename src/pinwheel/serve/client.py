@@ -55,16 +55,6 @@ class Stream:
     choice_times: tuple[float, ...] = ()
 
     @property
-    def e2el_s(self) -> float:
-        return self.last - self.started
-
-    @property
-    def itl_s(self) -> tuple[float, ...]:
-        """Gaps between text chunks (as ``vllm bench serve`` measures ITL)."""
-        t = self.chunk_times
-        return tuple(b - a for a, b in zip(t, t[1:], strict=False))
-
-    @property
     def ttft_s(self) -> float:
         return self.first - self.started
 

@@ -345,9 +345,7 @@ def read_provenance(path: Path | None) -> Provenance | None:
     if path is None or not path.is_file():
         return None
     data = read_receipt(path)
-    return Provenance(
-        str(path), sha256_file(path), data.get("head"), data.get("tree"), data.get("tag")
-    )
+    return Provenance(str(path), sha256_file(path), data.head, data.tree, data.tag)
 
 
 @dataclass(frozen=True)

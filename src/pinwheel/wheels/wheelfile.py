@@ -80,14 +80,6 @@ class Issue(NamedTuple):
     rule: str = "zip"  # "zip" (archive structure) | "record" (RECORD rows and hashes)
 
 
-def unsafe_name_reason(name: str) -> str | None:
-    """Why extracting ``name`` could write outside the target directory, else None.
-
-    The one rule of :func:`pinwheel.archive.name_problem` (every archive reader uses it).
-    """
-    return archive.name_problem(name)
-
-
 def _size(n: int) -> str:
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB" if n >= MiB else f"{n} B"
 
@@ -104,7 +96,7 @@ def header_issues(zf: zipfile.ZipFile, limits: Limits) -> tuple[list[Issue], set
             issues.append(Issue(name, "duplicate zip member (installers disagree on which wins)"))
             unreadable.add(name)
         seen.add(name)
-        reason = unsafe_name_reason(name)
+        reason = archive.name_problem(name)
         if reason:
             issues.append(Issue(name, f"unsafe member name: {reason}"))
         kind = archive.zip_kind(info)
