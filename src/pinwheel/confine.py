@@ -162,4 +162,3 @@ def remove(scope: Path | str, target: Path | str) -> None:
         shutil.rmtree(path)
     else:
         path.unlink()
-

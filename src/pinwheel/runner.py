@@ -310,6 +310,7 @@ def _start_error(cmd: Command, exc: OSError) -> PinwheelError:
         next=cmd.missing_hint or f"check that {cmd.argv[0]} is an executable program",
     )
 
+
 def _signal(proc: subprocess.Popen[bytes], sig: int, group: bool) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if group:

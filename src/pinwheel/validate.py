@@ -267,7 +267,6 @@ def index_url_problem(url: object) -> str | None:
     return None
 
 
-
 def ref_problem(name: object) -> str | None:
     """Why ``name`` is not a git ref name (``git check-ref-format --allow-onelevel``)."""
     if not isinstance(name, str):
@@ -365,7 +364,6 @@ def rel_path_problem(value: object) -> str | None:
     if any(p == "" for p in parts[:-1]):
         return "a path with an empty component ('//')"
     return None
-
 
 
 _WHEEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl")

@@ -168,7 +168,6 @@ class Context:
             print(redact(human))
 
 
-
 class _Parser(argparse.ArgumentParser):
     """argparse that remembers its usage error, so ``--json`` can put it in the document."""
 
@@ -358,7 +357,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"error: {redact(str(err))}", file=sys.stderr)
         if args.json and not (ctx and ctx.emitted):
-            sys.stdout.write(
-                _error_document(_command_name(args), EXIT_ERROR, redact(str(err)))
-            )
+            sys.stdout.write(_error_document(_command_name(args), EXIT_ERROR, redact(str(err))))
         return EXIT_ERROR

@@ -213,7 +213,16 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     python = str(venv.python) if venv is not None else build_python(request.environ, engine)
     try:
         built, twice = _produce(
-            request, config, specs, engine, toolkit, reporter, session, cache_plan, earlier, canon,
+            request,
+            config,
+            specs,
+            engine,
+            toolkit,
+            reporter,
+            session,
+            cache_plan,
+            earlier,
+            canon,
             venv,
         )
     finally:
@@ -350,9 +359,7 @@ def _produce(
 
     if engine:
         built.append(
-            measure(
-                lambda s: _engine(request, config, toolkit, reporter, s, earlier, canon, venv)
-            )
+            measure(lambda s: _engine(request, config, toolkit, reporter, s, earlier, canon, venv))
         )
     return built, twice
 

@@ -437,9 +437,7 @@ def unverified_reasons(
         if not provenance:
             reasons.append(f"no {FILENAME}: the wheels are not tied to a replayed tree")
         elif not tree:
-            reasons.append(
-                f"{FILENAME} records no replayed tree (built from a plain source dir)"
-            )
+            reasons.append(f"{FILENAME} records no replayed tree (built from a plain source dir)")
         if not pinned:
             reasons.append(
                 f"[result].tree is not pinned in {manifest.path.name}: the replay is unverified"

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pinwheel import runner
-from pinwheel.cudaarch import parse_arch
-from pinwheel.errors import PinwheelError
+from pinwheel.cudaarch import CudaArch, parse_dotted
+from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest.serve import Engine, Image, ServeConfig, ServeProfile
 from pinwheel.serve.ranks import NVLS_OFF
 
@@ -60,9 +60,21 @@ class Check:
 class Gpu:
     index: int
     name: str
-    compute_capability: str | None  # None where the driver cannot say
+    compute_capability: CudaArch | None  # None where the driver cannot say
     memory_mib: int | None  # None on unified-memory parts (GB10 reports [N/A])
     bus_id: str
+
+
+def _capability(text: str) -> CudaArch | None:
+    """nvidia-smi's ``compute_cap`` (``7.0``); None for ``[N/A]`` or anything else."""
+    try:
+        return parse_dotted(text, suffix=False)
+    except UsageError:
+        return None
+
+
+def _cc(arch: CudaArch | None) -> str:
+    return arch.dotted if arch is not None else "unknown"
 
 
 def parse_gpu_csv(text: str) -> tuple[Gpu, ...]:
@@ -84,7 +96,7 @@ def parse_gpu_csv(text: str) -> tuple[Gpu, ...]:
             Gpu(
                 index=int(idx),
                 name=name,
-                compute_capability=cc if re.fullmatch(r"\d+\.\d+", cc) else None,
+                compute_capability=_capability(cc),
                 memory_mib=int(float(mem)) if re.fullmatch(r"\d+(\.\d+)?", mem) else None,
                 bus_id=bus,
             )
@@ -201,7 +213,9 @@ def check_gpus(opts: Options, gpus: tuple[Gpu, ...] | None, error: str | None) -
     out = []
     by_index = {g.index: g for g in gpus}
     missing = [i for i in opts.devices if i not in by_index]
-    listing = "; ".join(f"{g.index}: {g.name} cc {g.compute_capability} {_gib(g)}" for g in gpus)
+    listing = "; ".join(
+        f"{g.index}: {g.name} cc {_cc(g.compute_capability)} {_gib(g)}" for g in gpus
+    )
     if len(opts.devices) != prof.gpus or missing:
         out.append(
             Check(
@@ -215,22 +229,18 @@ def check_gpus(opts: Options, gpus: tuple[Gpu, ...] | None, error: str | None) -
     out.append(Check("gpu count", OK, f"{prof.gpus} of {len(gpus)}: {listing}"))
     chosen = [by_index[i] for i in opts.devices]
     if prof.compute_capability:
-        want = parse_arch(prof.compute_capability).sm
-        bad = [
-            g
-            for g in chosen
-            if g.compute_capability is None or parse_arch(g.compute_capability).sm != want
-        ]
+        want = prof.compute_capability.sm
+        bad = [g for g in chosen if g.compute_capability is None or g.compute_capability.sm != want]
         out.append(
             Check(
                 "compute capability",
                 FAIL,
-                ", ".join(f"GPU{g.index} is cc {g.compute_capability}" for g in bad)
-                + f"; the build targets cc {prof.compute_capability}",
+                ", ".join(f"GPU{g.index} is cc {_cc(g.compute_capability)}" for g in bad)
+                + f"; the build targets cc {_cc(prof.compute_capability)}",
                 "use the profile/manifest built for this GPU (`pinwheel preflight --profile NAME`)",
             )
             if bad
-            else Check("compute capability", OK, f"all cc {prof.compute_capability}")
+            else Check("compute capability", OK, f"all cc {_cc(prof.compute_capability)}")
         )
     if prof.gpu_memory_gib:
         need = prof.gpu_memory_gib * 1024 * 0.95  # drivers report a little under the nominal size

@@ -151,9 +151,7 @@ def run_ranks(req: RankRequest) -> tuple[RankResult, ...]:
         return tuple(out)
 
 
-def _wait(
-    procs: list[runner.Process], timeout_s: float, grace_s: float
-) -> list[int | None]:
+def _wait(procs: list[runner.Process], timeout_s: float, grace_s: float) -> list[int | None]:
     deadline = time.monotonic() + timeout_s
     failed_at: float | None = None
     while True:

@@ -262,8 +262,14 @@ def judge(
         if threshold is not None:
             gates.append(
                 _card_gate(
-                    prof, title, key, threshold, measured_value, higher_is_better=True,
-                    detail=spec_detail, missing_detail=no_spec,
+                    prof,
+                    title,
+                    key,
+                    threshold,
+                    measured_value,
+                    higher_is_better=True,
+                    detail=spec_detail,
+                    missing_detail=no_spec,
                 )  # fmt: skip
             )
     if prof.min_aggregate_tok_s is not None:
