@@ -127,7 +127,7 @@ class Completed:
         text = self.err_text or self.text
         if not text and self.command.log_file is not None:
             with contextlib.suppress(OSError):
-                text = _read_tail(self.command.log_file).decode(errors="replace").strip()
+                text = read_tail(self.command.log_file).decode(errors="replace").strip()
         out = text.splitlines()[-lines:]
         return [_redact(x) for x in out] if self.command.redact else out
 
@@ -260,9 +260,12 @@ def replace_process(cmd: Command, reporter: Reporter = SILENT) -> NoReturn:
 
 
 def tail_of(path: Path, lines: int = TAIL_LINES) -> list[str]:
-    """The last lines of a log file (for errors about a spawned command)."""
+    """The last lines of a log file (its last 64 KiB read, however large it grew); [] when
+    it cannot be read. The one log-tail reader: errors and progress about any log use it."""
+    if not Path(path).is_file():  # a FIFO or device would block or never end
+        return []
     try:
-        return _read_tail(path).decode(errors="replace").strip().splitlines()[-lines:]
+        return read_tail(path).decode(errors="replace").strip().splitlines()[-lines:]
     except OSError:
         return []
 
@@ -326,7 +329,8 @@ def _kill(proc: subprocess.Popen[bytes], group: bool) -> None:
         proc.wait(timeout=10)
 
 
-def _read_tail(path: Path, size: int = 16384) -> bytes:
+def read_tail(path: Path, size: int = 64 * 1024) -> bytes:
+    """The last ``size`` bytes of ``path`` (OSError when it cannot be read)."""
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
         f.seek(max(0, f.tell() - size))

@@ -93,7 +93,3 @@ def outcome_of(results: tuple[RankResult, ...], nbytes: int, backend: str) -> Al
         device=first.get("device"),
         nccl=first.get("nccl"),
     )
-
-
-def size_text(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} B"

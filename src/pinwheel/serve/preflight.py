@@ -765,7 +765,7 @@ def _preflight_image(
 
 def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | None) -> Check:
     """The preflight check: FAIL on a crash, a wrong sum, NVLS left on, or busbw under the gate."""
-    from pinwheel.serve.allreduce import size_text
+    from pinwheel.progress import human_bytes
 
     name = "nccl all-reduce"
     key = f"[serve.profile.{profile_name}] min_allreduce_gbps"
@@ -786,7 +786,7 @@ def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | 
             "TORCH_SYMM_MEM_DISABLE_MULTICAST / NVSHMEM_DISABLE_NVLS not set in its environment)",
             "report this: pinwheel sets them for every rank",
         )
-    size = size_text(outcome.nbytes)
+    size = human_bytes(outcome.nbytes)
     if not outcome.sum_ok:
         return Check(
             name,
