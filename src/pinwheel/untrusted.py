@@ -20,10 +20,12 @@ naming the document, the field, and the next step.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
 import re
+import stat
 import struct
 import types
 import typing
@@ -111,6 +113,18 @@ SAFETENSORS_HEADER = dataclasses.replace(
 )
 
 
+# The manifest is read by pinwheel.manifest (TOML, its own errors); only its cap is here.
+# 4 MiB: a default, over 200 times this repository's own manifest.toml (17.7 kB).
+MANIFEST = Kind(
+    "manifest.toml", 4 * MiB, 0, UsageError, "pass --manifest PATH to a manifest.toml file"
+)
+# A git repository's small files pinwheel reads before git does (HEAD, a ref): a default.
+GIT_FILE = Kind(
+    "cache repository file", 1 * MiB, 0, VerifyError,
+    "remove the repository from the cache (`pinwheel cache clean`) and fetch again",
+)  # fmt: skip
+
+
 def fail(kind: Kind, what: str, where: str, *, field: str | None = None) -> PinwheelError:
     """The kind's error: ``<where>: <document>[ field <f>]: <what>`` plus its next step."""
     at = f" field {field}" if field else ""
@@ -120,22 +134,110 @@ def fail(kind: Kind, what: str, where: str, *, field: str | None = None) -> Pinw
 # --------------------------------------------------------------------------- bytes
 
 
-def read_bytes(path: Path, kind: Kind, *, cap: int | None = None) -> bytes:
-    """The file's bytes, its size checked against the cap before they are read."""
-    cap = kind.max_bytes if cap is None else cap
-    path = Path(path)
+def open_regular(path: Path) -> int:
+    """A descriptor of ``path`` if it is a regular file: opened without blocking (a FIFO
+    with no writer, a terminal) and checked with ``fstat`` before a byte is read.
+
+    ``FileNotFoundError`` and ``IsADirectoryError`` pass through for the caller to word;
+    any other kind of file (FIFO, device, socket) is :class:`NotRegular`.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > cap:
-                raise fail(kind, f"{size} bytes, more than the {cap} it may have", str(path))
-            data = fh.read(cap + 1)
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        if not stat.S_ISREG(mode):
+            raise NotRegular(_file_type(mode))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class NotRegular(OSError):
+    """The path is a FIFO, a device or a socket: nothing pinwheel reads as a document."""
+
+
+def _file_type(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_regular(path: Path, cap: int) -> bytes | int:
+    """The bytes of the regular file ``path``, or its size when that is over ``cap`` (the
+    caller words the refusal); nothing past ``cap`` + 1 bytes is ever read.
+
+    Raises ``FileNotFoundError``, ``IsADirectoryError``, :class:`NotRegular` or another
+    ``OSError`` for the caller to word.
+    """
+    fd = open_regular(Path(path))
+    try:
+        size = os.fstat(fd).st_size
+        if size > cap:
+            return size
+        chunks, got = [], 0
+        while got <= cap:
+            block = os.read(fd, min(cap + 1 - got, 1 << 20))
+            if not block:
+                break
+            chunks.append(block)
+            got += len(block)
+    finally:
+        os.close(fd)
+    if got > cap:  # the file grew while read
+        return got
+    return b"".join(chunks)
+
+
+def regular_size(path: Path, kind: Kind, *, cap: int | None = None) -> int:
+    """The size of the regular file ``path`` (checked against the cap), no byte read: a
+    FIFO, device, socket, directory or missing file is the kind's error."""
+    cap = kind.max_bytes if cap is None else cap
+    try:
+        fd = open_regular(Path(path))
     except IsADirectoryError:
         raise fail(kind, "is a directory, not a file", str(path)) from None
     except FileNotFoundError:
         raise fail(kind, "missing", str(path)) from None
-    if len(data) > cap:  # a file that grew while read, or a device
-        raise fail(kind, f"more than the {cap} bytes it may have", str(path))
+    except NotRegular as exc:
+        raise fail(kind, f"is {exc}, not a regular file", str(path)) from None
+    except OSError as exc:
+        raise fail(kind, f"cannot be read: {exc.strerror or exc}", str(path)) from None
+    try:
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if size > cap:
+        raise fail(kind, f"{size} bytes, more than the {cap} it may have", str(path))
+    return size
+
+
+def read_bytes(path: Path, kind: Kind, *, cap: int | None = None) -> bytes:
+    """The file's bytes, its size checked against the cap before they are read; a FIFO,
+    device or socket is refused without a byte read (never waited on)."""
+    cap = kind.max_bytes if cap is None else cap
+    path = Path(path)
+    try:
+        data = read_regular(path, cap)
+    except IsADirectoryError:
+        raise fail(kind, "is a directory, not a file", str(path)) from None
+    except FileNotFoundError:
+        raise fail(kind, "missing", str(path)) from None
+    except NotRegular as exc:
+        raise fail(kind, f"is {exc}, not a regular file", str(path)) from None
+    except OSError as exc:
+        raise fail(kind, f"cannot be read: {exc.strerror or exc}", str(path)) from None
+    if isinstance(data, int):
+        raise fail(kind, f"{data} bytes, more than the {cap} it may have", str(path))
     return data
 
 
@@ -675,7 +777,11 @@ def safetensors_header(path: Path) -> SafetensorsLayout:
     matching its byte range, ranges not overlapping and without holes. Whether the file
     holds all of them is the caller's to compare (:attr:`SafetensorsLayout.file_size`)."""
     kind, where = SAFETENSORS_HEADER, str(path)
-    with open(path, "rb") as fh:
+    try:
+        fd = open_regular(Path(path))
+    except NotRegular as exc:
+        raise fail(kind, f"is {exc}, not a regular file", where) from None
+    with open(fd, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         raw = fh.read(8)
         if len(raw) < 8:
