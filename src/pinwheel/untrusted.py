@@ -830,3 +830,165 @@ def model_config(path: Path) -> Mapping[str, Any]:
     """config.json as an object (bounded like every model-pack document)."""
     value = read_json(path, MODEL_CONFIG)
     return decode(Mapping[str, Any], value, MODEL_CONFIG, str(path))  # type: ignore[type-abstract]
+
+
+# --------------------------------------------------------------------------- GPU probes and workers
+
+# What pinwheel's own probes print in the engine's Python (preflight's engine probe and
+# self-test, the all-reduce and tp workers): one JSON line, read as bounded, typed answers
+# (a torch that prints NaN, a driver that prints nonsense: a clear failure, not a crash).
+WORKER = Kind(
+    "worker answer",
+    16 * MiB,
+    32,
+    PinwheelError,
+    "run the probe by hand in the engine's Python to see what it prints, then rerun",
+)
+
+
+def _finite(name: str, value: float | None) -> str | None:
+    if value is not None and not math.isfinite(value):
+        return f"{name} {value} is not a finite number"
+    return None
+
+
+@dataclass(frozen=True)
+class EngineProbe:
+    python: Sequence[int]
+    path: str | None = None
+    version: str | None = None
+
+    def check(self) -> str | None:
+        if len(self.python) < 2 or any(not 0 <= v < 1000 for v in self.python):
+            return f"python {list(self.python)[:4]} is not a version like [3, 12, 1]"
+        return None
+
+
+@dataclass(frozen=True)
+class SelftestPair:
+    src: int
+    dst: int
+    ok: bool
+    peer: bool | None = None
+
+
+@dataclass(frozen=True)
+class SelftestGemm:
+    device: int
+    err: float
+    ok: bool
+    err_kind: str = "max err"
+    jit: bool | None = None
+
+    def check(self) -> str | None:
+        return _finite("err", self.err)
+
+
+@dataclass(frozen=True)
+class SelftestAnswer:
+    devices: int
+    via: str | None = None
+    pairs: Sequence[SelftestPair] = ()
+    gemm: Sequence[SelftestGemm] = ()
+
+    def check(self) -> str | None:
+        if not 0 <= self.devices <= 1024:
+            return f"devices {self.devices} is not a GPU count"
+        for p in self.pairs:
+            if not (0 <= p.src < self.devices and 0 <= p.dst < self.devices) or p.src == p.dst:
+                return f"pair {p.src}->{p.dst} is not a pair of the {self.devices} GPUs"
+        for g in self.gemm:
+            if not 0 <= g.device < self.devices:
+                return f"gemm device {g.device} is not one of the {self.devices} GPUs"
+        return None
+
+
+@dataclass(frozen=True)
+class AllReduceFirstWrong:
+    index: int | None = None
+    got: float | None = None
+    want: float | None = None
+
+
+@dataclass(frozen=True)
+class AllReduceRank:
+    """One rank's line from serve/workers/allreduce.py."""
+
+    rank: int
+    sum_ok: bool
+    bytes: int | None = None
+    seconds: float | None = None
+    algbw_gbps: float | None = None
+    busbw_gbps: float | None = None
+    device: str | None = None
+    nccl: str | None = None
+    env: Mapping[str, str | None] | None = None
+    wrong: int | None = None
+    first_wrong: AllReduceFirstWrong | None = None
+
+    def check(self) -> str | None:
+        for name in ("seconds", "algbw_gbps", "busbw_gbps"):
+            value = getattr(self, name)
+            problem = _finite(name, value)
+            if problem or (value is not None and value < 0):
+                return problem or f"{name} {value} is negative"
+        if self.bytes is not None and self.bytes < 0:
+            return f"bytes {self.bytes} is negative"
+        return None
+
+
+@dataclass(frozen=True)
+class TpSource:
+    rank: int
+    columns: Sequence[int]
+    wrong: int = 0
+    unwritten: int | None = None
+
+    def check(self) -> str | None:
+        return None if len(self.columns) == 2 else f"columns {list(self.columns)} is not [lo, hi]"
+
+
+@dataclass(frozen=True)
+class TpCaseRow:
+    """One case a rank of serve/workers/pg_primitives.py compared (the fields read)."""
+
+    op: str
+    case: str
+    match: bool
+    rank: int | None = None
+    bytes: int | None = None
+    error: str | None = None
+    wrong: int | None = None
+    elements: int | None = None
+    unwritten: int | None = None
+    by_source: Sequence[TpSource] = ()
+    waited_s: float | None = None
+    torch_waited_s: float | None = None
+    tolerance: Mapping[str, Any] | None = None
+    exact: bool | None = None
+    detail: str | None = None
+    first_wrong: int | None = None
+
+    def check(self) -> str | None:
+        if self.bytes is not None and self.bytes < 0:
+            return f"bytes {self.bytes} is negative"
+        return _finite("waited_s", self.waited_s) or _finite("torch_waited_s", self.torch_waited_s)
+
+
+@dataclass(frozen=True)
+class TpRank:
+    rank: int | None = None
+    device: str | None = None
+    init: Mapping[str, Any] | None = None
+    cases: Sequence[TpCaseRow] = ()
+    error: str | None = None
+    gather_skipped: str | None = None
+    aborted: str | None = None
+
+
+def answer_line(text: str, cls: type[T], kind: Kind, where: str) -> T:
+    """The last non-empty line of a probe's output, as bounded JSON decoded into ``cls``."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        raise fail(kind, "printed nothing", where)
+    return decode(cls, parse_json(lines[-1].strip(), kind, where), kind, where)
