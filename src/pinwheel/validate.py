@@ -89,6 +89,28 @@ def size(value: str) -> int:
     return n
 
 
+MAX_GPUS = 1024  # a default: far above any one host's GPU count
+
+
+def gpu_indices(value: str) -> tuple[int, ...]:
+    """``"0,1,2"`` -> ``(0, 1, 2)``: ASCII digits, unique, at most MAX_GPUS of them; not
+    ``-1``, ``1_0``, ``٣``, ``0,0``, an empty list, spaces or a trailing comma."""
+    if not isinstance(value, str) or not value:
+        raise ValueError("no GPU indices")
+    parts = value.split(",")
+    if len(parts) > MAX_GPUS:
+        raise ValueError(f"more than {MAX_GPUS} GPU indices")
+    out: list[int] = []
+    for part in parts:
+        if not re.fullmatch(r"[0-9]{1,4}", part, re.ASCII):
+            raise ValueError(f"{part[:20]!r} is not a GPU index (ASCII digits only, like 0 or 3)")
+        index = int(part)
+        if index in out:
+            raise ValueError(f"GPU {index} is named twice")
+        out.append(index)
+    return tuple(out)
+
+
 # --------------------------------------------------------------------------- hosts and URLs
 
 _HOSTNAME = re.compile(

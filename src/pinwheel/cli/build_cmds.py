@@ -151,7 +151,7 @@ def _toolchain_statement(
 def _glibc_flag(text: str) -> tuple[int, ...]:
     import re
 
-    m = re.fullmatch(r"2\.(\d{1,3})", text)
+    m = re.fullmatch(r"2\.([0-9]{1,3})", text)  # ASCII digits only: not 2.٣١
     if not m:
         from pinwheel.errors import UsageError
 

@@ -307,8 +307,9 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         r.profile,
         model=str(r.model),
         python=r.python,
-        host=_checked(validate.host, args.host or ctx.environ.get("HOST", "0.0.0.0"),
-                      "--host / $HOST").strip("[]"),
+        host=_checked(
+            validate.host, args.host or ctx.environ.get("HOST", "0.0.0.0"), "--host / $HOST"
+        ).strip("[]"),
         port=_port(ctx, args),
         max_num_seqs=_seqs(ctx, config.seqs_var),
         devices=r.devices,
@@ -467,10 +468,12 @@ def run_tp(ctx: Context, args: argparse.Namespace) -> int:
             "no GPUs named", where="--devices", next="pass --devices 0,1 (or --devices 0)"
         )
     try:
-        devices = tuple(int(x) for x in text.split(","))
-    except ValueError:
+        devices = validate.gpu_indices(text)
+    except ValueError as exc:
         raise UsageError(
-            f"{text!r} is not a list of GPU indices", where="--devices", next="e.g. --devices 0,1"
+            f"{text[:80]!r} is not a list of GPU indices: {exc}",
+            where="--devices",
+            next="e.g. --devices 0,1 (unique ASCII-digit indices)",
         ) from None
     python = args.python or ctx.environ.get("PYTHON") or "python3"
     out = Path(args.out)

@@ -16,7 +16,7 @@ from pinwheel.manifest.targets import target_problems
 
 _CUDA = re.compile(r"^(\d+)\.(\d+)$")
 _PY = re.compile(r"^3\.\d+$")
-_GLIBC = re.compile(r"2\.(\d{1,3})")
+_GLIBC = re.compile(r"2\.([0-9]{1,3})")  # ASCII digits only: "2.٣١" is refused
 
 
 BUILD_KEYS = (

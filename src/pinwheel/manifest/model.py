@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+from pinwheel import untrusted
 from pinwheel.errors import ManifestError
 from pinwheel.manifest.steps import Step, parse_step
 from pinwheel.manifest.table import (
@@ -164,7 +165,13 @@ def load(path: str | Path, *, allow_short: bool = False) -> Manifest:
     """
     path = Path(path).absolute()
     try:
-        blob = path.read_bytes()
+        blob = untrusted.read_regular(path, untrusted.MANIFEST.max_bytes)
+    except untrusted.NotRegular as exc:
+        raise ManifestError(
+            f"{path} is {exc}, not a manifest file",
+            where="--manifest",
+            next="pass --manifest PATH to a regular manifest.toml file",
+        ) from None
     except FileNotFoundError:
         raise ManifestError(
             f"no manifest at {path}",
@@ -180,6 +187,19 @@ def load(path: str | Path, *, allow_short: bool = False) -> Manifest:
             if inside.is_file()
             else "pass --manifest PATH/manifest.toml (the file)",
         ) from None
+    except OSError as exc:
+        raise ManifestError(
+            f"cannot read {path}: {exc.strerror or exc}",
+            where="--manifest",
+            next="check the file's permissions, then run again",
+        ) from None
+    if isinstance(blob, int):
+        cap = untrusted.MANIFEST.max_bytes
+        raise ManifestError(
+            f"{path} is {blob} bytes, more than the {cap} a manifest may have",
+            where="--manifest",
+            next="pass --manifest PATH to the project's manifest.toml (a few kilobytes)",
+        )
     return loads(blob, path, allow_short=allow_short)
 
 

@@ -223,8 +223,11 @@ def _env_map(t: Table, key: str) -> tuple[tuple[str, str], ...]:
 
 def _devices(t: Table) -> str | None:
     value = t.str("devices", None)
-    if value is not None and not re.fullmatch(r"\d+(,\d+)*", value):
-        raise t.error("devices", 'GPU indices like "0,1,2,3"', value)
+    if value is not None:
+        try:
+            validate.gpu_indices(value)
+        except ValueError:
+            raise t.error("devices", 'unique GPU indices like "0,1,2,3"', value) from None
     return value
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
@@ -508,6 +509,9 @@ def parse_prometheus(text: str) -> dict[str, float]:
 def metric_total(samples: Mapping[str, float], name: str) -> float | None:
     """Sum of every series of ``name`` (all label sets); None when the server has none."""
     found = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
+    bad = next((v for v in found if not math.isfinite(v)), None)
+    if bad is not None:  # +Inf in a counter: never int(inf), never a figure
+        raise untrusted.fail(untrusted.METRICS, f"{name} is {bad}, not a finite count", "/metrics")
     return sum(found) if found else None
 
 

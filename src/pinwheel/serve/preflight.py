@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel import runner
+from pinwheel import runner, untrusted, validate
 from pinwheel.cudaarch import CudaArch, parse_dotted
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest.serve import Engine, Image, ServeConfig, ServeProfile
@@ -85,9 +86,10 @@ def parse_gpu_csv(text: str) -> tuple[Gpu, ...]:
         if not line.strip():
             continue
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 5 or not cells[0].isdigit():
+        # ASCII digits only: str.isdigit() takes '²' and '٣', which int() then refuses
+        if len(cells) != 5 or not re.fullmatch(r"[0-9]{1,4}", cells[0], re.ASCII):
             raise PinwheelError(
-                f"unexpected nvidia-smi line {line!r}",
+                f"unexpected nvidia-smi line {line[:120]!r}",
                 where="nvidia-smi --query-gpu",
                 next="update the NVIDIA driver (compute_cap needs driver >= 510)",
             )
@@ -97,7 +99,9 @@ def parse_gpu_csv(text: str) -> tuple[Gpu, ...]:
                 index=int(idx),
                 name=name,
                 compute_capability=_capability(cc),
-                memory_mib=int(float(mem)) if re.fullmatch(r"\d+(\.\d+)?", mem) else None,
+                memory_mib=int(float(mem))
+                if re.fullmatch(r"[0-9]{1,12}(\.[0-9]{1,6})?", mem)
+                else None,
                 bus_id=bus,
             )
         )
@@ -124,7 +128,7 @@ class Topology:
         return tuple(p for p, kind in sorted(self.links.items()) if not kind.startswith("NV"))
 
 
-_GPU_LABEL = re.compile(r"^GPU(\d+)$")
+_GPU_LABEL = re.compile(r"^GPU([0-9]{1,4})$", re.ASCII)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # some drivers underline the header even when piped
 
 
@@ -376,7 +380,13 @@ def probe_engine(opts: Options) -> tuple[dict | None, str | None]:
         return None, f"engine interpreter {opts.python!r} not found"
     if res[0] != 0:
         return None, res[1].strip().splitlines()[-1] if res[1].strip() else f"exit {res[0]}"
-    return json.loads(res[1].strip().splitlines()[-1]), None
+    try:
+        probe = untrusted.answer_line(
+            res[1], untrusted.EngineProbe, untrusted.WORKER, f"{opts.python} (engine probe)"
+        )
+    except PinwheelError as exc:
+        return None, f"the engine probe's answer is malformed: {exc.what}"
+    return {"python": list(probe.python), "path": probe.path, "version": probe.version}, None
 
 
 def check_python(opts: Options, info: dict | None, error: str | None) -> Check:
@@ -588,38 +598,45 @@ def run_selftest(opts: Options, nbytes: int = 64 << 20) -> list[Check]:
     if p.returncode != 0:
         tail = (p.err_text.splitlines() or ["?"])[-1]
         return [Check("p2p self-test", FAIL, f"self-test crashed: {tail}", env_fix)]
-    res = json.loads(p.text.splitlines()[-1])
+    try:
+        ans = untrusted.answer_line(
+            p.text, untrusted.SelftestAnswer, untrusted.WORKER, "p2p self-test"
+        )
+    except PinwheelError as exc:
+        return [Check("p2p self-test", FAIL, f"malformed answer: {exc.what}", env_fix)]
     checks = []
-    pairs = res["pairs"]
-    bad = [f"GPU{r['src']}->GPU{r['dst']}" for r in pairs if not r["ok"]]
-    if res["devices"] < 2:
+    pairs = ans.pairs
+    bad = [f"GPU{r.src}->GPU{r.dst}" for r in pairs if not r.ok]
+    if ans.devices < 2:
         checks.append(
-            Check("p2p self-test", SKIP, f"{res['devices']} GPU visible: no pair to copy between")
+            Check("p2p self-test", SKIP, f"{ans.devices} GPU visible: no pair to copy between")
         )
     elif bad:
         checks.append(
             Check(
                 "p2p self-test",
                 FAIL,
-                f"corrupted copies ({res['via']}): {', '.join(bad)}",
+                f"corrupted copies ({ans.via}): {', '.join(bad)}",
                 "export NCCL_P2P_DISABLE=1 (or NCCL_P2P_LEVEL=NVL) and check ACS/IOMMU "
                 "settings in the BIOS; rerun `pinwheel preflight --selftest`",
             )
         )
     else:
-        peer = sum(1 for r in pairs if r.get("peer"))
+        peer = sum(1 for r in pairs if r.peer)
+        want = ans.devices * (ans.devices - 1)
         checks.append(
             Check(
                 "p2p self-test",
-                OK,
+                OK if len({(r.src, r.dst) for r in pairs}) == want else FAIL,
                 f"{len(pairs)} directed pairs copied {nbytes >> 20} MiB intact "
-                f"({peer} over peer access, via {res['via']})",
+                f"({peer} over peer access, via {ans.via})"
+                + ("" if len({(r.src, r.dst) for r in pairs}) == want else f"; {want} expected"),
             )
         )
-    gbad = [f"GPU{g['device']} {g['err_kind']} {g['err']:.2e}" for g in res["gemm"] if not g["ok"]]
+    gbad = [f"GPU{g.device} {g.err_kind} {g.err:.2e}" for g in ans.gemm if not g.ok]
     detail = ", ".join(
-        f"GPU{g['device']} {g['err_kind']} {g['err']:.1e}" + (" (PTX JIT)" if g.get("jit") else "")
-        for g in res["gemm"]
+        f"GPU{g.device} {g.err_kind} {g.err:.1e}" + (" (PTX JIT)" if g.jit else "")
+        for g in ans.gemm
     )
     checks.append(
         Check(
@@ -631,8 +648,8 @@ def run_selftest(opts: Options, nbytes: int = 64 << 20) -> list[Check]:
         if gbad
         else Check(
             "gemm self-test",
-            OK if res["gemm"] else SKIP,
-            (detail or "no GPU") + f" (via {res['via']})",
+            OK if ans.gemm else SKIP,
+            (detail or "no GPU") + f" (via {ans.via})",
         )
     )
     return checks
@@ -663,7 +680,10 @@ def preflight(opts: Options) -> tuple[Check, ...]:
             return None, "nvidia-smi not found"
         if res[0] != 0:
             return None, res[1].strip()[:200]
-        return parse_gpu_csv(res[1]), None
+        try:
+            return parse_gpu_csv(res[1]), None
+        except PinwheelError as exc:  # a malformed answer: the GPU check fails, saying why
+            return None, exc.what[:300]
 
     def topo() -> tuple[Topology | None, str | None]:
         if opts.profile.tensor_parallel_size < 2:
@@ -671,7 +691,10 @@ def preflight(opts: Options) -> tuple[Check, ...]:
         res = _run([smi, "topo", "-m"], opts.timeout_s)
         if res is None or res[0] != 0:
             return None, "nvidia-smi topo -m failed" + (f": {res[1].strip()[:200]}" if res else "")
-        return parse_topo(res[1]), None
+        try:
+            return parse_topo(res[1]), None
+        except PinwheelError as exc:
+            return None, exc.what[:300]
 
     image = opts.config.engine.image
     if image is not None:
@@ -795,7 +818,7 @@ def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | 
             "export NCCL_P2P_LEVEL=NVL (or NCCL_P2P_DISABLE=1) and check ACS/IOMMU settings; "
             + rerun,
         )
-    busbw = outcome.busbw_gbps or 0.0
+    busbw = outcome.busbw_gbps if outcome.busbw_gbps is not None else 0.0
     what = (
         f"{outcome.world} x {outcome.device} ({outcome.backend}"
         + (f" {outcome.nccl}" if outcome.nccl else "")
@@ -807,11 +830,12 @@ def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | 
         return Check(name, OK, f"{what}; one rank: no bus traffic, gate not applied")
     if gate is None:
         return Check(name, OK, f"{what}; not gated ({key} unset)")
-    if busbw < gate:
+    if not math.isfinite(busbw) or not busbw >= gate:  # NaN compares false: never a pass
+        below = "not a finite bandwidth" if not math.isfinite(busbw) else "below the gate"
         return Check(
             name,
             FAIL,
-            f"{what}; below the gate {gate:g} GB/s ({key})",
+            f"{what}; {below} {gate:g} GB/s ({key})",
             "check `nvidia-smi topo -m` (NVLink expected between tensor-parallel GPUs) "
             "and that no other job uses these GPUs; " + rerun,
         )
@@ -842,10 +866,10 @@ def device_indices(profile: ServeProfile, devices: str | None) -> tuple[int, ...
     if not text:
         return tuple(range(profile.gpus))
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
+        return validate.gpu_indices(text)
+    except ValueError as exc:
         raise PinwheelError(
-            f"CUDA_VISIBLE_DEVICES {text!r} is not a list of GPU indices",
+            f"CUDA_VISIBLE_DEVICES {text[:80]!r} is not a list of GPU indices: {exc}",
             where="--devices / CUDA_VISIBLE_DEVICES",
-            next="use indices like 0,1,2,3 (UUIDs are not supported by preflight)",
+            next="use unique indices like 0,1,2,3 (UUIDs are not supported by preflight)",
         ) from None
