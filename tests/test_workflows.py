@@ -218,6 +218,109 @@ def test_actionlint_catches_a_broken_workflow(tmp_path: Path) -> None:
     assert "SC2086" in result.stdout  # shellcheck: double quote to prevent globbing
 
 
+# --------------------------------------------------------------------------- zizmor
+
+# Findings accepted with an inline `# zizmor: ignore[rule] reason` on the line:
+# (workflow, rule) -> why. Nothing high or medium is accepted any other way, and
+# there is no config file that could switch an audit off.
+ACCEPTED_ZIZMOR = {
+    # Medium, auditor persona only: zizmor flags every self-hosted runner because it
+    # "can't detect whether self-hosted runners are ephemeral" (its audit's own words).
+    # Ours take one job each (JIT config) and only from trusted code, which
+    # test_only_trusted_code_reaches_a_self_hosted_runner checks.
+    ("gpu-qualify.yml", "self-hosted-runner"): "ephemeral JIT runner, gated by the gpu-box",
+}
+
+
+def zizmor() -> str:
+    exe = shutil.which("zizmor", path=str(Path(sys.executable).parent)) or shutil.which("zizmor")
+    if exe is None:
+        pytest.fail("zizmor is not installed: pip install -e '.[test]' (pyproject pins it)")
+    return exe
+
+
+def run_zizmor(target: Path, *options: str) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [zizmor(), "--offline", "--format", "json", *options, str(target)],
+        capture_output=True, text=True, timeout=300,
+        env={"PATH": "/usr/bin:/bin", "NO_COLOR": "1"},
+    )  # fmt: skip
+    # 0: nothing found; 10 + the highest severity found otherwise; anything else: broke.
+    assert result.returncode in (0, 11, 12, 13, 14), result.stderr
+    return list(json.loads(result.stdout))
+
+
+def test_zizmor_is_the_pinned_version() -> None:
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (pin,) = [r for r in pins["test"] if r.startswith("zizmor")]
+    out = subprocess.run([zizmor(), "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["zizmor", pin.removeprefix("zizmor==")]
+
+
+@pytest.mark.parametrize("persona", ["regular", "auditor"])
+def test_zizmor_finds_nothing_high_or_medium(persona: str) -> None:
+    findings = run_zizmor(WORKFLOWS, "--persona", persona)
+    serious = [
+        f"{f['ident']} ({f['determinations']['severity']}): "
+        + ", ".join(f"{loc['symbolic']['key']['Local']['given_path']}" for loc in f["locations"]
+                    if loc["symbolic"]["kind"] == "Primary")  # fmt: skip
+        for f in findings
+        if f["determinations"]["severity"] in ("High", "Medium")
+    ]
+    assert serious == []
+    # A low finding is accepted only by name, with its reason (none today).
+    assert [f["ident"] for f in findings if f["determinations"]["severity"] == "Low"] == []
+
+
+def test_every_accepted_zizmor_finding_is_named_with_its_reason() -> None:
+    assert not (ROOT / ".github" / "zizmor.yml").exists(), "audits are not switched off by config"
+    assert not (ROOT / "zizmor.yml").exists()
+    found = {}
+    for path in WORKFLOW_FILES:
+        for line in path.read_text().splitlines():
+            for m in re.finditer(r"#\s*zizmor:\s*ignore\[([a-z0-9-]+)\](.*)$", line):
+                rule, reason = m.group(1), m.group(2).strip()
+                assert len(reason.split()) >= 3, f"{path.name}: ignore[{rule}] gives no reason"
+                found[(path.name, rule)] = reason
+    assert set(found) == set(ACCEPTED_ZIZMOR)
+    for key, reason in ACCEPTED_ZIZMOR.items():
+        assert reason in found[key], key
+    # Without the ignore comments these, and only these, are what zizmor reports.
+    raw = run_zizmor(WORKFLOWS, "--persona", "auditor", "--no-ignores")
+    serious = {f["ident"] for f in raw if f["determinations"]["severity"] in ("High", "Medium")}
+    assert serious == {rule for _, rule in ACCEPTED_ZIZMOR}
+
+
+def test_zizmor_catches_what_the_audit_found_on_main(tmp_path: Path) -> None:
+    # A live auditor, not one that passes everything: the workflow_run trigger, the
+    # tag-triggered build that restores the compiler cache, and a container by tag.
+    bad = tmp_path / "bad.yml"
+    bad.write_text(
+        "name: bad\n"
+        "on:\n"
+        "  push:\n"
+        "    tags: ['v*']\n"
+        "  workflow_run:\n"
+        "    workflows: [ci]\n"
+        "    types: [completed]\n"
+        "permissions: {}\n"
+        "jobs:\n"
+        "  build:\n"
+        "    name: build\n"
+        "    runs-on: ubuntu-24.04\n"
+        "    container: python:3.11-bookworm\n"
+        "    steps:\n"
+        "      - uses: mozilla-actions/sccache-action@9e7fa8a12102821edf02ca5dbea1acd0f89a2696 # v0.0.10\n"
+        "      - run: make\n"
+    )
+    found = {f["ident"]: f["determinations"]["severity"] for f in run_zizmor(bad)}
+    assert found == {"dangerous-triggers": "High", "cache-poisoning": "High"}
+    # The auditor persona also reports an image pinned by a tag, not a digest.
+    audited = {f["ident"]: f["determinations"]["severity"]
+               for f in run_zizmor(bad, "--persona", "auditor")}  # fmt: skip
+    assert audited["unpinned-images"] == "High"
+
+
 # --------------------------------------------------------------------------- the GPU box
 
 
