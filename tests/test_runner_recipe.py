@@ -14,11 +14,11 @@ import http.server
 import json
 import os
 import re
-import threading
 import shutil
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,7 +216,8 @@ def test_register_checks_the_token_and_starts_the_unit(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     # Nothing is registered here (no config.sh): the service asks for a JIT runner per job.
     assert log.read_text().splitlines() == [
-        "daemon-reload", "enable --now pinwheel-runner-box1.service"
+        "daemon-reload",
+        "enable --now pinwheel-runner-box1.service",
     ]
     written = [p.read_text() for p in (tmp_path / "systemd").iterdir()]
     written.append((tmp_path / "etc" / "runner.env").read_text())
@@ -419,3 +420,29 @@ def test_health_check_fails_with_real_preflight_without_gpus(tmp_path: Path) -> 
     )
     assert result.returncode not in (0, 2), result.stdout + result.stderr
     assert "health check FAILED" in result.stderr
+
+
+def test_the_settings_checklist_names_what_the_workflows_use() -> None:
+    # The README's checklist and the workflows must not drift apart: the environments
+    # the GPU and signing jobs wait in, the workflows the runner group admits, the
+    # release tag patterns the environments deploy from.
+    import yaml
+
+    readme = (RUNNER / "README.md").read_text()
+    workflows = ROOT / ".github" / "workflows"
+    release = yaml.safe_load((workflows / "release.yml").read_text())
+    jobs = release["jobs"]
+    assert jobs["build"]["environment"] == "gpu-box" and "`gpu-box`" in readme
+    assert jobs["assemble"]["environment"] == "release-signing" and "`release-signing`" in readme
+    admitted = re.findall(r"`OWNER/REPO/\.github/workflows/([a-z-]+\.yml)@(refs/[a-z]+/[^`]+)`",
+                          readme)  # fmt: skip
+    assert sorted(admitted) == [("gpu-qualify.yml", "refs/heads/main"),
+                                ("gpu-qualify.yml", "refs/tags/*"),
+                                ("release.yml", "refs/tags/*")]  # fmt: skip
+    assert all((workflows / name).is_file() for name, _ in admitted)
+    on = release.get("on") or release[True]
+    for pattern in on["push"]["tags"]:
+        assert f"`{pattern}`" in readme, pattern
+    for setting in ("all_external_contributors", "restricted_to_workflows", "required_reviewers",
+                    "PINWHEEL_SIGN_KEY"):  # fmt: skip
+        assert setting in readme

@@ -262,8 +262,11 @@ def test_zizmor_finds_nothing_high_or_medium(persona: str) -> None:
     findings = run_zizmor(WORKFLOWS, "--persona", persona)
     serious = [
         f"{f['ident']} ({f['determinations']['severity']}): "
-        + ", ".join(f"{loc['symbolic']['key']['Local']['given_path']}" for loc in f["locations"]
-                    if loc["symbolic"]["kind"] == "Primary")  # fmt: skip
+        + ", ".join(
+            f"{loc['symbolic']['key']['Local']['given_path']}"
+            for loc in f["locations"]
+            if loc["symbolic"]["kind"] == "Primary"
+        )  # fmt: skip
         for f in findings
         if f["determinations"]["severity"] in ("High", "Medium")
     ]
@@ -406,7 +409,9 @@ def calls_workflow(job: dict[str, Any], file: str) -> bool:
     return uses.endswith(f".github/workflows/{file}")
 
 
-def fork_paths(file: str, workflows: dict[str, dict[str, Any]], seen: tuple[str, ...] = ()) -> list[str]:
+def fork_paths(
+    file: str, workflows: dict[str, dict[str, Any]], seen: tuple[str, ...] = ()
+) -> list[str]:
     """The triggers through which code a fork controls can start workflow ``file``."""
     found: list[str] = []
     seen = (*seen, file)
@@ -563,6 +568,7 @@ def test_gpu_jobs_run_only_on_protected_refs() -> None:
     )
     on = load_workflow(WORKFLOWS / "release.yml")["on"]
     assert set(on["push"]) == {"tags"}  # the release build: tags only
+
 
 def test_actionlint_knows_exactly_the_manifest_custom_labels() -> None:
     config = yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())
