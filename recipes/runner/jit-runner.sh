@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
         --token-file) token_file=$2; shift 2 ;;
         --retry) retry=$2; shift 2 ;;
         --once) once=1; shift ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) die "unknown option $1" "recipes/runner/jit-runner.sh --help" ;;
     esac
 done

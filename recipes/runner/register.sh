@@ -58,7 +58,7 @@ while [ $# -gt 0 ]; do
         --etc) etc=$2; shift 2 ;;
         --systemd-dir) systemd_dir=$2; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
-        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) die "unknown option $1" "recipes/runner/register.sh --help" ;;
     esac
 done
