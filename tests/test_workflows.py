@@ -250,6 +250,16 @@ def run_zizmor(target: Path, *options: str) -> list[dict[str, Any]]:
     return list(json.loads(result.stdout))
 
 
+def where(finding: dict[str, Any]) -> list[str]:
+    """file:line of a zizmor finding's primary locations (as its plain output shows them)."""
+    out = []
+    for loc in finding["locations"]:
+        if loc["symbolic"]["kind"] == "Primary":
+            path = next(iter(loc["symbolic"]["key"].values())).get("verbatim_path", "?")
+            out.append(f"{Path(path).name}:{loc['concrete']['location']['start_point']['row'] + 1}")
+    return out
+
+
 def test_zizmor_is_the_pinned_version() -> None:
     pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     (pin,) = [r for r in pins["test"] if r.startswith("zizmor")]
@@ -261,12 +271,7 @@ def test_zizmor_is_the_pinned_version() -> None:
 def test_zizmor_finds_nothing_high_or_medium(persona: str) -> None:
     findings = run_zizmor(WORKFLOWS, "--persona", persona)
     serious = [
-        f"{f['ident']} ({f['determinations']['severity']}): "
-        + ", ".join(
-            f"{loc['symbolic']['key']['Local']['given_path']}"
-            for loc in f["locations"]
-            if loc["symbolic"]["kind"] == "Primary"
-        )  # fmt: skip
+        f"{f['ident']} ({f['determinations']['severity']}) at " + ", ".join(where(f))
         for f in findings
         if f["determinations"]["severity"] in ("High", "Medium")
     ]
@@ -559,6 +564,17 @@ def test_the_planted_fork_ci_edit_is_also_a_real_file_the_check_reads(tmp_path: 
         "ci.yml:lint can run self-hosted outside the gate environment ['gpu-box'] "
         "(environment: None)",
     ]
+
+
+def test_a_literal_matrix_of_hosted_runners_is_not_self_hosted() -> None:
+    # The other side of the conservative rule: only what can be read as hosted is hosted.
+    job = {"runs-on": "${{ matrix.os }}", "strategy": {"matrix": {"os": ["ubuntu-24.04"]}}}
+    assert not may_run_self_hosted(job)
+    assert may_run_self_hosted({**job, "strategy": {"matrix": {"os": ["ubuntu-24.04", "gpu"]}}})
+    assert may_run_self_hosted({**job, "strategy": {"matrix": "${{ fromJSON(inputs.m) }}"}})
+    assert may_run_self_hosted({"runs-on": "${{ inputs.runner }}"})
+    assert not may_run_self_hosted({"runs-on": ["ubuntu-24.04"]})
+    assert may_run_self_hosted({"runs-on": ["ubuntu-24.04", "self-hosted"]})
 
 
 def test_gpu_jobs_run_only_on_protected_refs() -> None:
