@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gitfixture import UPSTREAM_URL, Upstream, manifest_text
 import testenv
+from gitfixture import UPSTREAM_URL, Upstream, manifest_text
 from pinwheel.cli import main
 
 

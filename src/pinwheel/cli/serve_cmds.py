@@ -289,8 +289,8 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit({"recipe": str(recipe), "ok": True}, f"{_shown(recipe)} matches [serve]")
         return 0
     r = _resolve(ctx, args)
-    if (why := _no_vllm(r.python)) is not None:
-        raise UsageError(
+    if (why := _no_vllm(r.python)) is not None:  # the command is right; the machine lacks a part
+        raise PinwheelError(
             f"vLLM cannot be imported by the engine python {r.python} ({why})",
             where=f"pinwheel serve (python from {r.python_from})",
             next="install the release into a venv (`pinwheel install wheels --venv .venv-engine`) "
