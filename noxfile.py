@@ -6,24 +6,21 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "kernels", "qualify-cpu"]
+nox.options.sessions = ["lint", "tests", "terminal", "kernels", "qualify-cpu"]
 
 
-def _test_caches() -> None:
-    """Every session's caches live in $PINWHEEL_TEST_CACHE (default ~/.cache/pinwheel-test):
-    pinwheel's own cache is set to a directory inside it, so the tests never write into
-    the user's ~/.cache/pinwheel (README: what the test command costs)."""
-    root = os.environ.get("PINWHEEL_TEST_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "pinwheel-test"
-    )
-    os.environ["PINWHEEL_TEST_CACHE"] = root
-    os.environ["PINWHEEL_CACHE"] = os.path.join(root, "pinwheel")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+import testenv  # noqa: E402  (tests/testenv.py: the one definition, shared with conftest.py)
 
-
-_test_caches()
+# Every session's caches live in $PINWHEEL_TEST_CACHE (default ~/.cache/pinwheel-test):
+# pinwheel's own and every tool's (vLLM, matplotlib, uv, ...), so the tests never write into
+# the user's ~/.cache (README: what the test command costs); the terminal's width and
+# colour never reach a session.
+testenv.apply(os.environ, testenv.default_root())
 nox.options.reuse_existing_virtualenvs = True
 PYTHONS = ["3.11"]
 
@@ -35,6 +32,23 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "-m", "not slow", *session.posargs)
 
 
+# The tests a person's terminal could change: CLI help and output, the launcher, the
+# README's commands, progress lines.
+TERMINAL_TESTS = ["tests/test_launcher.py", "tests/test_readme.py", "tests/test_first_hour.py",
+                  "tests/test_frontend.py", "tests/test_terminal.py"]  # fmt: skip
+
+
+@nox.session(python=PYTHONS)
+def terminal(session: nox.Session) -> None:
+    """The tests session's selection in a 120-column pseudo-terminal, then the tests of
+    terminal-facing output at 200 columns: no test may read the caller's width, colour or
+    TTY by accident (a piped run, as CI's, cannot see that)."""
+    session.install("-e", ".[test,build]")
+    pty = ["python", "tests/ptyrun.py", "--columns"]
+    session.run(*pty, "120", "--", "pytest", "-m", "not slow", "-q", *session.posargs)
+    session.run(*pty, "200", "--", "pytest", "-m", "not slow", "-q", *TERMINAL_TESTS)
+
+
 @nox.session(python=PYTHONS)
 def lint(session: nox.Session) -> None:
     """ruff over everything, mypy over src/."""
@@ -43,22 +57,20 @@ def lint(session: nox.Session) -> None:
     session.run("mypy", "src")
 
 
-# Provisions CUDA 12.4 into argv[1] (a cache dir) and prints the toolkit's root.
+# Finds or provisions CUDA 12.4 in argv[1] (a cache dir), reporting on stderr, and writes
+# the toolkit's root to argv[2].
 PROVISION = """
 import os, sys
 from pathlib import Path
 from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.progress import LineReporter
 config = BuildConfig(python="%d.%d" % sys.version_info[:2], cuda="12.4", arches=("8.0", "9.0"),
                      ptx=True, torch=None, label=None, version=None)
 toolkit = resolve_toolkit(ToolkitRequest(config, Path(sys.argv[1]), {"PATH": os.defpath},
-                                         provision=True))
-print(toolkit.root)
+                                         provision=True, reporter=LineReporter(sys.stderr)))
+Path(sys.argv[2]).write_text(str(toolkit.root))
 """
-
-
-def _test_cache() -> str:
-    return os.environ.get("PINWHEEL_TEST_CACHE") or os.path.expanduser("~/.cache/pinwheel-test")
 
 
 @nox.session(python=PYTHONS)
@@ -67,10 +79,13 @@ def kernels(session: nox.Session) -> None:
     real-nvcc fatbin test with that toolkit's nvcc on PATH (it must run, not skip)."""
     session.install("-e", ".[test,kernels,build]")
     session.run("pytest", "-m", "slow and kernels", "-s", *session.posargs)
-    out = session.run(
-        "python", "-c", PROVISION, os.path.join(_test_cache(), "kernels-session"), silent=True
-    )
-    root = str(out).strip().splitlines()[-1]
+    # The one CUDA 12.4 copy of the test cache: pinwheel's test cache, where the other
+    # sessions' builds find it (progress on stderr: sizes first, then bytes).
+    session.log("CUDA 12.4 for the real-nvcc check: found in or provisioned into the test cache")
+    where = os.path.join(os.environ["PINWHEEL_TEST_CACHE"], "kernels-session-toolkit.txt")
+    session.run("python", "-c", PROVISION, os.environ["PINWHEEL_CACHE"], where)
+    with open(where) as f:
+        root = f.read().strip()
     path = os.pathsep.join([os.path.join(root, "bin"), session.env.get("PATH") or os.defpath])
     session.run(
         "pytest", "tests/test_check.py", "-k", "nvcc", "-rs",

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
+import testenv
 from gitfixture import UPSTREAM_URL, Upstream, manifest_text
 from pinwheel.cli import main
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The tests' caches: $PINWHEEL_TEST_CACHE (default ~/.cache/pinwheel-test), and
-    pinwheel's cache inside it, never the user's ~/.cache/pinwheel (noxfile.py does the
-    same for every session; this covers a plain `pytest`)."""
-    root = os.environ.get("PINWHEEL_TEST_CACHE") or str(Path.home() / ".cache" / "pinwheel-test")
-    os.environ["PINWHEEL_TEST_CACHE"] = root
-    os.environ["PINWHEEL_CACHE"] = str(Path(root) / "pinwheel")
+    """The tests' caches: $PINWHEEL_TEST_CACHE (default ~/.cache/pinwheel-test) holds
+    pinwheel's cache and every tool's (tests/testenv.py), never the user's ~/.cache; the
+    terminal's width and colour never reach a test (noxfile.py does the same for every
+    session; this covers a plain `pytest`)."""
+    testenv.apply(os.environ, testenv.default_root())
 
 
 @dataclass

@@ -158,6 +158,12 @@ def python_line(r: ServeOptions) -> str:
 # --------------------------------------------------------------------------- preflight
 
 
+def _pinned_python(ctx: Context) -> str | None:
+    """The manifest's `[build] python` (the wheels' Python), when it has a [build] table."""
+    build = getattr(ctx.manifest(), "build", None)
+    return getattr(build, "python", None)
+
+
 def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.serve.preflight import FAIL, Options, PreflightFailed, device_indices, preflight
 
@@ -175,6 +181,7 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
         container_runtime=args.container_runtime,
         torch_python=args.python or ctx.environ.get("PYTHON"),
         cache=ctx.cache,
+        pinned_python=_pinned_python(ctx),
     )
     checks = preflight(opts)
     took = time.monotonic() - start
@@ -289,8 +296,8 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit({"recipe": str(recipe), "ok": True}, f"{_shown(recipe)} matches [serve]")
         return 0
     r = _resolve(ctx, args)
-    if (why := _no_vllm(r.python)) is not None:
-        raise UsageError(
+    if (why := _no_vllm(r.python)) is not None:  # the command is right; the machine lacks a part
+        raise PinwheelError(
             f"vLLM cannot be imported by the engine python {r.python} ({why})",
             where=f"pinwheel serve (python from {r.python_from})",
             next="install the release into a venv (`pinwheel install wheels --venv .venv-engine`) "

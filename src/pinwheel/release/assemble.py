@@ -166,6 +166,27 @@ def _fact(key: str, value: Any) -> str:
     return f"`{md.code(value)}`"
 
 
+def stack_not_replayed(provenance: Mapping[str, Any]) -> bool:
+    """A set of kernel wheels only, whose receipt records no replayed tree: the stack the
+    manifest pins (base, steps, tag) was never replayed for it."""
+    components = [c for c in provenance.get("components") or [] if isinstance(c, dict)]
+    return (
+        bool(components)
+        and all(c.get("kind") == "kernel" for c in components)
+        and not provenance.get("tree")
+    )
+
+
+def stack_statement(manifest: Manifest) -> str:
+    steps = len(manifest.steps)
+    tag = f", tag {manifest.result.tag}" if manifest.result.tag else ""
+    return (
+        f"the stack {manifest.path.name} pins ({manifest.upstream.commit[:12]} + {steps} "
+        f"step(s){tag}) was not replayed or built for this release; it carries only the "
+        "kernel wheels listed under Components, each with its own recorded source"
+    )
+
+
 def render_notes(
     manifest: Manifest,
     provenance: Mapping[str, Any],
@@ -176,7 +197,9 @@ def render_notes(
 ) -> str:
     """RELEASE_NOTES.md from the manifest and the receipts; deterministic (no clock).
     ``floors``: wheel -> the floor ``pinwheel check`` read from its ELF members."""
-    tag = provenance.get("tag") or manifest.result.tag or manifest.name
+    tag = provenance.get("tag") or (
+        f"{manifest.name} (kernels)" if stack_not_replayed(provenance) else None
+    ) or manifest.result.tag or manifest.name
     upstream = provenance.get("upstream") or {}
     base = upstream.get("base") or manifest.upstream.commit
     url = redact(upstream.get("url") or manifest.upstream.url)
@@ -188,9 +211,10 @@ def render_notes(
         out += [f"- Head: `{md.code(provenance['head'])}`"]
     out += [f"- Manifest: `{manifest.path.name}` sha256 `{manifest.sha256}`", ""]
 
+    out += ["## Steps", ""]
+    if stack_not_replayed(provenance):
+        out += [f"Not replayed for this release: {md.text(stack_statement(manifest))}", ""]
     out += [
-        "## Steps",
-        "",
         "| # | action | PR | title | head | authors |",
         "|---|---|---|---|---|---|",
     ]
@@ -382,6 +406,8 @@ def assemble(request: AssembleRequest) -> Release:
             first.append(
                 f"**UNVERIFIED RELEASE** (made with --allow-unverified): {'; '.join(reasons)}"
             )
+        if stack_not_replayed(provenance):
+            first.append(f"**UNVERIFIED STACK**: {stack_statement(manifest)}")
         if substituted := headline(from_receipt(provenance)):
             first.append(f"**{substituted}**")
         if first:

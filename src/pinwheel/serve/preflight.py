@@ -188,6 +188,9 @@ class Options:
     # engine the engine's torch is inside the image, so the all-reduce runs with this one
     torch_python: str | None = None
     cache: Path | None = None  # pinwheel's cache: a toolkit `pinwheel toolchain` provisioned
+    # the manifest's `[build] python` ("3.12"): the wheels' cp tag, so the engine Python's
+    # minor version must equal it (None: the manifest pins none)
+    pinned_python: str | None = None
 
 
 def _run(argv: Sequence[str], timeout: float) -> tuple[int, str] | None:
@@ -407,7 +410,19 @@ def check_python(opts: Options, info: dict | None, error: str | None) -> Check:
             f"engine Python {text}; vLLM supports {lo[0]}.{lo[1]}-{hi[0]}.{hi[1]}",
             "recreate the engine venv with a supported Python and `pinwheel install` into it",
         )
-    return Check("python", OK, f"engine Python {text} ({opts.python})")
+    if opts.pinned_python is not None and f"{v[0]}.{v[1]}" != opts.pinned_python:
+        return Check(
+            "python",
+            FAIL,
+            f"engine Python {text} ({opts.python}), but [build] python pins "
+            f"{opts.pinned_python}: the release's cp{opts.pinned_python.replace('.', '')} "
+            "wheels do not install into it",
+            f"make the engine venv with Python {opts.pinned_python} "
+            f"(`uv venv --python {opts.pinned_python} .venv-engine`) and `pinwheel install` "
+            "into it",
+        )
+    pin = ", as [build] python pins" if opts.pinned_python is not None else ""
+    return Check("python", OK, f"engine Python {text} ({opts.python}){pin}")
 
 
 def check_engine(engine: Engine, info: dict | None) -> Check:

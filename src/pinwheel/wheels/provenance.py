@@ -142,7 +142,9 @@ def receipt(
         base, head, tree, tag = replayed.base, replayed.head, replayed.tree, replayed.tag
         steps = _steps(replayed)
     else:
-        base, head, tree, tag = manifest.upstream.commit, None, None, manifest.result.tag
+        # nothing replayed: the manifest's pins, labelled as such ("replayed": false); no
+        # tag, which names a replayed stack
+        base, head, tree, tag = manifest.upstream.commit, None, None, None
         steps = [
             {
                 "number": s.number,
@@ -163,6 +165,7 @@ def receipt(
             "base": base,
         },
         "steps": steps,
+        "replayed": replayed is not None,
         "head": head,
         "tree": tree,
         "tag": tag,

@@ -183,7 +183,7 @@ def publish(
         if not any(b.kind == "engine" for b in built) and old_receipt is not None:
             if any(c.get("kind") == "engine" for c in old_components.values()):
                 # the kept engine wheel was replayed by an earlier run: keep what it recorded
-                for key in ("upstream", "steps", "head", "tree", "tag"):
+                for key in ("upstream", "steps", "replayed", "head", "tree", "tag"):
                     payload[key] = old_receipt.get(key)
         payload["wheels"] = {n: digests[n] for n in names}
         payload["built"] = sorted(b.wheel.name for b in built)
