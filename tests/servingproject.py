@@ -31,14 +31,17 @@ from gitfixture import Upstream
 from tinyproject import STANDIN_SETUP
 
 SETUP = (
-    STANDIN_SETUP.replace('pkg = os.path.join(self.build_lib, "tiny")',
-                          'pkg = os.path.join(self.build_lib, "vllm")')
+    STANDIN_SETUP.replace(
+        'pkg = os.path.join(self.build_lib, "tiny")', 'pkg = os.path.join(self.build_lib, "vllm")'
+    )
     .replace('"csrc/probe.c"', '"csrc/cost.c"')
-    .replace('setup(name="tiny", version=os.environ["SETUPTOOLS_SCM_PRETEND_VERSION"], '
-             'packages=["tiny"],',
-             'setup(name="tinyserve", version=os.environ["SETUPTOOLS_SCM_PRETEND_VERSION"], '
-             'packages=["vllm", "vllm.entrypoints", "vllm.entrypoints.openai"],')
-)  # fmt: skip
+    .replace(
+        'setup(name="tiny", version=os.environ["SETUPTOOLS_SCM_PRETEND_VERSION"], '
+        'packages=["tiny"],',
+        'setup(name="tinyserve", version=os.environ["SETUPTOOLS_SCM_PRETEND_VERSION"], '
+        'packages=["vllm", "vllm.entrypoints", "vllm.entrypoints.openai"],',
+    )
+)
 assert '"vllm.entrypoints.openai"' in SETUP and "csrc/cost.c" in SETUP and '"vllm")' in SETUP
 
 COST_C = "int tiny_pass_cost_us(void) { return %d; }\n"

@@ -40,12 +40,22 @@ def serving(tmp_path: Path) -> Serving:
     return make_serving_upstream(tmp_path)
 
 
-def _manifest(s: Serving, prs: list[int], *, titles: dict[int, str] | None = None,
-              max_tokens: int = 25, name: str = "m.toml") -> Path:  # fmt: skip
+def _manifest(
+    s: Serving,
+    prs: list[int],
+    *,
+    titles: dict[int, str] | None = None,
+    max_tokens: int = 25,
+    name: str = "m.toml",
+) -> Path:
     steps: list[dict[str, object]] = []
     for pr in prs:
-        step: dict[str, object] = {"action": "pick", "pr": pr, "head": s.heads[pr],
-                                   "commits": s.commits[pr]}  # fmt: skip
+        step: dict[str, object] = {
+            "action": "pick",
+            "pr": pr,
+            "head": s.heads[pr],
+            "commits": s.commits[pr],
+        }
         if titles and pr in titles:
             step["title"] = titles[pr]
         steps.append(step)
@@ -70,9 +80,14 @@ def test_attribution_finds_each_steps_effect_with_its_sign(serving: Serving) -> 
     request = AttributeRequest(
         variants=VariantRequest(_replay_request(s, manifest)),
         build=BuildRequest(
-            manifest=m, cache=s.tmp / "cache", out_dir=s.tmp / "unused", environ=environ,
-            mirrors={UPSTREAM_URL: str(s.up.bare)}, kernels=(), cuda=False,
-        ),  # fmt: skip
+            manifest=m,
+            cache=s.tmp / "cache",
+            out_dir=s.tmp / "unused",
+            environ=environ,
+            mirrors={UPSTREAM_URL: str(s.up.bare)},
+            kernels=(),
+            cuda=False,
+        ),
         out=out,
         model=str(s.tmp / "model"),
         environ=environ,
@@ -110,8 +125,9 @@ def test_attribution_finds_each_steps_effect_with_its_sign(serving: Serving) -> 
     assert len({b.sha256 for b in builds.values()}) == 5
 
     # The full variant is what `pinwheel run` replays; receipts name trees, wheels, commands.
-    full = replay_manifest(m, cache=s.tmp / "cache", mirrors={UPSTREAM_URL: str(s.up.bare)},
-                           write_refs=False)  # fmt: skip
+    full = replay_manifest(
+        m, cache=s.tmp / "cache", mirrors={UPSTREAM_URL: str(s.up.bare)}, write_refs=False
+    )
     doc = json.loads((out / "attribution.json").read_text())
     assert doc["schema"] == "pinwheel.attribution/1"
     variants = {v["name"]: v for v in doc["variants"]}
@@ -154,8 +170,11 @@ def test_prefixes_pair_each_step_with_the_stack_before_it(serving: Serving) -> N
     plan = replay_variants(VariantRequest(_replay_request(serving, manifest), mode=PREFIXES))
     assert [v.name for v in plan.variants] == ["full", "prefix-1", "prefix-0", "prefix-2"]
     pairs = [(c.step.number, c.with_, c.without) for c in plan.comparisons]
-    assert pairs == [(1, "prefix-1", "prefix-0"), (2, "prefix-2", "prefix-1"),
-                     (3, "full", "prefix-2")]  # fmt: skip
+    assert pairs == [
+        (1, "prefix-1", "prefix-0"),
+        (2, "prefix-2", "prefix-1"),
+        (3, "full", "prefix-2"),
+    ]
     assert plan.variant("prefix-0").tree == plan.variant("prefix-0").result.tree  # type: ignore[union-attr]
     # The stack of no step is the base's own tree.
     base_tree = serving.up.rev(f"{serving.base}^{{tree}}")
@@ -170,9 +189,22 @@ def test_an_unknown_step_is_a_usage_error_before_any_work(serving: Serving, caps
     manifest = _manifest(serving, [11])
     with pytest.raises(UsageError, match="no step 4"):
         replay_variants(VariantRequest(_replay_request(serving, manifest), steps=(4,)))
-    rc = main(["--manifest", str(manifest), "--cache", str(serving.tmp / "cache"), "--json",
-               "attribute", "--step", "4", "--out", str(serving.tmp / "o"),
-               "--model", "m"])  # fmt: skip
+    rc = main(
+        [
+            "--manifest",
+            str(manifest),
+            "--cache",
+            str(serving.tmp / "cache"),
+            "--json",
+            "attribute",
+            "--step",
+            "4",
+            "--out",
+            str(serving.tmp / "o"),
+            "--model",
+            "m",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert rc == 2 and doc["error"]["what"].startswith("no step 4")
     assert not (serving.tmp / "o").exists()

@@ -18,20 +18,40 @@ def register(sub: Any) -> None:
         "step, interleaved; Δ ms/pass, acceptance, KLD and needles with bootstrap CIs",
         run_attribute,
     )
-    p.add_argument("--step", type=int, action="append", default=None, metavar="N",
-                   help="attribute step N only (repeatable; default: every step)")  # fmt: skip
     p.add_argument(
-        "--prefixes", action="store_true",
+        "--step",
+        type=int,
+        action="append",
+        default=None,
+        metavar="N",
+        help="attribute step N only (repeatable; default: every step)",
+    )
+    p.add_argument(
+        "--prefixes",
+        action="store_true",
         help="compare the first N steps with the first N-1 (default: the full stack with and "
         "without each step)",
-    )  # fmt: skip
-    p.add_argument("--out", required=True, help="directory for attribution.json/.md/.png, "
-                   "the variants' wheels, venvs and server logs")  # fmt: skip
-    p.add_argument("--rounds", type=int, default=3,
-                   help="interleaved rounds; each serves every variant once (default 3)")
-    p.add_argument("--samples", type=int, default=4,
-                   help="greedy decodes per serving, [qualify].max_tokens each (default 4)")
-    p.add_argument("--profile", default=None, help="[serve.profile.NAME] (default: [serve].default)")
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        help="directory for attribution.json/.md/.png, the variants' wheels, venvs and server logs",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds; each serves every variant once (default 3)",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=4,
+        help="greedy decodes per serving, [qualify].max_tokens each (default 4)",
+    )
+    p.add_argument(
+        "--profile", default=None, help="[serve.profile.NAME] (default: [serve].default)"
+    )
     p.add_argument("--model", default=None, help="model directory (default: $<env_prefix>_MODEL)")
     p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     p.add_argument("--torch-backend", default=None, help="uv's --torch-backend for the venvs")
@@ -40,15 +60,21 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--confidence", type=float, default=0.95, help="CI level (default 0.95)")
     p.add_argument(
-        "--min-effect-ms", type=float, default=0.0,
+        "--min-effect-ms",
+        type=float,
+        default=0.0,
         help="also call a |Δ ms/pass| below this within noise (default 0: the CI alone decides)",
-    )  # fmt: skip
+    )
     p.add_argument("--no-needles", action="store_true", help="skip the profile's needles")
     p.add_argument("--no-kld", action="store_true", help="skip the pinned panel's KLD")
     p.add_argument("--allow-drift", action="store_true", help="replay pinned heads that moved")
     p.add_argument("--no-cache", action="store_true", help="build without the compiler cache")
-    p.add_argument("--wheelhouse", type=Path, default=None,
-                   help="install [build.requirements] from this directory of wheels")
+    p.add_argument(
+        "--wheelhouse",
+        type=Path,
+        default=None,
+        help="install [build.requirements] from this directory of wheels",
+    )
 
 
 def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
@@ -75,11 +101,17 @@ def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
             mode=PREFIXES if args.prefixes else LEAVE_ONE_OUT,
         ),
         build=BuildRequest(
-            manifest=manifest, cache=ctx.cache, out_dir=Path(args.out).absolute(),
-            environ=ctx.environ, mirrors=ctx.mirrors, offline=ctx.offline,
-            provision=not ctx.offline, kernels=(), compiler_cache=not args.no_cache,
+            manifest=manifest,
+            cache=ctx.cache,
+            out_dir=Path(args.out).absolute(),
+            environ=ctx.environ,
+            mirrors=ctx.mirrors,
+            offline=ctx.offline,
+            provision=not ctx.offline,
+            kernels=(),
+            compiler_cache=not args.no_cache,
             wheelhouse=Path(wheelhouse).absolute() if wheelhouse else None,
-        ),  # fmt: skip
+        ),
         out=Path(args.out).absolute(),
         model=str(model),
         environ=ctx.environ,

@@ -46,14 +46,14 @@ from pinwheel.manifest.serve import QualifyConfig, QualifyProfile, ServeConfig, 
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.release.install import InstallRequest, install, venv_python
 from pinwheel.serve import fidelity, pairstats
+from pinwheel.serve.attribution import AttributeOutcome, Built, Serving, StepEffect
 from pinwheel.serve.client import Client, Stream
 from pinwheel.serve.qualify import decode_sample, run_needles, wait_healthy, wait_idle
-from pinwheel.serve.receipt import DecodeSample, FidelityResult, NeedleResult
+from pinwheel.serve.receipt import DecodeSample, NeedleResult
 from pinwheel.serve.recipe import launch
 from pinwheel.serve.supervise import free_port, started_server
 from pinwheel.source.variants import FULL, Variant, VariantPlan, VariantRequest, replay_variants
 
-SCHEMA = "pinwheel.attribution/1"
 MAX_ROUNDS = 1000
 MAX_SAMPLES = 1000
 
@@ -82,70 +82,6 @@ class AttributeRequest:
     kld: bool = True  # the pinned panel's KLD, first round
 
 
-@dataclass(frozen=True)
-class Serving:
-    """One variant served once: its decode samples (and, first round, needles and KLD)."""
-
-    variant: str
-    round: int
-    command: tuple[str, ...]
-    samples: tuple[DecodeSample, ...]
-    texts: tuple[str, ...]  # sha256 of each sample's greedy text
-    needles: tuple[NeedleResult, ...] = ()
-    fidelity: FidelityResult | None = None
-    seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class Built:
-    """A variant's wheel set and what building it cost."""
-
-    variant: str
-    wheels: Path
-    wheel: str
-    sha256: str
-    seconds: float  # the engine producer's seconds
-    wall_s: float  # the whole build() call
-    reused: tuple[str, ...]  # compiled members taken from the full stack's wheel
-    changed: tuple[str, ...]  # files that differ from the tree built before it
-    venv: Path | None = None
-    install: tuple[tuple[str, ...], ...] = ()
-
-
-@dataclass(frozen=True)
-class StepEffect:
-    number: int
-    label: str
-    title: str | None
-    with_: str
-    without: str
-    ms_per_pass: pairstats.Effect | None
-    acceptance: pairstats.Effect | None
-    tok_s: pairstats.Effect | None
-    kld: tuple[float | None, float | None]  # mean KLD with, without (first round)
-    needles: tuple[str, str]  # "2/2 pass" with, without
-    text: str  # "same" | "differs" | "unmeasured"
-
-    @property
-    def delta_kld(self) -> float | None:
-        a, b = self.kld
-        return a - b if a is not None and b is not None else None
-
-
-@dataclass(frozen=True)
-class AttributeOutcome:
-    manifest: Mapping[str, str]
-    mode: str
-    rounds: int
-    samples: int
-    plan: VariantPlan = field(repr=False)
-    builds: tuple[Built, ...]
-    servings: tuple[Serving, ...]
-    effects: tuple[StepEffect, ...]
-    settings: Mapping[str, Any]
-    files: Mapping[str, str] = field(default_factory=dict)  # kind -> file name in out
-
-
 def attribute(request: AttributeRequest, reporter: Reporter = SILENT) -> AttributeOutcome:
     """Replay, build, install, serve interleaved, compare; write the report; return it."""
     from pinwheel.serve.attribute_report import write_outputs
@@ -159,7 +95,9 @@ def attribute(request: AttributeRequest, reporter: Reporter = SILENT) -> Attribu
     for step, why in plan.blocked:
         reporter.info(f"{step.label} cannot be left out: {why.label}: {why.what}")
     needed = [v for v in plan.variants if v.result is not None and _used(plan, v.name)]
-    builds = _build_all(request, needed, out, reporter)
+    builds = install_variants(
+        request, build_variants(request, needed, out, reporter), out, reporter
+    )
     servings = _serve_all(request, builds, out, scfg, sprof, qcfg, qprof, reporter)
     effects = tuple(_effect(request, plan, c, servings) for c in plan.comparisons)
     outcome = AttributeOutcome(
@@ -211,14 +149,23 @@ def _configs(
 
 def _check(request: AttributeRequest) -> None:
     if not 1 <= request.rounds <= MAX_ROUNDS:
-        raise UsageError(f"--rounds {request.rounds} is outside 1..{MAX_ROUNDS}",
-                         where="--rounds", next="pass e.g. --rounds 5")  # fmt: skip
+        raise UsageError(
+            f"--rounds {request.rounds} is outside 1..{MAX_ROUNDS}",
+            where="--rounds",
+            next="pass e.g. --rounds 5",
+        )
     if not 1 <= request.samples <= MAX_SAMPLES:
-        raise UsageError(f"--samples {request.samples} is outside 1..{MAX_SAMPLES}",
-                         where="--samples", next="pass e.g. --samples 4")  # fmt: skip
+        raise UsageError(
+            f"--samples {request.samples} is outside 1..{MAX_SAMPLES}",
+            where="--samples",
+            next="pass e.g. --samples 4",
+        )
     if request.min_effect_ms < 0 or request.min_effect_ms != request.min_effect_ms:
-        raise UsageError("--min-effect-ms must be a number >= 0", where="--min-effect-ms",
-                         next="pass e.g. --min-effect-ms 0.05, or leave it out")  # fmt: skip
+        raise UsageError(
+            "--min-effect-ms must be a number >= 0",
+            where="--min-effect-ms",
+            next="pass e.g. --min-effect-ms 0.05, or leave it out",
+        )
     pairstats.paired([], [], resamples=request.resamples, confidence=request.confidence)
     if not request.variants.replay.manifest.has_engine:
         raise UsageError(
@@ -235,21 +182,28 @@ def _used(plan: VariantPlan, name: str) -> bool:
 # --------------------------------------------------------------------------- build + install
 
 
-def _build_all(
-    request: AttributeRequest, variants: Sequence[Variant], out: Path, reporter: Reporter
+def build_variants(
+    request: AttributeRequest, variants: Sequence[Variant], out: Path, reporter: Reporter = SILENT
 ) -> list[Built]:
-    """The full stack first, then each variant in the same kept workspace."""
+    """The full stack first (``variants[0]``), then each variant in the same kept workspace,
+    with the full stack's wheels as ``reuse_from``; wheels under ``out/variants/NAME/wheels``."""
     template = request.build
     if template.toolkit is None and template.cuda:  # once, not once per variant
         from pinwheel.compile.pipeline import build_config
         from pinwheel.compile.toolchain import ToolkitRequest, choose, resolve_toolkit
 
-        config = choose(build_config(template.manifest), template.environ,
-                        template.substitute).config  # fmt: skip
+        config = choose(
+            build_config(template.manifest), template.environ, template.substitute
+        ).config
         with reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
             toolkit = resolve_toolkit(
-                ToolkitRequest(config, template.cache, template.environ,
-                               provision=template.provision, reporter=reporter)  # fmt: skip
+                ToolkitRequest(
+                    config,
+                    template.cache,
+                    template.environ,
+                    provision=template.provision,
+                    reporter=reporter,
+                )
             )
         template = dataclasses.replace(template, toolkit=toolkit)
     work = engine_workdir(template)
@@ -261,9 +215,13 @@ def _build_all(
         wheels = out / "variants" / v.name / "wheels"
         reuse_from = template.reuse_from if v.name == FULL else str(full_wheels)
         req = dataclasses.replace(
-            template, replayed=v.result, out_dir=wheels, kernels=(), engine_workdir=work,
+            template,
+            replayed=v.result,
+            out_dir=wheels,
+            kernels=(),
+            engine_workdir=work,
             reuse_from=reuse_from,
-        )  # fmt: skip
+        )
         changed = _changed(previous, v)
         reporter.info(
             f"building {v.name} (tree {v.result.tree[:12]}; {len(changed)} file(s) differ "
@@ -274,6 +232,14 @@ def _build_all(
         wall = time.monotonic() - started
         builds.append(_built(v.name, wheels, outcome, wall, changed))
         previous = v
+    return builds
+
+
+def install_variants(
+    request: AttributeRequest, built: Sequence[Built], out: Path, reporter: Reporter = SILENT
+) -> list[Built]:
+    """Each variant's wheel set into its own venv, ``out/variants/NAME/venv``."""
+    builds = list(built)
     for i, b in enumerate(builds):
         venv = out / "variants" / b.variant / "venv"
         if venv.exists():  # a venv from an earlier run may already hold another build
@@ -282,10 +248,13 @@ def _build_all(
         reporter.info(f"installing {b.variant} into {venv}")
         done = install(
             InstallRequest(
-                wheel_dir=b.wheels, venv=venv, torch_backend=request.torch_backend,
-                installer=request.installer, no_deps=request.no_deps,
+                wheel_dir=b.wheels,
+                venv=venv,
+                torch_backend=request.torch_backend,
+                installer=request.installer,
+                no_deps=request.no_deps,
             )
-        )  # fmt: skip
+        )
         builds[i] = dataclasses.replace(b, venv=venv, install=done.commands)
     return builds
 
@@ -298,8 +267,9 @@ def _changed(previous: Variant | None, v: Variant) -> tuple[str, ...]:
     return changed_files(v.result.repo_path, previous.result.tree, v.result.tree)
 
 
-def _built(name: str, wheels: Path, outcome: BuildOutcome, wall: float,
-           changed: tuple[str, ...]) -> Built:  # fmt: skip
+def _built(
+    name: str, wheels: Path, outcome: BuildOutcome, wall: float, changed: tuple[str, ...]
+) -> Built:
     engine = next(b for b in outcome.built if b.kind == "engine")
     reused = tuple(sorted((engine.build.reused or {}).get("members", {})))
     return Built(
@@ -349,8 +319,14 @@ def _serve(
 ) -> Serving:
     assert b.venv is not None
     port = free_port()
-    run = launch(scfg, sprof, model=request.model, python=str(venv_python(b.venv)),
-                 host="127.0.0.1", port=port)  # fmt: skip
+    run = launch(
+        scfg,
+        sprof,
+        model=request.model,
+        python=str(venv_python(b.venv)),
+        host="127.0.0.1",
+        port=port,
+    )
     fid = qcfg.fidelity if request.kld and r == 0 else None
     if fid is not None and fid.panel is not None:
         run = dataclasses.replace(run, argv=run.argv + fidelity.server_flags(fid, sprof.args))
@@ -364,7 +340,7 @@ def _serve(
     with started_server(run, logs, environ=request.environ, url=url, reporter=reporter) as target:
         client = Client(url)
         try:
-            wait_healthy(client, target, qcfg.health_timeout_s, reporter=reporter)
+            wait_healthy(client, target, qcfg.health_timeout_s, poll_s=0.2, reporter=reporter)
             models = client.models()
             model = str(models[0]["id"])
             wait_idle(client, qcfg.idle_timeout_s)
@@ -377,8 +353,9 @@ def _serve(
                 )
             if r == 0 and request.needles and qprof is not None and qprof.needle_lengths:
                 max_len = models[0].get("max_model_len")
-                needles = run_needles(client, model, qprof, max_len if isinstance(max_len, int)
-                                      else None, reporter)  # fmt: skip
+                needles = run_needles(
+                    client, model, qprof, max_len if isinstance(max_len, int) else None, reporter
+                )
             if fid is not None and fid.panel is not None:
                 fid_result = fidelity.measure(client, model, fid)
         except PinwheelError as exc:
@@ -390,8 +367,16 @@ def _serve(
         finally:
             client.close()
     texts = tuple(hashlib.sha256(s.text.encode()).hexdigest() for s in streams)
-    return Serving(b.variant, r, run.argv, tuple(samples), texts, needles, fid_result,
-                   time.monotonic() - started)  # fmt: skip
+    return Serving(
+        b.variant,
+        r,
+        run.argv,
+        tuple(samples),
+        texts,
+        needles,
+        fid_result,
+        time.monotonic() - started,
+    )
 
 
 # --------------------------------------------------------------------------- effects
@@ -409,14 +394,24 @@ def _series(servings: Sequence[Serving], name: str, metric: str) -> dict[tuple[i
     return out
 
 
-def _pair(request: AttributeRequest, servings: Sequence[Serving], with_: str, without: str,
-          metric: str, min_effect: float = 0.0) -> pairstats.Effect | None:  # fmt: skip
+def _pair(
+    request: AttributeRequest,
+    servings: Sequence[Serving],
+    with_: str,
+    without: str,
+    metric: str,
+    min_effect: float = 0.0,
+) -> pairstats.Effect | None:
     a, b = _series(servings, with_, metric), _series(servings, without, metric)
     keys = sorted(set(a) & set(b))
     return pairstats.paired(
-        [a[k] for k in keys], [b[k] for k in keys], resamples=request.resamples,
-        seed=request.seed, confidence=request.confidence, min_effect=min_effect,
-    )  # fmt: skip
+        [a[k] for k in keys],
+        [b[k] for k in keys],
+        resamples=request.resamples,
+        seed=request.seed,
+        confidence=request.confidence,
+        min_effect=min_effect,
+    )
 
 
 def _first(servings: Sequence[Serving], name: str) -> Serving | None:
@@ -439,8 +434,9 @@ def _texts(servings: Sequence[Serving], with_: str, without: str) -> str:
     return "same" if a[0] == b[0] else "differs"
 
 
-def _effect(request: AttributeRequest, plan: VariantPlan, c: Any,
-            servings: Sequence[Serving]) -> StepEffect:  # fmt: skip
+def _effect(
+    request: AttributeRequest, plan: VariantPlan, c: Any, servings: Sequence[Serving]
+) -> StepEffect:
     fa, fb = _first(servings, c.with_), _first(servings, c.without)
     return StepEffect(
         number=c.step.number,
@@ -448,8 +444,9 @@ def _effect(request: AttributeRequest, plan: VariantPlan, c: Any,
         title=c.step.title,
         with_=c.with_,
         without=c.without,
-        ms_per_pass=_pair(request, servings, c.with_, c.without, "ms_per_pass",
-                          request.min_effect_ms),  # fmt: skip
+        ms_per_pass=_pair(
+            request, servings, c.with_, c.without, "ms_per_pass", request.min_effect_ms
+        ),
         acceptance=_pair(request, servings, c.with_, c.without, "acceptance_length"),
         tok_s=_pair(request, servings, c.with_, c.without, "tok_s"),
         kld=(
@@ -461,4 +458,7 @@ def _effect(request: AttributeRequest, plan: VariantPlan, c: Any,
     )
 
 
-__all__ = ["SCHEMA", "AttributeOutcome", "AttributeRequest", "StepEffect", "attribute"]
+__all__ = [
+    "AttributeOutcome", "AttributeRequest", "StepEffect", "attribute", "build_variants",
+    "install_variants",
+]  # fmt: skip

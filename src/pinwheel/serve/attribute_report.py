@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pinwheel import markup as md
 from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
+from pinwheel.serve.attribution import SCHEMA, AttributeOutcome, StepEffect
 from pinwheel.serve.pairstats import NOISE, Effect
-
-if TYPE_CHECKING:
-    from pinwheel.serve.attribute import AttributeOutcome, StepEffect
 
 JSON_FILE = "attribution.json"
 MD_FILE = "attribution.md"
@@ -27,30 +25,30 @@ MAX_CHANGED = 200  # changed paths listed per variant in the JSON (the count is 
 
 
 def to_json(o: AttributeOutcome) -> dict[str, Any]:
-    from pinwheel.serve.attribute import SCHEMA
-
     builds = {b.variant: b for b in o.builds}
     first = {s.variant: s for s in o.servings if s.round == 0}
     variants = []
     for v in o.plan.variants:
         b = builds.get(v.name)
         s = first.get(v.name)
-        variants.append({
-            "name": v.name,
-            "steps": list(v.steps),
-            "tree": v.tree,
-            "head": v.result.head if v.result is not None else None,
-            "blocked": v.blocked.to_json() if v.blocked is not None else None,
-            "wheel": b.wheel if b else None,
-            "sha256": b.sha256 if b else None,
-            "build_seconds": round(b.seconds, 2) if b else None,
-            "build_wall_s": round(b.wall_s, 2) if b else None,
-            "reused_members": list(b.reused) if b else [],
-            "changed_files": len(b.changed) if b else None,
-            "changed": list(b.changed[:MAX_CHANGED]) if b else [],
-            "install": [list(c) for c in b.install] if b else [],
-            "serve_command": list(s.command) if s else None,
-        })  # fmt: skip
+        variants.append(
+            {
+                "name": v.name,
+                "steps": list(v.steps),
+                "tree": v.tree,
+                "head": v.result.head if v.result is not None else None,
+                "blocked": v.blocked.to_json() if v.blocked is not None else None,
+                "wheel": b.wheel if b else None,
+                "sha256": b.sha256 if b else None,
+                "build_seconds": round(b.seconds, 2) if b else None,
+                "build_wall_s": round(b.wall_s, 2) if b else None,
+                "reused_members": list(b.reused) if b else [],
+                "changed_files": len(b.changed) if b else None,
+                "changed": list(b.changed[:MAX_CHANGED]) if b else [],
+                "install": [list(c) for c in b.install] if b else [],
+                "serve_command": list(s.command) if s else None,
+            }
+        )
     return {
         "schema": SCHEMA,
         "manifest": dict(o.manifest),
@@ -72,19 +70,25 @@ def to_json(o: AttributeOutcome) -> dict[str, Any]:
                 "texts": list(s.texts),
                 "samples": [
                     {
-                        "prompt": d.prompt, "tokens": d.tokens, "passes": d.passes,
-                        "passes_from": d.passes_from, "ms_per_pass": d.ms_per_pass,
-                        "tok_s": d.tok_s, "acceptance_length": d.acceptance_length,
-                    }  # fmt: skip
+                        "prompt": d.prompt,
+                        "tokens": d.tokens,
+                        "passes": d.passes,
+                        "passes_from": d.passes_from,
+                        "ms_per_pass": d.ms_per_pass,
+                        "tok_s": d.tok_s,
+                        "acceptance_length": d.acceptance_length,
+                    }
                     for d in s.samples
                 ],
                 "needles": [
-                    {"length": n.length, "depth": n.depth, "status": n.status}
-                    for n in s.needles
+                    {"length": n.length, "depth": n.depth, "status": n.status} for n in s.needles
                 ],
                 "fidelity": (
-                    {"mean_kld": s.fidelity.mean_kld, "ci95": list(s.fidelity.ci95),
-                     "method": s.fidelity.method}  # fmt: skip
+                    {
+                        "mean_kld": s.fidelity.mean_kld,
+                        "ci95": list(s.fidelity.ci95),
+                        "method": s.fidelity.method,
+                    }
                     if s.fidelity is not None
                     else None
                 ),
@@ -173,7 +177,8 @@ def markdown(o: AttributeOutcome) -> str:
     out = [
         f"# Attribution: {t(o.manifest.get('name'))}",
         "",
-        f"Manifest `{md.code(o.manifest.get('path'))}` (sha256 `{md.code(o.manifest.get('sha256'))}`); "
+        f"Manifest `{md.code(o.manifest.get('path'))}` "
+        f"(sha256 `{md.code(o.manifest.get('sha256'))}`); "
         f"mode {t(o.mode)}; {o.rounds} round(s) x {o.samples} sample(s) per variant, served "
         f"interleaved; profile {t(o.settings.get('profile'))}.",
         "",
@@ -196,8 +201,9 @@ def markdown(o: AttributeOutcome) -> str:
         out += ["", "## Steps that cannot be left out", ""]
         for step, why in o.plan.blocked:
             files = ", ".join(f"`{md.code(f)}`" for f in why.files) or "(no file named)"
-            out.append(f"- {t(step.label)}: without it {t(why.label)} fails: {t(why.what)}; "
-                       f"files: {files}")  # fmt: skip
+            out.append(
+                f"- {t(step.label)}: without it {t(why.label)} fails: {t(why.what)}; files: {files}"
+            )
     out += [
         "",
         "## Receipts",
@@ -214,8 +220,9 @@ def markdown(o: AttributeOutcome) -> str:
         steps = ", ".join(map(str, v.steps)) or "none"
         if b is None:
             state = "blocked" if v.blocked else "not built"
-            out.append(f"| {t(v.name)} | {t(steps)} | `{md.code(v.tree or '-')}` | {state} "
-                       "| | | | | |")  # fmt: skip
+            out.append(
+                f"| {t(v.name)} | {t(steps)} | `{md.code(v.tree or '-')}` | {state} | | | | | |"
+            )
             continue
         cmd = " ".join(s.command) if s else ""
         out.append(

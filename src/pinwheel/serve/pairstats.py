@@ -79,9 +79,10 @@ def paired(
         raise ValueError(f"unpaired samples: {len(with_)} with, {len(without)} without")
     if not 0.5 <= confidence < 1.0:
         raise UsageError(
-            f"confidence {confidence} is not in [0.5, 1)", where="--confidence",
+            f"confidence {confidence} is not in [0.5, 1)",
+            where="--confidence",
             next="pass e.g. --confidence 0.95",
-        )  # fmt: skip
+        )
     if resamples < 1 or resamples * max(len(with_), 1) > MAX_DRAWS:
         raise UsageError(
             f"{resamples} resamples x {len(with_)} pairs is outside 1..{MAX_DRAWS} draws",
@@ -97,8 +98,9 @@ def paired(
     n = len(diffs)
     delta = math.fsum(diffs) / n
     rng = random.Random(seed)
-    means = sorted(math.fsum(diffs[rng.randrange(n)] for _ in range(n)) / n
-                   for _ in range(resamples))  # fmt: skip
+    means = sorted(
+        math.fsum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples)
+    )
     tail = (1.0 - confidence) / 2
     low, high = percentile(means, tail), percentile(means, 1.0 - tail)
     if low <= 0.0 <= high or abs(delta) < min_effect:

@@ -50,8 +50,12 @@ class Blocked:
     what: str  # the replay's own message
 
     def to_json(self) -> dict[str, object]:
-        return {"step": self.step, "label": self.label, "files": list(self.files),
-                "what": self.what}  # fmt: skip
+        return {
+            "step": self.step,
+            "label": self.label,
+            "files": list(self.files),
+            "what": self.what,
+        }
 
 
 @dataclass(frozen=True)
@@ -143,8 +147,9 @@ def replay_variants(request: VariantRequest, reporter: Reporter = SILENT) -> Var
     seen: dict[str, tuple[int, ...]] = {}
     for name, steps in wanted:
         seen.setdefault(name, steps)
-    store = Cache(request.replay.cache, request.replay.mirrors, request.replay.offline,
-                  reporter=reporter)  # fmt: skip
+    store = Cache(
+        request.replay.cache, request.replay.mirrors, request.replay.offline, reporter=reporter
+    )
     variants: list[Variant] = []
     with store.locked(manifest.upstream.url):
         fetched = fetch_for(manifest, store)
@@ -188,7 +193,7 @@ def changed_files(repo_path: Path, old_tree: str, new_tree: str) -> tuple[str, .
     """Paths whose content differs between two trees of the cache repository (what a
     build in place of ``old_tree`` has to redo for ``new_tree``)."""
     repo = pygit2.Repository(str(repo_path))
-    diff = repo.diff(repo[old_tree], repo[new_tree])
+    diff = repo[old_tree].peel(pygit2.Tree).diff_to_tree(repo[new_tree].peel(pygit2.Tree))
     paths = {d.new_file.path for d in diff.deltas} | {d.old_file.path for d in diff.deltas}
     return tuple(sorted(paths))
 
@@ -198,6 +203,16 @@ def _numbers(steps: Sequence[int]) -> str:
 
 
 __all__ = [
-    "FULL", "LEAVE_ONE_OUT", "MODES", "PREFIXES", "Blocked", "Comparison", "Variant",
-    "VariantPlan", "VariantRequest", "changed_files", "chosen_steps", "replay_variants",
-]  # fmt: skip
+    "FULL",
+    "LEAVE_ONE_OUT",
+    "MODES",
+    "PREFIXES",
+    "Blocked",
+    "Comparison",
+    "Variant",
+    "VariantPlan",
+    "VariantRequest",
+    "changed_files",
+    "chosen_steps",
+    "replay_variants",
+]
