@@ -94,6 +94,32 @@ def run_kernels(site: Path, samples: int, iters: int) -> dict[str, Any]:
     raise SystemExit(f"kernel bench failed in {site}:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
 
 
+def effects(
+    doc: dict[str, Any],
+    series: dict[str, dict[str, dict[tuple[int, int], float]]],
+    order: list[str],
+) -> list[str]:
+    lines = [
+        "| kernel | variant | full ms | without ms | Δ ms (full - without) [95% CI] | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in order:
+        if name == "full" or "full" not in series:
+            continue
+        for kernel, with_ in series["full"].items():
+            without = series[name].get(kernel, {})
+            keys = sorted(set(with_) & set(without))
+            e = paired([with_[k] for k in keys], [without[k] for k in keys], seed=0)
+            if e is None:
+                continue
+            doc["effects"].setdefault(name, {})[kernel] = e.to_json()
+            lines.append(
+                f"| {kernel} | {name} | {e.mean_with:.4f} | {e.mean_without:.4f} | "
+                f"{e.delta:+.4f} [{e.ci_low:+.4f}, {e.ci_high:+.4f}] | {e.verdict} |"
+            )
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--manifest", type=Path, required=True)
@@ -138,6 +164,7 @@ def main() -> int:
         sites[name] = site
     series: dict[str, dict[str, dict[tuple[int, int], float]]] = {n: {} for n in sites}
     order = list(sites)
+    lines: list[str] = []
     for r in range(args.rounds):
         for name in order if r % 2 == 0 else list(reversed(order)):
             res = run_kernels(sites[name], args.samples, args.iters)
@@ -146,25 +173,9 @@ def main() -> int:
                 for i, t in enumerate(times):
                     series[name].setdefault(kernel, {})[(r, i)] = t
         print(f"round {r + 1} done at {time.monotonic() - started:.0f} s", flush=True)
-    lines = [
-        "| kernel | variant | full ms | without ms | Δ ms (full - without) [95% CI] | verdict |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name in order:
-        if name == "full":
-            continue
-        for kernel, with_ in series["full"].items():
-            without = series[name].get(kernel, {})
-            keys = sorted(set(with_) & set(without))
-            e = paired([with_[k] for k in keys], [without[k] for k in keys], seed=0)
-            if e is None:
-                continue
-            doc["effects"].setdefault(name, {})[kernel] = e.to_json()
-            lines.append(
-                f"| {kernel} | {name} | {e.mean_with:.4f} | {e.mean_without:.4f} | "
-                f"{e.delta:+.4f} [{e.ci_low:+.4f}, {e.ci_high:+.4f}] | {e.verdict} |"
-            )
-    doc["table"] = lines
+        lines = effects(doc, series, order)  # after every round: a killed run keeps its data
+        doc["table"] = lines
+        (args.out / "attribute-kernels.json").write_text(json.dumps(doc, indent=2) + "\n")
     doc["seconds"] = round(time.monotonic() - started, 1)
     (args.out / "attribute-kernels.json").write_text(json.dumps(doc, indent=2) + "\n")
     print("\n".join(lines))
