@@ -169,6 +169,7 @@ def main() -> int:
         for name in order if r % 2 == 0 else list(reversed(order)):
             res = run_kernels(sites[name], args.samples, args.iters)
             doc["errors"][name] = res["error"]
+            doc.setdefault("times", {}).setdefault(name, []).append(res["times"])
             for kernel, times in res["times"].items():
                 for i, t in enumerate(times):
                     series[name].setdefault(kernel, {})[(r, i)] = t

@@ -23,7 +23,7 @@ from pinwheel.errors import UsageError
 from pinwheel.manifest import load
 from pinwheel.serve import pairstats
 from pinwheel.serve.attribute import AttributeRequest, attribute
-from pinwheel.serve.attribute_report import markdown
+from pinwheel.serve.attribute_report import human_lines, markdown, to_json
 from pinwheel.source.replay import ReplayRequest, replay_manifest
 from pinwheel.source.variants import PREFIXES, VariantRequest, replay_variants
 from servingproject import BUILD_TABLE, Serving, make_serving_upstream
@@ -145,6 +145,12 @@ def test_attribution_finds_each_steps_effect_with_its_sign(serving: Serving) -> 
     ]
     step14 = next(x for x in doc["steps"] if x["number"] == 4)
     assert step14["title"] == hostile and step14["ms_per_pass"]["verdict"] == pairstats.NOISE
+
+    lines = human_lines(outcome)  # what the CLI prints
+    assert any("PR #11)" in ln and "-> faster" in ln for ln in lines)
+    assert any("PR #13)" in ln and "-> slower" in ln and "text differs" in ln for ln in lines)
+    assert any("PR #14)" in ln and f"-> {pairstats.NOISE}" in ln for ln in lines)
+    assert doc == json.loads(json.dumps(to_json(outcome)))  # the CLI's --json document
 
     text = (out / "attribution.md").read_text()
     assert text == markdown(outcome)
