@@ -189,11 +189,10 @@ def build_variants(
     with the full stack's wheels as ``reuse_from``; wheels under ``out/variants/NAME/wheels``."""
     template = request.build
     if template.toolkit is None and template.cuda:  # once, not once per variant
-        from pinwheel.compile.pipeline import build_config
         from pinwheel.compile.toolchain import ToolkitRequest, choose, resolve_toolkit
 
         config = choose(
-            build_config(template.manifest), template.environ, template.substitute
+            template.manifest.require("build"), template.environ, template.substitute
         ).config
         with reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
             toolkit = resolve_toolkit(
