@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "pinwheel.cli.build_cmds",
     "pinwheel.cli.release_cmds",
     "pinwheel.cli.serve_cmds",
+    "pinwheel.cli.attribute_cmds",
     "pinwheel.cli.cache_cmds",
 )
 
