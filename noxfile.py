@@ -43,20 +43,6 @@ def lint(session: nox.Session) -> None:
     session.run("mypy", "src")
 
 
-# Provisions CUDA 12.4 into argv[1] (a cache dir) and prints the toolkit's root.
-PROVISION = """
-import os, sys
-from pathlib import Path
-from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
-from pinwheel.manifest.build import BuildConfig
-config = BuildConfig(python="%d.%d" % sys.version_info[:2], cuda="12.4", arches=("8.0", "9.0"),
-                     ptx=True, torch=None, label=None, version=None)
-toolkit = resolve_toolkit(ToolkitRequest(config, Path(sys.argv[1]), {"PATH": os.defpath},
-                                         provision=True))
-print(toolkit.root)
-"""
-
-
 def _test_cache() -> str:
     return os.environ.get("PINWHEEL_TEST_CACHE") or os.path.expanduser("~/.cache/pinwheel-test")
 
@@ -67,9 +53,8 @@ def kernels(session: nox.Session) -> None:
     real-nvcc fatbin test with that toolkit's nvcc on PATH (it must run, not skip)."""
     session.install("-e", ".[test,kernels,build]")
     session.run("pytest", "-m", "slow and kernels", "-s", *session.posargs)
-    out = session.run(
-        "python", "-c", PROVISION, os.path.join(_test_cache(), "kernels-session"), silent=True
-    )
+    cache = os.path.join(_test_cache(), "kernels-session")
+    out = session.run("python", "tests/provision_toolkit.py", cache, silent=True)
     root = str(out).strip().splitlines()[-1]
     path = os.pathsep.join([os.path.join(root, "bin"), session.env.get("PATH") or os.defpath])
     session.run(

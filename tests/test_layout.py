@@ -31,6 +31,10 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _ours(name: str) -> bool:
+    return name == "pinwheel" or name.startswith("pinwheel.")
+
+
 def imports(path: Path, package: str | None = None) -> set[str]:
     """Every pinwheel module ``path`` imports, resolved to a dotted name."""
     tree = ast.parse(path.read_text(), str(path))
@@ -40,7 +44,7 @@ def imports(path: Path, package: str | None = None) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("pinwheel")}
+            found |= {a.name for a in node.names if _ours(a.name)}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -48,7 +52,7 @@ def imports(path: Path, package: str | None = None) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            if not mod.startswith("pinwheel"):
+            if not _ours(mod):
                 continue
             found.add(mod)
             for alias in node.names:  # `from pinwheel.compile import engine` imports a module
@@ -151,15 +155,19 @@ _OS_CALLS = {"system", "popen", "getenv", "getenvb", "putenv", "execv", "execve"
              "execvpe", "spawnv", "spawnve", "posix_spawn", "posix_spawnp"}  # fmt: skip
 
 
-# Programs the engine's Python runs, one process per rank (serve/ranks.py starts them through
-# the runner): they are not stages and import nothing from pinwheel; like any program they
-# read their own environment (RANK, WORLD_SIZE, the NVLS flags they report back).
-_WORKERS = "pinwheel.serve.workers."
+# Programs another interpreter runs (the engine's Python per rank, the build's Python, the
+# namespace entry; started through the runner): they are not stages and import nothing from
+# pinwheel; like any program they read their own environment and may start processes.
+_WORKERS = re.compile(r"pinwheel\.\w+\.workers\.\w+")
+
+
+def is_worker(module: str) -> bool:
+    return bool(_WORKERS.fullmatch(module))
 
 
 def offences(path: Path, module: str) -> list[str]:
     """Environment reads and process starts in ``path`` that its module may not make."""
-    if module.startswith(_WORKERS):
+    if is_worker(module):
         return []
     tree = ast.parse(path.read_text(), str(path))
     found = []
@@ -216,3 +224,59 @@ def test_every_module_has_a_row_in_the_architecture_doc() -> None:
     stale = sorted(rows - modules)
     assert not missing, f"modules without a row in docs/ARCHITECTURE.md: {missing}"
     assert not stale, f"rows in docs/ARCHITECTURE.md naming no module: {stale}"
+
+
+def test_worker_programs_import_nothing_from_pinwheel_and_are_what_the_stages_run() -> None:
+    from pinwheel.compile import workers as compile_workers
+    from pinwheel.serve import workers as serve_workers
+
+    found = [
+        f"{m} imports {sorted(deps)}"
+        for p in SRC.rglob("*.py")
+        if is_worker(m := module_name(p)) and (deps := imports(p))
+    ]
+    assert not found, "\n".join(found)
+    for package in (compile_workers, serve_workers):
+        for path in sorted(package.HERE.glob("[!_]*.py")):
+            text = package.source(path.stem)
+            compile(text, str(path), "exec")  # a program, whole, as the stage runs it
+            assert text == path.read_text()
+
+
+def embedded_programs(path: Path) -> list[int]:
+    """Lines of string literals in ``path`` that are Python programs of 6+ lines (imports
+    and statements that compile): what belongs in a file under a ``workers/`` folder."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            if text.count("\n") >= 6 and re.search(r"^(import|from) [\w.]+", text, re.M):
+                try:
+                    compile(text, "<literal>", "exec")
+                except SyntaxError:
+                    continue
+                found.append(node.lineno)
+    return found
+
+
+def test_no_program_is_embedded_as_a_string() -> None:
+    """A child program is a file under a ``workers/`` folder, not a literal handed to
+    ``python -c`` (one- and two-line probes stay inline)."""
+    paths = [*SRC.rglob("*.py"), SRC.parents[1] / "noxfile.py"]
+    bad = [
+        f"{p.name}:{line}"
+        for p in paths
+        if not (p.is_relative_to(SRC) and is_worker(module_name(p)))
+        for line in embedded_programs(p)
+    ]
+    assert not bad, "programs embedded as strings (move them to a workers/ folder): " + str(bad)
+
+
+def test_the_program_check_sees_a_planted_script(tmp_path: Path) -> None:
+    mod = tmp_path / "x.py"
+    mod.write_text(
+        'DOC = """Not a program.\nimport this is prose\n\n\n\n\n\n"""\n'
+        'PROBE = """\nimport json, sys\nout = {}\nfor a in sys.argv:\n    out[a] = 1\n'
+        'if out:\n    print(json.dumps(out))\n"""\n'
+    )
+    assert embedded_programs(mod) == [9]  # PROBE's line; DOC is prose

@@ -1,14 +1,13 @@
 """The thin CLI: global options resolved once into a :class:`Context`, then one stage call.
 
 Each stage registers its subcommands from its own module under ``pinwheel.cli``
-(see :data:`COMMAND_MODULES`); this file only wires them together and turns
+(see :func:`build_parser`); this file only wires them together and turns
 :class:`~pinwheel.errors.PinwheelError` into a message and an exit code.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -26,15 +25,6 @@ from pinwheel.urls import redact, redact_tree
 
 if TYPE_CHECKING:  # rich is imported when a command first prints through it
     from rich.console import Console
-
-# Modules that contribute subcommands, in the order `--help` lists them.
-COMMAND_MODULES = (
-    "pinwheel.cli.replay_cmds",
-    "pinwheel.cli.build_cmds",
-    "pinwheel.cli.release_cmds",
-    "pinwheel.cli.serve_cmds",
-    "pinwheel.cli.cache_cmds",
-)
 
 EPILOG = """exit codes: 0 ok, 1 error, 2 bad manifest or usage, 3 drift (PR head moved),
 4 conflict, 5 tree or rebuild mismatch, 6 verification failed, 7 qualification gate failed"""
@@ -254,8 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pinwheel {__version__}")
     _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    # The modules that contribute subcommands, in the order `--help` lists them.
+    from pinwheel.cli import build_cmds, cache_cmds, release_cmds, replay_cmds, serve_cmds
+
+    for module in (replay_cmds, build_cmds, release_cmds, serve_cmds, cache_cmds):
+        module.register(sub)
     return parser
 
 

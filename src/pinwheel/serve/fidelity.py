@@ -46,6 +46,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.manifest.serve import FidelityConfig
+from pinwheel.serve import workers
 from pinwheel.serve.receipt import FidelityResult, Gate
 
 PANEL_SCHEMA = "pinwheel.panel/1"
@@ -281,8 +282,7 @@ def _teacher_shapes(arrays: Mapping[str, Any], source: str) -> None:
         raise _teacher_error(f"full is {list(full.shape)}, expected [{p}, vocabulary]", source)
     if full is None and (ids.shape != lps.shape or ids.shape[0] != p or ids.shape[1] < 1):
         raise _teacher_error(
-            f"top_ids {list(ids.shape)} and top_logprobs {list(lps.shape)} are not both "
-            f"[{p}, K]",
+            f"top_ids {list(ids.shape)} and top_logprobs {list(lps.shape)} are not both [{p}, K]",
             source,
         )
     if np.any(arrays["target"] < 0) or (
@@ -502,25 +502,6 @@ def capture_from_server(client: Any, model: str, panel: Panel, top_k: int) -> by
 
 
 # Run by the engine's (or any) python with transformers + torch: full log-softmax rows.
-_TRANSFORMERS = r"""
-import json, sys, numpy as np, torch
-from transformers import AutoModelForCausalLM
-req = json.load(open(sys.argv[1]))
-out = sys.argv[2]
-torch.manual_seed(0)
-m = AutoModelForCausalLM.from_pretrained(req["model"], dtype=getattr(torch, req["dtype"])).eval()
-rows = []
-with torch.no_grad():
-    for w in req["windows"]:
-        logits = m(torch.tensor([w])).logits[0, :-1].float()
-        rows.append(torch.log_softmax(logits, dim=-1).numpy())
-lp = np.concatenate(rows).astype(np.float32)
-np.save(out + "/full.npy", lp)
-json.dump({"transformers": __import__("transformers").__version__,
-           "torch": torch.__version__}, open(out + "/versions.json", "w"))
-"""
-
-
 def capture_with_transformers(req: TeacherRequest) -> bytes:
     np = _np()
     assert req.python and req.model
@@ -537,7 +518,9 @@ def capture_with_transformers(req: TeacherRequest) -> bytes:
             )
         )
         cmd = runner.Command(
-            (req.python, "-c", _TRANSFORMERS, str(spec), tmp), what="the teacher", check=False
+            (req.python, "-c", workers.source("teacher"), str(spec), tmp),
+            what="the teacher",
+            check=False,
         )
         proc = runner.run(cmd)
         if proc.returncode != 0:
