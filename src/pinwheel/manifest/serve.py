@@ -222,7 +222,7 @@ def _env_map(t: Table, key: str) -> tuple[tuple[str, str], ...]:
 
 
 def _devices(t: Table) -> str | None:
-    value = t.str("devices", None)
+    value: str | None = t.str("devices", None)
     if value is not None and not re.fullmatch(r"\d+(,\d+)*", value):
         raise t.error("devices", 'GPU indices like "0,1,2,3"', value)
     return value
