@@ -20,6 +20,32 @@ def pytest_configure(config: pytest.Config) -> None:
     testenv.apply(os.environ, testenv.default_root())
 
 
+# Tools the project declares (pyproject extras, .ci/run): a test that skips because one is
+# missing is a CI that did not install it, so under CI (PINWHEEL_CI=1) that skip fails.
+DECLARED = ("auditwheel", "pypiserver", "moto", "sccache", "cibuildwheel", "redis-server")
+
+
+def declared_in(reason: str) -> list[str]:
+    """The declared tools a skip's reason names."""
+    return [tool for tool in DECLARED if tool in reason]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or os.environ.get("PINWHEEL_CI") != "1":
+        return
+    longrepr = report.longrepr
+    reason = str(longrepr[-1]) if isinstance(longrepr, tuple) else str(longrepr)
+    if tools := declared_in(reason):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"skipped for a declared dependency under CI (PINWHEEL_CI=1): {reason}\n"
+            f"CI must install {', '.join(tools)} (.ci/run, noxfile.py, pyproject extras)"
+        )
+
+
 @dataclass
 class Stack:
     """A real upstream with four PRs (see make_stack) and a place for manifests."""

@@ -465,7 +465,7 @@ def test_fetch_off_a_terminal_prints_plain_lines_and_with_json_one_document(tmp_
     proc = run_cli("fetch", str(rel), "--dest", str(tmp_path / "a"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "\x1b[" not in proc.stderr and "━" not in proc.stderr
-    size = f"{wheel.stat().st_size / 1000:.1f} KB"
+    size = f"{wheel.stat().st_size / 1024:.1f} KiB"
     assert proc.stderr.splitlines()[0] == f"{wheel.name} ({size}) ..."  # size before the copy
     proc = run_cli("fetch", str(rel), "--dest", str(tmp_path / "b"), "--json", cwd=tmp_path)
     assert proc.returncode == 0 and proc.stderr == ""

@@ -1,14 +1,13 @@
 """The thin CLI: global options resolved once into a :class:`Context`, then one stage call.
 
 Each stage registers its subcommands from its own module under ``pinwheel.cli``
-(see :data:`COMMAND_MODULES`); this file only wires them together and turns
+(see :func:`build_parser`); this file only wires them together and turns
 :class:`~pinwheel.errors.PinwheelError` into a message and an exit code.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel import __version__
+from pinwheel import __version__, options
 from pinwheel.cli.stopsignal import Terminated, terminate_as_interrupt
 from pinwheel.errors import EXIT_ERROR, EXIT_USAGE, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
@@ -27,18 +26,9 @@ from pinwheel.urls import redact, redact_tree
 if TYPE_CHECKING:  # rich is imported when a command first prints through it
     from rich.console import Console
 
-# Modules that contribute subcommands, in the order `--help` lists them.
-COMMAND_MODULES = (
-    "pinwheel.cli.replay_cmds",
-    "pinwheel.cli.build_cmds",
-    "pinwheel.cli.release_cmds",
-    "pinwheel.cli.serve_cmds",
-    "pinwheel.cli.attribute_cmds",
-    "pinwheel.cli.cache_cmds",
-)
-
 EPILOG = """exit codes: 0 ok, 1 error, 2 bad manifest or usage, 3 drift (PR head moved),
-4 conflict, 5 tree or rebuild mismatch, 6 verification failed, 7 qualification gate failed"""
+4 conflict, 5 tree or rebuild mismatch, 6 verification failed, 7 qualification gate failed
+environment: `pinwheel env` lists every variable pinwheel reads, its flag and its source"""
 
 
 MANIFEST_NAME = "manifest.toml"
@@ -105,7 +95,11 @@ class Context:
     mirrors: dict[str, str]
     json: bool
     offline: bool
-    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ), repr=False)
+    # The declared variables and the pass-through list (pinwheel.options), not all of
+    # os.environ: what stages are handed and what their children inherit.
+    environ: Mapping[str, str] = field(
+        default_factory=lambda: options.environment(os.environ), repr=False
+    )
     verbose: bool = False
     command: str = ""  # "plan", "cache-du", ...: names the JSON schema
     emitted: bool = False  # one JSON document per run: set once emit wrote it
@@ -121,6 +115,10 @@ class Context:
 
             self._console = console()
         return self._console
+
+    def variable(self, name: str) -> str | None:
+        """A variable the manifest names (``[serve] env_prefix``, ``model_var``), read here."""
+        return self.environ.get(name) or os.environ.get(name)
 
     @property
     def is_terminal(self) -> bool:
@@ -255,8 +253,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pinwheel {__version__}")
     _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    # The modules that contribute subcommands, in the order `--help` lists them.
+    from pinwheel.cli import (
+        attribute_cmds,
+        build_cmds,
+        cache_cmds,
+        env_cmds,
+        release_cmds,
+        replay_cmds,
+        serve_cmds,
+    )
+
+    for module in (
+        replay_cmds, build_cmds, release_cmds, serve_cmds, attribute_cmds, cache_cmds, env_cmds
+    ):
+        module.register(sub)
     return parser
 
 

@@ -129,8 +129,8 @@ class ServeOptions:
 def _resolve(ctx: Context, args: argparse.Namespace) -> ServeOptions:
     """Options resolved once, flags before environment."""
     config = _serve_config(ctx)
-    profile = config.profile(args.profile or ctx.environ.get(f"{config.env_prefix}_PROFILE"))
-    model = args.model or ctx.environ.get(config.model_var)
+    profile = config.profile(args.profile or ctx.variable(f"{config.env_prefix}_PROFILE"))
+    model = args.model or ctx.variable(config.model_var)
     return ServeOptions(
         config=config,
         profile=profile,
@@ -351,7 +351,7 @@ def _port(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _seqs(ctx: Context, var: str) -> int | None:
-    seqs = ctx.environ.get(var)
+    seqs = ctx.variable(var)
     if not seqs:
         return None
     return int(_checked(lambda v: validate.count(v, minimum=1, maximum=99999), seqs, f"${var}"))
@@ -515,7 +515,7 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     m = ctx.manifest()
     out = Path(args.out)
     config = _serve_config(ctx)
-    profile = config.profile(args.profile or ctx.environ.get(f"{config.env_prefix}_PROFILE")).name
+    profile = config.profile(args.profile or ctx.variable(f"{config.env_prefix}_PROFILE")).name
     prov = Path(args.provenance) if args.provenance else m.root / "wheels" / "provenance.json"
     if args.provenance and not prov.is_file():
         raise UsageError(

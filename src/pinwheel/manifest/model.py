@@ -15,7 +15,6 @@ A stage asks for its table with :meth:`Manifest.require`.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import re
 import tomllib
 from collections.abc import Callable
@@ -48,21 +47,22 @@ STAGE_TABLES = {
     "serve": "serve",
     "qualify": "qualify",
 }
-# Table -> (module, parser): imported only for a manifest that has the table.
-_PARSERS: dict[str, tuple[str, str]] = {
-    "build": ("pinwheel.manifest.build", "parse_build_table"),
-    "kernel": ("pinwheel.manifest.build", "parse_kernel_tables"),
-    "release": ("pinwheel.manifest.release", "parse_release_table"),
-    "model": ("pinwheel.manifest.release", "parse_model_table"),
-    "serve": ("pinwheel.manifest.serve", "parse_serve_table"),
-    "qualify": ("pinwheel.manifest.serve", "parse_qualify_table"),
-}
-
-
 def _parser(table: str) -> Callable[..., Any]:
-    module, name = _PARSERS[table]
-    parse: Callable[..., Any] = getattr(importlib.import_module(module), name)
-    return parse
+    """The parser of a stage table; its module is imported only for a manifest that has the
+    table (start-up), by a plain import every reader and tool sees."""
+    if table in ("build", "kernel"):
+        from pinwheel.manifest import build
+
+        return build.parse_build_table if table == "build" else build.parse_kernel_tables
+    if table in ("release", "model"):
+        from pinwheel.manifest import release
+
+        return release.parse_release_table if table == "release" else release.parse_model_table
+    if table in ("serve", "qualify"):
+        from pinwheel.manifest import serve
+
+        return serve.parse_serve_table if table == "serve" else serve.parse_qualify_table
+    raise KeyError(table)
 
 
 # --------------------------------------------------------------------------- the model

@@ -222,7 +222,7 @@ def _env_map(t: Table, key: str) -> tuple[tuple[str, str], ...]:
 
 
 def _devices(t: Table) -> str | None:
-    value = t.str("devices", None)
+    value: str | None = t.str("devices", None)
     if value is not None:
         try:
             validate.gpu_indices(value)

@@ -162,7 +162,7 @@ class Table:
     def str_list(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
-            return tuple(value) if value is not None else value  # type: ignore[no-any-return]
+            return tuple(value) if value is not None else value
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
             raise self.error(key, "a list of non-empty strings", value)
         return tuple(value)

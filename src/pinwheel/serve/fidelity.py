@@ -46,6 +46,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.manifest.serve import FidelityConfig
+from pinwheel.serve import workers
 from pinwheel.serve.receipt import FidelityResult, Gate
 
 PANEL_SCHEMA = "pinwheel.panel/1"
@@ -550,25 +551,6 @@ def capture_from_server(client: Any, model: str, panel: Panel, top_k: int) -> by
 
 
 # Run by the engine's (or any) python with transformers + torch: full log-softmax rows.
-_TRANSFORMERS = r"""
-import json, sys, numpy as np, torch
-from transformers import AutoModelForCausalLM
-req = json.load(open(sys.argv[1]))
-out = sys.argv[2]
-torch.manual_seed(0)
-m = AutoModelForCausalLM.from_pretrained(req["model"], dtype=getattr(torch, req["dtype"])).eval()
-rows = []
-with torch.no_grad():
-    for w in req["windows"]:
-        logits = m(torch.tensor([w])).logits[0, :-1].float()
-        rows.append(torch.log_softmax(logits, dim=-1).numpy())
-lp = np.concatenate(rows).astype(np.float32)
-np.save(out + "/full.npy", lp)
-json.dump({"transformers": __import__("transformers").__version__,
-           "torch": torch.__version__}, open(out + "/versions.json", "w"))
-"""
-
-
 def capture_with_transformers(req: TeacherRequest) -> bytes:
     np = _np()
     assert req.python and req.model
@@ -585,7 +567,9 @@ def capture_with_transformers(req: TeacherRequest) -> bytes:
             )
         )
         cmd = runner.Command(
-            (req.python, "-c", _TRANSFORMERS, str(spec), tmp), what="the teacher", check=False
+            (req.python, "-c", workers.source("teacher"), str(spec), tmp),
+            what="the teacher",
+            check=False,
         )
         proc = runner.run(cmd)
         if proc.returncode != 0:

@@ -32,6 +32,7 @@ from pinwheel import runner, untrusted, validate
 from pinwheel.cudaarch import CudaArch, parse_dotted
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest.serve import Engine, Image, ServeConfig, ServeProfile
+from pinwheel.serve import workers
 from pinwheel.serve.ranks import NVLS_OFF
 
 if TYPE_CHECKING:
@@ -363,22 +364,11 @@ def check_program(name: str, argv: Sequence[str], fix: str, timeout: float) -> C
     return Check(name, OK, res[1].strip().splitlines()[0] if res[1].strip() else "present")
 
 
-_ENGINE_PROBE = """
-import importlib.metadata as md, importlib.util as u, json, sys
-spec = u.find_spec(sys.argv[1])
-loc = list(spec.submodule_search_locations or []) if spec else []
-try:
-    version = md.version(sys.argv[1])
-except md.PackageNotFoundError:
-    version = next((d.version for d in md.distributions()
-                    if (d.metadata["Name"] or "").lower().startswith(sys.argv[1])), None)
-print(json.dumps({"python": list(sys.version_info[:3]), "path": loc[0] if loc else None,
-                  "version": version}))
-"""
-
-
 def probe_engine(opts: Options) -> tuple[dict | None, str | None]:
-    res = _run([opts.python, "-c", _ENGINE_PROBE, opts.config.engine.module], opts.timeout_s)
+    res = _run(
+        [opts.python, "-c", workers.source("engine_probe"), opts.config.engine.module],
+        opts.timeout_s,
+    )
     if res is None:
         return None, f"engine interpreter {opts.python!r} not found"
     if res[0] != 0:
@@ -537,69 +527,13 @@ def check_disk(opts: Options) -> Check:
 
 
 # The self-test runs in the engine's Python (where torch and the kernel wheel live).
-SELFTEST = r"""
-import json, sys
-out = {"via": None, "pairs": [], "gemm": [], "devices": 0}
-nbytes = int(sys.argv[1])
-try:
-    import pinwheel_selftest as st
-except ImportError:
-    st = None
-if st is not None:
-    # The kernel wheel: driver API only, SM70 mma.sync GEMM checked exactly on the host.
-    out["via"] = "pinwheel_selftest"
-    n = out["devices"] = len(st.devices())
-    for a in range(n):
-        for b in range(n):
-            if a != b:
-                r = st.p2p_check(a, b, nbytes).as_dict()
-                out["pairs"].append({"src": a, "dst": b, "peer": r["peer_access"], "ok": r["ok"]})
-    for d in range(n):
-        g = st.gemm_selftest(d).as_dict()
-        out["gemm"].append({"device": d, "err": g["max_abs_err"], "err_kind": "max abs err",
-                            "ok": g["ok"], "jit": g["jit"]})
-else:
-    import torch
-    n = out["devices"] = torch.cuda.device_count()
-    out["via"] = "torch"
-    elems = nbytes // 4
-    def pattern(dev, seed):
-        i = torch.arange(elems, device=dev, dtype=torch.int64)
-        return ((i * 2654435761 + seed) % 2147483647).to(torch.int32)
-    def checksum(t):
-        w = torch.arange(1, t.numel() + 1, device=t.device, dtype=torch.int64)
-        return int(((t.to(torch.int64) * w) % 1000000007).sum().item())
-    for a in range(n):
-        for b in range(n):
-            if a == b:
-                continue
-            src = pattern(f"cuda:{a}", 7919 * a + b)
-            dst = torch.empty_like(src, device=f"cuda:{b}")
-            dst.copy_(src)
-            torch.cuda.synchronize(b)
-            peer = torch.cuda.can_device_access_peer(a, b)
-            out["pairs"].append({"src": a, "dst": b, "peer": peer,
-                                 "ok": checksum(src) == checksum(dst)})
-    for d in range(n):
-        g = torch.Generator(device=f"cuda:{d}").manual_seed(0)
-        x = torch.randn(1024, 1024, device=f"cuda:{d}", generator=g)
-        y = torch.randn(1024, 1024, device=f"cuda:{d}", generator=g)
-        ref = x @ y
-        got = (x.half() @ y.half()).float()
-        err = float(((got - ref).abs().max() / ref.abs().max()).item())
-        out["gemm"].append({"device": d, "err": err, "err_kind": "max rel err", "ok": err < 1e-2,
-                            "jit": None})
-print(json.dumps(out))
-"""
-
-
 def run_selftest(opts: Options, nbytes: int = 64 << 20) -> list[Check]:
     env_fix = (
         "check the driver and the engine's torch: "
         "`python -c 'import torch; print(torch.cuda.is_available())'`"
     )
     cmd = runner.Command(
-        (opts.python, "-c", SELFTEST, str(nbytes)),
+        (opts.python, "-c", workers.source("selftest"), str(nbytes)),
         what="p2p self-test",
         timeout=300,
         check=False,
