@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel import __version__
+from pinwheel import __version__, ownership
 from pinwheel.cli.stopsignal import Terminated, terminate_as_interrupt
 from pinwheel.errors import EXIT_ERROR, EXIT_USAGE, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
@@ -44,17 +44,23 @@ MANIFEST_NAME = "manifest.toml"
 ERROR_SCHEMA = "pinwheel.error/1"
 
 
-def find_manifest(start: Path) -> Path:
+def find_manifest(start: Path, safe: Sequence[str] = ()) -> Path:
     """``manifest.toml`` in ``start`` or the nearest directory above it, as git finds ``.git``.
 
     The search stops at the top of a git checkout (a directory holding ``.git``), so a
     manifest above the repository is never picked up; with none found the answer is
-    ``start/manifest.toml``, whose absence the loader reports.
+    ``start/manifest.toml``, whose absence the loader reports. A manifest found so (not
+    named with ``--manifest``) is used only when its file and folder are the user's
+    (:mod:`pinwheel.ownership`; ``safe``: the :data:`~pinwheel.ownership.SAFE_ENV` list).
     """
     here = start.absolute()
     for directory in (here, *here.parents):
         candidate = directory / MANIFEST_NAME
         if candidate.exists():
+            ownership.check(
+                [directory, candidate], what="the manifest found at", flag="--manifest",
+                safe=safe,
+            )  # fmt: skip
             return candidate
         if (directory / ".git").exists():
             break
@@ -68,11 +74,16 @@ def default_cache() -> Path:
     return (base / "pinwheel").absolute()
 
 
-def parse_mirrors(items: Sequence[str], env: str | None) -> dict[str, str]:
-    """``URL=PATH`` pairs from PINWHEEL_MIRRORS (space or comma separated) then --mirror."""
-    pairs = [p for p in (env or "").replace(",", " ").split() if p] + list(items)
+def parse_mirrors(
+    items: Sequence[str], env: str | None, safe: Sequence[str] | None = None
+) -> dict[str, str]:
+    """``URL=PATH`` pairs from PINWHEEL_MIRRORS (space or comma separated) then --mirror.
+    A mirror the environment names (not ``--mirror``) is checked to be the user's
+    (:mod:`pinwheel.ownership`) when ``safe`` is given."""
+    from_env = [p for p in (env or "").replace(",", " ").split() if p]
+    pairs = from_env + list(items)
     mirrors: dict[str, str] = {}
-    for pair in pairs:
+    for i, pair in enumerate(pairs):
         url, sep, path = pair.partition("=")
         if not sep or not url or not path:
             raise UsageError(
@@ -89,6 +100,8 @@ def parse_mirrors(items: Sequence[str], env: str | None) -> dict[str, str]:
                 next="give URL=PATH with a repository URL and a mirror path "
                 "(write ./-name for a path that starts with '-')",
             )
+        if safe is not None and i < len(from_env):
+            ownership.check([path], what="the mirror", flag="--mirror", safe=safe)
         mirrors[url] = path
     return mirrors
 
@@ -258,9 +271,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def ctx_cache(args: argparse.Namespace) -> Path:
-    """``--cache``, absolute: build paths under it reach compilers and provenance."""
-    return Path(args.cache).absolute() if getattr(args, "cache", None) else default_cache()
+def ctx_cache(args: argparse.Namespace, safe: Sequence[str] | None = None) -> Path:
+    """``--cache``, absolute: build paths under it reach compilers and provenance. A cache
+    not named with ``--cache`` (``$PINWHEEL_CACHE``, the default) is checked to be the
+    user's (:mod:`pinwheel.ownership`) when ``safe`` is given."""
+    if getattr(args, "cache", None):
+        return Path(args.cache).absolute()
+    cache = default_cache()
+    if safe is not None:
+        ownership.check([cache], what="the cache", flag="--cache", safe=safe)
+    return cache
 
 
 def _wants_json(argv: Sequence[str]) -> bool:
@@ -284,12 +304,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     ctx: Context | None = None
     try:
+        safe = ownership.parse_safe(os.environ.get(ownership.SAFE_ENV))
         ctx = Context(
             manifest_path=Path(args.manifest)
             if getattr(args, "manifest", None)
-            else find_manifest(Path.cwd()),
-            cache=ctx_cache(args),
-            mirrors=parse_mirrors(args.mirror, os.environ.get("PINWHEEL_MIRRORS")),
+            else find_manifest(Path.cwd(), safe),
+            cache=ctx_cache(args, safe),
+            mirrors=parse_mirrors(args.mirror, os.environ.get("PINWHEEL_MIRRORS"), safe),
             json=args.json,
             offline=args.offline,
             verbose=args.verbose,
