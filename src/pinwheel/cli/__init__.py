@@ -21,6 +21,7 @@ from pinwheel import __version__, ownership
 from pinwheel.cli.stopsignal import Terminated, terminate_as_interrupt
 from pinwheel.errors import EXIT_ERROR, EXIT_USAGE, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
+from pinwheel.printable import shown
 from pinwheel.progress import SILENT, LineReporter, Reporter
 from pinwheel.urls import redact, redact_text, redact_tree, url_problem
 
@@ -155,9 +156,9 @@ class Context:
         if self.json:
             return
         if style and self.is_terminal:
-            self.console.print(text, style=style, markup=False, highlight=False)
+            self.console.print(shown(text), style=style, markup=False, highlight=False)
         else:
-            print(text, file=sys.stderr, flush=True)
+            print(shown(text), file=sys.stderr, flush=True)
 
     def manifest(self, *, allow_short: bool = False) -> Manifest:
         if allow_short:
@@ -176,7 +177,7 @@ class Context:
             sys.stdout.flush()
             self.emitted = True
         elif human:
-            print(redact_text(human))
+            print(shown(human))
 
 
 
@@ -319,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with terminate_as_interrupt():
             return int(args.func(ctx, args) or 0)
     except PinwheelError as err:
-        message = redact_text(str(err))
+        message = shown(err)
         if args.json and not (ctx and ctx.emitted):
             sys.stdout.write(
                 _error_document(
@@ -362,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             fault = faults.classify_exception(err, ctx_cache(args))
         if fault is not None:
-            print(f"error: {redact_text(str(fault))}", file=sys.stderr)
+            print(f"error: {shown(fault)}", file=sys.stderr)
             if args.json and not (ctx and ctx.emitted):
                 sys.stdout.write(
                     _error_document(
@@ -375,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             return fault.exit_code
 
-        print(f"error: {redact_text(str(err))}", file=sys.stderr)
+        print(f"error: {shown(err)}", file=sys.stderr)
         if args.json and not (ctx and ctx.emitted):
             sys.stdout.write(
                 _error_document(_command_name(args), EXIT_ERROR, redact_text(str(err)))
