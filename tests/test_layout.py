@@ -18,8 +18,9 @@ STAGES = ("manifest", "source", "wheels", "compile", "release", "serve")
 FOUNDATION = {
     "errors", "fsutil", "checksums", "cudaarch", "progress", "runner", "heartbeat", "urls",
     "__init__", "untrusted", "validate", "saferegex", "oserrors", "httpget",
-    # security foundation: confinement, the archive reader, Markdown escaping
-    "confine", "archive", "markup",
+    # security foundation: confinement, the archive reader, Markdown escaping,
+    # ownership (safe directories), the terminal sanitiser
+    "confine", "archive", "markup", "ownership", "printable",
 }  # fmt: skip
 
 
