@@ -245,6 +245,7 @@ def extract_tar(
     """
     written = []
     written_rel: list[str] = []
+    dir_rel: list[str] = []
     links: dict[str, str] = {}
     for member in tar_members(tar, origin, limits, skip_links=skip_links, inner_links=inner_links):
         name = member.name.removeprefix("./")
@@ -256,7 +257,7 @@ def extract_tar(
                 links[rel] = member.linkname
             elif member.isdir():
                 confine.mkdirs(dest, confine.inside(dest, rel, what="archive member"))
-                written_rel.append(rel)
+                dir_rel.append(rel)
             else:
                 src = tar.extractfile(member)
                 assert src is not None
@@ -268,17 +269,20 @@ def extract_tar(
     if links:
         # Judged on the whole tree, by resolution (chains through other links included),
         # then made without going through any link on the way.
-        check_links(links, written_rel, origin)
+        check_links(links, written_rel, origin, dir_rel)
         for rel, target in links.items():
             confine.symlink_beneath(dest, rel, target)
     return written
 
 
-def check_links(links: Mapping[str, str], others: Iterable[str], origin: str) -> None:
+def check_links(
+    links: Mapping[str, str], others: Iterable[str], origin: str, dirs: Iterable[str] = ()
+) -> None:
     """Refuse a tree (``links``: name -> target, ``others``: every other member) in which a
     link resolves out of the tree once every link is followed step by step (``a -> .`` with
     ``up -> a/a/../..`` leaves it although neither text does), or a member lies under a
-    link (``data -> /victim`` then ``data/evil.txt``: written through the link)."""
+    link (``data -> /victim`` then ``data/evil.txt``: written through the link) or under a
+    file (``others``: the files; ``dirs``: the folders)."""
     table = {tuple(p for p in n.split("/") if p not in ("", ".")): t for n, t in links.items()}
 
     def readlink(parts: tuple[str, ...]) -> str | None:
@@ -289,11 +293,15 @@ def check_links(links: Mapping[str, str], others: Iterable[str], origin: str) ->
             confine.resolve(name, readlink, root=origin)
         except confine.Escape as exc:
             raise _refuse(origin, name, f"link out of the tree once resolved: {exc.what}") from None
-    for name in [*others, *links]:
+    others = list(others)
+    files = {tuple(p for p in n.split("/") if p not in ("", ".")) for n in others}
+    for name in [*others, *dirs, *links]:
         parts = tuple(p for p in name.split("/") if p not in ("", "."))
         for i in range(1, len(parts)):
             if parts[:i] in table:
                 raise _refuse(origin, name, f"lies under the link {'/'.join(parts[:i])!r}")
+            if parts[:i] in files:
+                raise _refuse(origin, name, f"lies under the file {'/'.join(parts[:i])!r}")
 
 
 def tree_members(
@@ -311,5 +319,6 @@ def tree_members(
             data = src.read()
         out.append((member, data))
     links = {m.name: m.linkname for m, _ in out if m.issym()}
-    check_links(links, [m.name for m, _ in out if not m.issym()], origin)
+    files = [m.name for m, _ in out if m.isfile()]
+    check_links(links, files, origin, [m.name for m, _ in out if m.isdir()])
     return out

@@ -278,6 +278,8 @@ def _step(fd: int, name: str, rel: str, root: object, create: bool) -> int:
         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         if stat.S_ISLNK(st.st_mode):
             raise _escape(rel, root, f"{name!r} on the way is a symlink") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise _escape(rel, root, f"{name!r} on the way is not a folder") from None
         raise
 
 

@@ -13,7 +13,11 @@ import re
 
 from pinwheel.urls import redact
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029\u0085]+")
+# C0, DEL, C1, line/paragraph separators, and the bidi overrides, embeddings, isolates
+# and marks (U+202E would show a name reversed in a rendered page).
+_CONTROL = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]+"
+)
 # What could change structure inside a line in CommonMark/GFM: code spans, links and
 # images, table cells, raw HTML, entities and the escape itself. Line-start markers
 # (#, -, >) cannot act: the text is one line placed after other content. Emphasis

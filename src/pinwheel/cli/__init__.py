@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel import __version__, options
+from pinwheel import __version__, options, ownership
 from pinwheel.cli.stopsignal import Terminated, terminate_as_interrupt
 from pinwheel.errors import EXIT_ERROR, EXIT_USAGE, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
+from pinwheel.printable import shown
 from pinwheel.progress import SILENT, LineReporter, Reporter
 from pinwheel.urls import redact, redact_tree
 
@@ -35,17 +36,23 @@ MANIFEST_NAME = "manifest.toml"
 ERROR_SCHEMA = "pinwheel.error/1"
 
 
-def find_manifest(start: Path) -> Path:
+def find_manifest(start: Path, safe: Sequence[str] = ()) -> Path:
     """``manifest.toml`` in ``start`` or the nearest directory above it, as git finds ``.git``.
 
     The search stops at the top of a git checkout (a directory holding ``.git``), so a
     manifest above the repository is never picked up; with none found the answer is
-    ``start/manifest.toml``, whose absence the loader reports.
+    ``start/manifest.toml``, whose absence the loader reports. A manifest found so (not
+    named with ``--manifest``) is used only when its file and folder are the user's
+    (:mod:`pinwheel.ownership`; ``safe``: the :data:`~pinwheel.ownership.SAFE_ENV` list).
     """
     here = start.absolute()
     for directory in (here, *here.parents):
         candidate = directory / MANIFEST_NAME
         if candidate.exists():
+            ownership.check(
+                [directory, candidate], what="the manifest found at", flag="--manifest",
+                safe=safe,
+            )  # fmt: skip
             return candidate
         if (directory / ".git").exists():
             break
@@ -59,11 +66,16 @@ def default_cache() -> Path:
     return (base / "pinwheel").absolute()
 
 
-def parse_mirrors(items: Sequence[str], env: str | None) -> dict[str, str]:
-    """``URL=PATH`` pairs from PINWHEEL_MIRRORS (space or comma separated) then --mirror."""
-    pairs = [p for p in (env or "").replace(",", " ").split() if p] + list(items)
+def parse_mirrors(
+    items: Sequence[str], env: str | None, safe: Sequence[str] | None = None
+) -> dict[str, str]:
+    """``URL=PATH`` pairs from PINWHEEL_MIRRORS (space or comma separated) then --mirror.
+    A mirror the environment names (not ``--mirror``) is checked to be the user's
+    (:mod:`pinwheel.ownership`) when ``safe`` is given."""
+    from_env = [p for p in (env or "").replace(",", " ").split() if p]
+    pairs = from_env + list(items)
     mirrors: dict[str, str] = {}
-    for pair in pairs:
+    for i, pair in enumerate(pairs):
         url, sep, path = pair.partition("=")
         if not sep or not url or not path:
             raise UsageError(
@@ -82,6 +94,8 @@ def parse_mirrors(items: Sequence[str], env: str | None) -> dict[str, str]:
                 next="give URL=PATH with a repository URL and a mirror path "
                 "(write ./-name for a path that starts with '-')",
             )
+        if safe is not None and i < len(from_env):
+            ownership.check([path], what="the mirror", flag="--mirror", safe=safe)
         mirrors[url] = path
     return mirrors
 
@@ -143,9 +157,9 @@ class Context:
         if self.json:
             return
         if style and self.is_terminal:
-            self.console.print(text, style=style, markup=False, highlight=False)
+            self.console.print(shown(text), style=style, markup=False, highlight=False)
         else:
-            print(text, file=sys.stderr, flush=True)
+            print(shown(text), file=sys.stderr, flush=True)
 
     def manifest(self, *, allow_short: bool = False) -> Manifest:
         if allow_short:
@@ -164,7 +178,8 @@ class Context:
             sys.stdout.flush()
             self.emitted = True
         elif human:
-            print(redact(human))
+            print(shown(human))
+
 
 
 class _Parser(argparse.ArgumentParser):
@@ -271,9 +286,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def ctx_cache(args: argparse.Namespace) -> Path:
-    """``--cache``, absolute: build paths under it reach compilers and provenance."""
-    return Path(args.cache).absolute() if getattr(args, "cache", None) else default_cache()
+def ctx_cache(args: argparse.Namespace, safe: Sequence[str] | None = None) -> Path:
+    """``--cache``, absolute: build paths under it reach compilers and provenance. A cache
+    not named with ``--cache`` (``$PINWHEEL_CACHE``, the default) is checked to be the
+    user's (:mod:`pinwheel.ownership`) when ``safe`` is given."""
+    if getattr(args, "cache", None):
+        return Path(args.cache).absolute()
+    cache = default_cache()
+    if safe is not None:
+        ownership.check([cache], what="the cache", flag="--cache", safe=safe)
+    return cache
 
 
 def _wants_json(argv: Sequence[str]) -> bool:
@@ -297,12 +319,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     ctx: Context | None = None
     try:
+        safe = ownership.parse_safe(os.environ.get(ownership.SAFE_ENV))
         ctx = Context(
             manifest_path=Path(args.manifest)
             if getattr(args, "manifest", None)
-            else find_manifest(Path.cwd()),
-            cache=ctx_cache(args),
-            mirrors=parse_mirrors(args.mirror, os.environ.get("PINWHEEL_MIRRORS")),
+            else find_manifest(Path.cwd(), safe),
+            cache=ctx_cache(args, safe),
+            mirrors=parse_mirrors(args.mirror, os.environ.get("PINWHEEL_MIRRORS"), safe),
             json=args.json,
             offline=args.offline,
             verbose=args.verbose,
@@ -311,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with terminate_as_interrupt():
             return int(args.func(ctx, args) or 0)
     except PinwheelError as err:
-        message = redact(str(err))
+        message = shown(err)
         if args.json and not (ctx and ctx.emitted):
             sys.stdout.write(
                 _error_document(
@@ -354,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             fault = faults.classify_exception(err, ctx_cache(args))
         if fault is not None:
-            print(f"error: {redact(str(fault))}", file=sys.stderr)
+            print(f"error: {shown(fault)}", file=sys.stderr)
             if args.json and not (ctx and ctx.emitted):
                 sys.stdout.write(
                     _error_document(
@@ -367,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             return fault.exit_code
 
-        print(f"error: {redact(str(err))}", file=sys.stderr)
+        print(f"error: {shown(err)}", file=sys.stderr)
         if args.json and not (ctx and ctx.emitted):
             sys.stdout.write(_error_document(_command_name(args), EXIT_ERROR, redact(str(err))))
         return EXIT_ERROR

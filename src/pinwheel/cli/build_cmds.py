@@ -9,6 +9,7 @@ from typing import Any
 
 from pinwheel.cli import Context, command
 from pinwheel.errors import EXIT_VERIFY
+from pinwheel.printable import shown
 
 
 def register(sub: Any) -> None:
@@ -127,7 +128,7 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
         if stated:
             lines.insert(0, str(headline(from_receipt({"substitutions": stated}))))
         lines += [f"FAIL toolchain: {p}" for p in problems]
-        print("\n".join(lines))
+        print(shown("\n".join(lines)))
     return 0 if report.ok and not problems else EXIT_VERIFY
 
 

@@ -11,8 +11,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from pinwheel.printable import shown
 from pinwheel.progress import Advance
-from pinwheel.urls import redact
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -34,11 +34,11 @@ class RichReporter:
         self.depth = 0
 
     def info(self, message: str) -> None:
-        self.console.print(redact(message), markup=False, highlight=False)
+        self.console.print(shown(message), markup=False, highlight=False)
 
     def detail(self, message: str) -> None:
         if self.verbose:
-            self.console.print(redact(message), markup=False, highlight=False, style="dim")
+            self.console.print(shown(message), markup=False, highlight=False, style="dim")
 
     @contextlib.contextmanager
     def status(self, message: str) -> Iterator[None]:
@@ -50,7 +50,7 @@ class RichReporter:
             return
         self.depth += 1
         try:
-            with self.console.status(Text(message)):
+            with self.console.status(Text(shown(message))):
                 yield
         finally:
             self.depth -= 1
@@ -82,7 +82,7 @@ class RichReporter:
         self.depth += 1
         try:
             with bars:
-                task = bars.add_task(name, total=total, completed=done)
+                task = bars.add_task(shown(name), total=total, completed=done)
                 yield lambda n: bars.advance(task, n)
         finally:
             self.depth -= 1

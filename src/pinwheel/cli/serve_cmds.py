@@ -131,15 +131,18 @@ def _resolve(ctx: Context, args: argparse.Namespace) -> ServeOptions:
     config = _serve_config(ctx)
     profile = config.profile(args.profile or ctx.variable(f"{config.env_prefix}_PROFILE"))
     model = args.model or ctx.variable(config.model_var)
+    devices = args.devices or ctx.environ.get("CUDA_VISIBLE_DEVICES")
+    if devices:  # it reaches a container runtime's argv or a child's environment
+        _checked(validate.devices, devices, "--devices / $CUDA_VISIBLE_DEVICES")
     return ServeOptions(
         config=config,
         profile=profile,
-        model=Path(model) if model else None,
+        model=Path(model).absolute() if model else None,
         python=args.python or ctx.environ.get("PYTHON") or "python3",
         python_from="--python"
         if args.python
         else ("$PYTHON" if ctx.environ.get("PYTHON") else "default"),
-        devices=args.devices or ctx.environ.get("CUDA_VISIBLE_DEVICES"),
+        devices=devices,
     )
 
 

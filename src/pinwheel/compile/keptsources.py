@@ -21,10 +21,10 @@ import dataclasses
 import hashlib
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
+from pinwheel import confine
 from pinwheel.compile.sources import Supplied
 from pinwheel.compile.workspace import SOURCE_MTIME
 from pinwheel.fsutil import atomic_write_text
@@ -54,20 +54,20 @@ def key_of(src: BuildSource, project: Path) -> str:
 
 def _files(root: Path) -> dict[str, list[Any]] | None:
     """rel -> [size, executable, link target] of every file under ``root``; None when a
-    file does not carry the fixed mtime (something wrote it after the export)."""
+    file does not carry the fixed mtime (something wrote it after the export), or the
+    tree holds what no export makes (a link leading out, a FIFO: :func:`confine.walk`)."""
     out: dict[str, list[Any]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames) + [d for d in dirnames if Path(dirpath, d).is_symlink()]:
-            full = Path(dirpath) / name
-            st = full.lstat()
-            rel = full.relative_to(root).as_posix()
-            if stat.S_ISLNK(st.st_mode):
-                out[rel] = [0, False, os.readlink(full)]
-            else:
+    try:
+        for node in confine.walk(root):
+            if node.kind == "link":
+                out[node.rel] = [0, False, node.link]
+            elif node.kind == "file":
+                st = os.lstat(root / node.rel)
                 if int(st.st_mtime) != SOURCE_MTIME:
                     return None
-                out[rel] = [st.st_size, bool(st.st_mode & 0o100), None]
+                out[node.rel] = [st.st_size, bool(st.st_mode & 0o100), None]
+    except confine.Escape:
+        return None
     return out
 
 

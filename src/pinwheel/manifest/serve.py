@@ -157,7 +157,6 @@ _IMAGE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _SHM = re.compile(r"[1-9][0-9]*[bkmg]?")
-_MOUNT = re.compile(r"/[A-Za-z0-9._/-]*")
 RUNTIMES = ("docker", "podman")
 
 
@@ -248,8 +247,13 @@ def _parse_image(eng: Table) -> Image:
     if not _SHM.fullmatch(shm):
         raise eng.error("shm_size", 'a size like "16g"', shm)
     mount = eng.str("model_mount", "/model")
-    if not _MOUNT.fullmatch(mount) or ".." in mount.split("/"):
-        raise eng.error("model_mount", 'an absolute path inside the container like "/model"', mount)
+    try:
+        mount = validate.mount_point(mount)
+    except ValueError:
+        raise eng.error(
+            "model_mount", 'an absolute path inside the container like "/model" (not / or a '
+            "system directory)", mount,
+        ) from None
     model_env = eng.str("model_env", None)
     if model_env is not None and not _ENV_KEY.fullmatch(model_env):
         raise eng.error("model_env", "an environment variable name (A-Z, 0-9, _)", model_env)

@@ -126,15 +126,16 @@ def _floor_lines(
             req = floor.get(family)
             if isinstance(req, Mapping):
                 where = ""
-                if family == "GLIBC":
-                    where = f" ({req.get('symbol')} in {req.get('member')})"
-                needs.append(f"{family} {req.get('version')}{where}")
+                if family == "GLIBC":  # the symbol and member names come from the wheel
+                    where = f" ({md.text(req.get('symbol'))} in {md.text(req.get('member'))})"
+                needs.append(f"{family} {md.text(req.get('version'))}{where}")
         tag = c.get("platform_tag")
         tag_text = "not recorded"
         if isinstance(tag, dict):
-            tag_text = f"`{tag.get('platform')}`: {tag.get('reason')}"
+            tag_text = f"`{md.code(tag.get('platform'))}`: {md.text(tag.get('reason'))}"
         rows.append(
-            f"| {c.get('wheel')} | {'; '.join(needs) or 'no versioned symbols'} | {tag_text} |"
+            f"| {md.text(c.get('wheel'))} | {'; '.join(needs) or 'no versioned symbols'} "
+            f"| {tag_text} |"
         )
     if not rows:
         return []
@@ -404,12 +405,13 @@ def assemble(request: AssembleRequest) -> Release:
         first = []  # what a reader must see before anything else, on the first line
         if reasons:
             first.append(
-                f"**UNVERIFIED RELEASE** (made with --allow-unverified): {'; '.join(reasons)}"
+                "**UNVERIFIED RELEASE** (made with --allow-unverified): "
+                + md.text("; ".join(reasons), limit=2000)
             )
         if stack_not_replayed(provenance):
-            first.append(f"**UNVERIFIED STACK**: {stack_statement(manifest)}")
-        if substituted := headline(from_receipt(provenance)):
-            first.append(f"**{substituted}**")
+            first.append(f"**UNVERIFIED STACK**: {md.text(stack_statement(manifest))}")
+        if substituted := headline(from_receipt(provenance)):  # receipt values: escaped
+            first.append(f"**{md.text(substituted, limit=2000)}**")
         if first:
             notes = " ".join(first) + "\n\n" + notes
         atomic_write_text(tmp / NOTES, notes)

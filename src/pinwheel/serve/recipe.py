@@ -80,10 +80,17 @@ def _container(
     port: int,
     devices: str | None,
 ) -> Launch:
-    """``docker run`` / ``podman run`` of the pinned digest; env goes into the container."""
+    """``docker run`` / ``podman run`` of the pinned digest; env goes into the container.
+
+    Every value that reaches the runtime's argv is checked here, where it enters it
+    (:mod:`pinwheel.validate`): the devices (from ``--devices`` or the environment), the
+    model directory (absolute: a bare name is a named volume), the mount point and host.
+    """
     argv = [image.runtime, "run", "--rm"]
-    argv += _gpu_flags(image, devices or profile.devices or ",".join(map(str, range(profile.gpus))))
-    argv += ["--shm-size", image.shm_size, "-v", f"{model}:{image.model_mount}:ro"]
+    gpus = devices or profile.devices or ",".join(map(str, range(profile.gpus)))
+    argv += _gpu_flags(image, validate.devices(gpus))
+    mount = validate.mount_point(image.model_mount)
+    argv += ["--shm-size", image.shm_size, "-v", f"{validate.host_path(model)}:{mount}:ro"]
     for key, value in _container_env(config, image, profile):
         argv += ["-e", f"{key}={value}"]
     argv += _port_flags(image, host, port)
@@ -103,7 +110,9 @@ def _container_env(
 def _port_flags(image: Image, host: str, port: int | str) -> list[str]:
     if image.container_port is None:
         return ["--network", "host"]
-    return ["-p", f"{host}:{port}:{image.container_port}"]
+    # An IPv6 address goes in brackets (`-p [::1]:8000:8000`): bare, its colons split the
+    # value into other fields. A value the runtime would read otherwise is refused.
+    return ["-p", f"{validate.host(host)}:{port}:{image.container_port}"]
 
 
 def _flags(config: ServeConfig, profile: ServeProfile, seqs: str | None) -> list[str]:
