@@ -333,6 +333,14 @@ def torch_library_headers(python: Path, existing: str | None) -> str:
 def build_kernel(
     spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
 ) -> Built:
+    """:func:`_build_kernel` with the kernel's workspace held (workspace.locked)."""
+    with workspace.locked(workdir(spec, opts)):
+        return _build_kernel(spec, config, toolkit, opts)
+
+
+def _build_kernel(
+    spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
+) -> Built:
     """Build the kernel's wheel into scratch (``<cache>/kernels/NAME/dist``).
 
     The workspace is kept while the identity (toolchain, flags, builder, Python, torch,

@@ -218,7 +218,16 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     python = str(venv.python) if venv is not None else build_python(request.environ, engine)
     try:
         built, twice = _produce(
-            request, config, specs, engine, toolkit, reporter, session, cache_plan, earlier, canon,
+            request,
+            config,
+            specs,
+            engine,
+            toolkit,
+            reporter,
+            session,
+            cache_plan,
+            earlier,
+            canon,
             venv,
         )
     finally:
@@ -355,9 +364,7 @@ def _produce(
 
     if engine:
         built.append(
-            measure(
-                lambda s: _engine(request, config, toolkit, reporter, s, earlier, canon, venv)
-            )
+            measure(lambda s: _engine(request, config, toolkit, reporter, s, earlier, canon, venv))
         )
     return built, twice
 
@@ -403,6 +410,23 @@ def _nvcc_digest(path: Path) -> str | None:
 
 
 def _engine(
+    request: BuildRequest,
+    config: BuildConfig,
+    toolkit: Toolkit | None,
+    reporter: Reporter,
+    session: compcache.Session | None = None,
+    earlier: Mapping[str, Any] | None = None,
+    canon: canonical.Canonical | None = None,
+    venv: BuildVenv | None = None,
+) -> Built:
+    """The engine wheel; the kept workspace held for the whole build (workspace.locked)."""
+    if request.engine_source is not None:  # a plain source tree: no workspace to share
+        return _engine_in(request, config, toolkit, reporter, session, earlier, canon, venv)
+    with workspace.locked(engine_workdir(request)):
+        return _engine_in(request, config, toolkit, reporter, session, earlier, canon, venv)
+
+
+def _engine_in(
     request: BuildRequest,
     config: BuildConfig,
     toolkit: Toolkit | None,
