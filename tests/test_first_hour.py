@@ -575,16 +575,16 @@ def test_a_plain_line_transfer_says_the_bytes_so_far(monkeypatch) -> None:
 
     monkeypatch.setattr(progress, "BYTES_EVERY_S", 0.1)
     stream = io.StringIO()
-    with progress.LineReporter(stream).transfer("w.whl", 3_000_000) as advance:
+    with progress.LineReporter(stream).transfer("w.whl", 3 << 20) as advance:
         for _ in range(3):
-            advance(1_000_000)
+            advance(1 << 20)
             time.sleep(0.15)
     lines = stream.getvalue().splitlines()
-    assert lines[0] == "w.whl (3.0 MB) ..."
-    assert "w.whl: 2.0 MB of 3.0 MB so far" in " ".join(lines) or any(
-        "of 3.0 MB so far" in ln for ln in lines
+    assert lines[0] == "w.whl (3.0 MiB) ..."
+    assert "w.whl: 2.0 MiB of 3.0 MiB so far" in " ".join(lines) or any(
+        "of 3.0 MiB so far" in ln for ln in lines
     )
-    assert lines[-1].startswith("w.whl: 3.0 MB in ")
+    assert lines[-1].startswith("w.whl: 3.0 MiB in ")
 
 
 def test_build_reaches_only_the_stacks_it_builds(stack, capsys) -> None:

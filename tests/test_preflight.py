@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from pinwheel.cli import main
+from pinwheel.cudaarch import CudaArch
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest import model as manifest
 from pinwheel.manifest.serve import Engine
@@ -74,7 +75,7 @@ def test_topo_without_a_matrix_says_what_to_run():
 
 def test_gpu_csv_including_unified_memory_and_old_drivers():
     gpus = parse_gpu_csv("0, NVIDIA GB10, 12.1, [N/A], 0000000F:01:00.0\n")
-    assert gpus[0].compute_capability == "12.1" and gpus[0].memory_mib is None
+    assert gpus[0].compute_capability == CudaArch(121) and gpus[0].memory_mib is None
     assert parse_gpu_csv(V100_CSV)[7].memory_mib == 32768
     with pytest.raises(PinwheelError, match="driver"):
         parse_gpu_csv('Field "compute_cap" is not a valid field to query.\n')

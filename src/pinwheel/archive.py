@@ -9,7 +9,7 @@ symlink planted in the destination cannot lead a member out.
 
 The wheel-specific audit (RECORD hashes, CRCs, ELF checks) stays in
 :mod:`pinwheel.wheels.wheelfile` and :mod:`pinwheel.wheels.check`; it uses the
-same name rule (:func:`name_problem`).
+same name rule (:func:`pinwheel.validate.member_problem`).
 """
 
 from __future__ import annotations
@@ -22,18 +22,17 @@ import shutil
 import stat
 import tarfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO
 
-from pinwheel import confine
+from pinwheel import confine, validate
 from pinwheel.errors import VerifyError
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 _DRIVE = re.compile(r"^[A-Za-z]:")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -47,22 +46,6 @@ class Limits:
 
 class ArchiveError(VerifyError):
     """An archive member that must not be read or written."""
-
-
-def name_problem(name: str) -> str | None:
-    """Why extracting ``name`` could write outside the target directory, else None."""
-    norm = name.replace("\\", "/")
-    if not norm:
-        return "empty name"
-    if norm.startswith("/") or _DRIVE.match(norm):
-        return "absolute path"
-    if ".." in PurePosixPath(norm).parts:
-        return "'..' component escapes the target directory"
-    if "\0" in name:
-        return "NUL byte in name"
-    if _CONTROL.search(name):
-        return "control character in name"
-    return None
 
 
 def zip_kind(info: zipfile.ZipInfo) -> str:
@@ -97,7 +80,7 @@ def zip_members(
     total = 0
     for info in infos:
         name = info.filename
-        problem = name_problem(name)
+        problem = validate.member_problem(name)
         if problem:
             raise _refuse(origin, name, problem)
         norm = name.rstrip("/")
@@ -155,7 +138,7 @@ def tar_members(
         count += 1
         if count > limits.members:
             raise _refuse(origin, member.name, f"over the {limits.members} member limit")
-        problem = name_problem(member.name)
+        problem = validate.member_problem(member.name)
         if problem:
             raise _refuse(origin, member.name, problem)
         if skip_links and not (member.isfile() or member.isdir()):
@@ -215,7 +198,7 @@ def _target(name: str, is_dir: bool, origin: str, select: Select | None) -> str 
     """Where ``select`` puts a member (None: skipped), refused if that name is unsafe."""
     rel = select(name, is_dir) if select else name
     if rel is not None:
-        problem = name_problem(rel)
+        problem = validate.member_problem(rel)
         if problem:
             raise _refuse(origin, rel, problem)
     return rel
@@ -261,26 +244,72 @@ def extract_tar(
     ``stop`` is asked after each member: True ends the read early (what was wanted is out).
     """
     written = []
-    links: list[tuple[Path, str]] = []
+    written_rel: list[str] = []
+    links: dict[str, str] = {}
     for member in tar_members(tar, origin, limits, skip_links=skip_links, inner_links=inner_links):
         name = member.name.removeprefix("./")
         rel = _target(name, member.isdir(), origin, select)
         if rel is not None:
             if member.issym():
                 # Made after every file: no later member can be written through it.
-                links.append((confine.inside(dest, rel, what="archive member"), member.linkname))
+                confine.inside(dest, rel, what="archive member")
+                links[rel] = member.linkname
             elif member.isdir():
                 confine.mkdirs(dest, confine.inside(dest, rel, what="archive member"))
+                written_rel.append(rel)
             else:
                 src = tar.extractfile(member)
                 assert src is not None
                 _write(dest, rel, src, bool(member.mode & 0o111), member.mtime)
                 written.append(member.name)
+                written_rel.append(rel)
         if stop is not None and stop():
             break
-    for path, target in links:
-        confine.mkdirs(dest, path.parent)
-        if path.is_symlink() or path.exists():
-            confine.remove(dest, path)
-        os.symlink(target, path)
+    if links:
+        # Judged on the whole tree, by resolution (chains through other links included),
+        # then made without going through any link on the way.
+        check_links(links, written_rel, origin)
+        for rel, target in links.items():
+            confine.symlink_beneath(dest, rel, target)
     return written
+
+
+def check_links(links: Mapping[str, str], others: Iterable[str], origin: str) -> None:
+    """Refuse a tree (``links``: name -> target, ``others``: every other member) in which a
+    link resolves out of the tree once every link is followed step by step (``a -> .`` with
+    ``up -> a/a/../..`` leaves it although neither text does), or a member lies under a
+    link (``data -> /victim`` then ``data/evil.txt``: written through the link)."""
+    table = {tuple(p for p in n.split("/") if p not in ("", ".")): t for n, t in links.items()}
+
+    def readlink(parts: tuple[str, ...]) -> str | None:
+        return table.get(parts)
+
+    for name in links:
+        try:
+            confine.resolve(name, readlink, root=origin)
+        except confine.Escape as exc:
+            raise _refuse(origin, name, f"link out of the tree once resolved: {exc.what}") from None
+    for name in [*others, *links]:
+        parts = tuple(p for p in name.split("/") if p not in ("", "."))
+        for i in range(1, len(parts)):
+            if parts[:i] in table:
+                raise _refuse(origin, name, f"lies under the link {'/'.join(parts[:i])!r}")
+
+
+def tree_members(
+    tar: tarfile.TarFile, origin: str, limits: Limits = Limits()
+) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    """Every member of a source tree's tar (``git archive``) with its bytes (None for a
+    directory or a link), checked as a whole: names, kinds and sizes as :func:`tar_members`
+    with in-tree links, and every link resolved (:func:`check_links`)."""
+    out: list[tuple[tarfile.TarInfo, bytes | None]] = []
+    for member in tar_members(tar, origin, limits, inner_links=True):
+        data = None
+        if member.isfile():
+            src = tar.extractfile(member)
+            assert src is not None
+            data = src.read()
+        out.append((member, data))
+    links = {m.name: m.linkname for m, _ in out if m.issym()}
+    check_links(links, [m.name for m, _ in out if not m.issym()], origin)
+    return out

@@ -19,7 +19,8 @@ import contextlib
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -164,21 +165,281 @@ def remove(scope: Path | str, target: Path | str) -> None:
         path.unlink()
 
 
-def check_member(name: str, *, what: str = "name") -> str:
-    """A relative name that stays inside whatever folder it is joined to (archive members,
-    receipt paths): no absolute path, no ``..``, no drive, no NUL or backslash."""
-    parts = name.replace("\\", "/").split("/")
-    if (
-        not name
-        or name.startswith("/")
-        or "\0" in name
-        or "\\" in name
-        or ".." in parts
-        or (len(name) > 1 and name[1] == ":")
-    ):
-        raise Escape(
-            f"refusing the {what} {name!r}: it climbs out (absolute, '..' or a drive)",
-            where=name,
-            next="do not use this input",
-        )
-    return name
+# --------------------------------------------------------------------------- resolved paths
+#
+# The checks above compare text (after ``realpath``) at one moment. A tree pinwheel
+# writes or reads from an untrusted source (a replayed tree, a build source, a kept
+# workspace, an archive) is judged instead by resolving every link against its root
+# the way the kernel does, one component at a time: a link's target is substituted and
+# resolved from the link's folder, ``..`` is taken on the *resolved* path, and any step
+# above the root is an escape. ``a -> .`` with ``up -> a/a/../..`` reads as ``up`` =
+# the root's parent, although neither link's text leaves the tree. Writers below go one
+# step further: they open every folder on the way with ``O_NOFOLLOW`` relative to the
+# one before (``openat``), so no symlink anywhere on the way is ever gone through.
+
+MAX_LINK_HOPS = 40  # as Linux's path resolution (ELOOP)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+ReadLink = Callable[[tuple[str, ...]], "str | None"]
+
+
+def _escape(rel: str, root: object, why: str) -> Escape:
+    return Escape(
+        f"refusing {rel[:200]!r} under {root}: {why}",
+        where=f"{root}/{rel[:200]}",
+        next="the tree (an archive, a build source, a kept workspace) holds a link that "
+        "leads out of it; do not use this tree",
+    )
+
+
+def resolve(rel: str, readlink: ReadLink, *, root: object = "the tree") -> tuple[str, ...]:
+    """``rel`` resolved inside a tree whose links ``readlink(parts)`` tells (None: not a
+    link), every link followed, last component included. Returns the resolved parts;
+    raises :class:`Escape` when any step climbs above the root, a link is absolute, or
+    more than :data:`MAX_LINK_HOPS` links are followed (a loop)."""
+    if rel.startswith("/") or "\0" in rel:
+        raise _escape(rel, root, "an absolute name")
+    pending = list(reversed(rel.split("/")))
+    resolved: list[str] = []
+    hops = 0
+    while pending:
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not resolved:
+                raise _escape(rel, root, "it resolves above the root")
+            resolved.pop()
+            continue
+        target = readlink((*resolved, part))
+        if target is None:
+            resolved.append(part)
+            continue
+        hops += 1
+        if hops > MAX_LINK_HOPS:
+            raise _escape(rel, root, f"more than {MAX_LINK_HOPS} links (a loop)")
+        if not target or target.startswith("/") or "\0" in target:
+            raise _escape(rel, root, f"a link to an absolute or empty target {target[:200]!r}")
+        pending.extend(reversed(target.split("/")))
+    return tuple(resolved)
+
+
+def disk_readlink(
+    root: Path | str, overlay: Mapping[tuple[str, ...], str] | None = None
+) -> ReadLink:
+    """A :data:`ReadLink` for a directory on disk (``lstat``, never followed); ``overlay``
+    adds links about to be made."""
+    base = Path(root)
+
+    def readlink(parts: tuple[str, ...]) -> str | None:
+        if overlay and parts in overlay:
+            return overlay[parts]
+        path = base.joinpath(*parts)
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                return os.readlink(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return None
+
+    return readlink
+
+
+def check_link(root: Path | str, rel: str, target: str, readlink: ReadLink | None = None) -> None:
+    """Refuse a link ``rel -> target`` under ``root`` that resolves out of it (chains
+    through other links included). ``readlink`` defaults to the tree on disk."""
+    parts = _parts(rel, root)
+    base = readlink or disk_readlink(root)
+
+    def with_link(p: tuple[str, ...]) -> str | None:
+        return target if p == parts else base(p)
+
+    resolve(rel, with_link, root=root)
+
+
+def _parts(rel: str, root: object) -> tuple[str, ...]:
+    if not rel or rel.startswith("/") or "\0" in rel or "\\" in rel:
+        raise _escape(rel, root, "an absolute, empty or backslashed name")
+    parts = tuple(p for p in rel.split("/") if p not in ("", "."))
+    if not parts or ".." in parts:
+        raise _escape(rel, root, "'..' or no name")
+    return parts
+
+
+def _step(fd: int, name: str, rel: str, root: object, create: bool) -> int:
+    try:
+        return os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+        os.mkdir(name, 0o755, dir_fd=fd)
+        return os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=fd)
+    except OSError:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise _escape(rel, root, f"{name!r} on the way is a symlink") from None
+        raise
+
+
+@contextlib.contextmanager
+def _folder(root: Path | str, parts: Sequence[str], rel: str, *, create: bool) -> Iterator[int]:
+    """An fd of ``root/parts``, every step opened ``O_NOFOLLOW`` from the one before."""
+    fd = os.open(root, os.O_RDONLY | _DIRECTORY)
+    try:
+        for name in parts:
+            nxt = _step(fd, name, rel, root, create)
+            os.close(fd)
+            fd = nxt
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def lstat_beneath(root: Path | str, rel: str) -> os.stat_result | None:
+    """``lstat`` of ``root/rel`` with no symlink on the way; None when it is not there
+    (or a symlink on the way means it is not part of the tree)."""
+    parts = _parts(rel, root)
+    try:
+        with _folder(root, parts[:-1], rel, create=False) as fd:
+            return os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError, Escape):
+        return None
+
+
+def read_beneath(root: Path | str, rel: str) -> bytes:
+    """The bytes of the plain file ``root/rel``; no symlink followed anywhere."""
+    parts = _parts(rel, root)
+    with _folder(root, parts[:-1], rel, create=False) as fd:
+        try:
+            f = os.open(parts[-1], os.O_RDONLY | _NOFOLLOW, dir_fd=fd)
+        except OSError:
+            if stat.S_ISLNK(os.stat(parts[-1], dir_fd=fd, follow_symlinks=False).st_mode):
+                raise _escape(rel, root, "it is a symlink") from None
+            raise
+        with os.fdopen(f, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise _escape(rel, root, "not a plain file")
+            return fh.read()
+
+
+def mkdir_beneath(root: Path | str, rel: str) -> None:
+    """``mkdir -p root/rel``; a symlink on the way is refused, never gone through."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    with _folder(root, _parts(rel, root), rel, create=True):
+        pass
+
+
+def _clear(fd: int, name: str) -> None:
+    """Remove whatever ``name`` is in folder ``fd`` (a tree without following links)."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=fd)
+    else:
+        os.unlink(name, dir_fd=fd)
+
+
+def write_beneath(
+    root: Path | str, rel: str, data: bytes, *, mode: int = 0o644, mtime: int | None = None
+) -> None:
+    """Atomically put ``data`` at ``root/rel`` (what is there, a link included, is replaced,
+    never written through); a symlink on the way is refused."""
+    parts = _parts(rel, root)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    with _folder(root, parts[:-1], rel, create=True) as fd:
+        name = parts[-1]
+        st = None
+        with contextlib.suppress(FileNotFoundError):
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(name, dir_fd=fd)
+        tmp = f".{name[:100]}.{os.getpid()}.{id(data):x}.tmp"
+        f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=fd)
+        try:
+            with os.fdopen(f, "wb") as fh:
+                fh.write(data)
+                os.fchmod(fh.fileno(), mode)
+            if mtime is not None:
+                os.utime(tmp, (mtime, mtime), dir_fd=fd, follow_symlinks=False)
+            os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=fd)
+            raise
+
+
+def symlink_beneath(root: Path | str, rel: str, target: str) -> None:
+    """Make the link ``root/rel -> target`` (replacing what is there) after checking that
+    it resolves inside ``root``; a symlink on the way is refused."""
+    parts = _parts(rel, root)
+    check_link(root, rel, target)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    with _folder(root, parts[:-1], rel, create=True) as fd:
+        _clear(fd, parts[-1])
+        os.symlink(target, parts[-1], dir_fd=fd)
+
+
+def remove_beneath(root: Path | str, rel: str) -> bool:
+    """Delete ``root/rel`` (a link: the link only; a folder: its tree, links not followed).
+    Nothing is done when it is not there or a symlink on the way means it is not part of
+    the tree (a folder replaced by a link). True when something was removed."""
+    parts = _parts(rel, root)
+    try:
+        with _folder(root, parts[:-1], rel, create=False) as fd:
+            try:
+                os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return False
+            _clear(fd, parts[-1])
+            return True
+    except (FileNotFoundError, NotADirectoryError, Escape):
+        return False
+
+
+def set_mtime_beneath(root: Path | str, rel: str, mtime: int) -> None:
+    parts = _parts(rel, root)
+    with _folder(root, parts[:-1], rel, create=False) as fd:
+        os.utime(parts[-1], (mtime, mtime), dir_fd=fd, follow_symlinks=False)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One entry of a walked tree: ``kind`` is ``file``, ``dir`` or ``link``."""
+
+    rel: str
+    kind: str
+    mode: int = 0
+    size: int = 0
+    link: str | None = None
+
+
+def walk(root: Path | str, skip: Callable[[str], bool] = lambda name: False) -> Iterator[Node]:
+    """Every entry under ``root`` (sorted, folders first visited), without following a
+    link; each link checked to resolve inside ``root`` (chains included); a FIFO, socket
+    or device refused. ``skip(name)``: folders not descended into."""
+    base = Path(root)
+    readlink = disk_readlink(base)
+
+    def visit(prefix: str) -> Iterator[Node]:
+        with os.scandir(base / prefix if prefix else base) as it:
+            items = sorted(it, key=lambda e: e.name)
+        for e in items:
+            rel = f"{prefix}{e.name}"
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                target = os.readlink(e.path)
+                resolve(rel, readlink, root=root)
+                yield Node(rel, "link", st.st_mode, 0, target)
+            elif stat.S_ISDIR(st.st_mode):
+                if skip(e.name):
+                    continue
+                yield Node(rel, "dir", st.st_mode)
+                yield from visit(rel + "/")
+            elif stat.S_ISREG(st.st_mode):
+                yield Node(rel, "file", st.st_mode, st.st_size)
+            else:
+                raise _escape(rel, root, "a FIFO, socket or device in a source tree")
+
+    yield from visit("")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
+from pinwheel.validate import member_problem
 
 T = TypeVar("T")
 
@@ -821,7 +822,7 @@ class ModelIndexDoc:
 
     def check(self) -> str | None:
         for tensor, shard in self.weight_map.items():
-            if not shard or shard.startswith("/") or ".." in shard.split("/") or "\\" in shard:
+            if "\\" in shard or member_problem(shard):
                 return f"weight_map.{tensor}: shard {_shown(shard)} is not a file in the pack"
         return None
 

@@ -22,7 +22,7 @@ from pinwheel.cli.stopsignal import Terminated, terminate_as_interrupt
 from pinwheel.errors import EXIT_ERROR, EXIT_USAGE, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
 from pinwheel.progress import SILENT, LineReporter, Reporter
-from pinwheel.urls import redact, redact_text, redact_tree, url_problem
+from pinwheel.urls import redact, redact_tree
 
 if TYPE_CHECKING:  # rich is imported when a command first prints through it
     from rich.console import Console
@@ -80,7 +80,9 @@ def parse_mirrors(items: Sequence[str], env: str | None) -> dict[str, str]:
                 where="--mirror / PINWHEEL_MIRRORS",
                 next="e.g. --mirror https://github.com/1CatAI/1Cat-vLLM.git=/srv/mirrors/1cat.git",
             )
-        problem = url_problem(url)
+        from pinwheel.validate import git_url_problem
+
+        problem = git_url_problem(url)
         if problem or path.startswith("-"):
             raise UsageError(
                 f"bad mirror mapping {redact(pair)!r}: "
@@ -163,8 +165,7 @@ class Context:
             sys.stdout.flush()
             self.emitted = True
         elif human:
-            print(redact_text(human))
-
+            print(redact(human))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -298,15 +299,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         with terminate_as_interrupt():
             return int(args.func(ctx, args) or 0)
     except PinwheelError as err:
-        message = redact_text(str(err))
+        message = redact(str(err))
         if args.json and not (ctx and ctx.emitted):
             sys.stdout.write(
                 _error_document(
                     _command_name(args),
                     err.exit_code,
-                    redact_text(err.what),
-                    redact_text(err.where) if err.where else None,
-                    redact_text(err.next) if err.next else None,
+                    redact(err.what),
+                    redact(err.where) if err.where else None,
+                    redact(err.next) if err.next else None,
                 )
             )
         if sys.stderr.isatty():
@@ -341,22 +342,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             fault = faults.classify_exception(err, ctx_cache(args))
         if fault is not None:
-            print(f"error: {redact_text(str(fault))}", file=sys.stderr)
+            print(f"error: {redact(str(fault))}", file=sys.stderr)
             if args.json and not (ctx and ctx.emitted):
                 sys.stdout.write(
                     _error_document(
                         _command_name(args),
                         fault.exit_code,
-                        redact_text(fault.what),
-                        fault.where and redact_text(fault.where),
-                        fault.next and redact_text(fault.next),
+                        redact(fault.what),
+                        fault.where and redact(fault.where),
+                        fault.next and redact(fault.next),
                     )
                 )
             return fault.exit_code
 
-        print(f"error: {redact_text(str(err))}", file=sys.stderr)
+        print(f"error: {redact(str(err))}", file=sys.stderr)
         if args.json and not (ctx and ctx.emitted):
-            sys.stdout.write(
-                _error_document(_command_name(args), EXIT_ERROR, redact_text(str(err)))
-            )
+            sys.stdout.write(_error_document(_command_name(args), EXIT_ERROR, redact(str(err))))
         return EXIT_ERROR

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from pinwheel.progress import Advance
-from pinwheel.urls import redact_text
+from pinwheel.urls import redact
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -34,11 +34,11 @@ class RichReporter:
         self.depth = 0
 
     def info(self, message: str) -> None:
-        self.console.print(redact_text(message), markup=False, highlight=False)
+        self.console.print(redact(message), markup=False, highlight=False)
 
     def detail(self, message: str) -> None:
         if self.verbose:
-            self.console.print(redact_text(message), markup=False, highlight=False, style="dim")
+            self.console.print(redact(message), markup=False, highlight=False, style="dim")
 
     @contextlib.contextmanager
     def status(self, message: str) -> Iterator[None]:

@@ -143,15 +143,10 @@ def _cache_note(b: Built) -> str:
     return note
 
 
-def build_config(manifest: Manifest) -> BuildConfig:
-    config = manifest.require("build")
-    return config
-
-
 def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     """Kernels, then the engine; every wheel checked and published as one set."""
     manifest = request.manifest
-    choice = choose(build_config(manifest), request.environ, request.substitute)
+    choice = choose(manifest.require("build"), request.environ, request.substitute)
     config = choice.config  # the CLI said any substitution before the replay; the outcome says it
     request = dataclasses.replace(request, environ=choice.environ(request.environ))
     engine = request.replayed is not None or request.engine_source is not None
@@ -614,4 +609,4 @@ def network_wrapper(mode: str) -> tuple[tuple[str, ...], str]:
     return (), "host (no network namespace available)"
 
 
-__all__ = ["BuildOutcome", "BuildRequest", "build", "build_config"]
+__all__ = ["BuildOutcome", "BuildRequest", "build"]

@@ -384,7 +384,7 @@ def candidates(source: str, cache: Path) -> dict[str, Candidate]:
     sums = parse_sums(untrusted.read_bytes(directory / SUMS, untrusted.SHA256SUMS))
     receipt = read_receipt(directory / FILENAME)
     out: dict[str, Candidate] = {}
-    for comp in receipt.get("components", []):
+    for comp in receipt.entries():
         name = comp.get("wheel")
         if not name or (only and name != only):
             continue

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import archive, runner
+from pinwheel import archive, confine, runner
 from pinwheel.checksums import feed, sha256_file
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_dir
@@ -127,10 +127,12 @@ def _export(src: BuildSource, target: Path, project: Path, cache: Cache) -> Supp
         for sub in src.submodules:
             with cache.locked(sub.url):
                 sub_repo = cache.ensure_commits(sub.url, [sub.commit])
+            # The gitlink exports as an empty directory: emptied and filled by resolved
+            # path, never through a link (`up -> a/a/../..`, then path = "up/x").
+            confine.resolve(sub.path, confine.disk_readlink(tmp), root=f"build source {src.name}")
+            confine.remove_beneath(tmp, sub.path)
+            confine.mkdir_beneath(tmp, sub.path)
             where = tmp / sub.path
-            if where.exists():
-                shutil.rmtree(where)  # the gitlink exports as an empty directory
-            where.mkdir(parents=True)
             _archive(sub_repo, sub.commit, where, sub.exclude, what=f"{src.name}/{sub.path}")
             subs.append((sub.path, sub.url, sub.commit))
         for rel in src.patches:

@@ -38,9 +38,10 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from pinwheel import archive, confine, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
+from pinwheel.fsutil import atomic_write_text
 
 STAMP = ".pinwheel-workspace.json"
 LAST = "last-build.json"
@@ -134,33 +135,34 @@ def prepare(root: Path, key: str, *, cold: bool) -> bool:
 
 
 def dir_entries(source: Path, skip: Iterable[str] = SKIP_DIRS) -> Iterator[Entry]:
-    """Files of a checkout directory (build outputs and VCS dirs aside)."""
+    """Files of a checkout directory (build outputs and VCS dirs aside), walked by
+    :func:`pinwheel.confine.walk`: no link followed, every link resolved inside ``source``
+    (a chain leading out is refused), a FIFO or device refused."""
     skipped = set(skip)
-    for top, dirs, files in os.walk(source):
-        dirs[:] = sorted(d for d in dirs if d not in skipped and not d.endswith(".egg-info"))
-        for name in sorted(files):
-            path = Path(top) / name
-            rel = str(path.relative_to(source))
-            if path.is_symlink():
-                yield Entry(rel, b"", link=os.readlink(path))
-            else:
-                mode = path.stat().st_mode
-                yield Entry(rel, path.read_bytes(), executable=bool(mode & stat.S_IXUSR))
+    for node in confine.walk(
+        source, skip=lambda name: name in skipped or name.endswith(".egg-info")
+    ):
+        if node.kind == "link":
+            yield Entry(node.rel, b"", link=node.link)
+        elif node.kind == "file":
+            data = confine.read_beneath(source, node.rel)
+            yield Entry(node.rel, data, executable=bool(node.mode & stat.S_IXUSR))
 
 
 def tar_entries(raw: bytes, prefix: str = "src/") -> Iterator[Entry]:
-    """Files of an uncompressed tar (``git archive``), ``prefix`` removed."""
+    """Files of an uncompressed tar (``git archive``), ``prefix`` removed, read by the one
+    archive reader (:func:`pinwheel.archive.tree_members`): names checked, links resolved
+    as a whole tree (chains, links out, members under a link refused)."""
     with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
-        for member in tar:
-            rel = member.name.removeprefix(prefix)
-            if not rel or rel.startswith("/") or ".." in Path(rel).parts:
-                continue
-            if member.issym():
-                yield Entry(rel, b"", link=member.linkname)
-            elif member.isfile():
-                data = tar.extractfile(member)
-                assert data is not None
-                yield Entry(rel, data.read(), executable=bool(member.mode & 0o100))
+        members = archive.tree_members(tar, "the exported tree")
+    for member, data in members:
+        rel = member.name.removeprefix(prefix)
+        if not rel or member.isdir():
+            continue
+        if member.issym():
+            yield Entry(rel, b"", link=member.linkname)
+        elif data is not None:
+            yield Entry(rel, data, executable=bool(member.mode & 0o100))
 
 
 def sync(
@@ -168,7 +170,9 @@ def sync(
 ) -> Synced:
     """Update ``dest`` to hold exactly ``entries`` among the files ``listing`` says were
     exported last time; write only what changed. Every file ends with ``mtime`` (None:
-    written files keep the time of writing)."""
+    written files keep the time of writing). Every write and delete goes through
+    :mod:`pinwheel.confine`'s ``*_beneath`` steps: no symlink on the way is gone through
+    (one planted, or left by the last tree, cannot lead a write or a delete out)."""
     previous: set[str] = set()
     if listing.is_file():
         try:
@@ -185,30 +189,30 @@ def sync(
         content = entry.link if entry.link is not None else hashlib.sha256(entry.data).hexdigest()
         digest.update(json.dumps([entry.rel, entry.executable, entry.link is not None, content])
                       .encode() + b"\n")  # fmt: skip
-        target = dest / entry.rel
-        if _same(target, entry):
+        if _same(dest, entry):
             kept += 1
-            _set_mtime(target, mtime)
+            _set_mtime(dest, entry.rel, mtime)
             continue
-        if target.is_symlink() or target.is_file():
-            target.unlink()
-        elif target.is_dir():
-            shutil.rmtree(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
         if entry.link is not None:
-            target.symlink_to(entry.link)
+            confine.symlink_beneath(dest, entry.rel, entry.link)
         else:
-            atomic_write_bytes(target, entry.data)
-            target.chmod(0o755 if entry.executable else 0o644)
-        _set_mtime(target, mtime)
+            confine.write_beneath(
+                dest, entry.rel, entry.data, mode=0o755 if entry.executable else 0o644
+            )
+        _set_mtime(dest, entry.rel, mtime)
         written.append(entry.rel)
     removed = sorted(previous - set(now))
     for rel in removed:
-        target = dest / rel
-        if target.is_symlink() or target.is_file():
-            target.unlink()
+        st = confine.lstat_beneath(dest, rel) if _listed(rel) else None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            confine.remove_beneath(dest, rel)
     atomic_write_text(listing, json.dumps(sorted(now)) + "\n")
     return Synced(tuple(written), tuple(removed), kept, digest.hexdigest())
+
+
+def _listed(rel: object) -> bool:
+    """A name from the listing (a file pinwheel wrote) that stays inside the export."""
+    return isinstance(rel, str) and validate.member_problem(rel) is None
 
 
 def sync_tree(result: Any, dest: Path, listing: Path, exclude: Sequence[str] = ()) -> Synced:
@@ -289,21 +293,30 @@ def fix_header_times(venv: Path, mtime: int = SOURCE_MTIME) -> int:
         if path.is_file() and not path.is_symlink()
     }
     for path in headers:
-        _set_mtime(path, mtime)
+        _set_mtime(venv, path, mtime)
     return len(headers)
 
 
-def _set_mtime(target: Path, mtime: int | None) -> None:
-    if mtime is not None and target.lstat().st_mtime_ns != mtime * 1_000_000_000:
-        os.utime(target, (mtime, mtime), follow_symlinks=False)
+def _set_mtime(root: Path, rel: str | Path, mtime: int | None) -> None:
+    if mtime is None:
+        return
+    if isinstance(rel, Path):  # a file found by a walk of pinwheel's own venv
+        if rel.lstat().st_mtime_ns != mtime * 1_000_000_000:
+            os.utime(rel, (mtime, mtime), follow_symlinks=False)
+        return
+    st = confine.lstat_beneath(root, rel)
+    if st is not None and st.st_mtime_ns != mtime * 1_000_000_000:
+        confine.set_mtime_beneath(root, rel, mtime)
 
 
-def _same(target: Path, entry: Entry) -> bool:
-    if entry.link is not None:
-        return target.is_symlink() and os.readlink(target) == entry.link
-    if target.is_symlink() or not target.is_file():
+def _same(root: Path, entry: Entry) -> bool:
+    st = confine.lstat_beneath(root, entry.rel)
+    if st is None:
         return False
-    st = target.stat()
+    if entry.link is not None:
+        return stat.S_ISLNK(st.st_mode) and os.readlink(root / entry.rel) == entry.link
+    if not stat.S_ISREG(st.st_mode):
+        return False
     if st.st_size != len(entry.data) or bool(st.st_mode & stat.S_IXUSR) != entry.executable:
         return False
-    return target.read_bytes() == entry.data
+    return confine.read_beneath(root, entry.rel) == entry.data

@@ -339,7 +339,8 @@ def assemble(request: AssembleRequest) -> Release:
     hashed = sha256_files([build / w for w in wheels])
     digests = {w: hashed[build / w] for w in wheels}
     # The build stage's one receipt reader (schema checked); an absent receipt reads as {}.
-    provenance = read_receipt(build / FILENAME) if (build / FILENAME).is_file() else {}
+    receipt = read_receipt(build / FILENAME) if (build / FILENAME).is_file() else None
+    provenance: Mapping[str, Any] = receipt if receipt is not None else {}
     warnings = _check_build_output(build, wheels, digests, provenance)
     floors: dict[str, dict[str, Any]] = {}
     reasons = unverified_reasons(manifest, provenance, [build / w for w in wheels], floors=floors)

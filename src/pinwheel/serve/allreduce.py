@@ -108,7 +108,3 @@ def outcome_of(results: tuple[RankResult, ...], nbytes: int, backend: str) -> Al
         device=first.device if first else None,
         nccl=first.nccl if first else None,
     )
-
-
-def size_text(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} B"

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pinwheel import runner, untrusted, validate
-from pinwheel.cudaarch import parse_arch
-from pinwheel.errors import PinwheelError
+from pinwheel.cudaarch import CudaArch, parse_dotted
+from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest.serve import Engine, Image, ServeConfig, ServeProfile
 from pinwheel.serve.ranks import NVLS_OFF
 
@@ -61,9 +61,21 @@ class Check:
 class Gpu:
     index: int
     name: str
-    compute_capability: str | None  # None where the driver cannot say
+    compute_capability: CudaArch | None  # None where the driver cannot say
     memory_mib: int | None  # None on unified-memory parts (GB10 reports [N/A])
     bus_id: str
+
+
+def _capability(text: str) -> CudaArch | None:
+    """nvidia-smi's ``compute_cap`` (``7.0``); None for ``[N/A]`` or anything else."""
+    try:
+        return parse_dotted(text, suffix=False)
+    except UsageError:
+        return None
+
+
+def _cc(arch: CudaArch | None) -> str:
+    return arch.dotted if arch is not None else "unknown"
 
 
 def parse_gpu_csv(text: str) -> tuple[Gpu, ...]:
@@ -86,7 +98,7 @@ def parse_gpu_csv(text: str) -> tuple[Gpu, ...]:
             Gpu(
                 index=int(idx),
                 name=name,
-                compute_capability=cc if re.fullmatch(r"[0-9]{1,3}\.[0-9]{1,3}", cc) else None,
+                compute_capability=_capability(cc),
                 memory_mib=int(float(mem))
                 if re.fullmatch(r"[0-9]{1,12}(\.[0-9]{1,6})?", mem)
                 else None,
@@ -205,7 +217,9 @@ def check_gpus(opts: Options, gpus: tuple[Gpu, ...] | None, error: str | None) -
     out = []
     by_index = {g.index: g for g in gpus}
     missing = [i for i in opts.devices if i not in by_index]
-    listing = "; ".join(f"{g.index}: {g.name} cc {g.compute_capability} {_gib(g)}" for g in gpus)
+    listing = "; ".join(
+        f"{g.index}: {g.name} cc {_cc(g.compute_capability)} {_gib(g)}" for g in gpus
+    )
     if len(opts.devices) != prof.gpus or missing:
         out.append(
             Check(
@@ -219,22 +233,18 @@ def check_gpus(opts: Options, gpus: tuple[Gpu, ...] | None, error: str | None) -
     out.append(Check("gpu count", OK, f"{prof.gpus} of {len(gpus)}: {listing}"))
     chosen = [by_index[i] for i in opts.devices]
     if prof.compute_capability:
-        want = parse_arch(prof.compute_capability).sm
-        bad = [
-            g
-            for g in chosen
-            if g.compute_capability is None or parse_arch(g.compute_capability).sm != want
-        ]
+        want = prof.compute_capability.sm
+        bad = [g for g in chosen if g.compute_capability is None or g.compute_capability.sm != want]
         out.append(
             Check(
                 "compute capability",
                 FAIL,
-                ", ".join(f"GPU{g.index} is cc {g.compute_capability}" for g in bad)
-                + f"; the build targets cc {prof.compute_capability}",
+                ", ".join(f"GPU{g.index} is cc {_cc(g.compute_capability)}" for g in bad)
+                + f"; the build targets cc {_cc(prof.compute_capability)}",
                 "use the profile/manifest built for this GPU (`pinwheel preflight --profile NAME`)",
             )
             if bad
-            else Check("compute capability", OK, f"all cc {prof.compute_capability}")
+            else Check("compute capability", OK, f"all cc {_cc(prof.compute_capability)}")
         )
     if prof.gpu_memory_gib:
         need = prof.gpu_memory_gib * 1024 * 0.95  # drivers report a little under the nominal size
@@ -778,7 +788,7 @@ def _preflight_image(
 
 def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | None) -> Check:
     """The preflight check: FAIL on a crash, a wrong sum, NVLS left on, or busbw under the gate."""
-    from pinwheel.serve.allreduce import size_text
+    from pinwheel.progress import human_bytes
 
     name = "nccl all-reduce"
     key = f"[serve.profile.{profile_name}] min_allreduce_gbps"
@@ -799,7 +809,7 @@ def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | 
             "TORCH_SYMM_MEM_DISABLE_MULTICAST / NVSHMEM_DISABLE_NVLS not set in its environment)",
             "report this: pinwheel sets them for every rank",
         )
-    size = size_text(outcome.nbytes)
+    size = human_bytes(outcome.nbytes)
     if not outcome.sum_ok:
         return Check(
             name,

@@ -29,7 +29,8 @@ from pinwheel.archive import zip_kind
 from pinwheel.errors import PinwheelError
 from pinwheel.serve.preflight import FAIL, OK, SKIP, Check
 from pinwheel.serve.ranks import WORKERS, RankRequest, RankResult, run_ranks
-from pinwheel.wheels.wheelfile import Limits, header_issues, unsafe_name_reason
+from pinwheel.validate import member_problem
+from pinwheel.wheels.wheelfile import Limits, header_issues
 
 EXT_MODULE = "exllamav3_ext"
 PRIMITIVES = ("pg_init_context", "pg_barrier", "pg_all_reduce", "pg_broadcast", "pg_gather")
@@ -179,7 +180,7 @@ def extract_extension(wheel: Path, dest: Path, module: str = EXT_MODULE) -> Path
             for i in zf.infolist()
             if pattern.fullmatch(i.filename)
             and zip_kind(i) == "file"
-            and unsafe_name_reason(i.filename) is None
+            and member_problem(i.filename) is None
         ]
         if len(members) != 1:
             found = ", ".join(n for n in zf.namelist() if n.endswith(".so")) or "no .so"

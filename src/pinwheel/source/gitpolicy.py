@@ -10,7 +10,9 @@ run a command, read a file or use a transport pinwheel did not choose:
   ``ext::`` and ``fd::`` never run, whatever ``protocol.ext.allow`` says;
 - per command: no hooks, no fsmonitor, no credential helper, no signing;
 - a repository's own config is read first and refused unless every key is one
-  ``git init`` writes (:func:`check_repo_config`): ``fsck.skipList``, hooks,
+  ``git init`` writes (:func:`check_repo_config`): ``config``, ``config.worktree``
+  (``extensions.worktreeConfig``) and the config of a ``commondir`` target, which
+  must be the repository a ``git worktree add`` made the worktree of: ``fsck.skipList``, hooks,
   ``core.sshCommand``, ``core.alternateRefsCommand``, filters, merge drivers,
   ``include.path`` and the like can name files or commands, and ``-c`` cannot
   unset an additive key such as ``fsck.skipList``;
@@ -31,14 +33,41 @@ from pinwheel.validate import GIT_SCHEMES
 
 ALLOW_PROTOCOL = ":".join(GIT_SCHEMES)
 
-# Per-command settings: the second fence after the environment.
+# What git itself does for alternates when core.alternateRefsCommand is unset (the
+# alternate's refs as "haves"), written as the command: an override that keeps fetches
+# from a mirror attached as an alternate as cheap as before. git runs it as
+# `sh -c 'VALUE "$@"' VALUE <alternate>` (with GIT_CONFIG_PARAMETERS unset, as for its
+# own default command; the environment's GIT_CONFIG_NOSYSTEM and GIT_CONFIG_GLOBAL hold).
+ALTERNATE_REFS = "f() { git --git-dir=\"$1\" for-each-ref '--format=%(objectname)'; }; f"
+
+# Per-command settings: the second fence after the environment. Every key git (2.39 to
+# 2.47) reads as a command to run, or a program or file to use, that has a fixed name
+# (git-config(1)); keys with a driver or remote in their name (filter.<d>.smudge,
+# remote.<r>.uploadpack, ...) cannot be listed here and are refused by the repository
+# config whitelist (:data:`SAFE_REPO_KEYS`) instead.
 COMMAND_CONFIG = (
     ("core.hooksPath", os.devnull),
     ("core.fsmonitor", "false"),
     ("core.askPass", ""),
     ("credential.helper", ""),
     ("core.sshCommand", "ssh"),
+    ("core.alternateRefsCommand", ALTERNATE_REFS),
+    ("core.alternateRefsPrefixes", ""),
+    ("core.editor", "false"),
+    ("sequence.editor", "false"),
     ("core.pager", "cat"),
+    ("diff.external", "false"),
+    ("gpg.program", "false"),
+    ("gpg.openpgp.program", "false"),
+    ("gpg.ssh.program", "false"),
+    ("gpg.x509.program", "false"),
+    ("gpg.ssh.defaultKeyCommand", "false"),
+    ("core.attributesFile", os.devnull),
+    ("core.excludesFile", os.devnull),
+    ("fsck.skipList", os.devnull),
+    ("fetch.fsck.skipList", os.devnull),
+    ("receive.fsck.skipList", os.devnull),
+    ("uploadpack.packObjectsHook", ""),
     ("log.showSignature", "false"),
     ("commit.gpgSign", "false"),
     ("tag.gpgSign", "false"),
@@ -98,36 +127,74 @@ def config_args() -> list[str]:
 # --------------------------------------------------------------------------- repository config
 
 
-def config_file(location: Path) -> Path | None:
-    """The config file git would read for a bare repo, a work tree or a linked worktree."""
+def _gitdir(location: Path) -> Path | None:
+    """The git directory git would use for a bare repo, a work tree or a linked worktree."""
     location = Path(location)
     dot = location / ".git"
     if dot.is_file():  # a linked worktree or a submodule: "gitdir: PATH"
         text = dot.read_text(errors="replace").strip()
-        if text.startswith("gitdir:"):
-            gitdir = Path(text[7:].strip())
-            gitdir = gitdir if gitdir.is_absolute() else (location / gitdir)
-            common = gitdir / "commondir"
-            if common.is_file():
-                rel = Path(common.read_text().strip())
-                gitdir = rel if rel.is_absolute() else gitdir / rel
-            return gitdir / "config"
-        return None
+        if not text.startswith("gitdir:"):
+            return None
+        gitdir = Path(text[7:].strip())
+        return gitdir if gitdir.is_absolute() else (location / gitdir)
     if dot.is_dir():
-        return dot / "config"
+        return dot
     if (location / "HEAD").exists() and (location / "objects").is_dir():
-        return location / "config"
+        return location
     return None
+
+
+def _common(gitdir: Path) -> Path:
+    """The common directory a ``commondir`` file names, refused unless it is what
+    ``git worktree add`` writes: the repository whose ``worktrees/<name>`` this is."""
+    common = gitdir / "commondir"
+    if not common.exists():
+        return gitdir
+    rel = Path(common.read_text(errors="replace").strip())
+    target = rel if rel.is_absolute() else gitdir / rel
+    real, here = Path(os.path.realpath(target)), Path(os.path.realpath(gitdir))
+    if here.parent.name != "worktrees" or here.parent.parent != real:
+        raise PinwheelError(
+            f"refusing a repository whose commondir file points elsewhere ({rel}): git would "
+            "read that directory's config and objects",
+            where=str(common),
+            next="remove the repository (`pinwheel cache clean`) and run again",
+        )
+    return real
+
+
+def config_files(location: Path) -> list[Path]:
+    """Every config file git reads for the repository at ``location`` (its own, not the
+    user's or the system's): the common directory's ``config``, and ``config.worktree``
+    of the worktree and of the common directory (read under ``extensions.worktreeConfig``).
+    Included files are not followed: ``include.*`` and ``includeIf.*`` are refused keys."""
+    gitdir = _gitdir(location)
+    if gitdir is None:
+        return []
+    common = _common(gitdir)
+    found = [common / "config", gitdir / "config.worktree"]
+    if common != gitdir:
+        found.append(common / "config.worktree")
+    return [p for p in dict.fromkeys(found) if os.path.lexists(p)]
+
+
+def config_file(location: Path) -> Path | None:
+    """The main config file git would read for a bare repo, a work tree or a worktree."""
+    gitdir = _gitdir(location)
+    return None if gitdir is None else _common(gitdir) / "config"
 
 
 _checked: dict[Path, tuple[int, int, int]] = {}
 
 
 def check_repo_config(location: Path) -> None:
-    """Refuse a repository whose own config holds a key outside :data:`SAFE_REPO_KEYS`."""
-    path = config_file(location)
-    if path is None:
-        return
+    """Refuse a repository any of whose config files (:func:`config_files`) holds a key
+    outside :data:`SAFE_REPO_KEYS`: the keys pinwheel's own repositories are made with."""
+    for path in config_files(location):
+        _check_file(path)
+
+
+def _check_file(path: Path) -> None:
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -160,7 +227,7 @@ def check_repo_config(location: Path) -> None:
     if bad:
         raise PinwheelError(
             "refusing a repository whose config sets "
-            + ", ".join(bad[:5])
+            + ", ".join(ascii(k)[1:-1] for k in bad[:5])
             + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
             + ": a repository's config may not name files or commands for pinwheel's git",
             where=str(path),
