@@ -46,6 +46,7 @@ from pinwheel.manifest.build import BuildConfig, KernelPatch, KernelSpec, parse_
 from pinwheel.manifest.component import by_name, component_manifest
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
+from pinwheel.source.cache import mark as mark_cache
 from pinwheel.urls import redact
 from pinwheel.wheels.record import BuildRecord
 from pinwheel.wheels.wheeldiff import diff_members
@@ -334,6 +335,7 @@ def build_kernel(
     spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
 ) -> Built:
     """:func:`_build_kernel` with the kernel's workspace held (workspace.locked)."""
+    mark_cache(opts.cache)  # what `pinwheel cache clean` checks before emptying it
     with workspace.locked(workdir(spec, opts)):
         return _build_kernel(spec, config, toolkit, opts)
 

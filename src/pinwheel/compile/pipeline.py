@@ -50,6 +50,7 @@ from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
+from pinwheel.source.cache import mark as mark_cache
 from pinwheel.wheels.check import find_tools, spec_from_build
 from pinwheel.wheels.provenance import receipt, toolchain_facts
 from pinwheel.wheels.substitute import Substitution, headline
@@ -145,6 +146,7 @@ def _cache_note(b: Built) -> str:
 
 def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     """Kernels, then the engine; every wheel checked and published as one set."""
+    mark_cache(request.cache)  # what `pinwheel cache clean` checks before emptying it
     manifest = request.manifest
     choice = choose(manifest.require("build"), request.environ, request.substitute)
     config = choice.config  # the CLI said any substitution before the replay; the outcome says it
