@@ -46,7 +46,9 @@ def register(sub: Any) -> None:
     )
     _profile_options(p)
     p.add_argument("--host", default=None, help="bind address (default: $HOST or 0.0.0.0)")
-    p.add_argument("--port", type=int, default=None, help="port (default: $PORT, else [serve] port, else 8000)")
+    p.add_argument(
+        "--port", type=int, default=None, help="port (default: $PORT, else [serve] port)"
+    )
     p.add_argument("--print-recipe", action="store_true", help="print the generated shell recipe")
     p.add_argument(
         "--write-recipe", action="store_true", help="rewrite [serve].recipe from the manifest"
