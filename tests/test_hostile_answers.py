@@ -586,3 +586,82 @@ def test_a_panel_token_id_of_2_31_or_more_is_refused(token, tmp_path):
     with pytest.raises(UsageError, match="2\\^31") as err:
         read_panel(path, None)
     assert err.value.next
+
+
+# --------------------------------------------------------------------------- fuzz: the other readers
+
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 2**40) | st.floats(allow_nan=False)
+    | st.text(max_size=6),
+    lambda c: st.lists(c, max_size=3)
+    | st.dictionaries(
+        st.sampled_from(["python", "path", "version", "rank", "sum_ok", "bytes", "busbw_gbps",
+                         "env", "first_wrong", "cases", "op", "case", "match", "exact", "init",
+                         "by_source", "columns", "wrong", "error", "aborted"]),
+        c, max_size=5),
+    max_leaves=15,
+)  # fmt: skip
+
+
+@FUZZ
+@given(doc=_JSONISH)
+def test_fuzz_engine_probe_decodes_or_is_the_kinds_error(doc):
+    try:
+        probe = untrusted.answer_line(json.dumps(doc), untrusted.EngineProbe, untrusted.WORKER, "t")
+    except PinwheelError as exc:
+        assert exc.next
+        return
+    assert len(probe.python) >= 2 and all(0 <= v < 1000 for v in probe.python)
+
+
+@FUZZ
+@given(docs=st.lists(_JSONISH, min_size=1, max_size=3))
+def test_fuzz_allreduce_outcome_of_any_rank_lines_never_raises(docs):
+    results = tuple(RankResult(i, None, 0, d if isinstance(d, dict) else None, "")
+                    for i, d in enumerate(docs))  # fmt: skip
+    o = outcome_of(results, 1 << 20, "gloo")
+    check = allreduce_check(o, "p", 1.0)
+    if check.status == OK:  # a pass only on finite figures from every rank
+        assert o.busbw_gbps is not None and math.isfinite(o.busbw_gbps) and o.busbw_gbps >= 1.0
+
+
+@FUZZ
+@given(docs=st.lists(_JSONISH, min_size=1, max_size=3))
+def test_fuzz_tp_outcome_of_any_reports_never_raises_and_never_passes_on_nothing(docs):
+    results = tuple(RankResult(i, i, 0, d if isinstance(d, dict) else None, "")
+                    for i, d in enumerate(docs))  # fmt: skip
+    o = tpcheck.outcome_of(results)
+    if o.ok:
+        ops = {c.op for c in o.cases}
+        assert {"pg_barrier", "pg_all_reduce", "pg_broadcast"} <= ops
+
+
+@FUZZ
+@given(
+    rows=st.lists(
+        st.dictionaries(st.integers(-2, 2**31 + 2), st.floats(max_value=0.0), min_size=0,
+                        max_size=5),
+        min_size=1, max_size=3),
+    top_k=st.sampled_from([-1, 1, 2, 4]),
+)  # fmt: skip
+def test_fuzz_teacher_rows_are_whole_or_refused(rows, top_k):
+    np = pytest.importorskip("numpy")
+    from pinwheel.serve.fidelity import _check_rows
+
+    parsed = [(np.array(list(r), np.int64), np.array(list(r.values()), np.float64), 0)
+              for r in rows]  # fmt: skip
+    targets = [min(r) if r else 0 for r in rows]
+
+    class _C:
+        url = "http://teacher"
+
+    try:
+        _check_rows(_C(), parsed, targets, top_k)
+    except PinwheelError as exc:
+        assert exc.next
+        return
+    for (ids, lps, _), t in zip(parsed, targets, strict=True):
+        assert (ids == t).any() and ids.min() >= 0 and ids.max() < 2**31
+        assert np.isfinite(lps).all() and (len(ids) >= top_k if top_k > 0 else True)
+        if top_k == -1:
+            assert sorted(ids.tolist()) == list(range(len(parsed[0][0])))
