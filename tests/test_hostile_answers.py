@@ -665,3 +665,18 @@ def test_fuzz_teacher_rows_are_whole_or_refused(rows, top_k):
         assert np.isfinite(lps).all() and (len(ids) >= top_k if top_k > 0 else True)
         if top_k == -1:
             assert sorted(ids.tolist()) == list(range(len(parsed[0][0])))
+
+
+def test_scoring_refuses_a_served_token_id_beyond_the_teachers_vocabulary():
+    np = pytest.importorskip("numpy")
+    from pinwheel.errors import VerifyError
+    from pinwheel.serve.fidelity import Teacher, score_positions
+
+    full = np.log(np.full((1, 4), 0.25, np.float32))
+    teacher = Teacher(meta={}, offsets=np.array([0, 1]), target=np.array([2], np.int32),
+                      target_logprob=np.array([-1.386], np.float32), top_ids=None,
+                      top_logprobs=None, full=full, sha256="a" * 64, source="teacher.npz")  # fmt: skip
+    student = [(np.array([0, 1, 2, 9], np.int64), np.log(np.full(4, 0.25)), 0)]
+    with pytest.raises(VerifyError, match="beyond the teacher's 4-token vocabulary") as err:
+        score_positions(teacher, student)
+    assert err.value.next
