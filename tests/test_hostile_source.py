@@ -338,7 +338,7 @@ def test_cache_du_clean_prune(stack, capsys, tmp_path):
     assert main(["--cache", str(cache), "cache", "clean"]) == 0
     assert (cache / "repos").exists()  # dry run
     assert main(["--cache", str(cache), "cache", "clean", "--yes"]) == 0
-    assert sorted(p.name for p in cache.iterdir()) == ["locks"]
+    assert sorted(p.name for p in cache.iterdir()) == ["CACHEDIR.TAG", "locks"]  # the marker stays
 
 
 # --------------------------------------------------------------------------- lock

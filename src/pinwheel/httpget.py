@@ -19,6 +19,7 @@ import hashlib
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Any
 
 from pinwheel import confine, validate
 from pinwheel.errors import PinwheelError, VerifyError
+from pinwheel.urls import redact
 
 USER_AGENT = "pinwheel/1"
 
@@ -104,6 +106,70 @@ class Bounds:
             yield block
 
 
+# --------------------------------------------------------------------------- redirects
+
+REDIRECT_SCHEMES = ("https", "http")
+
+
+def redirect_problem(old: str, new: str) -> str | None:
+    """The one redirect rule for every pinwheel HTTP client: a redirect keeps its scheme,
+    and that scheme is https or http (never ftp://, file://, data:, nor https -> http)."""
+    was = urllib.parse.urlsplit(old).scheme.lower()
+    now = urllib.parse.urlsplit(new).scheme.lower()
+    if now not in REDIRECT_SCHEMES:
+        return f"a redirect to a {now or 'scheme-less'}: URL (http(s) only)"
+    if now != was:
+        return f"a redirect from {was}: to {now}: (the scheme must stay the same)"
+    return None
+
+
+class RedirectRefused(urllib.error.URLError):
+    """A redirect :func:`redirect_problem` refuses; raised before anything is opened."""
+
+    def __init__(self, new: str, problem: str):
+        super().__init__(f"{problem}: {redact(new)[:200]}")
+        self.url, self.problem = new, problem
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirect handler with the rule checked first, on the Location as sent."""
+
+    def http_error_302(self, req, fp, code, msg, headers):  # type: ignore[no-untyped-def]
+        location = headers.get("location") or headers.get("uri")
+        if location is not None:
+            newurl = urllib.parse.urljoin(req.full_url, location)
+            problem = redirect_problem(req.full_url, newurl)
+            if problem is not None:
+                fp.close()
+                raise RedirectRefused(newurl, problem)
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+# http(s) only: no ftp, file or data handler in the opener at all
+_OPENER = urllib.request.OpenerDirector()
+for _handler in (
+    urllib.request.ProxyHandler(),
+    urllib.request.UnknownHandler(),
+    urllib.request.HTTPHandler(),
+    urllib.request.HTTPSHandler(),
+    urllib.request.HTTPDefaultErrorHandler(),
+    _Redirects(),
+    urllib.request.HTTPErrorProcessor(),
+):
+    _OPENER.add_handler(_handler)
+
+
+def urlopen(req: urllib.request.Request, timeout: float) -> Any:
+    """``urllib.request.urlopen`` under the redirect rule (:func:`redirect_problem`): the
+    opener every pinwheel client that uses urllib goes through."""
+    scheme = urllib.parse.urlsplit(req.full_url).scheme.lower()
+    if scheme not in REDIRECT_SCHEMES:
+        raise RedirectRefused(req.full_url, f"a {scheme or 'scheme-less'}: URL (http(s) only)")
+    return _OPENER.open(req, timeout=timeout)
+
+
 def _failed(url: str) -> Fail:
     return lambda what, next: FetchFailed(what, where=url, next=next)
 
@@ -111,7 +177,13 @@ def _failed(url: str) -> Fail:
 def _open(url: str, what: str, timeout: float) -> Any:
     req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
     try:
-        return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - http(s) only
+        return urlopen(req, timeout=timeout)
+    except RedirectRefused as exc:
+        raise FetchFailed(
+            f"{what}: {exc.problem}: {redact(exc.url)[:200]}",
+            where=url,
+            next="check the URL: it must serve the file itself, over the same http(s) scheme",
+        ) from None
     except urllib.error.HTTPError as exc:
         exc.close()  # it holds the error answer and its socket
         found = "not found " if exc.code in (404, 410) else ""

@@ -46,7 +46,9 @@ def register(sub: Any) -> None:
     )
     _profile_options(p)
     p.add_argument("--host", default=None, help="bind address (default: $HOST or 0.0.0.0)")
-    p.add_argument("--port", type=int, default=None, help="port (default: $PORT or 8000)")
+    p.add_argument(
+        "--port", type=int, default=None, help="port (default: $PORT, else [serve] port)"
+    )
     p.add_argument("--print-recipe", action="store_true", help="print the generated shell recipe")
     p.add_argument(
         "--write-recipe", action="store_true", help="rewrite [serve].recipe from the manifest"
@@ -299,13 +301,17 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit({"recipe": str(recipe), "ok": True}, f"{_shown(recipe)} matches [serve]")
         return 0
     r = _resolve(ctx, args)
-    if (why := _no_vllm(r.python)) is not None:  # the command is right; the machine lacks a part
+    # An image engine brings its own vLLM: the host's Python is never asked for one.
+    # The command is right; the machine lacks a part: exit 1, not a usage error.
+    if config.engine.image is None and (why := _no_vllm(r.python)) is not None:
         raise PinwheelError(
             f"vLLM cannot be imported by the engine python {r.python} ({why})",
             where=f"pinwheel serve (python from {r.python_from})",
             next="install the release into a venv (`pinwheel install wheels --venv .venv-engine`) "
             "and pass --python .venv-engine/bin/python (or set PYTHON)",
         )
+    if r.devices:  # unique ASCII indices only: they reach CUDA_VISIBLE_DEVICES or --device
+        _checked(validate.gpu_indices, r.devices, "--devices / $CUDA_VISIBLE_DEVICES")
     if r.model is None:
         raise UsageError(
             "no model directory",
@@ -320,7 +326,7 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         host=_checked(
             validate.host, args.host or ctx.environ.get("HOST", "0.0.0.0"), "--host / $HOST"
         ).strip("[]"),
-        port=_port(ctx, args),
+        port=_port(ctx, args, config.port),
         max_num_seqs=_seqs(ctx, config.seqs_var),
         devices=r.devices,
     )
@@ -347,10 +353,13 @@ def _checked(check: Any, value: Any, where: str) -> Any:
         ) from None
 
 
-def _port(ctx: Context, args: argparse.Namespace) -> int:
+def _port(ctx: Context, args: argparse.Namespace, default: int | None = None) -> int:
+    """--port, else $PORT, else the manifest's [serve] port (what the recipe publishes),
+    else 8000 (vLLM's own default)."""
     if args.port is not None:
         return int(_checked(validate.port, args.port, "--port"))
-    return int(_checked(validate.port, ctx.environ.get("PORT", "8000"), "$PORT"))
+    fallback = str(default) if default is not None else "8000"
+    return int(_checked(validate.port, ctx.environ.get("PORT", fallback), "$PORT"))
 
 
 def _seqs(ctx: Context, var: str) -> int | None:

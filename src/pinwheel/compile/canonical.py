@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -175,8 +176,15 @@ class Canonical:
 def prefix_map_env(env: Mapping[str, str], maps: Sequence[tuple[str, str]]) -> dict[str, str]:
     """CFLAGS, CXXFLAGS, CUDAFLAGS and NVCC_APPEND_FLAGS with each real prefix mapped to its
     canonical one (``-ffile-prefix-map``: ``__FILE__`` and debug paths; ``-Xcompiler`` for
-    nvcc's host and device preprocessing)."""
-    flags = [f"-ffile-prefix-map={real}={canon}" for real, canon in maps]
+    nvcc's host and device preprocessing).
+
+    The variables are split into arguments the way a shell splits them (CMake puts them
+    into command lines a shell runs; setuptools splits them with quotes honoured), so a
+    path with a space or a quote is shell-quoted: it stays one argument. A plain path is
+    left as it was (the same flags, the same build identity)."""
+    raw = [f"-ffile-prefix-map={real}={canon}" for real, canon in maps]
+    flags = [shlex.quote(f) for f in raw]
+    nvcc = [shlex.quote(f"-Xcompiler={f}") for f in raw]
 
     def add(key: str, items: list[str]) -> str:
         return " ".join([env.get(key, ""), *items]).strip()
@@ -184,8 +192,8 @@ def prefix_map_env(env: Mapping[str, str], maps: Sequence[tuple[str, str]]) -> d
     return {
         "CFLAGS": add("CFLAGS", flags),
         "CXXFLAGS": add("CXXFLAGS", flags),
-        "CUDAFLAGS": add("CUDAFLAGS", [f"-Xcompiler={f}" for f in flags]),
-        "NVCC_APPEND_FLAGS": add("NVCC_APPEND_FLAGS", [f"-Xcompiler={f}" for f in flags]),
+        "CUDAFLAGS": add("CUDAFLAGS", nvcc),
+        "NVCC_APPEND_FLAGS": add("NVCC_APPEND_FLAGS", nvcc),
     }
 
 

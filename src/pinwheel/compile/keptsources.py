@@ -7,8 +7,10 @@ that nothing had changed. A source exported into ``<work>/deps/<name>`` now leav
 record beside it: its key (everything that decides its bytes: URL, commit, excludes,
 submodule pins, the bytes of its patches, this module's format) and the size, mode and
 link target of every file. The next build with the same key checks the files against
-the record by ``lstat`` alone (every exported file carries the workspace's fixed
-mtime, so a file written since has another) and reuses the source as it was; any
+the record by ``lstat`` first (every exported file carries the workspace's fixed
+mtime, so a file written since has another), then by content: the directory's digest
+(:func:`~pinwheel.compile.sources.tree_digest`, what provenance records) must be the
+recorded one, so an edit of the same size with its mtime reset is caught; any
 difference exports it again.
 
 In: the :class:`~pinwheel.manifest.build.BuildSource` and the replayed tree holding its
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import confine
-from pinwheel.compile.sources import Supplied
+from pinwheel.compile.sources import Supplied, tree_digest
 from pinwheel.compile.workspace import SOURCE_MTIME
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.manifest.build import BuildSource
@@ -93,6 +95,10 @@ def kept(work: Path, src: BuildSource, project: Path) -> Supplied | None:
         if _files(final) != payload["files"]:
             return None
         fields = payload["supplied"]
+        # Size, mode and mtime are what an edit may leave as they were (same size, mtime
+        # reset): the content digest provenance records must be the files' own, read now.
+        if tree_digest(final) != fields["sha256"]:
+            return None
         return Supplied(
             name=fields["name"], path=final, url=fields["url"], commit=fields["commit"],
             ref=fields["ref"], tree=fields["tree"], sha256=fields["sha256"],

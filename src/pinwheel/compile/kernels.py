@@ -47,6 +47,7 @@ from pinwheel.manifest.build import BuildConfig, KernelPatch, KernelSpec, parse_
 from pinwheel.manifest.component import by_name, component_manifest
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
+from pinwheel.source.cache import mark as mark_cache
 from pinwheel.urls import redact
 from pinwheel.wheels.record import BuildRecord
 from pinwheel.wheels.wheeldiff import diff_members
@@ -321,6 +322,15 @@ def torch_library_headers(python: Path, existing: str | None) -> str:
 
 
 def build_kernel(
+    spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
+) -> Built:
+    """:func:`_build_kernel` with the kernel's workspace held (workspace.locked)."""
+    mark_cache(opts.cache)  # what `pinwheel cache clean` checks before emptying it
+    with workspace.locked(workdir(spec, opts)):
+        return _build_kernel(spec, config, toolkit, opts)
+
+
+def _build_kernel(
     spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
 ) -> Built:
     """Build the kernel's wheel into scratch (``<cache>/kernels/NAME/dist``).

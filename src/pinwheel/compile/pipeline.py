@@ -50,6 +50,7 @@ from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
+from pinwheel.source.cache import mark as mark_cache
 from pinwheel.wheels.check import find_tools, spec_from_build
 from pinwheel.wheels.provenance import receipt, toolchain_facts
 from pinwheel.wheels.substitute import Substitution, headline
@@ -145,6 +146,7 @@ def _cache_note(b: Built) -> str:
 
 def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     """Kernels, then the engine; every wheel checked and published as one set."""
+    mark_cache(request.cache)  # what `pinwheel cache clean` checks before emptying it
     manifest = request.manifest
     choice = choose(manifest.require("build"), request.environ, request.substitute)
     config = choice.config  # the CLI said any substitution before the replay; the outcome says it
@@ -405,6 +407,23 @@ def _nvcc_digest(path: Path) -> str | None:
 
 
 def _engine(
+    request: BuildRequest,
+    config: BuildConfig,
+    toolkit: Toolkit | None,
+    reporter: Reporter,
+    session: compcache.Session | None = None,
+    earlier: Mapping[str, Any] | None = None,
+    canon: canonical.Canonical | None = None,
+    venv: BuildVenv | None = None,
+) -> Built:
+    """The engine wheel; the kept workspace held for the whole build (workspace.locked)."""
+    if request.engine_source is not None:  # a plain source tree: no workspace to share
+        return _engine_in(request, config, toolkit, reporter, session, earlier, canon, venv)
+    with workspace.locked(engine_workdir(request)):
+        return _engine_in(request, config, toolkit, reporter, session, earlier, canon, venv)
+
+
+def _engine_in(
     request: BuildRequest,
     config: BuildConfig,
     toolkit: Toolkit | None,

@@ -33,6 +33,7 @@ from pinwheel.manifest.build import BuildSource
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
 from pinwheel.source.cache import Cache
+from pinwheel.source.export import neutral_attributes
 
 OMITTED_MARKER = "PINWHEEL-OMITTED.txt"
 
@@ -168,6 +169,7 @@ def _tree_of(repo: Path, commit: str) -> str:
 def _archive(repo: Path, commit: str, dest: Path, exclude: Sequence[str], *, what: str) -> None:
     """``git archive`` of ``commit`` into ``dest``, leaving out ``exclude`` pathspecs."""
     specs = ["--", "."] + [f":(exclude){e}" for e in exclude] if exclude else []
+    neutral_attributes(repo)  # exactly the pinned blobs: no in-tree export rules
     proc = gitcli.git(["archive", "--format=tar", commit, *specs], git_dir=repo, check=False)
     if proc.returncode != 0 or not proc.stdout:
         err = proc.stderr.decode(errors="replace").strip().splitlines()

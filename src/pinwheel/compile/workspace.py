@@ -23,6 +23,7 @@ back that build's wheel (sha256 checked) and record when the digest matches.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -35,8 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from pinwheel import archive, confine, validate
 from pinwheel.checksums import sha256_file
+from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
 
 STAMP = ".pinwheel-workspace.json"
@@ -83,6 +87,29 @@ class LastBuild:
 
     wheel: Path
     record: Mapping[str, Any]
+
+
+LOCK_TIMEOUT_S = 600  # a default, the cache lock's: a second build waits this long
+
+
+@contextlib.contextmanager
+def locked(root: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[Path]:
+    """Hold the workspace ``root`` for one build, as the cache lock holds a repository: a
+    second build on the same cache waits, then fails clearly; it never writes the same
+    export, build tree or record at the same time. The lock file lies beside the
+    workspace (``prepare`` may wipe the workspace itself)."""
+    root = Path(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = root.parent / f".{root.name}.lock"
+    try:
+        with FileLock(str(lock_path), timeout=timeout_s):
+            yield root
+    except Timeout:
+        raise PinwheelError(
+            f"another pinwheel build has held the workspace {root} for {timeout_s:g}s",
+            where=str(lock_path),
+            next="wait for it to finish, or pass --cache DIR to build in a separate cache",
+        ) from None
 
 
 def key_of(identity: Mapping[str, Any]) -> str:
@@ -196,9 +223,7 @@ def sync_tree(result: Any, dest: Path, listing: Path, exclude: Sequence[str] = (
     return sync(dest, tar_entries(tree_archive(result, exclude)), listing)
 
 
-def inputs_digest(
-    *, key: str, sources: Sequence[str], env: Mapping[str, str], **facts: Any
-) -> str:
+def inputs_digest(*, key: str, sources: Sequence[str], env: Mapping[str, str], **facts: Any) -> str:
     """Everything a build is given: the workspace key, the exported sources' digests, the
     environment the builder reads (pinwheel's and :data:`COMPILER_ENV` of the caller's)
     and any other fact that reaches the bytes (date, version, command)."""

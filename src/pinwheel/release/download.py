@@ -216,7 +216,7 @@ def _request(url: str, opts: FetchOptions, headers: dict[str, str] | None = None
             next="fetch only from an http(s) release, index or a local directory",
         )
     req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, **(headers or {})})
-    return urllib.request.urlopen(req, timeout=opts.timeout)
+    return httpget.urlopen(req, timeout=opts.timeout)  # the one redirect rule
 
 
 _TRANSIENT = (
@@ -253,6 +253,12 @@ def _with_retries(
         attempt += 1
         try:
             return attempt_fn(attempt)
+        except httpget.RedirectRefused as exc:  # never retried: the answer will not change
+            raise FetchError(
+                f"{what}: {exc.problem}: {redact(exc.url)[:200]}",
+                where=url,
+                next="fetch from the release's own http(s) URL (no redirect to another scheme)",
+            ) from None
         except urllib.error.HTTPError as exc:
             exc.close()  # its body holds the connection open
             if not _retryable_status(exc.code):

@@ -668,6 +668,14 @@ def score_positions(
             t_side = K.Side.top(
                 teacher.top_ids[p], teacher.top_logprobs[p], [target], [teacher.target_logprob[p]]
             )
+        if vocab is not None and len(ids) and int(ids.max()) >= vocab:
+            raise VerifyError(
+                f"position {p}: the server answered token id {int(ids.max())}, beyond the "
+                f"teacher's {vocab}-token vocabulary",
+                where=teacher.source,
+                next="the teacher and the served model must share a tokenizer; recapture the "
+                "teacher from the same model",
+            )
         try:
             if vocab is not None and len(ids) == vocab:
                 s_row = np.full(vocab, np.nan)

@@ -104,6 +104,39 @@ class Fetched:
         return pygit2.Repository(str(self.repo_path))
 
 
+# The cache's marker: a CACHEDIR.TAG (https://bford.info/cachedir/: backup tools skip
+# the folder) whose second line names pinwheel. `cache clean` empties only a folder that
+# bears it: a mistyped --cache pointing at a home or project folder is refused.
+TAG = "CACHEDIR.TAG"
+TAG_TEXT = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file is a cache directory tag created by pinwheel (its cache: repos, toolchains,\n"
+    "# builds). For information about cache directory tags see https://bford.info/cachedir/\n"
+)
+
+
+def mark(root: Path) -> None:
+    """Make ``root`` pinwheel's cache: create it and write its marker (once)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tag = root / TAG
+    if not is_marked(root):
+        atomic_write_text(tag, TAG_TEXT)
+
+
+def is_marked(root: Path) -> bool:
+    """Whether ``root`` bears pinwheel's cache marker (a regular file, read bounded)."""
+    from pinwheel import untrusted
+
+    try:
+        data = untrusted.read_regular(Path(root) / TAG, 4096)
+    except OSError:
+        return False
+    return isinstance(data, bytes) and data.startswith(TAG_TEXT.split("\n", 2)[0].encode()) and (
+        b"created by pinwheel" in data
+    )
+
+
 class Cache:
     def __init__(
         self,
@@ -127,6 +160,7 @@ class Cache:
     def locked(self, url: str) -> Iterator[Path]:
         """Hold the cache lock for ``url``: two runs never write one repo at once."""
         lock_path = self.root / "locks" / f"{slug(url)}.lock"
+        mark(self.root)
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S):

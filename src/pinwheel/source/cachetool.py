@@ -22,10 +22,10 @@ from filelock import FileLock, Timeout
 from pinwheel import confine, untrusted
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest import Manifest
-from pinwheel.source import gitcli
+from pinwheel.source import cache, gitcli
 from pinwheel.source.cache import slug
 
-KEEP = ("locks",)
+KEEP = ("locks", cache.TAG)  # another run may hold a lock; the marker says what this is
 
 
 @dataclass(frozen=True)
@@ -324,8 +324,16 @@ def _remove(root: Path, paths: Sequence[Path], apply: bool) -> Removal:
 
 
 def clean(root: Path, *, apply: bool) -> Removal:
-    """Everything under the cache except ``locks/``."""
+    """Everything under the cache except ``locks/`` and its marker; only a folder bearing
+    pinwheel's marker (:func:`pinwheel.source.cache.mark`) is emptied."""
     root = Path(root)
+    if root.is_dir() and not cache.is_marked(root):
+        raise UsageError(
+            f"{root} is not pinwheel's cache: it has no {cache.TAG} written by pinwheel",
+            where="pinwheel cache clean --cache",
+            next="check --cache / PINWHEEL_CACHE; a cache pinwheel made bears the marker "
+            "(one made before the marker existed: run `pinwheel run` once with it)",
+        )
     paths = [p for p in sorted(root.iterdir()) if p.name not in KEEP] if root.is_dir() else []
     if apply and (root / "repos").is_dir() and not (root / "repos").is_symlink():
         # Repositories one by one, each under its lock; then the rest.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pygit2
 
-from pinwheel import archive
+from pinwheel import archive, confine
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_dir, atomic_write_bytes, atomic_write_text
 from pinwheel.source import gitcli
@@ -53,9 +53,34 @@ def partial_mirror_error(repo_path: Path, commit: str, what: str, where: str) ->
     )
 
 
+# git archive applies the archived tree's own .gitattributes: export-ignore drops files,
+# export-subst rewrites $Format:...$, ident/text/eol/filter/working-tree-encoding change
+# bytes. The receipt names the pinned tree, so the export must be exactly its blobs:
+# $GIT_DIR/info/attributes outranks every in-tree .gitattributes and unsets them all.
+NEUTRAL_ATTRIBUTES = (
+    "# pinwheel: export exactly the pinned tree (no export-ignore/export-subst, no\n"
+    "# content conversion); written by pinwheel.source.export\n"
+    "* -export-ignore -export-subst -ident -text -eol -filter -working-tree-encoding\n"
+)
+
+
+def neutral_attributes(repo_path: Path) -> None:
+    """Make ``git archive`` in the cache repository emit every blob as stored."""
+    target = Path("info") / "attributes"
+    path = confine.inside(repo_path, target, what="cache repository file")
+    try:
+        if path.is_file() and not path.is_symlink() and path.read_text() == NEUTRAL_ATTRIBUTES:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    confine.mkdirs(repo_path, Path("info"))
+    confine.write_text(repo_path, target, NEUTRAL_ATTRIBUTES)
+
+
 def _archive(result: ReplayResult, prefix: str, exclude: Sequence[str] = ()) -> bytes:
     # git archive stamps every member with the commit time: no wall clock inside.
     # No "--" here: after --end-of-options git 2.39 would read it as a pathspec.
+    neutral_attributes(result.repo_path)
     specs = [".", *(f":(exclude){e}" for e in exclude)] if exclude else []
     proc = gitcli.git(
         ["archive", "--format=tar", f"--prefix={prefix}/", "--end-of-options", result.head, *specs],
