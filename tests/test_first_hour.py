@@ -353,7 +353,7 @@ def test_check_recipe_shows_the_diff(tmp_path: Path) -> None:
 def test_serve_without_vllm_is_a_clean_error(tmp_path: Path) -> None:
     root = _card_copy(tmp_path)
     proc = run_cli("serve", "--model", str(tmp_path), "--python", sys.executable, cwd=root)
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # README: 1, a step that cannot run
     assert "Traceback" not in proc.stderr and "ModuleNotFoundError" not in proc.stderr
     assert "vLLM cannot be imported" in proc.stderr and "--python" in proc.stderr
 
@@ -465,7 +465,7 @@ def test_fetch_off_a_terminal_prints_plain_lines_and_with_json_one_document(tmp_
     proc = run_cli("fetch", str(rel), "--dest", str(tmp_path / "a"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "\x1b[" not in proc.stderr and "━" not in proc.stderr
-    size = f"{wheel.stat().st_size / 1000:.1f} KB"
+    size = f"{wheel.stat().st_size / 1024:.1f} KiB"
     assert proc.stderr.splitlines()[0] == f"{wheel.name} ({size}) ..."  # size before the copy
     proc = run_cli("fetch", str(rel), "--dest", str(tmp_path / "b"), "--json", cwd=tmp_path)
     assert proc.returncode == 0 and proc.stderr == ""
@@ -575,16 +575,16 @@ def test_a_plain_line_transfer_says_the_bytes_so_far(monkeypatch) -> None:
 
     monkeypatch.setattr(progress, "BYTES_EVERY_S", 0.1)
     stream = io.StringIO()
-    with progress.LineReporter(stream).transfer("w.whl", 3_000_000) as advance:
+    with progress.LineReporter(stream).transfer("w.whl", 3 << 20) as advance:
         for _ in range(3):
-            advance(1_000_000)
+            advance(1 << 20)
             time.sleep(0.15)
     lines = stream.getvalue().splitlines()
-    assert lines[0] == "w.whl (3.0 MB) ..."
-    assert "w.whl: 2.0 MB of 3.0 MB so far" in " ".join(lines) or any(
-        "of 3.0 MB so far" in ln for ln in lines
+    assert lines[0] == "w.whl (3.0 MiB) ..."
+    assert "w.whl: 2.0 MiB of 3.0 MiB so far" in " ".join(lines) or any(
+        "of 3.0 MiB so far" in ln for ln in lines
     )
-    assert lines[-1].startswith("w.whl: 3.0 MB in ")
+    assert lines[-1].startswith("w.whl: 3.0 MiB in ")
 
 
 def test_build_reaches_only_the_stacks_it_builds(stack, capsys) -> None:
@@ -607,3 +607,41 @@ def test_print_recipe_with_json_is_one_document(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     doc = one_json(proc.stdout)
     assert doc["schema"] == "pinwheel.serve/1" and doc["text"].startswith("#!")
+
+
+def test_a_kernels_only_release_says_the_stack_was_not_replayed(stack, tmp_path: Path) -> None:
+    """A release of kernel wheels alone must not describe the manifest's stack (its base,
+    PRs and tag) as if it had been replayed: its first line says UNVERIFIED STACK, the steps
+    section says they were not replayed, and the receipt the build writes records
+    `replayed: false` and no tag."""
+    import json
+
+    from pinwheel.manifest import load
+    from pinwheel.release.assemble import AssembleRequest, assemble, release_config
+    from pinwheel.wheels.provenance import receipt, toolchain_facts
+    from releasekit import make_wheel
+
+    path = stack.write([{"action": "pick", "pr": 2, "head": stack.pr[2]}], tag="card-20261010")
+    m = load(path)
+    facts = toolchain_facts(sys.executable, None, None, {"PATH": os.defpath})
+    written = receipt(m, None, toolchain=facts, arches=["7.0"])
+    assert written["replayed"] is False and written["tag"] is None
+    build = tmp_path / "wheels"
+    wheel = make_wheel(build, "selftest_kernels", "1.0")
+    from pinwheel.checksums import sha256_file, write_sums
+
+    digest = sha256_file(wheel)
+    written |= {
+        "components": [{"kind": "kernel", "name": "selftest", "wheel": wheel.name,
+                        "sha256": digest, "source": {"path": "kernels/selftest"}}],
+        "wheels": {wheel.name: digest}, "built": [wheel.name],
+    }  # fmt: skip
+    (build / "provenance.json").write_text(json.dumps(written))
+    write_sums(build, [wheel.name])
+    out = tmp_path / "release"
+    assemble(AssembleRequest(manifest=m, config=release_config(m), build=build, out=out, key=None))
+    notes = (out / "RELEASE_NOTES.md").read_text()
+    first = notes.splitlines()[0]
+    assert first.startswith("**UNVERIFIED STACK**") and "card-20261010" in first
+    assert "Not replayed for this release" in notes
+    assert "# " + m.name + " card-20261010" not in notes  # the card's tag is not the title

@@ -125,10 +125,10 @@ def test_error_lines_never_print_a_token_query(tmp_path, capsys):
     ],
 )
 def test_redaction_covers_userinfo_and_token_parameters(url):
-    from pinwheel.urls import redact, redact_text
+    from pinwheel.urls import redact
 
     assert "S1GN" not in redact(url) and "p4ss" not in redact(url)
-    assert "S1GN" not in redact_text(f"fetch {url} failed")
+    assert "S1GN" not in redact(f"fetch {url} failed")
 
 
 # --------------------------------------------------------------------------- markup

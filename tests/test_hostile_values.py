@@ -298,3 +298,62 @@ def test_serve_seqs_from_the_environment_are_checked(value, tmp_path):
     ok = Context(manifest_path=tmp_path / "m.toml", cache=tmp_path, mirrors={}, json=False,
                  offline=True, environ={"GLM53_SEQS": "8"})  # fmt: skip
     assert _seqs(ok, "GLM53_SEQS") == 8
+
+
+# --------------------------------------------------------------------------- member names
+# The one name rule (archive members, SHA256SUMS entries, model-pack shards, manifest paths).
+
+MEMBERS_GOOD = ["a.whl", "pkg/mod.py", "a/b/c.so", "...", "a..b", "x/.hidden", "\u00e9t\u00e9.txt"]
+MEMBERS_BAD = {
+    "": "empty",
+    "/etc/passwd": "absolute",
+    "C:/x": "absolute",
+    "c:\\x": "absolute",
+    "\\\\server\\share": "absolute",
+    "../x": "'..'",
+    "a/../../x": "'..'",
+    "a\\..\\x": "'..'",
+    "a/..": "'..'",
+    "a\x00b": "NUL",
+    "a\nb": "control",
+    "a\x1b[31m": "control",
+    "a\x7f": "control",
+}
+
+
+@pytest.mark.parametrize("name", MEMBERS_GOOD)
+def test_names_that_stay_inside_their_folder_pass(name):
+    assert validate.member_problem(name) is None
+
+
+@pytest.mark.parametrize(("name", "why"), sorted(MEMBERS_BAD.items()), ids=repr)
+def test_names_that_reach_outside_are_refused_with_the_reason(name, why):
+    problem = validate.member_problem(name)
+    assert problem is not None and why.lower() in problem.lower(), problem
+
+
+def test_every_reader_applies_the_one_name_rule():
+    from pinwheel.checksums import _unsafe_name
+
+    for name in MEMBERS_BAD:
+        assert _unsafe_name(name, flat=False) is not None, name
+        assert validate.rel_path_problem(name) is not None, name
+
+
+# --------------------------------------------------------------------------- versions (PEP 440)
+
+VERSIONS_GOOD = ["2.9.1", "2.9.1+cu128", "1.5.2.dev1486", "1!2.0", "2.9.1rc1", "0.4.post2"]
+VERSIONS_BAD = [
+    "2.9.1\n", " 2.9.1", "2.9.1 ", "abc", "2.9.1+", "1.0+cu 128", "\u0662.\u0660", "1.0\x00",
+    "", "-1.0", "1.0 --index-url x", None, 2.9,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", VERSIONS_GOOD)
+def test_pep440_versions_pass(value):
+    assert validate.version_problem(value) is None
+
+
+@pytest.mark.parametrize("value", VERSIONS_BAD, ids=repr)
+def test_other_versions_are_refused(value):
+    assert validate.version_problem(value) is not None

@@ -43,8 +43,9 @@ def test_tools_replay_bootstraps_from_fresh_clone(tmp_path):
     )
     assert second.returncode == 0 and second.stdout.startswith("pinwheel ")
     assert "setting up" not in second.stderr  # reused
-    direct = subprocess.run(
-        [str(clone / ".venv" / "bin" / "pinwheel"), "--help"], capture_output=True, text=True
+    direct = subprocess.run(  # the same environment: the caller's width never reaches one side
+        [str(clone / ".venv" / "bin" / "pinwheel"), "--help"], env=env, capture_output=True,
+        text=True,
     )
     assert direct.stdout == first.stdout  # tools/replay X == pinwheel X
 

@@ -183,7 +183,7 @@ revision = "main"
 def test_model_fetch_refuses_an_unpinned_revision(tmp_path: Path, capsys) -> None:
     manifest = write_manifest(tmp_path, model='[model]\nrepo = "org/x"\n')
     rc = main(["--manifest", str(manifest), "model", "fetch", "--local-dir", str(tmp_path / "m")])
-    assert rc == 1
+    assert rc == EXIT_USAGE  # README: 2, a bad manifest
     assert "no pinned revision" in capsys.readouterr().err
 
 
@@ -197,5 +197,5 @@ def test_config_nested_under_text_config_is_found(pack: tuple[Path, Path], capsy
 def test_model_fetch_refuses_a_missing_repo(tmp_path: Path, capsys) -> None:
     manifest = write_manifest(tmp_path, model=f'[model]\nrevision = "{"7" * 40}"\n')
     rc = main(["--manifest", str(manifest), "model", "fetch", "--local-dir", str(tmp_path / "m")])
-    assert rc == 1
+    assert rc == EXIT_USAGE  # README: 2, a bad manifest
     assert "[model] has no repo" in capsys.readouterr().err

@@ -11,6 +11,7 @@ captured output; gcc, ninja, the Python probe and the disk check are real.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shutil
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from pinwheel.cli import main
+from pinwheel.cudaarch import CudaArch
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest import model as manifest
 from pinwheel.manifest.serve import Engine
@@ -74,7 +76,7 @@ def test_topo_without_a_matrix_says_what_to_run():
 
 def test_gpu_csv_including_unified_memory_and_old_drivers():
     gpus = parse_gpu_csv("0, NVIDIA GB10, 12.1, [N/A], 0000000F:01:00.0\n")
-    assert gpus[0].compute_capability == "12.1" and gpus[0].memory_mib is None
+    assert gpus[0].compute_capability == CudaArch(121) and gpus[0].memory_mib is None
     assert parse_gpu_csv(V100_CSV)[7].memory_mib == 32768
     with pytest.raises(PinwheelError, match="driver"):
         parse_gpu_csv('Field "compute_cap" is not a valid field to query.\n')
@@ -397,3 +399,34 @@ def test_a_toolkit_already_in_the_cache_is_pointed_at_not_provisioned_again(tmp_
     # no cache toolkit: provisioning is the advice
     check = check_nvcc(dataclasses.replace(base, cache=tmp_path / "empty"))
     assert check.next is not None and check.next.startswith("provision CUDA 12.x")
+
+
+def test_engine_python_is_compared_with_the_manifests_pin(tmp_path):
+    """The shipped manifest pins [build] python = "3.12": the release's cp312 wheels do not
+    install into another minor version, so an engine Python that differs FAILs with the way
+    to make the right venv; the one running here passes when the pin names it."""
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    other = "3.12" if here != "3.12" else "3.11"
+    pinned = manifest.load(ROOT / "manifest.toml").build.python  # type: ignore[union-attr]
+    assert pinned == "3.12"
+    base = _opts(tmp_path)
+    wrong = _by_name(preflight(dataclasses.replace(base, pinned_python=other)))
+    assert wrong["python"].status == FAIL
+    assert f"pins {other}" in wrong["python"].detail and f"--python {other}" in wrong["python"].next
+    right = _by_name(preflight(dataclasses.replace(base, pinned_python=here)))
+    assert right["python"].status == OK and "as [build] python pins" in right["python"].detail
+    unpinned = _by_name(preflight(base))
+    assert unpinned["python"].status == OK
+
+
+def test_preflight_reads_the_pin_from_the_manifest(tmp_path, capsys):
+    smi = _stand_in_smi(
+        tmp_path, "0, NVIDIA H200, 9.0, 143771, 0:19\n", (TOPO / "dgx1-v100.txt").read_text()
+    )
+    python = _fake_engine(tmp_path, "exl3", "GlmMoeDsaForCausalLM")
+    main(["preflight", "--manifest", str(ROOT / "manifest.toml"), "--nvidia-smi", str(smi),
+          "--python", str(python), "--json"])  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    (check,) = [c for c in doc["checks"] if c["name"] == "python"]
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert (check["status"] == "ok") == (here == "3.12"), check

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 from pathlib import Path
@@ -134,7 +135,7 @@ def test_spawn_refuses_capture_and_stop_ends_the_group(tmp_path: Path) -> None:
         if "ready" in (tmp_path / "server.log").read_text():
             break
         time.sleep(0.05)
-    runner.stop(proc, grace_s=5)
+    proc.stop(grace_s=5)
     assert proc.returncode is not None
     assert runner.tail_of(tmp_path / "server.log")[-1] == "ready"
 
@@ -170,12 +171,12 @@ def test_line_reporter_keeps_brackets_and_hides_detail_unless_verbose() -> None:
     rep = LineReporter(stream)
     rep.info("[build] step [1/3] done")
     rep.detail("$ git fetch")
-    with rep.transfer("wheel.whl", 2000) as advance:
+    with rep.transfer("wheel.whl", 2048) as advance:
         advance(1500)
-        advance(500)
+        advance(548)
     text = stream.getvalue()
     assert "[build] step [1/3] done" in text and "$ git fetch" not in text
-    assert "wheel.whl (2.0 KB)" in text and "2.0 KB in" in text
+    assert "wheel.whl (2.0 KiB)" in text and "2.0 KiB in" in text
     verbose = io.StringIO()
     LineReporter(verbose, verbose=True).detail("$ git fetch")
     assert verbose.getvalue() == "$ git fetch\n"
@@ -197,3 +198,16 @@ def test_rich_reporter_prints_literal_text() -> None:
     text = out.getvalue()
     assert "[build] [bold]x[/bold] [red]" in text and "$ cmd [x]" in text
     assert "inner [y]" in text and "[file].whl" in text
+
+
+def test_the_one_log_tail_reader_reads_only_the_end_and_never_blocks(tmp_path: Path) -> None:
+    log = tmp_path / "big.log"
+    with open(log, "w") as f:
+        f.write("x" * 2_000_000 + "\n")  # a long line the tail cuts into
+        f.writelines(f"line {i}\n" for i in range(100))
+    assert runner.tail_of(log, 3) == ["line 97", "line 98", "line 99"]
+    assert len(runner.read_tail(log)) == 64 * 1024
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # nobody writes: opening it for reading would wait forever
+    assert runner.tail_of(fifo) == []
+    assert runner.tail_of(tmp_path / "missing") == [] and runner.tail_of(tmp_path) == []

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pinwheel.cli import main
+from pinwheel.cudaarch import CudaArch
 from pinwheel.errors import ManifestError
 from pinwheel.manifest import model as manifest
 from pinwheel.serve.recipe import launch, render_recipe
@@ -29,7 +30,7 @@ def card():
 def test_card_profile_has_the_cards_facts(card):
     serve = card.serve
     p = serve.profile("card")
-    assert (p.gpus, p.compute_capability, p.gpu_memory_gib) == (4, "7.0", 32)
+    assert (p.gpus, p.compute_capability, p.gpu_memory_gib) == (4, CudaArch(70), 32)
     assert (p.tensor_parallel_size, p.pipeline_parallel_size, p.max_model_len) == (4, 1, 131072)
     assert p.max_num_seqs == 1
     assert json.loads(p.speculative_json) == {
@@ -155,7 +156,7 @@ def test_system_manifests_load_and_their_recipes_match(name, capsys):
     assert m.build.torch_index is None  # FILL IN: not on either card
     if name.startswith("gb10"):
         assert (p.compute_capability, p.num_speculative_tokens, p.gpus, p.cuda) == (
-            "12.1",
+            CudaArch(121),
             2,
             1,
             13,
@@ -165,7 +166,7 @@ def test_system_manifests_load_and_their_recipes_match(name, capsys):
         assert (m.model.shards, m.model.total_bytes) == (120, 97728721536)
         assert m.model.config["quantization_config.codebook"] == "mcg"
     else:
-        assert (p.compute_capability, p.tensor_parallel_size) == ("12.0", 2)
+        assert (p.compute_capability, p.tensor_parallel_size) == (CudaArch(120), 2)
         assert serve.engine.image is not None and serve.engine.image.digest.startswith("sha256:")
         assert m.build.arches == ("12.0",) and component.builder == "torch-extension"
         assert component.commit == "c5d9c657966ffeeaa9353f0cc899f18629da4a13"

@@ -1,16 +1,24 @@
 #!/bin/sh
-# Register this V100 box as pinwheel's self-hosted GitHub Actions runner and
-# run it as a systemd service with the environment the cards need.
+# Make this GPU box pinwheel's self-hosted GitHub Actions runner: ephemeral, one
+# job per just-in-time (JIT) runner, a fresh workspace each time, run by a systemd
+# service with the environment the cards need.
 #
-#   RUNNER_TOKEN=<registration token> recipes/runner/register.sh \
-#       --repo OWNER/REPO --runner-dir /opt/actions-runner [options]
+#   recipes/runner/register.sh --org ORG --runner-group-id N \
+#       --runner-dir /opt/actions-runner [options]        # or --repo OWNER/REPO
 #
-# The token comes from the repository's Settings > Actions > Runners > New
-# self-hosted runner; it is read from the environment and never printed.
-# --runner-dir holds GitHub's actions-runner release, unpacked (see README.md).
+# Nothing is registered up front: the service (jit-runner.sh) asks GitHub for a
+# JIT configuration before every job, with a token that may create runners. That
+# token lives in --token-file (default /etc/pinwheel/github-token, mode 0400 or
+# 0600, owned by root); systemd hands it to the service alone (LoadCredential=), never
+# to a job. --runner-dir holds GitHub's actions-runner release, unpacked (README.md).
 #
 # Options:
-#   --name NAME          runner name (default: this host's name)
+#   --org ORG            an organization runner, in --runner-group-id's group (the group
+#                        limits it to selected repositories and workflows; README.md)
+#   --repo OWNER/REPO    a repository runner instead (no workflow restriction possible)
+#   --runner-group-id N  the runner group (default 1: the Default group)
+#   --token-file PATH    the GitHub token file (default: ETC/github-token)
+#   --name NAME          runner name prefix (default: this host's name)
 #   --user USER          account the service runs as (default: the caller)
 #   --manifest PATH      manifest whose [build].runner_labels are used (default: ./manifest.toml)
 #   --cuda-home DIR      CUDA 12.x toolkit (default: $CUDA_HOME or /usr/local/cuda-12.4)
@@ -31,12 +39,15 @@ die() {
     exit 2
 }
 
-repo="" runner_dir="" name=$(hostname) user=$(id -un) manifest=manifest.toml
-cuda_home=${CUDA_HOME:-/usr/local/cuda-12.4} data_dir=/var/lib/pinwheel model_dir=""
-etc=/etc/pinwheel systemd_dir=/etc/systemd/system dry_run=0
+repo="" org="" group_id=1 token_file="" runner_dir="" name=$(hostname) user=$(id -un)
+manifest=manifest.toml cuda_home=${CUDA_HOME:-/usr/local/cuda-12.4} data_dir=/var/lib/pinwheel
+model_dir="" etc=/etc/pinwheel systemd_dir=/etc/systemd/system dry_run=0
 while [ $# -gt 0 ]; do
     case $1 in
         --repo) repo=$2; shift 2 ;;
+        --org) org=$2; shift 2 ;;
+        --runner-group-id) group_id=$2; shift 2 ;;
+        --token-file) token_file=$2; shift 2 ;;
         --runner-dir) runner_dir=$2; shift 2 ;;
         --name) name=$2; shift 2 ;;
         --user) user=$2; shift 2 ;;
@@ -47,13 +58,29 @@ while [ $# -gt 0 ]; do
         --etc) etc=$2; shift 2 ;;
         --systemd-dir) systemd_dir=$2; shift 2 ;;
         --dry-run) dry_run=1; shift ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) die "unknown option $1" "recipes/runner/register.sh --help" ;;
     esac
 done
-[ -n "$repo" ] || die "--repo OWNER/REPO is required" "pass the repository the runner serves"
 [ -n "$runner_dir" ] || die "--runner-dir is required" "unpack GitHub's actions-runner there (README.md)"
-case $repo in */*) ;; *) die "--repo must be OWNER/REPO, got '$repo'" "e.g. --repo acme/pinwheel" ;; esac
+if [ -n "$org" ] && [ -z "$repo" ]; then
+    scope=orgs/$org
+elif [ -n "$repo" ] && [ -z "$org" ]; then
+    case $repo in */*) ;; *) die "--repo must be OWNER/REPO, got '$repo'" "e.g. --repo acme/pinwheel" ;; esac
+    scope=repos/$repo
+else
+    die "pass exactly one of --org ORG and --repo OWNER/REPO" \
+        "--org with a runner group limited to pinwheel's workflows (README.md)"
+fi
+case $group_id in ''|*[!0-9]*) die "--runner-group-id must be a number, got '$group_id'" \
+    "gh api orgs/ORG/actions/runner-groups --jq '.runner_groups[] | [.id, .name]'" ;; esac
+[ -n "$token_file" ] || token_file=$etc/github-token
+for value in "$scope" "$name" "$user"; do  # they reach the unit, a URL and a JSON body
+    case $value in
+        *[!A-Za-z0-9._/-]*|-*|*/-*) die "'$value' holds characters the runner service does not take" \
+            "use letters, digits, '.', '_' and '-'" ;;
+    esac
+done
 [ -n "$model_dir" ] || model_dir=$data_dir/model
 runner_dir=$(cd "$runner_dir" 2>/dev/null && pwd) || die "no runner dir $runner_dir" "create it and unpack the runner there"
 [ -f "$manifest" ] || die "no manifest at $manifest" "run from the pinwheel checkout or pass --manifest"
@@ -82,7 +109,9 @@ render() {  # render TEMPLATE DEST: fill the @NAME@ placeholders
     sed -e "s|@RUNNER_NAME@|$name|g" -e "s|@RUNNER_USER@|$user|g" \
         -e "s|@RUNNER_DIR@|$runner_dir|g" -e "s|@REPO_ROOT@|$repo_root|g" \
         -e "s|@ENV_FILE@|$etc/runner.env|g" -e "s|@CUDA_HOME@|$cuda_home|g" \
-        -e "s|@DATA_DIR@|$data_dir|g" -e "s|@MODEL_DIR@|$model_dir|g" "$1" > "$2.tmp"
+        -e "s|@DATA_DIR@|$data_dir|g" -e "s|@MODEL_DIR@|$model_dir|g" \
+        -e "s|@SCOPE@|$scope|g" -e "s|@GROUP_ID@|$group_id|g" -e "s|@LABELS@|$labels|g" \
+        -e "s|@TOKEN_FILE@|$token_file|g" "$1" > "$2.tmp"
     mv "$2.tmp" "$2"
 }
 
@@ -98,23 +127,21 @@ render "$here/pinwheel-runner.service.in" "$systemd_dir/$unit"
 echo "wrote $systemd_dir/$unit"
 echo "labels: self-hosted,linux,x64,$labels"
 
-as_user() {  # config.sh refuses to run as root; run it as the service user
-    if [ "$(id -un)" = "$user" ]; then "$@"; else sudo -u "$user" -- "$@"; fi
-}
-
 if [ "$dry_run" = 1 ]; then
-    echo "would run: $runner_dir/config.sh --unattended --replace --url https://github.com/$repo" \
-        "--token *** --name $name --labels $labels --work _work"
     echo "would run: ${SYSTEMCTL:-systemctl} daemon-reload && ${SYSTEMCTL:-systemctl} enable --now $unit"
+    echo "the service asks $scope for one JIT runner per job (group $group_id), token from $token_file"
     exit 0
 fi
-[ -n "${RUNNER_TOKEN:-}" ] || die "RUNNER_TOKEN is not set" "export the registration token from Settings > Actions > Runners"
-[ -x "$runner_dir/config.sh" ] || die "no config.sh in $runner_dir" "unpack GitHub's actions-runner release there"
+# The token: present, a regular file (not a link), and readable by its owner only.
+[ -f "$token_file" ] && [ ! -L "$token_file" ] || die "no token file at $token_file" \
+    "install -m 0400 /dev/stdin $token_file  (paste a token that may create runners; README.md)"
+case $(stat -c %a "$token_file") in
+    400|600) ;;
+    *) die "$token_file is readable by others (mode $(stat -c %a "$token_file"))" "chmod 0400 $token_file" ;;
+esac
+[ -x "$runner_dir/run.sh" ] || die "no run.sh in $runner_dir" "unpack GitHub's actions-runner release there"
 mkdir -p "$data_dir" "$model_dir"
-[ "$(id -u)" != 0 ] || chown "$user" "$data_dir" "$model_dir"  # the jobs write the caches
-
-as_user "$runner_dir/config.sh" --unattended --replace --url "https://github.com/$repo" \
-    --token "$RUNNER_TOKEN" --name "$name" --labels "$labels" --work _work
+[ "$(id -u)" != 0 ] || chown "$user" "$data_dir" "$model_dir" "$runner_dir"  # the jobs write there
 ${SYSTEMCTL:-systemctl} daemon-reload
 ${SYSTEMCTL:-systemctl} enable --now "$unit"
-echo "runner $name registered and started; check it with: $here/health-check.sh"
+echo "runner service $unit started: one JIT runner per job; check the box with: $here/health-check.sh"

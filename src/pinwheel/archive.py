@@ -9,7 +9,7 @@ symlink planted in the destination cannot lead a member out.
 
 The wheel-specific audit (RECORD hashes, CRCs, ELF checks) stays in
 :mod:`pinwheel.wheels.wheelfile` and :mod:`pinwheel.wheels.check`; it uses the
-same name rule (:func:`name_problem`).
+same name rule (:func:`pinwheel.validate.member_problem`).
 """
 
 from __future__ import annotations
@@ -24,16 +24,15 @@ import tarfile
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO
 
-from pinwheel import confine
+from pinwheel import confine, validate
 from pinwheel.errors import VerifyError
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 _DRIVE = re.compile(r"^[A-Za-z]:")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -47,22 +46,6 @@ class Limits:
 
 class ArchiveError(VerifyError):
     """An archive member that must not be read or written."""
-
-
-def name_problem(name: str) -> str | None:
-    """Why extracting ``name`` could write outside the target directory, else None."""
-    norm = name.replace("\\", "/")
-    if not norm:
-        return "empty name"
-    if norm.startswith("/") or _DRIVE.match(norm):
-        return "absolute path"
-    if ".." in PurePosixPath(norm).parts:
-        return "'..' component escapes the target directory"
-    if "\0" in name:
-        return "NUL byte in name"
-    if _CONTROL.search(name):
-        return "control character in name"
-    return None
 
 
 def zip_kind(info: zipfile.ZipInfo) -> str:
@@ -97,7 +80,7 @@ def zip_members(
     total = 0
     for info in infos:
         name = info.filename
-        problem = name_problem(name)
+        problem = validate.member_problem(name)
         if problem:
             raise _refuse(origin, name, problem)
         norm = name.rstrip("/")
@@ -155,7 +138,7 @@ def tar_members(
         count += 1
         if count > limits.members:
             raise _refuse(origin, member.name, f"over the {limits.members} member limit")
-        problem = name_problem(member.name)
+        problem = validate.member_problem(member.name)
         if problem:
             raise _refuse(origin, member.name, problem)
         if skip_links and not (member.isfile() or member.isdir()):
@@ -215,7 +198,7 @@ def _target(name: str, is_dir: bool, origin: str, select: Select | None) -> str 
     """Where ``select`` puts a member (None: skipped), refused if that name is unsafe."""
     rel = select(name, is_dir) if select else name
     if rel is not None:
-        problem = name_problem(rel)
+        problem = validate.member_problem(rel)
         if problem:
             raise _refuse(origin, rel, problem)
     return rel

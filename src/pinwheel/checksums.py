@@ -18,13 +18,13 @@ from typing import Any
 
 from pinwheel.errors import VerifyError
 from pinwheel.fsutil import atomic_write_text
+from pinwheel.validate import member_problem
 
 # 8 MiB reads: few syscalls, and each update hands OpenSSL a block big enough
 # that the GIL stays released for most of the time.
 CHUNK = 8 * 1024 * 1024
 # As `sha256sum -c` reads it: hex in either case, then " " and " " (text) or "*" (binary).
 _LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # Called with a byte count after every read, from the hashing threads (progress.Advance).
 Advance = Callable[[int], None]
@@ -40,9 +40,7 @@ def sha256_file(path: Path, chunk: int = CHUNK, on_bytes: Advance | None = None)
     return digest.hexdigest()
 
 
-def feed(
-    digest: Any, path: Path, chunk: int = CHUNK, on_bytes: Advance | None = None
-) -> None:
+def feed(digest: Any, path: Path, chunk: int = CHUNK, on_bytes: Advance | None = None) -> None:
     """Hash ``path``'s bytes into ``digest`` (a hashlib object): the one file-reading loop."""
     with open(path, "rb", buffering=0) as fh:
         if hasattr(os, "posix_fadvise"):
@@ -157,14 +155,10 @@ def parse_sums(text: str | bytes, source: str = SUMS, *, flat: bool = True) -> d
 
 
 def _unsafe_name(name: str, flat: bool) -> str | None:
-    if _CONTROL.search(name):
-        return "control character in the name"
-    norm = name.replace("\\", "/")
-    if norm.startswith("/") or re.match(r"^[A-Za-z]:", norm):
-        return "absolute path"
-    parts = norm.split("/")
-    if ".." in parts:
-        return "'..' component"
+    problem = member_problem(name)
+    if problem:
+        return problem
+    parts = name.replace("\\", "/").split("/")
     if flat and len(parts) > 1:
         return "has a directory part (a release is one flat folder)"
     if name in (".", "") or parts[-1] in (".", ""):

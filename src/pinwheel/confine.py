@@ -165,26 +165,6 @@ def remove(scope: Path | str, target: Path | str) -> None:
         path.unlink()
 
 
-def check_member(name: str, *, what: str = "name") -> str:
-    """A relative name that stays inside whatever folder it is joined to (archive members,
-    receipt paths): no absolute path, no ``..``, no drive, no NUL or backslash."""
-    parts = name.replace("\\", "/").split("/")
-    if (
-        not name
-        or name.startswith("/")
-        or "\0" in name
-        or "\\" in name
-        or ".." in parts
-        or (len(name) > 1 and name[1] == ":")
-    ):
-        raise Escape(
-            f"refusing the {what} {name!r}: it climbs out (absolute, '..' or a drive)",
-            where=name,
-            next="do not use this input",
-        )
-    return name
-
-
 # --------------------------------------------------------------------------- resolved paths
 #
 # The checks above compare text (after ``realpath``) at one moment. A tree pinwheel

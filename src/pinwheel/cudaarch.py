@@ -45,10 +45,6 @@ class CudaArch:
         code = f"[sm_{sm},compute_{sm}]" if self.ptx else f"sm_{sm}"
         return f"arch=compute_{sm},code={code}"
 
-    @property
-    def cmake(self) -> str:
-        return f"{self.sm}{self.suffix}" if self.ptx else f"{self.sm}{self.suffix}-real"
-
     def __str__(self) -> str:
         return self.name + ("+PTX" if self.ptx else "")
 
@@ -74,6 +70,25 @@ def parse_arch(text: str) -> CudaArch:
         f"cannot read CUDA arch {text!r}",
         next="write arches like 7.0, 7.0+PTX, sm_70 or 70",
     )
+
+
+_DOTTED = re.compile(r"(?P<major>[0-9]{1,2})\.(?P<minor>[0-9])(?P<suffix>[af]?)")
+
+
+def parse_dotted(text: str, *, suffix: bool = True) -> CudaArch:
+    """The dotted spelling alone (``7.0``, ``12.1``; ``9.0a`` / ``10.0f`` with ``suffix``):
+    a manifest's ``[build] arches``, a profile's or nvidia-smi's compute capability.
+
+    Strict (``fullmatch``; no ``sm_``, no ``+PTX``): the value is written back as is.
+    """
+    m = _DOTTED.fullmatch(text) if isinstance(text, str) else None
+    if m is None or (m.group("suffix") and not suffix):
+        raise UsageError(
+            f"cannot read CUDA arch {str(text)[:40]!r}",
+            next='write it like "7.0"' + (' or "9.0a"' if suffix else ""),
+        )
+    sm = int(m.group("major")) * 10 + int(m.group("minor"))
+    return CudaArch(sm=sm, suffix=m.group("suffix"))
 
 
 def parse_arches(items: Iterable[str]) -> tuple[CudaArch, ...]:

@@ -53,7 +53,7 @@ class DriftError(PinwheelError):
 class ConflictError(PinwheelError):
     exit_code = EXIT_CONFLICT
 
-    def __init__(self, what: str, *, files: tuple[str, ...] = (), **kw):
+    def __init__(self, what: str, *, files: tuple[str, ...] = (), **kw: str | None):
         super().__init__(what, **kw)
         self.files = files
 

@@ -17,17 +17,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pinwheel.progress import Reporter
+from pinwheel.progress import Reporter, human_bytes
 
 DEFAULT_EVERY_S = 10.0
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def human_seconds(s: float) -> str:

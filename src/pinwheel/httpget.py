@@ -1,11 +1,16 @@
-"""Bounded HTTP GETs for stages before ``release`` (``--reuse-from`` in build).
+"""The one bounded HTTP reader, and bounded GETs for stages before ``release``.
 
-Every read has a byte cap and a deadline: a server that sends without end hits
-the cap, one that trickles bytes (never silent long enough for the socket
-timeout) hits the deadline. A bad Content-Length, an HTTP error, a name that
-does not resolve: each is a :class:`FetchFailed` naming the URL and the next
-step. ``release.download`` is the full fetcher (resume, retries, signatures);
-this is the small one a build stage may import.
+Every answer pinwheel reads is read through :class:`Bounds`: its Content-Length
+checked (digits only, within the cap) and its body taken in blocks up to a byte
+cap and a deadline. A server that sends without end hits the cap, one that
+trickles bytes (never silent long enough for the socket timeout) hits the
+deadline. The three clients are profiles over it, each raising its own error:
+
+- :func:`get_bytes` / :func:`get_file` here: one GET, cap and deadline, for
+  ``--reuse-from`` in build (:class:`FetchFailed`);
+- ``release.download``: resumable, retried downloads, paced by a minimum rate;
+- ``serve.client``: a persistent connection to the server being qualified, every
+  read waiting at most what is left of the request's deadline.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +33,79 @@ USER_AGENT = "pinwheel/1"
 
 class FetchFailed(PinwheelError):
     """The GET did not complete (exit 1)."""
+
+
+#: Builds the caller's error from (what went wrong, what to do next).
+Fail = Callable[[str, str], PinwheelError]
+
+
+@dataclass
+class Bounds:
+    """One answer's limits: at most ``cap`` bytes, complete before ``until`` (monotonic;
+    None: the caller paces it), errors built by ``fail`` and prefixed with ``what``."""
+
+    what: str  # "SHA256SUMS", "GET /v1/models": first words of every error
+    cap: int
+    fail: Fail
+    until: float | None = None
+
+    def announced(self, value: str | None) -> int | None:
+        """The answer's Content-Length, checked (digits only, within the cap); None if absent."""
+        if value is None:
+            return None
+        try:
+            n = validate.content_length(value)
+        except ValueError as exc:
+            raise self.fail(
+                f"{self.what}: the server sent a bad Content-Length: {exc}",
+                "the server is broken or not the server pinwheel expects; use another source",
+            ) from None
+        if n > self.cap:
+            raise self.fail(
+                f"{self.what}: Content-Length {n}, more than the {self.cap} bytes it may have",
+                "check the URL: it should name what pinwheel asked for",
+            )
+        return n
+
+    def left(self) -> float | None:
+        """Seconds before the deadline (None: no deadline); past it, the deadline error."""
+        if self.until is None:
+            return None
+        left = self.until - time.monotonic()
+        if left <= 0:
+            raise self.fail(
+                f"{self.what}: no complete answer before the deadline",
+                "the server is too slow or never ends its answer; use another source",
+            )
+        return left
+
+    def blocks(
+        self, resp: Any, *, size: int = 64 * 1024, before: Callable[[], None] | None = None
+    ) -> Iterator[bytes]:
+        """The body in blocks as they arrive, until its end, the cap or the deadline.
+
+        ``before`` runs before each read (a client sets its socket's timeout there).
+        """
+        got = 0
+        read = getattr(resp, "read1", resp.read)
+        while True:
+            self.left()
+            if before is not None:
+                before()
+            block = read(size)
+            if not block:
+                return
+            got += len(block)
+            if got > self.cap:
+                raise self.fail(
+                    f"{self.what}: more than the {self.cap} bytes it may have",
+                    "check the URL: it should name what pinwheel asked for",
+                )
+            yield block
+
+
+def _failed(url: str) -> Fail:
+    return lambda what, next: FetchFailed(what, where=url, next=next)
 
 
 def _open(url: str, what: str, timeout: float) -> Any:
@@ -49,50 +129,17 @@ def _open(url: str, what: str, timeout: float) -> Any:
         ) from None
 
 
-def _blocks(resp: Any, url: str, what: str, cap: int, until: float) -> Any:
-    length = resp.headers.get("Content-Length")
-    if length is not None:
-        try:
-            announced = validate.content_length(length)
-        except ValueError as exc:
-            raise FetchFailed(
-                f"{what}: the server sent a bad Content-Length: {exc}",
-                where=url,
-                next="the server is broken or not a release host; use another source",
-            ) from None
-        if announced > cap:
-            raise FetchFailed(
-                f"{what}: {announced} bytes, more than the {cap} it may have",
-                where=url,
-                next="check the URL: it should name the file pinwheel asked for",
-            )
-    got = 0
-    read = getattr(resp, "read1", resp.read)
-    while True:
-        if time.monotonic() > until:
-            raise FetchFailed(
-                f"{what}: no complete answer before the deadline ({got} bytes received)",
-                where=url,
-                next="the server is too slow or never ends its answer; use another source",
-            )
-        try:
-            block = read(64 * 1024)
-        except (TimeoutError, OSError) as exc:
-            raise FetchFailed(
-                f"{what}: the transfer stalled: {exc}",
-                where=url,
-                next="check the server, then run again",
-            ) from None
-        if not block:
-            return
-        got += len(block)
-        if got > cap:
-            raise FetchFailed(
-                f"{what}: more than the {cap} bytes it may have",
-                where=url,
-                next="check the URL: it should name the file pinwheel asked for",
-            )
-        yield block
+def _blocks(resp: Any, url: str, what: str, cap: int, until: float) -> Iterator[bytes]:
+    bounds = Bounds(what, cap, _failed(url), until)
+    bounds.announced(resp.headers.get("Content-Length"))
+    try:
+        yield from bounds.blocks(resp)
+    except (TimeoutError, OSError) as exc:
+        raise FetchFailed(
+            f"{what}: the transfer stalled: {exc}",
+            where=url,
+            next="check the server, then run again",
+        ) from None
 
 
 def get_bytes(url: str, *, what: str, cap: int, deadline: float, timeout: float = 30.0) -> bytes:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from pinwheel.urls import redact_text
+from pinwheel.urls import redact
 
 # C0 (but \t and \n), DEL, C1, the bidi embeddings/overrides/isolates and marks, the
 # line/paragraph separators (a terminal or an editor may break or reorder on them).
@@ -33,6 +33,6 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def shown(text: object) -> str:
-    """``text`` safe to print: credentials redacted (:func:`pinwheel.urls.redact_text`),
+    """``text`` safe to print: credentials redacted (:func:`pinwheel.urls.redact`),
     control characters and bidi overrides made visible."""
-    return _UNSAFE.sub(_escape, redact_text(str(text)))
+    return _UNSAFE.sub(_escape, redact(str(text)))

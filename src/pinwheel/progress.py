@@ -72,12 +72,13 @@ SILENT: Reporter = _Silent()
 BYTES_EVERY_S = 10.0  # how often a plain-line transfer says the bytes so far
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
+def human_bytes(n: float) -> str:
+    """The one byte-size spelling in messages: ``512 B``, ``3.0 MiB`` (powers of 1024)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"  # pragma: no cover
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 class LineReporter:
@@ -116,13 +117,14 @@ class LineReporter:
             now = time.monotonic()
             if now - said[0] >= BYTES_EVERY_S:  # a long transfer is never silent
                 said[0] = now
-                of = f" of {_size(total)}" if total else ""
-                rate = _size(moved[0] / max(now - started, 1e-6))
-                self.info(f"{name}: {_size(moved[0])}{of} so far ({rate}/s)")
+                of = f" of {human_bytes(total)}" if total else ""
+                rate = human_bytes(moved[0] / max(now - started, 1e-6))
+                self.info(f"{name}: {human_bytes(moved[0])}{of} so far ({rate}/s)")
 
-        size = f" ({_size(total)})" if total is not None else ""
-        resumed = f", resuming at {_size(done)}" if done else ""
+        size = f" ({human_bytes(total)})" if total is not None else ""
+        resumed = f", resuming at {human_bytes(done)}" if done else ""
         self.info(f"{name}{size}{resumed} ...")
         yield advance
         seconds = max(time.monotonic() - started, 1e-6)
-        self.info(f"{name}: {_size(moved[0])} in {seconds:.1f} s ({_size(moved[0] / seconds)}/s)")
+        rate = human_bytes(moved[0] / seconds)
+        self.info(f"{name}: {human_bytes(moved[0])} in {seconds:.1f} s ({rate}/s)")

@@ -18,8 +18,11 @@ inherited keys (git's ``GIT_*``), ``env_set`` adds keys on top. Stages never
 read ``os.environ`` themselves: the CLI resolves what they need into requests.
 
 Output: ``"capture"`` keeps stdout and stderr as bytes; ``"log"`` writes both,
-interleaved, to ``log_file`` (long builds); ``"inherit"`` leaves them on this
-process's streams (only the CLI asks for that); ``"discard"`` drops them.
+interleaved, to ``log_file`` (long builds); ``"discard"`` drops them.
+
+Background processes: :func:`spawn` returns a :class:`Process`, the project's own
+handle (``pid``, ``poll``, ``stop``, ``kill``), so no other module needs
+``subprocess`` or its types.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import IO, Literal, NoReturn
 from pinwheel.errors import PinwheelError
 from pinwheel.progress import SILENT, Reporter
 
-Output = Literal["capture", "log", "inherit", "discard"]
+Output = Literal["capture", "log", "discard"]
 
 #: Lines of a failed command's output quoted in its error.
 TAIL_LINES = 15
@@ -124,7 +127,7 @@ class Completed:
         text = self.err_text or self.text
         if not text and self.command.log_file is not None:
             with contextlib.suppress(OSError):
-                text = _read_tail(self.command.log_file).decode(errors="replace").strip()
+                text = read_tail(self.command.log_file).decode(errors="replace").strip()
         out = text.splitlines()[-lines:]
         return [_redact(x) for x in out] if self.command.redact else out
 
@@ -182,8 +185,48 @@ def run(cmd: Command, reporter: Reporter = SILENT) -> Completed:
     return done
 
 
-def spawn(cmd: Command, reporter: Reporter = SILENT) -> subprocess.Popen[bytes]:
-    """Start ``cmd`` in the background (servers, polled builds); :func:`stop` ends it.
+class Process:
+    """A command started by :func:`spawn`: poll it, stop it (SIGTERM then SIGKILL), kill it.
+
+    Signals go to its whole process group when the command asked for its own
+    session (``new_session``), else to the process alone.
+    """
+
+    def __init__(self, command: Command, popen: subprocess.Popen[bytes]) -> None:
+        self.command = command
+        self._popen = popen
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    def poll(self) -> int | None:
+        """Its exit status once it has ended, else None."""
+        return self._popen.poll()
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s``; reaped either way."""
+        if self._popen.poll() is not None:
+            return
+        group = self.command.new_session
+        _signal(self._popen, signal.SIGTERM, group)
+        try:
+            self._popen.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            _signal(self._popen, signal.SIGKILL, group)
+            self._popen.wait()
+
+    def kill(self) -> None:
+        """SIGKILL and reap."""
+        _kill(self._popen, self.command.new_session)
+
+
+def spawn(cmd: Command, reporter: Reporter = SILENT) -> Process:
+    """Start ``cmd`` in the background (servers, polled builds); ``Process.stop`` ends it.
 
     Output goes where ``cmd.output`` says (``"capture"`` is not allowed: nobody
     would drain the pipe). The caller owns the process.
@@ -192,13 +235,13 @@ def spawn(cmd: Command, reporter: Reporter = SILENT) -> subprocess.Popen[bytes]:
         raise ValueError("spawn() cannot capture output; use output='log' or 'discard'")
     reporter.detail(f"$ {cmd.shell} &")
     if cmd.output != "log":
-        return _popen(cmd, None)
+        return Process(cmd, _popen(cmd, None))
     assert cmd.log_file is not None
     cmd.log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(cmd.log_file, "wb") as log:
         log.write(f"$ {cmd.shell}\n".encode())
         log.flush()
-        return _popen(cmd, log)  # the child keeps its own copy of the descriptor
+        return Process(cmd, _popen(cmd, log))  # the child keeps its own copy of the descriptor
 
 
 def replace_process(cmd: Command, reporter: Reporter = SILENT) -> NoReturn:
@@ -216,27 +259,13 @@ def replace_process(cmd: Command, reporter: Reporter = SILENT) -> NoReturn:
         raise _start_error(cmd, exc) from None
 
 
-def stop(proc: subprocess.Popen[bytes], *, group: bool = True, grace_s: float = 30.0) -> None:
-    """Stop a spawned process (its group with ``group``): SIGTERM, SIGKILL after ``grace_s``."""
-    if proc.poll() is not None:
-        return
-    _signal(proc, signal.SIGTERM, group)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        _signal(proc, signal.SIGKILL, group)
-        proc.wait()
-
-
-def kill(proc: subprocess.Popen[bytes], *, group: bool = True) -> None:
-    """SIGKILL a spawned process (its whole group with ``group``) and reap it."""
-    _kill(proc, group)
-
-
 def tail_of(path: Path, lines: int = TAIL_LINES) -> list[str]:
-    """The last lines of a log file (for errors about a spawned command)."""
+    """The last lines of a log file (its last 64 KiB read, however large it grew); [] when
+    it cannot be read. The one log-tail reader: errors and progress about any log use it."""
+    if not Path(path).is_file():  # a FIFO or device would block or never end
+        return []
     try:
-        return _read_tail(path).decode(errors="replace").strip().splitlines()[-lines:]
+        return read_tail(path).decode(errors="replace").strip().splitlines()[-lines:]
     except OSError:
         return []
 
@@ -247,10 +276,8 @@ def _popen(cmd: Command, log: IO[bytes] | None) -> subprocess.Popen[bytes]:
         stderr: int | IO[bytes] | None = subprocess.PIPE
     elif cmd.output == "log":
         stdout, stderr = log, subprocess.STDOUT
-    elif cmd.output == "discard":
+    else:  # "discard"
         stdout = stderr = subprocess.DEVNULL
-    else:
-        stdout = stderr = None
     try:
         return subprocess.Popen(
             list(cmd.argv),
@@ -286,6 +313,7 @@ def _start_error(cmd: Command, exc: OSError) -> PinwheelError:
         next=cmd.missing_hint or f"check that {cmd.argv[0]} is an executable program",
     )
 
+
 def _signal(proc: subprocess.Popen[bytes], sig: int, group: bool) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if group:
@@ -301,7 +329,8 @@ def _kill(proc: subprocess.Popen[bytes], group: bool) -> None:
         proc.wait(timeout=10)
 
 
-def _read_tail(path: Path, size: int = 16384) -> bytes:
+def read_tail(path: Path, size: int = 64 * 1024) -> bytes:
+    """The last ``size`` bytes of ``path`` (OSError when it cannot be read)."""
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
         f.seek(max(0, f.tell() - size))
@@ -309,6 +338,6 @@ def _read_tail(path: Path, size: int = 16384) -> bytes:
 
 
 def _redact(text: str) -> str:
-    from pinwheel.urls import redact_text
+    from pinwheel.urls import redact
 
-    return redact_text(text)
+    return redact(text)

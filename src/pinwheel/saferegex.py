@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 MAX_PATTERN = 1000  # characters
 MAX_REPEAT = 100  # largest count in {m,n}
@@ -36,6 +37,10 @@ class RegexError(ValueError):
 # --------------------------------------------------------------------------- parsing
 
 Pred = Callable[[str], bool]
+
+
+# A parsed pattern: ("cat", [...]), ("alt", [...]), ("star", node, ...) and so on.
+Node = tuple[Any, ...]
 
 
 @dataclass
@@ -96,13 +101,13 @@ class _Parser:
     def peek(self) -> str | None:
         return self.p[self.i] if self.i < len(self.p) else None
 
-    def parse(self) -> tuple:
+    def parse(self) -> Node:
         node = self.alt()
         if self.i != len(self.p):
             raise self.error("unbalanced ')'")
         return node
 
-    def alt(self) -> tuple:
+    def alt(self) -> Node:
         self.depth += 1
         if self.depth > 100:
             raise self.error("groups nested more than 100 deep")
@@ -113,13 +118,13 @@ class _Parser:
         self.depth -= 1
         return branches[0] if len(branches) == 1 else ("alt", branches)
 
-    def cat(self) -> tuple:
+    def cat(self) -> Node:
         items = []
         while self.peek() not in (None, "|", ")"):
             items.append(self.repeat())
         return ("cat", items) if items else ("empty",)
 
-    def repeat(self) -> tuple:
+    def repeat(self) -> Node:
         node = self.atom()
         while True:
             c = self.peek()
@@ -158,7 +163,7 @@ class _Parser:
             raise self.error(f"a count over {MAX_REPEAT} or a range that ends before it starts")
         return lo, hi
 
-    def atom(self) -> tuple:
+    def atom(self) -> Node:
         c = self.p[self.i]
         self.i += 1
         if c == "(":
@@ -193,7 +198,7 @@ class _Parser:
             return lambda ch: ch.lower() == low
         return lambda ch: ch == c
 
-    def escape(self) -> tuple:
+    def escape(self) -> Node:
         if self.i >= len(self.p):
             raise self.error("a trailing backslash")
         c = self.p[self.i]
@@ -260,7 +265,7 @@ class _Builder:
         self.nodes.append(node)
         return len(self.nodes) - 1
 
-    def build(self, ast: tuple, nxt: int) -> int:
+    def build(self, ast: Node, nxt: int) -> int:
         """Nodes for ``ast`` that continue to ``nxt``; returns the entry node."""
         kind = ast[0]
         if kind == "empty":

@@ -20,10 +20,12 @@ naming the document, the field, and the next step.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
 import re
+import stat
 import struct
 import types
 import typing
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
+from pinwheel.validate import member_problem
 
 T = TypeVar("T")
 
@@ -111,6 +114,18 @@ SAFETENSORS_HEADER = dataclasses.replace(
 )
 
 
+# The manifest is read by pinwheel.manifest (TOML, its own errors); only its cap is here.
+# 4 MiB: a default, over 200 times this repository's own manifest.toml (17.7 kB).
+MANIFEST = Kind(
+    "manifest.toml", 4 * MiB, 0, UsageError, "pass --manifest PATH to a manifest.toml file"
+)
+# A git repository's small files pinwheel reads before git does (HEAD, a ref): a default.
+GIT_FILE = Kind(
+    "cache repository file", 1 * MiB, 0, VerifyError,
+    "remove the repository from the cache (`pinwheel cache clean`) and fetch again",
+)  # fmt: skip
+
+
 def fail(kind: Kind, what: str, where: str, *, field: str | None = None) -> PinwheelError:
     """The kind's error: ``<where>: <document>[ field <f>]: <what>`` plus its next step."""
     at = f" field {field}" if field else ""
@@ -120,22 +135,110 @@ def fail(kind: Kind, what: str, where: str, *, field: str | None = None) -> Pinw
 # --------------------------------------------------------------------------- bytes
 
 
-def read_bytes(path: Path, kind: Kind, *, cap: int | None = None) -> bytes:
-    """The file's bytes, its size checked against the cap before they are read."""
-    cap = kind.max_bytes if cap is None else cap
-    path = Path(path)
+def open_regular(path: Path) -> int:
+    """A descriptor of ``path`` if it is a regular file: opened without blocking (a FIFO
+    with no writer, a terminal) and checked with ``fstat`` before a byte is read.
+
+    ``FileNotFoundError`` and ``IsADirectoryError`` pass through for the caller to word;
+    any other kind of file (FIFO, device, socket) is :class:`NotRegular`.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > cap:
-                raise fail(kind, f"{size} bytes, more than the {cap} it may have", str(path))
-            data = fh.read(cap + 1)
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        if not stat.S_ISREG(mode):
+            raise NotRegular(_file_type(mode))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class NotRegular(OSError):
+    """The path is a FIFO, a device or a socket: nothing pinwheel reads as a document."""
+
+
+def _file_type(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_regular(path: Path, cap: int) -> bytes | int:
+    """The bytes of the regular file ``path``, or its size when that is over ``cap`` (the
+    caller words the refusal); nothing past ``cap`` + 1 bytes is ever read.
+
+    Raises ``FileNotFoundError``, ``IsADirectoryError``, :class:`NotRegular` or another
+    ``OSError`` for the caller to word.
+    """
+    fd = open_regular(Path(path))
+    try:
+        size = os.fstat(fd).st_size
+        if size > cap:
+            return size
+        chunks, got = [], 0
+        while got <= cap:
+            block = os.read(fd, min(cap + 1 - got, 1 << 20))
+            if not block:
+                break
+            chunks.append(block)
+            got += len(block)
+    finally:
+        os.close(fd)
+    if got > cap:  # the file grew while read
+        return got
+    return b"".join(chunks)
+
+
+def regular_size(path: Path, kind: Kind, *, cap: int | None = None) -> int:
+    """The size of the regular file ``path`` (checked against the cap), no byte read: a
+    FIFO, device, socket, directory or missing file is the kind's error."""
+    cap = kind.max_bytes if cap is None else cap
+    try:
+        fd = open_regular(Path(path))
     except IsADirectoryError:
         raise fail(kind, "is a directory, not a file", str(path)) from None
     except FileNotFoundError:
         raise fail(kind, "missing", str(path)) from None
-    if len(data) > cap:  # a file that grew while read, or a device
-        raise fail(kind, f"more than the {cap} bytes it may have", str(path))
+    except NotRegular as exc:
+        raise fail(kind, f"is {exc}, not a regular file", str(path)) from None
+    except OSError as exc:
+        raise fail(kind, f"cannot be read: {exc.strerror or exc}", str(path)) from None
+    try:
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if size > cap:
+        raise fail(kind, f"{size} bytes, more than the {cap} it may have", str(path))
+    return size
+
+
+def read_bytes(path: Path, kind: Kind, *, cap: int | None = None) -> bytes:
+    """The file's bytes, its size checked against the cap before they are read; a FIFO,
+    device or socket is refused without a byte read (never waited on)."""
+    cap = kind.max_bytes if cap is None else cap
+    path = Path(path)
+    try:
+        data = read_regular(path, cap)
+    except IsADirectoryError:
+        raise fail(kind, "is a directory, not a file", str(path)) from None
+    except FileNotFoundError:
+        raise fail(kind, "missing", str(path)) from None
+    except NotRegular as exc:
+        raise fail(kind, f"is {exc}, not a regular file", str(path)) from None
+    except OSError as exc:
+        raise fail(kind, f"cannot be read: {exc.strerror or exc}", str(path)) from None
+    if isinstance(data, int):
+        raise fail(kind, f"{data} bytes, more than the {cap} it may have", str(path))
     return data
 
 
@@ -675,7 +778,11 @@ def safetensors_header(path: Path) -> SafetensorsLayout:
     matching its byte range, ranges not overlapping and without holes. Whether the file
     holds all of them is the caller's to compare (:attr:`SafetensorsLayout.file_size`)."""
     kind, where = SAFETENSORS_HEADER, str(path)
-    with open(path, "rb") as fh:
+    try:
+        fd = open_regular(Path(path))
+    except NotRegular as exc:
+        raise fail(kind, f"is {exc}, not a regular file", where) from None
+    with open(fd, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         raw = fh.read(8)
         if len(raw) < 8:
@@ -715,7 +822,7 @@ class ModelIndexDoc:
 
     def check(self) -> str | None:
         for tensor, shard in self.weight_map.items():
-            if not shard or shard.startswith("/") or ".." in shard.split("/") or "\\" in shard:
+            if "\\" in shard or member_problem(shard):
                 return f"weight_map.{tensor}: shard {_shown(shard)} is not a file in the pack"
         return None
 
@@ -724,3 +831,165 @@ def model_config(path: Path) -> Mapping[str, Any]:
     """config.json as an object (bounded like every model-pack document)."""
     value = read_json(path, MODEL_CONFIG)
     return decode(Mapping[str, Any], value, MODEL_CONFIG, str(path))  # type: ignore[type-abstract]
+
+
+# --------------------------------------------------------------------------- GPU probes and workers
+
+# What pinwheel's own probes print in the engine's Python (preflight's engine probe and
+# self-test, the all-reduce and tp workers): one JSON line, read as bounded, typed answers
+# (a torch that prints NaN, a driver that prints nonsense: a clear failure, not a crash).
+WORKER = Kind(
+    "worker answer",
+    16 * MiB,
+    32,
+    PinwheelError,
+    "run the probe by hand in the engine's Python to see what it prints, then rerun",
+)
+
+
+def _finite(name: str, value: float | None) -> str | None:
+    if value is not None and not math.isfinite(value):
+        return f"{name} {value} is not a finite number"
+    return None
+
+
+@dataclass(frozen=True)
+class EngineProbe:
+    python: Sequence[int]
+    path: str | None = None
+    version: str | None = None
+
+    def check(self) -> str | None:
+        if len(self.python) < 2 or any(not 0 <= v < 1000 for v in self.python):
+            return f"python {list(self.python)[:4]} is not a version like [3, 12, 1]"
+        return None
+
+
+@dataclass(frozen=True)
+class SelftestPair:
+    src: int
+    dst: int
+    ok: bool
+    peer: bool | None = None
+
+
+@dataclass(frozen=True)
+class SelftestGemm:
+    device: int
+    err: float
+    ok: bool
+    err_kind: str = "max err"
+    jit: bool | None = None
+
+    def check(self) -> str | None:
+        return _finite("err", self.err)
+
+
+@dataclass(frozen=True)
+class SelftestAnswer:
+    devices: int
+    via: str | None = None
+    pairs: Sequence[SelftestPair] = ()
+    gemm: Sequence[SelftestGemm] = ()
+
+    def check(self) -> str | None:
+        if not 0 <= self.devices <= 1024:
+            return f"devices {self.devices} is not a GPU count"
+        for p in self.pairs:
+            if not (0 <= p.src < self.devices and 0 <= p.dst < self.devices) or p.src == p.dst:
+                return f"pair {p.src}->{p.dst} is not a pair of the {self.devices} GPUs"
+        for g in self.gemm:
+            if not 0 <= g.device < self.devices:
+                return f"gemm device {g.device} is not one of the {self.devices} GPUs"
+        return None
+
+
+@dataclass(frozen=True)
+class AllReduceFirstWrong:
+    index: int | None = None
+    got: float | None = None
+    want: float | None = None
+
+
+@dataclass(frozen=True)
+class AllReduceRank:
+    """One rank's line from serve/workers/allreduce.py."""
+
+    rank: int
+    sum_ok: bool
+    bytes: int | None = None
+    seconds: float | None = None
+    algbw_gbps: float | None = None
+    busbw_gbps: float | None = None
+    device: str | None = None
+    nccl: str | None = None
+    env: Mapping[str, str | None] | None = None
+    wrong: int | None = None
+    first_wrong: AllReduceFirstWrong | None = None
+
+    def check(self) -> str | None:
+        for name in ("seconds", "algbw_gbps", "busbw_gbps"):
+            value = getattr(self, name)
+            problem = _finite(name, value)
+            if problem or (value is not None and value < 0):
+                return problem or f"{name} {value} is negative"
+        if self.bytes is not None and self.bytes < 0:
+            return f"bytes {self.bytes} is negative"
+        return None
+
+
+@dataclass(frozen=True)
+class TpSource:
+    rank: int
+    columns: Sequence[int]
+    wrong: int = 0
+    unwritten: int | None = None
+
+    def check(self) -> str | None:
+        return None if len(self.columns) == 2 else f"columns {list(self.columns)} is not [lo, hi]"
+
+
+@dataclass(frozen=True)
+class TpCaseRow:
+    """One case a rank of serve/workers/pg_primitives.py compared (the fields read)."""
+
+    op: str
+    case: str
+    match: bool
+    rank: int | None = None
+    bytes: int | None = None
+    error: str | None = None
+    wrong: int | None = None
+    elements: int | None = None
+    unwritten: int | None = None
+    by_source: Sequence[TpSource] = ()
+    waited_s: float | None = None
+    torch_waited_s: float | None = None
+    tolerance: Mapping[str, Any] | None = None
+    exact: bool | None = None
+    detail: str | None = None
+    first_wrong: int | None = None
+
+    def check(self) -> str | None:
+        if self.bytes is not None and self.bytes < 0:
+            return f"bytes {self.bytes} is negative"
+        return _finite("waited_s", self.waited_s) or _finite("torch_waited_s", self.torch_waited_s)
+
+
+@dataclass(frozen=True)
+class TpRank:
+    rank: int | None = None
+    device: str | None = None
+    init: Mapping[str, Any] | None = None
+    cases: Sequence[TpCaseRow] = ()
+    error: str | None = None
+    gather_skipped: str | None = None
+    aborted: str | None = None
+
+
+def answer_line(text: str, cls: type[T], kind: Kind, where: str) -> T:
+    """The last non-empty line of a probe's output, as bounded JSON decoded into ``cls``."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        raise fail(kind, "printed nothing", where)
+    return decode(cls, parse_json(lines[-1].strip(), kind, where), kind, where)

@@ -1,11 +1,10 @@
 """Repository URLs from manifests, flags and the environment: validated, and redacted when shown.
 
 A URL read from a manifest reaches ``git`` as an argument, so one that starts
-with ``-`` would be an option (``--upload-pack=CMD`` runs CMD). :func:`url_problem`
-admits only the forms git documents for a remote (the allowlist lives in
-:mod:`pinwheel.validate`). :func:`redact` hides credentials (``https://user:token@host``) in every
-message and log line that shows a URL; :func:`redact_text` does the same for
-free text such as git's stderr.
+with ``-`` would be an option (``--upload-pack=CMD`` runs CMD):
+:func:`pinwheel.validate.git_url_problem` admits only the forms git documents for
+a remote. :func:`redact` hides credentials (``https://user:token@host``) in every
+message and log line that shows a URL, and in free text such as git's stderr.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
-
-from pinwheel.validate import git_url_problem
 
 # Anything "scheme://userinfo@" in free text: keep the user name, drop the secret.
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/@\s]+)@")
@@ -37,16 +34,6 @@ def redact(url: str) -> str:
     User names are kept (``https://user:***@host``); ``?access_token=***``.
     """
     return _SECRET_PARAM.sub(lambda m: f"{m.group('lead')}***", _USERINFO.sub(_hide, url))
-
-
-def redact_text(text: str) -> str:
-    """Every URL inside ``text`` (an error message, git's stderr) redacted."""
-    return redact(text)
-
-
-def url_problem(url: str) -> str | None:
-    """Why ``url`` is not an acceptable git remote, or None when it is (see pinwheel.validate)."""
-    return git_url_problem(url)
 
 
 def redact_tree(value: Any) -> Any:

@@ -132,6 +132,28 @@ def host_path(value: str) -> str:
     return value
 
 
+MAX_GPUS = 1024  # a default: far above any one host's GPU count
+
+
+def gpu_indices(value: str) -> tuple[int, ...]:
+    """``"0,1,2"`` -> ``(0, 1, 2)``: ASCII digits, unique, at most MAX_GPUS of them; not
+    ``-1``, ``1_0``, ``٣``, ``0,0``, an empty list, spaces or a trailing comma."""
+    if not isinstance(value, str) or not value:
+        raise ValueError("no GPU indices")
+    parts = value.split(",")
+    if len(parts) > MAX_GPUS:
+        raise ValueError(f"more than {MAX_GPUS} GPU indices")
+    out: list[int] = []
+    for part in parts:
+        if not re.fullmatch(r"[0-9]{1,4}", part, re.ASCII):
+            raise ValueError(f"{part[:20]!r} is not a GPU index (ASCII digits only, like 0 or 3)")
+        index = int(part)
+        if index in out:
+            raise ValueError(f"GPU {index} is named twice")
+        out.append(index)
+    return tuple(out)
+
+
 # --------------------------------------------------------------------------- hosts and URLs
 
 _HOSTNAME = re.compile(
@@ -310,17 +332,6 @@ def index_url_problem(url: object) -> str | None:
     return None
 
 
-def http_url_problem(url: object) -> str | None:
-    """A server or download URL: http or https with a host (see :func:`http_url`)."""
-    if not isinstance(url, str):
-        return "not a string"
-    try:
-        http_url(url)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 def ref_problem(name: object) -> str | None:
     """Why ``name`` is not a git ref name (``git check-ref-format --allow-onelevel``)."""
     if not isinstance(name, str):
@@ -380,18 +391,18 @@ def env_key_problem(name: object) -> str | None:
     return None
 
 
-# PEP 440 (public part + optional local label); what pip accepts after "==".
-_VERSION = re.compile(
-    r"v?(?:\d+!)?\d+(?:\.\d+)*(?:[-_.]?(?:a|b|rc|alpha|beta|c|pre|preview)[-_.]?\d*)?"
-    r"(?:(?:-\d+)|(?:[-_.]?(?:post|rev|r)[-_.]?\d*))?(?:[-_.]?dev[-_.]?\d*)?"
-    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?",
-    re.IGNORECASE,
-)
-
-
 def version_problem(value: object) -> str | None:
-    if not isinstance(value, str) or not _VERSION.fullmatch(value):
-        return "a PEP 440 version like 2.9.1 or 2.9.1+cu128"
+    """A PEP 440 version (``packaging.version``, what pip accepts after ``==``), written
+    without the surrounding whitespace ``packaging`` would forgive."""
+    from packaging.version import InvalidVersion, Version  # imported when a version is met
+
+    why = "a PEP 440 version like 2.9.1 or 2.9.1+cu128"
+    if not isinstance(value, str) or value != value.strip() or _CONTROL.search(value):
+        return why
+    try:
+        Version(value)
+    except InvalidVersion:
+        return why
     return None
 
 
@@ -404,30 +415,39 @@ def sha_problem(value: object) -> str | None:
     return None
 
 
+_DRIVE = re.compile(r"[A-Za-z]:")
+
+
+def member_problem(name: str) -> str | None:
+    """Why ``name``, joined to a folder, could reach outside it, else None: the one name rule
+    for archive members, SHA256SUMS entries, receipts' and model packs' file names."""
+    norm = name.replace("\\", "/")
+    if not norm:
+        return "empty name"
+    if norm.startswith("/") or _DRIVE.match(norm):
+        return "absolute path"
+    if ".." in norm.split("/"):
+        return "'..' component escapes the target directory"
+    if "\0" in name:
+        return "NUL byte in name"
+    if _CONTROL.search(name):
+        return "control character in name"
+    return None
+
+
 def rel_path_problem(value: object) -> str | None:
     """A relative POSIX path that stays inside its root: no '/', no '..', no '-', no controls."""
     basic = _basic(value)
     if basic:
         return basic
     assert isinstance(value, str)
-    if value.startswith("/") or "\\" in value:
+    if "\\" in value or member_problem(value) == "absolute path":
         return "an absolute path (a relative path inside its folder is expected)"
-    parts = value.split("/")
-    if ".." in parts:
+    if member_problem(value):
         return "a path that climbs out with '..'"
+    parts = value.split("/")
     if any(p == "" for p in parts[:-1]):
         return "a path with an empty component ('//')"
-    return None
-
-
-def file_name_problem(value: object) -> str | None:
-    """One file name: no '/', no '..', not hidden-as-dot-only, no controls, not an option."""
-    basic = _basic(value)
-    if basic:
-        return basic
-    assert isinstance(value, str)
-    if "/" in value or "\\" in value or value in (".", ".."):
-        return "a plain file name (no '/', not '.' or '..')"
     return None
 
 

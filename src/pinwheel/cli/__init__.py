@@ -1,14 +1,13 @@
 """The thin CLI: global options resolved once into a :class:`Context`, then one stage call.
 
 Each stage registers its subcommands from its own module under ``pinwheel.cli``
-(see :data:`COMMAND_MODULES`); this file only wires them together and turns
+(see :func:`build_parser`); this file only wires them together and turns
 :class:`~pinwheel.errors.PinwheelError` into a message and an exit code.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -17,28 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel import __version__, ownership
+from pinwheel import __version__, options, ownership
 from pinwheel.cli.stopsignal import Terminated, terminate_as_interrupt
 from pinwheel.errors import EXIT_ERROR, EXIT_USAGE, PinwheelError, UsageError
 from pinwheel.manifest import Manifest, load
 from pinwheel.printable import shown
 from pinwheel.progress import SILENT, LineReporter, Reporter
-from pinwheel.urls import redact, redact_text, redact_tree, url_problem
+from pinwheel.urls import redact, redact_tree
 
 if TYPE_CHECKING:  # rich is imported when a command first prints through it
     from rich.console import Console
 
-# Modules that contribute subcommands, in the order `--help` lists them.
-COMMAND_MODULES = (
-    "pinwheel.cli.replay_cmds",
-    "pinwheel.cli.build_cmds",
-    "pinwheel.cli.release_cmds",
-    "pinwheel.cli.serve_cmds",
-    "pinwheel.cli.cache_cmds",
-)
-
 EPILOG = """exit codes: 0 ok, 1 error, 2 bad manifest or usage, 3 drift (PR head moved),
-4 conflict, 5 tree or rebuild mismatch, 6 verification failed, 7 qualification gate failed"""
+4 conflict, 5 tree or rebuild mismatch, 6 verification failed, 7 qualification gate failed
+environment: `pinwheel env` lists every variable pinwheel reads, its flag and its source"""
 
 
 MANIFEST_NAME = "manifest.toml"
@@ -92,7 +83,9 @@ def parse_mirrors(
                 where="--mirror / PINWHEEL_MIRRORS",
                 next="e.g. --mirror https://github.com/1CatAI/1Cat-vLLM.git=/srv/mirrors/1cat.git",
             )
-        problem = url_problem(url)
+        from pinwheel.validate import git_url_problem
+
+        problem = git_url_problem(url)
         if problem or path.startswith("-"):
             raise UsageError(
                 f"bad mirror mapping {redact(pair)!r}: "
@@ -116,7 +109,11 @@ class Context:
     mirrors: dict[str, str]
     json: bool
     offline: bool
-    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ), repr=False)
+    # The declared variables and the pass-through list (pinwheel.options), not all of
+    # os.environ: what stages are handed and what their children inherit.
+    environ: Mapping[str, str] = field(
+        default_factory=lambda: options.environment(os.environ), repr=False
+    )
     verbose: bool = False
     command: str = ""  # "plan", "cache-du", ...: names the JSON schema
     emitted: bool = False  # one JSON document per run: set once emit wrote it
@@ -132,6 +129,10 @@ class Context:
 
             self._console = console()
         return self._console
+
+    def variable(self, name: str) -> str | None:
+        """A variable the manifest names (``[serve] env_prefix``, ``model_var``), read here."""
+        return self.environ.get(name) or os.environ.get(name)
 
     @property
     def is_terminal(self) -> bool:
@@ -267,8 +268,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pinwheel {__version__}")
     _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    # The modules that contribute subcommands, in the order `--help` lists them.
+    from pinwheel.cli import (
+        attribute_cmds,
+        build_cmds,
+        cache_cmds,
+        env_cmds,
+        release_cmds,
+        replay_cmds,
+        serve_cmds,
+    )
+
+    for module in (
+        replay_cmds, build_cmds, release_cmds, serve_cmds, attribute_cmds, cache_cmds, env_cmds
+    ):
+        module.register(sub)
     return parser
 
 
@@ -326,9 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _error_document(
                     _command_name(args),
                     err.exit_code,
-                    redact_text(err.what),
-                    redact_text(err.where) if err.where else None,
-                    redact_text(err.next) if err.next else None,
+                    redact(err.what),
+                    redact(err.where) if err.where else None,
+                    redact(err.next) if err.next else None,
                 )
             )
         if sys.stderr.isatty():
@@ -369,16 +383,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     _error_document(
                         _command_name(args),
                         fault.exit_code,
-                        redact_text(fault.what),
-                        fault.where and redact_text(fault.where),
-                        fault.next and redact_text(fault.next),
+                        redact(fault.what),
+                        fault.where and redact(fault.where),
+                        fault.next and redact(fault.next),
                     )
                 )
             return fault.exit_code
 
         print(f"error: {shown(err)}", file=sys.stderr)
         if args.json and not (ctx and ctx.emitted):
-            sys.stdout.write(
-                _error_document(_command_name(args), EXIT_ERROR, redact_text(str(err)))
-            )
+            sys.stdout.write(_error_document(_command_name(args), EXIT_ERROR, redact(str(err))))
         return EXIT_ERROR

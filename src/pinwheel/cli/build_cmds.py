@@ -152,7 +152,7 @@ def _toolchain_statement(
 def _glibc_flag(text: str) -> tuple[int, ...]:
     import re
 
-    m = re.fullmatch(r"2\.(\d{1,3})", text)
+    m = re.fullmatch(r"2\.([0-9]{1,3})", text)  # ASCII digits only: not 2.٣١
     if not m:
         from pinwheel.errors import UsageError
 
@@ -166,13 +166,13 @@ def _glibc_flag(text: str) -> tuple[int, ...]:
 def _verify_build(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.compile.pipeline import BuildRequest
     from pinwheel.compile.verify import verify_build
-    from pinwheel.wheels.provenance import FILENAME, component, read_receipt
+    from pinwheel.wheels.provenance import FILENAME, read_receipt
     from pinwheel.wheels.substitute import from_receipt
 
     manifest = ctx.manifest()
     recorded = read_receipt(Path(args.wheels) / FILENAME)
     replayed = None
-    if component(recorded, "engine") is not None and args.source is None:
+    if recorded.component("engine") is not None and args.source is None:
         from pinwheel.cli.replay_cmds import replay_request
         from pinwheel.source.replay import replay
 

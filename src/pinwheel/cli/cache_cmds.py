@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from pinwheel.cli import Context, action, command
 from pinwheel.errors import EXIT_ERROR, EXIT_OK
-from pinwheel.heartbeat import human_bytes
 from pinwheel.manifest import load
+from pinwheel.progress import human_bytes
 
 if TYPE_CHECKING:  # imported where used: `pinwheel --help` loads no libgit2 or filelock
     from pinwheel.source.cachetool import Removal, RepoCheck

@@ -63,6 +63,8 @@ def _toolkit(ctx: Context, config: BuildConfig, provision: bool) -> tuple[Toolki
 
 
 def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.cudaarch import parse_arch
+
     config = _config(ctx, args)
     toolkit, seconds = _toolkit(ctx, config, not args.no_provision)
     payload = {
@@ -77,7 +79,7 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
     }
     human = (
         f"CUDA {toolkit.version} ({toolkit.source}) at {toolkit.root}\n"
-        f"compiles {', '.join('sm_' + a.replace('.', '') for a in toolkit.arches)} "
+        f"compiles {', '.join(parse_arch(a).name for a in toolkit.arches)} "
         f"(probed in {seconds:.1f} s)\n"
         f"use it: export CUDA_HOME={toolkit.root} PATH={toolkit.root / 'bin'}:$PATH"
     )

@@ -321,11 +321,10 @@ def add_substitute_flag(p: Any) -> None:
 
 def chosen_toolchain(ctx: Context, args: argparse.Namespace) -> Any:
     """[build] after --substitute / [build.substitute], its gcc found: fails in a second."""
-    from pinwheel.compile.pipeline import build_config
     from pinwheel.compile.toolchain import choose, parse_flags
     from pinwheel.wheels.substitute import headline
 
-    choice = choose(build_config(ctx.manifest()), ctx.environ, parse_flags(args.substitute))
+    choice = choose(ctx.manifest().require("build"), ctx.environ, parse_flags(args.substitute))
     if line := headline(choice.substitutions):
         ctx.reporter.info(line)
     return choice

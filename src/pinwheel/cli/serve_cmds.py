@@ -129,8 +129,8 @@ class ServeOptions:
 def _resolve(ctx: Context, args: argparse.Namespace) -> ServeOptions:
     """Options resolved once, flags before environment."""
     config = _serve_config(ctx)
-    profile = config.profile(args.profile or ctx.environ.get(f"{config.env_prefix}_PROFILE"))
-    model = args.model or ctx.environ.get(config.model_var)
+    profile = config.profile(args.profile or ctx.variable(f"{config.env_prefix}_PROFILE"))
+    model = args.model or ctx.variable(config.model_var)
     devices = args.devices or ctx.environ.get("CUDA_VISIBLE_DEVICES")
     if devices:  # it reaches a container runtime's argv or a child's environment
         _checked(validate.devices, devices, "--devices / $CUDA_VISIBLE_DEVICES")
@@ -161,6 +161,12 @@ def python_line(r: ServeOptions) -> str:
 # --------------------------------------------------------------------------- preflight
 
 
+def _pinned_python(ctx: Context) -> str | None:
+    """The manifest's `[build] python` (the wheels' Python), when it has a [build] table."""
+    build = getattr(ctx.manifest(), "build", None)
+    return getattr(build, "python", None)
+
+
 def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.serve.preflight import FAIL, Options, PreflightFailed, device_indices, preflight
 
@@ -178,6 +184,7 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
         container_runtime=args.container_runtime,
         torch_python=args.python or ctx.environ.get("PYTHON"),
         cache=ctx.cache,
+        pinned_python=_pinned_python(ctx),
     )
     checks = preflight(opts)
     took = time.monotonic() - start
@@ -292,8 +299,8 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit({"recipe": str(recipe), "ok": True}, f"{_shown(recipe)} matches [serve]")
         return 0
     r = _resolve(ctx, args)
-    if (why := _no_vllm(r.python)) is not None:
-        raise UsageError(
+    if (why := _no_vllm(r.python)) is not None:  # the command is right; the machine lacks a part
+        raise PinwheelError(
             f"vLLM cannot be imported by the engine python {r.python} ({why})",
             where=f"pinwheel serve (python from {r.python_from})",
             next="install the release into a venv (`pinwheel install wheels --venv .venv-engine`) "
@@ -310,8 +317,9 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         r.profile,
         model=str(r.model),
         python=r.python,
-        host=_checked(validate.host, args.host or ctx.environ.get("HOST", "0.0.0.0"),
-                      "--host / $HOST").strip("[]"),
+        host=_checked(
+            validate.host, args.host or ctx.environ.get("HOST", "0.0.0.0"), "--host / $HOST"
+        ).strip("[]"),
         port=_port(ctx, args),
         max_num_seqs=_seqs(ctx, config.seqs_var),
         devices=r.devices,
@@ -346,7 +354,7 @@ def _port(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _seqs(ctx: Context, var: str) -> int | None:
-    seqs = ctx.environ.get(var)
+    seqs = ctx.variable(var)
     if not seqs:
         return None
     return int(_checked(lambda v: validate.count(v, minimum=1, maximum=99999), seqs, f"${var}"))
@@ -470,10 +478,12 @@ def run_tp(ctx: Context, args: argparse.Namespace) -> int:
             "no GPUs named", where="--devices", next="pass --devices 0,1 (or --devices 0)"
         )
     try:
-        devices = tuple(int(x) for x in text.split(","))
-    except ValueError:
+        devices = validate.gpu_indices(text)
+    except ValueError as exc:
         raise UsageError(
-            f"{text!r} is not a list of GPU indices", where="--devices", next="e.g. --devices 0,1"
+            f"{text[:80]!r} is not a list of GPU indices: {exc}",
+            where="--devices",
+            next="e.g. --devices 0,1 (unique ASCII-digit indices)",
         ) from None
     python = args.python or ctx.environ.get("PYTHON") or "python3"
     out = Path(args.out)
@@ -508,7 +518,7 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     m = ctx.manifest()
     out = Path(args.out)
     config = _serve_config(ctx)
-    profile = config.profile(args.profile or ctx.environ.get(f"{config.env_prefix}_PROFILE")).name
+    profile = config.profile(args.profile or ctx.variable(f"{config.env_prefix}_PROFILE")).name
     prov = Path(args.provenance) if args.provenance else m.root / "wheels" / "provenance.json"
     if args.provenance and not prov.is_file():
         raise UsageError(

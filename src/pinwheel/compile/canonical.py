@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pinwheel import runner
+from pinwheel.compile import workers
 
 CANONICAL_ROOT = Path("/tmp/pinwheel-canonical")
 CANONICAL_CACHE = CANONICAL_ROOT / "cache"
@@ -43,28 +44,6 @@ CANONICAL_TOOLKIT = CANONICAL_ROOT / "toolkit"  # a CUDA toolkit installed outsi
 
 NAMESPACE = "mount-namespace"
 PREFIX_MAP = "prefix-map"
-
-# Runs inside the new namespace (as its root): cover the root with a tmpfs, bind each real
-# directory at its canonical place under it, bind each header view over the directory it
-# covers, enter the working directory, exec the build. Self-contained: it runs with -I (no
-# PYTHONPATH, no site), so nothing of the caller's Python leaks in.
-# argv: ROOT CWD N REAL1 CANON1 ... REALn CANONn M COPY1 COVERS1 ... COPYm COVERSm -- COMMAND...
-_ENTER = """
-import os, subprocess, sys
-root, cwd, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-pairs = sys.argv[4 : 4 + 2 * n]
-m = int(sys.argv[4 + 2 * n])
-views = sys.argv[5 + 2 * n : 5 + 2 * n + 2 * m]
-cmd = sys.argv[6 + 2 * n + 2 * m :]
-subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "--", "pinwheel", root], check=True)
-for real, canon in zip(pairs[::2], pairs[1::2]):
-    os.makedirs(canon)
-    subprocess.run(["mount", "--rbind", "--", real, canon], check=True)
-for copy, covers in zip(views[::2], views[1::2]):
-    subprocess.run(["mount", "--bind", "--", copy, covers], check=True)
-os.chdir(cwd)
-os.execvp(cmd[0], cmd)
-"""
 
 
 @dataclass(frozen=True)
@@ -183,7 +162,10 @@ class Canonical:
         binds = [(str(self.real), str(CANONICAL_CACHE))]
         if self.toolkit is not None:
             binds.append((str(self.toolkit), str(CANONICAL_TOOLKIT)))
-        enter = [self.unshare, flags, "--", sys.executable, "-I", "-c", _ENTER]
+        # workers/enter_namespace.py, self-contained: it runs with -I (no PYTHONPATH, no
+        # site), so nothing of the caller's Python leaks in
+        script = workers.source("enter_namespace")
+        enter = [self.unshare, flags, "--", sys.executable, "-I", "-c", script]
         args = [str(CANONICAL_ROOT), self.to_build(cwd), str(len(binds))]
         args += [part for pair in binds for part in pair]
         args += [str(len(self.views)), *(part for view in self.views for part in view)]

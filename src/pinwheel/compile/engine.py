@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 import sys
@@ -212,13 +211,6 @@ def ninja_progress(tail: bytes) -> tuple[int, int, str] | None:
     return int(n), int(m), text
 
 
-def _read_tail(path: Path, size: int = 16384) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - size))
-        return f.read()
-
-
 def run_build(plan: BuildPlan, reporter: Reporter = SILENT) -> tuple[Path, ...]:
     """Run the backend; return the wheels it wrote (still in the scratch dir).
 
@@ -241,17 +233,17 @@ def run_build(plan: BuildPlan, reporter: Reporter = SILENT) -> tuple[Path, ...]:
             time.sleep(1.0)
             if time.monotonic() - last >= PROGRESS_EVERY:
                 last = time.monotonic()
-                step = ninja_progress(_read_tail(plan.log))
+                step = ninja_progress(runner.read_tail(plan.log))
                 minutes = (last - started) / 60
                 if step is not None:
                     n, m, what = step
                     reporter.info(f"compiling [{n}/{m}] {what[:100]} ({minutes:.0f} min)")
     except BaseException:  # interrupted: stop the whole build (cmake, ninja, nvcc) too
-        runner.kill(proc, group=True)
+        proc.kill()  # its whole group (new_session)
         raise
     wheels = tuple(sorted(outdir.glob("*.whl")))
     if proc.returncode != 0 or not wheels:
-        tail = plan.log.read_text(errors="replace").splitlines()[-LOG_TAIL:]
+        tail = runner.tail_of(plan.log, LOG_TAIL)
         what = (
             f"wheel build failed (exit {proc.returncode})"
             if proc.returncode

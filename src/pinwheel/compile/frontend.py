@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pinwheel.compile import workers
 from pinwheel.errors import ManifestError
 
 # PEP 517: a tree without [build-system] build-backend builds with setuptools' legacy backend.
@@ -28,20 +29,6 @@ LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
 # Runs in the build's Python, in the source tree (its setup.py may read relative paths).
 # argv: OUT BACKEND BACKEND_PATH_JSON CONFIG_SETTINGS_JSON. The hook's wheel name is
 # printed last, marked, so the caller need not guess it from the directory.
-_DRIVER = """
-import importlib, json, os, sys
-out, backend = sys.argv[1], sys.argv[2]
-paths, settings = json.loads(sys.argv[3]), json.loads(sys.argv[4])
-for p in reversed(paths):
-    sys.path.insert(0, os.path.abspath(p))
-module, _, attrs = backend.partition(":")
-hooks = importlib.import_module(module)
-for attr in filter(None, attrs.split(".")):
-    hooks = getattr(hooks, attr)
-name = hooks.build_wheel(out, settings or None)
-print("pinwheel-frontend-wheel: " + name)
-"""
-
 MARK = "pinwheel-frontend-wheel: "
 
 
@@ -92,7 +79,7 @@ def command(
     """The build's Python calling ``tree``'s ``build_wheel`` into ``out`` (run it in ``tree``)."""
     backend = backend_of(tree)
     return [
-        python, "-c", _DRIVER, str(out), backend.name,
+        python, "-c", workers.source("build_wheel"), str(out), backend.name,
         json.dumps(list(backend.path)), json.dumps(dict(settings), sort_keys=True),
     ]  # fmt: skip
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from pinwheel.compile import workers
 from pinwheel.compile.workspace import SOURCE_MTIME
 
 READY = ".pinwheel-view"
@@ -109,24 +110,14 @@ def _fix_times(root: Path, mtime: int) -> None:
 
 
 # Asked of the build's Python without importing torch: where torch and the nvidia wheels lie.
-_FIND = """
-import importlib.util as u, os
-for name in ("torch", "nvidia"):
-    try:
-        spec = u.find_spec(name)
-    except (ImportError, ValueError):
-        spec = None
-    for loc in (spec.submodule_search_locations or []) if spec else []:
-        print(name + "\\t" + os.path.realpath(loc))
-"""
-
-
 def torch_include_dirs(python: Path) -> list[Path]:
     """The header directories a torch extension reads from ``python``'s packages: torch's own
     ``include`` and the nvidia wheels' ``nvidia/*/include`` (asked of ``python``: no import)."""
     from pinwheel import runner
 
-    out = runner.run(runner.Command((str(python), "-c", _FIND), timeout=60, check=False))
+    out = runner.run(
+        runner.Command((str(python), "-c", workers.source("find_headers")), timeout=60, check=False)
+    )
     if out.returncode != 0:
         return []
     found: list[Path] = []

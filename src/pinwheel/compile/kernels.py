@@ -39,6 +39,7 @@ from pinwheel.compile.canonical import Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
 from pinwheel.compile.invalidate import after_update
 from pinwheel.compile.toolchain import Toolkit
+from pinwheel.compile.toolchain.pythons import find_python, how_to_get, python_version
 from pinwheel.errors import ManifestError, MismatchError, PinwheelError
 from pinwheel.heartbeat import watch_bytes
 from pinwheel.manifest import Manifest
@@ -267,38 +268,27 @@ def _torch_version(python: Path) -> str | None:
     return out.text or None if out.returncode == 0 else None
 
 
-def _python_version(python: str) -> str | None:
-    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
-    try:
-        out = runner.run(runner.Command((python, "-c", probe), check=False, timeout=60))
-    except PinwheelError:
-        return None
-    return out.text.strip() if out.returncode == 0 else None
-
-
 def build_interpreter(config: BuildConfig, environ: Mapping[str, str]) -> str:
     """A Python of ``[build] python`` for the torch-extension venv: its wheels are cpXY of it
-    (the V100 card's are cp312). This interpreter when it matches, else ``pythonX.Y`` on PATH."""
+    (the V100 card's are cp312). This interpreter when it matches, else one found on PATH,
+    among uv's or pyenv's interpreters (:mod:`pinwheel.compile.toolchain.pythons`)."""
     here = f"{sys.version_info[0]}.{sys.version_info[1]}"
     if here == config.python:
         return sys.executable
-    found = shutil.which(f"python{config.python}", path=environ.get("PATH"))
-    if found and _python_version(found) == config.python:
-        return found
+    found = find_python(config.python, environ)
+    if found is not None:
+        return found.path
     raise KernelBuildError(
         f"no Python {config.python} for the torch-extension build ([build] python pins it; "
-        f"this interpreter is {here}"
-        + (f", python{config.python} on PATH did not run" if found else "")
-        + ")",
+        f"this interpreter is {here}; looked on PATH, in uv's and pyenv's interpreters)",
         where="[build] python",
-        next=f"install Python {config.python} and put python{config.python} on PATH (its "
-        f"wheels are cp{config.python.replace('.', '')}), or point PINWHEEL_TORCH_PYTHON at a "
+        next=f"{how_to_get(config.python)}; or point PINWHEEL_TORCH_PYTHON at a "
         f"Python {config.python} that holds torch {config.torch}",
     )
 
 
 def _given_torch_python(python: Path, config: BuildConfig) -> Path:
-    running = _python_version(str(python))
+    running = python_version(str(python))
     if running != config.python:
         raise ManifestError(
             f"PINWHEEL_TORCH_PYTHON={python} is Python {running or '?'}, "

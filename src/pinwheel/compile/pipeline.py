@@ -143,15 +143,10 @@ def _cache_note(b: Built) -> str:
     return note
 
 
-def build_config(manifest: Manifest) -> BuildConfig:
-    config = manifest.require("build")
-    return config
-
-
 def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     """Kernels, then the engine; every wheel checked and published as one set."""
     manifest = request.manifest
-    choice = choose(build_config(manifest), request.environ, request.substitute)
+    choice = choose(manifest.require("build"), request.environ, request.substitute)
     config = choice.config  # the CLI said any substitution before the replay; the outcome says it
     request = dataclasses.replace(request, environ=choice.environ(request.environ))
     engine = request.replayed is not None or request.engine_source is not None
@@ -218,7 +213,16 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     python = str(venv.python) if venv is not None else build_python(request.environ, engine)
     try:
         built, twice = _produce(
-            request, config, specs, engine, toolkit, reporter, session, cache_plan, earlier, canon,
+            request,
+            config,
+            specs,
+            engine,
+            toolkit,
+            reporter,
+            session,
+            cache_plan,
+            earlier,
+            canon,
             venv,
         )
     finally:
@@ -355,9 +359,7 @@ def _produce(
 
     if engine:
         built.append(
-            measure(
-                lambda s: _engine(request, config, toolkit, reporter, s, earlier, canon, venv)
-            )
+            measure(lambda s: _engine(request, config, toolkit, reporter, s, earlier, canon, venv))
         )
     return built, twice
 
@@ -590,4 +592,4 @@ def network_wrapper(mode: str) -> tuple[tuple[str, ...], str]:
     return (), "host (no network namespace available)"
 
 
-__all__ = ["BuildOutcome", "BuildRequest", "build", "build_config"]
+__all__ = ["BuildOutcome", "BuildRequest", "build"]

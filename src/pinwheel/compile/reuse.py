@@ -54,10 +54,29 @@ _NOT_COMPILED = ("SOURCE_DATE_EPOCH", "SETUPTOOLS_SCM_PRETEND_VERSION", "VLLM_VE
 _SKIP_DIRS = {".git", "build", "dist", "__pycache__", "_skbuild", ".eggs"}
 
 
-def blob_id(path: Path) -> str:
-    """git's blob id of a file (what ``git hash-object`` prints)."""
-    data = path.read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+# A compiled input (a source file, a header, a build script) larger than this is no
+# source file: a default, far above any file of the engines' trees (their largest are
+# generated headers of a few MB).
+MAX_INPUT = 256 * 1024 * 1024
+
+
+def blob_id(path: Path, *, cap: int | None = None) -> str:
+    """git's blob id of a regular file (what ``git hash-object`` prints), streamed: the
+    size is checked against ``cap`` before a byte is read; a FIFO or device is refused."""
+    kind = untrusted.Kind("compiled input", cap or 1 << 62, 0, ReuseError,
+                          "drop --reuse-from to build from source")  # fmt: skip
+    size = untrusted.regular_size(path, kind)
+    digest = hashlib.sha1(b"blob %d\0" % size, usedforsecurity=False)
+    fd = untrusted.open_regular(path)
+    with open(fd, "rb", buffering=0) as fh:
+        got = 0
+        while block := fh.read(1 << 20):
+            digest.update(block)
+            got += len(block)
+    if got != size:
+        raise kind.error(f"compiled input changed while read ({got} of {size} bytes)",
+                         where=str(path), next="run the build again")  # fmt: skip
+    return digest.hexdigest()
 
 
 def _run_text(cmd: list[str]) -> str:
@@ -365,7 +384,7 @@ def candidates(source: str, cache: Path) -> dict[str, Candidate]:
     sums = parse_sums(untrusted.read_bytes(directory / SUMS, untrusted.SHA256SUMS))
     receipt = read_receipt(directory / FILENAME)
     out: dict[str, Candidate] = {}
-    for comp in receipt.get("components", []):
+    for comp in receipt.entries():
         name = comp.get("wheel")
         if not name or (only and name != only):
             continue
@@ -450,10 +469,20 @@ def unchanged(
             k for k in set(ident) | set(rec["identity"]) if ident.get(k) != rec["identity"].get(k)
         )
         return False, f"toolchain or flags changed ({', '.join(diff)})", None
+    files = rec.get("files")
+    if not isinstance(files, dict):
+        return False, "the earlier build's compiled inputs are not a file list", None
+    bad = next((p for p in files if validate.rel_path_problem(p)), None)
+    if bad is not None:
+        raise ReuseError(
+            f"the receipt names a compiled input outside the tree: {str(bad)[:120]!r}",
+            where=f"--reuse-from {redact(candidate.origin)}",
+            next="reuse a release pinwheel wrote, or drop --reuse-from",
+        )
     changed = [
         p
-        for p, blob in rec["files"].items()
-        if not (source / p).is_file() or blob_id(source / p) != blob
+        for p, blob in files.items()
+        if not (source / p).is_file() or blob_id(source / p, cap=MAX_INPUT) != blob
     ]
     added = sorted(set(build_files(source)) - set(rec["files"]))
     if changed or added:

@@ -22,7 +22,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.compile.pipeline import BuildRequest, build
 from pinwheel.errors import EXIT_MISMATCH, MismatchError, VerifyError
 from pinwheel.progress import SILENT, Reporter
-from pinwheel.wheels.provenance import FILENAME, component, read_receipt
+from pinwheel.wheels.provenance import FILENAME, read_receipt
 from pinwheel.wheels.wheeldiff import MemberDiff, diff_members
 
 
@@ -94,7 +94,7 @@ def _diffoscope(a: Path, b: Path, limit: int = 60) -> str | None:
 def compare_builds(recorded_dir: Path, rebuilt_dir: Path) -> RebuildComparison:
     """Compare every wheel the recorded set holds with the rebuild's wheel of the same name."""
     recorded = read_receipt(Path(recorded_dir) / FILENAME)
-    names = [c["wheel"] for c in recorded.get("components") or []] or list(recorded["built"])
+    names = [c.wheel for c in recorded.components] or list(recorded.doc.built)
     results = []
     for name in sorted(names):
         if validate.wheel_name_problem(name):
@@ -103,7 +103,13 @@ def compare_builds(recorded_dir: Path, rebuilt_dir: Path) -> RebuildComparison:
                 where=str(Path(recorded_dir) / FILENAME),
                 next="verify a receipt pinwheel wrote",
             )
-        want = recorded["wheels"][name]
+        want = recorded.wheels.get(name)
+        if want is None:
+            raise VerifyError(
+                f"the receipt lists {name} but records no sha256 for it",
+                where=str(Path(recorded_dir) / FILENAME),
+                next="verify a receipt pinwheel wrote",
+            )
         ours = Path(recorded_dir) / name
         theirs = Path(rebuilt_dir) / name
         got = sha256_file(theirs) if theirs.is_file() else None
@@ -133,17 +139,17 @@ def verify_build(
     """
     recorded = read_receipt(Path(wheels_dir) / FILENAME)
     manifest = request.manifest
-    if recorded["manifest"]["sha256"] != manifest.sha256:
+    if recorded.manifest_sha256 != manifest.sha256:
         raise MismatchError(
             f"{manifest.path.name} changed since this build (sha256 {manifest.sha256[:16]}…, "
-            f"the receipt records {recorded['manifest']['sha256'][:16]}…)",
+            f"the receipt records {(recorded.manifest_sha256 or 'no manifest')[:16]}…)",
             where=str(Path(wheels_dir) / FILENAME),
             next="check out the manifest the build used, or rebuild with `tools/replay build`",
         )
-    comps = recorded.get("components") or []
-    kernels = tuple(c["name"] for c in comps if c.get("kind") == "kernel")
-    engine = component(recorded, "engine")
-    epochs = {c.get("source_date_epoch") for c in comps if c.get("kind") == "kernel"}
+    comps = recorded.components
+    kernels = tuple(c.name for c in comps if c.kind == "kernel")
+    engine = recorded.component("engine")
+    epochs = {c.source_date_epoch for c in comps if c.kind == "kernel"}
     _check_recorded(recorded, engine, epochs, Path(wheels_dir) / FILENAME)
     out = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="pinwheel-rebuild-"))
     try:

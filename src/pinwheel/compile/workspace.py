@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import archive, confine
+from pinwheel import archive, confine, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.fsutil import atomic_write_text
 
@@ -185,7 +185,7 @@ def sync(
 
 def _listed(rel: object) -> bool:
     """A name from the listing (a file pinwheel wrote) that stays inside the export."""
-    return isinstance(rel, str) and archive.name_problem(rel) is None
+    return isinstance(rel, str) and validate.member_problem(rel) is None
 
 
 def sync_tree(result: Any, dest: Path, listing: Path, exclude: Sequence[str] = ()) -> Synced:

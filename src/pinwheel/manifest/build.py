@@ -8,21 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from pinwheel import validate
-from pinwheel.cudaarch import CudaArch, cmake_architectures, targets, torch_arch_list
-from pinwheel.errors import ManifestError
+from pinwheel.cudaarch import CudaArch, cmake_architectures, parse_dotted, targets, torch_arch_list
+from pinwheel.errors import ManifestError, UsageError
 from pinwheel.manifest.steps import Step, parse_step
 from pinwheel.manifest.table import Table, check_file_sha
 from pinwheel.manifest.targets import target_problems
 
-_ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)$")
 _CUDA = re.compile(r"^(\d+)\.(\d+)$")
 _PY = re.compile(r"^3\.\d+$")
-_GLIBC = re.compile(r"2\.(\d{1,3})")
-
-
-def _arch_key(arch: str) -> tuple[int, int]:
-    m = _ARCH.fullmatch(arch)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+_GLIBC = re.compile(r"2\.([0-9]{1,3})")  # ASCII digits only: "2.٣١" is refused
 
 
 BUILD_KEYS = (
@@ -252,12 +246,15 @@ def parse_build_table(table: Table) -> BuildConfig:
     arches = table.str_list("arches")
     if not arches:
         raise table.error("arches", 'at least one arch, like ["7.0"]', [])
+    parsed = {}
     for arch in arches:
-        if not _ARCH.fullmatch(arch):
-            raise table.error("arches", 'arches written like "7.0" or "9.0a"', arch)
+        try:
+            parsed[arch] = parse_dotted(arch)
+        except UsageError:
+            raise table.error("arches", 'arches written like "7.0" or "9.0a"', arch) from None
     if len(set(arches)) != len(arches):
         raise table.error("arches", "each arch once", list(arches))
-    arches = tuple(sorted(arches, key=_arch_key))
+    arches = tuple(sorted(arches, key=lambda a: parsed[a].sm))
     label = table.str("label", None)
     if label is not None and not re.fullmatch(r"[a-z0-9]+(\.[a-z0-9]+)*", label):
         raise table.error("label", "a PEP 440 local label: lowercase letters, digits, dots", label)
@@ -323,7 +320,7 @@ def _substitute(table: Table) -> tuple[tuple[tuple[str, str], ...], str | None]:
         if value is None:
             continue
         if not pattern.fullmatch(value):
-            raise t.error(key, "a version like \"12.4\" (cuda) or \"12\" (gcc)", value)
+            raise t.error(key, 'a version like "12.4" (cuda) or "12" (gcc)', value)
         pairs.append((key, value))
     if not pairs:
         raise t.error("cuda", "cuda and/or gcc to substitute (or drop [build.substitute])")

@@ -15,7 +15,6 @@ A stage asks for its table with :meth:`Manifest.require`.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import re
 import tomllib
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+from pinwheel import untrusted
 from pinwheel.errors import ManifestError
 from pinwheel.manifest.steps import Step, parse_step
 from pinwheel.manifest.table import (
@@ -47,21 +47,22 @@ STAGE_TABLES = {
     "serve": "serve",
     "qualify": "qualify",
 }
-# Table -> (module, parser): imported only for a manifest that has the table.
-_PARSERS: dict[str, tuple[str, str]] = {
-    "build": ("pinwheel.manifest.build", "parse_build_table"),
-    "kernel": ("pinwheel.manifest.build", "parse_kernel_tables"),
-    "release": ("pinwheel.manifest.release", "parse_release_table"),
-    "model": ("pinwheel.manifest.release", "parse_model_table"),
-    "serve": ("pinwheel.manifest.serve", "parse_serve_table"),
-    "qualify": ("pinwheel.manifest.serve", "parse_qualify_table"),
-}
-
-
 def _parser(table: str) -> Callable[..., Any]:
-    module, name = _PARSERS[table]
-    parse: Callable[..., Any] = getattr(importlib.import_module(module), name)
-    return parse
+    """The parser of a stage table; its module is imported only for a manifest that has the
+    table (start-up), by a plain import every reader and tool sees."""
+    if table in ("build", "kernel"):
+        from pinwheel.manifest import build
+
+        return build.parse_build_table if table == "build" else build.parse_kernel_tables
+    if table in ("release", "model"):
+        from pinwheel.manifest import release
+
+        return release.parse_release_table if table == "release" else release.parse_model_table
+    if table in ("serve", "qualify"):
+        from pinwheel.manifest import serve
+
+        return serve.parse_serve_table if table == "serve" else serve.parse_qualify_table
+    raise KeyError(table)
 
 
 # --------------------------------------------------------------------------- the model
@@ -164,7 +165,13 @@ def load(path: str | Path, *, allow_short: bool = False) -> Manifest:
     """
     path = Path(path).absolute()
     try:
-        blob = path.read_bytes()
+        blob = untrusted.read_regular(path, untrusted.MANIFEST.max_bytes)
+    except untrusted.NotRegular as exc:
+        raise ManifestError(
+            f"{path} is {exc}, not a manifest file",
+            where="--manifest",
+            next="pass --manifest PATH to a regular manifest.toml file",
+        ) from None
     except FileNotFoundError:
         raise ManifestError(
             f"no manifest at {path}",
@@ -180,6 +187,19 @@ def load(path: str | Path, *, allow_short: bool = False) -> Manifest:
             if inside.is_file()
             else "pass --manifest PATH/manifest.toml (the file)",
         ) from None
+    except OSError as exc:
+        raise ManifestError(
+            f"cannot read {path}: {exc.strerror or exc}",
+            where="--manifest",
+            next="check the file's permissions, then run again",
+        ) from None
+    if isinstance(blob, int):
+        cap = untrusted.MANIFEST.max_bytes
+        raise ManifestError(
+            f"{path} is {blob} bytes, more than the {cap} a manifest may have",
+            where="--manifest",
+            next="pass --manifest PATH to the project's manifest.toml (a few kilobytes)",
+        )
     return loads(blob, path, allow_short=allow_short)
 
 

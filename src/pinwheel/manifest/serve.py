@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pinwheel import saferegex, validate
+from pinwheel.cudaarch import CudaArch, parse_dotted
 from pinwheel.errors import ManifestError, PinwheelError, UsageError
 from pinwheel.manifest.table import REQUIRED, Table
 
@@ -51,7 +52,7 @@ class Engine:
 class ServeProfile:
     name: str
     gpus: int  # 0 = no GPU requirement (CPU server)
-    compute_capability: str | None  # "7.0"
+    compute_capability: CudaArch | None  # "7.0" in the manifest
     gpu_memory_gib: int | None  # per GPU, as nvidia-smi reports it (rounded)
     tensor_parallel_size: int
     pipeline_parallel_size: int
@@ -166,9 +167,15 @@ def _parse_profile(t: Table, name: str, image: bool = False) -> ServeProfile:
     pp = t.int("pipeline_parallel_size", 1, minimum=1)
     if gpus and tp * pp != gpus:
         raise t.error("gpus", f"tensor_parallel_size x pipeline_parallel_size = {tp * pp}", gpus)
-    cc = t.str("compute_capability", None)
-    if cc is not None and not _is_cc(cc):
-        raise t.error("compute_capability", 'a compute capability like "7.0"', cc)
+    cc_text = t.str("compute_capability", None)
+    cc = None
+    if cc_text is not None:
+        try:
+            cc = parse_dotted(cc_text, suffix=False)
+        except UsageError:
+            raise t.error(
+                "compute_capability", 'a compute capability like "7.0"', cc_text
+            ) from None
     spec: tuple[tuple[str, str | int | float | bool], ...] = ()
     if t.has("speculative"):
         raw = t.raw("speculative")
@@ -214,9 +221,12 @@ def _env_map(t: Table, key: str) -> tuple[tuple[str, str], ...]:
 
 
 def _devices(t: Table) -> str | None:
-    value = t.str("devices", None)
-    if value is not None and not re.fullmatch(r"\d+(,\d+)*", value):
-        raise t.error("devices", 'GPU indices like "0,1,2,3"', value)
+    value: str | None = t.str("devices", None)
+    if value is not None:
+        try:
+            validate.gpu_indices(value)
+        except ValueError:
+            raise t.error("devices", 'unique GPU indices like "0,1,2,3"', value) from None
     return value
 
 
@@ -279,11 +289,6 @@ def _module_problem(value: object) -> str | None:
     ):
         return "a dotted Python module name"
     return None
-
-
-def _is_cc(text: str) -> bool:
-    major, dot, minor = text.partition(".")
-    return bool(dot) and major.isdigit() and minor.isdigit()
 
 
 _ENGINE_KEYS = ("module", "quantization", "architecture")

@@ -19,7 +19,7 @@ from typing import Any
 from pinwheel import validate
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import ManifestError
-from pinwheel.urls import redact, url_problem
+from pinwheel.urls import redact
 
 # Validate with .fullmatch(): "$" would accept a trailing newline.
 FULL_SHA = re.compile(r"[0-9a-f]{40}")
@@ -27,11 +27,6 @@ SHORT_SHA = re.compile(r"[0-9a-f]{4,39}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 # A name that becomes part of refs and file names: [manifest].name.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,99}")
-
-
-def ref_name_problem(name: str) -> str | None:
-    """Why ``name`` is not a valid git ref name (see :func:`pinwheel.validate.ref_problem`)."""
-    return validate.ref_problem(name)
 
 
 # Table's typed getters are named after the types they return (t.str, t.int),
@@ -167,7 +162,7 @@ class Table:
     def str_list(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
-            return tuple(value) if value is not None else value  # type: ignore[no-any-return]
+            return tuple(value) if value is not None else value
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
             raise self.error(key, "a list of non-empty strings", value)
         return tuple(value)
@@ -189,7 +184,7 @@ class Table:
         value = self.str(key, default)
         if value is default and default is not _MISSING:
             return value
-        problem = url_problem(value)
+        problem = validate.git_url_problem(value)
         if problem:
             raise ManifestError(
                 f"unsafe or unsupported repository URL {redact(value)!r}: {problem}",
@@ -204,7 +199,7 @@ class Table:
         value = self.str(key, default)
         if value is default and default is not _MISSING:
             return value
-        problem = ref_name_problem(value)
+        problem = validate.ref_problem(value)
         if problem:
             raise self.error(key, f"a git ref name ({problem})", value)
         return value

@@ -67,8 +67,11 @@ def _flatten(value: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, st
     return []
 
 
-def _component_lines(provenance: Mapping[str, Any]) -> list[str]:
-    """Each wheel's origin, the build-time sources that went in, and what was left out."""
+def _component_lines(
+    provenance: Mapping[str, Any], floors: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[str]:
+    """Each wheel's origin, the build-time sources that went in, and what was left out.
+    ``floors`` (wheel -> floor read from its ELF members now) wins over the receipt's."""
     comps = [c for c in provenance.get("components") or [] if isinstance(c, dict)]
     if not comps:
         return []
@@ -95,7 +98,7 @@ def _component_lines(provenance: Mapping[str, Any]) -> list[str]:
                                f"`{md.code(s.get('commit'))}` "
                                f"(declared `{md.code(s.get('ref'))}`)")  # fmt: skip
     out.append("")
-    out += _floor_lines(comps)
+    out += _floor_lines(comps, floors)
     if sources:
         out += ["## Build-time sources", "", *sources, ""]
     if lacks:
@@ -103,17 +106,25 @@ def _component_lines(provenance: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _floor_lines(comps: list[dict[str, Any]]) -> list[str]:
-    """Where each wheel loads: its glibc/libstdc++ floor and platform tag (and why that tag)."""
+def _floor_lines(
+    comps: list[dict[str, Any]], floors: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[str]:
+    """Where each wheel loads: its glibc/libstdc++ floor and platform tag (and why that tag).
+
+    The floor is the one read from the wheel's ELF members by the release's own check
+    (``floors``) when there is one: the receipt's is what the build wrote, not proof."""
     rows = []
     for c in comps:
         floor = c.get("floor")
-        if not isinstance(floor, dict):
+        read = (floors or {}).get(str(c.get("wheel")))
+        if read is not None:
+            floor = read
+        if not isinstance(floor, Mapping):
             continue
         needs = []
         for family in ("GLIBC", "GLIBCXX", "CXXABI"):
             req = floor.get(family)
-            if isinstance(req, dict):
+            if isinstance(req, Mapping):
                 where = ""
                 if family == "GLIBC":  # the symbol and member names come from the wheel
                     where = f" ({md.text(req.get('symbol'))} in {md.text(req.get('member'))})"
@@ -156,15 +167,40 @@ def _fact(key: str, value: Any) -> str:
     return f"`{md.code(value)}`"
 
 
+def stack_not_replayed(provenance: Mapping[str, Any]) -> bool:
+    """A set of kernel wheels only, whose receipt records no replayed tree: the stack the
+    manifest pins (base, steps, tag) was never replayed for it."""
+    components = [c for c in provenance.get("components") or [] if isinstance(c, dict)]
+    return (
+        bool(components)
+        and all(c.get("kind") == "kernel" for c in components)
+        and not provenance.get("tree")
+    )
+
+
+def stack_statement(manifest: Manifest) -> str:
+    steps = len(manifest.steps)
+    tag = f", tag {manifest.result.tag}" if manifest.result.tag else ""
+    return (
+        f"the stack {manifest.path.name} pins ({manifest.upstream.commit[:12]} + {steps} "
+        f"step(s){tag}) was not replayed or built for this release; it carries only the "
+        "kernel wheels listed under Components, each with its own recorded source"
+    )
+
+
 def render_notes(
     manifest: Manifest,
     provenance: Mapping[str, Any],
     files: Mapping[str, tuple[str, int]],
     qualification: Mapping[str, Any] | None,
     config: ReleaseConfig,
+    floors: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
-    """RELEASE_NOTES.md from the manifest and the receipts; deterministic (no clock)."""
-    tag = provenance.get("tag") or manifest.result.tag or manifest.name
+    """RELEASE_NOTES.md from the manifest and the receipts; deterministic (no clock).
+    ``floors``: wheel -> the floor ``pinwheel check`` read from its ELF members."""
+    tag = provenance.get("tag") or (
+        f"{manifest.name} (kernels)" if stack_not_replayed(provenance) else None
+    ) or manifest.result.tag or manifest.name
     upstream = provenance.get("upstream") or {}
     base = upstream.get("base") or manifest.upstream.commit
     url = redact(upstream.get("url") or manifest.upstream.url)
@@ -176,9 +212,10 @@ def render_notes(
         out += [f"- Head: `{md.code(provenance['head'])}`"]
     out += [f"- Manifest: `{manifest.path.name}` sha256 `{manifest.sha256}`", ""]
 
+    out += ["## Steps", ""]
+    if stack_not_replayed(provenance):
+        out += [f"Not replayed for this release: {md.text(stack_statement(manifest))}", ""]
     out += [
-        "## Steps",
-        "",
         "| # | action | PR | title | head | authors |",
         "|---|---|---|---|---|---|",
     ]
@@ -210,7 +247,7 @@ def render_notes(
     else:
         out += ["## Toolchain", "", "- not recorded (no provenance.json in the build output)", ""]
 
-    out += _component_lines(provenance)
+    out += _component_lines(provenance, floors)
 
     if qualification:
         out += ["## Qualification", "", "| figure | value |", "|---|---|"]
@@ -327,9 +364,11 @@ def assemble(request: AssembleRequest) -> Release:
     hashed = sha256_files([build / w for w in wheels])
     digests = {w: hashed[build / w] for w in wheels}
     # The build stage's one receipt reader (schema checked); an absent receipt reads as {}.
-    provenance = read_receipt(build / FILENAME) if (build / FILENAME).is_file() else {}
+    receipt = read_receipt(build / FILENAME) if (build / FILENAME).is_file() else None
+    provenance: Mapping[str, Any] = receipt if receipt is not None else {}
     warnings = _check_build_output(build, wheels, digests, provenance)
-    reasons = unverified_reasons(manifest, provenance, [build / w for w in wheels])
+    floors: dict[str, dict[str, Any]] = {}
+    reasons = unverified_reasons(manifest, provenance, [build / w for w in wheels], floors=floors)
     if reasons and not allow_unverified:
         raise VerifyError(
             "refusing to release an unverified build; nothing was written or signed:\n    "
@@ -362,13 +401,15 @@ def assemble(request: AssembleRequest) -> Release:
         extra_hashes = sha256_files([tmp / n for n in extras])
         listing = dict(digests) | {n: extra_hashes[tmp / n] for n in extras}
         sized = {n: (d, (tmp / n).stat().st_size) for n, d in listing.items()}
-        notes = render_notes(manifest, provenance, sized, qual, config)
+        notes = render_notes(manifest, provenance, sized, qual, config, floors)
         first = []  # what a reader must see before anything else, on the first line
         if reasons:
             first.append(
                 "**UNVERIFIED RELEASE** (made with --allow-unverified): "
                 + md.text("; ".join(reasons), limit=2000)
             )
+        if stack_not_replayed(provenance):
+            first.append(f"**UNVERIFIED STACK**: {stack_statement(manifest)}")
         if substituted := headline(from_receipt(provenance)):  # receipt values: escaped
             first.append(f"**{md.text(substituted, limit=2000)}**")
         if first:
@@ -421,9 +462,14 @@ def _kernel_only_set(provenance: Mapping[str, Any], wheels: list[Path]) -> list[
 
 
 def unverified_reasons(
-    manifest: Manifest, provenance: Mapping[str, Any], wheels: list[Path]
+    manifest: Manifest,
+    provenance: Mapping[str, Any],
+    wheels: list[Path],
+    *,
+    floors: dict[str, dict[str, Any]] | None = None,
 ) -> list[str]:
-    """Why this build is not one to sign: the artifact check's errors and an unpinned tree."""
+    """Why this build is not one to sign: the artifact check's errors and an unpinned tree.
+    ``floors``, when given, receives each wheel's floor as the check read it from the ELF."""
     from pinwheel.wheels.check import CheckSpec, check_wheels, spec_from_build
 
     reasons = []
@@ -438,9 +484,7 @@ def unverified_reasons(
         if not provenance:
             reasons.append(f"no {FILENAME}: the wheels are not tied to a replayed tree")
         elif not tree:
-            reasons.append(
-                f"{FILENAME} records no replayed tree (built from a plain source dir)"
-            )
+            reasons.append(f"{FILENAME} records no replayed tree (built from a plain source dir)")
         if not pinned:
             reasons.append(
                 f"[result].tree is not pinned in {manifest.path.name}: the replay is unverified"
@@ -450,6 +494,8 @@ def unverified_reasons(
     build = getattr(manifest, "build", None)
     spec = spec_from_build(build) if build is not None else CheckSpec((), require_cuda=False)
     report = check_wheels(wheels, spec)
+    if floors is not None:
+        floors.update({w.wheel: w.floor.to_json() for w in report.wheels})
     reasons += [f"pinwheel check: {f.line()}" for f in report.errors[:10]]
     if len(report.errors) > 10:
         reasons.append(f"pinwheel check: … and {len(report.errors) - 10} more errors")

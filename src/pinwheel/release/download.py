@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pinwheel import confine, validate
+from pinwheel import confine, httpget
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
@@ -290,24 +291,12 @@ def get_small(url: str, opts: FetchOptions, what: str) -> bytes:
 
     def once(_: int) -> bytes:
         with _request(url, opts) as resp:
-            total = _length(resp, url, what)
-            if total is not None and total > opts.max_small:
-                raise FetchError(
-                    f"{what}: {total} bytes, more than the {opts.max_small} a {what} may have",
-                    where=url,
-                    next="check the URL: it should name the release's small text files",
-                )
+            bounds = httpget.Bounds(what, opts.max_small, _failed(url))  # _Pace: the deadline
+            total = bounds.announced(resp.headers.get("Content-Length"))
             pace = _Pace(opts, what, url, 0, total)
             data = bytearray()
-            read = getattr(resp, "read1", resp.read)
-            while block := read(64 * 1024):
+            for block in bounds.blocks(resp):
                 data += block
-                if len(data) > opts.max_small:
-                    raise FetchError(
-                        f"{what}: more than {opts.max_small} bytes",
-                        where=url,
-                        next="check the URL: it should name the release's small text files",
-                    )
                 pace.add(len(block))
             if total is not None and len(data) < total:
                 raise http.client.IncompleteRead(bytes(data), total - len(data))
@@ -482,19 +471,15 @@ def _content_range_start(value: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _failed(url: str) -> httpget.Fail:
+    return lambda what, next: FetchError(what, where=url, next=next)
+
+
 def _length(resp: Any, url: str, what: str) -> int | None:
     """The answer's Content-Length, checked (digits only), or None when it sent none."""
-    value = resp.headers.get("Content-Length")
-    if value is None:
-        return None
-    try:
-        return validate.content_length(value)
-    except ValueError as exc:
-        raise FetchError(
-            f"{what}: the server sent a bad Content-Length: {exc}",
-            where=url,
-            next="the server is broken or not a release host; use another source",
-        ) from None
+    # a wheel's size is whatever SHA256SUMS vouches for: the disk-space check bounds it
+    bounds = httpget.Bounds(what, sys.maxsize, _failed(url))
+    return bounds.announced(resp.headers.get("Content-Length"))
 
 
 def copy_verified(

@@ -18,7 +18,7 @@ from typing import Any
 
 from pinwheel import confine, untrusted, validate
 from pinwheel.checksums import sha256_files
-from pinwheel.errors import PinwheelError, VerifyError
+from pinwheel.errors import ManifestError, PinwheelError, UsageError, VerifyError
 from pinwheel.manifest.release import ModelConfig
 
 INDEX = "model.safetensors.index.json"
@@ -99,8 +99,8 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
                 next="replace the symlink with the file itself (`pinwheel model fetch`)",
             )
     index_path = directory / INDEX
-    if not directory.is_dir():
-        raise VerifyError(
+    if not directory.is_dir():  # the command line names no pack: nothing was verified
+        raise UsageError(
             f"{directory} is {'a file' if directory.exists() else 'missing'}, not a directory",
             where=str(directory),
             next="pass the model pack's directory: `pinwheel model check DIR`",
@@ -218,7 +218,7 @@ def fetch_model(pack: ModelConfig, local_dir: Path) -> ModelReport:
             next='set repo = "<org>/<name>" of the model pack on the hub',
         )
     if pack.revision is None:  # a branch name would move under us: only a commit pins
-        raise PinwheelError(
+        raise ManifestError(
             f"[model] {pack.repo} has no pinned revision",
             where="[model] key 'revision'",
             next='pin the hub commit: revision = "<40-hex commit>"',

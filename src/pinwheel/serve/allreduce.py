@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pinwheel import untrusted
+from pinwheel.errors import PinwheelError
 from pinwheel.serve.ranks import NVLS_OFF, WORKERS, RankRequest, RankResult, run_ranks
 
 DEFAULT_BYTES = 256 << 20  # large enough that NVLink bandwidth, not latency, sets the time
@@ -62,38 +64,47 @@ def measure(req: AllReduceRequest) -> AllReduceOutcome:
     return outcome_of(results, req.nbytes, "nccl" if req.devices else "gloo")
 
 
+def _typed(r: RankResult) -> tuple[untrusted.AllReduceRank | None, str | None]:
+    """A rank's result line as :class:`~pinwheel.untrusted.AllReduceRank`, or why not."""
+    if not r.ok or r.payload is None:
+        return None, r.why()
+    try:
+        return untrusted.decode(
+            untrusted.AllReduceRank, r.payload, untrusted.WORKER, f"rank {r.rank}"
+        ), None
+    except PinwheelError as exc:
+        return None, f"rank {r.rank}: malformed result: {exc.what}"
+
+
 def outcome_of(results: tuple[RankResult, ...], nbytes: int, backend: str) -> AllReduceOutcome:
-    failures = tuple(r.why() for r in results if not r.ok)
-    done = [r.payload for r in results if r.ok and r.payload is not None]
+    typed = [_typed(r) for r in results]
+    failures = tuple(why for _, why in typed if why)
+    done = [p for p, _ in typed if p is not None]
     wrong = []
     for p in done:
-        if not p.get("sum_ok"):
-            first = p.get("first_wrong") or {}
+        if not p.sum_ok:
+            at = p.first_wrong or untrusted.AllReduceFirstWrong()
             wrong.append(
-                f"rank {p.get('rank')}: {p.get('wrong')} wrong, first at {first.get('index')} "
-                f"(got {first.get('got')}, want {first.get('want')})"
+                f"rank {p.rank}: {p.wrong} wrong, first at {at.index} "
+                f"(got {at.got}, want {at.want})"
             )
     want = dict(NVLS_OFF)
     nvls_off = bool(done) and all(
-        all((p.get("env") or {}).get(k) == v for k, v in want.items()) for p in done
+        all((p.env or {}).get(k) == v for k, v in want.items()) for p in done
     )
     complete = len(done) == len(results) and not failures
-    first = done[0] if done else {}
+    first = done[0] if done else None
     return AllReduceOutcome(
         world=len(results),
         backend=backend,
-        nbytes=int(first.get("bytes", nbytes)),
+        nbytes=first.bytes if first is not None and first.bytes is not None else nbytes,
         sum_ok=complete and not wrong,
         wrong=tuple(wrong),
         failures=failures,
         nvls_off=nvls_off,
-        seconds=first.get("seconds") if complete else None,
-        algbw_gbps=first.get("algbw_gbps") if complete else None,
-        busbw_gbps=first.get("busbw_gbps") if complete else None,
-        device=first.get("device"),
-        nccl=first.get("nccl"),
+        seconds=first.seconds if complete and first else None,
+        algbw_gbps=first.algbw_gbps if complete and first else None,
+        busbw_gbps=first.busbw_gbps if complete and first else None,
+        device=first.device if first else None,
+        nccl=first.nccl if first else None,
     )
-
-
-def size_text(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} B"

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pinwheel import untrusted
+from pinwheel import httpget, untrusted
 from pinwheel.errors import PinwheelError
-from pinwheel.validate import content_length
 
 
 class ServerGone(PinwheelError):
@@ -53,16 +53,6 @@ class Stream:
     # perf_counter of every chunk with a non-empty ``choices`` (the role chunk, text
     # chunks, the finish chunk; not the usage-only chunk): what `vllm bench serve` times
     choice_times: tuple[float, ...] = ()
-
-    @property
-    def e2el_s(self) -> float:
-        return self.last - self.started
-
-    @property
-    def itl_s(self) -> tuple[float, ...]:
-        """Gaps between text chunks (as ``vllm bench serve`` measures ITL)."""
-        t = self.chunk_times
-        return tuple(b - a for a, b in zip(t, t[1:], strict=False))
 
     @property
     def ttft_s(self) -> float:
@@ -363,22 +353,11 @@ class _Budget:
         self.client, self.request, self.kind, self.until = client, request, kind, until
         self.where = client.url if client is not None else "(server)"
 
+    def _fail(self, what: str, next: str) -> PinwheelError:
+        return untrusted.fail(self.kind, what, self.where)  # the kind says what to do next
+
     def announced(self, length: str | None) -> None:
-        if length is None:
-            return
-        try:
-            n = content_length(length)
-        except ValueError as exc:
-            raise untrusted.fail(
-                self.kind, f"{self.request}: Content-Length {exc}", self.where
-            ) from None
-        if n > self.kind.max_bytes:
-            raise untrusted.fail(
-                self.kind,
-                f"{self.request}: Content-Length {n}, more than the {self.kind.max_bytes} "
-                "bytes it may have",
-                self.where,
-            )
+        httpget.Bounds(self.request, self.kind.max_bytes, self._fail).announced(length)
 
     def left(self) -> float:
         left = self.until - time.monotonic()
@@ -397,32 +376,24 @@ class _Budget:
 
     def blocks(self, resp: Any, cap: int | None = None) -> Iterator[bytes]:
         """The body in blocks as they arrive, until its end, the cap or the deadline."""
-        cap = self.kind.max_bytes if cap is None else cap
-        got = 0
-        read = getattr(resp, "read1", resp.read)
-        while True:
-            self._wait_at_most(resp, self.left())
-            try:
-                block = read(64 * 1024)
-            except TimeoutError:
-                if self.until - time.monotonic() < 0.1:  # the read waited out the deadline
-                    self.until = time.monotonic()
-                    self.left()  # raises: no complete answer within the deadline
-                raise
-            if not block:
-                # read1 leaves a response whose Content-Length is used up open; read() closes it
-                # so the connection can carry the next request.
-                if hasattr(resp, "isclosed") and not resp.isclosed():
-                    resp.read()
-                return
-            got += len(block)
-            if got > cap:
-                if self.client is not None:
-                    self.client.close()
-                raise untrusted.fail(
-                    self.kind, f"{self.request}: more than the {cap} bytes it may have", self.where
-                )
-            yield block
+        bounds = httpget.Bounds(
+            self.request, self.kind.max_bytes if cap is None else cap, self._fail
+        )
+        try:
+            yield from bounds.blocks(resp, before=lambda: self._wait_at_most(resp, self.left()))
+        except TimeoutError:
+            if self.until - time.monotonic() < 0.1:  # the read waited out the deadline
+                self.until = time.monotonic()
+                self.left()  # raises: no complete answer within the deadline
+            raise
+        except PinwheelError:  # past the cap (or the deadline): drop the connection
+            if self.client is not None:
+                self.client.close()
+            raise
+        # read1 leaves a response whose Content-Length is used up open; read() closes it
+        # so the connection can carry the next request.
+        if hasattr(resp, "isclosed") and not resp.isclosed():
+            resp.read()
 
     def _wait_at_most(self, resp: Any, seconds: float) -> None:
         """The next read waits no longer than the stall timeout or what is left."""
@@ -538,6 +509,9 @@ def parse_prometheus(text: str) -> dict[str, float]:
 def metric_total(samples: Mapping[str, float], name: str) -> float | None:
     """Sum of every series of ``name`` (all label sets); None when the server has none."""
     found = [v for k, v in samples.items() if k == name or k.startswith(name + "{")]
+    bad = next((v for v in found if not math.isfinite(v)), None)
+    if bad is not None:  # +Inf in a counter: never int(inf), never a figure
+        raise untrusted.fail(untrusted.METRICS, f"{name} is {bad}, not a finite count", "/metrics")
     return sum(found) if found else None
 
 

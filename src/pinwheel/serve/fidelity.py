@@ -46,6 +46,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.manifest.serve import FidelityConfig
+from pinwheel.serve import workers
 from pinwheel.serve.receipt import FidelityResult, Gate
 
 PANEL_SCHEMA = "pinwheel.panel/1"
@@ -114,9 +115,13 @@ def read_panel(
     if "windows" in data:
         for w in data["windows"]:
             if not isinstance(w, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in w
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in w
             ):
-                raise UsageError("a window is not a list of token ids", where=str(path))
+                raise UsageError(
+                    "a window is not a list of token ids (0 to 2^31-1: the teacher stores int32)",
+                    where=str(path),
+                    next="write token ids the model's tokenizer gave, then pin the new sha256",
+                )
             windows.append(tuple(w))
     elif "texts" in data:
         size = data.get("window")
@@ -129,6 +134,12 @@ def read_panel(
         for text in data["texts"]:
             ids = tokenize(str(text))
             windows.append(tuple(ids[:size] if isinstance(size, int) else ids))
+    if any(not 0 <= t < 2**31 for w in windows for t in w):  # a texts panel's tokenizer
+        raise UsageError(
+            "a token id outside 0..2^31-1 (the teacher stores int32)",
+            where=str(path),
+            next="check the server's tokenizer (`curl URL/tokenize`)",
+        )
     if not windows or any(len(w) < 2 for w in windows):
         raise UsageError(
             "the panel needs at least one window of two or more tokens", where=str(path)
@@ -281,8 +292,7 @@ def _teacher_shapes(arrays: Mapping[str, Any], source: str) -> None:
         raise _teacher_error(f"full is {list(full.shape)}, expected [{p}, vocabulary]", source)
     if full is None and (ids.shape != lps.shape or ids.shape[0] != p or ids.shape[1] < 1):
         raise _teacher_error(
-            f"top_ids {list(ids.shape)} and top_logprobs {list(lps.shape)} are not both "
-            f"[{p}, K]",
+            f"top_ids {list(ids.shape)} and top_logprobs {list(lps.shape)} are not both [{p}, K]",
             source,
         )
     if np.any(arrays["target"] < 0) or (
@@ -465,11 +475,50 @@ def _server_rows(client: Any, model: str, panel: Panel, top_k: int) -> list[tupl
     return rows
 
 
+TOKEN_ID_LIMIT = 2**31  # the teacher file stores token ids as int32
+
+
+def _refuse_row(client: Any, position: int, what: str) -> PinwheelError:
+    from pinwheel.untrusted import LOGPROBS, fail
+
+    return fail(LOGPROBS, f"prompt position {position}: {what}", client.url,
+                field="choices[0].prompt_logprobs")  # fmt: skip
+
+
+def _check_rows(client: Any, rows: list[tuple[Any, Any, int]], targets: list[int],
+                top_k: int) -> None:  # fmt: skip
+    """Every row whole before a byte of the teacher is written: the target token present,
+    ids distinct and below 2^31, finite log-probabilities; with ``top_k`` -1 every row the
+    whole vocabulary (ids exactly 0..V-1), else at least ``top_k`` entries. A row with a
+    token missing is refused, never stored as whatever memory held."""
+    np = _np()
+    vocab = len(rows[0][0]) if rows else 0
+    for i, ((ids, lps, _), t) in enumerate(zip(rows, targets, strict=True)):
+        if len(ids) and (ids.min() < 0 or ids.max() >= TOKEN_ID_LIMIT):
+            raise _refuse_row(client, i, f"a token id outside 0..2^31-1 ({int(ids.max())})")
+        if len(np.unique(ids)) != len(ids):
+            raise _refuse_row(client, i, "a token id listed twice")
+        if not np.isfinite(lps).all():
+            raise _refuse_row(client, i, "a log-probability that is not finite")
+        if not (ids == t).any():
+            raise _refuse_row(client, i, f"the answer lacks the prompt token {t}")
+        if top_k == -1:
+            if len(ids) != vocab or (vocab and ids.max() >= vocab):
+                raise _refuse_row(
+                    client, i,
+                    f"{len(ids)} entries with ids up to {int(ids.max()) if len(ids) else -1}; "
+                    f"a full row has every id of the {vocab}-token vocabulary",
+                )  # fmt: skip
+        elif len(ids) < top_k:
+            raise _refuse_row(client, i, f"{len(ids)} entries, top_k = {top_k} asked for")
+
+
 def capture_from_server(client: Any, model: str, panel: Panel, top_k: int) -> bytes:
     """Teacher file bytes from a reference server's prompt_logprobs."""
     np = _np()
     rows = _server_rows(client, model, panel, top_k)
     targets = [t for w in panel.windows for t in w[1:]]
+    _check_rows(client, rows, targets, top_k)
     tlp = []
     for (ids, lps, _), t in zip(rows, targets, strict=True):
         tlp.append(lps[np.flatnonzero(ids == t)[0]])
@@ -480,14 +529,14 @@ def capture_from_server(client: Any, model: str, panel: Panel, top_k: int) -> by
     }
     if top_k == -1:
         vocab = len(rows[0][0])
-        full = np.empty((len(rows), vocab), np.float32)
+        full = np.full((len(rows), vocab), np.nan, np.float32)  # every cell set below
         for i, (ids, lps, _) in enumerate(rows):
             full[i, ids] = lps
         arrays["full"] = full
     else:
-        k = min(top_k, min(len(r[0]) for r in rows))
-        ti = np.empty((len(rows), k), np.int32)
-        tl = np.empty((len(rows), k), np.float32)
+        k = top_k  # every row has at least top_k entries (_check_rows)
+        ti = np.full((len(rows), k), -1, np.int32)
+        tl = np.full((len(rows), k), np.nan, np.float32)
         for i, (ids, lps, _) in enumerate(rows):
             order = np.lexsort((ids, -lps))[:k]  # rank order; ties by token id
             ti[i], tl[i] = ids[order], lps[order]
@@ -502,25 +551,6 @@ def capture_from_server(client: Any, model: str, panel: Panel, top_k: int) -> by
 
 
 # Run by the engine's (or any) python with transformers + torch: full log-softmax rows.
-_TRANSFORMERS = r"""
-import json, sys, numpy as np, torch
-from transformers import AutoModelForCausalLM
-req = json.load(open(sys.argv[1]))
-out = sys.argv[2]
-torch.manual_seed(0)
-m = AutoModelForCausalLM.from_pretrained(req["model"], dtype=getattr(torch, req["dtype"])).eval()
-rows = []
-with torch.no_grad():
-    for w in req["windows"]:
-        logits = m(torch.tensor([w])).logits[0, :-1].float()
-        rows.append(torch.log_softmax(logits, dim=-1).numpy())
-lp = np.concatenate(rows).astype(np.float32)
-np.save(out + "/full.npy", lp)
-json.dump({"transformers": __import__("transformers").__version__,
-           "torch": torch.__version__}, open(out + "/versions.json", "w"))
-"""
-
-
 def capture_with_transformers(req: TeacherRequest) -> bytes:
     np = _np()
     assert req.python and req.model
@@ -537,7 +567,9 @@ def capture_with_transformers(req: TeacherRequest) -> bytes:
             )
         )
         cmd = runner.Command(
-            (req.python, "-c", _TRANSFORMERS, str(spec), tmp), what="the teacher", check=False
+            (req.python, "-c", workers.source("teacher"), str(spec), tmp),
+            what="the teacher",
+            check=False,
         )
         proc = runner.run(cmd)
         if proc.returncode != 0:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -27,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel import runner
-from pinwheel.cudaarch import parse_arch
-from pinwheel.errors import PinwheelError
+from pinwheel import runner, untrusted, validate
+from pinwheel.cudaarch import CudaArch, parse_dotted
+from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest.serve import Engine, Image, ServeConfig, ServeProfile
+from pinwheel.serve import workers
 from pinwheel.serve.ranks import NVLS_OFF
 
 if TYPE_CHECKING:
@@ -60,9 +62,21 @@ class Check:
 class Gpu:
     index: int
     name: str
-    compute_capability: str | None  # None where the driver cannot say
+    compute_capability: CudaArch | None  # None where the driver cannot say
     memory_mib: int | None  # None on unified-memory parts (GB10 reports [N/A])
     bus_id: str
+
+
+def _capability(text: str) -> CudaArch | None:
+    """nvidia-smi's ``compute_cap`` (``7.0``); None for ``[N/A]`` or anything else."""
+    try:
+        return parse_dotted(text, suffix=False)
+    except UsageError:
+        return None
+
+
+def _cc(arch: CudaArch | None) -> str:
+    return arch.dotted if arch is not None else "unknown"
 
 
 def parse_gpu_csv(text: str) -> tuple[Gpu, ...]:
@@ -73,9 +87,10 @@ def parse_gpu_csv(text: str) -> tuple[Gpu, ...]:
         if not line.strip():
             continue
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 5 or not cells[0].isdigit():
+        # ASCII digits only: str.isdigit() takes '²' and '٣', which int() then refuses
+        if len(cells) != 5 or not re.fullmatch(r"[0-9]{1,4}", cells[0], re.ASCII):
             raise PinwheelError(
-                f"unexpected nvidia-smi line {line!r}",
+                f"unexpected nvidia-smi line {line[:120]!r}",
                 where="nvidia-smi --query-gpu",
                 next="update the NVIDIA driver (compute_cap needs driver >= 510)",
             )
@@ -84,8 +99,10 @@ def parse_gpu_csv(text: str) -> tuple[Gpu, ...]:
             Gpu(
                 index=int(idx),
                 name=name,
-                compute_capability=cc if re.fullmatch(r"\d+\.\d+", cc) else None,
-                memory_mib=int(float(mem)) if re.fullmatch(r"\d+(\.\d+)?", mem) else None,
+                compute_capability=_capability(cc),
+                memory_mib=int(float(mem))
+                if re.fullmatch(r"[0-9]{1,12}(\.[0-9]{1,6})?", mem)
+                else None,
                 bus_id=bus,
             )
         )
@@ -112,7 +129,7 @@ class Topology:
         return tuple(p for p, kind in sorted(self.links.items()) if not kind.startswith("NV"))
 
 
-_GPU_LABEL = re.compile(r"^GPU(\d+)$")
+_GPU_LABEL = re.compile(r"^GPU([0-9]{1,4})$", re.ASCII)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # some drivers underline the header even when piped
 
 
@@ -172,6 +189,9 @@ class Options:
     # engine the engine's torch is inside the image, so the all-reduce runs with this one
     torch_python: str | None = None
     cache: Path | None = None  # pinwheel's cache: a toolkit `pinwheel toolchain` provisioned
+    # the manifest's `[build] python` ("3.12"): the wheels' cp tag, so the engine Python's
+    # minor version must equal it (None: the manifest pins none)
+    pinned_python: str | None = None
 
 
 def _run(argv: Sequence[str], timeout: float) -> tuple[int, str] | None:
@@ -201,7 +221,9 @@ def check_gpus(opts: Options, gpus: tuple[Gpu, ...] | None, error: str | None) -
     out = []
     by_index = {g.index: g for g in gpus}
     missing = [i for i in opts.devices if i not in by_index]
-    listing = "; ".join(f"{g.index}: {g.name} cc {g.compute_capability} {_gib(g)}" for g in gpus)
+    listing = "; ".join(
+        f"{g.index}: {g.name} cc {_cc(g.compute_capability)} {_gib(g)}" for g in gpus
+    )
     if len(opts.devices) != prof.gpus or missing:
         out.append(
             Check(
@@ -215,22 +237,18 @@ def check_gpus(opts: Options, gpus: tuple[Gpu, ...] | None, error: str | None) -
     out.append(Check("gpu count", OK, f"{prof.gpus} of {len(gpus)}: {listing}"))
     chosen = [by_index[i] for i in opts.devices]
     if prof.compute_capability:
-        want = parse_arch(prof.compute_capability).sm
-        bad = [
-            g
-            for g in chosen
-            if g.compute_capability is None or parse_arch(g.compute_capability).sm != want
-        ]
+        want = prof.compute_capability.sm
+        bad = [g for g in chosen if g.compute_capability is None or g.compute_capability.sm != want]
         out.append(
             Check(
                 "compute capability",
                 FAIL,
-                ", ".join(f"GPU{g.index} is cc {g.compute_capability}" for g in bad)
-                + f"; the build targets cc {prof.compute_capability}",
+                ", ".join(f"GPU{g.index} is cc {_cc(g.compute_capability)}" for g in bad)
+                + f"; the build targets cc {_cc(prof.compute_capability)}",
                 "use the profile/manifest built for this GPU (`pinwheel preflight --profile NAME`)",
             )
             if bad
-            else Check("compute capability", OK, f"all cc {prof.compute_capability}")
+            else Check("compute capability", OK, f"all cc {_cc(prof.compute_capability)}")
         )
     if prof.gpu_memory_gib:
         need = prof.gpu_memory_gib * 1024 * 0.95  # drivers report a little under the nominal size
@@ -346,27 +364,22 @@ def check_program(name: str, argv: Sequence[str], fix: str, timeout: float) -> C
     return Check(name, OK, res[1].strip().splitlines()[0] if res[1].strip() else "present")
 
 
-_ENGINE_PROBE = """
-import importlib.metadata as md, importlib.util as u, json, sys
-spec = u.find_spec(sys.argv[1])
-loc = list(spec.submodule_search_locations or []) if spec else []
-try:
-    version = md.version(sys.argv[1])
-except md.PackageNotFoundError:
-    version = next((d.version for d in md.distributions()
-                    if (d.metadata["Name"] or "").lower().startswith(sys.argv[1])), None)
-print(json.dumps({"python": list(sys.version_info[:3]), "path": loc[0] if loc else None,
-                  "version": version}))
-"""
-
-
 def probe_engine(opts: Options) -> tuple[dict | None, str | None]:
-    res = _run([opts.python, "-c", _ENGINE_PROBE, opts.config.engine.module], opts.timeout_s)
+    res = _run(
+        [opts.python, "-c", workers.source("engine_probe"), opts.config.engine.module],
+        opts.timeout_s,
+    )
     if res is None:
         return None, f"engine interpreter {opts.python!r} not found"
     if res[0] != 0:
         return None, res[1].strip().splitlines()[-1] if res[1].strip() else f"exit {res[0]}"
-    return json.loads(res[1].strip().splitlines()[-1]), None
+    try:
+        probe = untrusted.answer_line(
+            res[1], untrusted.EngineProbe, untrusted.WORKER, f"{opts.python} (engine probe)"
+        )
+    except PinwheelError as exc:
+        return None, f"the engine probe's answer is malformed: {exc.what}"
+    return {"python": list(probe.python), "path": probe.path, "version": probe.version}, None
 
 
 def check_python(opts: Options, info: dict | None, error: str | None) -> Check:
@@ -387,7 +400,19 @@ def check_python(opts: Options, info: dict | None, error: str | None) -> Check:
             f"engine Python {text}; vLLM supports {lo[0]}.{lo[1]}-{hi[0]}.{hi[1]}",
             "recreate the engine venv with a supported Python and `pinwheel install` into it",
         )
-    return Check("python", OK, f"engine Python {text} ({opts.python})")
+    if opts.pinned_python is not None and f"{v[0]}.{v[1]}" != opts.pinned_python:
+        return Check(
+            "python",
+            FAIL,
+            f"engine Python {text} ({opts.python}), but [build] python pins "
+            f"{opts.pinned_python}: the release's cp{opts.pinned_python.replace('.', '')} "
+            "wheels do not install into it",
+            f"make the engine venv with Python {opts.pinned_python} "
+            f"(`uv venv --python {opts.pinned_python} .venv-engine`) and `pinwheel install` "
+            "into it",
+        )
+    pin = ", as [build] python pins" if opts.pinned_python is not None else ""
+    return Check("python", OK, f"engine Python {text} ({opts.python}){pin}")
 
 
 def check_engine(engine: Engine, info: dict | None) -> Check:
@@ -502,69 +527,13 @@ def check_disk(opts: Options) -> Check:
 
 
 # The self-test runs in the engine's Python (where torch and the kernel wheel live).
-SELFTEST = r"""
-import json, sys
-out = {"via": None, "pairs": [], "gemm": [], "devices": 0}
-nbytes = int(sys.argv[1])
-try:
-    import pinwheel_selftest as st
-except ImportError:
-    st = None
-if st is not None:
-    # The kernel wheel: driver API only, SM70 mma.sync GEMM checked exactly on the host.
-    out["via"] = "pinwheel_selftest"
-    n = out["devices"] = len(st.devices())
-    for a in range(n):
-        for b in range(n):
-            if a != b:
-                r = st.p2p_check(a, b, nbytes).as_dict()
-                out["pairs"].append({"src": a, "dst": b, "peer": r["peer_access"], "ok": r["ok"]})
-    for d in range(n):
-        g = st.gemm_selftest(d).as_dict()
-        out["gemm"].append({"device": d, "err": g["max_abs_err"], "err_kind": "max abs err",
-                            "ok": g["ok"], "jit": g["jit"]})
-else:
-    import torch
-    n = out["devices"] = torch.cuda.device_count()
-    out["via"] = "torch"
-    elems = nbytes // 4
-    def pattern(dev, seed):
-        i = torch.arange(elems, device=dev, dtype=torch.int64)
-        return ((i * 2654435761 + seed) % 2147483647).to(torch.int32)
-    def checksum(t):
-        w = torch.arange(1, t.numel() + 1, device=t.device, dtype=torch.int64)
-        return int(((t.to(torch.int64) * w) % 1000000007).sum().item())
-    for a in range(n):
-        for b in range(n):
-            if a == b:
-                continue
-            src = pattern(f"cuda:{a}", 7919 * a + b)
-            dst = torch.empty_like(src, device=f"cuda:{b}")
-            dst.copy_(src)
-            torch.cuda.synchronize(b)
-            peer = torch.cuda.can_device_access_peer(a, b)
-            out["pairs"].append({"src": a, "dst": b, "peer": peer,
-                                 "ok": checksum(src) == checksum(dst)})
-    for d in range(n):
-        g = torch.Generator(device=f"cuda:{d}").manual_seed(0)
-        x = torch.randn(1024, 1024, device=f"cuda:{d}", generator=g)
-        y = torch.randn(1024, 1024, device=f"cuda:{d}", generator=g)
-        ref = x @ y
-        got = (x.half() @ y.half()).float()
-        err = float(((got - ref).abs().max() / ref.abs().max()).item())
-        out["gemm"].append({"device": d, "err": err, "err_kind": "max rel err", "ok": err < 1e-2,
-                            "jit": None})
-print(json.dumps(out))
-"""
-
-
 def run_selftest(opts: Options, nbytes: int = 64 << 20) -> list[Check]:
     env_fix = (
         "check the driver and the engine's torch: "
         "`python -c 'import torch; print(torch.cuda.is_available())'`"
     )
     cmd = runner.Command(
-        (opts.python, "-c", SELFTEST, str(nbytes)),
+        (opts.python, "-c", workers.source("selftest"), str(nbytes)),
         what="p2p self-test",
         timeout=300,
         check=False,
@@ -578,38 +547,45 @@ def run_selftest(opts: Options, nbytes: int = 64 << 20) -> list[Check]:
     if p.returncode != 0:
         tail = (p.err_text.splitlines() or ["?"])[-1]
         return [Check("p2p self-test", FAIL, f"self-test crashed: {tail}", env_fix)]
-    res = json.loads(p.text.splitlines()[-1])
+    try:
+        ans = untrusted.answer_line(
+            p.text, untrusted.SelftestAnswer, untrusted.WORKER, "p2p self-test"
+        )
+    except PinwheelError as exc:
+        return [Check("p2p self-test", FAIL, f"malformed answer: {exc.what}", env_fix)]
     checks = []
-    pairs = res["pairs"]
-    bad = [f"GPU{r['src']}->GPU{r['dst']}" for r in pairs if not r["ok"]]
-    if res["devices"] < 2:
+    pairs = ans.pairs
+    bad = [f"GPU{r.src}->GPU{r.dst}" for r in pairs if not r.ok]
+    if ans.devices < 2:
         checks.append(
-            Check("p2p self-test", SKIP, f"{res['devices']} GPU visible: no pair to copy between")
+            Check("p2p self-test", SKIP, f"{ans.devices} GPU visible: no pair to copy between")
         )
     elif bad:
         checks.append(
             Check(
                 "p2p self-test",
                 FAIL,
-                f"corrupted copies ({res['via']}): {', '.join(bad)}",
+                f"corrupted copies ({ans.via}): {', '.join(bad)}",
                 "export NCCL_P2P_DISABLE=1 (or NCCL_P2P_LEVEL=NVL) and check ACS/IOMMU "
                 "settings in the BIOS; rerun `pinwheel preflight --selftest`",
             )
         )
     else:
-        peer = sum(1 for r in pairs if r.get("peer"))
+        peer = sum(1 for r in pairs if r.peer)
+        want = ans.devices * (ans.devices - 1)
         checks.append(
             Check(
                 "p2p self-test",
-                OK,
+                OK if len({(r.src, r.dst) for r in pairs}) == want else FAIL,
                 f"{len(pairs)} directed pairs copied {nbytes >> 20} MiB intact "
-                f"({peer} over peer access, via {res['via']})",
+                f"({peer} over peer access, via {ans.via})"
+                + ("" if len({(r.src, r.dst) for r in pairs}) == want else f"; {want} expected"),
             )
         )
-    gbad = [f"GPU{g['device']} {g['err_kind']} {g['err']:.2e}" for g in res["gemm"] if not g["ok"]]
+    gbad = [f"GPU{g.device} {g.err_kind} {g.err:.2e}" for g in ans.gemm if not g.ok]
     detail = ", ".join(
-        f"GPU{g['device']} {g['err_kind']} {g['err']:.1e}" + (" (PTX JIT)" if g.get("jit") else "")
-        for g in res["gemm"]
+        f"GPU{g.device} {g.err_kind} {g.err:.1e}" + (" (PTX JIT)" if g.jit else "")
+        for g in ans.gemm
     )
     checks.append(
         Check(
@@ -621,8 +597,8 @@ def run_selftest(opts: Options, nbytes: int = 64 << 20) -> list[Check]:
         if gbad
         else Check(
             "gemm self-test",
-            OK if res["gemm"] else SKIP,
-            (detail or "no GPU") + f" (via {res['via']})",
+            OK if ans.gemm else SKIP,
+            (detail or "no GPU") + f" (via {ans.via})",
         )
     )
     return checks
@@ -653,7 +629,10 @@ def preflight(opts: Options) -> tuple[Check, ...]:
             return None, "nvidia-smi not found"
         if res[0] != 0:
             return None, res[1].strip()[:200]
-        return parse_gpu_csv(res[1]), None
+        try:
+            return parse_gpu_csv(res[1]), None
+        except PinwheelError as exc:  # a malformed answer: the GPU check fails, saying why
+            return None, exc.what[:300]
 
     def topo() -> tuple[Topology | None, str | None]:
         if opts.profile.tensor_parallel_size < 2:
@@ -661,7 +640,10 @@ def preflight(opts: Options) -> tuple[Check, ...]:
         res = _run([smi, "topo", "-m"], opts.timeout_s)
         if res is None or res[0] != 0:
             return None, "nvidia-smi topo -m failed" + (f": {res[1].strip()[:200]}" if res else "")
-        return parse_topo(res[1]), None
+        try:
+            return parse_topo(res[1]), None
+        except PinwheelError as exc:
+            return None, exc.what[:300]
 
     image = opts.config.engine.image
     if image is not None:
@@ -755,7 +737,7 @@ def _preflight_image(
 
 def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | None) -> Check:
     """The preflight check: FAIL on a crash, a wrong sum, NVLS left on, or busbw under the gate."""
-    from pinwheel.serve.allreduce import size_text
+    from pinwheel.progress import human_bytes
 
     name = "nccl all-reduce"
     key = f"[serve.profile.{profile_name}] min_allreduce_gbps"
@@ -776,7 +758,7 @@ def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | 
             "TORCH_SYMM_MEM_DISABLE_MULTICAST / NVSHMEM_DISABLE_NVLS not set in its environment)",
             "report this: pinwheel sets them for every rank",
         )
-    size = size_text(outcome.nbytes)
+    size = human_bytes(outcome.nbytes)
     if not outcome.sum_ok:
         return Check(
             name,
@@ -785,7 +767,7 @@ def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | 
             "export NCCL_P2P_LEVEL=NVL (or NCCL_P2P_DISABLE=1) and check ACS/IOMMU settings; "
             + rerun,
         )
-    busbw = outcome.busbw_gbps or 0.0
+    busbw = outcome.busbw_gbps if outcome.busbw_gbps is not None else 0.0
     what = (
         f"{outcome.world} x {outcome.device} ({outcome.backend}"
         + (f" {outcome.nccl}" if outcome.nccl else "")
@@ -797,11 +779,12 @@ def allreduce_check(outcome: AllReduceOutcome, profile_name: str, gate: float | 
         return Check(name, OK, f"{what}; one rank: no bus traffic, gate not applied")
     if gate is None:
         return Check(name, OK, f"{what}; not gated ({key} unset)")
-    if busbw < gate:
+    if not math.isfinite(busbw) or not busbw >= gate:  # NaN compares false: never a pass
+        below = "not a finite bandwidth" if not math.isfinite(busbw) else "below the gate"
         return Check(
             name,
             FAIL,
-            f"{what}; below the gate {gate:g} GB/s ({key})",
+            f"{what}; {below} {gate:g} GB/s ({key})",
             "check `nvidia-smi topo -m` (NVLink expected between tensor-parallel GPUs) "
             "and that no other job uses these GPUs; " + rerun,
         )
@@ -832,10 +815,10 @@ def device_indices(profile: ServeProfile, devices: str | None) -> tuple[int, ...
     if not text:
         return tuple(range(profile.gpus))
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
+        return validate.gpu_indices(text)
+    except ValueError as exc:
         raise PinwheelError(
-            f"CUDA_VISIBLE_DEVICES {text!r} is not a list of GPU indices",
+            f"CUDA_VISIBLE_DEVICES {text[:80]!r} is not a list of GPU indices: {exc}",
             where="--devices / CUDA_VISIBLE_DEVICES",
-            next="use indices like 0,1,2,3 (UUIDs are not supported by preflight)",
+            next="use unique indices like 0,1,2,3 (UUIDs are not supported by preflight)",
         ) from None

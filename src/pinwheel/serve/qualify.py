@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import saferegex
+from pinwheel import runner, saferegex
 from pinwheel.errors import GateFailed, PinwheelError
 from pinwheel.heartbeat import Heartbeat
 from pinwheel.manifest import Manifest
@@ -83,9 +83,7 @@ class Target:
 
 
 def log_tail(log: Path | None, lines: int = 25) -> str:
-    if log is None or not log.is_file():
-        return ""
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    return "\n".join(runner.tail_of(log, lines)) if log is not None else ""
 
 
 def wait_healthy(

@@ -20,7 +20,6 @@ the caller's environment says. When one rank fails the others are stopped
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -116,7 +115,7 @@ def run_ranks(req: RankRequest) -> tuple[RankResult, ...]:
         raise PinwheelError("no ranks to start", where="ranks", next="pass at least one GPU")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="pinwheel-ranks-") as tmp:
-        procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+        procs: list[tuple[runner.Process, Path]] = []
         try:
             for rank in range(req.world):
                 log = Path(tmp) / f"{rank}.log"
@@ -134,7 +133,7 @@ def run_ranks(req: RankRequest) -> tuple[RankResult, ...]:
                 procs.append((runner.spawn(cmd), log))
         except PinwheelError:
             for p, _ in procs:
-                runner.kill(p)
+                p.kill()
             raise
         codes = _wait([p for p, _ in procs], req.timeout_s, req.grace_s)
         out = []
@@ -152,9 +151,7 @@ def run_ranks(req: RankRequest) -> tuple[RankResult, ...]:
         return tuple(out)
 
 
-def _wait(
-    procs: list[subprocess.Popen[bytes]], timeout_s: float, grace_s: float
-) -> list[int | None]:
+def _wait(procs: list[runner.Process], timeout_s: float, grace_s: float) -> list[int | None]:
     deadline = time.monotonic() + timeout_s
     failed_at: float | None = None
     while True:
@@ -166,7 +163,7 @@ def _wait(
             failed_at = now
         if now > deadline or (failed_at is not None and now - failed_at > grace_s):
             for p in procs:
-                runner.kill(p)  # its whole process group
+                p.kill()  # its whole process group
             return codes
         time.sleep(0.05)
 

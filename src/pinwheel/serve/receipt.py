@@ -262,8 +262,14 @@ def judge(
         if threshold is not None:
             gates.append(
                 _card_gate(
-                    prof, title, key, threshold, measured_value, higher_is_better=True,
-                    detail=spec_detail, missing_detail=no_spec,
+                    prof,
+                    title,
+                    key,
+                    threshold,
+                    measured_value,
+                    higher_is_better=True,
+                    detail=spec_detail,
+                    missing_detail=no_spec,
                 )  # fmt: skip
             )
     if prof.min_aggregate_tok_s is not None:
@@ -345,9 +351,7 @@ def read_provenance(path: Path | None) -> Provenance | None:
     if path is None or not path.is_file():
         return None
     data = read_receipt(path)
-    return Provenance(
-        str(path), sha256_file(path), data.get("head"), data.get("tree"), data.get("tag")
-    )
+    return Provenance(str(path), sha256_file(path), data.head, data.tree, data.tag)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,11 @@ thing, computed as vLLM 0.32 computes them (``vllm/benchmarks/serve.py``
 - ``mean_X_ms`` = ``np.mean(seconds) * 1000``, likewise ``median``, ``std``
   (population), ``p90``/``p99`` (``np.percentile``, linear); an empty list counts
   as ``[0]``;
-- ``duration``, ``completed``, ``total_output_tokens``, ``request_throughput``,
+- a reply with no chunk carrying ``choices`` (a server error before the first
+  token) is a failed request, as vLLM marks it (``success = False``, "Never
+  received a valid chunk to calculate TTFT"): counted in ``failed``, left out of
+  every latency list, of the throughputs and of goodput;
+- ``duration``, ``completed``, ``failed``, ``total_output_tokens``, ``request_throughput``,
   ``output_throughput`` (tokens / duration), ``request_goodput`` (requests
   meeting every SLO / duration; None without SLOs);
 - goodput: a request is good when ``slo_ms / 1000 >= value`` (seconds) for each
@@ -99,17 +103,23 @@ def per_request(stream: Any) -> dict[str, Any]:
     }
 
 
+def succeeded(stream: Any) -> bool:
+    """vLLM's ``success``: at least one chunk with ``choices`` came."""
+    return bool(stream.choice_times)
+
+
 def serving_stats(
     streams: Sequence[Any],
     duration_s: float,
     slo: Slo | None = None,
     spec: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    reqs = [per_request(s) for s in streams]
+    reqs = [per_request(s) for s in streams if succeeded(s)]
     total = sum(r["output_tokens"] for r in reqs)
     out: dict[str, Any] = {
         "duration": duration_s,
         "completed": len(reqs),
+        "failed": len(streams) - len(reqs),
         "total_output_tokens": total,
         "request_throughput": len(reqs) / duration_s if duration_s > 0 else 0.0,
         "output_throughput": total / duration_s if duration_s > 0 else 0.0,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -55,9 +54,4 @@ def started_server(
     try:
         yield Target(url=url, log=log, alive=proc.poll)
     finally:
-        stop(proc, grace_s)
-
-
-def stop(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
-    """Stop the server's whole process group: SIGTERM, then SIGKILL after ``grace_s``."""
-    runner.stop(proc, group=True, grace_s=grace_s)
+        proc.stop(grace_s)  # its whole process group (new_session)

@@ -24,7 +24,7 @@ from pathlib import PurePosixPath
 import pygit2
 
 from pinwheel import saferegex, validate
-from pinwheel.cudaarch import parse_arch
+from pinwheel.cudaarch import CudaArch, parse_arch
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildSource
@@ -197,12 +197,12 @@ _KEYWORDS = {
 }  # fmt: skip
 
 
-def _arch_key(text: str) -> tuple[int, int] | None:
-    """(major, minor) of a CMake arch entry such as ``9.0a`` or ``8.0+PTX``."""
+def _cmake_arch(text: str) -> CudaArch | None:
+    """A CMake arch entry such as ``9.0a``, ``10.0f`` or ``8.0+PTX`` (any case), else None."""
     if "." not in text:  # CMake lists write major.minor; a bare number is something else
         return None
     try:
-        return divmod(parse_arch(text).sm, 10)
+        return parse_arch(text)
     except UsageError:
         return None
 
@@ -213,16 +213,20 @@ def loose_intersection(supported: str, wanted: Sequence[str]) -> list[str]:
     the same major (and beyond); ``f`` family entries cover the same major."""
     out = []
     for arch in wanted:
-        key = _arch_key(arch)
-        if key is None:
+        want = _cmake_arch(arch)
+        if want is None:
             continue
+        key = divmod(want.sm, 10)
         for entry in filter(None, supported.split(";")):
-            have = _arch_key(entry)
+            have = _cmake_arch(entry)
             if have is None:
                 continue
-            ptx = entry.endswith("+PTX")
-            family = entry.rstrip("+PTX").endswith("f")
-            if key == have or (ptx and key >= have) or (family and key[0] == have[0]):
+            major = have.sm // 10
+            if (
+                want.sm == have.sm
+                or (have.ptx and want.sm >= have.sm)
+                or (have.suffix == "f" and key[0] == major)
+            ):
                 out.append(arch)
                 break
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from pinwheel import confine
+from pinwheel import confine, untrusted
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest import Manifest
 from pinwheel.source import gitcli
@@ -75,16 +76,31 @@ class Removal:
 
 
 def _size(path: Path) -> tuple[int, int]:
-    """(bytes, files) under ``path``; symlinks are counted, not followed."""
-    if path.is_symlink() or path.is_file():
-        return path.lstat().st_size, 1
+    """(bytes, files) under ``path``; symlinks are counted, not followed. The walk keeps
+    its own stack: a tree thousands of levels deep is counted, never a RecursionError."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0, 0
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size, 1
     total = files = 0
-    for dirpath, _dirs, names in os.walk(path):
-        for name in names:
+    stack = [os.fspath(path)]
+    while stack:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = list(it)
+        except OSError:  # gone, unreadable, or a name too long to reach
+            continue
+        for entry in entries:
             try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                    continue
+                total += entry.stat(follow_symlinks=False).st_size
                 files += 1
-            except FileNotFoundError:
+            except OSError:
                 continue
     return total, files
 
@@ -132,7 +148,28 @@ def verify(root: Path, *, full: bool = False) -> tuple[RepoCheck, ...]:
     return tuple(_verify_one(repo, full) for repo in repos(root))
 
 
+# Files git reads at start-up: a FIFO or device there would hang `git fsck` (git opens
+# it blocking); each is checked to be a regular file, within the cap, before git runs.
+_GIT_FILE_CAP = 1 << 30  # a default: packed-refs of a large mirror is tens of MB
+_GIT_FILES = ("HEAD", "config", "packed-refs", "FETCH_HEAD", "objects/info/alternates")
+
+
+def _git_files_problem(repo: Path) -> str | None:
+    for name in _GIT_FILES:
+        path = repo / name
+        if not os.path.lexists(path) and name != "HEAD":
+            continue
+        try:
+            untrusted.regular_size(path, untrusted.GIT_FILE, cap=_GIT_FILE_CAP)
+        except PinwheelError as exc:
+            return f"{name}: {exc.what}"
+    return None
+
+
 def _verify_one(repo: Path, full: bool) -> RepoCheck:
+    problem = _git_files_problem(repo)
+    if problem:
+        return RepoCheck(repo, False, problem)
     args = ["fsck", "--no-dangling", "--no-progress"]
     if not full:
         args.insert(1, "--connectivity-only")

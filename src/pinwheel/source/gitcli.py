@@ -22,7 +22,7 @@ from pinwheel import runner
 from pinwheel.errors import PinwheelError
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import faults, gitpolicy
-from pinwheel.urls import redact_text
+from pinwheel.urls import redact
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def git(
         err = stderr_lines(proc)
         raise PinwheelError(
             f"{what} failed: {err[-1] if err else 'exit ' + str(proc.returncode)}",
-            where=redact_text(f"git {' '.join(args[:3])}"),
+            where=redact(f"git {' '.join(args[:3])}"),
         )
     return proc
 
@@ -126,7 +126,7 @@ def git(
 def stderr_lines(proc: runner.Completed) -> list[str]:
     """git's stderr as lines, credentials in any URL it echoes redacted."""
     text = (proc.stderr or b"(git wrote nothing on stderr)").decode(errors="replace")
-    return redact_text(text).strip().splitlines()
+    return redact(text).strip().splitlines()
 
 
 def out(args: Sequence[str], **kw) -> str:  # type: ignore[no-untyped-def]

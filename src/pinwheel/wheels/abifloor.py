@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from pinwheel.wheels.elf import VersionNeed
 
 FAMILIES = ("GLIBC", "GLIBCXX", "CXXABI")
-_VERSION_NAME = re.compile(r"(GLIBC|GLIBCXX|CXXABI)_(\d+(?:\.\d+)*)")
-_VERSION = re.compile(r"\d+(?:\.\d+){0,3}")
+# ASCII digits only (``\d`` would take ``GLIBC_2.١٧`` for 2.17), at most 4 parts of at
+# most 9 digits (glibc's own are 2.x, GLIBCXX 3.4.x): anything else is no version.
+_FAMILY = re.compile(r"(GLIBC|GLIBCXX|CXXABI)_(.*)", re.S)
+_VERSION = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9}){0,3}", re.ASCII)
 
 Version = tuple[int, ...]
 
@@ -32,7 +34,10 @@ Version = tuple[int, ...]
 def parse_version(text: str, *, what: str = "version") -> Version:
     """``"2.31"`` -> ``(2, 31)``; anything else is a ValueError naming ``what``."""
     if not isinstance(text, str) or not _VERSION.fullmatch(text):
-        raise ValueError(f"{what} must look like 2.31 (digits and dots), not {text!r}")
+        shown = text if not isinstance(text, str) or len(text) <= 40 else text[:37] + "..."
+        raise ValueError(
+            f"{what} must look like 2.31 (1 to 4 groups of ASCII digits), not {shown!r}"
+        )
     return tuple(int(p) for p in text.split("."))
 
 
@@ -89,16 +94,19 @@ class Floor:
 
 
 def requirements(member: str, needs: Iterable[VersionNeed]) -> list[Requirement]:
-    """Every family requirement of one ELF member (``GLIBC_PRIVATE`` and others skipped)."""
+    """Every family requirement of one ELF member (``GLIBC_PRIVATE`` and others skipped).
+
+    A family name whose tail starts with a digit of any script but is not a version
+    (``GLIBC_2.3.4.5.6``, ``GLIBC_2.<5,000 digits>``, ``GLIBC_2.١٧``) is a ValueError:
+    the loader would look for exactly that name, so no floor can be read from it."""
     out: list[Requirement] = []
     for need in needs:
-        m = _VERSION_NAME.fullmatch(need.version)
-        if not m:
-            continue
+        m = _FAMILY.fullmatch(need.version)
+        if not m or not m.group(2)[:1].isdigit():
+            continue  # GLIBC_PRIVATE, GLIBCXX_TUNABLES: not a release
+        version = parse_version(m.group(2), what=f"{m.group(1)} version of {need.library}")
         symbol = need.symbols[0] if need.symbols else None
-        out.append(
-            Requirement(m.group(1), parse_version(m.group(2)), member, symbol, need.library)
-        )
+        out.append(Requirement(m.group(1), version, member, symbol, need.library))
     return out
 
 

@@ -378,7 +378,8 @@ def _inspect_elf(member: str, data: elf.Reader) -> tuple[SharedObject | None, st
         image = elf.parse(data)
         dyn = elf.dynamic(image, data)
         needs = elf.version_needs(image, data)
-    except elf.ElfError as exc:
+        abifloor.requirements(member, needs)  # a version name that is no version: here
+    except (elf.ElfError, ValueError) as exc:  # ElfError is a ValueError too
         return None, f"cannot read ELF: {exc}"
     sass: set[int] = set()
     ptx: set[int] = set()

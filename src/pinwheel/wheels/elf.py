@@ -183,10 +183,33 @@ def parse(blob: bytes | bytearray | memoryview | Reader) -> ElfFile:
         name_off, sh_type, _flags, _addr, offset, size, link = h[:7]
         if sh_type != SHT_NOBITS and offset + size > src.size:
             raise ElfError(f"section at offset {offset} size {size} runs past the end of the file")
-        end = names.find(b"\0", name_off)
-        name = names[name_off : end if end >= 0 else None].decode("utf-8", "replace")
+        name = _cstr(names, name_off, "section name", cut=MAX_NAME) if name_off < len(names) else ""
         sections.append(Section(name, sh_type, offset, size, link))
     return ElfFile(bits, e, machine, tuple(sections))
+
+
+# A name is read at most this far from its offset: each lookup costs O(MAX_NAME), not
+# O(table), so a table with one NUL at its end under thousands of symbols is linear, not
+# quadratic. Defaults: a library or version name longer than MAX_NAME is an error; a
+# symbol name (it only says which symbol sets a floor) is kept cut at MAX_SYMBOL bytes.
+MAX_NAME = 4096
+MAX_SYMBOL = 1024
+
+
+def _cstr(table: bytes, off: int, what: str, *, cut: int = 0) -> str:
+    """The NUL-terminated string at ``off``: out of range is an ElfError, and so is one
+    longer than MAX_NAME; with ``cut``, a longer one is its first ``cut`` bytes and '...'."""
+    if off >= len(table):
+        raise ElfError(f"{what} string offset {off} out of range")
+    limit = cut or MAX_NAME
+    end = table.find(b"\0", off, off + limit + 1)
+    if end < 0:
+        if len(table) - off > limit:
+            if not cut:
+                raise ElfError(f"{what} string at offset {off} is longer than {MAX_NAME} bytes")
+            return table[off : off + cut].decode("utf-8", "replace") + "..."
+        end = len(table)
+    return table[off:end].decode("utf-8", "replace")
 
 
 def _table(src: Reader, offset: int, size: int, what: str) -> bytes:
@@ -212,10 +235,7 @@ def dynamic(elf: ElfFile, blob: bytes | bytearray | memoryview | Reader) -> Dyna
     data = _table(src, dyn.offset, dyn.size, "dynamic section")
 
     def string(off: int) -> str:
-        if off >= len(strtab):
-            raise ElfError(f"dynamic string offset {off} out of range")
-        end = strtab.find(b"\0", off)
-        return strtab[off : end if end >= 0 else None].decode("utf-8", "replace")
+        return _cstr(strtab, off, "dynamic")
 
     needed: list[str] = []
     rpath: list[str] = []
@@ -266,10 +286,7 @@ def version_needs(
     e = elf.endian
 
     def string(off: int) -> str:
-        if off >= len(strtab):
-            raise ElfError(f"version string offset {off} out of range")
-        end = strtab.find(b"\0", off)
-        return strtab[off : end if end >= 0 else None].decode("utf-8", "replace")
+        return _cstr(strtab, off, "version")
 
     by_index: dict[int, tuple[str, str]] = {}  # vna_other (version index) -> (library, version)
     order: list[int] = []
@@ -295,17 +312,19 @@ def version_needs(
         at += nxt
         if at >= len(data):
             raise ElfError("verneed chain runs past its section")
-    symbols: dict[int, list[str]] = {i: [] for i in by_index}
-    for name, index in _undefined_symbol_versions(elf, src):
-        if index in symbols:
-            symbols[index].append(name)
+    symbols: dict[int, set[str]] = {i: set() for i in by_index}
+    for name, index in _undefined_symbol_versions(elf, src, set(by_index)):
+        symbols[index].add(name)
     return tuple(
-        VersionNeed(by_index[i][0], by_index[i][1], tuple(sorted(set(symbols[i])))) for i in order
+        VersionNeed(by_index[i][0], by_index[i][1], tuple(sorted(symbols[i]))) for i in order
     )
 
 
-def _undefined_symbol_versions(elf: ElfFile, src: Reader) -> list[tuple[str, int]]:
-    """(name, version index) of each undefined .dynsym symbol; [] without .gnu.version."""
+def _undefined_symbol_versions(
+    elf: ElfFile, src: Reader, wanted: set[int] | None = None
+) -> list[tuple[str, int]]:
+    """(name, version index) of each undefined .dynsym symbol bound to a ``wanted`` version
+    index (all when None); [] without .gnu.version. Each name is read once per offset."""
     dynsym = next((s for s in elf.sections if s.type == SHT_DYNSYM), None)
     versym = next((s for s in elf.sections if s.type == SHT_GNU_VERSYM), None)
     if dynsym is None or versym is None or dynsym.link >= len(elf.sections):
@@ -320,15 +339,18 @@ def _undefined_symbol_versions(elf: ElfFile, src: Reader) -> list[tuple[str, int
         fmt, name_at, shndx_at = elf.endian + "IIIBBH", 0, 5
     step = struct.calcsize(fmt)
     out: list[tuple[str, int]] = []
-    for i in range(min(len(syms) // step, len(versions) // 2)):
+    names: dict[int, str] = {}
+    for i in range(1, min(len(syms) // step, len(versions) // 2)):
         fields = struct.unpack_from(fmt, syms, i * step)
-        if fields[shndx_at] != SHN_UNDEF or i == 0:
+        if fields[shndx_at] != SHN_UNDEF:
             continue
         (index,) = struct.unpack_from(elf.endian + "H", versions, i * 2)
         index &= 0x7FFF  # bit 15: hidden
         name_off = fields[name_at]
-        end = strtab.find(b"\0", name_off)
-        if name_off >= len(strtab):
+        if (wanted is not None and index not in wanted) or name_off >= len(strtab):
             continue
-        out.append((strtab[name_off : end if end >= 0 else None].decode("utf-8", "replace"), index))
+        name = names.get(name_off)
+        if name is None:
+            name = names[name_off] = _cstr(strtab, name_off, "symbol", cut=MAX_SYMBOL)
+        out.append((name, index))
     return out

@@ -13,12 +13,12 @@ import json
 import os
 import platform
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import runner
+from pinwheel import runner, untrusted
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.urls import redact, redact_tree
@@ -142,7 +142,9 @@ def receipt(
         base, head, tree, tag = replayed.base, replayed.head, replayed.tree, replayed.tag
         steps = _steps(replayed)
     else:
-        base, head, tree, tag = manifest.upstream.commit, None, None, manifest.result.tag
+        # nothing replayed: the manifest's pins, labelled as such ("replayed": false); no
+        # tag, which names a replayed stack
+        base, head, tree, tag = manifest.upstream.commit, None, None, None
         steps = [
             {
                 "number": s.number,
@@ -163,6 +165,7 @@ def receipt(
             "base": base,
         },
         "steps": steps,
+        "replayed": replayed is not None,
         "head": head,
         "tree": tree,
         "tag": tag,
@@ -189,11 +192,63 @@ def write_receipt(out_dir: Path, payload: Mapping[str, Any]) -> Path:
     return target
 
 
-def read_receipt(path: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Receipt(Mapping[str, Any]):
+    """A read ``provenance.json``: the checked fields typed (``doc``: head, tree, tag,
+    manifest, components, wheels ...), and, as a read-only mapping, every key as written
+    (the build environment, substitutions, compiled inputs that release notes, reuse and
+    ``check`` copy through)."""
+
+    path: Path
+    doc: untrusted.ProvenanceDoc
+    raw: Mapping[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    @property
+    def head(self) -> str | None:
+        return self.doc.head
+
+    @property
+    def tree(self) -> str | None:
+        return self.doc.tree
+
+    @property
+    def tag(self) -> str | None:
+        return self.doc.tag
+
+    @property
+    def manifest_sha256(self) -> str | None:
+        return self.doc.manifest.sha256 if self.doc.manifest else None
+
+    @property
+    def components(self) -> tuple[untrusted.ComponentRecord, ...]:
+        return tuple(self.doc.components)
+
+    @property
+    def wheels(self) -> Mapping[str, str]:
+        """Wheel file name -> sha256, as recorded."""
+        return self.doc.wheels or {c.wheel: c.sha256 for c in self.doc.components}
+
+    def component(self, name: str) -> dict[str, Any] | None:
+        """The ``components`` entry called ``name``, every key as written."""
+        return component(self.raw, name)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every ``components`` entry, every key as written (checked: see ``components``)."""
+        return [c for c in self.raw.get("components") or [] if isinstance(c, dict)]
+
+
+def read_receipt(path: Path) -> Receipt:
     """The receipt at ``path``, bounded and checked field by field (:mod:`pinwheel.untrusted`):
     a receipt from another machine or a damaged file is an error naming the field."""
-    from pinwheel import untrusted
-
     path = Path(path)
     if not path.exists():
         raise VerifyError(
@@ -201,5 +256,5 @@ def read_receipt(path: Path) -> dict[str, Any]:
             where=str(path),
             next="build first (`tools/replay build`), or pass --wheels DIR of a finished build",
         )
-    _doc, raw = untrusted.read_provenance(path, SCHEMA)
-    return raw
+    doc, raw = untrusted.read_provenance(path, SCHEMA)
+    return Receipt(path, doc, raw)

@@ -31,7 +31,8 @@ from typing import Any, NamedTuple
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from pinwheel import archive
+from pinwheel import archive, validate
+from pinwheel.progress import human_bytes
 
 SAFE_HASHES = ("sha256", "sha384", "sha512")  # PEP 427: no md5/sha1
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -80,18 +81,6 @@ class Issue(NamedTuple):
     rule: str = "zip"  # "zip" (archive structure) | "record" (RECORD rows and hashes)
 
 
-def unsafe_name_reason(name: str) -> str | None:
-    """Why extracting ``name`` could write outside the target directory, else None.
-
-    The one rule of :func:`pinwheel.archive.name_problem` (every archive reader uses it).
-    """
-    return archive.name_problem(name)
-
-
-def _size(n: int) -> str:
-    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB" if n >= MiB else f"{n} B"
-
-
 def header_issues(zf: zipfile.ZipFile, limits: Limits) -> tuple[list[Issue], set[str]]:
     """Rules judged from the central directory alone; and the members not safe to read."""
     issues: list[Issue] = []
@@ -104,7 +93,7 @@ def header_issues(zf: zipfile.ZipFile, limits: Limits) -> tuple[list[Issue], set
             issues.append(Issue(name, "duplicate zip member (installers disagree on which wins)"))
             unreadable.add(name)
         seen.add(name)
-        reason = unsafe_name_reason(name)
+        reason = validate.member_problem(name)
         if reason:
             issues.append(Issue(name, f"unsafe member name: {reason}"))
         kind = archive.zip_kind(info)
@@ -129,7 +118,7 @@ def header_issues(zf: zipfile.ZipFile, limits: Limits) -> tuple[list[Issue], set
             issues.append(
                 Issue(
                     name,
-                    f"member unpacks to {_size(size)}, over the {_size(limits.member)} "
+                    f"member unpacks to {human_bytes(size)}, over the {human_bytes(limits.member)} "
                     "per-member limit (zip bomb?)",
                 )
             )
@@ -138,8 +127,8 @@ def header_issues(zf: zipfile.ZipFile, limits: Limits) -> tuple[list[Issue], set
             issues.append(
                 Issue(
                     name,
-                    f"member unpacks {size / max(packed, 1):.0f}x ({_size(packed)} -> "
-                    f"{_size(size)}), over the {limits.ratio:g}x ratio limit (zip bomb?)",
+                    f"member unpacks {size / max(packed, 1):.0f}x ({human_bytes(packed)} -> "
+                    f"{human_bytes(size)}), over the {limits.ratio:g}x ratio limit (zip bomb?)",
                 )
             )
             unreadable.add(name)
@@ -147,8 +136,8 @@ def header_issues(zf: zipfile.ZipFile, limits: Limits) -> tuple[list[Issue], set
         issues.append(
             Issue(
                 None,
-                f"members unpack to {_size(total)} in all, over the {_size(limits.total)} "
-                "limit (zip bomb?)",
+                f"members unpack to {human_bytes(total)} in all, "
+                f"over the {human_bytes(limits.total)} limit (zip bomb?)",
             )
         )
         unreadable.update(i.filename for i in zf.infolist())
@@ -169,7 +158,7 @@ def stream_member(
             while block := fh.read(CHUNK):
                 read += len(block)
                 if read > limit:
-                    return f"member is larger than {_size(limit)} when unpacked (zip bomb?)"
+                    return f"member is larger than {human_bytes(limit)} when unpacked (zip bomb?)"
                 sink(block)
     except READ_ERRORS as exc:
         return f"damaged member, cannot be read: {_read_error(exc)}"

@@ -28,7 +28,7 @@ from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import link_or_copy, recover_dir, swap_dir
 from pinwheel.wheels import platformtag
 from pinwheel.wheels.check import CheckReport, CheckSpec, check_wheels
-from pinwheel.wheels.provenance import FILENAME, read_receipt, write_receipt
+from pinwheel.wheels.provenance import FILENAME, Receipt, read_receipt, write_receipt
 from pinwheel.wheels.record import BuildRecord
 from pinwheel.wheels.wheelfile import dist_name
 
@@ -101,7 +101,7 @@ def _sibling(out_dir: Path, what: str) -> Path:
     return out_dir.parent / f".{out_dir.name}.{what}"
 
 
-def vouched(out_dir: Path) -> tuple[dict[str, str], dict[str, Any] | None]:
+def vouched(out_dir: Path) -> tuple[dict[str, str], Receipt | None]:
     """Wheels of the current set that SHA256SUMS lists, exist, and match; and the receipt."""
     sums_path = out_dir / SUMS
     if not sums_path.is_file():
@@ -142,7 +142,9 @@ def publish(
     old, old_receipt = vouched(out_dir) if keep_others else ({}, None)
     kept = {n: d for n, d in old.items() if dist_name(n) not in new_dists}
     old_components = {
-        c["wheel"]: c for c in (old_receipt or {}).get("components", []) if c.get("wheel") in kept
+        c["wheel"]: c
+        for c in (old_receipt.entries() if old_receipt else [])
+        if c.get("wheel") in kept
     }
     # Required members ([build] required_members: the engine's) count over the whole set, and
     # only once the set has an engine: a kernel-only build keeps, or waits for, the engine.
@@ -181,7 +183,7 @@ def publish(
         if not any(b.kind == "engine" for b in built) and old_receipt is not None:
             if any(c.get("kind") == "engine" for c in old_components.values()):
                 # the kept engine wheel was replayed by an earlier run: keep what it recorded
-                for key in ("upstream", "steps", "head", "tree", "tag"):
+                for key in ("upstream", "steps", "replayed", "head", "tree", "tag"):
                     payload[key] = old_receipt.get(key)
         payload["wheels"] = {n: digests[n] for n in names}
         payload["built"] = sorted(b.wheel.name for b in built)

@@ -2,7 +2,9 @@
 
 In: ``[build]``, the ``--substitute`` flags and the caller's environment. Out: a frozen
 :class:`ToolchainChoice`. Checked before anything long runs (the replay, a toolkit
-download), so a missing gcc 14 stops the build in a second with its way on.
+download), so a missing gcc 14 stops the build in a second with its way on. Every problem
+is found at once: the gcc, the CUDA/arch table and the Python ``[build]`` pins are checked
+together and reported in one error, each with its own way on.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pinwheel.compile.toolchain.hostcc import HostCompiler, find_host_compiler
+from pinwheel.compile.toolchain.pythons import FoundPython, find_python, how_to_get
+from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.manifest.targets import target_problems
 from pinwheel.wheels.substitute import Substitution, apply
 
 
@@ -20,6 +25,7 @@ class ToolchainChoice:
     config: BuildConfig  # the effective [build] (substitutions applied)
     substitutions: tuple[Substitution, ...]
     host: HostCompiler | None  # None: [build] pins no gcc; the build's default compiler
+    python: FoundPython | None = None  # the interpreter of [build] python
 
     def environ(self, base: Mapping[str, str]) -> dict[str, str]:
         """The build's environment with CC/CXX/CUDAHOSTCXX at the chosen compiler."""
@@ -30,4 +36,34 @@ def choose(
     config: BuildConfig, environ: Mapping[str, str], substitute: Mapping[str, str] | None = None
 ) -> ToolchainChoice:
     effective, subs = apply(config, substitute)
-    return ToolchainChoice(effective, subs, find_host_compiler(effective.gcc, environ))
+    problems: list[ToolchainError] = []
+    host = None
+    try:
+        host = find_host_compiler(effective.gcc, environ)
+    except ToolchainError as exc:
+        problems.append(exc)
+    for p in target_problems(
+        effective.cuda, effective.arches, effective.torch, effective.torch_index
+    ):
+        problems.append(ToolchainError(p.what, where=f"[build] {p.key}", next=p.fix))
+    python = find_python(effective.python, environ)
+    if python is None:
+        problems.append(
+            ToolchainError(
+                f"no Python {effective.python}, which [build] python pins (the wheels are "
+                f"cp{effective.python.replace('.', '')}; looked on PATH, in uv's and pyenv's "
+                "interpreters)",
+                where="[build] python",
+                next=how_to_get(effective.python),
+            )
+        )
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ToolchainError(
+            f"{len(problems)} toolchain problems:\n"
+            + "\n".join(f"  - {p.where}: {p.what}\n    next: {p.next}" for p in problems),
+            where="[build]",
+            next="fix each one above (or substitute where offered), then run the build again",
+        )
+    return ToolchainChoice(effective, subs, host, python)

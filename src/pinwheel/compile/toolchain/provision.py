@@ -22,8 +22,8 @@ from pinwheel.compile.toolchain.pins import MARKER, ToolkitLock
 from pinwheel.compile.toolchain.toolkit import ToolchainError, nvcc_version
 from pinwheel.compile.toolchain.unpack import unpack_deb, unpack_wheel
 from pinwheel.fsutil import atomic_dir, atomic_write_text
-from pinwheel.heartbeat import human_bytes, watch_bytes
-from pinwheel.progress import SILENT, Reporter
+from pinwheel.heartbeat import watch_bytes
+from pinwheel.progress import SILENT, Reporter, human_bytes
 
 # nvcc reads this beside itself; $(_HERE_) makes the tree relocatable.
 NVCC_PROFILE = """\

@@ -7,6 +7,7 @@ manifest's arches must stop the build here, not an hour into it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pinwheel import runner
-from pinwheel.cudaarch import CudaArch, parse_arch
+from pinwheel.cudaarch import parse_arch
 from pinwheel.errors import PinwheelError
 
 
@@ -100,7 +101,7 @@ def probe_arches(nvcc: Path, arches: tuple[str, ...], *, env: Mapping[str, str])
         src = Path(tmp) / "probe.cu"
         src.write_text(_PROBE)
         for arch in arches:
-            target = CudaArch(parse_arch(arch).sm, True, parse_arch(arch).suffix)  # SASS + PTX
+            target = dataclasses.replace(parse_arch(arch), ptx=True)  # SASS + PTX
             cmd = [
                 str(nvcc),
                 "-c",
@@ -110,9 +111,7 @@ def probe_arches(nvcc: Path, arches: tuple[str, ...], *, env: Mapping[str, str])
                 f"-gencode={target.gencode}",
             ]
             out = runner.run(
-                runner.Command(
-                    tuple(cmd), env=env, timeout=300, check=False, error=ToolchainError
-                )
+                runner.Command(tuple(cmd), env=env, timeout=300, check=False, error=ToolchainError)
             )
             if out.returncode == 0:
                 continue

@@ -1,0 +1,133 @@
+"""`pinwheel attribute`: what each step of the stack does, measured on this box."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from pinwheel.cli import Context, command
+from pinwheel.errors import UsageError
+
+
+def register(sub: Any) -> None:
+    p = command(
+        sub,
+        "attribute",
+        "per-step attribution: replay, build and serve the stack with and without each "
+        "step, interleaved; Δ ms/pass, acceptance, KLD and needles with bootstrap CIs",
+        run_attribute,
+    )
+    p.add_argument(
+        "--step",
+        type=int,
+        action="append",
+        default=None,
+        metavar="N",
+        help="attribute step N only (repeatable; default: every step)",
+    )
+    p.add_argument(
+        "--prefixes",
+        action="store_true",
+        help="compare the first N steps with the first N-1 (default: the full stack with and "
+        "without each step)",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        help="directory for attribution.json/.md/.png, the variants' wheels, venvs and server logs",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds; each serves every variant once (default 3)",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=4,
+        help="greedy decodes per serving, [qualify].max_tokens each (default 4)",
+    )
+    p.add_argument(
+        "--profile", default=None, help="[serve.profile.NAME] (default: [serve].default)"
+    )
+    p.add_argument("--model", default=None, help="model directory (default: $<env_prefix>_MODEL)")
+    p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
+    p.add_argument("--torch-backend", default=None, help="uv's --torch-backend for the venvs")
+    p.add_argument("--no-deps", action="store_true", help="install each variant's wheels only")
+    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--confidence", type=float, default=0.95, help="CI level (default 0.95)")
+    p.add_argument(
+        "--min-effect-ms",
+        type=float,
+        default=0.0,
+        help="also call a |Δ ms/pass| below this within noise (default 0: the CI alone decides)",
+    )
+    p.add_argument("--no-needles", action="store_true", help="skip the profile's needles")
+    p.add_argument("--no-kld", action="store_true", help="skip the pinned panel's KLD")
+    p.add_argument("--allow-drift", action="store_true", help="replay pinned heads that moved")
+    p.add_argument("--no-cache", action="store_true", help="build without the compiler cache")
+    p.add_argument(
+        "--wheelhouse",
+        type=Path,
+        default=None,
+        help="install [build.requirements] from this directory of wheels",
+    )
+
+
+def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.compile.pipeline import BuildRequest
+    from pinwheel.serve.attribute import AttributeRequest, attribute
+    from pinwheel.serve.attribute_report import human_lines, to_json
+    from pinwheel.source.replay import ReplayRequest
+    from pinwheel.source.variants import LEAVE_ONE_OUT, PREFIXES, VariantRequest
+
+    manifest = ctx.manifest()
+    config = manifest.require("serve")
+    model = args.model or ctx.environ.get(config.model_var)
+    if not model:
+        raise UsageError(
+            "no model directory to serve the variants with",
+            where="--model / $" + config.model_var,
+            next=f"pass --model DIR or export {config.model_var}=DIR",
+        )
+    wheelhouse = args.wheelhouse or ctx.environ.get("PINWHEEL_WHEELHOUSE")
+    request = AttributeRequest(
+        variants=VariantRequest(
+            ReplayRequest(manifest, ctx.cache, ctx.mirrors, ctx.offline, args.allow_drift),
+            steps=tuple(args.step) if args.step else None,
+            mode=PREFIXES if args.prefixes else LEAVE_ONE_OUT,
+        ),
+        build=BuildRequest(
+            manifest=manifest,
+            cache=ctx.cache,
+            out_dir=Path(args.out).absolute(),
+            environ=ctx.environ,
+            mirrors=ctx.mirrors,
+            offline=ctx.offline,
+            provision=not ctx.offline,
+            kernels=(),
+            compiler_cache=not args.no_cache,
+            wheelhouse=Path(wheelhouse).absolute() if wheelhouse else None,
+        ),
+        out=Path(args.out).absolute(),
+        model=str(model),
+        environ=ctx.environ,
+        profile=args.profile,
+        rounds=args.rounds,
+        samples=args.samples,
+        installer=args.installer,
+        torch_backend=args.torch_backend,
+        no_deps=args.no_deps,
+        resamples=args.resamples,
+        seed=args.seed,
+        confidence=args.confidence,
+        min_effect_ms=args.min_effect_ms,
+        needles=not args.no_needles,
+        kld=not args.no_kld,
+    )
+    outcome = attribute(request, ctx.reporter)
+    ctx.emit(to_json(outcome), "\n".join(human_lines(outcome)))
+    return 0

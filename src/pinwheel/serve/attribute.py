@@ -1,0 +1,463 @@
+"""``pinwheel attribute``: what each step of the stack does, measured on the serving box.
+
+In: an :class:`AttributeRequest` (the variants to replay, the build request of the full
+stack as ``pinwheel build`` would make it, the model, rounds and samples). Out: an
+:class:`AttributeOutcome`, written to ``--out`` as ``attribution.json``, ``attribution.md``
+and a plot (:mod:`pinwheel.serve.attribute_report`).
+
+1. **Variants** (:mod:`pinwheel.source.variants`): the full stack and, per attributed
+   step, the stack without it (or the prefixes), replayed in memory; a step that cannot
+   be left out is reported with the later step and the files it conflicts in.
+2. **Builds**: the full stack first, then each variant, all through
+   :func:`pinwheel.compile.pipeline.build` in the engine's one kept workspace (the
+   export is updated in place, only what changed is rebuilt) and with the full stack's
+   wheels as ``reuse_from`` (a step that touched no compiled input takes the compiled
+   members from the full stack's wheel). Each variant's build seconds are recorded.
+3. **Install**: each wheel set into its own venv (:func:`pinwheel.release.install.install`).
+4. **Serve**, interleaved: per round every variant is started in turn from its venv with
+   the ``[serve]`` profile's launch command (forward order on even rounds, reversed on odd
+   ones), measured, stopped. Per serving: ``[qualify]`` warm-up, then ``samples`` greedy
+   decodes of ``[qualify].max_tokens`` tokens, each measured as ``pinwheel qualify``
+   measures it (:func:`pinwheel.serve.qualify.decode_sample`: ms per forward pass from the
+   engine-step counter, acceptance length from the spec-decode counters); in the first
+   round also the needles of the ``[qualify.profile]`` and the KLD on the pinned panel.
+5. **Statistics** (:mod:`pinwheel.serve.pairstats`): per step, the paired differences
+   (with - without; pairs: the same round and sample) of ms per pass, acceptance length
+   and tok/s, with seeded bootstrap intervals; an interval that contains 0 is "within
+   noise". The greedy text of each prompt is compared too (same or differs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pinwheel import confine
+from pinwheel.compile.pipeline import BuildOutcome, BuildRequest, build, engine_workdir
+from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.manifest import Manifest
+from pinwheel.manifest.serve import QualifyConfig, QualifyProfile, ServeConfig, ServeProfile
+from pinwheel.progress import SILENT, Reporter
+from pinwheel.release.install import InstallRequest, install, venv_python
+from pinwheel.serve import fidelity, pairstats
+from pinwheel.serve.attribution import AttributeOutcome, Built, Serving, StepEffect
+from pinwheel.serve.client import Client, Stream
+from pinwheel.serve.qualify import decode_sample, run_needles, wait_healthy, wait_idle
+from pinwheel.serve.receipt import DecodeSample, NeedleResult
+from pinwheel.serve.recipe import launch
+from pinwheel.serve.supervise import free_port, started_server
+from pinwheel.source.variants import FULL, Variant, VariantPlan, VariantRequest, replay_variants
+
+MAX_ROUNDS = 1000
+MAX_SAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class AttributeRequest:
+    """One attribution, resolved once by the CLI (flags, environment, manifest)."""
+
+    variants: VariantRequest
+    build: BuildRequest  # the full stack's, as `pinwheel build` makes it; per variant:
+    #                      replayed, out_dir, reuse_from and kernels=() are set here
+    out: Path
+    model: str  # what the [serve] profile's --model gets
+    environ: Mapping[str, str] = field(repr=False)  # the servers' environment
+    profile: str | None = None  # [serve.profile.NAME]; None: [serve].default
+    rounds: int = 3
+    samples: int = 4  # decodes per serving
+    installer: str = "auto"
+    torch_backend: str | None = None
+    no_deps: bool = False
+    resamples: int = 2000
+    seed: int = 0
+    confidence: float = 0.95
+    min_effect_ms: float = 0.0  # a |delta ms/pass| below this is within noise (0: CI only)
+    needles: bool = True  # the [qualify.profile]'s needles, first round
+    kld: bool = True  # the pinned panel's KLD, first round
+
+
+def attribute(request: AttributeRequest, reporter: Reporter = SILENT) -> AttributeOutcome:
+    """Replay, build, install, serve interleaved, compare; write the report; return it."""
+    from pinwheel.serve.attribute_report import write_outputs
+
+    manifest = request.variants.replay.manifest
+    scfg, sprof, qcfg, qprof = _configs(manifest, request.profile)
+    _check(request)
+    out = request.out.absolute()
+    plan = replay_variants(request.variants, reporter)
+    confine.mkdirs(out.parent, out)
+    for step, why in plan.blocked:
+        reporter.info(f"{step.label} cannot be left out: {why.label}: {why.what}")
+    needed = [v for v in plan.variants if v.result is not None and _used(plan, v.name)]
+    builds = install_variants(
+        request, build_variants(request, needed, out, reporter), out, reporter
+    )
+    servings = _serve_all(request, builds, out, scfg, sprof, qcfg, qprof, reporter)
+    effects = tuple(_effect(request, plan, c, servings) for c in plan.comparisons)
+    outcome = AttributeOutcome(
+        manifest={"name": manifest.name, "path": manifest.path.name, "sha256": manifest.sha256},
+        mode=plan.mode,
+        rounds=request.rounds,
+        samples=request.samples,
+        plan=plan,
+        builds=tuple(builds),
+        servings=tuple(servings),
+        effects=effects,
+        settings={
+            "profile": sprof.name,
+            "model": request.model,
+            "max_tokens": qcfg.max_tokens,
+            "warmup": qcfg.warmup,
+            "prompts": len(qcfg.prompts),
+            "resamples": request.resamples,
+            "seed": request.seed,
+            "confidence": request.confidence,
+            "min_effect_ms": request.min_effect_ms,
+            "order": "each round serves every variant in turn; odd rounds in reverse order",
+            "pairs": "ms/pass, acceptance and tok/s paired by round and sample",
+        },
+    )
+    files = write_outputs(outcome, out)
+    return dataclasses.replace(outcome, files=files)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _configs(
+    manifest: Manifest, profile: str | None
+) -> tuple[ServeConfig, ServeProfile, QualifyConfig, QualifyProfile | None]:
+    scfg = manifest.require("serve")
+    if scfg.engine.image is not None:
+        raise UsageError(
+            "[serve.engine] runs an image: an attribution installs each variant's wheels "
+            "into a venv and serves from it",
+            where=f"{manifest.path.name} [serve.engine]",
+            next="attribute a venv engine ([serve.engine] module), not a container image",
+        )
+    sprof = scfg.profile(profile)
+    qcfg = manifest.require("qualify")
+    qprof = next((p for p in qcfg.profiles if p.name == sprof.name), None)
+    return scfg, sprof, qcfg, qprof
+
+
+def _check(request: AttributeRequest) -> None:
+    if not 1 <= request.rounds <= MAX_ROUNDS:
+        raise UsageError(
+            f"--rounds {request.rounds} is outside 1..{MAX_ROUNDS}",
+            where="--rounds",
+            next="pass e.g. --rounds 5",
+        )
+    if not 1 <= request.samples <= MAX_SAMPLES:
+        raise UsageError(
+            f"--samples {request.samples} is outside 1..{MAX_SAMPLES}",
+            where="--samples",
+            next="pass e.g. --samples 4",
+        )
+    if request.min_effect_ms < 0 or request.min_effect_ms != request.min_effect_ms:
+        raise UsageError(
+            "--min-effect-ms must be a number >= 0",
+            where="--min-effect-ms",
+            next="pass e.g. --min-effect-ms 0.05, or leave it out",
+        )
+    pairstats.paired([], [], resamples=request.resamples, confidence=request.confidence)
+    if not request.variants.replay.manifest.has_engine:
+        raise UsageError(
+            "the manifest pins no engine stack ([upstream] + [[step]]): nothing to attribute",
+            where=request.variants.replay.manifest.path.name,
+            next="attribute a manifest with an engine stack",
+        )
+
+
+def _used(plan: VariantPlan, name: str) -> bool:
+    return name == FULL or any(name in (c.with_, c.without) for c in plan.comparisons)
+
+
+# --------------------------------------------------------------------------- build + install
+
+
+def build_variants(
+    request: AttributeRequest, variants: Sequence[Variant], out: Path, reporter: Reporter = SILENT
+) -> list[Built]:
+    """The full stack first (``variants[0]``), then each variant in the same kept workspace,
+    with the full stack's wheels as ``reuse_from``; wheels under ``out/variants/NAME/wheels``."""
+    template = request.build
+    if template.toolkit is None and template.cuda:  # once, not once per variant
+        from pinwheel.compile.toolchain import ToolkitRequest, choose, resolve_toolkit
+
+        config = choose(
+            template.manifest.require("build"), template.environ, template.substitute
+        ).config
+        with reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
+            toolkit = resolve_toolkit(
+                ToolkitRequest(
+                    config,
+                    template.cache,
+                    template.environ,
+                    provision=template.provision,
+                    reporter=reporter,
+                )
+            )
+        template = dataclasses.replace(template, toolkit=toolkit)
+    work = engine_workdir(template)
+    full_wheels = out / "variants" / FULL / "wheels"
+    builds: list[Built] = []
+    previous: Variant | None = None
+    for v in variants:
+        assert v.result is not None
+        wheels = out / "variants" / v.name / "wheels"
+        reuse_from = template.reuse_from if v.name == FULL else str(full_wheels)
+        req = dataclasses.replace(
+            template,
+            replayed=v.result,
+            out_dir=wheels,
+            kernels=(),
+            engine_workdir=work,
+            reuse_from=reuse_from,
+        )
+        changed = _changed(previous, v)
+        reporter.info(
+            f"building {v.name} (tree {v.result.tree[:12]}; {len(changed)} file(s) differ "
+            f"from the tree built before it)"
+        )
+        started = time.monotonic()
+        outcome = build(req, reporter)
+        wall = time.monotonic() - started
+        builds.append(_built(v.name, wheels, outcome, wall, changed))
+        previous = v
+    return builds
+
+
+def install_variants(
+    request: AttributeRequest, built: Sequence[Built], out: Path, reporter: Reporter = SILENT
+) -> list[Built]:
+    """Each variant's wheel set into its own venv, ``out/variants/NAME/venv``."""
+    builds = list(built)
+    for i, b in enumerate(builds):
+        venv = out / "variants" / b.variant / "venv"
+        if venv.exists():  # a venv from an earlier run may already hold another build
+            confine.inside(out, venv, what="variant venv")
+            shutil.rmtree(venv)
+        reporter.info(f"installing {b.variant} into {venv}")
+        done = install(
+            InstallRequest(
+                wheel_dir=b.wheels,
+                venv=venv,
+                torch_backend=request.torch_backend,
+                installer=request.installer,
+                no_deps=request.no_deps,
+            )
+        )
+        builds[i] = dataclasses.replace(b, venv=venv, install=done.commands)
+    return builds
+
+
+def _changed(previous: Variant | None, v: Variant) -> tuple[str, ...]:
+    if previous is None or previous.result is None or v.result is None:
+        return ()
+    from pinwheel.source.variants import changed_files
+
+    return changed_files(v.result.repo_path, previous.result.tree, v.result.tree)
+
+
+def _built(
+    name: str, wheels: Path, outcome: BuildOutcome, wall: float, changed: tuple[str, ...]
+) -> Built:
+    engine = next(b for b in outcome.built if b.kind == "engine")
+    reused = tuple(sorted((engine.build.reused or {}).get("members", {})))
+    return Built(
+        variant=name,
+        wheels=wheels,
+        wheel=engine.wheel.name,
+        sha256=outcome.wheels.wheels[engine.wheel.name],
+        seconds=engine.seconds,
+        wall_s=wall,
+        reused=reused,
+        changed=changed,
+    )
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def _serve_all(
+    request: AttributeRequest,
+    builds: Sequence[Built],
+    out: Path,
+    scfg: ServeConfig,
+    sprof: ServeProfile,
+    qcfg: QualifyConfig,
+    qprof: QualifyProfile | None,
+    reporter: Reporter,
+) -> list[Serving]:
+    servings = []
+    for r in range(request.rounds):
+        order = list(builds) if r % 2 == 0 else list(reversed(builds))
+        for b in order:
+            reporter.info(f"round {r + 1}/{request.rounds}: serving {b.variant}")
+            servings.append(_serve(request, b, r, out, scfg, sprof, qcfg, qprof, reporter))
+    return servings
+
+
+def _serve(
+    request: AttributeRequest,
+    b: Built,
+    r: int,
+    out: Path,
+    scfg: ServeConfig,
+    sprof: ServeProfile,
+    qcfg: QualifyConfig,
+    qprof: QualifyProfile | None,
+    reporter: Reporter,
+) -> Serving:
+    assert b.venv is not None
+    port = free_port()
+    run = launch(
+        scfg,
+        sprof,
+        model=request.model,
+        python=str(venv_python(b.venv)),
+        host="127.0.0.1",
+        port=port,
+    )
+    fid = qcfg.fidelity if request.kld and r == 0 else None
+    if fid is not None and fid.panel is not None:
+        run = dataclasses.replace(run, argv=run.argv + fidelity.server_flags(fid, sprof.args))
+    url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    streams: list[Stream] = []
+    samples: list[DecodeSample] = []
+    needles: tuple[NeedleResult, ...] = ()
+    fid_result = None
+    logs = out / "variants" / b.variant / f"round-{r + 1}"
+    with started_server(run, logs, environ=request.environ, url=url, reporter=reporter) as target:
+        client = Client(url)
+        try:
+            wait_healthy(client, target, qcfg.health_timeout_s, poll_s=0.2, reporter=reporter)
+            models = client.models()
+            model = str(models[0]["id"])
+            wait_idle(client, qcfg.idle_timeout_s)
+            for w in range(qcfg.warmup):
+                client.stream_chat(model, qcfg.prompts[w % len(qcfg.prompts)], qcfg.max_tokens)
+            for i in range(request.samples):
+                p = i % len(qcfg.prompts)
+                samples.append(
+                    decode_sample(client, model, qcfg.prompts[p], qcfg.max_tokens, p, r, streams)
+                )
+            if r == 0 and request.needles and qprof is not None and qprof.needle_lengths:
+                max_len = models[0].get("max_model_len")
+                needles = run_needles(
+                    client, model, qprof, max_len if isinstance(max_len, int) else None, reporter
+                )
+            if fid is not None and fid.panel is not None:
+                fid_result = fidelity.measure(client, model, fid)
+        except PinwheelError as exc:
+            raise PinwheelError(
+                f"{b.variant}, round {r + 1}: {exc.what}",
+                where=exc.where or url,
+                next=f"look at the server log {logs / 'server.log'}; {exc.next or ''}".strip(),
+            ) from None
+        finally:
+            client.close()
+    texts = tuple(hashlib.sha256(s.text.encode()).hexdigest() for s in streams)
+    return Serving(
+        b.variant,
+        r,
+        run.argv,
+        tuple(samples),
+        texts,
+        needles,
+        fid_result,
+        time.monotonic() - started,
+    )
+
+
+# --------------------------------------------------------------------------- effects
+
+
+def _series(servings: Sequence[Serving], name: str, metric: str) -> dict[tuple[int, int], float]:
+    out: dict[tuple[int, int], float] = {}
+    for s in servings:
+        if s.variant != name:
+            continue
+        for i, d in enumerate(s.samples):
+            value = getattr(d, metric)
+            if value is not None:
+                out[(s.round, i)] = float(value)
+    return out
+
+
+def _pair(
+    request: AttributeRequest,
+    servings: Sequence[Serving],
+    with_: str,
+    without: str,
+    metric: str,
+    min_effect: float = 0.0,
+) -> pairstats.Effect | None:
+    a, b = _series(servings, with_, metric), _series(servings, without, metric)
+    keys = sorted(set(a) & set(b))
+    return pairstats.paired(
+        [a[k] for k in keys],
+        [b[k] for k in keys],
+        resamples=request.resamples,
+        seed=request.seed,
+        confidence=request.confidence,
+        min_effect=min_effect,
+    )
+
+
+def _first(servings: Sequence[Serving], name: str) -> Serving | None:
+    return next((s for s in servings if s.variant == name and s.round == 0), None)
+
+
+def _needles(s: Serving | None) -> str:
+    if s is None or not s.needles:
+        return "not run"
+    passed = sum(n.status == "pass" for n in s.needles)
+    counted = sum(n.status != "skipped" for n in s.needles)
+    return f"{passed}/{counted} pass"
+
+
+def _texts(servings: Sequence[Serving], with_: str, without: str) -> str:
+    a = [s.texts for s in servings if s.variant == with_]
+    b = [s.texts for s in servings if s.variant == without]
+    if not a or not b or not a[0] or not b[0]:
+        return "unmeasured"
+    return "same" if a[0] == b[0] else "differs"
+
+
+def _effect(
+    request: AttributeRequest, plan: VariantPlan, c: Any, servings: Sequence[Serving]
+) -> StepEffect:
+    fa, fb = _first(servings, c.with_), _first(servings, c.without)
+    return StepEffect(
+        number=c.step.number,
+        label=c.step.label,
+        title=c.step.title,
+        with_=c.with_,
+        without=c.without,
+        ms_per_pass=_pair(
+            request, servings, c.with_, c.without, "ms_per_pass", request.min_effect_ms
+        ),
+        acceptance=_pair(request, servings, c.with_, c.without, "acceptance_length"),
+        tok_s=_pair(request, servings, c.with_, c.without, "tok_s"),
+        kld=(
+            fa.fidelity.mean_kld if fa is not None and fa.fidelity is not None else None,
+            fb.fidelity.mean_kld if fb is not None and fb.fidelity is not None else None,
+        ),
+        needles=(_needles(fa), _needles(fb)),
+        text=_texts(servings, c.with_, c.without),
+    )
+
+
+__all__ = [
+    "AttributeOutcome", "AttributeRequest", "StepEffect", "attribute", "build_variants",
+    "install_variants",
+]  # fmt: skip

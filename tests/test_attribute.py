@@ -1,0 +1,256 @@
+"""`pinwheel attribute` on real parts: a real git upstream whose package is an
+OpenAI-compatible server (servingproject.py, the engine under test), replayed by the real
+engine per variant, built into wheels in one kept workspace, installed into venvs, served
+interleaved, measured through vLLM-style counters; the paired statistics find each step's
+effect with its sign and call a no-op step noise. Device code comes from the stand-in
+compiler of tinyproject.py (CI has no CUDA)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from gitfixture import UPSTREAM_URL, manifest_text
+from pinwheel.checksums import sha256_file
+from pinwheel.cli import main
+from pinwheel.compile.pipeline import BuildRequest
+from pinwheel.errors import UsageError
+from pinwheel.manifest import load
+from pinwheel.serve import pairstats
+from pinwheel.serve.attribute import AttributeRequest, attribute
+from pinwheel.serve.attribute_report import human_lines, markdown, to_json
+from pinwheel.source.replay import ReplayRequest, replay_manifest
+from pinwheel.source.variants import PREFIXES, VariantRequest, replay_variants
+from servingproject import BUILD_TABLE, Serving, make_serving_upstream
+
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+needs_gcc = pytest.mark.skipif(
+    not (shutil.which("gcc") and shutil.which("objcopy")), reason="needs gcc and objcopy"
+)
+
+
+@pytest.fixture
+def serving(tmp_path: Path) -> Serving:
+    return make_serving_upstream(tmp_path)
+
+
+def _manifest(
+    s: Serving,
+    prs: list[int],
+    *,
+    titles: dict[int, str] | None = None,
+    max_tokens: int = 25,
+    name: str = "m.toml",
+) -> Path:
+    steps: list[dict[str, object]] = []
+    for pr in prs:
+        step: dict[str, object] = {
+            "action": "pick",
+            "pr": pr,
+            "head": s.heads[pr],
+            "commits": s.commits[pr],
+        }
+        if titles and pr in titles:
+            step["title"] = titles[pr]
+        steps.append(step)
+    path = s.tmp / name
+    table = BUILD_TABLE.format(python=PY, max_tokens=max_tokens)
+    path.write_text(manifest_text(s.base, steps, tag=None, extra=table))
+    return path
+
+
+def _replay_request(s: Serving, manifest: Path) -> ReplayRequest:
+    return ReplayRequest(load(manifest), s.tmp / "cache", {UPSTREAM_URL: str(s.up.bare)})
+
+
+@needs_gcc
+def test_attribution_finds_each_steps_effect_with_its_sign(serving: Serving) -> None:
+    s = serving
+    hostile = "docs | <script>x</script> `tick`"
+    manifest = _manifest(s, [11, 12, 13, 14], titles={14: hostile})
+    m = load(manifest)
+    out = s.tmp / "attribution"
+    environ = dict(os.environ)
+    request = AttributeRequest(
+        variants=VariantRequest(_replay_request(s, manifest)),
+        build=BuildRequest(
+            manifest=m,
+            cache=s.tmp / "cache",
+            out_dir=s.tmp / "unused",
+            environ=environ,
+            mirrors={UPSTREAM_URL: str(s.up.bare)},
+            kernels=(),
+            cuda=False,
+        ),
+        out=out,
+        model=str(s.tmp / "model"),
+        environ=environ,
+        rounds=3,
+        samples=4,
+        no_deps=True,
+        min_effect_ms=1.0,  # the steps' effects are 2-3 ms; a 2-core CI box jitters below 1
+    )
+    outcome = attribute(request)
+    by_pr = {e.label.split("#")[1].rstrip(")"): e for e in outcome.effects}
+    assert sorted(by_pr) == ["11", "12", "13", "14"]
+
+    faster, more, slower, noop = by_pr["11"], by_pr["12"], by_pr["13"], by_pr["14"]
+    assert faster.ms_per_pass is not None and faster.ms_per_pass.verdict == "lower"
+    assert faster.ms_per_pass.ci_high < 0 and -4.5 < faster.ms_per_pass.delta < -1.5
+    assert slower.ms_per_pass is not None and slower.ms_per_pass.verdict == "higher"
+    assert slower.ms_per_pass.ci_low > 0 and 0.5 < slower.ms_per_pass.delta < 3.5
+    assert slower.text == "differs"
+    assert more.acceptance is not None and more.acceptance.verdict == "higher"
+    assert more.acceptance.delta == pytest.approx(1.0)  # 1 + 2/1 with it, 1 + 1/1 without
+    assert more.text == "same"
+    assert noop.ms_per_pass is not None and noop.ms_per_pass.verdict == pairstats.NOISE
+    assert noop.acceptance is not None and noop.acceptance.verdict == pairstats.NOISE
+    assert noop.text == "same" and faster.text == "same"
+    assert all(e.ms_per_pass is not None and e.ms_per_pass.n == 12 for e in outcome.effects)
+
+    # Builds: one kept workspace, the full stack first; a Python-only step's variant takes the
+    # compiled member from the full stack's wheel, the compiled step's variant compiles it.
+    builds = {b.variant: b for b in outcome.builds}
+    assert list(builds) == ["full", "without-1", "without-2", "without-3", "without-4"]
+    assert builds["without-1"].changed == ("csrc/cost.c",)
+    assert builds["without-1"].reused == ()
+    for name in ("without-2", "without-3", "without-4"):
+        assert builds[name].reused == ("vllm/_C.so",), name
+    assert len({b.sha256 for b in builds.values()}) == 5
+
+    # The full variant is what `pinwheel run` replays; receipts name trees, wheels, commands.
+    full = replay_manifest(
+        m, cache=s.tmp / "cache", mirrors={UPSTREAM_URL: str(s.up.bare)}, write_refs=False
+    )
+    doc = json.loads((out / "attribution.json").read_text())
+    assert doc["schema"] == "pinwheel.attribution/1"
+    variants = {v["name"]: v for v in doc["variants"]}
+    assert variants["full"]["tree"] == full.tree
+    for v in variants.values():
+        wheel = out / "variants" / v["name"] / "wheels" / v["wheel"]
+        assert sha256_file(wheel) == v["sha256"]
+        cmd = v["serve_command"]
+        assert cmd[0] == str(out / "variants" / v["name"] / "venv" / "bin" / "python")
+        assert cmd[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", request.model]
+    rounds = [(x["variant"], x["round"]) for x in doc["servings"]]
+    names = ["full", "without-1", "without-2", "without-3", "without-4"]
+    assert rounds == [(n, 1) for n in names] + [(n, 2) for n in reversed(names)] + [
+        (n, 3) for n in names
+    ]
+    step14 = next(x for x in doc["steps"] if x["number"] == 4)
+    assert step14["title"] == hostile and step14["ms_per_pass"]["verdict"] == pairstats.NOISE
+
+    lines = human_lines(outcome)  # what the CLI prints
+    assert any("PR #11)" in ln and "-> faster" in ln for ln in lines)
+    assert any("PR #13)" in ln and "-> slower" in ln and "text differs" in ln for ln in lines)
+    assert any("PR #14)" in ln and f"-> {pairstats.NOISE}" in ln for ln in lines)
+    assert doc == json.loads(json.dumps(to_json(outcome)))  # the CLI's --json document
+
+    text = (out / "attribution.md").read_text()
+    assert text == markdown(outcome)
+    assert "<script>" not in text and r"docs \| \<script\>x\</script\>" in text
+    assert "faster" in text and "slower" in text and pairstats.NOISE in text
+    print("\n" + "\n".join(ln for ln in text.splitlines() if ln.startswith("|")))
+
+
+def test_a_step_a_later_step_needs_says_which_and_where(serving: Serving) -> None:
+    manifest = _manifest(serving, [13, 15])
+    plan = replay_variants(VariantRequest(_replay_request(serving, manifest)))
+    assert [v.name for v in plan.variants] == ["full", "without-1", "without-2"]
+    ((step, why),) = plan.blocked
+    assert step.pr == 13
+    assert why.step == 2 and "PR #15" in why.label and why.files == ("vllm/sampler.py",)
+    assert plan.variant("without-1").result is None
+    assert [c.step.pr for c in plan.comparisons] == [15]
+    assert plan.variant("without-2").tree is not None
+
+
+def test_prefixes_pair_each_step_with_the_stack_before_it(serving: Serving) -> None:
+    manifest = _manifest(serving, [11, 12, 13])
+    plan = replay_variants(VariantRequest(_replay_request(serving, manifest), mode=PREFIXES))
+    assert [v.name for v in plan.variants] == ["full", "prefix-1", "prefix-0", "prefix-2"]
+    pairs = [(c.step.number, c.with_, c.without) for c in plan.comparisons]
+    assert pairs == [
+        (1, "prefix-1", "prefix-0"),
+        (2, "prefix-2", "prefix-1"),
+        (3, "full", "prefix-2"),
+    ]
+    assert plan.variant("prefix-0").tree == plan.variant("prefix-0").result.tree  # type: ignore[union-attr]
+    # The stack of no step is the base's own tree.
+    base_tree = serving.up.rev(f"{serving.base}^{{tree}}")
+    assert plan.variant("prefix-0").tree == base_tree
+    one = replay_variants(
+        VariantRequest(_replay_request(serving, manifest), steps=(2,), mode=PREFIXES)
+    )
+    assert [v.name for v in one.variants] == ["full", "prefix-2", "prefix-1"]
+
+
+def test_an_unknown_step_is_a_usage_error_before_any_work(serving: Serving, capsys) -> None:
+    manifest = _manifest(serving, [11])
+    with pytest.raises(UsageError, match="no step 4"):
+        replay_variants(VariantRequest(_replay_request(serving, manifest), steps=(4,)))
+    rc = main(
+        [
+            "--manifest",
+            str(manifest),
+            "--cache",
+            str(serving.tmp / "cache"),
+            "--json",
+            "attribute",
+            "--step",
+            "4",
+            "--out",
+            str(serving.tmp / "o"),
+            "--model",
+            "m",
+        ]
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 2 and doc["error"]["what"].startswith("no step 4")
+    assert not (serving.tmp / "o").exists()
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_the_paired_bootstrap_is_seeded_and_tells_noise_from_an_effect() -> None:
+    base = [10.0, 10.4, 9.8, 10.1, 10.3, 9.9, 10.2, 10.0]
+    jitter = [0.05, -0.04, 0.02, -0.03, 0.01, -0.02, 0.04, -0.05]
+    same = [b + j for b, j in zip(base, jitter, strict=True)]
+    a = pairstats.paired(same, base, resamples=500, seed=7)
+    b = pairstats.paired(same, base, resamples=500, seed=7)
+    assert a == b and a is not None
+    assert a.ci_low <= 0 <= a.ci_high and a.verdict == pairstats.NOISE
+    slower = pairstats.paired([x + 0.3 for x in same], base, resamples=500, seed=7)
+    assert slower is not None and slower.verdict == "higher" and slower.ci_low > 0
+    assert slower.delta == pytest.approx(0.3 + sum(jitter) / len(jitter))
+    faster = pairstats.paired([x - 0.3 for x in same], base, resamples=500, seed=7)
+    assert faster is not None and faster.verdict == "lower" and faster.ci_high < 0
+    small = pairstats.paired([x + 0.3 for x in same], base, resamples=500, min_effect=0.5)
+    assert small is not None and small.verdict == pairstats.NOISE
+    assert pairstats.paired([], []) is None
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[float("nan"), 1.0], [float("inf"), 1.0], [1e308 * 10, 1.0]],
+    ids=["nan", "inf", "overflow"],
+)
+def test_a_measurement_that_is_not_a_finite_number_is_refused(values) -> None:
+    with pytest.raises(ValueError, match="finite"):
+        pairstats.paired(values, [1.0, 1.0])
+
+
+def test_a_bootstrap_too_large_to_run_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="resamples"):
+        pairstats.paired([1.0] * 10, [1.0] * 10, resamples=10**9)
+    with pytest.raises(UsageError, match="confidence"):
+        pairstats.paired([1.0], [1.0], confidence=1.0)
+    with pytest.raises(ValueError, match="unpaired"):
+        pairstats.paired([1.0], [1.0, 2.0])

@@ -1,0 +1,291 @@
+"""Hostile input, files that are not documents: FIFOs, devices, sparse giants, deep trees.
+
+Every reader of a file pinwheel did not write opens it without blocking, checks with
+``fstat`` that it is a regular file and that its size is under the kind's cap, and
+only then reads: the manifest, a model pack's config.json (``model check``), a cache
+repository's HEAD (``cache verify``), and the compiled inputs a ``--reuse-from``
+receipt names. ``cache du`` walks a tree thousands of levels deep without recursion.
+Each case must end in the project's error with a ``next:`` step: never a hang, a
+MemoryError, a RecursionError or a traceback. Real parts: FIFOs, /dev/zero, sparse
+files and trees made here, the CLI's own main(), a real bare git repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pinwheel import untrusted
+from pinwheel.cli import main
+from pinwheel.compile import reuse
+from pinwheel.errors import PinwheelError
+from pinwheel.source import cachetool
+from releasekit import write_manifest
+from test_hostile_documents import _shard, _tensor
+
+pytestmark = pytest.mark.timeout(60)  # a FIFO read the old way hangs: the timeout fails it
+
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _sparse(path: Path, size: int) -> Path:
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+    return path
+
+
+def _device(path: Path) -> Path:
+    path.symlink_to("/dev/zero")  # a character device that never ends
+    return path
+
+
+# case -> (make the file at a path, what the message must say)
+NOT_A_DOCUMENT = {
+    "a FIFO": (_fifo, "a FIFO, not a regular file"),
+    "/dev/zero": (_device, "a character device, not a regular file"),
+    "a 4 GiB sparse file": (lambda p: _sparse(p, 4 << 30), "4294967296 bytes, more than the"),
+}
+
+
+# --------------------------------------------------------------------------- the reader itself
+
+
+@pytest.mark.parametrize("case", sorted(NOT_A_DOCUMENT))
+def test_read_bytes_refuses_what_is_not_a_regular_file_within_the_cap(case, tmp_path):
+    make, gist = NOT_A_DOCUMENT[case]
+    path = make(tmp_path / "doc.json")
+    with pytest.raises(PinwheelError) as err:
+        untrusted.read_json(path, untrusted.MODEL_CONFIG)
+    assert gist in err.value.what and err.value.next and str(path) == err.value.where
+
+
+@FUZZ
+@given(data=st.binary(max_size=4096), cap=st.integers(min_value=0, max_value=5000))
+def test_fuzz_read_bytes_returns_the_file_or_refuses_it_by_size(tmp_path, data, cap):
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    if len(data) <= cap:
+        assert untrusted.read_bytes(path, untrusted.SERVER, cap=cap) == data
+    else:
+        with pytest.raises(untrusted.ServerAnswerError, match=f"{len(data)} bytes, more than"):
+            untrusted.read_bytes(path, untrusted.SERVER, cap=cap)
+
+
+@FUZZ
+@given(kind=st.sampled_from(["fifo", "dir", "missing", "device", "file"]))
+def test_fuzz_regular_size_is_the_size_of_a_regular_file_and_an_error_otherwise(tmp_path, kind):
+    path = tmp_path / f"p-{kind}"
+    if not os.path.lexists(path):
+        {
+            "fifo": _fifo,
+            "dir": Path.mkdir,
+            "missing": lambda p: None,
+            "device": _device,
+            "file": lambda p: p.write_bytes(b"12345"),
+        }[kind](path)
+    if kind == "file":
+        assert untrusted.regular_size(path, untrusted.GIT_FILE) == 5
+    else:
+        with pytest.raises(PinwheelError):
+            untrusted.regular_size(path, untrusted.GIT_FILE)
+
+
+# --------------------------------------------------------------------------- the manifest
+
+
+@pytest.mark.parametrize("case", sorted(NOT_A_DOCUMENT))
+def test_a_manifest_that_is_not_a_regular_file_is_exit_2(case, tmp_path, capsys):
+    make, gist = NOT_A_DOCUMENT[case]
+    manifest = make(tmp_path / "manifest.toml")
+    rc = main(["--cache", str(tmp_path / "cache"), "--manifest", str(manifest), "plan"])
+    err = _flat(capsys.readouterr().err)
+    assert rc == 2, err
+    assert gist.split(",")[0].split(" more")[0] in err and "next:" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_manifest_failure_under_json_is_one_document(tmp_path, capsys):
+    manifest = _fifo(tmp_path / "manifest.toml")
+    rc = main(["--json", "--manifest", str(manifest), "plan"])
+    out = capsys.readouterr().out
+    assert rc == 2
+    doc = json.loads(out)  # exactly one document
+    assert "FIFO" in json.dumps(doc)
+
+
+# --------------------------------------------------------------------------- model check
+
+
+@pytest.mark.parametrize("case", sorted(NOT_A_DOCUMENT))
+def test_model_check_refuses_a_config_json_that_is_not_a_regular_file(case, tmp_path, capsys):
+    make, gist = NOT_A_DOCUMENT[case]
+    pack = tmp_path / "glm"
+    pack.mkdir()
+    _shard(pack / "model.safetensors", {"w": _tensor()}, b"\0" * 8)
+    make(pack / "config.json")
+    model = '[model]\nrepo = "org/m"\n[model.config]\nquant_method = "exl3"\n'
+    manifest = write_manifest(tmp_path, model=model)
+    rc = main(["--manifest", str(manifest), "model", "check", str(pack)])
+    err = _flat(capsys.readouterr().err)
+    if case == "/dev/zero":  # a symlink to a device: refused as leading out of the pack
+        assert rc == 6 and "config.json" in err and "Traceback" not in err, err
+        return
+    assert rc == 6 and "config.json" in err and gist in err and "Traceback" not in err, err
+
+
+# --------------------------------------------------------------------------- cache verify
+
+
+def _bare_cache(tmp_path: Path) -> tuple[Path, Path]:
+    cache = tmp_path / "cache"
+    repo = cache / "repos" / "demo-00000000.git"
+    repo.parent.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+    return cache, repo
+
+
+@pytest.mark.parametrize("name", ["HEAD", "config", "packed-refs"])
+@pytest.mark.parametrize("case", ["a FIFO", "a 4 GiB sparse file"])
+def test_cache_verify_refuses_a_git_file_that_is_a_fifo_or_a_giant(name, case, tmp_path, capsys):
+    cache, repo = _bare_cache(tmp_path)
+    target = repo / name
+    target.unlink(missing_ok=True)
+    if case == "a FIFO":
+        _fifo(target)
+    else:
+        _sparse(target, 4 << 30)
+    rc = main(["--cache", str(cache), "cache", "verify"])
+    out = capsys.readouterr()
+    text = _flat(out.out + out.err)
+    assert rc == 1, text
+    assert f"BAD {repo}" in text and name in text, text
+    assert ("FIFO" if case == "a FIFO" else "more than the") in text, text
+
+
+def test_cache_verify_passes_an_intact_repository(tmp_path, capsys):
+    cache, repo = _bare_cache(tmp_path)
+    rc = main(["--cache", str(cache), "cache", "verify"])
+    assert rc == 0, capsys.readouterr()
+
+
+# --------------------------------------------------------------------------- cache du
+
+
+def _deep(root: Path, levels: int) -> Path:
+    """A chain of one-letter folders ``levels`` deep, a 3-byte file at the bottom (made
+    with a descriptor per level: the path would pass PATH_MAX)."""
+    root.mkdir(parents=True)
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(levels):
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    leaf = os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+    os.write(leaf, b"abc")
+    os.close(leaf)
+    os.close(fd)
+    return root
+
+
+def test_cache_du_counts_a_tree_1100_levels_deep(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    _deep(cache / "toolchains", 1100)
+    rc = main(["--cache", str(cache), "--json", "cache", "du"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    entry = json.loads(out.out)["entries"]["toolchains"]
+    assert entry["bytes"] == 3 and entry["files"] == 1
+
+
+@FUZZ
+@given(
+    shape=st.lists(st.tuples(st.integers(0, 5), st.binary(max_size=64)), min_size=0, max_size=12)
+)
+def test_fuzz_size_walk_counts_every_file_once(tmp_path, shape):
+    """Files at random depths: the walk's totals are the sum of what was written."""
+    import uuid
+
+    root = tmp_path / uuid.uuid4().hex
+    root.mkdir()
+    total = 0
+    for i, (depth, data) in enumerate(shape):
+        folder = root.joinpath(*(["x"] * depth))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"f{i}").write_bytes(data)
+        total += len(data)
+    assert cachetool._size(root) == (total, len(shape))
+
+
+# --------------------------------------------------------------------------- --reuse-from
+
+
+def _candidate(files: dict[str, str]) -> reuse.Candidate:
+    rec = {"complete": True, "identity": {}, "files": files}
+    return reuse.Candidate(Path("x.whl"), "0" * 64, {"compiled_inputs": rec}, "release/")
+
+
+def test_reuse_refuses_a_compiled_input_of_6_gib_by_its_size(tmp_path):
+    source = tmp_path / "tree"
+    source.mkdir()
+    _sparse(source / "big.bin", 6 << 30)
+    with pytest.raises(reuse.ReuseError) as err:
+        reuse.unchanged(_candidate({"big.bin": "0" * 40}), source, {})
+    assert "6442450944 bytes, more than the" in err.value.what and err.value.next
+
+
+def test_reuse_counts_a_compiled_input_that_is_a_fifo_as_changed(tmp_path):
+    source = tmp_path / "tree"
+    source.mkdir()
+    _fifo(source / "in.h")
+    ok, why, _ = reuse.unchanged(_candidate({"in.h": "0" * 40}), source, {})
+    assert not ok and "in.h" in why
+
+
+def test_blob_id_refuses_a_fifo(tmp_path):
+    with pytest.raises(reuse.ReuseError, match="FIFO"):
+        reuse.blob_id(_fifo(tmp_path / "in.h"))
+
+
+@pytest.mark.parametrize("name", ["../outside.h", "/etc/hostname", "a//b"])
+def test_reuse_refuses_a_compiled_input_outside_the_tree(name, tmp_path):
+    source = tmp_path / "tree"
+    source.mkdir()
+    (tmp_path / "outside.h").write_text("x")
+    with pytest.raises(reuse.ReuseError, match="outside the tree"):
+        reuse.unchanged(_candidate({name: "0" * 40}), source, {})
+
+
+@FUZZ
+@given(data=st.binary(max_size=3000))
+def test_fuzz_blob_id_is_gits(tmp_path, data):
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    want = (
+        subprocess.run(
+            ["git", "hash-object", "--no-filters", str(path)], capture_output=True, check=True
+        )
+        .stdout.decode()
+        .strip()
+    )
+    assert reuse.blob_id(path) == want
