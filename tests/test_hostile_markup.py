@@ -12,7 +12,9 @@ import json
 import re
 from pathlib import Path
 
-from test_hostile_release import _build, _release, good_wheel
+import pytest
+
+from test_hostile_release import _build, _release
 from test_hostile_trust import _forged_headings, _raw
 
 HOSTILE = "x\n## Forged heading <img src=x onerror=alert(1)> | cell [a](javascript:y) \u202e"
@@ -20,8 +22,18 @@ HOSTILE = "x\n## Forged heading <img src=x onerror=alert(1)> | cell [a](javascri
 
 def test_release_notes_escape_the_floor_table_and_the_substitution_headline(tmp_path: Path):
     """Issue 34: the glibc-floor table and the substitution headline copied receipt values
-    raw into RELEASE_NOTES.md."""
-    build = _build(tmp_path, [good_wheel(tmp_path / "w")])
+    raw into RELEASE_NOTES.md. The floor's symbol comes from the wheel itself: a real
+    shared object from gcc whose versioned symbol name is rewritten in place."""
+    from test_glibc_floor import NEW_C, compile_so, needs_glibc_234, wheel_of
+
+    if needs_glibc_234.args[0]:
+        pytest.skip("needs a glibc >= 2.34 build host")
+    so = compile_so(tmp_path, "new", NEW_C)
+    hostile = b"|<i>[a](j:y)`#"  # a cell split, raw HTML, a link, a code span: 14 bytes
+    assert len(hostile) == len(b"pthread_create")
+    so.write_bytes(so.read_bytes().replace(b"pthread_create", hostile))
+    built = wheel_of(tmp_path, "newer", {"new.so": so})
+    build = _build(tmp_path, [built])
     prov = json.loads((build / "provenance.json").read_text())
     wheel = next(p.name for p in build.glob("*.whl"))
     prov["components"] = [{
@@ -36,14 +48,17 @@ def test_release_notes_escape_the_floor_table_and_the_substitution_headline(tmp_
     assert _release(tmp_path, build, "--allow-unverified") == 0
     notes = (tmp_path / "rel" / "RELEASE_NOTES.md").read_text()
     assert not _forged_headings(notes), _forged_headings(notes)
-    # inside a code span (the platform tag) markup is literal text: judged outside them
+    # inside a code span (the platform tag) markup is literal text: judged outside it
     span = re.search(r"`linux_x86_64¦[^`\n]*`", notes)
     assert span is not None, notes
     outside = notes.replace(span.group(), "``")
-    assert not _raw(outside, "<img", "](javascript", "[a]"), outside
+    assert not _raw(outside, "<img", "<i>", "](javascript", "[a]"), outside
     assert "\u202e" not in notes
-    rows = [ln for ln in notes.splitlines() if ln.startswith(f"| {wheel[:10]}")]
-    floor_rows = [r for r in rows if "GLIBC" in r]
-    assert len(floor_rows) == 1 and floor_rows[0].count(" | ") == 3 - 1, floor_rows
+    floor_rows = [ln for ln in notes.splitlines() if ln.startswith("| ") and "GLIBC" in ln]
+    assert len(floor_rows) == 1, notes
+    row = floor_rows[0].replace("\\|", "")  # escaped pipes are text, not cell borders
+    assert row.count(" | ") == 3 - 1, floor_rows
+    assert "\\|\\<i\\>\\[a\\](j:y)\\`#" in floor_rows[0]  # the wheel's symbol, escaped
     first = notes.splitlines()[0]
     assert "SUBSTITUTED TOOLCHAIN" in first and "Forged heading" in first
+    assert not _raw(first, "<img", "[a]")

@@ -70,7 +70,7 @@ def command(
     argv = ["git"]
     if git_dir is not None:
         argv += ["--git-dir", str(git_dir)]
-    argv += [*rule.options, *args]
+    argv += [*rule.options, *gitpolicy.subcommand_options(list(args))]
     extra = {k: v for k, v in (env or {}).items() if k not in rule.env_set}
     return runner.Command(
         argv=tuple(argv),

@@ -42,7 +42,9 @@ ALTERNATE_REFS = "f() { git --git-dir=\"$1\" for-each-ref '--format=%(objectname
 
 # Per-command settings: the second fence after the environment. Every key git (2.39 to
 # 2.47) reads as a command to run, or a program or file to use, that has a fixed name
-# (git-config(1)); keys with a driver or remote in their name (filter.<d>.smudge,
+# (git-config(1)) and that a value can switch off (diff.external cannot: the subcommands
+# that read it get --no-ext-diff, :data:`SUBCOMMAND_OPTIONS`); keys with a driver or
+# remote in their name (filter.<d>.smudge,
 # remote.<r>.uploadpack, ...) cannot be listed here and are refused by the repository
 # config whitelist (:data:`SAFE_REPO_KEYS`) instead.
 COMMAND_CONFIG = (
@@ -56,7 +58,6 @@ COMMAND_CONFIG = (
     ("core.editor", "false"),
     ("sequence.editor", "false"),
     ("core.pager", "cat"),
-    ("diff.external", "false"),
     ("gpg.program", "false"),
     ("gpg.openpgp.program", "false"),
     ("gpg.ssh.program", "false"),
@@ -98,6 +99,22 @@ SAFE_REPO_KEYS = frozenset(
         "gc.autodetach",
     }
 )
+
+
+# Keys no `-c` value can switch off (an empty diff.external is still run): options given
+# to the subcommands that would read them.
+SUBCOMMAND_OPTIONS = {
+    "diff": ("--no-ext-diff", "--no-textconv"),
+    "log": ("--no-ext-diff", "--no-textconv"),
+    "show": ("--no-ext-diff", "--no-textconv"),
+}
+
+
+def subcommand_options(args: list[str] | tuple[str, ...]) -> list[str]:
+    """``args`` with :data:`SUBCOMMAND_OPTIONS` put right after the subcommand."""
+    if args and args[0] in SUBCOMMAND_OPTIONS:
+        return [args[0], *SUBCOMMAND_OPTIONS[args[0]], *args[1:]]
+    return list(args)
 
 
 def fixed_env() -> dict[str, str]:
