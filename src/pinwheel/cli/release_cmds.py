@@ -119,6 +119,32 @@ def cmd_publish(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.release.assemble import release_config
+    from pinwheel.release.pyindex import IndexRequest, build_index
+
+    config = release_config(_manifest_or_none(ctx))
+    signers, principal = _signers(ctx, args)
+    directory = Path(args.dir) if args.dir else config.dir
+    out = Path(args.out) if args.out else directory.parent / f"{directory.name}-index"
+    outcome = build_index(IndexRequest(directory, out, signers, principal))
+    lines = [f"index in {outcome.out}: {len(outcome.files)} wheels, "
+             f"{len(outcome.variants)} variant(s)"
+             + (f", release signed by {outcome.signed_by}" if outcome.signed_by else
+                ", release signature not checked (no allowed_signers)")]  # fmt: skip
+    lines += [f"  {v}: --index-url BASE/{v}/simple/  ({len(w)} wheels)"
+              for v, w in outcome.variants.items()]  # fmt: skip
+    ctx.emit(
+        {
+            "out": str(outcome.out),
+            "signed_by": outcome.signed_by,
+            "variants": {v: list(w) for v, w in outcome.variants.items()},
+        },
+        "\n".join(lines),
+    )
+    return 0
+
+
 # --------------------------------------------------------------------------- fetch / install
 
 
@@ -269,6 +295,13 @@ def register(sub: Any) -> None:
     p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
     p.add_argument("--to", required=True, choices=("index", "github", "hf"))
     p.add_argument("--repository-url", help="index upload URL (default: [release.index] url)")
+
+    p = command(
+        sub, "index", "a static PEP 503/691 index per variant for a release (pip, uv)", cmd_index
+    )
+    p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
+    p.add_argument("--out", help="index dir, replaced atomically (default: DIR-index beside it)")
+    _signer_options(p)
 
     p = command(sub, "fetch", "download a release (URL|DIR|INDEX) and verify every file", cmd_fetch)
     p.add_argument(

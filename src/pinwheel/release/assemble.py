@@ -543,6 +543,7 @@ def publish_index(release: Verified, target: IndexTarget) -> list[str]:
             "twine is not installed",
             next="install the release extra: `pip install -e '.[release]'` from the checkout",
         ) from None
+    twine_check(release.dir, wheels)
     runner.run(
         runner.Command(
             tuple(cmd),
@@ -553,6 +554,28 @@ def publish_index(release: Verified, target: IndexTarget) -> list[str]:
         )
     )
     return wheels
+
+
+def twine_check(directory: Path, wheels: list[str]) -> None:
+    """``twine check --strict`` over the wheels: what the index would warn about, refused first."""
+    proc = runner.run(
+        runner.Command(
+            (sys.executable, "-m", "twine", "check", "--strict", "--")
+            + tuple(str((directory / w).resolve()) for w in wheels),
+            what="twine check --strict",
+            where=str(directory),
+            check=False,
+            env_set={"NO_COLOR": "1"},
+        )
+    )
+    if proc.returncode != 0:
+        raise VerifyError(
+            "twine check --strict refused the wheels; nothing was uploaded:\n    "
+            + "\n    ".join(line for line in proc.text.splitlines() if line.strip())[:4000],
+            where=str(directory),
+            next="fix the wheels' metadata (a README as long_description, its content type) "
+            "and rebuild, then rerun `pinwheel release` and `pinwheel publish`",
+        )
 
 
 def github_plan(release: Verified, target: GithubTarget, manifest: Manifest) -> dict[str, Any]:
