@@ -81,7 +81,8 @@ def make_key(directory: Path, principal: str = "release@pinwheel.test") -> tuple
     )
     pub = (directory / "release_key.pub").read_text().split()
     signers = directory / "allowed_signers"
-    signers.write_text(f'{principal} namespaces="pinwheel" {pub[0]} {pub[1]}\n')
+    # both namespaces: SHA256SUMS.sig ("pinwheel") and the DSSE attestation
+    signers.write_text(f'{principal} namespaces="pinwheel,pinwheel-attestation" {pub[0]} {pub[1]}\n')
     return key, signers
 
 

@@ -428,6 +428,7 @@ def test_sums_404_is_a_clear_error(kit: Kit, tmp_path: Path, capsys) -> None:
                 "0",
                 "--manifest",
                 str(tmp_path / "none.toml"),
+                "--allow-unsigned",
             ]
         )
     assert rc == 1

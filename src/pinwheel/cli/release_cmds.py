@@ -9,6 +9,7 @@ from typing import Any
 from pinwheel.cli import Context, command
 from pinwheel.errors import UsageError
 from pinwheel.manifest import Manifest
+from pinwheel.release.signing import UNSIGNED_NOTE
 
 
 def _manifest_or_none(ctx: Context) -> Manifest | None:
@@ -19,6 +20,13 @@ def _manifest_or_none(ctx: Context) -> Manifest | None:
 def _signers(ctx: Context, args: argparse.Namespace) -> tuple[Path | None, str | None]:
     from pinwheel.release.assemble import release_config
 
+    if getattr(args, "allow_unsigned", False):
+        if args.allowed_signers:
+            raise UsageError(
+                "--allow-unsigned and --allowed-signers contradict each other",
+                next="pass --allowed-signers FILE to verify, or --allow-unsigned alone",
+            )
+        return None, None  # the user's stated choice: [release] allowed_signers is not used
     config = release_config(_manifest_or_none(ctx))
     signers = Path(args.allowed_signers) if args.allowed_signers else config.allowed_signers
     return signers, args.principal or config.principal
@@ -43,6 +51,7 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
         key=key,
         qualification=Path(args.qualification) if args.qualification else None,
         allow_unverified=args.allow_unverified,
+        builder_id=args.builder_id or _ci_builder(ctx),
     )
     built = assemble(request)
     for warning in built.warnings:
@@ -52,6 +61,76 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
         f"release in {built.dir}: {len(built.wheels)} wheels, "
         f"{len(built.files)} files in SHA256SUMS"
         + (", signed" if built.signed else ", NOT signed"),
+    )
+    return 0
+
+
+def _ci_builder(ctx: Context) -> str:
+    """SLSA builder id: the GitHub Actions workflow that runs this, else a local build."""
+    from pinwheel import validate
+    from pinwheel.release.attest import LOCAL_BUILDER
+
+    env = ctx.environ
+    server, ref = env.get("GITHUB_SERVER_URL", ""), env.get("GITHUB_WORKFLOW_REF", "")
+    if env.get("GITHUB_ACTIONS") == "true" and server and ref:
+        candidate = f"{server.rstrip('/')}/{ref}"
+        if not validate.http_url_problem(candidate) and not any(c.isspace() for c in candidate):
+            return candidate
+    return LOCAL_BUILDER
+
+
+def cmd_verify_release(ctx: Context, args: argparse.Namespace) -> int:
+    import re
+    import tempfile
+
+    from pinwheel.release.attest import fetch_for_verify, verify_release_dir
+    from pinwheel.release.download import FetchOptions
+
+    signers, principal = _signers(ctx, args)
+    source = args.source
+    with tempfile.TemporaryDirectory(prefix="pinwheel-verify.") as tmp:
+        if re.match(r"^https?://", source):
+            if ctx.offline:
+                raise UsageError("--offline: a URL cannot be verified",
+                                 next="fetch it first, then verify the directory")  # fmt: skip
+            opts = FetchOptions(
+                allowed_signers=signers,
+                principal=principal,
+                allow_unsigned=args.allow_unsigned,
+                reporter=ctx.reporter,
+            )
+            directory = Path(tmp) / "release"
+            fetch_for_verify(source, directory, opts)
+        else:
+            directory = Path(source)
+        check = verify_release_dir(directory, allowed_signers=signers, principal=principal,
+                                   allow_unsigned=args.allow_unsigned)  # fmt: skip
+    wheels = [s for s in check.subjects if s.endswith(".whl")]
+    trust = (
+        f"SHA256SUMS signed by {check.sums_signed_by}, attestation signed by "
+        f"{check.attestation_signed_by}"
+        if not check.unsigned
+        else UNSIGNED_NOTE + ": signatures over SHA256SUMS and the attestation not checked"
+    )
+    lines = [
+        f"release OK: {len(wheels)} wheels and SHA256SUMS match the in-toto statement "
+        f"({len(check.subjects)} subjects) and SHA256SUMS; {trust}",
+        f"  builder: {check.builder}; resolved dependencies: {check.dependencies}",
+    ]
+    lines += [f"  {line}" for line in check.sigstore] or ["  no Sigstore bundle beside the release"]
+    ctx.emit(
+        {
+            "source": source,
+            "ok": True,
+            "sums_signed_by": check.sums_signed_by,
+            "attestation_signed_by": check.attestation_signed_by,
+            "allow_unsigned": check.unsigned,
+            "subjects": list(check.subjects),
+            "builder": check.builder,
+            "resolved_dependencies": check.dependencies,
+            "sigstore": list(check.sigstore),
+        },
+        "\n".join(lines),
     )
     return 0
 
@@ -165,6 +244,7 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
         deadline=args.deadline,
         allowed_signers=signers,
         principal=principal,
+        allow_unsigned=args.allow_unsigned,
         sums=args.sums,
         reporter=ctx.reporter,
     )
@@ -175,17 +255,20 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
         "dest": str(result.dest),
         "signed_by": result.signed_by,
         "signature": result.signature,
+        "allow_unsigned": result.allow_unsigned,
         "files": [f.__dict__ for f in result.files],
     }
+    if result.allow_unsigned:
+        payload["warning"] = UNSIGNED_NOTE
     resumed = [f.name for f in result.files if f.resumed_from]
     ctx.emit(
         payload,
         f"fetched {len(result.files)} files into {result.dest}, all sha256 verified"
         + {
             "verified": f", signature by {result.signed_by}",
-            "present": ", signature present, not verified (no allowed_signers: pass "
-            "--allowed-signers FILE)",
-            "absent": ", unsigned",
+            "present": f"; {UNSIGNED_NOTE}: a signature is present, pass --allowed-signers "
+            "FILE to check it",
+            "absent": f"; {UNSIGNED_NOTE}: the release is unsigned",
         }[result.signature]
         + (f"; resumed: {', '.join(resumed)}" if resumed else ""),
     )
@@ -207,19 +290,25 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
         allowed_signers=signers,
         principal=principal,
         allow_partial=args.allow_partial,
+        allow_unsigned=args.allow_unsigned,
     )
     result = install(request)
     if result.fell_back:
         ctx.reporter.info(f"warning: {result.fell_back}")
+    trust = f"signed by {result.signed_by}" if result.signed_by else UNSIGNED_NOTE
     ctx.emit(
         {
+            "signed_by": result.signed_by,
+            "allow_unsigned": result.allow_unsigned,
+            "signature": trust,
             "venv": str(result.venv),
             "installer": result.installer,
             "fell_back": result.fell_back,
             "wheels": list(result.wheels),
             "commands": [list(c) for c in result.commands],
         },
-        f"installed {', '.join(result.wheels)} into {result.venv} with {result.installer}",
+        f"installed {', '.join(result.wheels)} into {result.venv} with {result.installer}; "
+        f"{trust}",
     )
     return 0
 
@@ -291,6 +380,22 @@ def register(sub: Any) -> None:
         "RELEASE_NOTES.md then says UNVERIFIED in its first line",
     )
 
+    p.add_argument(
+        "--builder-id",
+        help="SLSA builder id for the attestation (default: the GitHub Actions workflow when "
+        "run there, else urn:pinwheel:builder:local)",
+    )
+
+    p = command(
+        sub,
+        "verify-release",
+        "check a release (DIR|URL): SHA256SUMS, signatures, the in-toto attestation's subjects",
+        cmd_verify_release,
+    )
+    p.add_argument("source", help="release directory or base URL")
+    _signer_options(p)
+    _unsigned_option(p)
+
     p = command(sub, "publish", "upload a verified release: index (twine), github, hf", cmd_publish)
     p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
     p.add_argument("--to", required=True, choices=("index", "github", "hf"))
@@ -319,6 +424,7 @@ def register(sub: Any) -> None:
         default=10 * 1024,
         help="bytes/s a transfer must average over each minute (0: off; default 10240)",
     )
+    _unsigned_option(p)
     p.add_argument(
         "--deadline",
         type=float,
@@ -338,6 +444,7 @@ def register(sub: Any) -> None:
         help="install the listed wheels present even when others listed in SHA256SUMS are missing",
     )
     _signer_options(p)
+    _unsigned_option(p)
 
     p = command(
         sub, "model", "model pack: fetch at the pinned revision, check offline", _model_help
@@ -355,6 +462,15 @@ def register(sub: Any) -> None:
         cmd_model_fetch,
     )
     m.add_argument("--local-dir", help="download into this dir (default: [model] local_dir)")
+
+
+def _unsigned_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="go on without allowed_signers (SHA256SUMS then trusted from the server); "
+        "every output and the install receipt say so",
+    )
 
 
 def _signer_options(p: argparse.ArgumentParser) -> None:

@@ -23,7 +23,7 @@ from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_text, link_or_copy
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.release import GithubTarget, IndexTarget, ReleaseConfig
-from pinwheel.release import signing
+from pinwheel.release import attest, signing
 from pinwheel.urls import redact
 from pinwheel.wheels.provenance import FILENAME, read_receipt
 from pinwheel.wheels.substitute import from_receipt, headline
@@ -304,6 +304,7 @@ class AssembleRequest:
     key: Path | None  # None: unsigned
     qualification: Path | None = None
     allow_unverified: bool = False
+    builder_id: str = attest.LOCAL_BUILDER  # SLSA runDetails.builder.id (the CI names its own)
 
 
 def assemble(request: AssembleRequest) -> Release:
@@ -388,6 +389,21 @@ def assemble(request: AssembleRequest) -> Release:
                 )
         else:
             warnings.append("not signed: no --key and no [release] signing_key")
+        (tmp / attest.FILENAME).unlink(missing_ok=True)
+        subjects = {w: digests[w] for w in wheels} | {SUMS: sha256_files([tmp / SUMS])[tmp / SUMS]}
+        doc = attest.statement(
+            subjects,
+            attest.resolved_dependencies(
+                manifest.path.name, manifest.sha256, provenance,
+                extra_hashes.get(tmp / FILENAME) if FILENAME in extras else None,
+            ),
+            request.builder_id,
+            external={"manifest": manifest.path.name,
+                      "tag": provenance.get("tag") or manifest.result.tag or manifest.name},
+            internal={k: provenance[k] for k in ("arches", "toolchain", "source_date_epoch")
+                      if provenance.get(k) is not None},
+        )  # fmt: skip
+        attest.write_envelope(tmp, doc, key)
     return Release(
         dir=out,
         files=tuple(sorted(listing)),
@@ -594,7 +610,8 @@ def github_plan(release: Verified, target: GithubTarget, manifest: Manifest) -> 
             where="[release.github] tag / [result] tag",
             next="set a tag name like v1.2.3 in the manifest",
         )
-    files = sorted(release.sums) + [SUMS] + ([SIG] if (release.dir / SIG).is_file() else [])
+    files = sorted(release.sums) + [SUMS]
+    files += [f for f in (SIG, attest.FILENAME) if (release.dir / f).is_file()]
     paths = [str((release.dir / f).absolute()) for f in files]
     return {
         "repo": target.repo,

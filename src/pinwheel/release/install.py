@@ -20,6 +20,7 @@ so "cu128" cannot mean a different torch tomorrow.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import sys
@@ -30,6 +31,8 @@ from pathlib import Path
 
 from pinwheel import runner, validate
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
+from pinwheel.fsutil import atomic_write_text
+from pinwheel.release import signing
 from pinwheel.release.assemble import verify_release
 from pinwheel.urls import redact
 from pinwheel.wheels.abifloor import Version, host_glibc, show
@@ -50,6 +53,7 @@ class InstallResult:
     signed_by: str | None
     torch: str | None = None  # the torch pinned from provenance.json, if any
     fell_back: str | None = None  # why pip, not uv, and what that lost (auto without uv)
+    allow_unsigned: bool = False  # installed without a verified signature (--allow-unsigned)
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,7 @@ class InstallRequest:
     principal: str | None = None
     allow_partial: bool = False
     target_glibc: Version | None = None  # None: this machine's
+    allow_unsigned: bool = False  # install without allowed_signers (every output says so)
 
 
 def install(request: InstallRequest) -> InstallResult:
@@ -200,6 +205,7 @@ def install(request: InstallRequest) -> InstallResult:
         target_glibc = host_glibc()
     if installer not in INSTALLERS:
         raise UsageError(f"unknown installer {installer!r}", next="use auto, uv or pip")
+    signing.require_signers(allowed_signers, request.allow_unsigned, "pinwheel install")
     verified = verify_release(
         wheel_dir, allowed_signers=allowed_signers, principal=principal, require_all=False
     )
@@ -265,7 +271,7 @@ def install(request: InstallRequest) -> InstallResult:
                 torch_backend = None  # the pinned index decides, not a backend name
         _install(chosen, uv, python, paths, wheels, verified.sums, torch_backend, no_deps,
                  constraint, commands, venv, Path(tmp))  # fmt: skip
-    return InstallResult(
+    result = InstallResult(
         venv=venv,
         installer=chosen,
         wheels=tuple(wheels),
@@ -273,7 +279,32 @@ def install(request: InstallRequest) -> InstallResult:
         signed_by=verified.signed_by,
         torch=pin.version if pin else None,
         fell_back=fell_back,
+        allow_unsigned=verified.signed_by is None,
     )
+    if venv.is_dir():
+        write_receipt(result, {w: verified.sums[w] for w in wheels})
+    return result
+
+
+RECEIPT = "pinwheel-install.json"
+
+
+def write_receipt(result: InstallResult, hashes: Mapping[str, str]) -> Path:
+    """``VENV/pinwheel-install.json``: what was installed, by hash, and how it was trusted."""
+    path = result.venv / RECEIPT
+    doc = {
+        "schema": "pinwheel.install/1",
+        "wheels": dict(sorted(hashes.items())),
+        "signature": f"verified: signed by {result.signed_by}"
+        if result.signed_by
+        else signing.UNSIGNED_NOTE,
+        "allow_unsigned": result.allow_unsigned,
+        "installer": result.installer,
+        "torch": result.torch,
+        "commands": [list(c) for c in result.commands],
+    }
+    atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
+    return path
 
 
 def _install(
