@@ -52,6 +52,7 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
         qualification=Path(args.qualification) if args.qualification else None,
         allow_unverified=args.allow_unverified,
         builder_id=args.builder_id or _ci_builder(ctx),
+        lock=Path(args.lock) if args.lock else None,
     )
     built = assemble(request)
     for warning in built.warnings:
@@ -83,8 +84,8 @@ def cmd_verify_release(ctx: Context, args: argparse.Namespace) -> int:
     import re
     import tempfile
 
-    from pinwheel.release.attest import fetch_for_verify, verify_release_dir
     from pinwheel.release.download import FetchOptions
+    from pinwheel.release.verifyrelease import fetch_for_verify, verify_release_dir
 
     signers, principal = _signers(ctx, args)
     source = args.source
@@ -291,6 +292,8 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
         principal=principal,
         allow_partial=args.allow_partial,
         allow_unsigned=args.allow_unsigned,
+        python=args.python,
+        offline=ctx.offline,
     )
     result = install(request)
     if result.fell_back:
@@ -302,13 +305,18 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
             "allow_unsigned": result.allow_unsigned,
             "signature": trust,
             "venv": str(result.venv),
+            "python": result.python,
+            "python_found_by": result.python_how,
+            "lock": result.lock,
             "installer": result.installer,
             "fell_back": result.fell_back,
             "wheels": list(result.wheels),
             "commands": [list(c) for c in result.commands],
         },
-        f"installed {', '.join(result.wheels)} into {result.venv} with {result.installer}; "
-        f"{trust}",
+        f"installed {', '.join(result.wheels)} into {result.venv} (Python "
+        f"{result.python or '?'}: {result.python_how}) with {result.installer}"
+        + (f", dependencies from {result.lock} (hashed)" if result.lock else "")
+        + f"; {trust}",
     )
     return 0
 
@@ -381,6 +389,11 @@ def register(sub: Any) -> None:
     )
 
     p.add_argument(
+        "--lock",
+        help="pylock.toml (PEP 751) of the environment qualification ran in: shipped in the "
+        "release, installed from by `pinwheel install`",
+    )
+    p.add_argument(
         "--builder-id",
         help="SLSA builder id for the attestation (default: the GitHub Actions workflow when "
         "run there, else urn:pinwheel:builder:local)",
@@ -438,6 +451,11 @@ def register(sub: Any) -> None:
     p.add_argument("--torch-backend", help="uv --torch-backend (default: [release] torch_backend)")
     p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     p.add_argument("--no-deps", action="store_true", help="install only the release wheels")
+    p.add_argument(
+        "--python",
+        help="interpreter for a new venv (default: the one the wheels' tags need, found on "
+        "PATH or by uv)",
+    )
     p.add_argument(
         "--allow-partial",
         action="store_true",

@@ -9,6 +9,7 @@ release uploads exactly these files; the package index gets the wheels.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_text, link_or_copy
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.release import GithubTarget, IndexTarget, ReleaseConfig
-from pinwheel.release import attest, signing
+from pinwheel.release import attest, pylock, signing
 from pinwheel.urls import redact
 from pinwheel.wheels.provenance import FILENAME, read_receipt
 from pinwheel.wheels.substitute import from_receipt, headline
@@ -155,6 +156,32 @@ def _fact(key: str, value: Any) -> str:
     return f"`{md.code(value)}`"
 
 
+_GITHUB = re.compile(
+    r"(?:https://github\.com/|git@github\.com:|ssh://git@github\.com/)"
+    r"([A-Za-z0-9][A-Za-z0-9-]{0,38})/([A-Za-z0-9._-]{1,100}?)(?:\.git)?/?"
+)
+_MENTION = re.compile(r"(?<![\w`])@([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))")
+
+
+def github_slug(url: str) -> str | None:
+    """``owner/repo`` of a GitHub URL, else None."""
+    m = _GITHUB.fullmatch(url.strip())
+    return f"{m.group(1)}/{m.group(2)}" if m else None
+
+
+def pr_link(slug: str | None, number: int) -> str:
+    """``[owner/repo#N](https://github.com/owner/repo/pull/N)``: on a release page of another
+    repository a bare ``#N`` would link that repository's issue N."""
+    if slug is None:
+        return f"upstream PR {int(number)}"
+    return f"[{slug}#{int(number)}](https://github.com/{slug}/pull/{int(number)})"
+
+
+def quiet_mentions(text: str) -> str:
+    """``@name`` as code: GitHub notifies nobody from a release page's text."""
+    return _MENTION.sub(lambda m: f"`@{m.group(1)}`", text)
+
+
 def render_notes(
     manifest: Manifest,
     provenance: Mapping[str, Any],
@@ -175,6 +202,7 @@ def render_notes(
         out += [f"- Head: `{md.code(provenance['head'])}`"]
     out += [f"- Manifest: `{manifest.path.name}` sha256 `{manifest.sha256}`", ""]
 
+    slug = github_slug(str(upstream.get("url") or manifest.upstream.url))
     out += [
         "## Steps",
         "",
@@ -188,12 +216,13 @@ def render_notes(
             {str(c.get("author", "")) for c in got.get("commits") or [] if isinstance(c, dict)}
             - {""}
         )
-        pr = f"#{step.pr}" if step.pr else (step.patch.name if step.patch else "")
+        pr = pr_link(slug, step.pr) if step.pr else md.text(step.patch.name if step.patch else "")
         head = str(got.get("head") or step.head or "")[:12]
-        title = md.text(step.title or "")
+        title = quiet_mentions(md.text(step.title or ""))
+        shown = ", ".join(f"`{md.code(a)}`" for a in authors)  # code: an email never mentions
         out += [
-            f"| {step.number} | {step.action} | {md.text(pr)} | {title} | `{md.code(head)}` | "
-            f"{md.text(', '.join(authors)) or 'n/a'} |"
+            f"| {step.number} | {step.action} | {pr} | {title} | `{md.code(head)}` | "
+            f"{shown or 'n/a'} |"
         ]
     out += [""]
 
@@ -305,6 +334,7 @@ class AssembleRequest:
     qualification: Path | None = None
     allow_unverified: bool = False
     builder_id: str = attest.LOCAL_BUILDER  # SLSA runDetails.builder.id (the CI names its own)
+    lock: Path | None = None  # pylock.toml of the environment qualification ran in
 
 
 def assemble(request: AssembleRequest) -> Release:
@@ -349,6 +379,8 @@ def assemble(request: AssembleRequest) -> Release:
             next="run `pinwheel qualify` first, or drop --qualification",
         )
 
+    if request.lock is not None:
+        pylock.check(request.lock)  # every package hash-pinned, before anything is written
     same_dir = out.resolve() == build.resolve()
     with atomic_dir(out) if not same_dir else _in_place(out) as tmp:
         if not same_dir:
@@ -358,7 +390,9 @@ def assemble(request: AssembleRequest) -> Release:
                 shutil.copy2(build / FILENAME, tmp / FILENAME)
         if qual is not None and qual_path.resolve() != (tmp / QUALIFICATION).resolve():
             shutil.copy2(qual_path, tmp / QUALIFICATION)
-        extras = [n for n in (FILENAME, QUALIFICATION) if (tmp / n).is_file()]
+        if request.lock is not None:
+            shutil.copy2(request.lock, tmp / pylock.FILENAME)
+        extras = [n for n in (FILENAME, QUALIFICATION, pylock.FILENAME) if (tmp / n).is_file()]
         extra_hashes = sha256_files([tmp / n for n in extras])
         listing = dict(digests) | {n: extra_hashes[tmp / n] for n in extras}
         sized = {n: (d, (tmp / n).stat().st_size) for n, d in listing.items()}

@@ -28,7 +28,6 @@ import base64
 import hashlib
 import json
 import tempfile
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 from pinwheel import untrusted
 from pinwheel.checksums import SUMS, sha256_files
 from pinwheel.errors import VerifyError
-from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
+from pinwheel.fsutil import atomic_write_text
 from pinwheel.release import signing
 
 FILENAME = "attestation.intoto.jsonl"  # one DSSE envelope, one line
@@ -234,19 +233,16 @@ def _sigstore(directory: Path) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def verify_release_dir(
+def check_attestation(
     directory: Path,
+    verified: Any,
     *,
     allowed_signers: Path | None,
     principal: str | None,
-    allow_unsigned: bool = False,
 ) -> ReleaseCheck:
-    """SHA256SUMS (signature, every file), then the attestation: its signature, its subjects
+    """The attestation of a release whose SHA256SUMS ``verified`` already checked
+    (:func:`pinwheel.release.assemble.verify_release`): its signature, then its subjects
     against the files and SHA256SUMS, both ways. Raises VerifyError on the first failure."""
-    from pinwheel.release.assemble import verify_release
-
-    signing.require_signers(allowed_signers, allow_unsigned, "pinwheel verify-release")
-    verified = verify_release(directory, allowed_signers=allowed_signers, principal=principal)
     path = directory / FILENAME
     if not path.is_file():
         raise VerifyError(
@@ -317,20 +313,3 @@ def verify_release_dir(
         sigstore=_sigstore(directory),
         unsigned=allowed_signers is None,
     )
-
-
-def fetch_for_verify(url: str, dest: Path, opts: Any) -> None:
-    """A release URL into ``dest``: the files SHA256SUMS lists (each checked), the
-    signature, the attestation, and a Sigstore bundle when the server has one."""
-    from pinwheel.release.download import FetchError, fetch_release, get_small, resolve_source
-
-    fetch_release(resolve_source(url), dest, opts)
-    base = url if url.endswith("/") else url + "/"
-    for name in (FILENAME, f"{SUMS}.sigstore.json"):
-        try:
-            data = get_small(urllib.parse.urljoin(base, name), opts, name)
-        except FetchError as err:
-            if "not found" not in err.what:
-                raise
-            continue
-        atomic_write_bytes(dest / name, data)
