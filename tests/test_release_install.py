@@ -202,13 +202,27 @@ def test_release_refuses_a_lock_that_is_not_all_hash_pinned(tmp_path, capsys, en
     assert not (tmp_path / "release").exists()
 
 
-def test_offline_reaches_the_installer(tmp_path, capsys):
-    """--offline: pip gets --no-index and the release dir as its only source; a dependency
-    that is not there fails at once instead of reaching for an index."""
+@pytest.mark.parametrize(("installer", "flag"), [("pip", "--no-index"), ("uv", "--offline")])
+def test_offline_reaches_the_installer(tmp_path, capsys, installer, flag):
+    """--offline: pip gets --no-index with the release directory as its only source, uv
+    --offline; the dependency the release carries is found there."""
+    pwa = make_wheel(tmp_path / "w", "pwa", "1.0", requires_dist=("pwb==2.0",))
+    pwb = make_wheel(tmp_path / "w", "pwb", "2.0", seed=2)
+    rel = _release(tmp_path, pwa, pwb)
+    venv = tmp_path / "venv"
+    rc = main(["--offline", "--json", "install", str(rel), "--venv", str(venv),
+               "--installer", installer, "--allow-unsigned"])  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    installs = [c for c in doc["commands"] if "install" in c]
+    assert installs and all(flag in c for c in installs), installs
+    assert not any(flag in c for c in doc["commands"] if "venv" in c and "uv" not in c[0])
+
+
+def test_offline_with_a_missing_dependency_fails_without_an_index(tmp_path, capsys):
     made = make_wheel(tmp_path / "w", "pwa", "1.0", requires_dist=("pwzz-not-here==1",))
     rel = _release(tmp_path, made)
-    venv = tmp_path / "venv"
-    rc = main(["--offline", "install", str(rel), "--venv", str(venv), "--installer", "pip",
-               "--allow-unsigned"])  # fmt: skip
+    rc = main(["--offline", "install", str(rel), "--venv", str(tmp_path / "venv"),
+               "--installer", "pip", "--allow-unsigned"])  # fmt: skip
     err = capsys.readouterr().err
-    assert rc != 0 and "--no-index" in err and "pwzz-not-here" in err
+    assert rc != 0 and "No matching distribution found for pwzz-not-here" in err

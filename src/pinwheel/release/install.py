@@ -406,6 +406,7 @@ def _install(
                     "install",
                     "--require-hashes",
                     "--no-deps",
+                    *(a for a in constraint if a == "--no-index"),  # --offline: no index
                     "-r",
                     str(req),
                 ],
