@@ -102,6 +102,7 @@ def test_release_dir_is_complete_signed_and_checkable_by_hand(kit: Kit) -> None:
             "RELEASE_NOTES.md",
             "SHA256SUMS",
             "SHA256SUMS.sig",
+            "attestation.intoto.jsonl",  # in-toto/SLSA, DSSE; SHA256SUMS is its subject
         ]
     )
     # The plain tools a V100 owner already uses must agree.
