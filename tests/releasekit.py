@@ -27,16 +27,35 @@ HEAD_A = "a" * 40
 HEAD_B = "b" * 40
 
 
-def make_wheel(directory: Path, name: str, version: str, payload: int = 0, seed: int = 0) -> Path:
+def make_wheel(
+    directory: Path,
+    name: str,
+    version: str,
+    payload: int = 0,
+    seed: int = 0,
+    *,
+    tag: str = "py3-none-any",
+    requires_python: str | None = None,
+    requires_dist: tuple[str, ...] = (),
+) -> Path:
     """A pure-Python wheel with module ``name`` (VALUE = version) and ``payload`` random bytes."""
     directory.mkdir(parents=True, exist_ok=True)
     dist = f"{name}-{version}.dist-info"
+    # Requires-* go in the header, before the description (METADATA is an email message).
+    header = "".join(f"Requires-Dist: {r}\n" for r in requires_dist) + (
+        f"Requires-Python: {requires_python}\n" if requires_python else ""
+    )
     files = {
         f"{name}/__init__.py": f'VALUE = "{name} {version}"\n'.encode(),
         f"{name}/blob.bin": random.Random(seed).randbytes(payload),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        # Summary and a Markdown description: what `twine check --strict` asks of a wheel.
+        f"{dist}/METADATA": (
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{header}"
+            f"Summary: {name} test wheel\nDescription-Content-Type: text/markdown\n\n"
+            f"# {name}\n\nA wheel the release tests build.\n"
+        ).encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: releasekit\nRoot-Is-Purelib: true\n"
-        b"Tag: py3-none-any\n",
+        + f"Tag: {tag}\n".encode(),
     }
     record = []
     for path, data in files.items():
@@ -44,7 +63,7 @@ def make_wheel(directory: Path, name: str, version: str, payload: int = 0, seed:
         record.append(f"{path},sha256={digest},{len(data)}")
     record.append(f"{dist}/RECORD,,")
     files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
-    target = directory / f"{name}-{version}-py3-none-any.whl"
+    target = directory / f"{name}-{version}-{tag}.whl"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as zf:
         for path, data in files.items():
             info = zipfile.ZipInfo(path, date_time=(2026, 10, 10, 0, 0, 0))
@@ -62,7 +81,8 @@ def make_key(directory: Path, principal: str = "release@pinwheel.test") -> tuple
     )
     pub = (directory / "release_key.pub").read_text().split()
     signers = directory / "allowed_signers"
-    signers.write_text(f'{principal} namespaces="pinwheel" {pub[0]} {pub[1]}\n')
+    # both namespaces: SHA256SUMS.sig ("pinwheel") and the DSSE attestation
+    signers.write_text(f'{principal} namespaces="pinwheel,pinwheel-attestation" {pub[0]} {pub[1]}\n')
     return key, signers
 
 

@@ -31,7 +31,7 @@ from tinyproject import BUILD_TABLE, STANDIN_SETUP, project_files
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 # The tiny engine's _C.so needs only GLIBC_2.2.5 symbols and libc: auditwheel's lowest policy
 # holds, so publish() retags the wheel the build made as linux_x86_64.
-WHEEL = f"tiny-0.4.1.dev3+tinycard-cp{PY.replace('.', '')}-cp{PY.replace('.', '')}-manylinux_2_5_x86_64.whl"
+WHEEL = f"tiny-0.4.1.dev3+pw.tinycard.cpu-cp{PY.replace('.', '')}-cp{PY.replace('.', '')}-manylinux_2_5_x86_64.whl"
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("gcc") and shutil.which("objcopy")), reason="needs gcc and objcopy"
@@ -125,7 +125,7 @@ def test_build_checks_sums_and_records_provenance(tiny: Tiny) -> None:
         "MAX_JOBS": "2",
         "NVCC_THREADS": "2",
         "SOURCE_DATE_EPOCH": str(base_time),
-        "VLLM_VERSION_OVERRIDE": "0.4.1.dev3+tinycard",
+        "VLLM_VERSION_OVERRIDE": "0.4.1.dev3+pw.tinycard.cpu",
     }
     receipt = read_receipt(out / "provenance.json")
     assert receipt["manifest"]["sha256"] == load(manifest).sha256
@@ -137,7 +137,7 @@ def test_build_checks_sums_and_records_provenance(tiny: Tiny) -> None:
     assert step["commits"][0]["author"] == "Pat Ch <pat@example.org>"
     assert (receipt["head"], receipt["tree"]) == (result.head, result.tree)
     assert receipt["arches"] == ["sm_70"]
-    assert receipt["version"] == "0.4.1.dev3+tinycard"
+    assert receipt["version"] == "0.4.1.dev3+pw.tinycard.cpu"
     assert receipt["wheels"] == {WHEEL: outcome.to_json()["wheels"][WHEEL]}
     assert receipt["built"] == [WHEEL]
     assert receipt["source_date_epoch"] == base_time
@@ -174,7 +174,7 @@ def test_rebuild_is_identical_and_a_changed_build_names_the_members(tiny: Tiny) 
     (wheel,) = diff.wheels
     assert {(m.member, m.change) for m in wheel.members} == {
         ("tiny/build_env.txt", "differs"),
-        ("tiny-0.4.1.dev3+tinycard.dist-info/RECORD", "differs"),
+        ("tiny-0.4.1.dev3+pw.tinycard.cpu.dist-info/RECORD", "differs"),
     }
     lines = diff.human_lines()
     assert lines[-1] == "NOT reproducible: 0/1 wheel(s) identical"

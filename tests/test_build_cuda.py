@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 CP = f"cp{PY.replace('.', '')}"
 # nvcc links the CUDA runtime statically: its libc calls (dlclose...) carry this host's glibc
 # versions, so publish() tags the wheel with the policy auditwheel finds, not a fixed one.
-TINY = re.compile(rf"tiny-0\.4\.1\.dev3\+tinycard-{CP}-{CP}-manylinux_2_(\d+)_x86_64\.whl")
+TINY = re.compile(rf"tiny-0\.4\.1\.dev3\+pw\.tinycard\.cu124-{CP}-{CP}-manylinux_2_(\d+)_x86_64\.whl")
 
 
 def tiny_wheel(wheels: Path) -> str:

@@ -446,7 +446,8 @@ def _closed_port() -> int:
 
 def test_fetch_retries_against_a_dead_port_say_so_on_the_terminal(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{_closed_port()}/release/"
-    rc, screen = in_pty("fetch", url, "--dest", str(tmp_path / "d"), "--retries", "2", cwd=tmp_path)
+    rc, screen = in_pty("fetch", url, "--dest", str(tmp_path / "d"), "--retries", "2",
+                        "--allow-unsigned", cwd=tmp_path)  # fmt: skip
     flat = " ".join(screen.split())
     assert rc == 1, screen
     assert "retry 1 of 2 in 1 s" in flat and "retry 2 of 2 in 2 s" in flat, screen
@@ -462,12 +463,13 @@ def test_fetch_off_a_terminal_prints_plain_lines_and_with_json_one_document(tmp_
     wheel = make_wheel(rel, "demo", "1.0", payload=200_000)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     (rel / "SHA256SUMS").write_text(f"{digest}  {wheel.name}\n")
-    proc = run_cli("fetch", str(rel), "--dest", str(tmp_path / "a"), cwd=tmp_path)
+    proc = run_cli("fetch", str(rel), "--dest", str(tmp_path / "a"), "--allow-unsigned", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "\x1b[" not in proc.stderr and "━" not in proc.stderr
     size = f"{wheel.stat().st_size / 1024:.1f} KiB"
     assert proc.stderr.splitlines()[0] == f"{wheel.name} ({size}) ..."  # size before the copy
-    proc = run_cli("fetch", str(rel), "--dest", str(tmp_path / "b"), "--json", cwd=tmp_path)
+    proc = run_cli("fetch", str(rel), "--dest", str(tmp_path / "b"), "--json", "--allow-unsigned",
+                   cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0 and proc.stderr == ""
     assert one_json(proc.stdout)["schema"] == "pinwheel.fetch/1"
 

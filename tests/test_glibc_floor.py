@@ -259,7 +259,8 @@ def test_install_refuses_a_wheel_above_the_machines_glibc_before_installing(
     write_sums(release, [new.name])
     venv = tmp_path / "venv"
     with pytest.raises(VerifyError) as err:
-        install(InstallRequest(release, venv, None, no_deps=True, target_glibc=(2, 31)))
+        install(InstallRequest(release, venv, None, no_deps=True, target_glibc=(2, 31),
+                               allow_unsigned=True))  # fmt: skip
     text = str(err.value)
     assert "GLIBC_2.34" in text and "pthread_create" in text and "demo/new.so" in text
     assert "2.31" in (err.value.next or "")

@@ -129,9 +129,9 @@ CLI = {
                                 "is not a git repository (a file)"),
     "a mirror that is no repository": (["--cache", "{tmp}/c", "--mirror", UP + "={tmp}", "plan"],
                                        "a directory without objects/"),
-    "fetch --dest that is a file": (["fetch", "{tmp}/rel", "--dest", "{tmp}/afile"],
+    "fetch --dest that is a file": (["fetch", "{tmp}/rel", "--dest", "{tmp}/afile", "--allow-unsigned"],
                                     "already exists as a file"),
-    "fetch --dest under a file": (["fetch", "{tmp}/rel", "--dest", "{tmp}/afile/sub"],
+    "fetch --dest under a file": (["fetch", "{tmp}/rel", "--dest", "{tmp}/afile/sub", "--allow-unsigned"],
                                   "this is a file, but"),
 }  # fmt: skip
 

@@ -208,7 +208,8 @@ def test_install_refuses_a_damaged_wheel_before_making_the_venv(case, tmp_path, 
     whl = damage.make(dist)
     write_sums(dist, [whl.name])
     venv = tmp_path / "venv"
-    code = main(["install", str(dist), "--venv", str(venv), "--no-deps", "--installer", "pip"])
+    code = main(["install", str(dist), "--venv", str(venv), "--no-deps", "--installer", "pip",
+                 "--allow-unsigned"])
     text = _flat(capsys.readouterr().err)
     assert code == 6, text
     assert damage.gist in text and "next:" in text
@@ -352,7 +353,8 @@ def test_hostile_server_is_refused_and_nothing_lands_under_a_final_name(case, tm
     data = good_wheel(tmp_path / "src").read_bytes()
     files = {WHEEL: data, "SHA256SUMS": net.sums(WHEEL, data)}
     dest = tmp_path / "dest"
-    kw: dict = dict(timeout=5.0, retries=0, backoff=0.01, sleep=lambda s: None)
+    kw: dict = dict(timeout=5.0, retries=0, backoff=0.01, sleep=lambda s: None,
+                    allow_unsigned=True)  # fmt: skip
     kw.update(net.opts or {})
     start = time.monotonic()
     with Hostile(files, net.mode) as srv, pytest.raises(PinwheelError) as err:
@@ -379,7 +381,9 @@ def test_uppercase_hex_and_binary_marker_read_as_sha256sum_does(tmp_path):
     sums = _sum(WHEEL, data, hashlib.sha256(data).hexdigest().upper(), sep=" *")
     with Hostile({WHEEL: data, "SHA256SUMS": sums.encode(), "SHA256SUMS.sig": b"sig"}) as srv:
         result = fetch_release(
-            resolve_source(srv.url), tmp_path / "dest", FetchOptions(timeout=5.0, retries=0)
+            resolve_source(srv.url),
+            tmp_path / "dest",
+            FetchOptions(timeout=5.0, retries=0, allow_unsigned=True),
         )
     assert sha256_file(tmp_path / "dest" / WHEEL) == hashlib.sha256(data).hexdigest()
     assert result.signature == "present" and result.signed_by is None
@@ -389,11 +393,12 @@ def test_cli_says_signature_present_not_verified(tmp_path, capsys):
     data = good_wheel(tmp_path / "src").read_bytes()
     files = {WHEEL: data, "SHA256SUMS": _sum(WHEEL, data).encode(), "SHA256SUMS.sig": b"x"}
     with Hostile(files) as srv:
-        code = main(["fetch", srv.url, "--dest", str(tmp_path / "dest"), "--retries", "0"])
+        code = main(["fetch", srv.url, "--dest", str(tmp_path / "dest"), "--retries", "0",
+                     "--allow-unsigned"])  # fmt: skip
     text = _flat(capsys.readouterr().out)
     assert code == 0
-    assert "signature present, not verified (no allowed_signers" in text
-    assert "unsigned" not in text
+    assert "SIGNATURE NOT VERIFIED (--allow-unsigned): a signature is present" in text
+    assert "the release is unsigned" not in text
 
 
 def test_cli_drip_ends_at_the_deadline_with_exit_1(tmp_path, capsys):
@@ -402,7 +407,8 @@ def test_cli_drip_ends_at_the_deadline_with_exit_1(tmp_path, capsys):
     start = time.monotonic()
     with Hostile(files, {WHEEL: "drip"}) as srv:
         code = main(
-            ["fetch", srv.url, "--dest", str(tmp_path / "dest"), "--retries", "0"]
+            ["fetch", srv.url, "--dest", str(tmp_path / "dest"), "--retries", "0",
+             "--allow-unsigned"]
             + ["--deadline", "2", "--min-rate", "0"]
         )
     text = _flat(capsys.readouterr().err)
@@ -472,7 +478,8 @@ def test_install_refuses_a_partial_set_unless_allowed(tmp_path, capsys):
     write_sums(dist, [a.name, b.name])
     b.unlink()
     venv = tmp_path / "venv"
-    code = main(["install", str(dist), "--venv", str(venv), "--no-deps", "--installer", "pip"])
+    code = main(["install", str(dist), "--venv", str(venv), "--no-deps", "--installer", "pip",
+                 "--allow-unsigned"])
     text = _flat(capsys.readouterr().err)
     assert code == 6
     assert f"partial release: 1 of 2 wheels listed in SHA256SUMS are missing: {b.name}" in text
@@ -487,7 +494,8 @@ def test_install_refuses_a_listed_name_that_is_not_a_wheel_file_name(tmp_path, c
     (dist / "SHA256SUMS").write_text(format_sums({odd.name: sha256_file(odd)}))
     whl.unlink()
     venv = tmp_path / "venv"
-    code = main(["install", str(dist), "--venv", str(venv), "--no-deps", "--installer", "pip"])
+    code = main(["install", str(dist), "--venv", str(venv), "--no-deps", "--installer", "pip",
+                 "--allow-unsigned"])
     text = _flat(capsys.readouterr().err)
     assert code == 6 and "not a wheel file name" in text and "'--index-url=x.whl'" in text
     assert not venv.exists()

@@ -266,7 +266,7 @@ def test_fetch_never_writes_through_a_part_symlink(tmp_path, outside):
     target.write_bytes(b"")
     (dest / f".{name}.part").symlink_to(target)
     with Files({"SHA256SUMS": sums.encode(), name: data}) as srv:
-        result = fetch_release(resolve_source(srv.url), dest, FetchOptions(retries=0))
+        result = fetch_release(resolve_source(srv.url), dest, FetchOptions(retries=0, allow_unsigned=True))
     assert target.read_bytes() == b"", "fetch wrote through the .part symlink"
     assert (dest / name).read_bytes() == data and not (dest / name).is_symlink()
     assert [f.name for f in result.files] == [name]
@@ -284,7 +284,7 @@ def test_fetch_never_follows_a_file_url_on_a_remote_page(tmp_path, outside):
     dest = tmp_path / "dest"
     with Files({"SHA256SUMS": sums.encode(), "": page}) as srv:
         with pytest.raises(PinwheelError):
-            fetch_release(resolve_source(srv.url), dest, FetchOptions(retries=0))
+            fetch_release(resolve_source(srv.url), dest, FetchOptions(retries=0, allow_unsigned=True))
     assert not (dest / name).exists(), "a local file was copied in from a file:// link"
 
 

@@ -231,3 +231,38 @@ def test_github_plan_lists_exactly_the_release_files(
     plan = json.loads(capsys.readouterr().out)
     assert plan["tag"] == "kit-20261010"
     assert sorted(Path(f).name for f in plan["files"]) == sorted(p.name for p in release.iterdir())
+
+
+def test_publish_runs_twine_check_strict_first(tmp_path: Path, capsys) -> None:
+    """A wheel with no long description: twine check --strict warns, so nothing is uploaded
+    (the repository URL is a closed port: reaching the upload would fail differently)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    build = tmp_path / "wheels"
+    build.mkdir()
+    info = "pwbare-1.0.dist-info"
+    members = {
+        "pwbare/__init__.py": b"",
+        f"{info}/METADATA": b"Metadata-Version: 2.1\nName: pwbare\nVersion: 1.0\n",
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    rows = [
+        f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
+        for n, d in members.items()
+    ] + [f"{info}/RECORD,,"]
+    members[f"{info}/RECORD"] = ("\n".join(rows) + "\n").encode()
+    wheel = build / "pwbare-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for n, d in members.items():
+            zf.writestr(n, d)
+    write_provenance(build, {wheel.name: sha256_file(wheel)})
+    manifest = write_manifest(tmp_path)
+    assert main(["--manifest", str(manifest), "release", "--no-sign"]) == 0
+    capsys.readouterr()
+    rc = main(["--manifest", str(manifest), "publish", "--to", "index",
+               "--repository-url", "http://127.0.0.1:9/"])  # fmt: skip
+    assert rc == EXIT_VERIFY
+    err = capsys.readouterr().err
+    assert "twine check --strict refused" in err and "long_description" in err

@@ -332,6 +332,17 @@ def index_url_problem(url: object) -> str | None:
     return None
 
 
+def http_url_problem(url: object) -> str | None:
+    """A server or download URL: http or https with a host (see :func:`http_url`)."""
+    if not isinstance(url, str):
+        return "not a string"
+    try:
+        http_url(url)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def ref_problem(name: object) -> str | None:
     """Why ``name`` is not a git ref name (``git check-ref-format --allow-onelevel``)."""
     if not isinstance(name, str):

@@ -9,6 +9,7 @@ from typing import Any
 from pinwheel.cli import Context, command
 from pinwheel.errors import UsageError
 from pinwheel.manifest import Manifest
+from pinwheel.release.signing import UNSIGNED_NOTE
 
 
 def _manifest_or_none(ctx: Context) -> Manifest | None:
@@ -19,6 +20,13 @@ def _manifest_or_none(ctx: Context) -> Manifest | None:
 def _signers(ctx: Context, args: argparse.Namespace) -> tuple[Path | None, str | None]:
     from pinwheel.release.assemble import release_config
 
+    if getattr(args, "allow_unsigned", False):
+        if args.allowed_signers:
+            raise UsageError(
+                "--allow-unsigned and --allowed-signers contradict each other",
+                next="pass --allowed-signers FILE to verify, or --allow-unsigned alone",
+            )
+        return None, None  # the user's stated choice: [release] allowed_signers is not used
     config = release_config(_manifest_or_none(ctx))
     signers = Path(args.allowed_signers) if args.allowed_signers else config.allowed_signers
     return signers, args.principal or config.principal
@@ -43,6 +51,8 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
         key=key,
         qualification=Path(args.qualification) if args.qualification else None,
         allow_unverified=args.allow_unverified,
+        builder_id=args.builder_id or _ci_builder(ctx),
+        lock=Path(args.lock) if args.lock else None,
     )
     built = assemble(request)
     for warning in built.warnings:
@@ -52,6 +62,76 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
         f"release in {built.dir}: {len(built.wheels)} wheels, "
         f"{len(built.files)} files in SHA256SUMS"
         + (", signed" if built.signed else ", NOT signed"),
+    )
+    return 0
+
+
+def _ci_builder(ctx: Context) -> str:
+    """SLSA builder id: the GitHub Actions workflow that runs this, else a local build."""
+    from pinwheel import validate
+    from pinwheel.release.attest import LOCAL_BUILDER
+
+    env = ctx.environ
+    server, ref = env.get("GITHUB_SERVER_URL", ""), env.get("GITHUB_WORKFLOW_REF", "")
+    if env.get("GITHUB_ACTIONS") == "true" and server and ref:
+        candidate = f"{server.rstrip('/')}/{ref}"
+        if not validate.http_url_problem(candidate) and not any(c.isspace() for c in candidate):
+            return candidate
+    return LOCAL_BUILDER
+
+
+def cmd_verify_release(ctx: Context, args: argparse.Namespace) -> int:
+    import re
+    import tempfile
+
+    from pinwheel.release.download import FetchOptions
+    from pinwheel.release.verifyrelease import fetch_for_verify, verify_release_dir
+
+    signers, principal = _signers(ctx, args)
+    source = args.source
+    with tempfile.TemporaryDirectory(prefix="pinwheel-verify.") as tmp:
+        if re.match(r"^https?://", source):
+            if ctx.offline:
+                raise UsageError("--offline: a URL cannot be verified",
+                                 next="fetch it first, then verify the directory")  # fmt: skip
+            opts = FetchOptions(
+                allowed_signers=signers,
+                principal=principal,
+                allow_unsigned=args.allow_unsigned,
+                reporter=ctx.reporter,
+            )
+            directory = Path(tmp) / "release"
+            fetch_for_verify(source, directory, opts)
+        else:
+            directory = Path(source)
+        check = verify_release_dir(directory, allowed_signers=signers, principal=principal,
+                                   allow_unsigned=args.allow_unsigned)  # fmt: skip
+    wheels = [s for s in check.subjects if s.endswith(".whl")]
+    trust = (
+        f"SHA256SUMS signed by {check.sums_signed_by}, attestation signed by "
+        f"{check.attestation_signed_by}"
+        if not check.unsigned
+        else UNSIGNED_NOTE + ": signatures over SHA256SUMS and the attestation not checked"
+    )
+    lines = [
+        f"release OK: {len(wheels)} wheels and SHA256SUMS match the in-toto statement "
+        f"({len(check.subjects)} subjects) and SHA256SUMS; {trust}",
+        f"  builder: {check.builder}; resolved dependencies: {check.dependencies}",
+    ]
+    lines += [f"  {line}" for line in check.sigstore] or ["  no Sigstore bundle beside the release"]
+    ctx.emit(
+        {
+            "source": source,
+            "ok": True,
+            "sums_signed_by": check.sums_signed_by,
+            "attestation_signed_by": check.attestation_signed_by,
+            "allow_unsigned": check.unsigned,
+            "subjects": list(check.subjects),
+            "builder": check.builder,
+            "resolved_dependencies": check.dependencies,
+            "sigstore": list(check.sigstore),
+        },
+        "\n".join(lines),
     )
     return 0
 
@@ -119,6 +199,32 @@ def cmd_publish(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.release.assemble import release_config
+    from pinwheel.release.pyindex import IndexRequest, build_index
+
+    config = release_config(_manifest_or_none(ctx))
+    signers, principal = _signers(ctx, args)
+    directory = Path(args.dir) if args.dir else config.dir
+    out = Path(args.out) if args.out else directory.parent / f"{directory.name}-index"
+    outcome = build_index(IndexRequest(directory, out, signers, principal))
+    lines = [f"index in {outcome.out}: {len(outcome.files)} wheels, "
+             f"{len(outcome.variants)} variant(s)"
+             + (f", release signed by {outcome.signed_by}" if outcome.signed_by else
+                ", release signature not checked (no allowed_signers)")]  # fmt: skip
+    lines += [f"  {v}: --index-url BASE/{v}/simple/  ({len(w)} wheels)"
+              for v, w in outcome.variants.items()]  # fmt: skip
+    ctx.emit(
+        {
+            "out": str(outcome.out),
+            "signed_by": outcome.signed_by,
+            "variants": {v: list(w) for v, w in outcome.variants.items()},
+        },
+        "\n".join(lines),
+    )
+    return 0
+
+
 # --------------------------------------------------------------------------- fetch / install
 
 
@@ -139,6 +245,7 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
         deadline=args.deadline,
         allowed_signers=signers,
         principal=principal,
+        allow_unsigned=args.allow_unsigned,
         sums=args.sums,
         reporter=ctx.reporter,
     )
@@ -149,17 +256,20 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
         "dest": str(result.dest),
         "signed_by": result.signed_by,
         "signature": result.signature,
+        "allow_unsigned": result.allow_unsigned,
         "files": [f.__dict__ for f in result.files],
     }
+    if result.allow_unsigned:
+        payload["warning"] = UNSIGNED_NOTE
     resumed = [f.name for f in result.files if f.resumed_from]
     ctx.emit(
         payload,
         f"fetched {len(result.files)} files into {result.dest}, all sha256 verified"
         + {
             "verified": f", signature by {result.signed_by}",
-            "present": ", signature present, not verified (no allowed_signers: pass "
-            "--allowed-signers FILE)",
-            "absent": ", unsigned",
+            "present": f"; {UNSIGNED_NOTE}: a signature is present, pass --allowed-signers "
+            "FILE to check it",
+            "absent": f"; {UNSIGNED_NOTE}: the release is unsigned",
         }[result.signature]
         + (f"; resumed: {', '.join(resumed)}" if resumed else ""),
     )
@@ -181,19 +291,32 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
         allowed_signers=signers,
         principal=principal,
         allow_partial=args.allow_partial,
+        allow_unsigned=args.allow_unsigned,
+        python=args.python,
+        offline=ctx.offline,
     )
     result = install(request)
     if result.fell_back:
         ctx.reporter.info(f"warning: {result.fell_back}")
+    trust = f"signed by {result.signed_by}" if result.signed_by else UNSIGNED_NOTE
     ctx.emit(
         {
+            "signed_by": result.signed_by,
+            "allow_unsigned": result.allow_unsigned,
+            "signature": trust,
             "venv": str(result.venv),
+            "python": result.python,
+            "python_found_by": result.python_how,
+            "lock": result.lock,
             "installer": result.installer,
             "fell_back": result.fell_back,
             "wheels": list(result.wheels),
             "commands": [list(c) for c in result.commands],
         },
-        f"installed {', '.join(result.wheels)} into {result.venv} with {result.installer}",
+        f"installed {', '.join(result.wheels)} into {result.venv} (Python "
+        f"{result.python or '?'}: {result.python_how}) with {result.installer}"
+        + (f", dependencies from {result.lock} (hashed)" if result.lock else "")
+        + f"; {trust}",
     )
     return 0
 
@@ -265,10 +388,38 @@ def register(sub: Any) -> None:
         "RELEASE_NOTES.md then says UNVERIFIED in its first line",
     )
 
+    p.add_argument(
+        "--lock",
+        help="pylock.toml (PEP 751) of the environment qualification ran in: shipped in the "
+        "release, installed from by `pinwheel install`",
+    )
+    p.add_argument(
+        "--builder-id",
+        help="SLSA builder id for the attestation (default: the GitHub Actions workflow when "
+        "run there, else urn:pinwheel:builder:local)",
+    )
+
+    p = command(
+        sub,
+        "verify-release",
+        "check a release (DIR|URL): SHA256SUMS, signatures, the in-toto attestation's subjects",
+        cmd_verify_release,
+    )
+    p.add_argument("source", help="release directory or base URL")
+    _signer_options(p)
+    _unsigned_option(p)
+
     p = command(sub, "publish", "upload a verified release: index (twine), github, hf", cmd_publish)
     p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
     p.add_argument("--to", required=True, choices=("index", "github", "hf"))
     p.add_argument("--repository-url", help="index upload URL (default: [release.index] url)")
+
+    p = command(
+        sub, "index", "a static PEP 503/691 index per variant for a release (pip, uv)", cmd_index
+    )
+    p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
+    p.add_argument("--out", help="index dir, replaced atomically (default: DIR-index beside it)")
+    _signer_options(p)
 
     p = command(sub, "fetch", "download a release (URL|DIR|INDEX) and verify every file", cmd_fetch)
     p.add_argument(
@@ -286,6 +437,7 @@ def register(sub: Any) -> None:
         default=10 * 1024,
         help="bytes/s a transfer must average over each minute (0: off; default 10240)",
     )
+    _unsigned_option(p)
     p.add_argument(
         "--deadline",
         type=float,
@@ -300,11 +452,17 @@ def register(sub: Any) -> None:
     p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     p.add_argument("--no-deps", action="store_true", help="install only the release wheels")
     p.add_argument(
+        "--python",
+        help="interpreter for a new venv (default: the one the wheels' tags need, found on "
+        "PATH or by uv)",
+    )
+    p.add_argument(
         "--allow-partial",
         action="store_true",
         help="install the listed wheels present even when others listed in SHA256SUMS are missing",
     )
     _signer_options(p)
+    _unsigned_option(p)
 
     p = command(
         sub, "model", "model pack: fetch at the pinned revision, check offline", _model_help
@@ -322,6 +480,15 @@ def register(sub: Any) -> None:
         cmd_model_fetch,
     )
     m.add_argument("--local-dir", help="download into this dir (default: [model] local_dir)")
+
+
+def _unsigned_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="go on without allowed_signers (SHA256SUMS then trusted from the server); "
+        "every output and the install receipt say so",
+    )
 
 
 def _signer_options(p: argparse.ArgumentParser) -> None:

@@ -257,8 +257,9 @@ def run_build(plan: BuildPlan, reporter: Reporter = SILENT) -> tuple[Path, ...]:
     return wheels
 
 
-def engine_version(config: BuildConfig, replayed: Any) -> str:
-    """``[build] version`` + label, else setuptools-scm's guess for the base commit."""
+def engine_version(config: BuildConfig, replayed: Any, variant: str | None = None) -> str:
+    """``[build] version`` (else setuptools-scm's guess for the base commit) + the build's
+    variant label (:func:`pinwheel.wheels.relabel.variant_label`), else ``[build] label``."""
     base_version = config.version or (
         scm_version(replayed.repo_path, replayed.base) if replayed is not None else None
     )
@@ -268,7 +269,8 @@ def engine_version(config: BuildConfig, replayed: Any) -> str:
             where="[build] version",
             next='set [build] version = "1.5.2.devN"',
         )
-    return f"{base_version}+{config.label}" if config.label else base_version
+    local = variant or config.label
+    return f"{base_version}+{local}" if local else base_version
 
 
 def build_engine(

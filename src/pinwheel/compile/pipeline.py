@@ -53,6 +53,7 @@ from pinwheel.source.cache import Cache
 from pinwheel.source.cache import mark as mark_cache
 from pinwheel.wheels.check import find_tools, spec_from_build
 from pinwheel.wheels.provenance import receipt, toolchain_facts
+from pinwheel.wheels.relabel import variant_label
 from pinwheel.wheels.substitute import Substitution, headline
 from pinwheel.wheels.substitute import to_json as substitutions_json
 from pinwheel.wheels.wheelset import Built, WheelSet, publish
@@ -253,7 +254,8 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     payload["torch"] = torch_pin(config, facts.torch, built)
     payload["substitutions"] = substitutions_json(choice.substitutions)
     with reporter.status(f"checking {len(built)} wheel(s)"):
-        wheels = publish(built, request.out_dir, spec=check_spec, receipt=payload)
+        wheels = publish(built, request.out_dir, spec=check_spec, receipt=payload,
+                         label=build_variant(manifest, config, toolkit))  # fmt: skip
     return BuildOutcome(
         toolkit=toolkit,
         built=wheels.components,
@@ -283,6 +285,14 @@ def foreign_header_dirs(
         if not any((prefix / m).is_file() for m in (TORCH_VENV_READY, BUILD_VENV_READY)):
             dirs += headerview.torch_include_dirs(Path(python))
     return dirs
+
+
+def build_variant(manifest: Any, config: BuildConfig, toolkit: Toolkit | None) -> str:
+    """The label every wheel of this build carries: the system ([build] label, else the
+    manifest's name), the CUDA that compiled it (after --substitute) and the pinned torch."""
+    return variant_label(
+        config.label or manifest.name, toolkit.version if toolkit else None, config.torch
+    )
 
 
 def torch_pin(
@@ -456,7 +466,9 @@ def _engine_in(
                           f"{len(synced.removed)} removed, {synced.kept} kept")  # fmt: skip
         export_digest, changed = synced.digest, synced.changed
         source = work / "src"
-    version = request.version or engine_version(config, replayed)
+    version = request.version or engine_version(
+        config, replayed, build_variant(request.manifest, config, toolkit)
+    )
     if request.engine_epoch is not None:
         epoch = request.engine_epoch
     elif replayed is not None:

@@ -9,6 +9,7 @@ release uploads exactly these files; the package index gets the wheels.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_text, link_or_copy
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.release import GithubTarget, IndexTarget, ReleaseConfig
-from pinwheel.release import signing
+from pinwheel.release import attest, pylock, signing
 from pinwheel.urls import redact
 from pinwheel.wheels.provenance import FILENAME, read_receipt
 from pinwheel.wheels.substitute import from_receipt, headline
@@ -188,6 +189,32 @@ def stack_statement(manifest: Manifest) -> str:
     )
 
 
+_GITHUB = re.compile(
+    r"(?:https://github\.com/|git@github\.com:|ssh://git@github\.com/)"
+    r"([A-Za-z0-9][A-Za-z0-9-]{0,38})/([A-Za-z0-9._-]{1,100}?)(?:\.git)?/?"
+)
+_MENTION = re.compile(r"(?<![\w`])@([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))")
+
+
+def github_slug(url: str) -> str | None:
+    """``owner/repo`` of a GitHub URL, else None."""
+    m = _GITHUB.fullmatch(url.strip())
+    return f"{m.group(1)}/{m.group(2)}" if m else None
+
+
+def pr_link(slug: str | None, number: int) -> str:
+    """``[owner/repo#N](https://github.com/owner/repo/pull/N)``: on a release page of another
+    repository a bare ``#N`` would link that repository's issue N."""
+    if slug is None:
+        return f"upstream PR {int(number)}"
+    return f"[{slug}#{int(number)}](https://github.com/{slug}/pull/{int(number)})"
+
+
+def quiet_mentions(text: str) -> str:
+    """``@name`` as code: GitHub notifies nobody from a release page's text."""
+    return _MENTION.sub(lambda m: f"`@{m.group(1)}`", text)
+
+
 def render_notes(
     manifest: Manifest,
     provenance: Mapping[str, Any],
@@ -215,6 +242,7 @@ def render_notes(
     out += ["## Steps", ""]
     if stack_not_replayed(provenance):
         out += [f"Not replayed for this release: {md.text(stack_statement(manifest))}", ""]
+    slug = github_slug(str(upstream.get("url") or manifest.upstream.url))
     out += [
         "| # | action | PR | title | head | authors |",
         "|---|---|---|---|---|---|",
@@ -226,12 +254,13 @@ def render_notes(
             {str(c.get("author", "")) for c in got.get("commits") or [] if isinstance(c, dict)}
             - {""}
         )
-        pr = f"#{step.pr}" if step.pr else (step.patch.name if step.patch else "")
+        pr = pr_link(slug, step.pr) if step.pr else md.text(step.patch.name if step.patch else "")
         head = str(got.get("head") or step.head or "")[:12]
-        title = md.text(step.title or "")
+        title = quiet_mentions(md.text(step.title or ""))
+        shown = ", ".join(f"`{md.code(a)}`" for a in authors)  # code: an email never mentions
         out += [
-            f"| {step.number} | {step.action} | {md.text(pr)} | {title} | `{md.code(head)}` | "
-            f"{md.text(', '.join(authors)) or 'n/a'} |"
+            f"| {step.number} | {step.action} | {pr} | {title} | `{md.code(head)}` | "
+            f"{shown or 'n/a'} |"
         ]
     out += [""]
 
@@ -342,6 +371,8 @@ class AssembleRequest:
     key: Path | None  # None: unsigned
     qualification: Path | None = None
     allow_unverified: bool = False
+    builder_id: str = attest.LOCAL_BUILDER  # SLSA runDetails.builder.id (the CI names its own)
+    lock: Path | None = None  # pylock.toml of the environment qualification ran in
 
 
 def assemble(request: AssembleRequest) -> Release:
@@ -388,6 +419,8 @@ def assemble(request: AssembleRequest) -> Release:
             next="run `pinwheel qualify` first, or drop --qualification",
         )
 
+    if request.lock is not None:
+        pylock.check(request.lock)  # every package hash-pinned, before anything is written
     same_dir = out.resolve() == build.resolve()
     with atomic_dir(out) if not same_dir else _in_place(out) as tmp:
         if not same_dir:
@@ -397,7 +430,9 @@ def assemble(request: AssembleRequest) -> Release:
                 shutil.copy2(build / FILENAME, tmp / FILENAME)
         if qual is not None and qual_path.resolve() != (tmp / QUALIFICATION).resolve():
             shutil.copy2(qual_path, tmp / QUALIFICATION)
-        extras = [n for n in (FILENAME, QUALIFICATION) if (tmp / n).is_file()]
+        if request.lock is not None:
+            shutil.copy2(request.lock, tmp / pylock.FILENAME)
+        extras = [n for n in (FILENAME, QUALIFICATION, pylock.FILENAME) if (tmp / n).is_file()]
         extra_hashes = sha256_files([tmp / n for n in extras])
         listing = dict(digests) | {n: extra_hashes[tmp / n] for n in extras}
         sized = {n: (d, (tmp / n).stat().st_size) for n, d in listing.items()}
@@ -431,6 +466,21 @@ def assemble(request: AssembleRequest) -> Release:
                 )
         else:
             warnings.append("not signed: no --key and no [release] signing_key")
+        (tmp / attest.FILENAME).unlink(missing_ok=True)
+        subjects = {w: digests[w] for w in wheels} | {SUMS: sha256_files([tmp / SUMS])[tmp / SUMS]}
+        doc = attest.statement(
+            subjects,
+            attest.resolved_dependencies(
+                manifest.path.name, manifest.sha256, provenance,
+                extra_hashes.get(tmp / FILENAME) if FILENAME in extras else None,
+            ),
+            request.builder_id,
+            external={"manifest": manifest.path.name,
+                      "tag": provenance.get("tag") or manifest.result.tag or manifest.name},
+            internal={k: provenance[k] for k in ("arches", "toolchain", "source_date_epoch")
+                      if provenance.get(k) is not None},
+        )  # fmt: skip
+        attest.write_envelope(tmp, doc, key)
     return Release(
         dir=out,
         files=tuple(sorted(listing)),
@@ -591,6 +641,7 @@ def publish_index(release: Verified, target: IndexTarget) -> list[str]:
             "twine is not installed",
             next="install the release extra: `pip install -e '.[release]'` from the checkout",
         ) from None
+    twine_check(release.dir, wheels)
     runner.run(
         runner.Command(
             tuple(cmd),
@@ -601,6 +652,28 @@ def publish_index(release: Verified, target: IndexTarget) -> list[str]:
         )
     )
     return wheels
+
+
+def twine_check(directory: Path, wheels: list[str]) -> None:
+    """``twine check --strict`` over the wheels: what the index would warn about, refused first."""
+    proc = runner.run(
+        runner.Command(
+            (sys.executable, "-m", "twine", "check", "--strict", "--")
+            + tuple(str((directory / w).resolve()) for w in wheels),
+            what="twine check --strict",
+            where=str(directory),
+            check=False,
+            env_set={"NO_COLOR": "1"},
+        )
+    )
+    if proc.returncode != 0:
+        raise VerifyError(
+            "twine check --strict refused the wheels; nothing was uploaded:\n    "
+            + "\n    ".join(line for line in proc.text.splitlines() if line.strip())[:4000],
+            where=str(directory),
+            next="fix the wheels' metadata (a README as long_description, its content type) "
+            "and rebuild, then rerun `pinwheel release` and `pinwheel publish`",
+        )
 
 
 def github_plan(release: Verified, target: GithubTarget, manifest: Manifest) -> dict[str, Any]:
@@ -619,7 +692,8 @@ def github_plan(release: Verified, target: GithubTarget, manifest: Manifest) -> 
             where="[release.github] tag / [result] tag",
             next="set a tag name like v1.2.3 in the manifest",
         )
-    files = sorted(release.sums) + [SUMS] + ([SIG] if (release.dir / SIG).is_file() else [])
+    files = sorted(release.sums) + [SUMS]
+    files += [f for f in (SIG, attest.FILENAME) if (release.dir / f).is_file()]
     paths = [str((release.dir / f).absolute()) for f in files]
     return {
         "repo": target.repo,

@@ -107,6 +107,7 @@ class FetchOptions:
     chunk: int = 1024 * 1024
     allowed_signers: Path | None = None
     principal: str | None = None
+    allow_unsigned: bool = False  # no allowed_signers accepted: the user said so (stated)
     sums: str | None = None  # SHA256SUMS location for an index source
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
@@ -149,6 +150,7 @@ class FetchResult:
     signature: str = (
         "absent"  # "verified" | "present" (not verified: no allowed_signers) | "absent"
     )
+    allow_unsigned: bool = False  # accepted without allowed_signers (--allow-unsigned)
 
 
 # --------------------------------------------------------------------------- sources
@@ -578,6 +580,7 @@ def fetch_release(
 
     Every name is checked (plain file names only, listed once) before a file is placed.
     """
+    signing.require_signers(opts.allowed_signers, opts.allow_unsigned, "pinwheel fetch")
     opts = opts.started()
     sums_at = _sums_location(source, opts)
     sums_bytes = _read_location(sums_at, opts, SUMS)
@@ -666,4 +669,5 @@ def fetch_release(
         files=tuple(fetched),
         signed_by=signed_by,
         signature="verified" if signed_by else ("present" if sig is not None else "absent"),
+        allow_unsigned=signed_by is None,
     )

@@ -20,6 +20,7 @@ so "cu128" cannot mean a different torch tomorrow.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import sys
@@ -30,10 +31,13 @@ from pathlib import Path
 
 from pinwheel import runner, validate
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
+from pinwheel.fsutil import atomic_write_text
+from pinwheel.release import interpreter, pylock, signing
 from pinwheel.release.assemble import verify_release
 from pinwheel.urls import redact
 from pinwheel.wheels.abifloor import Version, host_glibc, show
 from pinwheel.wheels.check import CheckSpec, check_wheels
+from pinwheel.wheels.metadata import direct_references, read_path
 from pinwheel.wheels.provenance import FILENAME
 
 INSTALLERS = ("auto", "uv", "pip")
@@ -50,6 +54,10 @@ class InstallResult:
     signed_by: str | None
     torch: str | None = None  # the torch pinned from provenance.json, if any
     fell_back: str | None = None  # why pip, not uv, and what that lost (auto without uv)
+    allow_unsigned: bool = False  # installed without a verified signature (--allow-unsigned)
+    python: str | None = None  # the venv's Python version ("3.12"), when known
+    python_how: str = ""  # how that interpreter was found
+    lock: str | None = None  # the pylock.toml installed from, if the release ships one
 
 
 @dataclass(frozen=True)
@@ -161,18 +169,53 @@ def check_before_install(paths: list[Path], target_glibc: Version | None = None)
     )
 
 
-def _ensure_venv(venv: Path, uv: str | None, installer: str) -> list[tuple[str, ...]]:
+def _ensure_venv(
+    venv: Path, uv: str | None, installer: str, found: interpreter.Interpreter, offline: bool
+) -> list[tuple[str, ...]]:
+    """The target venv, made by the interpreter the wheels need (an existing one must be it)."""
     if venv_python(venv).exists():
-        return []
-    if installer == "uv" and uv:
-        return [
-            _run(
-                [uv, "venv", "--quiet", "--python", sys.executable, str(venv.absolute())],
-                "uv venv",
-                venv,
+        have = interpreter.venv_version(venv_python(venv))
+        if found.version is not None and have != found.version:
+            raise PinwheelError(
+                f"{venv} is a Python {have} venv; the wheels need Python {found.version}",
+                where=str(venv),
+                next=f"pass another --venv (it is created with Python {found.version}), or "
+                "remove this one",
             )
-        ]
-    return [_run([sys.executable, "-m", "venv", str(venv.absolute())], "python -m venv", venv)]
+        return []
+    if found.python is None:  # uv provisions the interpreter (online only)
+        assert uv is not None and found.version is not None
+        cmd = [uv, "venv", "--quiet", "--python", found.version, "--seed", str(venv.absolute())]
+        return [_run(cmd, f"uv venv --python {found.version}", venv)]
+    if installer == "uv" and uv:
+        cmd = [uv, "venv", "--quiet", "--python", found.python, str(venv.absolute())]
+        return [_run(cmd + (["--offline"] if offline else []), "uv venv", venv)]
+    return [_run([found.python, "-m", "venv", str(venv.absolute())], "python -m venv", venv)]
+
+
+def refuse_direct_references(wheel_dir: Path, wheels: list[str]) -> None:
+    """No wheel may require a URL (``pkg @ file:///...``, ``git+...``): an installer would
+    fetch it from there, outside every hash. Raises before anything is installed."""
+    found = []
+    for w in wheels:
+        meta = read_path(wheel_dir / w)
+        found += [f"{w}: Requires-Dist: {r[:200]}" for r in direct_references(meta.requires_dist)]
+    if found:
+        raise VerifyError(
+            "a wheel requires a direct URL or VCS reference; nothing was installed:\n    "
+            + "\n    ".join(found[:20]),
+            where=", ".join(sorted({f.split(":", 1)[0] for f in found})),
+            next="do not install this release; its dependencies must come from an index by "
+            "version (report it to the publisher)",
+        )
+
+
+def _shipped_lock(wheel_dir: Path, sums: Mapping[str, str]) -> pylock.Lock | None:
+    """The release's pylock.toml when the verified SHA256SUMS lists it (its hash was checked)."""
+    path = wheel_dir / pylock.FILENAME
+    if pylock.FILENAME not in sums or not path.is_file():
+        return None
+    return pylock.check(path)
 
 
 @dataclass(frozen=True)
@@ -188,6 +231,9 @@ class InstallRequest:
     principal: str | None = None
     allow_partial: bool = False
     target_glibc: Version | None = None  # None: this machine's
+    allow_unsigned: bool = False  # install without allowed_signers (every output says so)
+    python: str | None = None  # --python: the interpreter for the venv (else found by tag)
+    offline: bool = False  # --offline: nothing from the network (uv --offline / pip --no-index)
 
 
 def install(request: InstallRequest) -> InstallResult:
@@ -200,6 +246,7 @@ def install(request: InstallRequest) -> InstallResult:
         target_glibc = host_glibc()
     if installer not in INSTALLERS:
         raise UsageError(f"unknown installer {installer!r}", next="use auto, uv or pip")
+    signing.require_signers(allowed_signers, request.allow_unsigned, "pinwheel install")
     verified = verify_release(
         wheel_dir, allowed_signers=allowed_signers, principal=principal, require_all=False
     )
@@ -228,6 +275,8 @@ def install(request: InstallRequest) -> InstallResult:
             "to install only the wheels present",
         )
     check_before_install([wheel_dir / w for w in wheels], target_glibc)
+    refuse_direct_references(wheel_dir, wheels)
+    lock = _shipped_lock(wheel_dir, verified.sums) if not no_deps else None
     uv = find_uv()
     chosen = ("uv" if uv else "pip") if installer == "auto" else installer
     if chosen == "uv" and not uv:
@@ -245,9 +294,24 @@ def install(request: InstallRequest) -> InstallResult:
             if torch_backend
             else ""
         )
-    commands = _ensure_venv(venv, uv, chosen)
+    need = interpreter.wanted(wheels)
+    found = interpreter.find(need, given=request.python, uv=uv, offline=request.offline,
+                             fallback=sys.executable)  # fmt: skip
+    commands = _ensure_venv(venv, uv, chosen, found, request.offline)
     python = str(venv_python(venv))
     paths = [str((wheel_dir / w).resolve()) for w in wheels]
+    offline = (["--offline"] if chosen == "uv" else ["--no-index", "--find-links",
+               str(wheel_dir.resolve())]) if request.offline else []  # fmt: skip
+    if lock is not None:
+        # The environment qualification ran in, every file hash-checked by the installer;
+        # then the release's wheels, by hash, with nothing left to resolve.
+        # pip reads pylock.toml from 25.1 on (experimental): pinwheel's own pip installs
+        # into the venv (--python), whatever pip the venv was seeded with.
+        cmd = [uv, "pip", "install", "--python", python] if chosen == "uv" and uv else [
+            sys.executable, "-m", "pip", "--python", python, "install"]  # fmt: skip
+        commands.append(_run([*cmd, *offline, "-r", str(lock.path.resolve())],
+                             f"install {pylock.FILENAME}", venv))  # fmt: skip
+        no_deps = True
     pin = None if no_deps else torch_pin(wheel_dir, verified.sums)
     with tempfile.TemporaryDirectory(prefix="pinwheel-install.") as tmp:
         constraint: list[str] = []
@@ -264,8 +328,8 @@ def install(request: InstallRequest) -> InstallResult:
                 commands.append(_run(first, f"install torch=={pin.version}", venv))
                 torch_backend = None  # the pinned index decides, not a backend name
         _install(chosen, uv, python, paths, wheels, verified.sums, torch_backend, no_deps,
-                 constraint, commands, venv, Path(tmp))  # fmt: skip
-    return InstallResult(
+                 [*constraint, *offline], commands, venv, Path(tmp))  # fmt: skip
+    result = InstallResult(
         venv=venv,
         installer=chosen,
         wheels=tuple(wheels),
@@ -273,7 +337,38 @@ def install(request: InstallRequest) -> InstallResult:
         signed_by=verified.signed_by,
         torch=pin.version if pin else None,
         fell_back=fell_back,
+        allow_unsigned=verified.signed_by is None,
+        python=found.version,
+        python_how=found.how,
+        lock=lock.path.name if lock is not None else None,
     )
+    if venv.is_dir():
+        write_receipt(result, {w: verified.sums[w] for w in wheels})
+    return result
+
+
+RECEIPT = "pinwheel-install.json"
+
+
+def write_receipt(result: InstallResult, hashes: Mapping[str, str]) -> Path:
+    """``VENV/pinwheel-install.json``: what was installed, by hash, and how it was trusted."""
+    path = result.venv / RECEIPT
+    doc = {
+        "schema": "pinwheel.install/1",
+        "wheels": dict(sorted(hashes.items())),
+        "signature": f"verified: signed by {result.signed_by}"
+        if result.signed_by
+        else signing.UNSIGNED_NOTE,
+        "allow_unsigned": result.allow_unsigned,
+        "installer": result.installer,
+        "python": result.python,
+        "python_found_by": result.python_how,
+        "lock": result.lock,
+        "torch": result.torch,
+        "commands": [list(c) for c in result.commands],
+    }
+    atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
+    return path
 
 
 def _install(
@@ -311,6 +406,7 @@ def _install(
                     "install",
                     "--require-hashes",
                     "--no-deps",
+                    *(a for a in constraint if a == "--no-index"),  # --offline: no index
                     "-r",
                     str(req),
                 ],

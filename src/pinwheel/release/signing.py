@@ -12,10 +12,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pinwheel import runner
+from pinwheel import runner, untrusted
 from pinwheel.errors import PinwheelError, VerifyError
 
 NAMESPACE = "pinwheel"
+# DSSE envelopes (the in-toto attestation) are signed in their own namespace: a signature
+# over SHA256SUMS can never stand for one over an attestation, or the reverse.
+ATTESTATION_NAMESPACE = "pinwheel-attestation"
 # An allowed_signers principal: an identity such as an email, never an option or a pattern list.
 _PRINCIPAL = re.compile(r"[A-Za-z0-9_.+@][A-Za-z0-9_.+@=-]*")
 
@@ -31,6 +34,41 @@ def check_principal(name: str, where: str = "--principal / [release] principal")
     return name
 
 
+SIGNERS = untrusted.Kind(
+    "allowed_signers",
+    1024 * 1024,
+    0,
+    VerifyError,
+    "use the publisher's allowed_signers file (one line per key; see `man ssh-keygen`)",
+)
+ALLOW_UNSIGNED = "--allow-unsigned"
+UNSIGNED_NOTE = "SIGNATURE NOT VERIFIED (--allow-unsigned)"
+
+
+def require_signers(allowed_signers: Path | None, allow_unsigned: bool, where: str) -> None:
+    """Refuse to go on without ``allowed_signers`` unless the user said --allow-unsigned.
+
+    Without signers, SHA256SUMS is trusted from the same server as the wheels: whoever
+    can replace a wheel there can replace its line too.
+    """
+    if allowed_signers is None and not allow_unsigned:
+        raise VerifyError(
+            "no allowed_signers: SHA256SUMS would be trusted from the same place as the "
+            "wheels, so nothing was fetched or installed",
+            where=where,
+            next="pass --allowed-signers FILE (the publisher's allowed_signers, from a "
+            "channel you trust: the project's repository), set [release] allowed_signers, "
+            f"or pass {ALLOW_UNSIGNED} to accept an unverified release (every output says so)",
+        )
+
+
+def listed_keys(allowed_signers: Path) -> int:
+    """How many key lines ``allowed_signers`` holds (comments and blank lines aside)."""
+    data = untrusted.read_bytes(allowed_signers, SIGNERS)
+    lines = untrusted.text(data, SIGNERS, str(allowed_signers)).splitlines()
+    return sum(1 for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+
 def _ssh_keygen() -> str:
     exe = shutil.which("ssh-keygen")
     if exe is None:
@@ -41,7 +79,7 @@ def _ssh_keygen() -> str:
     return exe
 
 
-def sign(path: Path, key: Path) -> Path:
+def sign(path: Path, key: Path, namespace: str = NAMESPACE) -> Path:
     """Write ``path.sig``, signed with the private key ``key`` (or its .pub with an agent)."""
     sig = path.with_name(path.name + ".sig")
     sig.unlink(missing_ok=True)  # ssh-keygen refuses to overwrite
@@ -54,7 +92,7 @@ def sign(path: Path, key: Path) -> Path:
     proc = runner.run(
         runner.Command(
             # The file after "--": a path is never read as an option.
-            (_ssh_keygen(), "-Y", "sign", "-q", "-f", str(key.absolute()), "-n", NAMESPACE)
+            (_ssh_keygen(), "-Y", "sign", "-q", "-f", str(key.absolute()), "-n", namespace)
             + ("--", str(path.absolute())),
             what="ssh-keygen -Y sign",
             check=False,
@@ -76,6 +114,7 @@ def verify(
     principal: str | None,
     *,
     what: str = "SHA256SUMS",
+    namespace: str = NAMESPACE,
 ) -> str:
     """Check ``signature`` over ``data``; return the principal that signed it, else raise."""
     if not allowed_signers.is_file():
@@ -83,6 +122,15 @@ def verify(
             f"allowed_signers file {allowed_signers} does not exist",
             where="[release] allowed_signers / --allowed-signers",
             next="point it at the release's published allowed_signers file",
+        )
+    if listed_keys(allowed_signers) == 0:
+        raise VerifyError(
+            f"allowed_signers file {allowed_signers} lists no key (FILL IN: the project's "
+            "release key has not been published there yet)",
+            where="[release] allowed_signers / --allowed-signers",
+            next="add the release key's line (`PRINCIPAL namespaces=\"pinwheel,"
+            f"{ATTESTATION_NAMESPACE}\" ssh-ed25519 AAAA...`), or pass {ALLOW_UNSIGNED} "
+            "without --allowed-signers to accept an unverified release",
         )
     exe = _ssh_keygen()
     with tempfile.TemporaryDirectory(prefix="pinwheel-sig.") as tmp:
@@ -94,7 +142,7 @@ def verify(
             proc = runner.run(
                 runner.Command(
                     (exe, "-Y", "verify", "-f", str(allowed_signers.absolute()), "-I", name)
-                    + ("-n", NAMESPACE, "-s", str(sig.absolute())),
+                    + ("-n", namespace, "-s", str(sig.absolute())),
                     what="ssh-keygen -Y verify",
                     input=data,
                     check=False,

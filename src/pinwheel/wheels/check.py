@@ -36,6 +36,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.cudaarch import CudaArch, names
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.wheels import abifloor, elf, fatbin
+from pinwheel.wheels.metadata import read_meta
 from pinwheel.wheels.wheelfile import Limits, audit, dist_name
 
 ERROR, WARNING = "error", "warning"
@@ -65,7 +66,8 @@ class CheckSpec:
 class Finding:
     severity: str  # "error" | "warning"
     rule: (
-        str  # sass | ptx | cuda | fatbin | cuobjdump | rpath | zip | record | required | auditwheel
+        str  # sass | ptx | cuda | fatbin | cuobjdump | rpath | zip | record | metadata | required
+        # | auditwheel
     )
     wheel: str
     member: str | None
@@ -514,6 +516,10 @@ def check_wheel(path: Path, spec: CheckSpec) -> tuple[WheelCheck, list[Finding],
         )
         findings.extend(Finding(ERROR, i.rule, name, i.member, i.message) for i in found.issues)
         members = found.members
+        if not any(i.rule == "zip" for i in found.issues):
+            # METADATA and WHEEL against the file name (a retag or relabel must keep all three)
+            described = read_meta(zf, name)
+            findings.extend(Finding(ERROR, "metadata", name, None, p) for p in described.problems)
         for member, spooled in found.spooled.items():
             with open(spooled, "rb") as fh:
                 reader = elf.FileReader(fh)

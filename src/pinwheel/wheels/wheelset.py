@@ -30,6 +30,7 @@ from pinwheel.wheels import platformtag
 from pinwheel.wheels.check import CheckReport, CheckSpec, check_wheels
 from pinwheel.wheels.provenance import FILENAME, Receipt, read_receipt, write_receipt
 from pinwheel.wheels.record import BuildRecord
+from pinwheel.wheels.relabel import relabel
 from pinwheel.wheels.wheelfile import dist_name
 
 
@@ -129,11 +130,15 @@ def publish(
     receipt: Mapping[str, Any],
     keep_others: bool = True,
     tag: bool = True,
+    label: str | None = None,
 ) -> WheelSet:
     """Check ``built``, then make ``out_dir`` hold them plus the earlier wheels they don't replace.
 
     ``receipt`` is the provenance payload for the whole set minus ``components``,
-    ``wheels`` and ``built``, which are filled in here.
+    ``wheels`` and ``built``, which are filled in here. ``label`` (the build's variant,
+    :func:`pinwheel.wheels.relabel.variant_label`): every wheel's version carries it as
+    its local label; a wheel built without it (an out-of-tree kernel keeps upstream's
+    version) is relabelled, and its record says from what.
     """
     out_dir = Path(out_dir).absolute()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -151,9 +156,18 @@ def publish(
     has_engine = any(b.kind == "engine" for b in built) or any(
         c.get("kind") == "engine" for c in old_components.values()
     )
+    relabelled: dict[str, str] = {}
+    if label is not None:
+        built, relabelled = _labelled(built, label)
     tags: dict[str, platformtag.TagDecision] = {}
     if tag:
+        before = [b.wheel.name for b in built]
         built, tags = _tagged(built)
+        relabelled = {
+            b.wheel.name: relabelled[n]
+            for b, n in zip(built, before, strict=True)
+            if n in relabelled
+        }
     report = check_wheels(
         [b.wheel for b in built], spec, alongside=[out_dir / n for n in kept], has_engine=has_engine
     )
@@ -176,6 +190,10 @@ def publish(
             record["floor"] = checked.floor.to_json()
             if target.name in tags:
                 record["platform_tag"] = tags[target.name].to_json()
+            if label is not None:
+                record["label"] = label
+            if b.wheel.name in relabelled:
+                record["relabelled_from"] = relabelled[b.wheel.name]
             components.append(record)
         names = sorted(digests)
         write_sums(staging, names)
@@ -208,6 +226,19 @@ def publish(
         report=report,
         components=tuple(built),
     )
+
+
+def _labelled(built: Sequence[Built], label: str) -> tuple[list[Built], dict[str, str]]:
+    """Each wheel with ``label`` in its version (a relabelled copy beside it); and, per
+    relabelled wheel, the name it was built with."""
+    out: list[Built] = []
+    was: dict[str, str] = {}
+    for b in built:
+        wheel = relabel(b.wheel, label, b.wheel.parent)
+        if wheel != b.wheel:
+            was[wheel.name] = b.wheel.name
+        out.append(dataclasses.replace(b, wheel=wheel))
+    return out, was
 
 
 def _tagged(
