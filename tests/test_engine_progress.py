@@ -57,6 +57,22 @@ def test_a_long_build_reports_its_ninja_step(tmp_path: Path, monkeypatch) -> Non
     lines = stream.getvalue().splitlines()
     assert wheel.name == "x-1.0-py3-none-any.whl"
     assert any(line.startswith("compiling [2/3] Building CUDA object b.o") for line in lines)
+    assert lines[0] == f"build log: {plan.log}"  # where to look, before the wait
+
+
+def test_a_build_still_configuring_is_not_silent(tmp_path: Path, monkeypatch) -> None:
+    """Before ninja's first step (CMake configuring, a build environment installing) a
+    line still comes every PROGRESS_EVERY seconds, naming the log."""
+    monkeypatch.setattr(engine, "PROGRESS_EVERY", 0.5)
+    plan = _plan(tmp_path, "echo '-- Configuring'; sleep 2; : > work/dist/x-1.0-py3-none-any.whl")
+    stream = io.StringIO()
+    run_build(plan, LineReporter(stream))
+    waits = [ln for ln in stream.getvalue().splitlines() if ln.startswith("configuring")]
+    assert len(waits) >= 2 and all(str(plan.log) in ln for ln in waits)
+
+
+def test_the_default_progress_interval_is_at_most_30_seconds() -> None:
+    assert 0 < engine.PROGRESS_EVERY <= 30
 
 
 def test_an_interrupted_build_leaves_no_compiler_running(tmp_path: Path) -> None:

@@ -198,7 +198,7 @@ def plan_build(
 
 _NINJA_STEP = re.compile(rb"^\[(\d+)/(\d+)\] (.*)$", re.M)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-PROGRESS_EVERY = 300.0  # seconds between two progress lines of a long compile
+PROGRESS_EVERY = 30.0  # seconds between two progress lines of a long build (a default)
 
 
 def ninja_progress(tail: bytes) -> tuple[int, int, str] | None:
@@ -214,8 +214,10 @@ def ninja_progress(tail: bytes) -> tuple[int, int, str] | None:
 def run_build(plan: BuildPlan, reporter: Reporter = SILENT) -> tuple[Path, ...]:
     """Run the backend; return the wheels it wrote (still in the scratch dir).
 
-    ``reporter`` gets a line every :data:`PROGRESS_EVERY` seconds with the compile
-    step ninja last reported (an engine build runs for hours on a small builder).
+    ``reporter`` gets the build log's path first, then a line every
+    :data:`PROGRESS_EVERY` seconds: the compile step ninja last reported (objects
+    done/total), or, before ninja's first step, that the backend is still configuring
+    (an engine build runs for an hour or more on a small builder: never a silent wait).
     """
     outdir = plan.work / "dist"
     shutil.rmtree(outdir, ignore_errors=True)
@@ -226,6 +228,7 @@ def run_build(plan: BuildPlan, reporter: Reporter = SILENT) -> tuple[Path, ...]:
         argv, what="the wheel build", cwd=cwd, env=env, output="log",
         log_file=plan.log, new_session=True, error=BuildError,  # one group: killed as one
     )  # fmt: skip
+    reporter.info(f"build log: {plan.log}")
     proc = runner.spawn(cmd, reporter)
     try:
         last = started
@@ -238,6 +241,10 @@ def run_build(plan: BuildPlan, reporter: Reporter = SILENT) -> tuple[Path, ...]:
                 if step is not None:
                     n, m, what = step
                     reporter.info(f"compiling [{n}/{m}] {what[:100]} ({minutes:.0f} min)")
+                else:
+                    reporter.info(
+                        f"configuring (no compile step yet; {minutes:.1f} min; log: {plan.log})"
+                    )
     except BaseException:  # interrupted: stop the whole build (cmake, ninja, nvcc) too
         proc.kill()  # its whole group (new_session)
         raise
