@@ -26,6 +26,7 @@ from pinwheel import runner
 from pinwheel.compile import reuse, workspace
 from pinwheel.compile.buildenv import build_env
 from pinwheel.compile.canonical import Canonical
+from pinwheel.compile.phases import Note
 from pinwheel.compile.sources import undeclared_downloads
 from pinwheel.cudaarch import CudaArch
 from pinwheel.errors import ManifestError, PinwheelError
@@ -295,6 +296,7 @@ def build_engine(
     listing_hook: str | None = None,
     export_digest: str | None = None,
     kept: bool = False,
+    note: Any = None,
 ) -> Built:
     """Build the engine wheel from ``source`` into ``work/dist``; nothing is published here.
 
@@ -306,8 +308,10 @@ def build_engine(
     paths (the cache) and their names in the recorded identity; ``export_digest``: the
     export's digest when ``work`` is the engine's workspace (each build is stamped with
     what it was given) and ``kept`` when that workspace was kept: a build given exactly
-    what the last one was hands back its wheel, nothing compiled.
+    what the last one was hands back its wheel, nothing compiled. ``note``: a
+    :class:`pinwheel.compile.phases.Note` told what ran and what was skipped.
     """
+    note = note if note is not None else Note()
     work.mkdir(parents=True, exist_ok=True)
     plan = plan_build(
         config,
@@ -335,6 +339,8 @@ def build_engine(
     usable = kept and export_digest is not None and reuse_from is None
     last = workspace.last_build(work, given) if usable else None
     if last is not None:
+        note.skip(f"the builder: same tree, sources, toolchain and environment as the last "
+                  f"build; its wheel is the build (sha256 confirmed by {last.how})")  # fmt: skip
         reporter.info(
             f"engine: nothing changed since the last build (same tree, sources, toolchain and "
             f"environment): its wheel {last.wheel.name} is the build, nothing compiled"
@@ -375,6 +381,7 @@ def build_engine(
             extra.update(pre)
             reused = reuse.reuse_record(reuse_from, rec, why + "; VLLM_USE_PRECOMPILED")
     plan = dataclasses.replace(plan, env={**plan.env, **extra})
+    note.did(f"ran the wheel build ({'kept, incremental' if kept else 'fresh'} workspace)")
     try:
         built = run_build(plan, reporter)
     except BuildError:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,11 +129,15 @@ def publish(
     receipt: Mapping[str, Any],
     keep_others: bool = True,
     tag: bool = True,
+    checker: Callable[..., CheckReport] = check_wheels,
+    tagger: Callable[[Sequence[Built]], tuple[list[Built], dict[str, Any]]] | None = None,
 ) -> WheelSet:
     """Check ``built``, then make ``out_dir`` hold them plus the earlier wheels they don't replace.
 
     ``receipt`` is the provenance payload for the whole set minus ``components``,
-    ``wheels`` and ``built``, which are filled in here.
+    ``wheels`` and ``built``, which are filled in here. ``checker``/``tagger``: the
+    check and the tagging step (a caller may pass ones that look up work already done
+    for the same bytes, :mod:`pinwheel.compile.checkmemo`).
     """
     out_dir = Path(out_dir).absolute()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -153,8 +157,8 @@ def publish(
     )
     tags: dict[str, platformtag.TagDecision] = {}
     if tag:
-        built, tags = _tagged(built)
-    report = check_wheels(
+        built, tags = (tagger or _tagged)(built)
+    report = checker(
         [b.wheel for b in built], spec, alongside=[out_dir / n for n in kept], has_engine=has_engine
     )
     report.raise_if_failed()  # unchecked wheels never reach out_dir
