@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.compile import reuse, workspace
+from pinwheel.compile import objstore, reuse, workspace
 from pinwheel.compile.buildenv import build_env
 from pinwheel.compile.canonical import Canonical
 from pinwheel.compile.phases import Note
@@ -297,6 +297,7 @@ def build_engine(
     export_digest: str | None = None,
     kept: bool = False,
     note: Any = None,
+    store: Any = None,
 ) -> Built:
     """Build the engine wheel from ``source`` into ``work/dist``; nothing is published here.
 
@@ -309,7 +310,8 @@ def build_engine(
     export's digest when ``work`` is the engine's workspace (each build is stamped with
     what it was given) and ``kept`` when that workspace was kept: a build given exactly
     what the last one was hands back its wheel, nothing compiled. ``note``: a
-    :class:`pinwheel.compile.phases.Note` told what ran and what was skipped.
+    :class:`pinwheel.compile.phases.Note` told what ran and what was skipped;
+    ``store``: a :class:`pinwheel.compile.objstore.Store` (a hit compiles nothing).
     """
     note = note if note is not None else Note()
     work.mkdir(parents=True, exist_ok=True)
@@ -365,6 +367,31 @@ def build_engine(
     )  # fmt: skip
     reused: dict[str, Any] | None = None
     rec: dict[str, Any] | None = None
+    # Beside the identity: what reaches the wheel's metadata (version, date) and the
+    # caller's compiler settings (objstore.caller_flags).
+    match = {"version": version, "source_date_epoch": source_date_epoch,
+             "flags": objstore.caller_flags(environ)}  # fmt: skip
+    if reuse_from is None and store is not None:
+        found, why = store.lookup(ident, Path(source), match)
+        taken = None
+        if found is not None:
+            taken = reuse.try_reuse(
+                found, Path(source), ident, work / "dist", python=plan.python,
+                env={**plan.env, **extra},
+            )  # fmt: skip
+        if taken is not None:
+            n = len(taken.members.get("members") or {})
+            note.skip(f"compiling: {n} compiled member(s) reused from the object store "
+                      f"({why}): nothing preprocessed, configured, compiled or linked")  # fmt: skip
+            note.did(f"repacked the wheel around {n} reused compiled member(s)")
+            reporter.info(f"engine: object store hit: {n} compiled member(s) reused, 0 compiled")
+            made = _built(plan, origin, taken.wheel, time.monotonic() - started, version,
+                          source_date_epoch, taken.inputs, taken.members, record)  # fmt: skip
+            if export_digest is not None:
+                workspace.remember(work, given, taken.wheel, made.build.to_json())
+            return made
+        note.did(f"object store: miss ({why})" if found is None else
+                 "object store: hit, but the wheel could not be repacked")  # fmt: skip
     if reuse_from is not None:
         ok, why, rec = reuse.unchanged(reuse_from, Path(source), ident)
         reporter.info(f"reuse from {reuse_from.wheel.name}: {'yes' if ok else 'no'}: {why}")
@@ -405,6 +432,10 @@ def build_engine(
     )
     if export_digest is not None:
         workspace.remember(work, given, built[0], made.build.to_json())
+    if store is not None and reused is None:
+        stored = store.put(built[0], inputs, match)
+        note.did("stored in the object store" if stored else
+                 "not stored in the object store: its compiled inputs are incomplete")  # fmt: skip
     return made
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from pinwheel import confine, runner
 from pinwheel.checksums import sha256_file
-from pinwheel.compile import frontend, listing, reuse, workspace
+from pinwheel.compile import frontend, listing, objstore, reuse, workspace
 from pinwheel.compile.buildenv import build_env
 from pinwheel.compile.canonical import Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
@@ -88,6 +88,7 @@ class BuildOptions:
     reuse: Any = None  # reuse.Candidate: take compiled members from an earlier wheel
     canonical: Canonical | None = None  # None: chosen for the cache on first use
     cold: bool = False  # True: wipe the kept workspace first (--no-cache, verify-build)
+    store: Any = None  # objstore.Store: a hit reuses compiled members, nothing compiles
 
     def canon(self) -> Canonical:
         return self.canonical or canonical_paths(self.cache, self.environ)
@@ -432,16 +433,25 @@ def build_kernel(
         alias=Path(canon.to_build(staged.directory)),
     )  # fmt: skip
     env.update(inputs.env())
-    if opts.reuse is not None:
+    earlier = opts.reuse
+    match = {"source_date_epoch": staged.source_date_epoch,
+             "flags": objstore.caller_flags(opts.environ)}  # fmt: skip
+    if earlier is None and opts.store is not None and not opts.cold:  # compile.objstore
+        earlier, why = opts.store.lookup(identity, staged.directory, match)
+        opts.reporter.info(f"{spec.name}: object store: {'hit' if earlier else 'miss'} ({why})")
+    if earlier is not None:
         taken = reuse.try_reuse(
-            opts.reuse, staged.directory, identity, dist,
+            earlier, staged.directory, identity, dist,
             python=str(python), env=env, reporter=opts.reporter,
         )  # fmt: skip
         if taken is not None:
+            made = record(taken.inputs, reused=taken.members, torch=torch_version,
+                          torch_index=config.torch_index if torch_version else None)  # fmt: skip
+            if opts.reuse is None:  # from the store: the workspace now holds this build
+                workspace.remember(work, given, taken.wheel, made.to_json())
             return Built(
                 component=spec.name, kind="kernel", wheel=taken.wheel,
-                seconds=time.monotonic() - started, source=source,
-                build=record(taken.inputs, reused=taken.members),
+                seconds=time.monotonic() - started, source=source, build=made,
             )  # fmt: skip
     # The backend's build_wheel alone, in the tree (what `pip wheel --no-build-isolation`
     # ends in, without pip and its second setup.py run for metadata).
@@ -459,6 +469,8 @@ def build_kernel(
     made = record(recorded, torch=torch_version,
                   torch_index=config.torch_index if torch_version else None)  # fmt: skip
     workspace.remember(work, given, built[0], made.to_json())
+    if opts.store is not None:
+        opts.store.put(built[0], recorded, match)
     return Built(
         component=spec.name, kind="kernel", wheel=built[0],
         seconds=time.monotonic() - started, source=source, build=made,

@@ -32,6 +32,7 @@ from pinwheel.compile import (
     invalidate,
     keptsources,
     listing,
+    objstore,
     reuse,
     workspace,
 )
@@ -219,6 +220,11 @@ def build(
             cache_note.did(f"sccache server started ({cache_plan.backend})")
         else:
             cache_note.skip(f"no compiler cache: {cache_plan.disabled}")
+        store, why = objstore.for_plan(cache_plan, cold=not request.compiler_cache)
+        if store is not None:
+            cache_note.did(f"object store: {why}")
+        else:
+            cache_note.skip(f"object store: {why}")
     # The interpreter the engine builds in: the [build.requirements] venv when there is
     # one, else $PINWHEEL_BUILD_PYTHON or this one. Provenance (python, torch) and the
     # torch pin `install` reads come from it, not from the interpreter running pinwheel.
@@ -248,6 +254,7 @@ def build(
             canon,
             venv,
             phases,
+            store,
         )
     finally:
         if session is not None:
@@ -385,6 +392,7 @@ def _produce(
     canon: canonical.Canonical,
     venv: BuildVenv | None,
     phases: Phases,
+    store: objstore.Store | None = None,
 ) -> tuple[list[Built], dict[str, float]]:
     """Run the producers; each wheel records its compiler-cache numbers."""
     built: list[Built] = []
@@ -418,6 +426,7 @@ def _produce(
         launcher=session,
         canonical=canon,
         cold=not request.compiler_cache,
+        store=store,
     )
     for spec in specs:
         if toolkit is None:
@@ -443,7 +452,7 @@ def _produce(
         built.append(
             measure(
                 lambda s: _engine(
-                    request, config, toolkit, reporter, s, earlier, canon, venv, phases
+                    request, config, toolkit, reporter, s, earlier, canon, venv, phases, store
                 )
             )
         )
@@ -500,6 +509,7 @@ def _engine(
     canon: canonical.Canonical | None = None,
     venv: BuildVenv | None = None,
     phases: Phases | None = None,
+    store: objstore.Store | None = None,
 ) -> Built:
     phases = phases if phases is not None else Phases()
     replayed = request.replayed
@@ -620,6 +630,7 @@ def _engine(
             export_digest=export_digest,
             kept=kept,
             note=note,
+            store=store,
         )
     # Recorded without this machine's cache path: provenance travels with the release.
     env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build.env.items()}

@@ -1,0 +1,99 @@
+"""The object store: a fresh workspace whose compiler cache is warm compiles nothing.
+
+Real builds of the tiny engine-shaped project (tinyproject.py: a setuptools build that
+compiles a C extension with gcc, through the engine path) in two caches that share one
+local compiler-cache directory (SCCACHE_DIR), as two CI runners share a cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zipfile
+from pathlib import Path
+
+from pinwheel.compile import objstore
+from pinwheel.compile.pipeline import build as run_build
+from pinwheel.wheels.provenance import component, read_receipt
+from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
+
+
+def _build(project: Tiny, manifest: Path, cache: str, out: str, shared: Path, **kw):
+    result = project.replay(manifest)
+    req = request(project, manifest, project.tmp / out, result, **kw)
+    environ = {**req.environ, "SCCACHE_DIR": str(shared)}
+    return run_build(
+        dataclasses.replace(req, cache=project.tmp / cache, engine_workdir=None, environ=environ)
+    )
+
+
+def _phase(outcome, name):
+    (row,) = [p for p in outcome.phases if p.name == name]
+    return row
+
+
+def test_a_fresh_workspace_reuses_the_stored_objects_and_gives_the_cold_bytes(
+    tiny: Tiny,  # noqa: F811
+) -> None:
+    manifest = tiny.manifest()
+    shared = tiny.tmp / "shared-cache"
+    cold = _build(tiny, manifest, "cache-a", "w-a", shared)
+    cold_sha = cold.wheels.wheels[WHEEL]
+    assert any("stored in the object store" in d for d in _phase(cold, "builder").did)
+    assert (shared / objstore.SUBDIR).is_dir()
+
+    fresh = _build(tiny, manifest, "cache-b", "w-b", shared)  # another cache: fresh workspace
+    assert fresh.wheels.wheels[WHEEL] == cold_sha  # the cold build's bytes
+    (engine,) = fresh.to_json()["components"]
+    assert engine["reused"] == ["tiny/_C.so"]  # N = 1 reused compiled member
+    cc = engine["compiler_cache"]
+    assert cc.get("hits", 0) == 0 and cc.get("misses", 0) == 0  # 0 compiled
+    builder = _phase(fresh, "builder")
+    assert "1 compiled member(s) reused from the object store" in builder.skipped[0]
+    assert not (tiny.tmp / "cache-b" / "build" / "tiny" / "src" / "build").exists()
+    receipt = component(read_receipt(tiny.tmp / "w-b" / "provenance.json"), "engine")
+    assert receipt["reused"]["from"] == "the object store"
+
+    # A cold build of cache B (--no-cache) does not look: it compiles, same bytes again.
+    again = _build(tiny, manifest, "cache-c", "w-c", shared, compiler_cache=False)
+    assert again.wheels.wheels[WHEEL] == cold_sha
+    assert "tiny/_C.so" not in again.to_json()["components"][0]["reused"]
+
+
+def test_a_changed_compiled_input_is_a_miss_and_compiles(tiny: Tiny) -> None:  # noqa: F811
+    manifest = tiny.manifest()
+    shared = tiny.tmp / "shared-cache"
+    _build(tiny, manifest, "cache-a", "w-a", shared)
+    # Another C compiler flag in the environment pinwheel sets: another identity.
+    other = tiny.manifest(extra_env=', CFLAGS = "-O1"', name="m2.toml")
+    changed = _build(tiny, other, "cache-b", "w-b", shared)
+    builder = _phase(changed, "builder")
+    assert not builder.skipped and any("object store: miss" in d for d in builder.did)
+    assert changed.to_json()["components"][0]["reused"] == []
+
+
+def test_hostile_store_records_are_misses(tiny: Tiny) -> None:  # noqa: F811
+    """Records naming paths outside the tree, a wheel that does not match its sha256, a
+    record that is a FIFO, not JSON, or deeper than the cap: each a miss, the build
+    compiles, nothing outside the tree is read and nothing blocks."""
+    manifest = tiny.manifest()
+    shared = tiny.tmp / "shared-cache"
+    cold = _build(tiny, manifest, "cache-a", "w-a", shared)
+    (index,) = (shared / objstore.SUBDIR / "v1" / "index").iterdir()
+    (record,) = index.iterdir()
+    good = json.loads(record.read_text())
+    outside = json.loads(json.dumps(good))
+    outside["record"]["files"] = {"../../outside.c": "0" * 40, **good["record"]["files"]}
+    record.write_text(json.dumps(outside))
+    (index / "deep.json").write_text("[" * 500 + "]" * 500)
+    (index / "bad.json").write_text("{not json")
+    os.mkfifo(index / "fifo.json")
+    blob = shared / objstore.SUBDIR / "v1" / "wheels" / good["sha256"] / "wheel"
+    with zipfile.ZipFile(blob, "a") as zf:  # the stored wheel no longer matches its sha256
+        zf.writestr("tiny/planted.py", "PLANTED = 1\n")
+    (index / "tampered.json").write_text(json.dumps(good))
+    fresh = _build(tiny, manifest, "cache-b", "w-b", shared)
+    assert fresh.to_json()["components"][0]["reused"] == []  # compiled, not reused
+    assert fresh.wheels.wheels == cold.wheels.wheels
+    with zipfile.ZipFile(tiny.tmp / "w-b" / WHEEL) as zf:
+        assert "tiny/planted.py" not in zf.namelist()
