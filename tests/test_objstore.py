@@ -49,7 +49,7 @@ def test_a_fresh_workspace_reuses_the_stored_objects_and_gives_the_cold_bytes(
     cc = engine["compiler_cache"]
     assert cc.get("hits", 0) == 0 and cc.get("misses", 0) == 0  # 0 compiled
     builder = _phase(fresh, "builder")
-    assert "1 compiled member(s) reused from the object store" in builder.skipped[0]
+    assert "the object store holds this build (1 compiled member(s))" in builder.skipped[0]
     assert not (tiny.tmp / "cache-b" / "build" / "tiny" / "src" / "build").exists()
     receipt = component(read_receipt(tiny.tmp / "w-b" / "provenance.json"), "engine")
     assert receipt["reused"]["from"] == "the object store"
@@ -73,25 +73,43 @@ def test_a_changed_compiled_input_is_a_miss_and_compiles(tiny: Tiny) -> None:  #
 
 
 def test_hostile_store_records_are_misses(tiny: Tiny) -> None:  # noqa: F811
-    """Records naming paths outside the tree, a wheel that does not match its sha256, a
-    record that is a FIFO, not JSON, or deeper than the cap: each a miss, the build
-    compiles, nothing outside the tree is read and nothing blocks."""
+    """A record that is a FIFO, not JSON, too deep, of another identity or tree, or names
+    a wheel outside the store; a stored wheel changed after it was written: each a miss
+    (nothing blocks, nothing outside is read), and a real build then compiles and gives
+    the cold bytes."""
     manifest = tiny.manifest()
     shared = tiny.tmp / "shared-cache"
     cold = _build(tiny, manifest, "cache-a", "w-a", shared)
-    (index,) = (shared / objstore.SUBDIR / "v1" / "index").iterdir()
-    (record,) = index.iterdir()
-    good = json.loads(record.read_text())
-    outside = json.loads(json.dumps(good))
-    outside["record"]["files"] = {"../../outside.c": "0" * 40, **good["record"]["files"]}
-    record.write_text(json.dumps(outside))
-    (index / "deep.json").write_text("[" * 500 + "]" * 500)
-    (index / "bad.json").write_text("{not json")
-    os.mkfifo(index / "fifo.json")
-    blob = shared / objstore.SUBDIR / "v1" / "wheels" / good["sha256"] / "wheel"
-    with zipfile.ZipFile(blob, "a") as zf:  # the stored wheel no longer matches its sha256
+    store = objstore.Store(shared / objstore.SUBDIR)
+    (index,) = (store.root / "v1" / "index").iterdir()
+    (path,) = index.iterdir()
+    good = json.loads(path.read_text())
+    ident, match = good["record"]["identity"], good["match"]
+    hit = store.lookup(ident, match)
+    assert hit is not None and hit.sha256 == good["sha256"]
+    assert store.lookup(ident, {**match, "tree": "0" * 64}) is None  # another tree
+    assert store.lookup({**ident, "builder": "other"}, match) is None  # another identity
+
+    def with_entry(text: str) -> objstore.Hit | None:
+        path.unlink(missing_ok=True)
+        path.write_text(text)
+        return store.lookup(ident, match)
+
+    assert with_entry("{not json") is None
+    assert with_entry("[" * 500 + "]" * 500) is None
+    for name in ("../../../escape.whl", "a/b.whl", "x\n.whl", "w.whl\u0000"):
+        assert with_entry(json.dumps({**good, "wheel": name})) is None, name
+    assert with_entry(json.dumps({**good, "record": {**good["record"], "identity": {}}})) is None
+    path.unlink()
+    os.mkfifo(path)
+    assert store.lookup(ident, match) is None  # not opened for reading: no hang
+    path.unlink()
+    path.write_text(json.dumps(good))
+    hit = store.lookup(ident, match)
+    assert hit is not None
+    with zipfile.ZipFile(hit.blob, "a") as zf:  # the stored wheel changed after it was written
         zf.writestr("tiny/planted.py", "PLANTED = 1\n")
-    (index / "tampered.json").write_text(json.dumps(good))
+    assert store.take(hit, tiny.tmp / "dist-check") is None
     fresh = _build(tiny, manifest, "cache-b", "w-b", shared)
     assert fresh.to_json()["components"][0]["reused"] == []  # compiled, not reused
     assert fresh.wheels.wheels == cold.wheels.wheels

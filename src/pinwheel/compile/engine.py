@@ -367,31 +367,24 @@ def build_engine(
     )  # fmt: skip
     reused: dict[str, Any] | None = None
     rec: dict[str, Any] | None = None
-    # Beside the identity: what reaches the wheel's metadata (version, date) and the
-    # caller's compiler settings (objstore.caller_flags).
-    match = {"version": version, "source_date_epoch": source_date_epoch,
+    # Beside the identity: the exported tree (its digest), what reaches the wheel's
+    # metadata (version, date) and the caller's compiler settings (objstore.caller_flags).
+    match = {"tree": export_digest, "version": version, "source_date_epoch": source_date_epoch,
              "flags": objstore.caller_flags(environ)}  # fmt: skip
-    if reuse_from is None and store is not None:
-        found, why = store.lookup(ident, Path(source), match)
-        taken = None
-        if found is not None:
-            taken = reuse.try_reuse(
-                found, Path(source), ident, work / "dist", python=plan.python,
-                env={**plan.env, **extra},
-            )  # fmt: skip
-        if taken is not None:
-            n = len(taken.members.get("members") or {})
-            note.skip(f"compiling: {n} compiled member(s) reused from the object store "
-                      f"({why}): nothing preprocessed, configured, compiled or linked")  # fmt: skip
-            note.did(f"repacked the wheel around {n} reused compiled member(s)")
+    if reuse_from is None and store is not None and export_digest is not None:
+        hit = store.lookup(ident, match)
+        wheel = store.take(hit, work / "dist") if hit is not None else None
+        if hit is not None and wheel is not None:
+            n = len(hit.record.get("compiled_members") or {})
+            note.skip(f"compiling: the object store holds this build ({n} compiled member(s)): "
+                      "nothing preprocessed, configured, compiled or linked")  # fmt: skip
             reporter.info(f"engine: object store hit: {n} compiled member(s) reused, 0 compiled")
-            made = _built(plan, origin, taken.wheel, time.monotonic() - started, version,
-                          source_date_epoch, taken.inputs, taken.members, record)  # fmt: skip
-            if export_digest is not None:
-                workspace.remember(work, given, taken.wheel, made.build.to_json())
+            made = _built(plan, origin, wheel, time.monotonic() - started, version,
+                          source_date_epoch, hit.record, hit.reused(), record)  # fmt: skip
+            workspace.remember(work, given, wheel, made.build.to_json())
+            shutil.rmtree(recorder.depfile.parent, ignore_errors=True)  # nothing to record
             return made
-        note.did(f"object store: miss ({why})" if found is None else
-                 "object store: hit, but the wheel could not be repacked")  # fmt: skip
+        note.did("object store: miss" if hit is None else "object store: entry changed, a miss")
     if reuse_from is not None:
         ok, why, rec = reuse.unchanged(reuse_from, Path(source), ident)
         reporter.info(f"reuse from {reuse_from.wheel.name}: {'yes' if ok else 'no'}: {why}")
@@ -432,10 +425,10 @@ def build_engine(
     )
     if export_digest is not None:
         workspace.remember(work, given, built[0], made.build.to_json())
-    if store is not None and reused is None:
+    if store is not None and reused is None and export_digest is not None:
         stored = store.put(built[0], inputs, match)
         note.did("stored in the object store" if stored else
-                 "not stored in the object store: its compiled inputs are incomplete")  # fmt: skip
+                 "not stored in the object store: no compiled member")  # fmt: skip
     return made
 
 

@@ -428,30 +428,32 @@ def build_kernel(
         env.update(opts.launcher.launch_env(env.get("PATH", "")))
     elif opts.launcher is not None:
         env.update(opts.launcher.launch_env(env["PATH"], nvcc=str(toolkit.nvcc), cxx=True))
+    match = {"tree": staged.digest, "source_date_epoch": staged.source_date_epoch,
+             "flags": objstore.caller_flags(opts.environ)}  # fmt: skip
+    hit = opts.store.lookup(identity, match) if opts.store and not opts.cold else None
+    wheel = opts.store.take(hit, dist) if hit is not None else None
+    if hit is not None and wheel is not None:  # pinwheel.compile.objstore: nothing compiles
+        opts.reporter.info(f"{spec.name}: object store hit: the same build, nothing compiled")
+        made = record(hit.record, reused=hit.reused(), torch=torch_version,
+                      torch_index=config.torch_index if torch_version else None)  # fmt: skip
+        workspace.remember(work, given, wheel, made.to_json())
+        return Built(component=spec.name, kind="kernel", wheel=wheel,
+                     seconds=time.monotonic() - started, source=source, build=made)  # fmt: skip
     inputs = reuse.Recorder(
         staged.directory, (work / "build", staged.directory / "build"),
         alias=Path(canon.to_build(staged.directory)),
     )  # fmt: skip
     env.update(inputs.env())
-    earlier = opts.reuse
-    match = {"source_date_epoch": staged.source_date_epoch,
-             "flags": objstore.caller_flags(opts.environ)}  # fmt: skip
-    if earlier is None and opts.store is not None and not opts.cold:  # compile.objstore
-        earlier, why = opts.store.lookup(identity, staged.directory, match)
-        opts.reporter.info(f"{spec.name}: object store: {'hit' if earlier else 'miss'} ({why})")
-    if earlier is not None:
+    if opts.reuse is not None:
         taken = reuse.try_reuse(
-            earlier, staged.directory, identity, dist,
+            opts.reuse, staged.directory, identity, dist,
             python=str(python), env=env, reporter=opts.reporter,
         )  # fmt: skip
         if taken is not None:
-            made = record(taken.inputs, reused=taken.members, torch=torch_version,
-                          torch_index=config.torch_index if torch_version else None)  # fmt: skip
-            if opts.reuse is None:  # from the store: the workspace now holds this build
-                workspace.remember(work, given, taken.wheel, made.to_json())
             return Built(
                 component=spec.name, kind="kernel", wheel=taken.wheel,
-                seconds=time.monotonic() - started, source=source, build=made,
+                seconds=time.monotonic() - started, source=source,
+                build=record(taken.inputs, reused=taken.members),
             )  # fmt: skip
     # The backend's build_wheel alone, in the tree (what `pip wheel --no-build-isolation`
     # ends in, without pip and its second setup.py run for metadata).

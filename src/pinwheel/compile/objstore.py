@@ -1,34 +1,34 @@
-"""Compiled objects shared through the compiler cache's store: a hit compiles nothing.
+"""Builds shared through the compiler cache's store: a fresh workspace compiles nothing.
 
 sccache's hit still preprocesses every translation unit (nvcc's host and device
 passes), and configure, link and packaging run in full: on the real engine, a fresh
 workspace with a warm shared cache spent 571 s in the builder with 0 misses. This
-store is pinwheel's own reuse one level up, keyed by what :mod:`pinwheel.compile.reuse`
-already records for every wheel (``compiled_inputs``: the source files the compilers
-read, taken from their own dependency output, with their git blob ids; the build
-files; and the identity of what compiles: nvcc and host compiler, Python, builder,
-the environment pinwheel set, the build sources' digests):
+store is pinwheel's own reuse one level up. After a build, its wheel is stored with
+the compiled-inputs record :mod:`pinwheel.compile.reuse` writes for every wheel, under
 
-- after a build: the wheel is put in the store under the identity's key, with its
-  compiled-inputs record;
-- before a build whose workspace has nothing to hand back: every record under the
-  same identity is compared with the new tree (each recorded path's blob id, no
-  build file added). A record that holds is a hit: its wheel is verified (sha256,
-  every compiled member against the record) and its compiled members are
-  transplanted into a wheel of the new tree (:func:`pinwheel.compile.reuse.transplant`):
-  no preprocessor, no configure, no compile, no link. The bytes are the ones a cold
-  build of that tree gives (``tests/test_objstore.py`` compares them).
+- the identity of what compiles (``reuse.identity``: nvcc and host compiler, Python,
+  builder, the environment pinwheel set, torch, the build sources' digests), and
+- the *match* facts: the exported tree's digest (every file's name, mode and bytes),
+  the version and date that reach the wheel's metadata, and the caller's compiler
+  settings (:func:`caller_flags`).
 
-A partial change (one compiled input differs) is a miss here and the build runs
-with the compiler cache as before: reuse is per wheel, not per object file.
+A build whose workspace has nothing to hand back looks both up: a hit is the stored
+wheel, copied into the workspace and its sha256 checked: nothing is preprocessed,
+configured, compiled or linked, and the bytes are the stored cold build's.
+
+Only the same tree hits. Transplanting stored members into a wheel of a changed tree
+(what ``--reuse-from`` does) is not used here: for the scikit-build-core selftest
+kernel the repacked wheel's sha256 differed from a cold build's (bench/objstore_build.py
+first version), and a fast path must give the cold bytes. A changed tree builds with
+the compiler cache as before.
 
 Backend: the local directory of ``[build.cache] backend = "local"`` (``SCCACHE_DIR``:
-the store lives in ``<SCCACHE_DIR>/pinwheel-objects``, so a runner that shares that
-directory shares both; sccache's size cap counts it). Redis, S3 and GitHub's cache are
-not covered: the store is off there and the phase table says so. Every record is read
-as untrusted (a shared store is written by other machines): bounded JSON, paths
-checked by :func:`pinwheel.compile.reuse.unchanged`, the wheel's sha256 and its
-members checked before a byte of it is used.
+the store lives in ``<SCCACHE_DIR>/pinwheel-objects``, so runners that share that
+directory share both; sccache's size cap counts it). Redis, S3 and GitHub's cache are
+not covered: the store is off there and the phase table says so. Records are read as
+untrusted (a shared directory is written by other machines): bounded JSON, the wheel
+name validated, the copy's sha256 checked before it is used. The store is as trusted
+as the compiler cache it lives in: whoever can write sccache's objects can write these.
 """
 
 from __future__ import annotations
@@ -42,15 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import confine, untrusted
+from pinwheel import confine, untrusted, validate
 from pinwheel.checksums import sha256_file
-from pinwheel.compile import compcache, reuse
+from pinwheel.compile import compcache
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
 
 FORMAT = 1
 SUBDIR = "pinwheel-objects"
-MAX_RECORDS = 16  # records compared per identity, newest first: a default
 KIND = untrusted.Kind(
     "object store record", 64 * untrusted.MiB, 64, PinwheelError,
     "nothing to do: the build compiles instead",
@@ -96,7 +95,7 @@ class Store:
         """Store ``wheel`` and its compiled-inputs ``record``; ``match``: what else must
         be equal for a hit (version, date: what reaches the wheel's metadata). False
         when the record is not reusable (incomplete) and nothing was stored."""
-        if not record.get("complete") or not record.get("compiled_members"):
+        if not record.get("compiled_members"):
             return False
         sha = sha256_file(wheel)
         blob = self._blob(sha)
@@ -114,55 +113,63 @@ class Store:
         }
         index = self._index(record["identity"])
         confine.mkdirs(self.root, index)
-        atomic_write_text(index / f"{record['digest']}.json", json.dumps(entry, sort_keys=True))
+        key = identity_key(json.loads(json.dumps(dict(match), sort_keys=True)))
+        atomic_write_text(index / f"{key}.json", json.dumps(entry, sort_keys=True))
         return True
 
-    def lookup(
-        self, ident: Mapping[str, Any], source: Path, match: Mapping[str, Any]
-    ) -> tuple[reuse.Candidate | None, str]:
-        """(a verified earlier wheel whose compiled inputs all hold in ``source`` and
-        whose ``match`` facts are equal, why); (None, why) on a miss."""
-        index = self._index(ident)
+    def lookup(self, ident: Mapping[str, Any], match: Mapping[str, Any]) -> Hit | None:
+        """The stored build of this identity whose ``match`` facts (the export's digest,
+        version, date, the caller's flags) are equal, verified; None on a miss."""
+        want = json.loads(json.dumps(dict(match), sort_keys=True))
+        path = self._index(ident) / f"{identity_key(want)}.json"
         try:
-            entries = sorted(
-                (p for p in index.iterdir() if p.name.endswith(".json")),
-                key=lambda p: p.lstat().st_mtime_ns,
-                reverse=True,
-            )[:MAX_RECORDS]
-        except OSError:
-            return None, "no record for this toolchain and environment"
-        last_why = "no record for this toolchain and environment"
-        for path in entries:
-            try:
-                raw = untrusted.read_json(path, KIND)
-            except PinwheelError:
-                continue
-            if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-                continue
-            if raw.get("match") != json.loads(json.dumps(dict(match))):
-                last_why = "an earlier build of other version or date"
-                continue
-            rec, sha, name = raw.get("record"), raw.get("sha256"), raw.get("wheel")
-            if not isinstance(rec, dict) or not _is_sha(sha) or not isinstance(name, str):
-                continue
-            blob = self._blob(str(sha))
-            candidate = reuse.Candidate(
-                wheel=blob, sha256=str(sha), origin="the object store",
-                component={"compiled_inputs": rec, "wheel": name, "sha256": sha},
-            )  # fmt: skip
-            try:
-                ok, why, _ = reuse.unchanged(candidate, source, ident)
-            except PinwheelError as err:  # a record naming paths outside the tree
-                last_why = err.what
-                continue
-            if not ok:
-                last_why = why
-                continue
-            if not blob.is_file() or blob.is_symlink() or sha256_file(blob) != sha:
-                last_why = "the stored wheel is missing or does not match its sha256"
-                continue
-            return candidate, why
-        return None, last_why
+            raw = untrusted.read_json(path, KIND)
+        except PinwheelError:
+            return None
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            return None
+        rec, sha, name = raw.get("record"), raw.get("sha256"), raw.get("wheel")
+        if raw.get("match") != want or not isinstance(rec, dict) or not _is_sha(sha):
+            return None
+        if rec.get("identity") != json.loads(json.dumps(dict(ident))):
+            return None
+        if not isinstance(name, str) or validate.wheel_name_problem(name):
+            return None
+        blob = self._blob(str(sha))
+        if not blob.is_file() or blob.is_symlink():
+            return None
+        return Hit(blob, name, str(sha), rec)
+
+    def take(self, hit: Hit, dist: Path) -> Path | None:
+        """The stored wheel copied into ``dist`` under its name, its sha256 checked on the
+        copy (a store entry changed since it was written is a miss); None then."""
+        shutil.rmtree(dist, ignore_errors=True)
+        dist.mkdir(parents=True)
+        target = confine.inside(dist, hit.name, what="wheel")
+        shutil.copyfile(hit.blob, target)
+        if sha256_file(target) != hit.sha256:
+            target.unlink()
+            return None
+        return target
+
+
+@dataclass(frozen=True)
+class Hit:
+    blob: Path
+    name: str  # the wheel's file name as built
+    sha256: str
+    record: Mapping[str, Any]  # its compiled inputs
+
+    def reused(self) -> dict[str, Any]:
+        """The reuse record provenance carries (as for ``--reuse-from``)."""
+        return {
+            "from": "the object store",
+            "wheel": self.name,
+            "wheel_sha256": self.sha256,
+            "tree": self.record.get("tree"),
+            "why": "the same exported tree, toolchain, flags and environment",
+            "members": dict(self.record.get("compiled_members") or {}),
+        }
 
 
 def for_plan(plan: compcache.Plan, *, cold: bool) -> tuple[Store | None, str]:
@@ -179,4 +186,4 @@ def for_plan(plan: compcache.Plan, *, cold: bool) -> tuple[Store | None, str]:
     return Store(Path(directory) / SUBDIR), f"local ({SUBDIR} in the compiler cache's directory)"
 
 
-__all__ = ["Store", "caller_flags", "for_plan", "identity_key"]
+__all__ = ["Hit", "Store", "caller_flags", "for_plan", "identity_key"]

@@ -439,7 +439,7 @@ def _produce(
             phases.phase(f"builder {spec.name}") as note,
             reporter.status(f"building kernel {spec.name} ({spec.builder})"),
         ):
-            note.did(f"kernel {spec.name} built by {spec.builder}")
+            begun = time.time()
             if request.twice:
                 first, second = build_twice(spec, config, toolkit, opts)
                 twice[spec.name] = round(first.seconds, 1)
@@ -447,6 +447,7 @@ def _produce(
             else:
                 one = dataclasses.replace(opts, reuse=earlier.get(spec.name))
                 built.append(measure(functools.partial(_kernel, spec, config, toolkit, one)))
+            _kernel_note(note, built[-1], begun, spec.builder)
 
     if engine:
         built.append(
@@ -457,6 +458,18 @@ def _produce(
             )
         )
     return built, twice
+
+
+def _kernel_note(note: Any, b: Built, begun: float, builder: str) -> None:
+    """What the kernel's builder phase did: stored build, last build, or a build."""
+    if (b.build.reused or {}).get("from") == "the object store":
+        n = len(b.build.reused.get("members") or {}) if b.build.reused else 0
+        note.skip(f"compiling: the object store holds this build ({n} compiled member(s)): "
+                  "nothing configured, compiled or linked")  # fmt: skip
+    elif b.wheel.stat().st_mtime < begun:  # written before this phase: not built by it
+        note.skip("the builder: nothing changed since the last build; its wheel is the build")
+    else:
+        note.did(f"built by {builder}")
 
 
 def _with_cache(b: Built, numbers: Mapping[str, Any]) -> Built:
