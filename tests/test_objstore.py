@@ -9,8 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import zipfile
 from pathlib import Path
+
+import pytest
 
 from pinwheel.compile import objstore
 from pinwheel.compile.pipeline import build as run_build
@@ -115,3 +118,43 @@ def test_hostile_store_records_are_misses(tiny: Tiny) -> None:  # noqa: F811
     assert fresh.wheels.wheels == cold.wheels.wheels
     with zipfile.ZipFile(tiny.tmp / "w-b" / WHEEL) as zf:
         assert "tiny/planted.py" not in zf.namelist()
+
+
+@pytest.mark.slow
+@pytest.mark.kernels
+def test_the_selftest_kernel_from_a_fresh_cache_is_the_stored_build(tmp_path: Path) -> None:
+    """The in-tree selftest kernel (CMake + nvcc 12.4, provisioned like the kernels tests):
+    cold in cache A, then cache B sharing A's compiler-cache directory: nothing compiles
+    (no sccache hit or miss: the builder never ran), and the wheel is the cold sha256."""
+    from pinwheel.cli import default_cache
+    from pinwheel.compile.pipeline import BuildRequest
+    from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
+    from pinwheel.manifest import load
+
+    repo = Path(__file__).resolve().parent.parent
+    checkout = tmp_path / "repo"
+    shutil.copytree(repo / "kernels" / "pinwheel-selftest",
+                    checkout / "kernels" / "pinwheel-selftest")  # fmt: skip
+    text = (repo / "recipes" / "examples" / "selftest-cuda124.toml").read_text()
+    (checkout / "manifest.toml").write_text(text)
+    m = load(checkout / "manifest.toml")
+    m = dataclasses.replace(m, build=dataclasses.replace(m.require("build"), required_members=()))
+    toolkit = resolve_toolkit(ToolkitRequest(m.require("build"), default_cache(), dict(os.environ)))
+    shared = tmp_path / "shared"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_")}
+    env["SCCACHE_DIR"] = str(shared)
+
+    def once(cache: str):
+        return run_build(BuildRequest(
+            manifest=m, cache=tmp_path / cache, out_dir=tmp_path / f"w-{cache}", environ=env,
+            kernels=("pinwheel-selftest",), toolkit=toolkit, source_date_epoch=1700000000,
+        ))  # fmt: skip
+
+    cold = once("a")
+    fresh = once("b")
+    assert fresh.wheels.wheels == cold.wheels.wheels
+    (kernel,) = fresh.to_json()["components"]
+    assert kernel["reused"] and kernel["compiler_cache"].get("hits", 0) == 0
+    assert kernel["compiler_cache"].get("misses", 0) == 0
+    (builder,) = [p for p in fresh.phases if p.name.startswith("builder")]
+    assert "the object store holds this build" in builder.skipped[0]
