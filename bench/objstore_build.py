@@ -73,7 +73,7 @@ def environ(shared: Path) -> dict[str, str]:
 def timed(name: str, make: Callable[[], BuildOutcome], store: bool = True) -> Run:
     original = objstore.for_plan
     if not store:  # the object store off: compiler-cache hits only (before the store)
-        pipeline.objstore.for_plan = lambda plan, cold: (None, "off (bench)")  # type: ignore[assignment]
+        pipeline.objstore.for_plan = lambda plan, **kw: (None, "off (bench)")  # type: ignore[assignment]
     try:
         started = time.monotonic()
         outcome = make()

@@ -158,3 +158,21 @@ def test_the_selftest_kernel_from_a_fresh_cache_is_the_stored_build(tmp_path: Pa
     assert kernel["compiler_cache"].get("misses", 0) == 0
     (builder,) = [p for p in fresh.phases if p.name.startswith("builder")]
     assert "the object store holds this build" in builder.skipped[0]
+
+
+def test_the_store_follows_the_compiler_cache_backend(tmp_path: Path) -> None:
+    """Local directory: the store beside sccache's objects; redis, s3 and gha: no store,
+    said; a cold build or [build.cache] enabled = false: none either."""
+    from pinwheel.compile import compcache
+    from pinwheel.manifest.build import CacheConfig
+
+    env = {"PATH": "", "SCCACHE_DIR": str(tmp_path / "shared")}
+    plan = compcache.plan(CacheConfig(), tmp_path, env)
+    store, why = objstore.for_plan(plan, cold=False)
+    assert store is not None and store.root == tmp_path / "shared" / objstore.SUBDIR
+    assert objstore.for_plan(plan, cold=True)[0] is None
+    off, why = objstore.for_plan(plan, cold=False, turned_off=True)
+    assert off is None and "enabled = false" in why
+    redis = compcache.plan(CacheConfig(), tmp_path, {"PATH": "", "SCCACHE_REDIS": "redis://h"})
+    none, why = objstore.for_plan(redis, cold=False)
+    assert none is None and "redis backend has no object store" in why

@@ -172,10 +172,15 @@ class Hit:
         }
 
 
-def for_plan(plan: compcache.Plan, *, cold: bool) -> tuple[Store | None, str]:
-    """The store of the compiler cache's backend, or (None, why not)."""
+def for_plan(
+    plan: compcache.Plan, *, cold: bool, turned_off: bool = False
+) -> tuple[Store | None, str]:
+    """The store of the compiler cache's backend, or (None, why not). ``turned_off``:
+    ``[build.cache] enabled = false``. Without an sccache binary the store still works."""
     if cold:
         return None, "a cold build (--no-cache, verify-build) reuses nothing"
+    if turned_off:
+        return None, "turned off ([build.cache] enabled = false)"
     if plan.disabled and plan.binary is not None:
         return None, f"the compiler cache is off ({plan.disabled})"
     if plan.backend != "local":

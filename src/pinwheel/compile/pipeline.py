@@ -220,7 +220,9 @@ def build(
             cache_note.did(f"sccache server started ({cache_plan.backend})")
         else:
             cache_note.skip(f"no compiler cache: {cache_plan.disabled}")
-        store, why = objstore.for_plan(cache_plan, cold=not request.compiler_cache)
+        store, why = objstore.for_plan(
+            cache_plan, cold=not request.compiler_cache, turned_off=not config.cache.enabled
+        )
         if store is not None:
             cache_note.did(f"object store: {why}")
         else:
