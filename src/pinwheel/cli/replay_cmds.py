@@ -129,9 +129,11 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     """Check [build] and the toolkit first, replay, then kernel + engine wheels as one set."""
+    from pinwheel.compile.phases import Phases
     from pinwheel.compile.pipeline import BuildRequest, build
     from pinwheel.compile.toolchain import ToolkitRequest, parse_flags, resolve_toolkit
 
+    phases = Phases()
     manifest = ctx.manifest()
     # Before anything else: a bad [build] or a missing gcc fails in a second.
     config = chosen_toolchain(ctx, args).config
@@ -139,10 +141,15 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     # (engine and components, all missing ones in one error) before a toolkit download.
     # Only what this build builds: the engine and the default [[kernel]] components.
     built = {k.name for k in manifest.kernels if k.default and not args.no_kernels}
-    reach_all(ctx, tuple(s for s in stacks(manifest) if s.kernel is None or s.name in built))
+    with phases.phase("reach upstreams"):
+        reach_all(ctx, tuple(s for s in stacks(manifest) if s.kernel is None or s.name in built))
     # A manifest of components only (no [upstream]) builds its [[kernel]] wheels.
-    result = _replay(ctx, args) if manifest.has_engine else None
-    with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
+    with phases.phase("replay"):
+        result = _replay(ctx, args) if manifest.has_engine else None
+    with (
+        phases.phase("toolkit"),
+        ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"),
+    ):
         toolkit = resolve_toolkit(
             ToolkitRequest(
                 config,
@@ -168,7 +175,7 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
         reuse_from=args.reuse_from,
         substitute=parse_flags(args.substitute),
     )
-    outcome = build(request, ctx.reporter)
+    outcome = build(request, ctx.reporter, phases)
     head = _summary(result) + "\n" if result else ""
     ctx.emit(outcome.to_json(), head + "\n".join(outcome.human_lines()))
     return 0

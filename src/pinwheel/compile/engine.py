@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import runner
-from pinwheel.compile import reuse, workspace
+from pinwheel.compile import objstore, reuse, workspace
 from pinwheel.compile.buildenv import build_env
 from pinwheel.compile.canonical import Canonical
+from pinwheel.compile.phases import Note
 from pinwheel.compile.sources import undeclared_downloads
 from pinwheel.cudaarch import CudaArch
 from pinwheel.errors import ManifestError, PinwheelError
@@ -304,6 +305,8 @@ def build_engine(
     listing_hook: str | None = None,
     export_digest: str | None = None,
     kept: bool = False,
+    note: Any = None,
+    store: Any = None,
 ) -> Built:
     """Build the engine wheel from ``source`` into ``work/dist``; nothing is published here.
 
@@ -315,8 +318,11 @@ def build_engine(
     paths (the cache) and their names in the recorded identity; ``export_digest``: the
     export's digest when ``work`` is the engine's workspace (each build is stamped with
     what it was given) and ``kept`` when that workspace was kept: a build given exactly
-    what the last one was hands back its wheel, nothing compiled.
+    what the last one was hands back its wheel, nothing compiled. ``note``: a
+    :class:`pinwheel.compile.phases.Note` told what ran and what was skipped;
+    ``store``: a :class:`pinwheel.compile.objstore.Store` (a hit compiles nothing).
     """
+    note = note if note is not None else Note()
     work.mkdir(parents=True, exist_ok=True)
     plan = plan_build(
         config,
@@ -344,6 +350,8 @@ def build_engine(
     usable = kept and export_digest is not None and reuse_from is None
     last = workspace.last_build(work, given) if usable else None
     if last is not None:
+        note.skip(f"the builder: same tree, sources, toolchain and environment as the last "
+                  f"build; its wheel is the build (sha256 confirmed by {last.how})")  # fmt: skip
         reporter.info(
             f"engine: nothing changed since the last build (same tree, sources, toolchain and "
             f"environment): its wheel {last.wheel.name} is the build, nothing compiled"
@@ -368,6 +376,24 @@ def build_engine(
     )  # fmt: skip
     reused: dict[str, Any] | None = None
     rec: dict[str, Any] | None = None
+    # Beside the identity: the exported tree (its digest), what reaches the wheel's
+    # metadata (version, date) and the caller's compiler settings (objstore.caller_flags).
+    match = {"tree": export_digest, "version": version, "source_date_epoch": source_date_epoch,
+             "flags": objstore.caller_flags(environ)}  # fmt: skip
+    if reuse_from is None and store is not None and export_digest is not None:
+        hit = store.lookup(ident, match)
+        wheel = store.take(hit, work / "dist") if hit is not None else None
+        if hit is not None and wheel is not None:
+            n = len(hit.record.get("compiled_members") or {})
+            note.skip(f"compiling: the object store holds this build ({n} compiled member(s)): "
+                      "nothing preprocessed, configured, compiled or linked")  # fmt: skip
+            reporter.info(f"engine: object store hit: {n} compiled member(s) reused, 0 compiled")
+            made = _built(plan, origin, wheel, time.monotonic() - started, version,
+                          source_date_epoch, hit.record, hit.reused(), record)  # fmt: skip
+            workspace.remember(work, given, wheel, made.build.to_json())
+            shutil.rmtree(recorder.depfile.parent, ignore_errors=True)  # nothing to record
+            return made
+        note.did("object store: miss" if hit is None else "object store: entry changed, a miss")
     if reuse_from is not None:
         ok, why, rec = reuse.unchanged(reuse_from, Path(source), ident)
         reporter.info(f"reuse from {reuse_from.wheel.name}: {'yes' if ok else 'no'}: {why}")
@@ -384,6 +410,7 @@ def build_engine(
             extra.update(pre)
             reused = reuse.reuse_record(reuse_from, rec, why + "; VLLM_USE_PRECOMPILED")
     plan = dataclasses.replace(plan, env={**plan.env, **extra})
+    note.did(f"ran the wheel build ({'kept, incremental' if kept else 'fresh'} workspace)")
     try:
         built = run_build(plan, reporter)
     except BuildError:
@@ -407,6 +434,10 @@ def build_engine(
     )
     if export_digest is not None:
         workspace.remember(work, given, built[0], made.build.to_json())
+    if store is not None and reused is None and export_digest is not None:
+        stored = store.put(built[0], inputs, match)
+        note.did("stored in the object store" if stored else
+                 "not stored in the object store: no compiled member")  # fmt: skip
     return made
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from pinwheel import confine, runner
 from pinwheel.checksums import sha256_file
-from pinwheel.compile import frontend, listing, reuse, workspace
+from pinwheel.compile import frontend, listing, objstore, reuse, workspace
 from pinwheel.compile.buildenv import build_env
 from pinwheel.compile.canonical import Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
@@ -90,6 +90,7 @@ class BuildOptions:
     reuse: Any = None  # reuse.Candidate: take compiled members from an earlier wheel
     canonical: Canonical | None = None  # None: chosen for the cache on first use
     cold: bool = False  # True: wipe the kept workspace first (--no-cache, verify-build)
+    store: Any = None  # objstore.Store: a hit reuses compiled members, nothing compiles
 
     def canon(self) -> Canonical:
         return self.canonical or canonical_paths(self.cache, self.environ)
@@ -427,6 +428,17 @@ def _build_kernel(
         env.update(opts.launcher.launch_env(env.get("PATH", "")))
     elif opts.launcher is not None:
         env.update(opts.launcher.launch_env(env["PATH"], nvcc=str(toolkit.nvcc), cxx=True))
+    match = {"tree": staged.digest, "source_date_epoch": staged.source_date_epoch,
+             "flags": objstore.caller_flags(opts.environ)}  # fmt: skip
+    hit = opts.store.lookup(identity, match) if opts.store and not opts.cold else None
+    wheel = opts.store.take(hit, dist) if hit is not None else None
+    if hit is not None and wheel is not None:  # pinwheel.compile.objstore: nothing compiles
+        opts.reporter.info(f"{spec.name}: object store hit: the same build, nothing compiled")
+        made = record(hit.record, reused=hit.reused(), torch=torch_version,
+                      torch_index=config.torch_index if torch_version else None)  # fmt: skip
+        workspace.remember(work, given, wheel, made.to_json())
+        return Built(component=spec.name, kind="kernel", wheel=wheel,
+                     seconds=time.monotonic() - started, source=source, build=made)  # fmt: skip
     inputs = reuse.Recorder(
         staged.directory, (work / "build", staged.directory / "build"),
         alias=Path(canon.to_build(staged.directory)),
@@ -459,6 +471,8 @@ def _build_kernel(
     made = record(recorded, torch=torch_version,
                   torch_index=config.torch_index if torch_version else None)  # fmt: skip
     workspace.remember(work, given, built[0], made.to_json())
+    if opts.store is not None:
+        opts.store.put(built[0], recorded, match)
     return Built(
         component=spec.name, kind="kernel", wheel=built[0],
         seconds=time.monotonic() - started, source=source, build=made,

@@ -12,23 +12,27 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import runner
+from pinwheel import runner, untrusted
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import (
     canonical,
+    checkmemo,
     compcache,
     headerview,
     invalidate,
     keptsources,
     listing,
+    objstore,
     reuse,
     workspace,
 )
@@ -42,16 +46,19 @@ from pinwheel.compile.kernels import (
     build_twice,
     select,
 )
+from pinwheel.compile.phases import Phase, Phases
+from pinwheel.compile.phases import human_lines as phase_lines
 from pinwheel.compile.sources import plan_env, supply, unpinned
 from pinwheel.compile.toolchain import Toolkit, ToolkitRequest, choose, resolve_toolkit
 from pinwheel.compile.toolchain.pins import MARKER as TOOLKIT_MARKER
 from pinwheel.errors import ManifestError, PinwheelError
+from pinwheel.fsutil import atomic_write_text
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
 from pinwheel.source.cache import mark as mark_cache
-from pinwheel.wheels.check import find_tools, spec_from_build
+from pinwheel.wheels.check import check_wheels, find_tools, spec_from_build
 from pinwheel.wheels.provenance import receipt, toolchain_facts
 from pinwheel.wheels.relabel import variant_label
 from pinwheel.wheels.substitute import Substitution, headline
@@ -95,10 +102,12 @@ class BuildOutcome:
     wheels: WheelSet
     twice: Mapping[str, float] = field(default_factory=dict)  # kernel -> first build seconds
     substitutions: tuple[Substitution, ...] = ()  # the toolchain [build] pins, replaced on purpose
+    phases: tuple[Phase, ...] = ()  # each step timed, with what it did and skipped
 
     def to_json(self) -> dict[str, Any]:
         floors = {w.wheel: w.floor.to_json() for w in self.wheels.report.wheels}
         return {
+            "phases": [p.to_json() for p in self.phases],
             "toolkit": self.toolkit.facts() if self.toolkit else None,
             "substitutions": substitutions_json(self.substitutions),
             **self.wheels.to_json(),
@@ -128,7 +137,7 @@ class BuildOutcome:
             first = self.twice.get(b.component)
             extra = f", first build {first:.1f} s, identical" if first is not None else ""
             lines.append(f"{b.kind} {b.component}: {b.seconds:.1f} s{extra}{_cache_note(b)}")
-        return lines + self.wheels.human_lines()
+        return lines + self.wheels.human_lines() + phase_lines(self.phases)
 
 
 def _cache_note(b: Built) -> str:
@@ -145,8 +154,14 @@ def _cache_note(b: Built) -> str:
     return note
 
 
-def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
-    """Kernels, then the engine; every wheel checked and published as one set."""
+def build(
+    request: BuildRequest, reporter: Reporter = SILENT, phases: Phases | None = None
+) -> BuildOutcome:
+    """Kernels, then the engine; every wheel checked and published as one set.
+
+    ``phases``: a collector the caller already timed earlier steps into (the replay);
+    the outcome's ``phases`` are its rows plus this build's."""
+    phases = phases if phases is not None else Phases()
     mark_cache(request.cache)  # what `pinwheel cache clean` checks before emptying it
     manifest = request.manifest
     choice = choose(manifest.require("build"), request.environ, request.substitute)
@@ -165,7 +180,10 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
         )
     toolkit = request.toolkit
     if toolkit is None and request.cuda:
-        with reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
+        with (
+            phases.phase("toolkit"),
+            reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"),
+        ):
             toolkit = resolve_toolkit(
                 ToolkitRequest(
                     config,
@@ -190,29 +208,42 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
         )
     if canon.why:
         reporter.info(f"canonical build path by prefix maps: {canon.why}")
-    if cache_plan.disabled:  # off before it starts (--no-cache, config, no binary): say only that
-        session = None
-        reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
-    else:
-        with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
-            session, cache_plan = compcache.start(
-                cache_plan, request.cache / "sccache-run", request.environ, canon
-            )
-        if cache_plan.disabled:
+    with phases.phase("compiler cache") as cache_note:
+        if cache_plan.disabled:  # off before it starts (--no-cache, config, no binary)
+            session = None
             reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
+        else:
+            with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
+                session, cache_plan = compcache.start(
+                    cache_plan, request.cache / "sccache-run", request.environ, canon
+                )
+            if cache_plan.disabled:
+                reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
+        if session is not None:
+            cache_note.did(f"sccache server started ({cache_plan.backend})")
+        else:
+            cache_note.skip(f"no compiler cache: {cache_plan.disabled}")
+        store, why = objstore.for_plan(
+            cache_plan, cold=not request.compiler_cache, turned_off=not config.cache.enabled
+        )
+        if store is not None:
+            cache_note.did(f"object store: {why}")
+        else:
+            cache_note.skip(f"object store: {why}")
     # The interpreter the engine builds in: the [build.requirements] venv when there is
     # one, else $PINWHEEL_BUILD_PYTHON or this one. Provenance (python, torch) and the
     # torch pin `install` reads come from it, not from the interpreter running pinwheel.
     venv = None
     if engine and config.requirements is not None:
-        venv = ensure_build_venv(
-            config.requirements,
-            request.cache,
-            environ=request.environ,
-            offline=request.offline,
-            wheelhouse=request.wheelhouse,
-            reporter=reporter,
-        )
+        with phases.phase("build venv"):
+            venv = ensure_build_venv(
+                config.requirements,
+                request.cache,
+                environ=request.environ,
+                offline=request.offline,
+                wheelhouse=request.wheelhouse,
+                reporter=reporter,
+            )
     python = str(venv.python) if venv is not None else build_python(request.environ, engine)
     try:
         built, twice = _produce(
@@ -227,6 +258,8 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
             earlier,
             canon,
             venv,
+            phases,
+            store,
         )
     finally:
         if session is not None:
@@ -239,12 +272,14 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
         cuobjdump=cuobjdump,
         auditwheel=auditwheel,
     )
-    facts = toolchain_facts(
-        python,
-        toolkit.nvcc if toolkit else None,
-        toolkit.version if toolkit else None,
-        request.environ,
-    )
+    with phases.phase("provenance facts") as note:
+        facts = toolchain_facts(
+            python,
+            toolkit.nvcc if toolkit else None,
+            toolkit.version if toolkit else None,
+            request.environ,
+        )
+        note.did("asked the build python and nvcc for their versions")
     payload = receipt(
         manifest,
         request.replayed,
@@ -254,15 +289,67 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
     payload["torch"] = torch_pin(config, facts.torch, built)
     payload["substitutions"] = substitutions_json(choice.substitutions)
     with reporter.status(f"checking {len(built)} wheel(s)"):
-        wheels = publish(built, request.out_dir, spec=check_spec, receipt=payload,
-                         label=build_variant(manifest, config, toolkit))  # fmt: skip
+        wheels = _publish(request, built, check_spec, payload, phases,
+                          label=build_variant(manifest, config, toolkit))  # fmt: skip
     return BuildOutcome(
         toolkit=toolkit,
         built=wheels.components,
         wheels=wheels,
         twice=twice,
         substitutions=choice.substitutions,
+        phases=phases.rows(),
     )
+
+
+def _publish(
+    request: BuildRequest,
+    built: list[Built],
+    spec: Any,
+    payload: Mapping[str, Any],
+    phases: Phases,
+    label: str | None = None,
+) -> WheelSet:
+    """publish(), timed as two phases: tag + check (looked up by sha256 when the same
+    bytes were checked before; a cold build, ``--no-cache``, checks everything), then
+    SHA256SUMS, provenance and the swap into ``wheels/``."""
+    check = Phases()
+    with check.phase("check") as note:
+        spent = [0.0]
+        memo = checkmemo.Memo(request.cache / "memo", note) if request.compiler_cache else None
+
+        def timed(step: Callable[..., Any]) -> Callable[..., Any]:
+            def run(*args: Any, **kw: Any) -> Any:
+                started = time.monotonic()
+                try:
+                    return step(*args, **kw)
+                finally:
+                    spent[0] += time.monotonic() - started
+
+            return run
+
+        started = time.monotonic()
+        wheels = publish(
+            built, request.out_dir, spec=spec, receipt=payload, label=label,
+            checker=timed(memo.checker() if memo else check_wheels),
+            tagger=timed(memo.tagged) if memo else timed(_plain_tagger),
+        )  # fmt: skip
+        total = time.monotonic() - started
+        if memo is None:
+            note.did("cold build: every wheel tagged and checked")
+    (row,) = check.rows()
+    phases.add(dataclasses.replace(row, seconds=spent[0]))
+    phases.add(
+        Phase("publish", total - spent[0],
+              did=(f"{len(wheels.built)} wheel(s) copied and hashed; SHA256SUMS, "
+                   "provenance.json written; wheels/ swapped in",))
+    )  # fmt: skip
+    return wheels
+
+
+def _plain_tagger(built: Any) -> Any:
+    from pinwheel.wheels.wheelset import _tagged
+
+    return _tagged(built)
 
 
 def foreign_header_dirs(
@@ -319,6 +406,8 @@ def _produce(
     earlier: Mapping[str, Any],
     canon: canonical.Canonical,
     venv: BuildVenv | None,
+    phases: Phases,
+    store: objstore.Store | None = None,
 ) -> tuple[list[Built], dict[str, float]]:
     """Run the producers; each wheel records its compiler-cache numbers."""
     built: list[Built] = []
@@ -352,6 +441,7 @@ def _produce(
         launcher=session,
         canonical=canon,
         cold=not request.compiler_cache,
+        store=store,
     )
     for spec in specs:
         if toolkit is None:
@@ -360,7 +450,11 @@ def _produce(
                 where=spec.where,
                 next="build it with the toolkit (drop cuda=False from the request)",
             )
-        with reporter.status(f"building kernel {spec.name} ({spec.builder})"):
+        with (
+            phases.phase(f"builder {spec.name}") as note,
+            reporter.status(f"building kernel {spec.name} ({spec.builder})"),
+        ):
+            begun = time.time()
             if request.twice:
                 first, second = build_twice(spec, config, toolkit, opts)
                 twice[spec.name] = round(first.seconds, 1)
@@ -368,12 +462,29 @@ def _produce(
             else:
                 one = dataclasses.replace(opts, reuse=earlier.get(spec.name))
                 built.append(measure(functools.partial(_kernel, spec, config, toolkit, one)))
+            _kernel_note(note, built[-1], begun, spec.builder)
 
     if engine:
         built.append(
-            measure(lambda s: _engine(request, config, toolkit, reporter, s, earlier, canon, venv))
+            measure(
+                lambda s: _engine(
+                    request, config, toolkit, reporter, s, earlier, canon, venv, phases, store
+                )
+            )
         )
     return built, twice
+
+
+def _kernel_note(note: Any, b: Built, begun: float, builder: str) -> None:
+    """What the kernel's builder phase did: stored build, last build, or a build."""
+    if (b.build.reused or {}).get("from") == "the object store":
+        n = len(b.build.reused.get("members") or {}) if b.build.reused else 0
+        note.skip(f"compiling: the object store holds this build ({n} compiled member(s)): "
+                  "nothing configured, compiled or linked")  # fmt: skip
+    elif b.wheel.stat().st_mtime < begun:  # written before this phase: not built by it
+        note.skip("the builder: nothing changed since the last build; its wheel is the build")
+    else:
+        note.did(f"built by {builder}")
 
 
 def _with_cache(b: Built, numbers: Mapping[str, Any]) -> Built:
@@ -425,12 +536,16 @@ def _engine(
     earlier: Mapping[str, Any] | None = None,
     canon: canonical.Canonical | None = None,
     venv: BuildVenv | None = None,
+    phases: Phases | None = None,
+    store: objstore.Store | None = None,
 ) -> Built:
     """The engine wheel; the kept workspace held for the whole build (workspace.locked)."""
     if request.engine_source is not None:  # a plain source tree: no workspace to share
-        return _engine_in(request, config, toolkit, reporter, session, earlier, canon, venv)
+        return _engine_in(request, config, toolkit, reporter, session, earlier, canon, venv,
+                          phases, store)  # fmt: skip
     with workspace.locked(engine_workdir(request)):
-        return _engine_in(request, config, toolkit, reporter, session, earlier, canon, venv)
+        return _engine_in(request, config, toolkit, reporter, session, earlier, canon, venv,
+                          phases, store)  # fmt: skip
 
 
 def _engine_in(
@@ -442,7 +557,10 @@ def _engine_in(
     earlier: Mapping[str, Any] | None = None,
     canon: canonical.Canonical | None = None,
     venv: BuildVenv | None = None,
+    phases: Phases | None = None,
+    store: objstore.Store | None = None,
 ) -> Built:
+    phases = phases if phases is not None else Phases()
     replayed = request.replayed
     work = engine_workdir(request)
     canon = canon or canonical.choose(request.cache, request.environ)
@@ -452,19 +570,24 @@ def _engine_in(
     if request.engine_source is not None:
         source = request.engine_source
     else:
-        key = engine_key(config, toolkit, canon)
-        kept = workspace.prepare(work, key, cold=not request.compiler_cache)
-        interrupted = workspace.begin_update(work)
-        state = "kept workspace (incremental)" if kept else "fresh workspace (cold)"
-        reporter.info(f"engine: {state}, canonical path by {canon.method}")
-        with reporter.status(f"exporting tree {replayed.tree[:12]}"):
-            synced = workspace.sync_tree(
-                replayed, work / "src", work / "export.json", exclude=config.exclude
-            )
-        if kept:
-            reporter.info(f"engine export: {len(synced.written)} file(s) changed, "
-                          f"{len(synced.removed)} removed, {synced.kept} kept")  # fmt: skip
-        export_digest, changed = synced.digest, synced.changed
+        with phases.phase("export") as note:
+            key = engine_key(config, toolkit, canon)
+            kept = workspace.prepare(work, key, cold=not request.compiler_cache)
+            interrupted = workspace.begin_update(work)
+            state = "kept workspace (incremental)" if kept else "fresh workspace (cold)"
+            reporter.info(f"engine: {state}, canonical path by {canon.method}")
+            with reporter.status(f"exporting tree {replayed.tree[:12]}"):
+                synced = workspace.sync_tree(
+                    replayed, work / "src", work / "export.json", exclude=config.exclude
+                )
+            note.did(f"{state}: {len(synced.written)} file(s) written, "
+                     f"{len(synced.removed)} removed")  # fmt: skip
+            if synced.kept:
+                note.skip(f"rewriting {synced.kept} unchanged file(s) (bytes compared)")
+            if kept:
+                reporter.info(f"engine export: {len(synced.written)} file(s) changed, "
+                              f"{len(synced.removed)} removed, {synced.kept} kept")  # fmt: skip
+            export_digest, changed = synced.digest, synced.changed
         source = work / "src"
     version = request.version or engine_version(
         config, replayed, build_variant(request.manifest, config, toolkit)
@@ -496,15 +619,21 @@ def _engine_in(
             path = f"{toolkit.root / 'bin'}{os.pathsep}{path}"
         extra_env["PATH"] = f"{venv.python.parent}{os.pathsep}{path}"
         record["requirements"] = venv.record()
+    sources_phase = phases.start("build sources")
+    sources_note = sources_phase.note
     if replayed is not None:  # every source the tree declares for these arches must be pinned
-        _check_declared(replayed, config)
+        if _check_declared(replayed, config, work if request.engine_source is None else None):
+            sources_note.did("checked the sources the tree declares are pinned")
+        else:
+            sources_note.skip("declared-sources check: same tree, arches and pins as the "
+                              "last build that passed it")  # fmt: skip
     wrapper: tuple[str, ...] = ()
     if canon.method == canonical.NAMESPACE and config.network == "none":
         # The canonical namespace gets a network namespace too (one unshare).
         network, netns = "none", True
     else:
         (wrapper, network), netns = network_wrapper(config.network), False
-    supplied, deps_changed = _supply_in_place(config, source, work, request, reporter)
+    supplied, deps_changed = _supply_in_place(config, source, work, request, reporter, sources_note)
     if kept and (changed or deps_changed or interrupted):
         # File times are fixed (workspace.SOURCE_MTIME): pinwheel tells the tree what changed.
         gone = invalidate.after_update(
@@ -514,8 +643,10 @@ def _engine_in(
             changed_sources=deps_changed,
         )  # fmt: skip
         reporter.info(f"engine: {len(changed)} file(s) changed: {gone.summary()}")
+        sources_note.did(f"invalidated what {len(changed)} changed file(s) reached")
     if request.engine_source is None:
         workspace.end_update(work)
+    sources_phase.end()
     if supplied:
         extra_env.update(
             plan_env(supplied, request.environ.get("CMAKE_ARGS"), disconnected=network != "none")
@@ -525,7 +656,7 @@ def _engine_in(
     record["canonical"] = canon.record()
     if network != "none" and config.network == "none":
         reporter.info("no network namespace here (unshare -rn failed): building with network")
-    with reporter.status(f"building the engine wheel {version}"):
+    with phases.phase("builder") as note, reporter.status(f"building the engine wheel {version}"):
         built = build_engine(
             config,
             source,
@@ -549,6 +680,8 @@ def _engine_in(
             listing_hook=str(listing.install(request.cache)),
             export_digest=export_digest,
             kept=kept,
+            note=note,
+            store=store,
         )
     # Recorded without this machine's cache path: provenance travels with the release.
     env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build.env.items()}
@@ -556,7 +689,12 @@ def _engine_in(
 
 
 def _supply_in_place(
-    config: BuildConfig, source: Path, work: Path, request: BuildRequest, reporter: Reporter
+    config: BuildConfig,
+    source: Path,
+    work: Path,
+    request: BuildRequest,
+    reporter: Reporter,
+    note: Any = None,
 ) -> tuple[tuple[Any, ...], tuple[str, ...]]:
     """The build sources under ``work/deps``, updated in place: a source whose pins and
     files still hold is kept as it is (:mod:`pinwheel.compile.keptsources`); the others are
@@ -568,6 +706,8 @@ def _supply_in_place(
         if last is not None:
             found[src.name] = last
             reporter.info(f"build source {src.name}: unchanged since the last build, kept")
+            if note is not None:
+                note.skip(f"export of build source {src.name}: its pins and files hold")
     todo = tuple(src for src in config.sources if src.name not in found)
     staged = work / ".deps-staged"
     shutil.rmtree(staged, ignore_errors=True)
@@ -593,11 +733,29 @@ def _supply_in_place(
     return tuple(out), tuple(changed)
 
 
-def _check_declared(replayed: Any, config: BuildConfig) -> None:
+DECLARED = "declared-sources.json"
+
+
+def _check_declared(replayed: Any, config: BuildConfig, work: Path | None) -> bool:
+    """Refuse a tree that declares sources [build] does not pin. False when skipped:
+    ``work`` records the last passing check's (tree, arches, CUDA, pins), and the tree
+    (a git tree id: its bytes) and those are the same now."""
     import pygit2
 
     from pinwheel.source.buildsources import discover
 
+    facts = json.dumps(
+        [replayed.tree, list(config.arches), config.cuda,
+         [dataclasses.asdict(s) for s in config.sources]],
+        sort_keys=True, default=str,
+    )  # fmt: skip
+    key = hashlib.sha256(facts.encode()).hexdigest()
+    if work is not None:
+        try:
+            if untrusted.read_json(work / DECLARED, checkmemo.KIND).get("key") == key:
+                return False
+        except (PinwheelError, AttributeError):
+            pass
     repo = pygit2.Repository(str(replayed.repo_path))
     missing = unpinned(discover(repo, replayed.tree, config.arches, config.cuda), config.sources)
     if missing:
@@ -610,6 +768,9 @@ def _check_declared(replayed: Any, config: BuildConfig) -> None:
             next="run `pinwheel lock` to pin them (or add them with omit = true and a reason); "
             "`pinwheel plan` lists them",
         )
+    if work is not None:
+        atomic_write_text(work / DECLARED, json.dumps({"key": key}) + "\n")
+    return True
 
 
 def network_wrapper(mode: str) -> tuple[tuple[str, ...], str]:

@@ -40,6 +40,7 @@ from filelock import FileLock, Timeout
 
 from pinwheel import archive, confine, validate
 from pinwheel.checksums import sha256_file
+from pinwheel.compile import stamps
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
 
@@ -87,6 +88,7 @@ class LastBuild:
 
     wheel: Path
     record: Mapping[str, Any]
+    how: str = ""  # how its sha256 was confirmed: by its file stamp, or hashed
 
 
 LOCK_TIMEOUT_S = 600  # a default, the cache lock's: a second build waits this long
@@ -243,9 +245,11 @@ def last_build(root: Path, inputs: str) -> LastBuild | None:
         wheel = root / stamp["wheel"]
         if stamp["inputs"] != inputs or not wheel.is_file():
             return None
-        if sha256_file(wheel) != stamp["sha256"]:
+        # The wheel's file stamp answers when it still holds; else its bytes are hashed.
+        got = stamps.sha256_of(wheel, stamps.Stamp.from_json(stamp.get("stamp")))
+        if got.sha256 != stamp["sha256"]:
             return None
-        return LastBuild(wheel, stamp["record"])
+        return LastBuild(wheel, stamp["record"], got.how)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -257,10 +261,12 @@ def forget(root: Path) -> None:
 
 def remember(root: Path, inputs: str, wheel: Path, record: Mapping[str, Any]) -> None:
     """After a build finished: stamp the wheel (under ``root``) with what it was given."""
+    taken = stamps.take(wheel)
     stamp = {
         "inputs": inputs,
         "wheel": str(Path(wheel).relative_to(root)),
-        "sha256": sha256_file(wheel),
+        "sha256": taken.sha256 if taken is not None else sha256_file(wheel),
+        "stamp": taken.to_json() if taken is not None else None,
         "record": dict(record),
     }
     atomic_write_text(root / LAST, json.dumps(stamp, sort_keys=True) + "\n")

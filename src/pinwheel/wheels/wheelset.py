@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,6 +131,8 @@ def publish(
     keep_others: bool = True,
     tag: bool = True,
     label: str | None = None,
+    checker: Callable[..., CheckReport] = check_wheels,
+    tagger: Callable[[Sequence[Built]], tuple[list[Built], dict[str, Any]]] | None = None,
 ) -> WheelSet:
     """Check ``built``, then make ``out_dir`` hold them plus the earlier wheels they don't replace.
 
@@ -138,7 +140,9 @@ def publish(
     ``wheels`` and ``built``, which are filled in here. ``label`` (the build's variant,
     :func:`pinwheel.wheels.relabel.variant_label`): every wheel's version carries it as
     its local label; a wheel built without it (an out-of-tree kernel keeps upstream's
-    version) is relabelled, and its record says from what.
+    version) is relabelled, and its record says from what. ``checker``/``tagger``: the
+    check and the tagging step (a caller may pass ones that look up work already done
+    for the same bytes, :mod:`pinwheel.compile.checkmemo`).
     """
     out_dir = Path(out_dir).absolute()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -162,13 +166,13 @@ def publish(
     tags: dict[str, platformtag.TagDecision] = {}
     if tag:
         before = [b.wheel.name for b in built]
-        built, tags = _tagged(built)
+        built, tags = (tagger or _tagged)(built)
         relabelled = {
             b.wheel.name: relabelled[n]
             for b, n in zip(built, before, strict=True)
             if n in relabelled
         }
-    report = check_wheels(
+    report = checker(
         [b.wheel for b in built], spec, alongside=[out_dir / n for n in kept], has_engine=has_engine
     )
     report.raise_if_failed()  # unchecked wheels never reach out_dir

@@ -1,0 +1,216 @@
+"""The check and the platform tag of a wheel already checked: looked up, not redone.
+
+:func:`pinwheel.wheels.wheelset.publish` runs, for every wheel, auditwheel's policy
+analysis (:func:`pinwheel.wheels.platformtag.decide`, which unpacks the wheel), a
+retagged copy, and :func:`pinwheel.wheels.check.check_wheels` (ELF, fatbins,
+cuobjdump, ``auditwheel show``). For bytes that were already tagged and checked
+under the same rules that work gives the same answer, so :class:`Memo` keeps it:
+
+- the tag, keyed by the sha256 of the wheel the builder made (obtained from its
+  :mod:`stamp <pinwheel.compile.stamps>` when it still holds, else by hashing): the
+  decision and the retagged copy, reused when that copy's own stamp still holds;
+- the check report of a set, keyed by every wheel's sha256 and name, the wheels
+  beside them, the check spec, the tools (path and file identity) and the source of
+  pinwheel's wheel rules (a changed rule checks again).
+
+Memo files live in the cache; one that is malformed, too large or not a regular file
+is a miss (the work is done again), never an error and never trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pinwheel import untrusted
+from pinwheel.compile import stamps
+from pinwheel.compile.phases import Note
+from pinwheel.errors import PinwheelError
+from pinwheel.fsutil import atomic_write_text
+from pinwheel.wheels import check as wheelcheck
+from pinwheel.wheels import platformtag
+from pinwheel.wheels.check import CheckReport, CheckSpec
+from pinwheel.wheels.platformtag import TagDecision
+from pinwheel.wheels.wheelset import Built
+
+FORMAT = 1
+KIND = untrusted.Kind(
+    "check memo", 64 * untrusted.MiB, 64, PinwheelError,
+    "nothing to do: the wheel is checked again",
+)  # fmt: skip
+
+
+def _rules_digest() -> str:
+    """The source of pinwheel's wheel rules (pinwheel/wheels/*.py): a new rule is a miss."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(wheelcheck.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _tool_identity(tool: str | None) -> list[Any] | None:
+    if not tool:
+        return None
+    try:
+        st = os.stat(tool)
+    except OSError:
+        return [tool, None]
+    return [tool, os.path.realpath(tool), st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+class Memo:
+    """Tag and check memos under ``root``; each lookup says, in ``note``, what it skipped."""
+
+    def __init__(self, root: Path, note: Note | None = None) -> None:
+        self.root = Path(root)
+        self.note = note or Note()
+        self._rules: str | None = None
+
+    # ------------------------------------------------------------------ storage
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
+        try:
+            raw = untrusted.read_json(path, KIND)
+        except PinwheelError:
+            return None
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            return None
+        return raw
+
+    def _write(self, path: Path, payload: dict[str, Any]) -> None:
+        atomic_write_text(path, json.dumps({"format": FORMAT, **payload}, sort_keys=True))
+
+    # ------------------------------------------------------------------ digests
+
+    def sha(self, path: Path) -> stamps.Digest:
+        """``path``'s sha256 by the stamp recorded for it (under the memo root, by its
+        absolute path: nothing is written beside a published wheel) when it holds, else
+        hashed (and the fresh stamp recorded for next time)."""
+        where = hashlib.sha256(os.fsencode(Path(path).absolute())).hexdigest()
+        side = self.root / "stamp" / f"{where}.json"
+        old = stamps.Stamp.from_json((self._read(side) or {}).get("stamp"))
+        got = stamps.sha256_of(path, old)
+        if got.stamp is not None and not got.by_stamp:
+            self._write(side, {"stamp": got.stamp.to_json()})
+        return got
+
+    # ------------------------------------------------------------------ tagging
+
+    def tagged(self, built: Sequence[Built]) -> tuple[list[Built], dict[str, TagDecision]]:
+        """:func:`pinwheel.wheels.wheelset._tagged`, each wheel looked up first."""
+        out: list[Built] = []
+        tags: dict[str, TagDecision] = {}
+        for b in built:
+            wheel, decision = self._tag_one(b.wheel)
+            tags[wheel.name] = decision
+            out.append(dataclasses.replace(b, wheel=wheel))
+        return out, tags
+
+    def _tag_one(self, wheel: Path) -> tuple[Path, TagDecision]:
+        got = self.sha(wheel)
+        if got.sha256 is None:  # not a regular file: the tag step reports it as it always did
+            return self._tag_fresh(wheel, None)
+        memo = self._read(self.root / "tag" / f"{got.sha256}.json")
+        if memo is not None:
+            try:
+                decision = untrusted.decode(TagDecision, memo["decision"], KIND, "tag memo")
+                name, want = str(memo["out"]), memo["out_sha256"]
+            except (PinwheelError, KeyError, TypeError):
+                decision = None
+            if decision is not None and Path(name).name == name and name.endswith(".whl"):
+                out = wheel.parent / name
+                copy = self.sha(out) if out != wheel else got
+                if copy.sha256 is not None and copy.sha256 == want:
+                    self.note.skip(
+                        f"tag of {wheel.name}: its sha256 ({got.how}) was tagged "
+                        f"{decision.platform} before; the tagged copy is intact ({copy.how})"
+                    )
+                    return out, decision
+        return self._tag_fresh(wheel, got.sha256)
+
+    def _tag_fresh(self, wheel: Path, sha: str | None) -> tuple[Path, TagDecision]:
+        decision = platformtag.decide(wheel)
+        out = wheel
+        if decision.manylinux:
+            out = platformtag.retag(wheel, decision.platform, wheel.parent)
+        self.note.did(f"tagged {wheel.name}: {decision.platform} (auditwheel)")
+        out_sha = self.sha(out).sha256 if sha is not None else None
+        if sha is not None and out_sha is not None:
+            self._write(
+                self.root / "tag" / f"{sha}.json",
+                {"decision": dataclasses.asdict(decision), "out": out.name, "out_sha256": out_sha},
+            )
+        return out, decision
+
+    # ------------------------------------------------------------------ checking
+
+    def checker(self) -> Callable[..., CheckReport]:
+        """A drop-in for :func:`pinwheel.wheels.check.check_wheels` that looks up first."""
+
+        def check(
+            paths: Sequence[Path],
+            spec: CheckSpec,
+            *,
+            alongside: Sequence[Path] = (),
+            has_engine: bool | None = None,
+        ) -> CheckReport:
+            key = self._check_key(paths, spec, alongside, has_engine)
+            memo_path = self.root / "check" / f"{key}.json" if key else None
+            if memo_path is not None and (memo := self._read(memo_path)) is not None:
+                try:
+                    report = untrusted.decode(CheckReport, memo["report"], KIND, "check memo")
+                except (PinwheelError, KeyError):
+                    report = None
+                names = [Path(p).name for p in paths]
+                if report is not None and [w.wheel for w in report.wheels] == names:
+                    self.note.skip(
+                        f"check of {', '.join(names)}: the same bytes (sha256) were checked "
+                        "by the same rules and tools before"
+                    )
+                    wheels = tuple(
+                        dataclasses.replace(w, path=str(p))
+                        for w, p in zip(report.wheels, paths, strict=True)
+                    )
+                    return dataclasses.replace(report, wheels=wheels)
+            report = wheelcheck.check_wheels(
+                paths, spec, alongside=alongside, has_engine=has_engine
+            )
+            self.note.did(f"checked {len(paths)} wheel(s)")
+            if memo_path is not None and report.ok:
+                self._write(memo_path, {"report": dataclasses.asdict(report)})
+            return report
+
+        return check
+
+    def _check_key(
+        self,
+        paths: Sequence[Path],
+        spec: CheckSpec,
+        alongside: Sequence[Path],
+        has_engine: bool | None,
+    ) -> str | None:
+        wheels = []
+        for p in [*paths, *alongside]:
+            sha = self.sha(Path(p)).sha256
+            if sha is None:
+                return None  # let the check itself say what is wrong with it
+            wheels.append([Path(p).name, sha])
+        if self._rules is None:
+            self._rules = _rules_digest()
+        facts = {
+            "wheels": wheels[: len(paths)],
+            "alongside": wheels[len(paths) :],
+            "has_engine": has_engine,
+            "spec": repr(spec),
+            "tools": [_tool_identity(spec.cuobjdump), _tool_identity(spec.auditwheel)],
+            "rules": self._rules,
+        }
+        return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+__all__ = ["Memo"]

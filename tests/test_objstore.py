@@ -1,0 +1,178 @@
+"""The object store: a fresh workspace whose compiler cache is warm compiles nothing.
+
+Real builds of the tiny engine-shaped project (tinyproject.py: a setuptools build that
+compiles a C extension with gcc, through the engine path) in two caches that share one
+local compiler-cache directory (SCCACHE_DIR), as two CI runners share a cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pinwheel.compile import objstore
+from pinwheel.compile.pipeline import build as run_build
+from pinwheel.wheels.provenance import component, read_receipt
+from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
+
+
+def _build(project: Tiny, manifest: Path, cache: str, out: str, shared: Path, **kw):
+    result = project.replay(manifest)
+    req = request(project, manifest, project.tmp / out, result, **kw)
+    environ = {**req.environ, "SCCACHE_DIR": str(shared)}
+    return run_build(
+        dataclasses.replace(req, cache=project.tmp / cache, engine_workdir=None, environ=environ)
+    )
+
+
+def _phase(outcome, name):
+    (row,) = [p for p in outcome.phases if p.name == name]
+    return row
+
+
+def test_a_fresh_workspace_reuses_the_stored_objects_and_gives_the_cold_bytes(
+    tiny: Tiny,  # noqa: F811
+) -> None:
+    manifest = tiny.manifest()
+    shared = tiny.tmp / "shared-cache"
+    cold = _build(tiny, manifest, "cache-a", "w-a", shared)
+    cold_sha = cold.wheels.wheels[WHEEL]
+    assert any("stored in the object store" in d for d in _phase(cold, "builder").did)
+    assert (shared / objstore.SUBDIR).is_dir()
+
+    fresh = _build(tiny, manifest, "cache-b", "w-b", shared)  # another cache: fresh workspace
+    assert fresh.wheels.wheels[WHEEL] == cold_sha  # the cold build's bytes
+    (engine,) = fresh.to_json()["components"]
+    assert engine["reused"] == ["tiny/_C.so"]  # N = 1 reused compiled member
+    cc = engine["compiler_cache"]
+    assert cc.get("hits", 0) == 0 and cc.get("misses", 0) == 0  # 0 compiled
+    builder = _phase(fresh, "builder")
+    assert "the object store holds this build (1 compiled member(s))" in builder.skipped[0]
+    assert not (tiny.tmp / "cache-b" / "build" / "tiny" / "src" / "build").exists()
+    receipt = component(read_receipt(tiny.tmp / "w-b" / "provenance.json"), "engine")
+    assert receipt["reused"]["from"] == "the object store"
+
+    # A cold build of cache B (--no-cache) does not look: it compiles, same bytes again.
+    again = _build(tiny, manifest, "cache-c", "w-c", shared, compiler_cache=False)
+    assert again.wheels.wheels[WHEEL] == cold_sha
+    assert "tiny/_C.so" not in again.to_json()["components"][0]["reused"]
+
+
+def test_a_changed_compiled_input_is_a_miss_and_compiles(tiny: Tiny) -> None:  # noqa: F811
+    manifest = tiny.manifest()
+    shared = tiny.tmp / "shared-cache"
+    _build(tiny, manifest, "cache-a", "w-a", shared)
+    # Another C compiler flag in the environment pinwheel sets: another identity.
+    other = tiny.manifest(extra_env=', CFLAGS = "-O1"', name="m2.toml")
+    changed = _build(tiny, other, "cache-b", "w-b", shared)
+    builder = _phase(changed, "builder")
+    assert not builder.skipped and any("object store: miss" in d for d in builder.did)
+    assert changed.to_json()["components"][0]["reused"] == []
+
+
+def test_hostile_store_records_are_misses(tiny: Tiny) -> None:  # noqa: F811
+    """A record that is a FIFO, not JSON, too deep, of another identity or tree, or names
+    a wheel outside the store; a stored wheel changed after it was written: each a miss
+    (nothing blocks, nothing outside is read), and a real build then compiles and gives
+    the cold bytes."""
+    manifest = tiny.manifest()
+    shared = tiny.tmp / "shared-cache"
+    cold = _build(tiny, manifest, "cache-a", "w-a", shared)
+    store = objstore.Store(shared / objstore.SUBDIR)
+    (index,) = (store.root / "v1" / "index").iterdir()
+    (path,) = index.iterdir()
+    good = json.loads(path.read_text())
+    ident, match = good["record"]["identity"], good["match"]
+    hit = store.lookup(ident, match)
+    assert hit is not None and hit.sha256 == good["sha256"]
+    assert store.lookup(ident, {**match, "tree": "0" * 64}) is None  # another tree
+    assert store.lookup({**ident, "builder": "other"}, match) is None  # another identity
+
+    def with_entry(text: str) -> objstore.Hit | None:
+        path.unlink(missing_ok=True)
+        path.write_text(text)
+        return store.lookup(ident, match)
+
+    assert with_entry("{not json") is None
+    assert with_entry("[" * 500 + "]" * 500) is None
+    for name in ("../../../escape.whl", "a/b.whl", "x\n.whl", "w.whl\u0000"):
+        assert with_entry(json.dumps({**good, "wheel": name})) is None, name
+    assert with_entry(json.dumps({**good, "record": {**good["record"], "identity": {}}})) is None
+    path.unlink()
+    os.mkfifo(path)
+    assert store.lookup(ident, match) is None  # not opened for reading: no hang
+    path.unlink()
+    path.write_text(json.dumps(good))
+    hit = store.lookup(ident, match)
+    assert hit is not None
+    with zipfile.ZipFile(hit.blob, "a") as zf:  # the stored wheel changed after it was written
+        zf.writestr("tiny/planted.py", "PLANTED = 1\n")
+    assert store.take(hit, tiny.tmp / "dist-check") is None
+    fresh = _build(tiny, manifest, "cache-b", "w-b", shared)
+    assert fresh.to_json()["components"][0]["reused"] == []  # compiled, not reused
+    assert fresh.wheels.wheels == cold.wheels.wheels
+    with zipfile.ZipFile(tiny.tmp / "w-b" / WHEEL) as zf:
+        assert "tiny/planted.py" not in zf.namelist()
+
+
+@pytest.mark.slow
+@pytest.mark.kernels
+def test_the_selftest_kernel_from_a_fresh_cache_is_the_stored_build(tmp_path: Path) -> None:
+    """The in-tree selftest kernel (CMake + nvcc 12.4, provisioned like the kernels tests):
+    cold in cache A, then cache B sharing A's compiler-cache directory: nothing compiles
+    (no sccache hit or miss: the builder never ran), and the wheel is the cold sha256."""
+    from pinwheel.cli import default_cache
+    from pinwheel.compile.pipeline import BuildRequest
+    from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
+    from pinwheel.manifest import load
+
+    repo = Path(__file__).resolve().parent.parent
+    checkout = tmp_path / "repo"
+    shutil.copytree(repo / "kernels" / "pinwheel-selftest",
+                    checkout / "kernels" / "pinwheel-selftest")  # fmt: skip
+    text = (repo / "recipes" / "examples" / "selftest-cuda124.toml").read_text()
+    (checkout / "manifest.toml").write_text(text)
+    m = load(checkout / "manifest.toml")
+    m = dataclasses.replace(m, build=dataclasses.replace(m.require("build"), required_members=()))
+    toolkit = resolve_toolkit(ToolkitRequest(m.require("build"), default_cache(), dict(os.environ)))
+    shared = tmp_path / "shared"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_")}
+    env["SCCACHE_DIR"] = str(shared)
+
+    def once(cache: str):
+        return run_build(BuildRequest(
+            manifest=m, cache=tmp_path / cache, out_dir=tmp_path / f"w-{cache}", environ=env,
+            kernels=("pinwheel-selftest",), toolkit=toolkit, source_date_epoch=1700000000,
+        ))  # fmt: skip
+
+    cold = once("a")
+    fresh = once("b")
+    assert fresh.wheels.wheels == cold.wheels.wheels
+    (kernel,) = fresh.to_json()["components"]
+    assert kernel["reused"] and kernel["compiler_cache"].get("hits", 0) == 0
+    assert kernel["compiler_cache"].get("misses", 0) == 0
+    (builder,) = [p for p in fresh.phases if p.name.startswith("builder")]
+    assert "the object store holds this build" in builder.skipped[0]
+
+
+def test_the_store_follows_the_compiler_cache_backend(tmp_path: Path) -> None:
+    """Local directory: the store beside sccache's objects; redis, s3 and gha: no store,
+    said; a cold build or [build.cache] enabled = false: none either."""
+    from pinwheel.compile import compcache
+    from pinwheel.manifest.build import CacheConfig
+
+    env = {"PATH": "", "SCCACHE_DIR": str(tmp_path / "shared")}
+    plan = compcache.plan(CacheConfig(), tmp_path, env)
+    store, why = objstore.for_plan(plan, cold=False)
+    assert store is not None and store.root == tmp_path / "shared" / objstore.SUBDIR
+    assert objstore.for_plan(plan, cold=True)[0] is None
+    off, why = objstore.for_plan(plan, cold=False, turned_off=True)
+    assert off is None and "enabled = false" in why
+    redis = compcache.plan(CacheConfig(), tmp_path, {"PATH": "", "SCCACHE_REDIS": "redis://h"})
+    none, why = objstore.for_plan(redis, cold=False)
+    assert none is None and "redis backend has no object store" in why
