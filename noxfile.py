@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 
 import nox
 
@@ -26,19 +28,39 @@ def _test_caches() -> None:
 _test_caches()
 nox.options.reuse_existing_virtualenvs = True
 PYTHONS = ["3.11"]
+LOCKS = "locks"  # hashed locks (pinwheel.compile.toollocks): every session installs from one
+
+
+def _lock_line(name: str) -> str:
+    path = os.path.join(LOCKS, f"{name}.txt")
+    with open(path, "rb") as fh:
+        return f"{path} sha256 {hashlib.sha256(fh.read()).hexdigest()}"
+
+
+def _install_locked(session: nox.Session, lock: str) -> None:
+    """pinwheel's dependencies from ``locks/<lock>.txt`` (hashes required, nothing
+    unlisted), then pinwheel itself from the checkout with no dependencies and no build
+    isolation (its backend is in the lock too)."""
+    session.log(f"installing from {_lock_line(lock)} (--require-hashes)")
+    session.install("--require-hashes", "--no-deps", "-r", os.path.join(LOCKS, f"{lock}.txt"))
+    session.install("--no-deps", "--no-build-isolation", "-e", ".")
+
+
+# nox itself: .ci/run and the README install it from locks/nox.txt; say which.
+print(f"nox from {_lock_line('nox')}", file=sys.stderr)
 
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Unit and integration tests on real git repos, files and local servers."""
-    session.install("-e", ".[test,build]")
+    _install_locked(session, "tests")
     session.run("pytest", "-m", "not slow", *session.posargs)
 
 
 @nox.session(python=PYTHONS)
 def lint(session: nox.Session) -> None:
     """ruff over everything, mypy over src/."""
-    session.install("-e", ".[lint]")
+    _install_locked(session, "lint")
     session.run("ruff", "check", "src", "tests", "bench", "noxfile.py")
     session.run("mypy", "src")
 
@@ -65,7 +87,7 @@ def _test_cache() -> str:
 def kernels(session: nox.Session) -> None:
     """Provision CUDA 12.x, build the in-tree kernel wheel twice, check it; then the check's
     real-nvcc fatbin test with that toolkit's nvcc on PATH (it must run, not skip)."""
-    session.install("-e", ".[test,kernels,build]")
+    _install_locked(session, "kernels")
     session.run("pytest", "-m", "slow and kernels", "-s", *session.posargs)
     out = session.run(
         "python", "-c", PROVISION, os.path.join(_test_cache(), "kernels-session"), silent=True
@@ -83,7 +105,7 @@ def bootstrap(session: nox.Session) -> None:
     """Slow tests that are neither kernels nor qualify: tools/replay's fresh-clone bootstrap
     (pip installs from the package index) and the CUDA 13 wheel toolkit when its wheels are
     given (PINWHEEL_CU13_WHEELS)."""
-    session.install("-e", ".[test]")
+    _install_locked(session, "tests")
     session.run(
         "pytest", "-m", "slow and not kernels and not qualify and not flash_attn and not upstream",
         "-rs", *session.posargs, env=dict(os.environ),
@@ -93,7 +115,7 @@ def bootstrap(session: nox.Session) -> None:
 @nox.session(name="flash-attn", python=PYTHONS)
 def flash_attn(session: nox.Session) -> None:
     """flash-attention-v100 with torch 2.9.1 CUDAExtension: heavy, not in the default run."""
-    session.install("-e", ".[test,kernels]")
+    _install_locked(session, "kernels")
     session.run("pytest", "-m", "flash_attn", "-s", *session.posargs, env=dict(os.environ))
 
 
@@ -101,7 +123,7 @@ def flash_attn(session: nox.Session) -> None:
 def qualify_cpu(session: nox.Session) -> None:
     """End-to-end qualification against a real CPU vLLM server (venv + model cached in
     $PINWHEEL_TEST_CACHE, default ~/.cache/pinwheel-test)."""
-    session.install("-e", ".[test,qualify]")
+    _install_locked(session, "qualify")
     # -s: the server venv's download (~3 GB, sizes said first) shows on the screen
     session.run("pytest", "-m", "slow and qualify", "-s", *session.posargs, env=dict(os.environ))
 
@@ -113,7 +135,15 @@ def upstream(session: nox.Session) -> None:
     Needs PINWHEEL_MIRRORS mapping https://github.com/1CatAI/1Cat-vLLM.git to a
     local mirror; without it the tests skip and the benchmark is not run.
     """
-    session.install("-e", ".[test]")
+    _install_locked(session, "tests")
     session.run("pytest", "-m", "upstream", "-rs", *session.posargs, env=dict(os.environ))
     if "PINWHEEL_MIRRORS" in os.environ:
         session.run("python", "bench/replay.py", "--runs", "5", env=dict(os.environ))
+
+
+@nox.session(python=PYTHONS)
+def lock(session: nox.Session) -> None:
+    """Regenerate every hashed lock in locks/ (uv pip compile) and show the diff; after
+    merging a branch that adds a dependency, run this and commit locks/."""
+    _install_locked(session, "tests")  # uv comes with the test extra
+    session.run("pinwheel", "lock", "--tools", *session.posargs)
