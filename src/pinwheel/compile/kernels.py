@@ -33,7 +33,7 @@ from typing import Any
 
 from pinwheel import confine, runner
 from pinwheel.checksums import sha256_file
-from pinwheel.compile import frontend, listing, reuse, workspace
+from pinwheel.compile import frontend, listing, lockedvenv, reuse, toollocks, workspace
 from pinwheel.compile.buildenv import build_env
 from pinwheel.compile.canonical import Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
@@ -182,15 +182,31 @@ def _run(
 
 TORCH_VENV_READY = ".pinwheel-ready"  # in a torch venv pinwheel made (its headers' times fixed)
 
-# Beside torch: what setup.py-based CUDA extensions import at build time.
-# setuptools >= 77 reads PEP 639 license strings (flash-attention-v100 has one).
-TORCH_BUILD_REQS = ("setuptools>=77", "wheel", "ninja", "packaging", "numpy", "psutil")
+# Beside torch, what setup.py-based CUDA extensions import at build time (setuptools,
+# wheel, ninja, packaging, numpy, psutil) and the CMake kernels' scikit-build-core, cmake
+# and ninja: from the hashed locks locks/torch-build.txt and locks/cmake-build.txt, in a
+# venv of their own (pinwheel.compile.lockedvenv), never from the machine or pinwheel's venv.
+TORCH_BUILD_LOCK = "torch-build"
+CMAKE_BUILD_LOCK = "cmake-build"
+
+
+def locked_build_venv(
+    lock: str, interpreter: str, opts: BuildOptions, *, overlay_from: str | None = None
+) -> lockedvenv.LockedVenv:
+    """The build tools' venv from ``locks/<lock>.txt`` on ``interpreter`` (made once)."""
+    path = toollocks.lock_path(lock)
+    req = lockedvenv.LockedVenvRequest(
+        lock=path, lock_name=f"{toollocks.LOCK_DIR}/{path.name}", interpreter=interpreter,
+        cache=opts.cache, environ=opts.environ, kind=lock, overlay_from=overlay_from,
+    )  # fmt: skip
+    return lockedvenv.ensure(req)
 
 
 def torch_venv(
     config: BuildConfig, cache: Path, reporter: Reporter, environ: Mapping[str, str]
 ) -> Path:
-    """A venv with ``[build].torch`` and the build tools torch extensions need; made once.
+    """A Python with ``[build].torch`` (a venv made once, or the machine's); the build tools
+    come from :func:`locked_build_venv` in front of it.
 
     torch comes from ``[build] torch_index`` when the manifest pins one (so a
     cu130 build gets the cu130 torch, never whatever the default index serves).
@@ -215,7 +231,7 @@ def torch_venv(
     name = re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".")
     venv = confine.inside(cache, Path("venvs") / name, what="torch venv")
     python = venv / "bin" / "python"
-    reqs = (f"torch=={config.torch}", *TORCH_BUILD_REQS)
+    reqs = (f"torch=={config.torch}",)
     marker = venv / TORCH_VENV_READY
     record = [*reqs, *([f"index={config.torch_index}"] if config.torch_index else [])]
     if marker.is_file() and marker.read_text().split() == record:
@@ -243,13 +259,14 @@ def torch_venv(
                 what=f"installing torch=={config.torch} from {config.torch_index}",
                 log_file=venv.with_suffix(".log"),
             )
-        _run(
-            [*pip, *(reqs[1:] if config.torch_index else reqs)],
-            cwd=cache,
-            env=environ,
-            what=f"installing torch=={config.torch}",
-            log_file=venv.with_suffix(".log"),
-        )
+        else:
+            _run(
+                [*pip, *reqs],
+                cwd=cache,
+                env=environ,
+                what=f"installing torch=={config.torch}",
+                log_file=venv.with_suffix(".log"),
+            )
     workspace.fix_header_times(venv)  # torch's headers reach the cubins' line tables
     marker.write_text("\n".join(record) + "\n")
     return python
@@ -344,10 +361,18 @@ def build_kernel(
     work = workdir(spec, opts)
     torch_version: str | None = None
     if spec.builder == "cmake":
-        python = Path(sys.executable)
-        _require_modules(python, ("scikit_build_core", "cmake", "ninja"), spec)
+        venv = locked_build_venv(CMAKE_BUILD_LOCK, sys.executable, opts)
+        torch_python = None
     else:
-        python = torch_venv(config, opts.cache, opts.reporter, opts.environ)
+        torch_python = torch_venv(config, opts.cache, opts.reporter, opts.environ)
+        venv = locked_build_venv(
+            TORCH_BUILD_LOCK, str(torch_python), opts, overlay_from=str(torch_python)
+        )
+    python = venv.python
+    # Before anything compiles: the build's Python imports exactly the lock (and, for a
+    # torch extension, torch and its dependencies from the machine); listed for provenance.
+    environment = lockedvenv.checked(venv, spec.where)
+    if torch_python is not None:
         torch_version = _torch_version(python)
     # SOURCE_DATE_EPOCH is left out of the identity: the staged tree's date does not
     # change what compiles.
@@ -359,7 +384,8 @@ def build_kernel(
     identity = reuse.identity(
         {k: canon.recorded(v) for k, v in set_env.items()}, toolkit=toolkit, python=str(python),
         builder=spec.builder, placeholders=placeholders,
-        inputs={"torch": torch_version} if torch_version else None,  # its headers are compiled in
+        inputs={"build_env": venv.lock_sha256,  # the locked backend writes the wheel
+                **({"torch": torch_version} if torch_version else {})},  # its headers compile in
     )  # fmt: skip
     key = workspace.key_of({"identity": identity, "canonical": canon.record()})
     kept = workspace.prepare(work, key, cold=opts.cold)
@@ -381,14 +407,15 @@ def build_kernel(
     else:
         extra = []
         env["PATH"] = os.pathsep.join([str(python.parent), env["PATH"]])
-        env["CPATH"] = torch_library_headers(python, env.get("CPATH"))
+        assert torch_python is not None
+        env["CPATH"] = torch_library_headers(torch_python, env.get("CPATH"))
 
     def record(compiled_inputs: Mapping[str, Any], **more: Any) -> BuildRecord:
         return BuildRecord(
             builder=spec.builder, source_date_epoch=staged.source_date_epoch,
             env={k: canon.recorded(v) for k, v in sorted(set_env.items())},
             arches=tuple(str(a) for a in config.targets), canonical=canon.record(),
-            compiled_inputs=compiled_inputs, **more,
+            compiled_inputs=compiled_inputs, environment=environment, **more,
         )  # fmt: skip
 
     source = {"origin": staged.origin, "url": spec.url, "commit": spec.commit,
@@ -463,20 +490,6 @@ def build_kernel(
         component=spec.name, kind="kernel", wheel=built[0],
         seconds=time.monotonic() - started, source=source, build=made,
     )  # fmt: skip
-
-
-def _require_modules(python: Path, modules: tuple[str, ...], spec: KernelSpec) -> None:
-    probe = (
-        "import importlib.util, sys; "
-        "sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))"
-    )
-    if not runner.run(runner.Command((str(python), "-c", probe, *modules), check=False)).ok:
-        raise KernelBuildError(
-            f"building {spec.name} needs {', '.join(modules)} in this Python",
-            where=spec.where,
-            next="run it through tools/replay (it installs the kernels extra), "
-            "or from the checkout: pip install -e '.[kernels]'",
-        )
 
 
 def build_twice(

@@ -243,6 +243,7 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
         request.replayed,
         toolchain=facts,
         arches=[str(a) for a in config.targets],
+        pinwheel_env=_own_environment(),
     )
     payload["torch"] = torch_pin(config, facts.torch, built)
     payload["substitutions"] = substitutions_json(choice.substitutions)
@@ -255,6 +256,17 @@ def build(request: BuildRequest, reporter: Reporter = SILENT) -> BuildOutcome:
         twice=twice,
         substitutions=choice.substitutions,
     )
+
+
+def _own_environment() -> dict[str, Any]:
+    """pinwheel's own environment for provenance: tools/replay's lock and its digest, whether
+    the running packages match it, pygit2 and libgit2 (they make the replayed commits)."""
+    from pinwheel.compile.toollocks import LOCK_DIR, repo_root
+    from pinwheel.wheels.provenance import pinwheel_environment
+
+    root = repo_root()
+    lock = root / LOCK_DIR / "replay.txt" if root is not None else None
+    return pinwheel_environment(lock, f"{LOCK_DIR}/replay.txt" if lock is not None else None)
 
 
 def foreign_header_dirs(
