@@ -112,8 +112,25 @@ def interpreter(python: str) -> Interpreter:
             next="point it at a working Python (PINWHEEL_TORCH_PYTHON, [build] python)",
         )
     )  # fmt: skip
-    data = json.loads(out.text.splitlines()[-1])
-    return Interpreter(str(data["base"]), str(data["version"]), tuple(data["site"]))
+    try:
+        data = json.loads(out.text.splitlines()[-1])
+        found = Interpreter(str(data["base"]), str(data["version"]),
+                            tuple(str(d) for d in data["site"]))  # fmt: skip
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise LockedVenvError(
+            f"the machine Python {python} answered no interpreter description ({exc})",
+            where=python, next="point it at a working CPython",
+        ) from exc
+    for value in (found.base, *found.site):
+        # The site directories are written into a .pth file, where a line that starts with
+        # "import" runs: only plain absolute paths get there.
+        if not value.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise LockedVenvError(
+                f"the machine Python {python} reports the directory {value[:120]!r}: not a "
+                "plain absolute path",
+                where=python, next="point it at a Python whose sys.path holds plain paths",
+            )
+    return found
 
 
 def ensure(req: LockedVenvRequest) -> LockedVenv:
@@ -233,15 +250,22 @@ def listing(venv: LockedVenv) -> list[dict[str, Any]]:
 
 def differences(venv: LockedVenv, packages: Sequence[Mapping[str, Any]]) -> list[str]:
     """How the listed environment differs from the lock (empty: it is the lock)."""
+    return pin_differences(venv.pins, packages)
+
+
+def pin_differences(
+    pins: Mapping[str, tuple[str, tuple[str, ...]]], packages: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """How ``packages`` (a listing, live or from provenance) differ from ``pins``."""
     found: dict[str, Mapping[str, Any]] = {}
     problems: list[str] = []
     for p in packages:
         if p.get("shadowed"):
             continue
         found[canonicalize_name(str(p["name"]))] = p
-        if p["from"] == "lock" and canonicalize_name(str(p["name"])) not in venv.pins:
+        if p["from"] == "lock" and canonicalize_name(str(p["name"])) not in pins:
             problems.append(f"{p['name']} {p['version']} is in the venv but not in the lock")
-    for name, (version, _hashes) in sorted(venv.pins.items()):
+    for name, (version, _hashes) in sorted(pins.items()):
         got = found.get(name)
         if got is None:
             problems.append(f"{name}=={version} is locked but not installed")
@@ -264,3 +288,24 @@ def checked(venv: LockedVenv, where: str) -> dict[str, Any]:
             "`pinwheel lock --tools` if the lock itself is stale",
         )
     return venv.record(packages)
+
+
+def recorded_against_lock(record: Mapping[str, Any], root: Path) -> tuple[list[str], list[str]]:
+    """A build's recorded environment (provenance ``build.environment``) against the lock
+    it names in the checkout ``root``: (problems, notes). Same lock digest: every locked
+    package must have been there, from the lock, at the lock's version (problems). Another
+    digest (the lock moved since): a note, the packages are compared by version only."""
+    name = str(record.get("lock") or "")
+    path = root / name
+    if not name.startswith("locks/") or "/" in name[len("locks/"):] or not path.is_file():
+        return [f"the recorded lock {name[:80]!r} is not in this checkout"], []
+    text = path.read_text()
+    pins = parse_requirements(text, name)
+    packages = [p for p in record.get("packages") or [] if isinstance(p, Mapping)]
+    found = pin_differences(pins, packages)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    if record.get("lock_sha256") == digest:
+        return found, []
+    note = (f"built from {name} sha256 {str(record.get('lock_sha256'))[:16]}, the checkout's "
+            f"is {digest[:16]}")  # fmt: skip
+    return [], [note, *(f"{name}: {d}" for d in found)]

@@ -98,6 +98,51 @@ def member_digests(wheel: Path) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+def environment_differences(
+    recorded: Mapping[str, Any] | None, rebuilt: Mapping[str, Any] | None
+) -> list[str]:
+    """How two builds' environments (``build.environment``) differ: the lock, then each
+    package by name (version, RECORD sha256, lock or machine)."""
+    if not recorded and not rebuilt:
+        return []
+    if not recorded or not rebuilt:
+        return ["one build records no build environment"]
+    out = []
+    for key in ("lock", "lock_sha256"):
+        if recorded.get(key) != rebuilt.get(key):
+            out.append(f"{key}: {recorded.get(key)} -> {rebuilt.get(key)}")
+
+    def by_name(env: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+        return {
+            str(p.get("name")): (p.get("version"), p.get("record_sha256"), p.get("from"))
+            for p in env.get("packages") or [] if isinstance(p, Mapping) and not p.get("shadowed")
+        }  # fmt: skip
+
+    a, b = by_name(recorded), by_name(rebuilt)
+    for name in sorted(set(a) | set(b)):
+        if a.get(name) != b.get(name):
+            old, new = a.get(name), b.get(name)
+            out.append(f"{name}: {old[0] if old else 'absent'} -> {new[0] if new else 'absent'}"
+                       + (" (other files)" if old and new and old[0] == new[0] else ""))
+    return out
+
+
+def member_differences(
+    recorded: Mapping[str, str] | None, rebuilt: Mapping[str, str] | None
+) -> list[tuple[str, str]]:
+    """(member, change) from two builds' published member digests, no wheel needed."""
+    a, b = dict(recorded or {}), dict(rebuilt or {})
+    out = []
+    for name in sorted(set(a) | set(b)):
+        if name not in b:
+            out.append((name, "only in recorded"))
+        elif name not in a:
+            out.append((name, "only in rebuilt"))
+        elif a[name] != b[name]:
+            out.append((name, "differs"))
+    return out
+
+
 def pinwheel_environment(lock: Path | None, lock_name: str | None) -> dict[str, Any]:
     """pinwheel's own environment as the build ran it: the lock it was installed from (name
     and sha256; None for a copy installed without one), whether the running packages are
