@@ -246,3 +246,37 @@ def test_recorded_environment_against_the_checkout_lock(tmp_path: Path) -> None:
     for name in ("../pyproject.toml", "locks/../../etc/passwd", "/etc/passwd"):
         problems, _ = lockedvenv.recorded_against_lock({**record, "lock": name}, ROOT)
         assert problems and "is not in this checkout" in problems[0]
+
+
+# --------------------------------------------------------------------------- declared build env
+
+
+def test_a_kernel_builds_base_environment_is_declared_values_only(tmp_path: Path) -> None:
+    from pinwheel.compile.buildenv import SYSTEM_PATH, build_env, declared_base
+    from pinwheel.manifest.build import BuildConfig
+
+    gxx = tmp_path / "opt-gcc" / "bin" / "g++-13"
+    gxx.parent.mkdir(parents=True)
+    gxx.write_text("#!/bin/sh\n")
+    gxx.chmod(0o755)
+    caller = {
+        "PATH": f"{tmp_path}/home/.local/bin:/usr/bin", "PYTHONPATH": f"{tmp_path}/site",
+        "CFLAGS": "-O0", "LDFLAGS": "-L/somewhere", "CXX": str(gxx), "CC": "gcc",
+        "SCCACHE_DIR": f"{tmp_path}/sccache", "VIRTUAL_ENV": f"{tmp_path}/venv",
+        "HOME": f"{tmp_path}/home", "LD_LIBRARY_PATH": "/evil",
+    }  # fmt: skip
+    base = declared_base(caller, tool_dirs=("/cache/venvs/torch-build-x/bin",),
+                         home="/cache/kernels/.home")  # fmt: skip
+    assert base["PATH"].split(os.pathsep) == [
+        "/cache/venvs/torch-build-x/bin", str(gxx.parent), *SYSTEM_PATH]
+    assert base["HOME"] == "/cache/kernels/.home" and base["CXX"] == str(gxx)
+    assert base["SCCACHE_DIR"] == caller["SCCACHE_DIR"]
+    for gone in ("PYTHONPATH", "CFLAGS", "VIRTUAL_ENV", "LD_LIBRARY_PATH"):
+        assert gone not in base, gone
+    config = BuildConfig(python="3.11", cuda="12.4", arches=("7.0",), ptx=True, torch=None,
+                         label=None, version=None)  # fmt: skip
+    full, _set = build_env(config, toolkit=None, source_date_epoch=0, base=base,
+                           listing_hook="/cache/listing")  # fmt: skip
+    assert full["PYTHONPATH"] == "/cache/listing"  # the hook only: not the caller's
+    assert full["LDFLAGS"] == "-Wl,--strip-all"  # the caller's -L did not get in
+    assert str(tmp_path / "home") not in json.dumps(full)

@@ -34,7 +34,7 @@ from typing import Any
 from pinwheel import confine, runner
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import frontend, listing, lockedvenv, reuse, toollocks, workspace
-from pinwheel.compile.buildenv import build_env
+from pinwheel.compile.buildenv import build_env, declared_base
 from pinwheel.compile.canonical import Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
 from pinwheel.compile.invalidate import after_update
@@ -347,6 +347,15 @@ def torch_library_headers(python: Path, existing: str | None) -> str:
     return os.pathsep.join([*found, *([existing] if existing else [])])
 
 
+def _with_declared(
+    set_env: Mapping[str, str], base: Mapping[str, str], toolkit: Toolkit | None
+) -> dict[str, str]:
+    """What pinwheel set plus the declared PATH and HOME: the whole build environment is
+    recorded (canonical spellings), since nothing else is in it."""
+    full = toolkit.env(base) if toolkit is not None else dict(base)
+    return {**set_env, "PATH": full["PATH"], "HOME": base["HOME"]}
+
+
 def build_kernel(
     spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
 ) -> Built:
@@ -377,9 +386,14 @@ def build_kernel(
     # SOURCE_DATE_EPOCH is left out of the identity: the staged tree's date does not
     # change what compiles.
     hook = str(listing.install(opts.cache))
+    # Declared values only: nothing of the caller's PATH, PYTHONPATH or flags (buildenv).
+    home = confine.inside(opts.cache, Path("kernels") / ".home", what="build HOME")
+    home.mkdir(parents=True, exist_ok=True)
+    base = declared_base(opts.environ, tool_dirs=(str(python.parent),), home=str(home))
     _, set_env = build_env(
-        config, toolkit=toolkit, source_date_epoch=0, base=opts.environ, listing_hook=hook
+        config, toolkit=toolkit, source_date_epoch=0, base=base, listing_hook=hook
     )
+    set_env = _with_declared(set_env, base, toolkit)
     placeholders = {str(Path(work).absolute()): "$WORK", str(opts.cache.absolute()): "$CACHE"}
     identity = reuse.identity(
         {k: canon.recorded(v) for k, v in set_env.items()}, toolkit=toolkit, python=str(python),
@@ -394,9 +408,10 @@ def build_kernel(
     interrupted = workspace.begin_update(work)
     staged = stage_in_tree(spec, opts) if spec.in_tree else stage_out_of_tree(spec, opts)
     env, set_env = build_env(
-        config, toolkit=toolkit, source_date_epoch=staged.source_date_epoch, base=opts.environ,
+        config, toolkit=toolkit, source_date_epoch=staged.source_date_epoch, base=base,
         listing_hook=hook,
     )  # fmt: skip
+    set_env = _with_declared(set_env, base, toolkit)
     dist = work / "dist"
     if spec.builder == "cmake":
         extra = [
@@ -406,7 +421,6 @@ def build_kernel(
         ]
     else:
         extra = []
-        env["PATH"] = os.pathsep.join([str(python.parent), env["PATH"]])
         assert torch_python is not None
         env["CPATH"] = torch_library_headers(torch_python, env.get("CPATH"))
 
