@@ -167,8 +167,8 @@ def test_selftest_wheel_is_one_sha256_from_launchers_with_other_build_tools(
     gen_a, gen_b = _generator(a["path"]), _generator(b["path"])
     assert gen_a == gen_b, (gen_a, gen_b)  # the lock's scikit-build-core, not the launcher's
     assert a["sha256"] == b["sha256"], (a["sha256"], b["sha256"])
-    env_a = a["provenance"]["build"]["environment"]
-    assert env_a == b["provenance"]["build"]["environment"]
+    env_a = a["provenance"]["environment"]
+    assert env_a == b["provenance"]["environment"]
     assert env_a["lock"] == "locks/cmake-build.txt" and len(env_a["lock_sha256"]) == 64
     names = {p["name"]: p for p in env_a["packages"]}
     assert {"scikit-build-core", "cmake", "ninja"} <= set(names)

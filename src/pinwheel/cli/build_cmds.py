@@ -159,7 +159,7 @@ def _environment_statement(args: argparse.Namespace) -> tuple[list[str], list[st
                       if isinstance(c, dict) and c.get("wheel") == wheel.name), None)  # fmt: skip
         if entry is None:
             continue
-        env = (entry.get("build") or {}).get("environment")
+        env = entry.get("environment")
         if isinstance(env, dict) and root is not None:
             found, said = recorded_against_lock(env, root)
             problems += [f"{wheel.name}: {p}" for p in found]

@@ -198,6 +198,9 @@ def locked_build_venv(
     req = lockedvenv.LockedVenvRequest(
         lock=path, lock_name=f"{toollocks.LOCK_DIR}/{path.name}", interpreter=interpreter,
         cache=opts.cache, environ=opts.environ, kind=lock, overlay_from=overlay_from,
+        # offline machines: the locked wheels from a folder (hashes still required)
+        wheelhouse=Path(opts.environ["PINWHEEL_WHEELHOUSE"])
+        if opts.environ.get("PINWHEEL_WHEELHOUSE") else None,
     )  # fmt: skip
     return lockedvenv.ensure(req)
 

@@ -62,6 +62,7 @@ class LockedVenvRequest:
     environ: Mapping[str, str]
     kind: str  # folder prefix: "cmake-build", "torch-build"
     overlay_from: str | None = None  # a machine Python whose packages follow the venv's own
+    wheelhouse: Path | None = None  # offline: the locked wheels from this folder, no index
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,9 @@ def _make(
         cmd = (
             sys.executable, "-m", "pip", "--python", str(target), "install", "-q",
             "--disable-pip-version-check", "--require-hashes", "--no-deps",
-            "--only-binary=:all:", "-r", str(req.lock),
+            "--only-binary=:all:",
+            *(("--no-index", "--find-links", str(req.wheelhouse)) if req.wheelhouse else ()),
+            "-r", str(req.lock),
         )  # fmt: skip
         proc = runner.run(runner.Command(cmd, env=env, check=False, what="pip install"))
         if proc.returncode != 0:
@@ -185,8 +188,9 @@ def _make(
             raise LockedVenvError(
                 f"installing {req.lock_name} failed:\n    " + "\n    ".join(tail),
                 where=req.lock_name,
-                next="check the network; a hash mismatch means the index serves another file "
-                "than the one locked (`pinwheel lock --tools` regenerates the lock)",
+                next="check the network (or the wheelhouse: PINWHEEL_WHEELHOUSE); a hash "
+                "mismatch means the index serves another file than the one locked "
+                "(`pinwheel lock --tools` regenerates the lock)",
             )
         if overlay:
             site = _own_site(target)
@@ -291,7 +295,7 @@ def checked(venv: LockedVenv, where: str) -> dict[str, Any]:
 
 
 def recorded_against_lock(record: Mapping[str, Any], root: Path) -> tuple[list[str], list[str]]:
-    """A build's recorded environment (provenance ``build.environment``) against the lock
+    """A build's recorded environment (a provenance component's ``environment``) against the lock
     it names in the checkout ``root``: (problems, notes). Same lock digest: every locked
     package must have been there, from the lock, at the lock's version (problems). Another
     digest (the lock moved since): a note, the packages are compared by version only."""

@@ -131,8 +131,7 @@ def compare_builds(recorded_dir: Path, rebuilt_dir: Path) -> RebuildComparison:
         theirs = Path(rebuilt_dir) / name
         got = sha256_file(theirs) if theirs.is_file() else None
         a, b = entry(recorded, name), entry(rebuilt_receipt, name)
-        env = tuple(environment_differences((a.get("build") or {}).get("environment"),
-                                            (b.get("build") or {}).get("environment")))  # fmt: skip
+        env = tuple(environment_differences(a.get("environment"), b.get("environment")))
         if got == want:
             results.append(WheelComparison(name, want, got, environment=env))
             continue

@@ -101,7 +101,7 @@ def member_digests(wheel: Path) -> dict[str, str]:
 def environment_differences(
     recorded: Mapping[str, Any] | None, rebuilt: Mapping[str, Any] | None
 ) -> list[str]:
-    """How two builds' environments (``build.environment``) differ: the lock, then each
+    """How two builds' environments (a component's ``environment``) differ: the lock, then each
     package by name (version, RECORD sha256, lock or machine)."""
     if not recorded and not rebuilt:
         return []
