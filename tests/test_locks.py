@@ -280,3 +280,49 @@ def test_a_kernel_builds_base_environment_is_declared_values_only(tmp_path: Path
     assert full["PYTHONPATH"] == "/cache/listing"  # the hook only: not the caller's
     assert full["LDFLAGS"] == "-Wl,--strip-all"  # the caller's -L did not get in
     assert str(tmp_path / "home") not in json.dumps(full)
+
+
+# --------------------------------------------------------------------------- verify-build
+
+
+def test_verify_build_names_the_environment_and_members_that_differ_without_the_wheel(
+    tmp_path: Path,
+) -> None:
+    """Two builders exchange receipts only: the member digests say which member differs,
+    the environments which package moved."""
+    import zipfile
+
+    from pinwheel.compile.verify import compare_builds
+    from pinwheel.wheels.provenance import SCHEMA, member_digests, write_receipt
+
+    name = "k-0.1.0-py3-none-linux_x86_64.whl"
+    rebuilt = tmp_path / "rebuilt"
+    rebuilt.mkdir()
+    with zipfile.ZipFile(rebuilt / name, "w") as zf:
+        zf.writestr("k/lib.so", b"\x7fELF rebuilt")
+        zf.writestr("k-0.1.0.dist-info/WHEEL", "Generator: x\n")
+    from pinwheel.checksums import sha256_file
+
+    got = sha256_file(rebuilt / name)
+    members = member_digests(rebuilt / name)
+    assert set(members) == {"k/lib.so", "k-0.1.0.dist-info/WHEEL"}
+
+    def env(version: str, digest: str) -> dict:
+        return {"lock": "locks/cmake-build.txt", "lock_sha256": digest, "machine_packages": False,
+                "packages": [{"name": "cmake", "version": version, "record_sha256": "c" * 64,
+                              "from": "lock", "shadowed": False}]}  # fmt: skip
+
+    def receipt(folder: Path, sha: str, mem: dict, environment: dict) -> None:
+        folder.mkdir(exist_ok=True)
+        write_receipt(folder, {"schema": SCHEMA, "wheels": {name: sha}, "built": [name],
+                               "components": [{"name": "k", "kind": "kernel", "wheel": name,
+                                               "sha256": sha, "members": mem,
+                                               "environment": environment}]})  # fmt: skip
+
+    recorded = tmp_path / "recorded"  # holds the receipt only, not the wheel
+    receipt(recorded, "0" * 64, {**members, "k/lib.so": "1" * 64}, env("4.4.5", "a" * 64))
+    receipt(rebuilt, got, members, env("4.4.6", "b" * 64))
+    (w,) = compare_builds(recorded, rebuilt).wheels
+    assert not w.same and w.rebuilt == got
+    assert [(m.member, m.change) for m in w.members] == [("k/lib.so", "differs")]
+    assert w.environment == (f"lock_sha256: {'a' * 64} -> {'b' * 64}", "cmake: 4.4.5 -> 4.4.6")
