@@ -326,3 +326,43 @@ def test_verify_build_names_the_environment_and_members_that_differ_without_the_
     assert not w.same and w.rebuilt == got
     assert [(m.member, m.change) for m in w.members] == [("k/lib.so", "differs")]
     assert w.environment == (f"lock_sha256: {'a' * 64} -> {'b' * 64}", "cmake: 4.4.5 -> 4.4.6")
+
+
+def test_check_fails_a_wheel_whose_recorded_environment_or_members_disagree(tmp_path: Path) -> None:
+    import hashlib
+    import zipfile
+
+    from pinwheel.wheels.provenance import SCHEMA, member_digests, write_receipt
+
+    name = "k-0.1.0-py3-none-any.whl"
+    wheel = tmp_path / name
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("k/__init__.py", "")
+        zf.writestr("k-0.1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: x\n"
+                    "Root-Is-Purelib: true\nTag: py3-none-any\n")  # fmt: skip
+        zf.writestr("k-0.1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: k\n"
+                    "Version: 0.1.0\n")  # fmt: skip
+        zf.writestr("k-0.1.0.dist-info/RECORD", "")
+    text = (LOCKS / "cmake-build.txt").read_text()
+    pins = parse_requirements(text, "cmake-build.txt")
+    packages = [{"name": n, "version": v, "from": "lock", "record_sha256": "0" * 64,
+                 "shadowed": False} for n, (v, _h) in sorted(pins.items())]  # fmt: skip
+    packages[0]["from"] = "machine"  # the build imported the machine's copy
+    members = {**member_digests(wheel), "k/__init__.py": "9" * 64}
+    write_receipt(tmp_path, {"schema": SCHEMA, "wheels": {name: hashlib.sha256(
+        wheel.read_bytes()).hexdigest()}, "built": [name], "components": [
+        {"name": "k", "kind": "kernel", "wheel": name, "sha256": "0" * 64, "members": members,
+         "environment": {"lock": "locks/cmake-build.txt",
+                         "lock_sha256": hashlib.sha256(text.encode()).hexdigest(),
+                         "packages": packages}}]})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "pinwheel", "--json", "check", "--arch", "7.0", "--allow-no-cuda",
+         "--no-tools", str(wheel)],
+        capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    out = json.loads(proc.stdout)
+    assert proc.returncode != 0
+    assert f"{name}: {packages[0]['name']} comes from the machine" in " ".join(
+        out["environment_problems"])
+    assert f"{name}: member k/__init__.py differs (provenance vs wheel)" in out["environment_problems"]
