@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -70,6 +71,7 @@ class Interpreter:
     base: str  # the base interpreter's resolved executable
     version: str  # "3.11.7"
     site: tuple[str, ...] = ()  # its package directories (sys.path from the first site dir)
+    markers: tuple[tuple[str, str], ...] = ()  # PEP 508 marker environment of it
 
 
 @dataclass(frozen=True)
@@ -100,8 +102,19 @@ for p in sys.path:
         if p and os.path.isdir(p):
             site.append(os.path.realpath(p))
 base = getattr(sys, "_base_executable", None) or sys.executable
+markers = {
+    "implementation_name": sys.implementation.name,
+    "implementation_version": platform.python_version(),
+    "os_name": os.name, "platform_machine": platform.machine(),
+    "platform_release": platform.release(), "platform_system": platform.system(),
+    "platform_version": platform.version(),
+    "python_full_version": platform.python_version(),
+    "platform_python_implementation": platform.python_implementation(),
+    "python_version": ".".join(platform.python_version_tuple()[:2]),
+    "sys_platform": sys.platform,
+}
 print(json.dumps({"base": os.path.realpath(base), "version": platform.python_version(),
-                  "site": site}))
+                  "site": site, "markers": markers}))
 """
 
 
@@ -116,7 +129,9 @@ def interpreter(python: str) -> Interpreter:
     try:
         data = json.loads(out.text.splitlines()[-1])
         found = Interpreter(str(data["base"]), str(data["version"]),
-                            tuple(str(d) for d in data["site"]))  # fmt: skip
+                            tuple(str(d) for d in data["site"]),
+                            tuple(sorted((str(k), str(v)) for k, v in
+                                         (data.get("markers") or {}).items())))  # fmt: skip
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise LockedVenvError(
             f"the machine Python {python} answered no interpreter description ({exc})",
@@ -137,9 +152,10 @@ def interpreter(python: str) -> Interpreter:
 def ensure(req: LockedVenvRequest) -> LockedVenv:
     """The venv for ``req``, made once (in place, under a file lock, marker last)."""
     text = Path(req.lock).read_text()
-    pins = parse_requirements(text, req.lock_name)
+    parse_requirements(text, req.lock_name)  # every line pinned and hashed, or an error
     lock_sha = hashlib.sha256(text.encode()).hexdigest()
     base = interpreter(req.interpreter)
+    pins = pins_for(text, dict(base.markers))
     overlay = interpreter(req.overlay_from).site if req.overlay_from else ()
     key = hashlib.sha256(
         json.dumps([base.base, base.version, lock_sha, list(overlay)]).encode()
@@ -158,6 +174,30 @@ def ensure(req: LockedVenvRequest) -> LockedVenv:
         if not ok:
             _make(final, req, base, overlay, lock_sha)
     return LockedVenv(final / "bin" / "python", req.lock_name, lock_sha, pins, key, overlay)
+
+
+_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)\s*(?:;\s*(.*?))?\s*(?:--hash|$)")
+
+
+def pins_for(
+    text: str, markers: Mapping[str, str]
+) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The lock's pins that apply to an interpreter (a universal lock holds one line per
+    Python where versions differ: ``numpy==2.4.6 ; python_full_version < '3.12'``).
+    ``markers`` empty: every line (the last one of a name wins)."""
+    from packaging.markers import Marker
+
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.split("#", 1)[0].strip()
+        m = _LINE.match(line)
+        if not m:
+            continue
+        if m.group(3) and markers and not Marker(m.group(3)).evaluate(dict(markers)):
+            continue
+        hashes = tuple(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+        out[canonicalize_name(m.group(1))] = (m.group(2), hashes)
+    return out
 
 
 def _make(
@@ -304,8 +344,21 @@ def recorded_against_lock(record: Mapping[str, Any], root: Path) -> tuple[list[s
     if not name.startswith("locks/") or "/" in name[len("locks/"):] or not path.is_file():
         return [f"the recorded lock {name[:80]!r} is not in this checkout"], []
     text = path.read_text()
-    pins = parse_requirements(text, name)
+    parse_requirements(text, name)
     packages = [p for p in record.get("packages") or [] if isinstance(p, Mapping)]
+    # A universal lock may pin a name once per Python: the recorded build used one of them.
+    versions: dict[str, set[str]] = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        m = _LINE.match(line.split("#", 1)[0].strip())
+        if m:
+            versions.setdefault(canonicalize_name(m.group(1)), set()).add(m.group(2))
+    used: dict[str, str] = {
+        canonicalize_name(str(p.get("name"))): str(p.get("version")) for p in packages
+        if p.get("from") == "lock" and not p.get("shadowed")
+    }  # fmt: skip
+    pins: dict[str, tuple[str, tuple[str, ...]]] = {
+        n: (used[n] if used.get(n) in vs else sorted(vs)[-1], ()) for n, vs in versions.items()
+    }
     found = pin_differences(pins, packages)
     digest = hashlib.sha256(text.encode()).hexdigest()
     if record.get("lock_sha256") == digest:
