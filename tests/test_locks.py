@@ -366,3 +366,14 @@ def test_check_fails_a_wheel_whose_recorded_environment_or_members_disagree(tmp_
     assert f"{name}: {packages[0]['name']} comes from the machine" in " ".join(
         out["environment_problems"])
     assert f"{name}: member k/__init__.py differs (provenance vs wheel)" in out["environment_problems"]
+
+
+def test_a_universal_lock_pins_per_python_and_the_venv_takes_its_own() -> None:
+    text = (LOCKS / "torch-build.txt").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("numpy==")]
+    assert len(lines) == 2 and all(";" in ln for ln in lines)  # one numpy per Python range
+    py311 = lockedvenv.pins_for(text, {"python_full_version": "3.11.7", "python_version": "3.11"})
+    py312 = lockedvenv.pins_for(text, {"python_full_version": "3.12.3", "python_version": "3.12"})
+    assert py311["numpy"][0] != py312["numpy"][0]
+    assert py311["numpy"][0] in lines[0] + lines[1] and py312["numpy"][0] in lines[0] + lines[1]
+    assert py311["setuptools"] == py312["setuptools"] and len(py311["numpy"][1]) > 3
