@@ -20,6 +20,7 @@ the same bytes from any cache path (``--twice`` proves it on one machine).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -35,7 +36,7 @@ from pinwheel import confine, runner
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import frontend, listing, lockedvenv, reuse, toollocks, workspace
 from pinwheel.compile.buildenv import build_env, declared_base
-from pinwheel.compile.canonical import Canonical
+from pinwheel.compile.canonical import CANONICAL_PYTHON, Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
 from pinwheel.compile.invalidate import after_update
 from pinwheel.compile.toolchain import Toolkit
@@ -353,10 +354,47 @@ def torch_library_headers(python: Path, existing: str | None) -> str:
 def _with_declared(
     set_env: Mapping[str, str], base: Mapping[str, str], toolkit: Toolkit | None
 ) -> dict[str, str]:
-    """What pinwheel set plus the declared PATH and HOME: the whole build environment is
-    recorded (canonical spellings), since nothing else is in it."""
+    """What pinwheel set plus the declared PATH, HOME and link lines: the whole build
+    environment is recorded (canonical spellings), since nothing else is in it."""
     full = toolkit.env(base) if toolkit is not None else dict(base)
-    return {**set_env, "PATH": full["PATH"], "HOME": base["HOME"]}
+    links = {k: base[k] for k in ("LDSHARED", "LDCXXSHARED") if k in base}
+    return {**set_env, "PATH": full["PATH"], "HOME": base["HOME"], **links}
+
+
+_LINK_PROBE = (
+    "import json, sys, sysconfig\n"
+    "v = sysconfig.get_config_var\n"
+    "print(json.dumps([v('LDSHARED'), v('LDCXXSHARED'), v('CC'), v('CXX'), v('prefix'),"
+    " sys.base_prefix]))"
+)
+
+
+def python_link_env(python: Path, base: Mapping[str, str]) -> dict[str, str]:
+    """LDSHARED and LDCXXSHARED for a setuptools build: the build interpreter's own link
+    lines with its install prefix at :data:`~pinwheel.compile.canonical.CANONICAL_PYTHON`
+    (and the chosen CC/CXX in front, as setuptools would put them), so no machine's
+    Python location reaches an extension's RUNPATH."""
+    probe = runner.Command((str(python), "-I", "-c", _LINK_PROBE), timeout=120,
+                           error=KernelBuildError, what="the build's link lines")  # fmt: skip
+    out = runner.run(probe)
+    try:
+        ldshared, ldcxx, cc, cxx, prefix, base_prefix = json.loads(out.text.splitlines()[-1])
+    except (ValueError, IndexError) as exc:
+        raise KernelBuildError(f"the build Python gave no link lines ({exc})",
+                               where=str(python)) from exc  # fmt: skip
+    canon = str(CANONICAL_PYTHON)
+    env: dict[str, str] = {}
+    for key, line, compiler, chosen in (("LDSHARED", ldshared, cc, base.get("CC")),
+                                        ("LDCXXSHARED", ldcxx, cxx, base.get("CXX"))):  # fmt: skip
+        if not isinstance(line, str) or not line:
+            continue
+        if chosen and isinstance(compiler, str) and compiler and line.startswith(compiler):
+            line = chosen + line[len(compiler):]
+        for real in sorted({p for p in (prefix, base_prefix) if isinstance(p, str) and
+                            len(p) > 1}, key=len, reverse=True):  # fmt: skip
+            line = line.replace(real, canon)
+        env[key] = line
+    return env
 
 
 def build_kernel(
@@ -393,6 +431,8 @@ def build_kernel(
     home = confine.inside(opts.cache, Path("kernels") / ".home", what="build HOME")
     home.mkdir(parents=True, exist_ok=True)
     base = declared_base(opts.environ, tool_dirs=(str(python.parent),), home=str(home))
+    if spec.builder != "cmake":  # setuptools links with the interpreter's own LDSHARED
+        base.update(python_link_env(python, base))
     _, set_env = build_env(
         config, toolkit=toolkit, source_date_epoch=0, base=base, listing_hook=hook
     )
