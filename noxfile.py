@@ -33,8 +33,12 @@ LOCKS = "locks"  # hashed locks (pinwheel.compile.toollocks): every session inst
 
 def _lock_line(name: str) -> str:
     path = os.path.join(LOCKS, f"{name}.txt")
-    with open(path, "rb") as fh:
-        return f"{path} sha256 {hashlib.sha256(fh.read()).hexdigest()}"
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), path)
+    try:
+        with open(here, "rb") as fh:
+            return f"{path} sha256 {hashlib.sha256(fh.read()).hexdigest()}"
+    except OSError as exc:
+        return f"{path} (not readable: {exc.strerror})"
 
 
 def _install_locked(session: nox.Session, lock: str) -> None:
