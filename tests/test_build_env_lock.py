@@ -291,3 +291,9 @@ def test_torch_extension_is_one_sha256_from_torch_pythons_with_other_build_tools
     assert any(p["name"] == "torch" and p["from"] == "machine" for p in env_a["packages"])
     leaks = _scan(a["path"], _machine_paths(tmp_path, torch_site, *launchers.values()))
     assert not leaks, leaks
+    with zipfile.ZipFile(a["path"]) as zf:  # no RUNPATH at all (was the Python's prefix/lib)
+        (so,) = [n for n in zf.namelist() if n.endswith(".so")]
+        extracted = tmp_path / "ext.so"
+        extracted.write_bytes(zf.read(so))
+    dyn = subprocess.run(["readelf", "-d", str(extracted)], capture_output=True, text=True).stdout
+    assert "RPATH" not in dyn and "RUNPATH" not in dyn, dyn

@@ -40,10 +40,6 @@ from pinwheel import runner
 CANONICAL_ROOT = Path("/tmp/pinwheel-canonical")
 CANONICAL_CACHE = CANONICAL_ROOT / "cache"
 CANONICAL_TOOLKIT = CANONICAL_ROOT / "toolkit"  # a CUDA toolkit installed outside the cache
-# The build interpreter's install prefix as a build sees it in link lines: a Python's
-# sysconfig carries its configure-time prefix (pyenv's LDSHARED: -Wl,-rpath,<prefix>/lib),
-# which setuptools writes into every extension's RUNPATH.
-CANONICAL_PYTHON = CANONICAL_ROOT / "python"
 
 NAMESPACE = "mount-namespace"
 PREFIX_MAP = "prefix-map"
@@ -258,7 +254,6 @@ def _namespace_refused(path: str) -> str | None:
 
 __all__ = [
     "CANONICAL_CACHE",
-    "CANONICAL_PYTHON",
     "CANONICAL_ROOT",
     "CANONICAL_TOOLKIT",
     "NAMESPACE",

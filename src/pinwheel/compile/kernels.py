@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -36,7 +37,7 @@ from pinwheel import confine, runner
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import frontend, listing, lockedvenv, reuse, toollocks, workspace
 from pinwheel.compile.buildenv import build_env, declared_base
-from pinwheel.compile.canonical import CANONICAL_PYTHON, Canonical
+from pinwheel.compile.canonical import Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
 from pinwheel.compile.invalidate import after_update
 from pinwheel.compile.toolchain import Toolkit
@@ -371,9 +372,9 @@ _LINK_PROBE = (
 
 def python_link_env(python: Path, base: Mapping[str, str]) -> dict[str, str]:
     """LDSHARED and LDCXXSHARED for a setuptools build: the build interpreter's own link
-    lines with its install prefix at :data:`~pinwheel.compile.canonical.CANONICAL_PYTHON`
-    (and the chosen CC/CXX in front, as setuptools would put them), so no machine's
-    Python location reaches an extension's RUNPATH."""
+    lines less every word naming its install prefix (and the chosen CC/CXX in front, as
+    setuptools would put them), so no machine's Python location reaches an extension's
+    RUNPATH (pyenv's LDSHARED carries ``-Wl,-rpath,<prefix>/lib``)."""
     probe = runner.Command((str(python), "-I", "-c", _LINK_PROBE), timeout=120,
                            error=KernelBuildError, what="the build's link lines")  # fmt: skip
     out = runner.run(probe)
@@ -382,7 +383,6 @@ def python_link_env(python: Path, base: Mapping[str, str]) -> dict[str, str]:
     except (ValueError, IndexError) as exc:
         raise KernelBuildError(f"the build Python gave no link lines ({exc})",
                                where=str(python)) from exc  # fmt: skip
-    canon = str(CANONICAL_PYTHON)
     env: dict[str, str] = {}
     for key, line, compiler, chosen in (("LDSHARED", ldshared, cc, base.get("CC")),
                                         ("LDCXXSHARED", ldcxx, cxx, base.get("CXX"))):  # fmt: skip
@@ -390,10 +390,11 @@ def python_link_env(python: Path, base: Mapping[str, str]) -> dict[str, str]:
             continue
         if chosen and isinstance(compiler, str) and compiler and line.startswith(compiler):
             line = chosen + line[len(compiler):]
-        for real in sorted({p for p in (prefix, base_prefix) if isinstance(p, str) and
-                            len(p) > 1}, key=len, reverse=True):  # fmt: skip
-            line = line.replace(real, canon)
-        env[key] = line
+        prefixes = [p for p in (prefix, base_prefix) if isinstance(p, str) and len(p) > 1]
+        # -L<prefix>/lib and -Wl,-rpath,<prefix>/lib: dropped (an extension module never links
+        # libpython on Linux, and a RUNPATH under a world-writable /tmp would be a hijack).
+        words = [w for w in shlex.split(line) if not any(p in w for p in prefixes)]
+        env[key] = shlex.join(words)
     return env
 
 
