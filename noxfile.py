@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -35,12 +36,36 @@ def _ci() -> dict[str, str]:
 
 
 PYTHONS = ["3.11"]
+LOCKS = "locks"  # hashed locks (pinwheel.compile.toollocks): every session installs from one
+
+
+def _lock_line(name: str) -> str:
+    path = os.path.join(LOCKS, f"{name}.txt")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), path)
+    try:
+        with open(here, "rb") as fh:
+            return f"{path} sha256 {hashlib.sha256(fh.read()).hexdigest()}"
+    except OSError as exc:
+        return f"{path} (not readable: {exc.strerror})"
+
+
+def _install_locked(session: nox.Session, lock: str) -> None:
+    """pinwheel's dependencies from ``locks/<lock>.txt`` (hashes required, nothing
+    unlisted), then pinwheel itself from the checkout with no dependencies and no build
+    isolation (its backend is in the lock too)."""
+    session.log(f"installing from {_lock_line(lock)} (--require-hashes)")
+    session.install("--require-hashes", "--no-deps", "-r", os.path.join(LOCKS, f"{lock}.txt"))
+    session.install("--no-deps", "--no-build-isolation", "-e", ".")
+
+
+# nox itself: .ci/run and the README install it from locks/nox.txt; say which.
+print(f"nox from {_lock_line('nox')}", file=sys.stderr)
 
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Unit and integration tests on real git repos, files and local servers."""
-    session.install("-e", ".[test,build]")
+    _install_locked(session, "tests")
     session.run("pytest", "-m", "not slow", *session.posargs, env=_ci())
 
 
@@ -67,7 +92,7 @@ def terminal(session: nox.Session) -> None:
     """The tests session's selection in a 120-column pseudo-terminal, then the tests of
     terminal-facing output at 200 columns: no test may read the caller's width, colour or
     TTY by accident (a piped run, as CI's, cannot see that)."""
-    session.install("-e", ".[test,build]")
+    _install_locked(session, "tests")
     pty = ["python", "tests/ptyrun.py", "--columns"]
     session.run(*pty, "120", "--", "pytest", "-m", "not slow", "-q", *session.posargs, env=_ci())
     session.run(*pty, "200", "--", "pytest", "-m", "not slow", "-q", *TERMINAL_TESTS, env=_ci())
@@ -76,7 +101,7 @@ def terminal(session: nox.Session) -> None:
 @nox.session(python=PYTHONS)
 def lint(session: nox.Session) -> None:
     """ruff over everything, mypy over src/."""
-    session.install("-e", ".[lint]")
+    _install_locked(session, "lint")
     session.run("ruff", "check", "src", "tests", "bench", "noxfile.py")
     session.run("mypy", "src")
     # --strict where the contracts live: the foundation, the manifest and the wheel-set
@@ -87,7 +112,7 @@ def lint(session: nox.Session) -> None:
 def kernels(session: nox.Session) -> None:
     """Provision CUDA 12.x, build the in-tree kernel wheel twice, check it; then the check's
     real-nvcc fatbin test with that toolkit's nvcc on PATH (it must run, not skip)."""
-    session.install("-e", ".[test,kernels,build]")
+    _install_locked(session, "kernels")
     session.run("pytest", "-m", "slow and kernels", "-s", *session.posargs, env=_ci())
     # The one CUDA 12.4 copy of the test cache: pinwheel's test cache, where the other
     # sessions' builds find it (progress on stderr: sizes first, then bytes).
@@ -108,7 +133,7 @@ def bootstrap(session: nox.Session) -> None:
     """Slow tests that are neither kernels nor qualify: tools/replay's fresh-clone bootstrap
     (pip installs from the package index) and the CUDA 13 wheel toolkit when its wheels are
     given (PINWHEEL_CU13_WHEELS)."""
-    session.install("-e", ".[test]")
+    _install_locked(session, "tests")
     session.run(
         "pytest", "-m", "slow and not kernels and not qualify and not flash_attn and not upstream",
         "-rs", *session.posargs, env=dict(os.environ),
@@ -118,7 +143,7 @@ def bootstrap(session: nox.Session) -> None:
 @nox.session(name="flash-attn", python=PYTHONS)
 def flash_attn(session: nox.Session) -> None:
     """flash-attention-v100 with torch 2.9.1 CUDAExtension: heavy, not in the default run."""
-    session.install("-e", ".[test,kernels]")
+    _install_locked(session, "kernels")
     session.run("pytest", "-m", "flash_attn", "-s", *session.posargs, env=dict(os.environ))
 
 
@@ -126,7 +151,7 @@ def flash_attn(session: nox.Session) -> None:
 def qualify_cpu(session: nox.Session) -> None:
     """End-to-end qualification against a real CPU vLLM server (venv + model cached in
     $PINWHEEL_TEST_CACHE, default ~/.cache/pinwheel-test)."""
-    session.install("-e", ".[test,qualify]")
+    _install_locked(session, "qualify")
     # -s: the server venv's download (~3 GB, sizes said first) shows on the screen
     session.run(
         "pytest", "-m", "slow and qualify", "-s", *session.posargs, env={**os.environ, **_ci()}
@@ -140,7 +165,15 @@ def upstream(session: nox.Session) -> None:
     Needs PINWHEEL_MIRRORS mapping https://github.com/1CatAI/1Cat-vLLM.git to a
     local mirror; without it the tests skip and the benchmark is not run.
     """
-    session.install("-e", ".[test]")
+    _install_locked(session, "tests")
     session.run("pytest", "-m", "upstream", "-rs", *session.posargs, env=dict(os.environ))
     if "PINWHEEL_MIRRORS" in os.environ:
         session.run("python", "bench/replay.py", "--runs", "5", env=dict(os.environ))
+
+
+@nox.session(python=PYTHONS)
+def lock(session: nox.Session) -> None:
+    """Regenerate every hashed lock in locks/ (uv pip compile) and show the diff; after
+    merging a branch that adds a dependency, run this and commit locks/."""
+    _install_locked(session, "tests")  # uv comes with the test extra
+    session.run("pinwheel", "lock", "--tools", *session.posargs)

@@ -119,8 +119,11 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
         spec = spec_from_build(build, **overrides)
     report = check_wheels(args.wheels, spec)
     stated, problems = _toolchain_statement(ctx, args)
+    env_problems, env_notes = _environment_statement(args)
     if ctx.json:
-        ctx.emit(report.to_json() | {"substitutions": stated, "toolchain_problems": problems})
+        ctx.emit(report.to_json() | {"substitutions": stated, "toolchain_problems": problems,
+                                     "environment_problems": env_problems,
+                                     "environment_notes": env_notes})  # fmt: skip
     else:
         from pinwheel.wheels.substitute import from_receipt, headline
 
@@ -128,8 +131,44 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
         if stated:
             lines.insert(0, str(headline(from_receipt({"substitutions": stated}))))
         lines += [f"FAIL toolchain: {p}" for p in problems]
+        lines += [f"FAIL build environment: {p}" for p in env_problems]
+        lines += [f"note build environment: {n}" for n in env_notes]
         print(shown("\n".join(lines)))
-    return 0 if report.ok and not problems else EXIT_VERIFY
+    return 0 if report.ok and not problems and not env_problems else EXIT_VERIFY
+
+
+def _environment_statement(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """Each checked wheel's recorded build environment against the checkout's lock, and its
+    recorded member digests against its members (provenance.json beside the wheels)."""
+    from pinwheel.compile.lockedvenv import recorded_against_lock
+    from pinwheel.compile.toollocks import repo_root
+    from pinwheel.wheels.provenance import (
+        FILENAME,
+        member_differences,
+        member_digests,
+        read_receipt,
+    )
+
+    problems: list[str] = []
+    notes: list[str] = []
+    root = repo_root()
+    for wheel in map(Path, args.wheels):
+        receipt_path = wheel.absolute().parent / FILENAME
+        if not receipt_path.is_file():
+            continue
+        entry = next((c for c in read_receipt(receipt_path).get("components") or []
+                      if isinstance(c, dict) and c.get("wheel") == wheel.name), None)  # fmt: skip
+        if entry is None:
+            continue
+        env = entry.get("environment")
+        if isinstance(env, dict) and root is not None:
+            found, said = recorded_against_lock(env, root)
+            problems += [f"{wheel.name}: {p}" for p in found]
+            notes += [f"{wheel.name}: {n}" for n in said]
+        if isinstance(entry.get("members"), dict) and wheel.is_file():
+            for member, change in member_differences(entry["members"], member_digests(wheel)):
+                problems.append(f"{wheel.name}: member {member} {change} (provenance vs wheel)")
+    return problems, notes
 
 
 def _toolchain_statement(

@@ -203,6 +203,8 @@ def cmd_plan(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_lock(ctx: Context, args: argparse.Namespace) -> int:
+    if args.tools:
+        return _lock_tools(ctx, args)
     from pinwheel.source.lock import lock_manifest
 
     outcome = lock_manifest(
@@ -229,6 +231,43 @@ def cmd_lock(ctx: Context, args: argparse.Namespace) -> int:
         "\n".join([*(human or ["  nothing to change"]), *trees]),
     )
     return 0
+
+
+def _lock_tools(ctx: Context, args: argparse.Namespace) -> int:
+    """``lock --tools``: regenerate the hashed locks in locks/ and show what moved."""
+    import shutil
+    import sys
+
+    from pinwheel.compile.toollocks import LockError, refresh, repo_root
+
+    root = repo_root()
+    if root is None:
+        raise LockError(
+            "no locks/ beside this pinwheel: `lock --tools` rewrites a checkout's locks",
+            where="locks/",
+            next="run it from the pinwheel checkout (tools/replay lock --tools, nox -s lock)",
+        )
+    here = Path(sys.executable).parent / "uv"
+    uv = str(here) if here.is_file() else shutil.which("uv", path=ctx.environ.get("PATH"))
+    if uv is None:
+        raise LockError(
+            "uv is needed to regenerate the locks and is not installed here",
+            where="lock --tools",
+            next="run it through tools/replay (its venv has uv) or `nox -s lock`",
+        )
+    done = refresh(root, uv, ctx.environ, check=args.check)
+    lines = []
+    for r in done:
+        state = "unchanged" if not r.changed else ("would change" if args.check else "rewritten")
+        lines.append(f"{r.path}: sha256 {r.new_sha256} ({state})")
+        if r.changed and not r.diff:
+            lines.append("  same versions, new hashes (a file was added or removed upstream)")
+        lines += ["  " + d for d in r.diff.splitlines()]
+    ctx.emit(
+        {"locks": [{**r.__dict__, "changed": r.changed} for r in done], "check": args.check},
+        "\n".join(lines),
+    )
+    return 1 if args.check and any(r.changed for r in done) else 0
 
 
 def _lock_value(value: Any) -> str:
@@ -369,6 +408,13 @@ def register(sub: Any) -> None:
     p = command(sub, "lock", "pin short SHAs, PR heads, commits and the tree in place", cmd_lock)
     p.add_argument("--update-base", action="store_true", help="move the base to the branch tip")
     p.add_argument("--update-heads", action="store_true", help="move PR heads to upstream's")
+    p.add_argument(
+        "--tools", action="store_true",
+        help="instead: regenerate the hashed locks in locks/ (pinwheel's own environments, nox, "
+        "the build tools) with uv and show the diff",
+    )  # fmt: skip
+    p.add_argument("--check", action="store_true",
+                   help="with --tools: write nothing; exit 1 when a lock would change")
     _component_arg(p)
     p = command(sub, "drift", "compare the manifest with upstream now", cmd_drift)
     _component_arg(p)

@@ -20,8 +20,10 @@ the same bytes from any cache path (``--twice`` proves it on one machine).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -33,8 +35,8 @@ from typing import Any
 
 from pinwheel import confine, runner
 from pinwheel.checksums import sha256_file
-from pinwheel.compile import frontend, listing, objstore, reuse, workspace
-from pinwheel.compile.buildenv import build_env
+from pinwheel.compile import frontend, listing, lockedvenv, objstore, reuse, toollocks, workspace
+from pinwheel.compile.buildenv import build_env, declared_base
 from pinwheel.compile.canonical import Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
 from pinwheel.compile.invalidate import after_update
@@ -185,15 +187,34 @@ def _run(
 
 TORCH_VENV_READY = ".pinwheel-ready"  # in a torch venv pinwheel made (its headers' times fixed)
 
-# Beside torch: what setup.py-based CUDA extensions import at build time.
-# setuptools >= 77 reads PEP 639 license strings (flash-attention-v100 has one).
-TORCH_BUILD_REQS = ("setuptools>=77", "wheel", "ninja", "packaging", "numpy", "psutil")
+# Beside torch, what setup.py-based CUDA extensions import at build time (setuptools,
+# wheel, ninja, packaging, numpy, psutil) and the CMake kernels' scikit-build-core, cmake
+# and ninja: from the hashed locks locks/torch-build.txt and locks/cmake-build.txt, in a
+# venv of their own (pinwheel.compile.lockedvenv), never from the machine or pinwheel's venv.
+TORCH_BUILD_LOCK = "torch-build"
+CMAKE_BUILD_LOCK = "cmake-build"
+
+
+def locked_build_venv(
+    lock: str, interpreter: str, opts: BuildOptions, *, overlay_from: str | None = None
+) -> lockedvenv.LockedVenv:
+    """The build tools' venv from ``locks/<lock>.txt`` on ``interpreter`` (made once)."""
+    path = toollocks.lock_path(lock)
+    req = lockedvenv.LockedVenvRequest(
+        lock=path, lock_name=f"{toollocks.LOCK_DIR}/{path.name}", interpreter=interpreter,
+        cache=opts.cache, environ=opts.environ, kind=lock, overlay_from=overlay_from,
+        # offline machines: the locked wheels from a folder (hashes still required)
+        wheelhouse=Path(opts.environ["PINWHEEL_WHEELHOUSE"])
+        if opts.environ.get("PINWHEEL_WHEELHOUSE") else None,
+    )  # fmt: skip
+    return lockedvenv.ensure(req)
 
 
 def torch_venv(
     config: BuildConfig, cache: Path, reporter: Reporter, environ: Mapping[str, str]
 ) -> Path:
-    """A venv with ``[build].torch`` and the build tools torch extensions need; made once.
+    """A Python with ``[build].torch`` (a venv made once, or the machine's); the build tools
+    come from :func:`locked_build_venv` in front of it.
 
     torch comes from ``[build] torch_index`` when the manifest pins one (so a
     cu130 build gets the cu130 torch, never whatever the default index serves).
@@ -218,7 +239,7 @@ def torch_venv(
     name = re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".")
     venv = confine.inside(cache, Path("venvs") / name, what="torch venv")
     python = venv / "bin" / "python"
-    reqs = (f"torch=={config.torch}", *TORCH_BUILD_REQS)
+    reqs = (f"torch=={config.torch}",)
     marker = venv / TORCH_VENV_READY
     record = [*reqs, *([f"index={config.torch_index}"] if config.torch_index else [])]
     if marker.is_file() and marker.read_text().split() == record:
@@ -246,13 +267,14 @@ def torch_venv(
                 what=f"installing torch=={config.torch} from {config.torch_index}",
                 log_file=venv.with_suffix(".log"),
             )
-        _run(
-            [*pip, *(reqs[1:] if config.torch_index else reqs)],
-            cwd=cache,
-            env=environ,
-            what=f"installing torch=={config.torch}",
-            log_file=venv.with_suffix(".log"),
-        )
+        else:
+            _run(
+                [*pip, *reqs],
+                cwd=cache,
+                env=environ,
+                what=f"installing torch=={config.torch}",
+                log_file=venv.with_suffix(".log"),
+            )
     workspace.fix_header_times(venv)  # torch's headers reach the cubins' line tables
     marker.write_text("\n".join(record) + "\n")
     return python
@@ -322,6 +344,52 @@ def torch_library_headers(python: Path, existing: str | None) -> str:
     return os.pathsep.join([*found, *([existing] if existing else [])])
 
 
+def _with_declared(
+    set_env: Mapping[str, str], base: Mapping[str, str], toolkit: Toolkit | None
+) -> dict[str, str]:
+    """What pinwheel set plus the declared PATH, HOME and link lines: the whole build
+    environment is recorded (canonical spellings), since nothing else is in it."""
+    full = toolkit.env(base) if toolkit is not None else dict(base)
+    links = {k: base[k] for k in ("LDSHARED", "LDCXXSHARED") if k in base}
+    return {**set_env, "PATH": full["PATH"], "HOME": base["HOME"], **links}
+
+
+_LINK_PROBE = (
+    "import json, sys, sysconfig\n"
+    "v = sysconfig.get_config_var\n"
+    "print(json.dumps([v('LDSHARED'), v('LDCXXSHARED'), v('CC'), v('CXX'), v('prefix'),"
+    " sys.base_prefix]))"
+)
+
+
+def python_link_env(python: Path, base: Mapping[str, str]) -> dict[str, str]:
+    """LDSHARED and LDCXXSHARED for a setuptools build: the build interpreter's own link
+    lines less every word naming its install prefix (and the chosen CC/CXX in front, as
+    setuptools would put them), so no machine's Python location reaches an extension's
+    RUNPATH (pyenv's LDSHARED carries ``-Wl,-rpath,<prefix>/lib``)."""
+    probe = runner.Command((str(python), "-I", "-c", _LINK_PROBE), timeout=120,
+                           error=KernelBuildError, what="the build's link lines")  # fmt: skip
+    out = runner.run(probe)
+    try:
+        ldshared, ldcxx, cc, cxx, prefix, base_prefix = json.loads(out.text.splitlines()[-1])
+    except (ValueError, IndexError) as exc:
+        raise KernelBuildError(f"the build Python gave no link lines ({exc})",
+                               where=str(python)) from exc  # fmt: skip
+    env: dict[str, str] = {}
+    for key, line, compiler, chosen in (("LDSHARED", ldshared, cc, base.get("CC")),
+                                        ("LDCXXSHARED", ldcxx, cxx, base.get("CXX"))):  # fmt: skip
+        if not isinstance(line, str) or not line:
+            continue
+        if chosen and isinstance(compiler, str) and compiler and line.startswith(compiler):
+            line = chosen + line[len(compiler):]
+        prefixes = [p for p in (prefix, base_prefix) if isinstance(p, str) and len(p) > 1]
+        # -L<prefix>/lib and -Wl,-rpath,<prefix>/lib: dropped (an extension module never links
+        # libpython on Linux, and a RUNPATH under a world-writable /tmp would be a hijack).
+        words = [w for w in shlex.split(line) if not any(p in w for p in prefixes)]
+        env[key] = shlex.join(words)
+    return env
+
+
 def build_kernel(
     spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions
 ) -> Built:
@@ -345,22 +413,38 @@ def _build_kernel(
     work = workdir(spec, opts)
     torch_version: str | None = None
     if spec.builder == "cmake":
-        python = Path(sys.executable)
-        _require_modules(python, ("scikit_build_core", "cmake", "ninja"), spec)
+        venv = locked_build_venv(CMAKE_BUILD_LOCK, sys.executable, opts)
+        torch_python = None
     else:
-        python = torch_venv(config, opts.cache, opts.reporter, opts.environ)
+        torch_python = torch_venv(config, opts.cache, opts.reporter, opts.environ)
+        venv = locked_build_venv(
+            TORCH_BUILD_LOCK, str(torch_python), opts, overlay_from=str(torch_python)
+        )
+    python = venv.python
+    # Before anything compiles: the build's Python imports exactly the lock (and, for a
+    # torch extension, torch and its dependencies from the machine); listed for provenance.
+    environment = lockedvenv.checked(venv, spec.where)
+    if torch_python is not None:
         torch_version = _torch_version(python)
     # SOURCE_DATE_EPOCH is left out of the identity: the staged tree's date does not
     # change what compiles.
     hook = str(listing.install(opts.cache))
+    # Declared values only: nothing of the caller's PATH, PYTHONPATH or flags (buildenv).
+    home = confine.inside(opts.cache, Path("kernels") / ".home", what="build HOME")
+    home.mkdir(parents=True, exist_ok=True)
+    base = declared_base(opts.environ, tool_dirs=(str(python.parent),), home=str(home))
+    if spec.builder != "cmake":  # setuptools links with the interpreter's own LDSHARED
+        base.update(python_link_env(python, base))
     _, set_env = build_env(
-        config, toolkit=toolkit, source_date_epoch=0, base=opts.environ, listing_hook=hook
+        config, toolkit=toolkit, source_date_epoch=0, base=base, listing_hook=hook
     )
+    set_env = _with_declared(set_env, base, toolkit)
     placeholders = {str(Path(work).absolute()): "$WORK", str(opts.cache.absolute()): "$CACHE"}
     identity = reuse.identity(
         {k: canon.recorded(v) for k, v in set_env.items()}, toolkit=toolkit, python=str(python),
         builder=spec.builder, placeholders=placeholders,
-        inputs={"torch": torch_version} if torch_version else None,  # its headers are compiled in
+        inputs={"build_env": venv.lock_sha256,  # the locked backend writes the wheel
+                **({"torch": torch_version} if torch_version else {})},  # its headers compile in
     )  # fmt: skip
     key = workspace.key_of({"identity": identity, "canonical": canon.record()})
     kept = workspace.prepare(work, key, cold=opts.cold)
@@ -369,9 +453,10 @@ def _build_kernel(
     interrupted = workspace.begin_update(work)
     staged = stage_in_tree(spec, opts) if spec.in_tree else stage_out_of_tree(spec, opts)
     env, set_env = build_env(
-        config, toolkit=toolkit, source_date_epoch=staged.source_date_epoch, base=opts.environ,
+        config, toolkit=toolkit, source_date_epoch=staged.source_date_epoch, base=base,
         listing_hook=hook,
     )  # fmt: skip
+    set_env = _with_declared(set_env, base, toolkit)
     dist = work / "dist"
     if spec.builder == "cmake":
         extra = [
@@ -381,15 +466,15 @@ def _build_kernel(
         ]
     else:
         extra = []
-        env["PATH"] = os.pathsep.join([str(python.parent), env["PATH"]])
-        env["CPATH"] = torch_library_headers(python, env.get("CPATH"))
+        assert torch_python is not None
+        env["CPATH"] = torch_library_headers(torch_python, env.get("CPATH"))
 
     def record(compiled_inputs: Mapping[str, Any], **more: Any) -> BuildRecord:
         return BuildRecord(
             builder=spec.builder, source_date_epoch=staged.source_date_epoch,
             env={k: canon.recorded(v) for k, v in sorted(set_env.items())},
             arches=tuple(str(a) for a in config.targets), canonical=canon.record(),
-            compiled_inputs=compiled_inputs, **more,
+            compiled_inputs=compiled_inputs, environment=environment, **more,
         )  # fmt: skip
 
     source = {"origin": staged.origin, "url": spec.url, "commit": spec.commit,
@@ -477,20 +562,6 @@ def _build_kernel(
         component=spec.name, kind="kernel", wheel=built[0],
         seconds=time.monotonic() - started, source=source, build=made,
     )  # fmt: skip
-
-
-def _require_modules(python: Path, modules: tuple[str, ...], spec: KernelSpec) -> None:
-    probe = (
-        "import importlib.util, sys; "
-        "sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))"
-    )
-    if not runner.run(runner.Command((str(python), "-c", probe, *modules), check=False)).ok:
-        raise KernelBuildError(
-            f"building {spec.name} needs {', '.join(modules)} in this Python",
-            where=spec.where,
-            next="run it through tools/replay (it installs the kernels extra), "
-            "or from the checkout: pip install -e '.[kernels]'",
-        )
 
 
 def build_twice(

@@ -285,6 +285,7 @@ def build(
         request.replayed,
         toolchain=facts,
         arches=[str(a) for a in config.targets],
+        pinwheel_env=_own_environment(),
     )
     payload["torch"] = torch_pin(config, facts.torch, built)
     payload["substitutions"] = substitutions_json(choice.substitutions)
@@ -350,6 +351,17 @@ def _plain_tagger(built: Any) -> Any:
     from pinwheel.wheels.wheelset import _tagged
 
     return _tagged(built)
+
+
+def _own_environment() -> dict[str, Any]:
+    """pinwheel's own environment for provenance: tools/replay's lock and its digest, whether
+    the running packages match it, pygit2 and libgit2 (they make the replayed commits)."""
+    from pinwheel.compile.toollocks import LOCK_DIR, repo_root
+    from pinwheel.wheels.provenance import pinwheel_environment
+
+    root = repo_root()
+    lock = root / LOCK_DIR / "replay.txt" if root is not None else None
+    return pinwheel_environment(lock, f"{LOCK_DIR}/replay.txt" if lock is not None else None)
 
 
 def foreign_header_dirs(

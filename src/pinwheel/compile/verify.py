@@ -22,7 +22,12 @@ from pinwheel.checksums import sha256_file
 from pinwheel.compile.pipeline import BuildRequest, build
 from pinwheel.errors import EXIT_MISMATCH, MismatchError, VerifyError
 from pinwheel.progress import SILENT, Reporter
-from pinwheel.wheels.provenance import FILENAME, read_receipt
+from pinwheel.wheels.provenance import (
+    FILENAME,
+    environment_differences,
+    member_differences,
+    read_receipt,
+)
 from pinwheel.wheels.wheeldiff import MemberDiff, diff_members
 
 
@@ -33,6 +38,7 @@ class WheelComparison:
     rebuilt: str | None  # None: the rebuild made no wheel of that name
     members: tuple[MemberDiff, ...] = ()
     diffoscope: str | None = None
+    environment: tuple[str, ...] = ()  # how the build environments differ (provenance)
 
     @property
     def same(self) -> bool:
@@ -59,6 +65,7 @@ class RebuildComparison:
                     "same": w.same,
                     "members": [{"member": m.member, "change": m.change} for m in w.members],
                     "diffoscope": w.diffoscope,
+                    "environment": list(w.environment),
                 }
                 for w in self.wheels
             ],
@@ -67,9 +74,12 @@ class RebuildComparison:
     def human_lines(self) -> list[str]:
         lines = []
         for w in self.wheels:
+            env = [f"    build environment: {d}" for d in w.environment]
             if w.same:
                 lines.append(f"same     {w.recorded}  {w.wheel}")
+                lines += env
                 continue
+            lines += env
             lines.append(f"DIFFERS  {w.wheel}: recorded {w.recorded}, rebuilt {w.rebuilt}")
             lines += [f"    {m.change}: {m.member}" for m in w.members]
             if w.diffoscope:
@@ -95,6 +105,18 @@ def compare_builds(recorded_dir: Path, rebuilt_dir: Path) -> RebuildComparison:
     """Compare every wheel the recorded set holds with the rebuild's wheel of the same name."""
     recorded = read_receipt(Path(recorded_dir) / FILENAME)
     names = [c.wheel for c in recorded.components] or list(recorded.doc.built)
+    rebuilt_receipt = (
+        read_receipt(Path(rebuilt_dir) / FILENAME)
+        if (Path(rebuilt_dir) / FILENAME).is_file()
+        else {}
+    )
+
+    def entry(receipt: Mapping[str, Any], wheel: str) -> Mapping[str, Any]:
+        for c in receipt.get("components") or []:
+            if isinstance(c, dict) and c.get("wheel") == wheel:
+                return c
+        return {}
+
     results = []
     for name in sorted(names):
         if validate.wheel_name_problem(name):
@@ -113,15 +135,20 @@ def compare_builds(recorded_dir: Path, rebuilt_dir: Path) -> RebuildComparison:
         ours = Path(recorded_dir) / name
         theirs = Path(rebuilt_dir) / name
         got = sha256_file(theirs) if theirs.is_file() else None
+        a, b = entry(recorded, name), entry(rebuilt_receipt, name)
+        env = tuple(environment_differences(a.get("environment"), b.get("environment")))
         if got == want:
-            results.append(WheelComparison(name, want, got))
+            results.append(WheelComparison(name, want, got, environment=env))
             continue
         members: tuple[MemberDiff, ...] = ()
         diffo = None
         if got is not None and ours.is_file():
             members = diff_members(ours, theirs)
             diffo = _diffoscope(ours, theirs)
-        results.append(WheelComparison(name, want, got, members, diffo))
+        elif a.get("members") and b.get("members"):  # the recorded wheel is not here
+            members = tuple(MemberDiff(m, c) for m, c in member_differences(a["members"],
+                                                                            b["members"]))
+        results.append(WheelComparison(name, want, got, members, diffo, env))
     return RebuildComparison(tuple(results))
 
 

@@ -79,6 +79,114 @@ def toolchain_facts(
     )
 
 
+def member_digests(wheel: Path) -> dict[str, str]:
+    """Each member of ``wheel`` (one pinwheel just built and checked) with its sha256: two
+    builders see which member differs without exchanging wheels."""
+    import hashlib
+    import zipfile
+
+    out: dict[str, str] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if info.is_dir():
+                continue
+            h = hashlib.sha256()
+            with zf.open(info) as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            out[info.filename] = h.hexdigest()
+    return dict(sorted(out.items()))
+
+
+def environment_differences(
+    recorded: Mapping[str, Any] | None, rebuilt: Mapping[str, Any] | None
+) -> list[str]:
+    """How two builds' environments (a component's ``environment``) differ: the lock, then each
+    package by name (version, RECORD sha256, lock or machine)."""
+    if not recorded and not rebuilt:
+        return []
+    if not recorded or not rebuilt:
+        return ["one build records no build environment"]
+    out = []
+    for key in ("lock", "lock_sha256"):
+        if recorded.get(key) != rebuilt.get(key):
+            out.append(f"{key}: {recorded.get(key)} -> {rebuilt.get(key)}")
+
+    def by_name(env: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+        return {
+            str(p.get("name")): (p.get("version"), p.get("record_sha256"), p.get("from"))
+            for p in env.get("packages") or [] if isinstance(p, Mapping) and not p.get("shadowed")
+        }  # fmt: skip
+
+    a, b = by_name(recorded), by_name(rebuilt)
+    for name in sorted(set(a) | set(b)):
+        if a.get(name) != b.get(name):
+            old, new = a.get(name), b.get(name)
+            out.append(f"{name}: {old[0] if old else 'absent'} -> {new[0] if new else 'absent'}"
+                       + (" (other files)" if old and new and old[0] == new[0] else ""))
+    return out
+
+
+def member_differences(
+    recorded: Mapping[str, str] | None, rebuilt: Mapping[str, str] | None
+) -> list[tuple[str, str]]:
+    """(member, change) from two builds' published member digests, no wheel needed."""
+    a, b = dict(recorded or {}), dict(rebuilt or {})
+    out = []
+    for name in sorted(set(a) | set(b)):
+        if name not in b:
+            out.append((name, "only in recorded"))
+        elif name not in a:
+            out.append((name, "only in rebuilt"))
+        elif a[name] != b[name]:
+            out.append((name, "differs"))
+    return out
+
+
+def pinwheel_environment(lock: Path | None, lock_name: str | None) -> dict[str, Any]:
+    """pinwheel's own environment as the build ran it: the lock it was installed from (name
+    and sha256; None for a copy installed without one), whether the running packages are
+    the lock's, and the git library whose merges decide the replayed commits."""
+    import importlib.metadata as md
+
+    import pygit2
+
+    facts: dict[str, Any] = {
+        "lock": lock_name,
+        "lock_sha256": None,
+        "differs": None,
+        "pygit2": getattr(pygit2, "__version__", None),
+        "libgit2": getattr(pygit2, "LIBGIT2_VERSION", None),
+    }
+    if lock is None or not lock.is_file():
+        return facts
+    import hashlib
+
+    text = lock.read_text()
+    facts["lock_sha256"] = hashlib.sha256(text.encode()).hexdigest()
+    differs = []
+    for line in text.replace("\\\n", " ").splitlines():
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)(?:\s*;\s*([^\\#]+?))?\s*(?:--|$)",
+                     line.strip())
+        if not m:
+            continue
+        name, version, marker = m.group(1), m.group(2), m.group(3)
+        if marker:
+            from packaging.markers import Marker
+
+            if not Marker(marker.strip()).evaluate():
+                continue
+        try:
+            got = md.version(name)
+        except md.PackageNotFoundError:
+            differs.append(f"{name}=={version} not installed")
+            continue
+        if got != version:
+            differs.append(f"{name} {got}, the lock says {version}")
+    facts["differs"] = differs
+    return facts
+
+
 def host_facts() -> dict[str, Any]:
     """What about the build machine could change the output (no host name, no user)."""
     facts: dict[str, Any] = {
@@ -133,6 +241,7 @@ def receipt(
     toolchain: ToolchainFacts,
     arches: list[str],
     host: Mapping[str, Any] | None = None,
+    pinwheel_env: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The receipt of a wheel set, minus what :func:`pinwheel.wheels.wheelset.publish` adds
     (``wheels``, ``built``, ``components`` and the engine's ``version`` and
@@ -172,6 +281,7 @@ def receipt(
         "toolchain": asdict(toolchain),
         "arches": arches,
         "host": dict(host if host is not None else host_facts()),
+        **({"pinwheel": dict(pinwheel_env)} if pinwheel_env is not None else {}),
     }
 
 

@@ -32,6 +32,9 @@ class BuildRecord:
     requirements: Mapping[str, Any] | None = None  # engine: the hashed build venv
     sources: tuple[Mapping[str, Any], ...] | None = None  # engine: supplied build sources
     network: str | None = None  # engine: "none" | "allowed" | "host (...)"
+    # kernels: the build's Python environment: its lock (name, sha256) and every package it
+    # imports (name, version, RECORD sha256, from the lock or the machine)
+    environment: Mapping[str, Any] | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BuildRecord:

@@ -28,7 +28,13 @@ from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import link_or_copy, recover_dir, swap_dir
 from pinwheel.wheels import platformtag
 from pinwheel.wheels.check import CheckReport, CheckSpec, check_wheels
-from pinwheel.wheels.provenance import FILENAME, Receipt, read_receipt, write_receipt
+from pinwheel.wheels.provenance import (
+    FILENAME,
+    Receipt,
+    member_digests,
+    read_receipt,
+    write_receipt,
+)
 from pinwheel.wheels.record import BuildRecord
 from pinwheel.wheels.relabel import relabel
 from pinwheel.wheels.wheelfile import dist_name
@@ -192,6 +198,8 @@ def publish(
             record = b.record(digests[target.name])
             checked = next(w for w in report.wheels if w.wheel == target.name)
             record["floor"] = checked.floor.to_json()
+            # Two builders compare member by member without exchanging wheels.
+            record["members"] = member_digests(target)
             if target.name in tags:
                 record["platform_tag"] = tags[target.name].to_json()
             if label is not None:

@@ -1,0 +1,368 @@
+"""A kernel build's Python environment, made from a hashed lock and listed package by package.
+
+The builds' own tools (a torch extension's setuptools, wheel, ninja, numpy...;
+the CMake kernels' scikit-build-core, cmake, ninja) are written into the
+wheels (``Generator: setuptools (84.2.1)``, ninja's and CMake's choices), so
+they are inputs like the sources. They come from a committed lock
+(:mod:`pinwheel.compile.toollocks`), installed ``--require-hashes --no-deps
+--only-binary=:all:`` into a venv of their own that has no pip, no setuptools
+of ``ensurepip`` and nothing else:
+
+- keyed by the base interpreter (resolved path and full version), the lock's
+  sha256 and the machine directories it overlays, under ``<cache>/venvs/``;
+- ``overlay``: where the build must use a machine's preinstalled torch (a GPU
+  box's Python, ``PINWHEEL_TORCH_PYTHON``), that Python's package directories are
+  appended to the venv's ``sys.path`` by a ``.pth`` file, *after* the venv's own
+  site-packages: torch and its dependencies come from the machine, every locked
+  package from the lock, and the machine's setuptools/wheel/ninja never reach
+  the build (unlike ``--system-site-packages``, this also works when the given
+  Python is itself a venv or a conda environment);
+- :func:`listing` asks the venv's Python what it imports, in ``sys.path`` order:
+  each distribution's name, version, where it is (``lock`` or ``machine``) and
+  the sha256 of its RECORD (the installed files and their hashes, less the
+  lines an installer writes for its own machine: scripts outside site-packages,
+  INSTALLER, REQUESTED, direct_url.json, RECORD itself); :func:`differences`
+  compares it with the lock, before anything compiles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+from packaging.utils import canonicalize_name
+
+from pinwheel import runner
+from pinwheel.compile import workspace
+from pinwheel.compile.buildvenv import parse_requirements
+from pinwheel.errors import PinwheelError
+from pinwheel.fsutil import atomic_write_text
+
+READY = ".pinwheel-locked-venv.json"
+OVERLAY_PTH = "zz-pinwheel-machine.pth"  # last of the .pth files: the machine's dirs go last
+
+
+class LockedVenvError(PinwheelError):
+    """A locked build environment could not be made, or differs from its lock."""
+
+
+@dataclass(frozen=True)
+class LockedVenvRequest:
+    lock: Path  # a --require-hashes requirements file (locks/*.txt)
+    lock_name: str  # "locks/torch-build.txt": how provenance names it
+    interpreter: str  # the Python the venv is made from (a venv's python: its base is used)
+    cache: Path
+    environ: Mapping[str, str]
+    kind: str  # folder prefix: "cmake-build", "torch-build"
+    overlay_from: str | None = None  # a machine Python whose packages follow the venv's own
+    wheelhouse: Path | None = None  # offline: the locked wheels from this folder, no index
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    base: str  # the base interpreter's resolved executable
+    version: str  # "3.11.7"
+    site: tuple[str, ...] = ()  # its package directories (sys.path from the first site dir)
+    markers: tuple[tuple[str, str], ...] = ()  # PEP 508 marker environment of it
+
+
+@dataclass(frozen=True)
+class LockedVenv:
+    python: Path
+    lock_name: str
+    lock_sha256: str
+    pins: Mapping[str, tuple[str, tuple[str, ...]]]  # name -> (version, sha256s)
+    key: str
+    overlay: tuple[str, ...] = field(default=())
+
+    def record(self, packages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """For provenance: the lock and every package the build's Python imports."""
+        return {
+            "lock": self.lock_name,
+            "lock_sha256": self.lock_sha256,
+            "machine_packages": bool(self.overlay),
+            "packages": [dict(p) for p in packages],
+        }
+
+
+# Runs in the interpreter the venv is based on (-I: no PYTHONPATH, no user site).
+_PROBE = """
+import json, os, platform, sys
+site = []
+for p in sys.path:
+    if site or os.path.basename(p) in ("site-packages", "dist-packages"):
+        if p and os.path.isdir(p):
+            site.append(os.path.realpath(p))
+base = getattr(sys, "_base_executable", None) or sys.executable
+markers = {
+    "implementation_name": sys.implementation.name,
+    "implementation_version": platform.python_version(),
+    "os_name": os.name, "platform_machine": platform.machine(),
+    "platform_release": platform.release(), "platform_system": platform.system(),
+    "platform_version": platform.version(),
+    "python_full_version": platform.python_version(),
+    "platform_python_implementation": platform.python_implementation(),
+    "python_version": ".".join(platform.python_version_tuple()[:2]),
+    "sys_platform": sys.platform,
+}
+print(json.dumps({"base": os.path.realpath(base), "version": platform.python_version(),
+                  "site": site, "markers": markers}))
+"""
+
+
+def interpreter(python: str) -> Interpreter:
+    out = runner.run(
+        runner.Command(
+            (python, "-I", "-c", _PROBE), what="the build interpreter", timeout=120,
+            error=LockedVenvError, where=python,
+            next="point it at a working Python (PINWHEEL_TORCH_PYTHON, [build] python)",
+        )
+    )  # fmt: skip
+    try:
+        data = json.loads(out.text.splitlines()[-1])
+        found = Interpreter(str(data["base"]), str(data["version"]),
+                            tuple(str(d) for d in data["site"]),
+                            tuple(sorted((str(k), str(v)) for k, v in
+                                         (data.get("markers") or {}).items())))  # fmt: skip
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise LockedVenvError(
+            f"the machine Python {python} answered no interpreter description ({exc})",
+            where=python, next="point it at a working CPython",
+        ) from exc
+    for value in (found.base, *found.site):
+        # The site directories are written into a .pth file, where a line that starts with
+        # "import" runs: only plain absolute paths get there.
+        if not value.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise LockedVenvError(
+                f"the machine Python {python} reports the directory {value[:120]!r}: not a "
+                "plain absolute path",
+                where=python, next="point it at a Python whose sys.path holds plain paths",
+            )
+    return found
+
+
+def ensure(req: LockedVenvRequest) -> LockedVenv:
+    """The venv for ``req``, made once (in place, under a file lock, marker last)."""
+    text = Path(req.lock).read_text()
+    parse_requirements(text, req.lock_name)  # every line pinned and hashed, or an error
+    lock_sha = hashlib.sha256(text.encode()).hexdigest()
+    base = interpreter(req.interpreter)
+    pins = pins_for(text, dict(base.markers))
+    overlay = interpreter(req.overlay_from).site if req.overlay_from else ()
+    key = hashlib.sha256(
+        json.dumps([base.base, base.version, lock_sha, list(overlay)]).encode()
+    ).hexdigest()[:16]
+    root = Path(req.cache) / "venvs"
+    final = root / f"{req.kind}-{key}"
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f".{final.name}.lock")):
+        marker = final / READY
+        ok = False
+        if marker.is_file():
+            try:
+                ok = json.loads(marker.read_text()).get("lock_sha256") == lock_sha
+            except ValueError:
+                ok = False
+        if not ok:
+            _make(final, req, base, overlay, lock_sha)
+    return LockedVenv(final / "bin" / "python", req.lock_name, lock_sha, pins, key, overlay)
+
+
+_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)\s*(?:;\s*(.*?))?\s*(?:--hash|$)")
+
+
+def pins_for(
+    text: str, markers: Mapping[str, str]
+) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The lock's pins that apply to an interpreter (a universal lock holds one line per
+    Python where versions differ: ``numpy==2.4.6 ; python_full_version < '3.12'``).
+    ``markers`` empty: every line (the last one of a name wins)."""
+    from packaging.markers import Marker
+
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.split("#", 1)[0].strip()
+        m = _LINE.match(line)
+        if not m:
+            continue
+        if m.group(3) and markers and not Marker(m.group(3)).evaluate(dict(markers)):
+            continue
+        hashes = tuple(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+        out[canonicalize_name(m.group(1))] = (m.group(2), hashes)
+    return out
+
+
+def _make(
+    final: Path, req: LockedVenvRequest, base: Interpreter, overlay: Sequence[str], sha: str
+) -> None:
+    shutil.rmtree(final, ignore_errors=True)
+    try:
+        runner.run(
+            runner.Command(
+                (base.base, "-I", "-m", "venv", "--without-pip", str(final)),
+                what="python -m venv", error=LockedVenvError, where=str(final),
+            )
+        )  # fmt: skip
+        # pip's own config (extra indexes, find-links) must not add anything: hashes decide.
+        env = {k: v for k, v in req.environ.items() if not k.startswith("PIP_")}
+        env["PIP_CONFIG_FILE"] = "/dev/null"
+        target = final / "bin" / "python"
+        cmd = (
+            sys.executable, "-m", "pip", "--python", str(target), "install", "-q",
+            "--disable-pip-version-check", "--require-hashes", "--no-deps",
+            "--only-binary=:all:",
+            *(("--no-index", "--find-links", str(req.wheelhouse)) if req.wheelhouse else ()),
+            "-r", str(req.lock),
+        )  # fmt: skip
+        proc = runner.run(runner.Command(cmd, env=env, check=False, what="pip install"))
+        if proc.returncode != 0:
+            tail = (proc.text + "\n" + proc.err_text).strip().splitlines()[-6:]
+            raise LockedVenvError(
+                f"installing {req.lock_name} failed:\n    " + "\n    ".join(tail),
+                where=req.lock_name,
+                next="check the network (or the wheelhouse: PINWHEEL_WHEELHOUSE); a hash "
+                "mismatch means the index serves another file than the one locked "
+                "(`pinwheel lock --tools` regenerates the lock)",
+            )
+        if overlay:
+            site = _own_site(target)
+            (site / OVERLAY_PTH).write_text("".join(f"{d}\n" for d in overlay))
+        workspace.fix_header_times(final)  # headers of locked packages reach line tables
+        atomic_write_text(final / READY, json.dumps({"lock_sha256": sha}) + "\n")
+    except BaseException:
+        shutil.rmtree(final, ignore_errors=True)
+        raise
+
+
+def _own_site(python: Path) -> Path:
+    venv = python.parent.parent
+    found = sorted(venv.glob("lib/python3*/site-packages"))
+    if len(found) != 1:
+        raise LockedVenvError(f"no single site-packages in {venv}", where=str(venv))
+    return found[0]
+
+
+# Runs in the build's Python: every distribution it can import, first on sys.path first.
+_LISTING = """
+import hashlib, json, os, sys
+from importlib.metadata import distributions
+SKIP = {"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"}
+own = os.path.realpath(sys.argv[1])
+seen, out = set(), []
+for entry in sys.path:
+    if not entry or not os.path.isdir(entry):
+        continue
+    for dist in sorted(distributions(path=[entry]), key=lambda d: str(d.metadata["Name"])):
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-").replace(".", "-")
+        lines = []
+        for line in (dist.read_text("RECORD") or "").splitlines():
+            path = line.rsplit(",", 2)[0]
+            if not path or path.startswith("..") or path.split("/")[-1] in SKIP:
+                continue
+            if "__pycache__/" in path:
+                continue
+            lines.append(line)
+        digest = hashlib.sha256("\\n".join(sorted(lines)).encode()).hexdigest()
+        out.append({"name": name, "version": dist.version, "record_sha256": digest,
+                    "from": "lock" if os.path.realpath(entry) == own else "machine",
+                    "shadowed": name in seen})
+        seen.add(name)
+print(json.dumps(out))
+"""
+
+
+def listing(venv: LockedVenv) -> list[dict[str, Any]]:
+    """Every distribution the venv's Python imports from its site-packages and the
+    machine's (``-I``: no PYTHONPATH, no user site), in ``sys.path`` order."""
+    site = _own_site(venv.python)
+    out = runner.run(
+        runner.Command(
+            (str(venv.python), "-I", "-c", _LISTING, str(site)), what="listing the build env",
+            timeout=300, error=LockedVenvError, where=str(venv.python),
+        )
+    )  # fmt: skip
+    return list(json.loads(out.text.splitlines()[-1]))
+
+
+def differences(venv: LockedVenv, packages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """How the listed environment differs from the lock (empty: it is the lock)."""
+    return pin_differences(venv.pins, packages)
+
+
+def pin_differences(
+    pins: Mapping[str, tuple[str, tuple[str, ...]]], packages: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """How ``packages`` (a listing, live or from provenance) differ from ``pins``."""
+    found: dict[str, Mapping[str, Any]] = {}
+    problems: list[str] = []
+    for p in packages:
+        if p.get("shadowed"):
+            continue
+        found[canonicalize_name(str(p["name"]))] = p
+        if p["from"] == "lock" and canonicalize_name(str(p["name"])) not in pins:
+            problems.append(f"{p['name']} {p['version']} is in the venv but not in the lock")
+    for name, (version, _hashes) in sorted(pins.items()):
+        got = found.get(name)
+        if got is None:
+            problems.append(f"{name}=={version} is locked but not installed")
+        elif got["from"] != "lock":
+            problems.append(f"{name} comes from the machine ({got['version']}), not the lock")
+        elif got["version"] != version:
+            problems.append(f"{name} is {got['version']}, the lock says {version}")
+    return problems
+
+
+def checked(venv: LockedVenv, where: str) -> dict[str, Any]:
+    """List the venv, raise when it is not the lock, else its provenance record."""
+    packages = listing(venv)
+    problems = differences(venv, packages)
+    if problems:
+        raise LockedVenvError(
+            f"the build environment differs from {venv.lock_name}: " + "; ".join(problems),
+            where=f"{where} ({venv.python.parent.parent})",
+            next="delete that venv (pinwheel makes it again from the lock), or "
+            "`pinwheel lock --tools` if the lock itself is stale",
+        )
+    return venv.record(packages)
+
+
+def recorded_against_lock(record: Mapping[str, Any], root: Path) -> tuple[list[str], list[str]]:
+    """A build's recorded environment (a provenance component's ``environment``) against the lock
+    it names in the checkout ``root``: (problems, notes). Same lock digest: every locked
+    package must have been there, from the lock, at the lock's version (problems). Another
+    digest (the lock moved since): a note, the packages are compared by version only."""
+    name = str(record.get("lock") or "")
+    path = root / name
+    if not name.startswith("locks/") or "/" in name[len("locks/"):] or not path.is_file():
+        return [f"the recorded lock {name[:80]!r} is not in this checkout"], []
+    text = path.read_text()
+    parse_requirements(text, name)
+    packages = [p for p in record.get("packages") or [] if isinstance(p, Mapping)]
+    # A universal lock may pin a name once per Python: the recorded build used one of them.
+    versions: dict[str, set[str]] = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        m = _LINE.match(line.split("#", 1)[0].strip())
+        if m:
+            versions.setdefault(canonicalize_name(m.group(1)), set()).add(m.group(2))
+    used: dict[str, str] = {
+        canonicalize_name(str(p.get("name"))): str(p.get("version")) for p in packages
+        if p.get("from") == "lock" and not p.get("shadowed")
+    }  # fmt: skip
+    pins: dict[str, tuple[str, tuple[str, ...]]] = {
+        n: (used[n] if used.get(n) in vs else sorted(vs)[-1], ()) for n, vs in versions.items()
+    }
+    found = pin_differences(pins, packages)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    if record.get("lock_sha256") == digest:
+        return found, []
+    note = (f"built from {name} sha256 {str(record.get('lock_sha256'))[:16]}, the checkout's "
+            f"is {digest[:16]}")  # fmt: skip
+    return [], [note, *(f"{name}: {d}" for d in found)]

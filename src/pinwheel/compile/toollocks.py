@@ -1,0 +1,222 @@
+"""The hashed locks under ``locks/``: every Python environment pinwheel and its builds use.
+
+Each lock is a ``pip --require-hashes`` requirements file written by
+``uv pip compile --generate-hashes --universal`` (markers for every supported
+Python, no index URL, no machine path), committed to the repository:
+
+- pinwheel's own environments (its dependencies and the extras a tool uses):
+  ``replay`` (tools/replay), ``tests``, ``kernels``, ``lint``, ``qualify``,
+  ``release``; each also holds pinwheel's build backend (``[build-system]``),
+  so ``pip install --no-deps --no-build-isolation -e .`` needs nothing else;
+- ``nox`` (.ci/run and the README's test command);
+- the builds' own tools: ``torch-build`` (what a torch CUDAExtension's setup.py
+  imports beside torch) and ``cmake-build`` (the in-tree CMake kernels'
+  scikit-build-core, cmake, ninja).
+
+``pinwheel lock --tools`` (and ``nox -s lock``) regenerates them all with
+:func:`refresh` and shows the diff. In: the repository root and a uv binary.
+Out: :class:`Refreshed` per lock (old and new digest, the unified diff).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pinwheel import runner
+from pinwheel.errors import PinwheelError
+from pinwheel.fsutil import atomic_write_text
+
+LOCK_DIR = "locks"
+# The oldest Python pinwheel supports (pyproject's requires-python); --universal adds
+# markers for every newer one.
+PYTHON_FLOOR = "3.11"
+# What the header of every lock says made it (never a path of the machine that ran uv).
+COMMAND = "pinwheel lock --tools"
+
+
+class LockError(PinwheelError):
+    """A lock could not be read or regenerated."""
+
+
+@dataclass(frozen=True)
+class LockSpec:
+    """One lock: pinwheel with ``extras`` (``project``) and/or the ``.in`` file beside it."""
+
+    name: str
+    extras: tuple[str, ...] = ()
+    project: bool = False  # pinwheel's own dependencies (pyproject.toml) plus its backend
+    uses: str = ""  # who installs it
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.txt"
+
+
+LOCKS: tuple[LockSpec, ...] = (
+    LockSpec("replay", ("kernels", "build", "install"), True, "tools/replay (.venv)"),
+    LockSpec("tests", ("test", "build"), True, "nox: tests, bootstrap, upstream, lock"),
+    LockSpec("kernels", ("test", "kernels", "build"), True, "nox: kernels, flash-attn"),
+    LockSpec("lint", ("lint",), True, "nox: lint"),
+    LockSpec("qualify", ("test", "qualify"), True, "nox: qualify-cpu"),
+    LockSpec("release", ("release",), True, "pinwheel release (publishing)"),
+    LockSpec("nox", (), False, ".ci/run and the README's test command"),
+    LockSpec("torch-build", (), False, "torch-extension kernel builds (compile.kernels)"),
+    LockSpec("cmake-build", (), False, "in-tree CMake kernel builds (compile.kernels)"),
+)
+# pinwheel with every extra, resolved jointly: the constraint every pinwheel lock is
+# resolved against, so they all hold the same version of a shared package.
+JOINT = LockSpec("all", ("install", "kernels", "build", "lint", "qualify", "release", "test"),
+                 True, "the constraint of the other pinwheel locks")  # fmt: skip
+BUILD_SYSTEM_IN = "build-system.in"  # pinwheel's own [build-system] requires, locked
+
+
+def by_name(name: str) -> LockSpec:
+    for spec in (*LOCKS, JOINT):
+        if spec.name == name:
+            return spec
+    raise LockError(
+        f"no lock called {name!r}",
+        where=LOCK_DIR,
+        next="one of: " + ", ".join(s.name for s in LOCKS),
+    )
+
+
+def repo_root() -> Path | None:
+    """The checkout pinwheel runs from (``src/pinwheel`` two levels down), or None for an
+    installed copy without ``locks/``."""
+    root = Path(__file__).resolve().parents[3]
+    return root if (root / LOCK_DIR).is_dir() and (root / "pyproject.toml").is_file() else None
+
+
+def lock_path(name: str, root: Path | None = None) -> Path:
+    """The committed lock file called ``name``; an error naming the fix when it is missing."""
+    spec = by_name(name)
+    base = root or repo_root()
+    path = (base / LOCK_DIR / spec.filename) if base is not None else None
+    if path is None or not path.is_file():
+        raise LockError(
+            f"the lock {spec.filename} is not here (used by {spec.uses})",
+            where=str(path) if path else f"{LOCK_DIR}/{spec.filename}",
+            next="run pinwheel from its checkout (tools/replay), or `pinwheel lock --tools`",
+        )
+    return path
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Refreshed:
+    name: str
+    path: str  # relative to the repository root
+    old_sha256: str | None
+    new_sha256: str
+    diff: str  # unified diff of the pins (empty: unchanged)
+
+    @property
+    def changed(self) -> bool:
+        return self.old_sha256 != self.new_sha256
+
+
+def _compile_cmd(uv: str, spec: LockSpec, out: Path, constraints: Path | None) -> list[str]:
+    cmd = [uv, "pip", "compile", "--quiet", "--generate-hashes", "--universal",
+           "--python-version", PYTHON_FLOOR, "--no-emit-index-url", "--no-emit-find-links",
+           "--output-file", str(out)]  # fmt: skip
+    if spec.project:
+        cmd += ["pyproject.toml", f"{LOCK_DIR}/{BUILD_SYSTEM_IN}"]
+        for extra in spec.extras:
+            cmd += ["--extra", extra]
+    else:
+        cmd += [f"{LOCK_DIR}/{spec.name}.in"]
+    if constraints is not None:
+        cmd += ["--constraint", str(constraints)]
+    return cmd
+
+
+def _env(environ: Mapping[str, str]) -> dict[str, str]:
+    """uv's environment: the caller's minus every UV_/PIP_ setting (an extra index or a
+    find-links folder of this machine must not decide the pins), plus the header command."""
+    env = {k: v for k, v in environ.items() if not k.startswith(("UV_", "PIP_"))}
+    env["UV_CUSTOM_COMPILE_COMMAND"] = COMMAND
+    env["UV_NO_CONFIG"] = "1"
+    return env
+
+
+def refresh(
+    root: Path,
+    uv: str,
+    environ: Mapping[str, str],
+    *,
+    names: Sequence[str] = (),
+    check: bool = False,
+) -> list[Refreshed]:
+    """Regenerate the locks (all, or ``names``) from pyproject.toml and the ``.in`` files.
+
+    pinwheel's own locks are resolved against ``locks/all.txt`` (pinwheel with every extra,
+    regenerated first), so every environment holds the same version of a shared package.
+    ``check``: write nothing, only report what would change.
+    """
+    specs = [by_name(n) for n in names] if names else list(LOCKS)
+    env = _env(environ)
+    done: list[Refreshed] = []
+    with tempfile.TemporaryDirectory(prefix="pinwheel-lock-") as tmp:
+        # uv runs in a copy of the inputs and names them relatively: the locks' comments
+        # ("# via -c locks/all.txt") then hold no path of this machine.
+        stage = Path(tmp)
+        (stage / LOCK_DIR).mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            if (root / name).is_file():
+                (stage / name).write_bytes((root / name).read_bytes())
+        for src in (root / LOCK_DIR).glob("*.in"):
+            (stage / LOCK_DIR / src.name).write_bytes(src.read_bytes())
+        joint = Path(LOCK_DIR) / JOINT.filename
+        _uv(_compile_cmd(uv, JOINT, joint, None), stage, env)
+        for spec in (JOINT, *specs):
+            out = Path(LOCK_DIR) / spec.filename
+            if spec is not JOINT:
+                _uv(_compile_cmd(uv, spec, out, joint if spec.project else None), stage, env)
+            new = (stage / out).read_text()
+            target = root / out
+            old = target.read_text() if target.is_file() else None
+            diff = "".join(
+                difflib.unified_diff(
+                    _pins(old or ""), _pins(new), f"a/{out}", f"b/{out}", n=0
+                )
+            )  # fmt: skip
+            if not check and new != old:
+                atomic_write_text(target, new)
+            done.append(
+                Refreshed(
+                    spec.name, str(out),
+                    hashlib.sha256(old.encode()).hexdigest() if old is not None else None,
+                    hashlib.sha256(new.encode()).hexdigest(), diff,
+                )
+            )  # fmt: skip
+    return done
+
+
+def _pins(text: str) -> list[str]:
+    """The ``name==version`` lines of a lock (hash lines and comments left out of the diff)."""
+    lines = []
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.split("#", 1)[0].split("--hash", 1)[0].strip()
+        if line:
+            lines.append(line + "\n")
+    return lines
+
+
+def _uv(cmd: list[str], root: Path, env: Mapping[str, str]) -> None:
+    runner.run(
+        runner.Command(
+            tuple(cmd), what="uv pip compile", cwd=root, env=env, error=LockError,
+            where=" ".join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd[:4])),
+            next="check the network (uv asks the package index), then run it again",
+        )
+    )  # fmt: skip
