@@ -70,6 +70,9 @@ VARIABLES: tuple[Var, ...] = (
         "hashes are the manifest's)", "compile.buildvenv"),
     Var("PATH", "where programs are found (git, nvcc, gcc, sccache, unshare, python)",
         "runner, compile, serve.preflight"),
+    Var("PINWHEEL_SAFE_DIRECTORIES", "directories another user owns (or world-writable) "
+        "that pinwheel may still use: a found manifest, the default cache, env mirrors "
+        "(':'-separated; DIR/* below DIR; * everything)", "ownership, cli", None, "none"),
     Var("HOME", "where uv's and pyenv's interpreters are looked for ([build] python)",
         "compile.toolchain.pythons"),
     Var("UV_PYTHON_INSTALL_DIR", "uv-managed interpreters ([build] python)",
