@@ -64,11 +64,19 @@ def register(sub: Any) -> None:
     p.add_argument(
         "action",
         nargs="?",
-        choices=("teacher", "tp"),
+        choices=("teacher", "tp", "verify-receipt"),
         help="teacher: capture reference log-probabilities on the fidelity panel into --out "
         "(from --url, a reference server, or transformers with --model DIR --python PY); "
         "tp: run the exllamav3 wheel's pg_* primitives on --devices (one process per GPU) "
-        "and compare each result with torch.distributed's",
+        "and compare each result with torch.distributed's; "
+        "verify-receipt RECEIPT: recompute a fidelity receipt's hashes (match/mismatch)",
+    )
+    p.add_argument("receipt", nargs="?", help="verify-receipt: the receipt.json to check")
+    p.add_argument("--teacher", default=None, help="verify-receipt: the teacher file (full rows)")
+    p.add_argument(
+        "--served",
+        default=None,
+        help="verify-receipt: the served rows (`qualify teacher --url URL --top-k -1`)",
     )
     p.add_argument("--wheel", default=None, help="tp: the exllamav3 wheel `pinwheel kernels` built")
     _profile_options(p)
@@ -84,7 +92,7 @@ def register(sub: Any) -> None:
     p.add_argument("--dtype", default="float32", help="teacher: transformers dtype")
     p.add_argument("--url", default=None, help="attach to a running server instead of starting one")
     p.add_argument("--log", default=None, help="the attached server's log (for start-up markers)")
-    p.add_argument("--out", required=True, help="directory for receipt.json, report.md and plots")
+    p.add_argument("--out", default=None, help="directory for receipt.json, report.md and plots")
     p.add_argument(
         "--provenance",
         default=None,
@@ -384,6 +392,11 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
         from pinwheel.serve.fidelity import server_flags
 
         run = replace(run, argv=run.argv + server_flags(fid, r.profile.args))
+        if fid.scorer == "in-process":  # exact KLD in the engine: the worker extension
+            from pinwheel.serve.inprocess import engine_package, server_additions
+
+            flags, env = server_additions(engine_package(out / "engine-ext"), ctx.environ)
+            run = replace(run, argv=run.argv + flags, env={**run.env, **env})
     url = f"http://127.0.0.1:{port}"
     with started_server(run, out, environ=ctx.environ, url=url, reporter=ctx.reporter) as target:
         yield target
@@ -449,6 +462,38 @@ def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def run_verify_receipt(ctx: Context, args: argparse.Namespace) -> int:
+    """`pinwheel qualify verify-receipt RECEIPT`: recompute the fidelity hashes."""
+    from pinwheel.errors import VerifyError
+    from pinwheel.serve.verify import VerifyRequest, verify
+
+    if not args.receipt:
+        raise UsageError(
+            "no receipt to verify",
+            where="pinwheel qualify verify-receipt",
+            next="pass the receipt.json: pinwheel qualify verify-receipt OUT/receipt.json",
+        )
+    done = verify(
+        VerifyRequest(
+            receipt=Path(args.receipt),
+            teacher=Path(args.teacher) if args.teacher else None,
+            served=Path(args.served) if args.served else None,
+        )
+    )
+    ctx.emit(
+        asdict(done) | {"ok": done.ok},
+        "\n".join(f"{c.status:>8}  {c.name}: {c.detail}" for c in done.checks),
+    )
+    if not done.ok:
+        bad = [c.name for c in done.checks if c.status == "mismatch"]
+        raise VerifyError(
+            "the receipt does not recompute: " + ", ".join(bad),
+            where=args.receipt,
+            next="the values or the rows were altered, or belong to another run",
+        )
+    return 0
+
+
 def run_tp(ctx: Context, args: argparse.Namespace) -> int:
     """`pinwheel qualify tp`: pg_* primitives of a built exllamav3 against torch.distributed."""
     from pinwheel.errors import GateFailed
@@ -498,6 +543,14 @@ def run_tp(ctx: Context, args: argparse.Namespace) -> int:
 def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.serve.qualify import Target, gate_failure, qualify
 
+    if args.action == "verify-receipt":
+        return run_verify_receipt(ctx, args)
+    if not args.out:
+        raise UsageError(
+            "the following arguments are required: --out",
+            where="pinwheel qualify",
+            next="pass --out DIR",
+        )
     if args.action == "teacher":
         return run_teacher(ctx, args)
     if args.action == "tp":

@@ -199,13 +199,59 @@ def _teacher_error(what: str, source: str) -> UsageError:
     )
 
 
+def write_teacher_file(
+    path: Path, arrays: Mapping[str, Any], meta: Mapping[str, Any], full_npy: Path
+) -> None:
+    """The file :func:`teacher_bytes` would hold, its ``full`` member streamed from an .npy
+    file (never whole in memory); written beside ``path``, then renamed over it."""
+    import os
+    import shutil
+
+    np = _np()
+    items: dict[str, Any] = {
+        "meta": np.frombuffer(json.dumps(meta, sort_keys=True).encode(), np.uint8)
+    }
+    items |= dict(arrays)
+    names = sorted([*items, "full"])
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED) as zf:
+                for name in names:
+                    info = zipfile.ZipInfo(name + ".npy", date_time=ZIP_TIME)
+                    info.external_attr = 0o644 << 16
+                    if name == "full":
+                        info.file_size = full_npy.stat().st_size  # as writestr sets it
+                        with zf.open(info, "w") as dst, open(full_npy, "rb") as src:
+                            shutil.copyfileobj(src, dst, 1 << 22)
+                    else:
+                        one = io.BytesIO()
+                        np.lib.format.write_array(
+                            one, np.ascontiguousarray(items[name]), allow_pickle=False
+                        )
+                        zf.writestr(info, one.getvalue())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+MAX_TEACHER_STORE = 4 * 1024**4  # a default: bytes a teacher read through a memory map may hold
+
+
 def _teacher_members(data: bytes, source: str, limit: int) -> None:
+    check_teacher_members(io.BytesIO(data), source, limit)
+
+
+def check_teacher_members(fh: Any, source: str, limit: int) -> None:
     """Every member's declared shape and dtype, checked against the limit and the bytes the
     member really holds, before numpy allocates anything (an .npz bomb asks for GiBs)."""
     np = _np()
     total = 0
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        with zipfile.ZipFile(fh) as zf:
             infos = zf.infolist()
             if len(infos) > len(TEACHER_ARRAYS):
                 raise _teacher_error(f"{len(infos)} members, a teacher has at most 7", source)
@@ -344,6 +390,11 @@ def read_teacher(path: Path, sha256: str | None) -> Teacher:
             next="restore the pinned teacher file, or recapture it and pin the new sha256",
         )
     return load_teacher(data, str(path))
+
+
+def check_panel(teacher: Teacher, panel: Panel) -> None:
+    """The teacher was captured on this panel (its sha256 and its window lengths)."""
+    _check_panel(teacher, panel)
 
 
 def _check_panel(teacher: Teacher, panel: Panel) -> None:
@@ -509,23 +560,34 @@ req = json.load(open(sys.argv[1]))
 out = sys.argv[2]
 torch.manual_seed(0)
 m = AutoModelForCausalLM.from_pretrained(req["model"], dtype=getattr(torch, req["dtype"])).eval()
-rows = []
+total = sum(len(w) - 1 for w in req["windows"])
+full = None
+at = 0
 with torch.no_grad():
     for w in req["windows"]:
         logits = m(torch.tensor([w])).logits[0, :-1].float()
-        rows.append(torch.log_softmax(logits, dim=-1).numpy())
-lp = np.concatenate(rows).astype(np.float32)
-np.save(out + "/full.npy", lp)
+        rows = torch.log_softmax(logits, dim=-1).numpy().astype(np.float32)
+        if full is None:  # rows go straight to disk: a large panel never sits in memory
+            full = np.lib.format.open_memmap(out + "/full.npy", "w+", np.float32,
+                                             (total, rows.shape[1]))
+        full[at : at + len(rows)] = rows
+        at += len(rows)
+full.flush()
+del full
 json.dump({"transformers": __import__("transformers").__version__,
            "torch": torch.__version__}, open(out + "/versions.json", "w"))
 """
 
 
-def capture_with_transformers(req: TeacherRequest) -> bytes:
+def capture_with_transformers(req: TeacherRequest, out: Path | None = None) -> bytes:
+    """Teacher file bytes; with ``out`` and full rows, the file is streamed to ``out``
+    instead (a large panel's rows never sit in memory) and b"" is returned."""
     np = _np()
     assert req.python and req.model
     panel = req.panel
-    with tempfile.TemporaryDirectory(prefix="pinwheel-teacher-") as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix="pinwheel-teacher-", dir=out.parent if out else None
+    ) as tmp:
         spec = Path(tmp) / "request.json"
         spec.write_text(
             json.dumps(
@@ -547,14 +609,26 @@ def capture_with_transformers(req: TeacherRequest) -> bytes:
                 next="that python needs transformers + torch and the model directory:\n"
                 + proc.err_text[-2000:],
             )
-        full = np.load(Path(tmp) / "full.npy")
+        full = np.load(Path(tmp) / "full.npy", mmap_mode="r")
         versions = json.loads((Path(tmp) / "versions.json").read_text())
-    targets = np.array([t for w in panel.windows for t in w[1:]], np.int64)
-    arrays: dict[str, Any] = {
-        "offsets": np.array([0] + [len(w) - 1 for w in panel.windows], np.int64).cumsum(),
-        "target": targets.astype(np.int32),
-        "target_logprob": full[np.arange(len(targets)), targets],
-    }
+        targets = np.array([t for w in panel.windows for t in w[1:]], np.int64)
+        arrays: dict[str, Any] = {
+            "offsets": np.array([0] + [len(w) - 1 for w in panel.windows], np.int64).cumsum(),
+            "target": targets.astype(np.int32),
+            "target_logprob": np.array(full[np.arange(len(targets)), targets], np.float32),
+        }
+        meta = {
+            "schema": TEACHER_SCHEMA,
+            "panel_sha256": panel.sha256,
+            "source": f"transformers {versions['transformers']} torch {versions['torch']} "
+            f"{req.dtype} on {Path(req.model).name}",
+            "top_k": req.top_k,
+        }
+        if req.top_k == -1 and out is not None:
+            del full
+            write_teacher_file(out, arrays, meta, Path(tmp) / "full.npy")
+            return b""
+        full = np.array(full)
     if req.top_k == -1:
         arrays["full"] = full
     else:
@@ -563,13 +637,6 @@ def capture_with_transformers(req: TeacherRequest) -> bytes:
         for i, row in enumerate(full):
             ids[i] = np.lexsort((np.arange(len(row)), -row))[:k]
         arrays |= {"top_ids": ids, "top_logprobs": np.take_along_axis(full, ids, 1)}
-    meta = {
-        "schema": TEACHER_SCHEMA,
-        "panel_sha256": panel.sha256,
-        "source": f"transformers {versions['transformers']} torch {versions['torch']} "
-        f"{req.dtype} on {Path(req.model).name}",
-        "top_k": req.top_k,
-    }
     return teacher_bytes(arrays, meta)
 
 
@@ -586,6 +653,15 @@ def capture_teacher(req: TeacherRequest) -> TeacherOutcome:
             data = capture_from_server(client, str(models[0]["id"]), req.panel, req.top_k)
         finally:
             client.close()
+    elif req.python and req.model and req.top_k == -1:  # full rows: streamed to the file
+        from pinwheel.serve import inprocess
+
+        capture_with_transformers(req, req.out)
+        ix = inprocess.read_index(req.out, None)
+        return TeacherOutcome(
+            path=str(req.out), sha256=ix.sha256, positions=ix.positions,
+            source=str(ix.meta["source"]), stored="full", bytes=req.out.stat().st_size,
+        )  # fmt: skip
     elif req.python and req.model:
         data = capture_with_transformers(req)
     else:
@@ -614,16 +690,19 @@ def score_positions(
 ) -> tuple[Any, Any, bool, int]:
     """Per-position KLD (float64), top-1 agreement, whether every value is exact, top-1 ties.
 
-    Exact (:func:`kld.exact_kl`) where both sides gave the whole vocabulary; a proven
+    Exact where both sides gave the whole vocabulary (:mod:`pinwheel.serve.workers.detkl`:
+    the same bits on every CPU, the in-process scorer's code); a proven
     lower bound (:func:`kld.lower_bound`) elsewhere. Top-1 on both sides: the highest
     log-probability, ties to the lowest token id; a position where either side's
     maximum is tied counts in ``ties``.
     """
     np = _np()
     from pinwheel.serve import kld as K
+    from pinwheel.serve.workers import detkl
 
     n = len(student)
     out = np.empty(n, np.float64)
+    scorer = None if teacher.full is None else detkl.Scorer(teacher.full.shape[1])
     agree = np.empty(n, bool)
     exact = True
     ties = 0
@@ -640,7 +719,11 @@ def score_positions(
             if vocab is not None and len(ids) == vocab:
                 s_row = np.full(vocab, np.nan)
                 s_row[ids] = lps
-                out[p] = K.exact_kl(t_side.lps, s_row)
+                assert scorer is not None
+                try:  # the canonical values: the same bits on every CPU (workers/detkl.py)
+                    out[p] = scorer.one(teacher.full[p], s_row)[0]
+                except ValueError as exc:
+                    raise K.KldInputError(str(exc)) from None
             else:
                 exact = False
                 out[p] = K.lower_bound(t_side, K.Side.served(ids, lps, target))
@@ -663,6 +746,32 @@ def kld_sha256(kld: Any) -> str:
     from pinwheel.serve import kld as K
 
     return K.kld_sha256(kld)
+
+
+def _f64_sha256(kld: Any) -> str:
+    from pinwheel.serve.workers import detkl
+
+    return detkl.f64_sha256(kld)
+
+
+def _math_name() -> str:
+    from pinwheel.serve.workers import detkl
+
+    return detkl.METHOD
+
+
+def served_rows_sha256(student: Sequence[tuple[Any, Any, int]], vocab: int) -> str | None:
+    """sha256 of the served full rows as float64 little-endian [P, V] in token-id order
+    (what a third party recaptures and checks); None unless every row is full."""
+    np = _np()
+    h = hashlib.sha256()
+    for ids, lps, _ in student:
+        if len(ids) != vocab:
+            return None
+        row = np.full(vocab, np.nan)
+        row[ids] = lps
+        h.update(row.astype("<f8").tobytes())
+    return h.hexdigest()
 
 
 def bootstrap_ci(
@@ -730,6 +839,8 @@ def summarize(
         windows=len(panel.windows),
         method="full" if exact else f"top-{top_k}+tail",
         kld_sha256=kld_sha256(kld),
+        kld_f64_sha256=_f64_sha256(kld),
+        math=_math_name() if exact else "pinwheel.kld.lower_bound",
         panel_sha256=panel.sha256,
         teacher_sha256=teacher.sha256,
         teacher_source=str(teacher.meta.get("source", "")),
@@ -742,7 +853,13 @@ def summarize(
 
 
 def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
-    """Score the served model against the teacher on the panel (one request per window)."""
+    """Score the served model against the teacher on the panel (one request per window):
+    in the engine (``scorer = "in-process"``, :mod:`pinwheel.serve.inprocess`) or from the
+    served rows (``"rows"``, the reference path)."""
+    if cfg.scorer == "in-process":
+        from pinwheel.serve import inprocess
+
+        return inprocess.measure(client, model, cfg)
 
     def tokenize(text: str) -> list[int]:
         return list(client.tokenize(model, prompt=text))
@@ -776,7 +893,10 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
         )
     student = _server_rows(client, model, panel, cfg.top_k)
     kld, agree, exact, ties = score_positions(teacher, student)
-    return summarize(
+    rows_sha = None
+    if exact and teacher.full is not None:
+        rows_sha = served_rows_sha256(student, teacher.full.shape[1])
+    result = summarize(
         kld,
         agree,
         exact,
@@ -787,6 +907,9 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
         resamples=cfg.bootstrap,
         seed=cfg.seed,
     )
+    from dataclasses import replace
+
+    return replace(result, served_rows_sha256=rows_sha)
 
 
 # --------------------------------------------------------------------------- gates
