@@ -112,7 +112,7 @@ def main() -> int:
                 f"teacher: {panel.positions} positions captured in "
                 f"{time.perf_counter() - t0:.1f} s, {teacher_path.stat().st_size} bytes"
             )
-        index = inprocess.read_index(teacher_path, None)
+        index = fidelity.read_index(teacher_path, None)
         got = inprocess.score_in_engine(client, model, panel.windows, index)
         positions = index.positions
         boundary = got.rpc_bytes + got.request_bytes

@@ -64,12 +64,14 @@ def register(sub: Any) -> None:
     p.add_argument(
         "action",
         nargs="?",
-        choices=("teacher", "tp", "verify-receipt"),
+        choices=("teacher", "tp", "verify-receipt", "cold-starts"),
         help="teacher: capture reference log-probabilities on the fidelity panel into --out "
         "(from --url, a reference server, or transformers with --model DIR --python PY); "
         "tp: run the exllamav3 wheel's pg_* primitives on --devices (one process per GPU) "
         "and compare each result with torch.distributed's; "
-        "verify-receipt RECEIPT: recompute a fidelity receipt's hashes (match/mismatch)",
+        "verify-receipt RECEIPT: recompute a fidelity receipt's hashes (match/mismatch); "
+        "cold-starts: start the server [qualify.fidelity].cold_starts times, score the panel "
+        "each time and gate one tokenwise hash across them",
     )
     p.add_argument("receipt", nargs="?", help="verify-receipt: the receipt.json to check")
     p.add_argument("--teacher", default=None, help="verify-receipt: the teacher file (full rows)")
@@ -462,6 +464,71 @@ def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def run_cold_starts(ctx: Context, args: argparse.Namespace) -> int:
+    """`pinwheel qualify cold-starts`: the panel scored on N fresh servers, one hash."""
+    from pinwheel.errors import GateFailed
+    from pinwheel.serve import coldstarts, fidelity, inprocess
+    from pinwheel.serve.client import Client
+    from pinwheel.serve.qualify import wait_healthy
+
+    if args.url:
+        raise UsageError(
+            "cold starts need servers pinwheel starts itself",
+            where="--url",
+            next="drop --url; pass --model DIR and --python VENV_PY",
+        )
+    config = ctx.manifest().require("qualify")
+    fid = config.fidelity
+    if fid is None or fid.panel is None:
+        raise UsageError(
+            "no pinned panel: [qualify.fidelity] pins none",
+            where="[qualify.fidelity]",
+            next="pin panel and teacher, then run `pinwheel qualify cold-starts` again",
+        )
+    out = Path(args.out)
+    measure_fn = inprocess.measure if fid.scorer == "in-process" else fidelity.measure
+
+    def wait(target: Any) -> float:
+        c = Client(target.url)
+        try:
+            return wait_healthy(c, target, config.health_timeout_s, reporter=ctx.reporter)
+        finally:
+            c.close()
+
+    def measure(target: Any) -> Any:
+        c = Client(target.url)
+        try:
+            return measure_fn(c, str(c.models()[0]["id"]), fid)
+        finally:
+            c.close()
+
+    done = coldstarts.run(
+        lambda i: _started_server(ctx, args, out / f"start-{i}"),
+        measure,
+        wait,
+        fid.cold_starts,
+        ctx.reporter,
+    )
+    atomic_write_text(out / "cold-starts.json", json.dumps(asdict(done), indent=2) + "\n")
+    g = done.gate
+    ctx.emit(
+        asdict(done),
+        "\n".join(
+            f"start {r.start}: mean KLD {r.mean_kld!r} over {r.positions} ({r.scorer}), "
+            f"kld_f64_sha256 {r.kld_f64_sha256}, kld_sha256 {r.kld_sha256}"
+            for r in done.runs
+        )
+        + f"\n{g.name}: {g.status} ({g.measured})",
+    )
+    if not done.ok:
+        raise GateFailed(
+            f"{g.name}: {g.measured}",
+            where=str(out / "cold-starts.json"),
+            next="the engine is not deterministic across starts: compare the runs' values",
+        )
+    return 0
+
+
 def run_verify_receipt(ctx: Context, args: argparse.Namespace) -> int:
     """`pinwheel qualify verify-receipt RECEIPT`: recompute the fidelity hashes."""
     from pinwheel.errors import VerifyError
@@ -553,6 +620,8 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
         )
     if args.action == "teacher":
         return run_teacher(ctx, args)
+    if args.action == "cold-starts":
+        return run_cold_starts(ctx, args)
     if args.action == "tp":
         return run_tp(ctx, args)
     m = ctx.manifest()

@@ -433,6 +433,7 @@ class FidelityConfig:
     scorer: str = "rows"
     # where tolerance comes from: the card's words or "default" (shown in the gate)
     tolerance_source: str = ""
+    cold_starts: int = 1  # `qualify cold-starts`: fresh servers whose tokenwise hash must agree
 
 
 @dataclass(frozen=True)
@@ -680,6 +681,7 @@ def _bootstrap(t: Table) -> int:
 
 
 SCORERS = ("rows", "in-process")
+MAX_COLD_STARTS = 20  # a default: each start costs minutes
 
 
 def _parse_fidelity(t: Table) -> FidelityConfig:
@@ -696,6 +698,7 @@ def _parse_fidelity(t: Table) -> FidelityConfig:
         "tolerance_source",
         "reference",
         "scorer",
+        "cold_starts",
     )
     common = {
         "top_k": t.int("top_k", 20, minimum=-1),
@@ -708,7 +711,10 @@ def _parse_fidelity(t: Table) -> FidelityConfig:
         "reference": tuple(t.str_map("reference", {}).items()),
         "scorer": t.choice("scorer", SCORERS, "rows"),
         "tolerance_source": t.str("tolerance_source", ""),
+        "cold_starts": t.int("cold_starts", 1, minimum=1),
     }
+    if common["cold_starts"] > MAX_COLD_STARTS:
+        raise t.error("cold_starts", f"1 to {MAX_COLD_STARTS} server starts", common["cold_starts"])
     if common["scorer"] == "in-process" and common["top_k"] != -1:
         raise t.error("top_k", '-1 with scorer = "in-process" (it scores full rows)')
     if common["tolerance"] and not common["tolerance_source"]:

@@ -397,6 +397,88 @@ def check_panel(teacher: Teacher, panel: Panel) -> None:
     _check_panel(teacher, panel)
 
 
+@dataclass(frozen=True, eq=False)
+class TeacherIndex:
+    """What pinwheel reads of a teacher file for the in-process path: never the rows."""
+
+    path: Path
+    sha256: str
+    meta: Mapping[str, Any]
+    offsets: Any
+    target: Any
+    positions: int
+    vocab: int
+
+
+def _sha256_stream(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_index(path: Path, sha256: str | None) -> TeacherIndex:
+    """The teacher's meta, offsets and targets; the file checked whole (streamed sha256,
+    every member's header against its bytes), its ``full`` rows left on disk."""
+    np = _np()
+    from pinwheel import untrusted
+
+    if not path.is_file():
+        raise UsageError(
+            f"no teacher file at {path}",
+            where="[qualify.fidelity].teacher",
+            next="capture it once: `pinwheel qualify teacher --top-k -1 --out FILE`",
+        )
+    digest = _sha256_stream(path)
+    if sha256 is not None and digest != sha256:
+        raise VerifyError(
+            f"teacher sha256 is {digest}, the manifest pins {sha256}",
+            where=str(path),
+            next="restore the pinned teacher file, or recapture it and pin the new sha256",
+        )
+    with open(path, "rb") as fh:
+        check_teacher_members(fh, str(path), limit=MAX_TEACHER_STORE)
+        try:
+            with zipfile.ZipFile(fh) as zf:
+                small = {}
+                for name in ("meta", "offsets", "target"):
+                    with zf.open(name + ".npy") as member:
+                        small[name] = np.lib.format.read_array(
+                            io.BytesIO(member.read(64 * 1024 * 1024)), allow_pickle=False
+                        )
+                names = {i.filename for i in zf.infolist()}
+                if "full.npy" not in names:
+                    raise UsageError(
+                        "the in-process scorer needs a teacher with full rows",
+                        where=str(path),
+                        next="recapture it with `pinwheel qualify teacher --top-k -1`",
+                    )
+                with zf.open("full.npy") as member:
+                    version = np.lib.format.read_magic(member)
+                    read = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, _f, _d = read(member, max_header_size=10000)
+        except (KeyError, ValueError, zipfile.BadZipFile, OSError, EOFError) as exc:
+            raise UsageError(f"not a usable teacher file: {exc}", where=str(path)) from None
+    raw = untrusted.parse_json(bytes(small["meta"]), untrusted.TEACHER_META, str(path))
+    if not isinstance(raw, dict) or raw.get("schema") != TEACHER_SCHEMA:
+        raise UsageError(f"not a {TEACHER_SCHEMA} file", where=str(path))
+    meta = untrusted.decode(untrusted.TeacherMetaDoc, raw, untrusted.TEACHER_META, str(path))
+    offsets, target = small["offsets"], small["target"]
+    p = len(target)
+    if len(offsets) < 2 or offsets[0] != 0 or np.any(np.diff(offsets) < 1) or offsets[-1] != p:
+        raise UsageError(f"offsets are not 0 < ... < {p} positions", where=str(path))
+    if shape[0] != p or np.any(target < 0) or np.any(target >= shape[1]):
+        raise UsageError("full rows and targets disagree", where=str(path))
+    return TeacherIndex(
+        path, digest, {**raw, "source": meta.source}, offsets, target, p, int(shape[1])
+    )
+
+
 def _check_panel(teacher: Teacher, panel: Panel) -> None:
     np = _np()
     want = np.array([0] + [len(w) - 1 for w in panel.windows], np.int64).cumsum()
@@ -654,10 +736,8 @@ def capture_teacher(req: TeacherRequest) -> TeacherOutcome:
         finally:
             client.close()
     elif req.python and req.model and req.top_k == -1:  # full rows: streamed to the file
-        from pinwheel.serve import inprocess
-
         capture_with_transformers(req, req.out)
-        ix = inprocess.read_index(req.out, None)
+        ix = read_index(req.out, None)
         return TeacherOutcome(
             path=str(req.out), sha256=ix.sha256, positions=ix.positions,
             source=str(ix.meta["source"]), stored="full", bytes=req.out.stat().st_size,
@@ -857,9 +937,10 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
     in the engine (``scorer = "in-process"``, :mod:`pinwheel.serve.inprocess`) or from the
     served rows (``"rows"``, the reference path)."""
     if cfg.scorer == "in-process":
-        from pinwheel.serve import inprocess
-
-        return inprocess.measure(client, model, cfg)
+        raise UsageError(
+            'scorer = "in-process" is measured by pinwheel.serve.inprocess.measure',
+            where="[qualify.fidelity].scorer",
+        )
 
     def tokenize(text: str) -> list[int]:
         return list(client.tokenize(model, prompt=text))

@@ -19,20 +19,18 @@ a development endpoint: start such a server on localhost only), the package on
 from __future__ import annotations
 
 import base64
-import hashlib
-import io
 import json
 import math
 import shutil
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pinwheel import untrusted
-from pinwheel.errors import PinwheelError, UsageError, VerifyError
+from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest.serve import FidelityConfig
+from pinwheel.serve import fidelity
 from pinwheel.serve.receipt import FidelityResult
 
 PACKAGE = "pinwheel_kld"  # the name the engine imports the extension under
@@ -65,92 +63,6 @@ def server_additions(ext_dir: Path, environ: Mapping[str, str]) -> tuple[tuple[s
         "VLLM_SERVER_DEV_MODE": "1",
         "PYTHONPATH": path,
     }
-
-
-# --------------------------------------------------------------------------- teacher index
-
-
-@dataclass(frozen=True, eq=False)
-class TeacherIndex:
-    """What pinwheel reads of a teacher file for the in-process path: never the rows."""
-
-    path: Path
-    sha256: str
-    meta: Mapping[str, Any]
-    offsets: Any
-    target: Any
-    positions: int
-    vocab: int
-
-
-def _sha256_stream(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def read_index(path: Path, sha256: str | None) -> TeacherIndex:
-    """The teacher's meta, offsets and targets; the file checked whole (streamed sha256,
-    every member's header against its bytes), its ``full`` rows left on disk."""
-    import numpy as np
-
-    from pinwheel.serve import fidelity
-
-    if not path.is_file():
-        raise UsageError(
-            f"no teacher file at {path}",
-            where="[qualify.fidelity].teacher",
-            next="capture it once: `pinwheel qualify teacher --top-k -1 --out FILE`",
-        )
-    digest = _sha256_stream(path)
-    if sha256 is not None and digest != sha256:
-        raise VerifyError(
-            f"teacher sha256 is {digest}, the manifest pins {sha256}",
-            where=str(path),
-            next="restore the pinned teacher file, or recapture it and pin the new sha256",
-        )
-    with open(path, "rb") as fh:
-        fidelity.check_teacher_members(fh, str(path), limit=fidelity.MAX_TEACHER_STORE)
-        try:
-            with zipfile.ZipFile(fh) as zf:
-                small = {}
-                for name in ("meta", "offsets", "target"):
-                    with zf.open(name + ".npy") as member:
-                        small[name] = np.lib.format.read_array(
-                            io.BytesIO(member.read(64 * 1024 * 1024)), allow_pickle=False
-                        )
-                names = {i.filename for i in zf.infolist()}
-                if "full.npy" not in names:
-                    raise UsageError(
-                        "the in-process scorer needs a teacher with full rows",
-                        where=str(path),
-                        next="recapture it with `pinwheel qualify teacher --top-k -1`",
-                    )
-                with zf.open("full.npy") as member:
-                    version = np.lib.format.read_magic(member)
-                    read = (
-                        np.lib.format.read_array_header_1_0
-                        if version == (1, 0)
-                        else np.lib.format.read_array_header_2_0
-                    )
-                    shape, _f, _d = read(member, max_header_size=10000)
-        except (KeyError, ValueError, zipfile.BadZipFile, OSError, EOFError) as exc:
-            raise UsageError(f"not a usable teacher file: {exc}", where=str(path)) from None
-    raw = untrusted.parse_json(bytes(small["meta"]), untrusted.TEACHER_META, str(path))
-    if not isinstance(raw, dict) or raw.get("schema") != fidelity.TEACHER_SCHEMA:
-        raise UsageError(f"not a {fidelity.TEACHER_SCHEMA} file", where=str(path))
-    meta = untrusted.decode(untrusted.TeacherMetaDoc, raw, untrusted.TEACHER_META, str(path))
-    offsets, target = small["offsets"], small["target"]
-    p = len(target)
-    if len(offsets) < 2 or offsets[0] != 0 or np.any(np.diff(offsets) < 1) or offsets[-1] != p:
-        raise UsageError(f"offsets are not 0 < ... < {p} positions", where=str(path))
-    if shape[0] != p or np.any(target < 0) or np.any(target >= shape[1]):
-        raise UsageError("full rows and targets disagree", where=str(path))
-    return TeacherIndex(
-        path, digest, {**raw, "source": meta.source}, offsets, target, p, int(shape[1])
-    )
 
 
 # --------------------------------------------------------------------------- the RPC
@@ -243,7 +155,9 @@ class EngineScore:
     wall_seconds: float
 
 
-def score_in_engine(client: Any, model: str, windows: Any, index: TeacherIndex) -> EngineScore:
+def score_in_engine(
+    client: Any, model: str, windows: Any, index: fidelity.TeacherIndex
+) -> EngineScore:
     """Open the teacher in the engine, send each window flagged, collect the records."""
     import time
 
@@ -289,7 +203,6 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
     """``[qualify.fidelity] scorer = "in-process"``: exact KLD computed in the engine."""
     import numpy as np
 
-    from pinwheel.serve import fidelity
     from pinwheel.serve.workers import detkl
 
     if cfg.panel is None or cfg.teacher is None:
@@ -303,7 +216,7 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
         return list(client.tokenize(model, prompt=text))
 
     panel = fidelity.read_panel(cfg.panel, cfg.panel_sha256, tokenize)
-    index = read_index(cfg.teacher, cfg.teacher_sha256)
+    index = fidelity.read_index(cfg.teacher, cfg.teacher_sha256)
     teacher = fidelity.Teacher(
         meta=index.meta, offsets=index.offsets, target=index.target, target_logprob=None,
         top_ids=None, top_logprobs=None, full=None, sha256=index.sha256, source=str(index.path),
