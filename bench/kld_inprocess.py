@@ -6,8 +6,8 @@ panel of ``--windows`` x ``--window`` tokens cut from the repo's docs, and score
 
 1. in-process: every position of the panel, in the engine (13-byte records out);
 2. the reference, full rows as JSON (``prompt_logprobs = -1``), on the first
-   ``--reference`` windows only (a full row is ~0.5 MB of JSON at SmolLM2's 49,152
-   tokens), in the same run, scored by the same deterministic code in pinwheel.
+   ``--reference-tokens`` tokens of the first window only (a full row is ~1 MB of JSON at
+   SmolLM2's 49,152 tokens), in the same run, scored by the same code in pinwheel.
 
 Printed: positions, wall seconds, ms per position and bytes per position across the
 process boundary for both paths and their ratios; the largest per-position difference
@@ -69,7 +69,9 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--windows", type=int, default=20)
     ap.add_argument("--window", type=int, default=513)
-    ap.add_argument("--reference", type=int, default=2, help="windows the JSON path scores")
+    ap.add_argument(
+        "--reference-tokens", type=int, default=33, help="tokens of window 0 the JSON path scores"
+    )
     ap.add_argument("--work", default=None, help="directory for the panel and teacher")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="pinwheel-bench-kld-"))
@@ -116,16 +118,15 @@ def main() -> int:
         got = inprocess.score_in_engine(client, model, panel.windows, index)
         positions = index.positions
         boundary = got.rpc_bytes + got.request_bytes
-        # the reference on the first windows, same server, same run
-        ref_windows = list(panel.windows[: args.reference])
-        ref_positions = sum(len(w) - 1 for w in ref_windows)
-        small_panel = work / "panel-ref.json"
-        fidelity.write_panel(small_panel, ref_windows)
+        # the reference on the first tokens of the first window (a prompt's prefix has the
+        # same rows: causal), same server, same run
+        ref_windows = [list(panel.windows[0][: args.reference_tokens])]
+        ref_positions = len(ref_windows[0]) - 1
         store = kld_ext.TeacherStore(str(teacher_path), index.sha256)  # memory-mapped
         full = np.array(store.full[:ref_positions])
         t = fidelity.Teacher(
             meta={},
-            offsets=index.offsets[: args.reference + 1],
+            offsets=np.array([0, ref_positions]),
             target=index.target[:ref_positions],
             target_logprob=None,
             top_ids=None,

@@ -54,7 +54,7 @@ def inputs(cpu, tmp_path_factory) -> dict[str, Path]:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     ids = json.loads(subprocess.run([str(cpu.python), "-c", _TOKENIZE, str(cpu.model), str(TEXT)],
                                     check=True, capture_output=True, text=True, env=env).stdout)  # fmt: skip
-    write_panel(d / "panel.json", [ids[i * 48 : (i + 1) * 48] for i in range(2)])
+    write_panel(d / "panel.json", [ids[i * 20 : (i + 1) * 20] for i in range(2)])
     assert main(["qualify", "teacher", "--manifest", str(FIXTURE), "--panel", str(d / "panel.json"),
                  "--out", str(d / "teacher.npz"), "--model", str(cpu.model), "--python",
                  str(cpu.python), "--top-k", "-1"]) == 0  # fmt: skip
@@ -111,7 +111,7 @@ def test_in_process_equals_full_rows_fails_a_degraded_student_and_verifies(
                      "--top-k", "-1"]) == 0  # fmt: skip
     fa, fb = a["fidelity"], b["fidelity"]
     assert fa["scorer"] == "in-process" and fb["scorer"] == "rows"
-    assert fa["positions"] == fb["positions"] == 94 and fa["bound"] == "exact"
+    assert fa["positions"] == fb["positions"] == 38 and fa["bound"] == "exact"
     va = np.frombuffer((tmp_path / "out-a" / "fidelity_kld.f64").read_bytes(), "<f8")
     vb = np.frombuffer((tmp_path / "out-b" / "fidelity_kld.f64").read_bytes(), "<f8")
     diff = float(np.max(np.abs(va - vb)))
@@ -153,7 +153,7 @@ def test_cold_starts_give_one_tokenwise_hash(cpu, inputs, tmp_path, capsys):
     assert code == 0 and done["gate"]["status"] == "PASS", done
     runs = done["runs"]
     assert len(runs) == n and len({r["kld_f64_sha256"] for r in runs}) == 1
-    assert all(r["scorer"] == "in-process" and r["positions"] == 94 for r in runs)
+    assert all(r["scorer"] == "in-process" and r["positions"] == 38 for r in runs)
     with capsys.disabled():
         print(f"\n{n} cold starts: kld_f64_sha256 {runs[0]['kld_f64_sha256']}, kld_sha256 "
               f"{runs[0]['kld_sha256']}, mean {runs[0]['mean_kld']!r}")  # fmt: skip
