@@ -72,7 +72,9 @@ def test_the_phrase_check_sees_a_paraphrase_and_the_order():
     card = "| Time per forward pass | 32.4 ms |\nAccepted tokens per pass 2.79"
     ok = [(1, "Time per forward pass 32.4 ms"), (2, "Time per ... 2.79")]
     assert missing(ok, card) == []
-    assert missing([(3, "Forward pass time 32.4 ms")], card) == ["line 3: 'Forward pass time 32.4 ms'"]
+    assert missing([(3, "Forward pass time 32.4 ms")], card) == [
+        "line 3: 'Forward pass time 32.4 ms'"
+    ]
     assert missing([(4, "2.79 ... Time per forward")], card) != []  # parts out of order
 
 

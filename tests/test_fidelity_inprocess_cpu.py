@@ -84,6 +84,7 @@ def _qualify(m: Path, url: str, out: Path, profile: str) -> tuple[int, dict]:
     return code, json.loads((out / "receipt.json").read_text())
 
 
+@pytest.mark.timeout(2400)  # teacher, perturbed model, one server, two qualify runs
 def test_in_process_equals_full_rows_fails_a_degraded_student_and_verifies(
     cpu, inputs, tmp_path, capsys
 ):
@@ -142,6 +143,7 @@ def test_in_process_equals_full_rows_fails_a_degraded_student_and_verifies(
               f"{fa['boundary_bytes_per_position']:.1f} bytes/position out of the engine")  # fmt: skip
 
 
+@pytest.mark.timeout(3600)  # N server starts, 1-3 min each here
 def test_cold_starts_give_one_tokenwise_hash(cpu, inputs, tmp_path, capsys):
     n = int(os.environ.get("PINWHEEL_COLD_STARTS", "2"))
     m = _manifest(tmp_path, inputs, "in-process",

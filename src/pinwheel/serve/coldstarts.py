@@ -76,8 +76,16 @@ def run(
             waited = wait(target)
             f = measure(target)
         runs.append(
-            ColdRun(i, round(waited, 2), f.kld_sha256, f.kld_f64_sha256, f.mean_kld, f.top1,
-                    f.positions, f.scorer)  # fmt: skip
+            ColdRun(
+                i,
+                round(waited, 2),
+                f.kld_sha256,
+                f.kld_f64_sha256,
+                f.mean_kld,
+                f.top1,
+                f.positions,
+                f.scorer,
+            )  # fmt: skip
         )
         reporter.info(
             f"cold start {i}/{starts}: mean KLD {f.mean_kld!r}, kld_f64_sha256 "
