@@ -209,18 +209,33 @@ def _take_ours(
         remaining = len(prompt) - (start + 1)
         n_logits = n_tokens if n_tokens <= remaining else remaining
         if n_logits > 0:
-            idx = runner.input_batch.req_id_to_index[req_id]
-            offset = int(runner.query_start_loc.np[idx].item())
-            logits = runner.model.compute_logits(hidden_states[offset : offset + n_logits])
-            if runner.model_config.logprobs_mode in ("raw_logits", "processed_logits"):
-                scores = logits.float()
-            else:
-                scores = runner.sampler.compute_logprobs(logits)
             try:
-                session.score(int(extra[XARG]), start, scores, prompt)
-            except (ValueError, TypeError) as exc:
-                session.error(f"window {extra[XARG]!r}: {exc}")
+                _score_chunk(runner, session, hidden_states, req_id, n_logits, extra, start, prompt)
+            except Exception as exc:  # never take the engine down: the collect answer says it
+                session.error(f"window {extra[XARG]!r}: {type(exc).__name__}: {exc}")
         if n_tokens > remaining:  # the last chunk: vLLM forgets the request's prompt rows
             del later[req_id]
             state.in_progress_prompt_logprobs_cpu = None
     return later
+
+
+def _score_chunk(
+    runner: Any,
+    session: _Session,
+    hidden_states: Any,
+    req_id: str,
+    n_logits: int,
+    extra: Any,
+    start: int,
+    prompt: list[int],
+) -> None:
+    idx = runner.input_batch.req_id_to_index[req_id]
+    offset = int(runner.query_start_loc.np[idx].item())
+    logits = runner.model.compute_logits(hidden_states[offset : offset + n_logits])
+    if logits is None:  # a tensor-parallel rank other than the first: rank 0 scores
+        return
+    if runner.model_config.logprobs_mode in ("raw_logits", "processed_logits"):
+        scores = logits.float()
+    else:
+        scores = runner.sampler.compute_logprobs(logits)
+    session.score(int(extra[XARG]), start, scores, prompt)
