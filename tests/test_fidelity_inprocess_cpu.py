@@ -26,8 +26,9 @@ import numpy as np
 import pytest
 
 from pinwheel.cli import main
+from pinwheel.errors import PinwheelError
 from pinwheel.manifest import model as manifest
-from pinwheel.serve import inprocess
+from pinwheel.serve import fidelity, inprocess
 from pinwheel.serve.client import Client
 from pinwheel.serve.fidelity import write_panel
 from pinwheel.serve.qualify import wait_healthy
@@ -106,6 +107,15 @@ def test_in_process_equals_full_rows_fails_a_degraded_student_and_verifies(
             probe.close()
         code_a, a = _qualify(ours, url, tmp_path / "out-a", "perturbed")
         code_b, b = _qualify(rows, url, tmp_path / "out-b", "perturbed")
+        # windows sent under each other's numbers: the engine reports it, pinwheel refuses
+        index = fidelity.read_index(inputs["teacher"], None)
+        windows = json.loads(inputs["panel"].read_text())["windows"]
+        probe = Client(url)
+        try:
+            with pytest.raises(PinwheelError, match="not the teacher's"):
+                inprocess.score_in_engine(probe, str(probe.models()[0]["id"]), windows[::-1], index)
+        finally:
+            probe.close()
         served = tmp_path / "served.npz"  # the student's rows, for a third party's recompute
         assert main(["qualify", "teacher", "--manifest", str(FIXTURE), "--panel",
                      str(inputs["panel"]), "--out", str(served), "--url", url,
