@@ -3,7 +3,7 @@
 # Do not edit: change the manifest and run `pinwheel serve --write-recipe`
 # (a test fails when this file and the manifest disagree).
 #
-# Usage: SM120_MODEL=/path/to/model serve.sh [daily|accuracy|long500k]
+# Usage: SM120_MODEL=/path/to/model serve.sh [daily|accuracy|long500k|fidelity]
 # Reads: SM120_MODEL (required), the image verdictai/glm53-flash-exl3-k4@sha256:bb6d2516f88d963a0c8c10d85582c4580adc8754d506f62ce4915b84c095faca (run by docker), HOST, PORT, CUDA_VISIBLE_DEVICES,
 #        SM120_PROFILE (default daily).
 set -euo pipefail
@@ -32,7 +32,7 @@ case "$profile" in
       -e PROFILE=daily \
       -e MODEL=/model \
       -p "$HOST:$PORT:8012" \
-      verdictai/glm53-flash-exl3-k4@sha256:bb6d2516f88d963a0c8c10d85582c4580adc8754d506f62ce4915b84c095faca
+      verdictai/glm53-flash-exl3-k4@sha256:bb6d2516f88d963a0c8c10d85582c4580adc8754d506f62ce4915b84c095faca --no-enable-prefix-caching --max-num-batched-tokens 2048
     ;;
   accuracy)
     devices="${CUDA_VISIBLE_DEVICES:-0,1}"
@@ -52,10 +52,22 @@ case "$profile" in
       -e PROFILE=long500k \
       -e MODEL=/model \
       -p "$HOST:$PORT:8012" \
-      verdictai/glm53-flash-exl3-k4@sha256:bb6d2516f88d963a0c8c10d85582c4580adc8754d506f62ce4915b84c095faca
+      verdictai/glm53-flash-exl3-k4@sha256:bb6d2516f88d963a0c8c10d85582c4580adc8754d506f62ce4915b84c095faca --no-enable-prefix-caching --max-num-batched-tokens 1024 --gpu-memory-utilization 0.985
+    ;;
+  fidelity)
+    devices="${CUDA_VISIBLE_DEVICES:-0,1}"
+    exec docker run --rm \
+      --gpus "\"device=$devices\"" \
+      --shm-size 16g -v "$SM120_MODEL":/model:ro \
+      -e CACHE=fp8_ds_mla \
+      -e DCP=1 \
+      -e MTP_TOKENS=0 \
+      -e MODEL=/model \
+      -p "$HOST:$PORT:8012" \
+      verdictai/glm53-flash-exl3-k4@sha256:bb6d2516f88d963a0c8c10d85582c4580adc8754d506f62ce4915b84c095faca --enforce-eager --no-enable-prefix-caching --max-num-batched-tokens 2048
     ;;
   *)
-    echo "unknown profile '$profile' (known: daily accuracy long500k)" >&2
+    echo "unknown profile '$profile' (known: daily accuracy long500k fidelity)" >&2
     exit 2
     ;;
 esac

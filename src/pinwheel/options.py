@@ -73,6 +73,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("PINWHEEL_SAFE_DIRECTORIES", "directories another user owns (or world-writable) "
         "that pinwheel may still use: a found manifest, the default cache, env mirrors "
         "(':'-separated; DIR/* below DIR; * everything)", "ownership, cli", None, "none"),
+    Var("PYTHONPATH", "the engine's module path: the in-process KLD scorer puts its vLLM "
+        "extension package in front of it", "serve.inprocess"),
     Var("HOME", "where uv's and pyenv's interpreters are looked for ([build] python)",
         "compile.toolchain.pythons"),
     Var("UV_PYTHON_INSTALL_DIR", "uv-managed interpreters ([build] python)",

@@ -66,11 +66,21 @@ def register(sub: Any) -> None:
     p.add_argument(
         "action",
         nargs="?",
-        choices=("teacher", "tp"),
+        choices=("teacher", "tp", "verify-receipt", "cold-starts"),
         help="teacher: capture reference log-probabilities on the fidelity panel into --out "
         "(from --url, a reference server, or transformers with --model DIR --python PY); "
         "tp: run the exllamav3 wheel's pg_* primitives on --devices (one process per GPU) "
-        "and compare each result with torch.distributed's",
+        "and compare each result with torch.distributed's; "
+        "verify-receipt RECEIPT: recompute a fidelity receipt's hashes (match/mismatch); "
+        "cold-starts: start the server [qualify.fidelity].cold_starts times, score the panel "
+        "each time and gate one tokenwise hash across them",
+    )
+    p.add_argument("receipt", nargs="?", help="verify-receipt: the receipt.json to check")
+    p.add_argument("--teacher", default=None, help="verify-receipt: the teacher file (full rows)")
+    p.add_argument(
+        "--served",
+        default=None,
+        help="verify-receipt: the served rows (`qualify teacher --url URL --top-k -1`)",
     )
     p.add_argument("--wheel", default=None, help="tp: the exllamav3 wheel `pinwheel kernels` built")
     _profile_options(p)
@@ -86,7 +96,7 @@ def register(sub: Any) -> None:
     p.add_argument("--dtype", default="float32", help="teacher: transformers dtype")
     p.add_argument("--url", default=None, help="attach to a running server instead of starting one")
     p.add_argument("--log", default=None, help="the attached server's log (for start-up markers)")
-    p.add_argument("--out", required=True, help="directory for receipt.json, report.md and plots")
+    p.add_argument("--out", default=None, help="directory for receipt.json, report.md and plots")
     p.add_argument(
         "--provenance",
         default=None,
@@ -404,6 +414,11 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
         from pinwheel.serve.fidelity import server_flags
 
         run = replace(run, argv=run.argv + server_flags(fid, r.profile.args))
+        if fid.scorer == "in-process":  # exact KLD in the engine: the worker extension
+            from pinwheel.serve.inprocess import engine_package, server_additions
+
+            flags, env = server_additions(engine_package(out / "engine-ext"), ctx.environ)
+            run = replace(run, argv=run.argv + flags, env={**run.env, **env})
     url = f"http://127.0.0.1:{port}"
     with started_server(run, out, environ=ctx.environ, url=url, reporter=ctx.reporter) as target:
         yield target
@@ -469,6 +484,103 @@ def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def run_cold_starts(ctx: Context, args: argparse.Namespace) -> int:
+    """`pinwheel qualify cold-starts`: the panel scored on N fresh servers, one hash."""
+    from pinwheel.errors import GateFailed
+    from pinwheel.serve import coldstarts, fidelity, inprocess
+    from pinwheel.serve.client import Client
+    from pinwheel.serve.qualify import wait_healthy
+
+    if args.url:
+        raise UsageError(
+            "cold starts need servers pinwheel starts itself",
+            where="--url",
+            next="drop --url; pass --model DIR and --python VENV_PY",
+        )
+    config = ctx.manifest().require("qualify")
+    fid = config.fidelity
+    if fid is None or fid.panel is None:
+        raise UsageError(
+            "no pinned panel: [qualify.fidelity] pins none",
+            where="[qualify.fidelity]",
+            next="pin panel and teacher, then run `pinwheel qualify cold-starts` again",
+        )
+    out = Path(args.out)
+    measure_fn = inprocess.measure if fid.scorer == "in-process" else fidelity.measure
+
+    def wait(target: Any) -> float:
+        c = Client(target.url)
+        try:
+            return wait_healthy(c, target, config.health_timeout_s, reporter=ctx.reporter)
+        finally:
+            c.close()
+
+    def measure(target: Any) -> Any:
+        c = Client(target.url)
+        try:
+            return measure_fn(c, str(c.models()[0]["id"]), fid)
+        finally:
+            c.close()
+
+    done = coldstarts.run(
+        lambda i: _started_server(ctx, args, out / f"start-{i}"),
+        measure,
+        wait,
+        fid.cold_starts,
+        ctx.reporter,
+    )
+    atomic_write_text(out / "cold-starts.json", json.dumps(asdict(done), indent=2) + "\n")
+    g = done.gate
+    ctx.emit(
+        asdict(done),
+        "\n".join(
+            f"start {r.start}: mean KLD {r.mean_kld!r} over {r.positions} ({r.scorer}), "
+            f"kld_f64_sha256 {r.kld_f64_sha256}, kld_sha256 {r.kld_sha256}"
+            for r in done.runs
+        )
+        + f"\n{g.name}: {g.status} ({g.measured})",
+    )
+    if not done.ok:
+        raise GateFailed(
+            f"{g.name}: {g.measured}",
+            where=str(out / "cold-starts.json"),
+            next="the engine is not deterministic across starts: compare the runs' values",
+        )
+    return 0
+
+
+def run_verify_receipt(ctx: Context, args: argparse.Namespace) -> int:
+    """`pinwheel qualify verify-receipt RECEIPT`: recompute the fidelity hashes."""
+    from pinwheel.errors import VerifyError
+    from pinwheel.serve.verify import VerifyRequest, verify
+
+    if not args.receipt:
+        raise UsageError(
+            "no receipt to verify",
+            where="pinwheel qualify verify-receipt",
+            next="pass the receipt.json: pinwheel qualify verify-receipt OUT/receipt.json",
+        )
+    done = verify(
+        VerifyRequest(
+            receipt=Path(args.receipt),
+            teacher=Path(args.teacher) if args.teacher else None,
+            served=Path(args.served) if args.served else None,
+        )
+    )
+    ctx.emit(
+        asdict(done) | {"ok": done.ok},
+        "\n".join(f"{c.status:>8}  {c.name}: {c.detail}" for c in done.checks),
+    )
+    if not done.ok:
+        bad = [c.name for c in done.checks if c.status == "mismatch"]
+        raise VerifyError(
+            "the receipt does not recompute: " + ", ".join(bad),
+            where=args.receipt,
+            next="the values or the rows were altered, or belong to another run",
+        )
+    return 0
+
+
 def run_tp(ctx: Context, args: argparse.Namespace) -> int:
     """`pinwheel qualify tp`: pg_* primitives of a built exllamav3 against torch.distributed."""
     from pinwheel.errors import GateFailed
@@ -520,8 +632,18 @@ def run_tp(ctx: Context, args: argparse.Namespace) -> int:
 def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.serve.qualify import Target, gate_failure, qualify
 
+    if args.action == "verify-receipt":
+        return run_verify_receipt(ctx, args)
+    if not args.out:
+        raise UsageError(
+            "the following arguments are required: --out",
+            where="pinwheel qualify",
+            next="pass --out DIR",
+        )
     if args.action == "teacher":
         return run_teacher(ctx, args)
+    if args.action == "cold-starts":
+        return run_cold_starts(ctx, args)
     if args.action == "tp":
         return run_tp(ctx, args)
     m = ctx.manifest()

@@ -41,7 +41,7 @@ from filelock import FileLock
 from packaging.utils import canonicalize_name
 
 from pinwheel import runner
-from pinwheel.compile import workspace
+from pinwheel.compile import workers, workspace
 from pinwheel.compile.buildvenv import parse_requirements
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
@@ -93,35 +93,11 @@ class LockedVenv:
         }
 
 
-# Runs in the interpreter the venv is based on (-I: no PYTHONPATH, no user site).
-_PROBE = """
-import json, os, platform, sys
-site = []
-for p in sys.path:
-    if site or os.path.basename(p) in ("site-packages", "dist-packages"):
-        if p and os.path.isdir(p):
-            site.append(os.path.realpath(p))
-base = getattr(sys, "_base_executable", None) or sys.executable
-markers = {
-    "implementation_name": sys.implementation.name,
-    "implementation_version": platform.python_version(),
-    "os_name": os.name, "platform_machine": platform.machine(),
-    "platform_release": platform.release(), "platform_system": platform.system(),
-    "platform_version": platform.version(),
-    "python_full_version": platform.python_version(),
-    "platform_python_implementation": platform.python_implementation(),
-    "python_version": ".".join(platform.python_version_tuple()[:2]),
-    "sys_platform": sys.platform,
-}
-print(json.dumps({"base": os.path.realpath(base), "version": platform.python_version(),
-                  "site": site, "markers": markers}))
-"""
-
-
 def interpreter(python: str) -> Interpreter:
     out = runner.run(
         runner.Command(
-            (python, "-I", "-c", _PROBE), what="the build interpreter", timeout=120,
+            (python, "-I", "-c", workers.source("interpreter_probe")),
+            what="the build interpreter", timeout=120,
             error=LockedVenvError, where=python,
             next="point it at a working Python (PINWHEEL_TORCH_PYTHON, [build] python)",
         )
@@ -250,42 +226,14 @@ def _own_site(python: Path) -> Path:
     return found[0]
 
 
-# Runs in the build's Python: every distribution it can import, first on sys.path first.
-_LISTING = """
-import hashlib, json, os, sys
-from importlib.metadata import distributions
-SKIP = {"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"}
-own = os.path.realpath(sys.argv[1])
-seen, out = set(), []
-for entry in sys.path:
-    if not entry or not os.path.isdir(entry):
-        continue
-    for dist in sorted(distributions(path=[entry]), key=lambda d: str(d.metadata["Name"])):
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-").replace(".", "-")
-        lines = []
-        for line in (dist.read_text("RECORD") or "").splitlines():
-            path = line.rsplit(",", 2)[0]
-            if not path or path.startswith("..") or path.split("/")[-1] in SKIP:
-                continue
-            if "__pycache__/" in path:
-                continue
-            lines.append(line)
-        digest = hashlib.sha256("\\n".join(sorted(lines)).encode()).hexdigest()
-        out.append({"name": name, "version": dist.version, "record_sha256": digest,
-                    "from": "lock" if os.path.realpath(entry) == own else "machine",
-                    "shadowed": name in seen})
-        seen.add(name)
-print(json.dumps(out))
-"""
-
-
 def listing(venv: LockedVenv) -> list[dict[str, Any]]:
     """Every distribution the venv's Python imports from its site-packages and the
     machine's (``-I``: no PYTHONPATH, no user site), in ``sys.path`` order."""
     site = _own_site(venv.python)
     out = runner.run(
         runner.Command(
-            (str(venv.python), "-I", "-c", _LISTING, str(site)), what="listing the build env",
+            (str(venv.python), "-I", "-c", workers.source("dist_listing"), str(site)),
+            what="listing the build env",
             timeout=300, error=LockedVenvError, where=str(venv.python),
         )
     )  # fmt: skip

@@ -436,6 +436,13 @@ class FidelityConfig:
     strict: bool = False  # max_mean_kld is a strict bound (`<`), as the card writes its gate
     tolerance: float = 0.0  # relative margin on a card's measured figure (never on a strict gate)
     reference: tuple[tuple[str, str], ...] = ()  # the card's teacher, method and figures
+    # "rows": the served prompt_logprobs as JSON (the reference; ~11 MB a position at a 150k
+    # vocabulary when full); "in-process": exact KLD in the engine (serve/workers/kld_ext.py),
+    # 13-byte records out, against a full-row teacher file.
+    scorer: str = "rows"
+    # where tolerance comes from: the card's words or "default" (shown in the gate)
+    tolerance_source: str = ""
+    cold_starts: int = 1  # `qualify cold-starts`: fresh servers whose tokenwise hash must agree
 
 
 @dataclass(frozen=True)
@@ -682,6 +689,10 @@ def _bootstrap(t: Table) -> int:
     return int(n)
 
 
+SCORERS = ("rows", "in-process")
+MAX_COLD_STARTS = 20  # a default: each start costs minutes
+
+
 def _parse_fidelity(t: Table) -> FidelityConfig:
     t.only(
         "panel",
@@ -693,7 +704,10 @@ def _parse_fidelity(t: Table) -> FidelityConfig:
         "seed",
         "strict",
         "tolerance",
+        "tolerance_source",
         "reference",
+        "scorer",
+        "cold_starts",
     )
     common = {
         "top_k": t.int("top_k", 20, minimum=-1),
@@ -704,7 +718,18 @@ def _parse_fidelity(t: Table) -> FidelityConfig:
         "strict": t.bool("strict", False),
         "tolerance": _fraction(t, "tolerance") or 0.0,
         "reference": tuple(t.str_map("reference", {}).items()),
+        "scorer": t.choice("scorer", SCORERS, "rows"),
+        "tolerance_source": t.str("tolerance_source", ""),
+        "cold_starts": t.int("cold_starts", 1, minimum=1),
     }
+    if common["cold_starts"] > MAX_COLD_STARTS:
+        raise t.error("cold_starts", f"1 to {MAX_COLD_STARTS} server starts", common["cold_starts"])
+    if common["scorer"] == "in-process" and common["top_k"] != -1:
+        raise t.error("top_k", '-1 with scorer = "in-process" (it scores full rows)')
+    if common["tolerance"] and not common["tolerance_source"]:
+        raise t.error(
+            "tolerance_source", 'where tolerance comes from (the card\'s words, or "default")'
+        )
     if common["top_k"] == 0:
         raise t.error("top_k", "a positive integer, or -1 for the full vocabulary", 0)
     if not t.has("panel") and not t.has("teacher"):

@@ -210,13 +210,59 @@ def _teacher_error(what: str, source: str) -> UsageError:
     )
 
 
+def write_teacher_file(
+    path: Path, arrays: Mapping[str, Any], meta: Mapping[str, Any], full_npy: Path
+) -> None:
+    """The file :func:`teacher_bytes` would hold, its ``full`` member streamed from an .npy
+    file (never whole in memory); written beside ``path``, then renamed over it."""
+    import os
+    import shutil
+
+    np = _np()
+    items: dict[str, Any] = {
+        "meta": np.frombuffer(json.dumps(meta, sort_keys=True).encode(), np.uint8)
+    }
+    items |= dict(arrays)
+    names = sorted([*items, "full"])
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED) as zf:
+                for name in names:
+                    info = zipfile.ZipInfo(name + ".npy", date_time=ZIP_TIME)
+                    info.external_attr = 0o644 << 16
+                    if name == "full":
+                        info.file_size = full_npy.stat().st_size  # as writestr sets it
+                        with zf.open(info, "w") as dst, open(full_npy, "rb") as src:
+                            shutil.copyfileobj(src, dst, 1 << 22)
+                    else:
+                        one = io.BytesIO()
+                        np.lib.format.write_array(
+                            one, np.ascontiguousarray(items[name]), allow_pickle=False
+                        )
+                        zf.writestr(info, one.getvalue())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+MAX_TEACHER_STORE = 4 * 1024**4  # a default: bytes a teacher read through a memory map may hold
+
+
 def _teacher_members(data: bytes, source: str, limit: int) -> None:
+    check_teacher_members(io.BytesIO(data), source, limit)
+
+
+def check_teacher_members(fh: Any, source: str, limit: int) -> None:
     """Every member's declared shape and dtype, checked against the limit and the bytes the
     member really holds, before numpy allocates anything (an .npz bomb asks for GiBs)."""
     np = _np()
     total = 0
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        with zipfile.ZipFile(fh) as zf:
             infos = zf.infolist()
             if len(infos) > len(TEACHER_ARRAYS):
                 raise _teacher_error(f"{len(infos)} members, a teacher has at most 7", source)
@@ -354,6 +400,93 @@ def read_teacher(path: Path, sha256: str | None) -> Teacher:
             next="restore the pinned teacher file, or recapture it and pin the new sha256",
         )
     return load_teacher(data, str(path))
+
+
+def check_panel(teacher: Teacher, panel: Panel) -> None:
+    """The teacher was captured on this panel (its sha256 and its window lengths)."""
+    _check_panel(teacher, panel)
+
+
+@dataclass(frozen=True, eq=False)
+class TeacherIndex:
+    """What pinwheel reads of a teacher file for the in-process path: never the rows."""
+
+    path: Path
+    sha256: str
+    meta: Mapping[str, Any]
+    offsets: Any
+    target: Any
+    positions: int
+    vocab: int
+
+
+def _sha256_stream(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_index(path: Path, sha256: str | None) -> TeacherIndex:
+    """The teacher's meta, offsets and targets; the file checked whole (streamed sha256,
+    every member's header against its bytes), its ``full`` rows left on disk."""
+    np = _np()
+    from pinwheel import untrusted
+
+    if not path.is_file():
+        raise UsageError(
+            f"no teacher file at {path}",
+            where="[qualify.fidelity].teacher",
+            next="capture it once: `pinwheel qualify teacher --top-k -1 --out FILE`",
+        )
+    digest = _sha256_stream(path)
+    if sha256 is not None and digest != sha256:
+        raise VerifyError(
+            f"teacher sha256 is {digest}, the manifest pins {sha256}",
+            where=str(path),
+            next="restore the pinned teacher file, or recapture it and pin the new sha256",
+        )
+    with open(path, "rb") as fh:
+        check_teacher_members(fh, str(path), limit=MAX_TEACHER_STORE)
+        try:
+            with zipfile.ZipFile(fh) as zf:
+                small = {}
+                for name in ("meta", "offsets", "target"):
+                    with zf.open(name + ".npy") as member:
+                        small[name] = np.lib.format.read_array(
+                            io.BytesIO(member.read(64 * 1024 * 1024)), allow_pickle=False
+                        )
+                names = {i.filename for i in zf.infolist()}
+                if "full.npy" not in names:
+                    raise UsageError(
+                        "the in-process scorer needs a teacher with full rows",
+                        where=str(path),
+                        next="recapture it with `pinwheel qualify teacher --top-k -1`",
+                    )
+                with zf.open("full.npy") as member:
+                    version = np.lib.format.read_magic(member)
+                    read = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, _f, _d = read(member, max_header_size=10000)
+        except (KeyError, ValueError, zipfile.BadZipFile, OSError, EOFError) as exc:
+            raise UsageError(f"not a usable teacher file: {exc}", where=str(path)) from None
+    raw = untrusted.parse_json(bytes(small["meta"]), untrusted.TEACHER_META, str(path))
+    if not isinstance(raw, dict) or raw.get("schema") != TEACHER_SCHEMA:
+        raise UsageError(f"not a {TEACHER_SCHEMA} file", where=str(path))
+    meta = untrusted.decode(untrusted.TeacherMetaDoc, raw, untrusted.TEACHER_META, str(path))
+    offsets, target = small["offsets"], small["target"]
+    p = len(target)
+    if len(offsets) < 2 or offsets[0] != 0 or np.any(np.diff(offsets) < 1) or offsets[-1] != p:
+        raise UsageError(f"offsets are not 0 < ... < {p} positions", where=str(path))
+    if shape[0] != p or np.any(target < 0) or np.any(target >= shape[1]):
+        raise UsageError("full rows and targets disagree", where=str(path))
+    return TeacherIndex(
+        path, digest, {**raw, "source": meta.source}, offsets, target, p, int(shape[1])
+    )
 
 
 def _check_panel(teacher: Teacher, panel: Panel) -> None:
@@ -551,11 +684,15 @@ def capture_from_server(client: Any, model: str, panel: Panel, top_k: int) -> by
 
 
 # Run by the engine's (or any) python with transformers + torch: full log-softmax rows.
-def capture_with_transformers(req: TeacherRequest) -> bytes:
+def capture_with_transformers(req: TeacherRequest, out: Path | None = None) -> bytes:
+    """Teacher file bytes; with ``out`` and full rows, the file is streamed to ``out``
+    instead (a large panel's rows never sit in memory) and b"" is returned."""
     np = _np()
     assert req.python and req.model
     panel = req.panel
-    with tempfile.TemporaryDirectory(prefix="pinwheel-teacher-") as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix="pinwheel-teacher-", dir=out.parent if out else None
+    ) as tmp:
         spec = Path(tmp) / "request.json"
         spec.write_text(
             json.dumps(
@@ -579,14 +716,26 @@ def capture_with_transformers(req: TeacherRequest) -> bytes:
                 next="that python needs transformers + torch and the model directory:\n"
                 + proc.err_text[-2000:],
             )
-        full = np.load(Path(tmp) / "full.npy")
+        full = np.load(Path(tmp) / "full.npy", mmap_mode="r")
         versions = json.loads((Path(tmp) / "versions.json").read_text())
-    targets = np.array([t for w in panel.windows for t in w[1:]], np.int64)
-    arrays: dict[str, Any] = {
-        "offsets": np.array([0] + [len(w) - 1 for w in panel.windows], np.int64).cumsum(),
-        "target": targets.astype(np.int32),
-        "target_logprob": full[np.arange(len(targets)), targets],
-    }
+        targets = np.array([t for w in panel.windows for t in w[1:]], np.int64)
+        arrays: dict[str, Any] = {
+            "offsets": np.array([0] + [len(w) - 1 for w in panel.windows], np.int64).cumsum(),
+            "target": targets.astype(np.int32),
+            "target_logprob": np.array(full[np.arange(len(targets)), targets], np.float32),
+        }
+        meta = {
+            "schema": TEACHER_SCHEMA,
+            "panel_sha256": panel.sha256,
+            "source": f"transformers {versions['transformers']} torch {versions['torch']} "
+            f"{req.dtype} on {Path(req.model).name}",
+            "top_k": req.top_k,
+        }
+        if req.top_k == -1 and out is not None:
+            del full
+            write_teacher_file(out, arrays, meta, Path(tmp) / "full.npy")
+            return b""
+        full = np.array(full)
     if req.top_k == -1:
         arrays["full"] = full
     else:
@@ -595,13 +744,6 @@ def capture_with_transformers(req: TeacherRequest) -> bytes:
         for i, row in enumerate(full):
             ids[i] = np.lexsort((np.arange(len(row)), -row))[:k]
         arrays |= {"top_ids": ids, "top_logprobs": np.take_along_axis(full, ids, 1)}
-    meta = {
-        "schema": TEACHER_SCHEMA,
-        "panel_sha256": panel.sha256,
-        "source": f"transformers {versions['transformers']} torch {versions['torch']} "
-        f"{req.dtype} on {Path(req.model).name}",
-        "top_k": req.top_k,
-    }
     return teacher_bytes(arrays, meta)
 
 
@@ -618,6 +760,13 @@ def capture_teacher(req: TeacherRequest) -> TeacherOutcome:
             data = capture_from_server(client, str(models[0]["id"]), req.panel, req.top_k)
         finally:
             client.close()
+    elif req.python and req.model and req.top_k == -1:  # full rows: streamed to the file
+        capture_with_transformers(req, req.out)
+        ix = read_index(req.out, None)
+        return TeacherOutcome(
+            path=str(req.out), sha256=ix.sha256, positions=ix.positions,
+            source=str(ix.meta["source"]), stored="full", bytes=req.out.stat().st_size,
+        )  # fmt: skip
     elif req.python and req.model:
         data = capture_with_transformers(req)
     else:
@@ -646,16 +795,19 @@ def score_positions(
 ) -> tuple[Any, Any, bool, int]:
     """Per-position KLD (float64), top-1 agreement, whether every value is exact, top-1 ties.
 
-    Exact (:func:`kld.exact_kl`) where both sides gave the whole vocabulary; a proven
+    Exact where both sides gave the whole vocabulary (:mod:`pinwheel.serve.workers.detkl`:
+    the same bits on every CPU, the in-process scorer's code); a proven
     lower bound (:func:`kld.lower_bound`) elsewhere. Top-1 on both sides: the highest
     log-probability, ties to the lowest token id; a position where either side's
     maximum is tied counts in ``ties``.
     """
     np = _np()
     from pinwheel.serve import kld as K
+    from pinwheel.serve.workers import detkl
 
     n = len(student)
     out = np.empty(n, np.float64)
+    scorer = None if teacher.full is None else detkl.Scorer(teacher.full.shape[1])
     agree = np.empty(n, bool)
     exact = True
     ties = 0
@@ -680,7 +832,11 @@ def score_positions(
             if vocab is not None and len(ids) == vocab:
                 s_row = np.full(vocab, np.nan)
                 s_row[ids] = lps
-                out[p] = K.exact_kl(t_side.lps, s_row)
+                assert scorer is not None
+                try:  # the canonical values: the same bits on every CPU (workers/detkl.py)
+                    out[p] = scorer.one(teacher.full[p], s_row)[0]
+                except ValueError as exc:
+                    raise K.KldInputError(str(exc)) from None
             else:
                 exact = False
                 out[p] = K.lower_bound(t_side, K.Side.served(ids, lps, target))
@@ -703,6 +859,32 @@ def kld_sha256(kld: Any) -> str:
     from pinwheel.serve import kld as K
 
     return K.kld_sha256(kld)
+
+
+def _f64_sha256(kld: Any) -> str:
+    from pinwheel.serve.workers import detkl
+
+    return detkl.f64_sha256(kld)
+
+
+def _math_name() -> str:
+    from pinwheel.serve.workers import detkl
+
+    return detkl.METHOD
+
+
+def served_rows_sha256(student: Sequence[tuple[Any, Any, int]], vocab: int) -> str | None:
+    """sha256 of the served full rows as float64 little-endian [P, V] in token-id order
+    (what a third party recaptures and checks); None unless every row is full."""
+    np = _np()
+    h = hashlib.sha256()
+    for ids, lps, _ in student:
+        if len(ids) != vocab:
+            return None
+        row = np.full(vocab, np.nan)
+        row[ids] = lps
+        h.update(row.astype("<f8").tobytes())
+    return h.hexdigest()
 
 
 def bootstrap_ci(
@@ -770,6 +952,8 @@ def summarize(
         windows=len(panel.windows),
         method="full" if exact else f"top-{top_k}+tail",
         kld_sha256=kld_sha256(kld),
+        kld_f64_sha256=_f64_sha256(kld),
+        math=_math_name() if exact else "pinwheel.kld.lower_bound",
         panel_sha256=panel.sha256,
         teacher_sha256=teacher.sha256,
         teacher_source=str(teacher.meta.get("source", "")),
@@ -782,7 +966,14 @@ def summarize(
 
 
 def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
-    """Score the served model against the teacher on the panel (one request per window)."""
+    """Score the served model against the teacher on the panel (one request per window):
+    in the engine (``scorer = "in-process"``, :mod:`pinwheel.serve.inprocess`) or from the
+    served rows (``"rows"``, the reference path)."""
+    if cfg.scorer == "in-process":
+        raise UsageError(
+            'scorer = "in-process" is measured by pinwheel.serve.inprocess.measure',
+            where="[qualify.fidelity].scorer",
+        )
 
     def tokenize(text: str) -> list[int]:
         return list(client.tokenize(model, prompt=text))
@@ -816,7 +1007,10 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
         )
     student = _server_rows(client, model, panel, cfg.top_k)
     kld, agree, exact, ties = score_positions(teacher, student)
-    return summarize(
+    rows_sha = None
+    if exact and teacher.full is not None:
+        rows_sha = served_rows_sha256(student, teacher.full.shape[1])
+    result = summarize(
         kld,
         agree,
         exact,
@@ -827,6 +1021,9 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
         resamples=cfg.bootstrap,
         seed=cfg.seed,
     )
+    from dataclasses import replace
+
+    return replace(result, served_rows_sha256=rows_sha)
 
 
 # --------------------------------------------------------------------------- gates

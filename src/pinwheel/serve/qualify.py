@@ -29,7 +29,7 @@ from pinwheel.heartbeat import Heartbeat
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.serve import QualifyConfig, QualifyProfile
 from pinwheel.progress import SILENT, Reporter
-from pinwheel.serve import fidelity, needle, stats
+from pinwheel.serve import fidelity, inprocess, needle, stats
 from pinwheel.serve.client import (
     Client,
     ServerGone,
@@ -452,7 +452,9 @@ def qualify(
         if config.fidelity is not None and config.fidelity.panel is not None:
             _check_alive(target)
             reporter.info("fidelity: scoring the panel's prompt log-probabilities")
-            part.fidelity = fidelity.measure(client, model, config.fidelity)
+            part.fidelity = (  # exact KLD in the engine, or from the served rows
+                inprocess.measure if config.fidelity.scorer == "in-process" else fidelity.measure
+            )(client, model, config.fidelity)
             f = part.fidelity
             reporter.info(
                 f"fidelity: mean KLD {'>= ' if f.bound == 'lower' else ''}{f.mean_kld:.4e} "

@@ -111,6 +111,13 @@ class FidelityResult:
     kld: tuple[float, ...] = field(default=(), repr=False, compare=False)  # not in the JSON
     bound: str = "exact"  # "exact", or "lower": every figure above is a lower bound
     top1_ties: int = 0  # positions where either side's maximum was tied
+    # sha256 of the per-position values as float64 little-endian (fidelity_kld.f64)
+    kld_f64_sha256: str = ""
+    math: str = ""  # the method that made the values ("pinwheel.detkl/1": same bits on any CPU)
+    scorer: str = "rows"  # "rows" (served rows as JSON, the reference) or "in-process"
+    served_rows_sha256: str | None = None  # rows path, full rows: float64 LE [P, V] by token id
+    boundary_bytes_per_position: float | None = None  # in-process: bytes out of the engine
+    engine_seconds: float | None = None  # in-process: time the engine spent scoring
 
 
 NOT_MEASURABLE = "not measurable"

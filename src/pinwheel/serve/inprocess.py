@@ -1,0 +1,239 @@
+"""Fidelity scored inside the engine: the worker extension's side in pinwheel.
+
+In: a running vLLM started with the extension (:func:`server_additions`), the pinned
+panel and teacher file. Out: a :class:`FidelityResult` whose per-position values were
+computed in the engine process (:mod:`pinwheel.serve.workers.kld_ext`) by
+:mod:`pinwheel.serve.workers.detkl`, the same deterministic code the full-row
+reference path uses, so both give the same bits for the same rows.
+
+Crossing the process boundary per position: a 13-byte record (float64 KLD, flags,
+the student's top-1), base64 in the RPC answer, plus the small completion answer of
+the request that scored it (vLLM returns no prompt log-probabilities for it).
+:func:`measure` counts both and reports ``boundary_bytes_per_position``.
+
+The server side needs ``VLLM_SERVER_DEV_MODE=1`` (vLLM's ``POST /collective_rpc``,
+a development endpoint: start such a server on localhost only), the package on
+``PYTHONPATH`` and ``--worker-extension-cls``; :func:`server_additions` gives all three.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pinwheel import untrusted
+from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.manifest.serve import FidelityConfig
+from pinwheel.serve import fidelity
+from pinwheel.serve.receipt import FidelityResult
+
+PACKAGE = "pinwheel_kld"  # the name the engine imports the extension under
+EXTENSION = f"{PACKAGE}.kld_ext.KldExtension"
+XARG = "pinwheel_kld_window"
+RECORD_BYTES = 13
+RPC = untrusted.LOGPROBS  # the collect answer: base64 records, 17.3 bytes a position
+
+
+def engine_package(dest: Path) -> Path:
+    """Copy the extension (kld_ext.py, detkl.py) into ``dest/pinwheel_kld``; returns
+    ``dest`` (the directory to put on the engine's PYTHONPATH)."""
+    from pinwheel.fsutil import atomic_write_bytes
+
+    src = Path(__file__).parent / "workers"
+    pkg = dest / PACKAGE
+    if pkg.exists():
+        shutil.rmtree(pkg)
+    pkg.mkdir(parents=True)
+    atomic_write_bytes(pkg / "__init__.py", b'"""pinwheel\'s vLLM worker extension (copied)."""\n')
+    for name in ("kld_ext.py", "detkl.py"):
+        atomic_write_bytes(pkg / name, (src / name).read_bytes())
+    return dest
+
+
+def server_additions(ext_dir: Path, environ: Mapping[str, str]) -> tuple[tuple[str, ...], dict]:
+    """(flags, environment) a vLLM server needs for the in-process scorer."""
+    path = str(ext_dir) + (":" + environ["PYTHONPATH"] if environ.get("PYTHONPATH") else "")
+    return ("--worker-extension-cls", EXTENSION), {
+        "VLLM_SERVER_DEV_MODE": "1",
+        "PYTHONPATH": path,
+    }
+
+
+# --------------------------------------------------------------------------- the RPC
+
+
+def _post(client: Any, path: str, body: Any, kind: untrusted.Kind) -> tuple[Any, int]:
+    """The parsed JSON of a 200 answer and its size in bytes."""
+    from pinwheel.serve.client import ServerRefused
+
+    budget = client._budget(f"POST {path}", kind)
+    resp = client._send("POST", path, body)
+    raw = client._body(resp, budget)
+    if resp.status != 200:
+        hint = (
+            "; the server has no /collective_rpc: start it with VLLM_SERVER_DEV_MODE=1 and "
+            f"--worker-extension-cls {EXTENSION} (let `pinwheel qualify` start it)"
+            if resp.status == 404
+            else ""
+        )
+        raise ServerRefused(
+            f"POST {path} answered HTTP {resp.status}: "
+            + raw[:300].decode(errors="replace")
+            + hint,
+            status=resp.status,
+            where=client.url,
+        )
+    return untrusted.parse_json(raw, kind, f"{client.url}{path}"), len(raw)
+
+
+def rpc(client: Any, method: str, args: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """One ``collective_rpc`` call; the first worker's answer (rank 0 holds the logits)."""
+    body = {"method": method, "args": [json.dumps(dict(args))]}
+    answer, size = _post(client, "/collective_rpc", body, RPC)
+    results = answer.get("results") if isinstance(answer, dict) else None
+    if not isinstance(results, list) or not results or not isinstance(results[0], dict):
+        raise untrusted.fail(
+            RPC, f"{method} answered {str(answer)[:200]!r}, not a list of objects", client.url
+        )
+    return results[0], size
+
+
+def decode_records(answer: Mapping[str, Any], positions: int, where: str) -> Any:
+    """The RECORD array from ``pinwheel_kld_collect``'s answer, checked."""
+    import numpy as np
+
+    from pinwheel.serve.workers import detkl
+
+    errors = answer.get("errors")
+    if not isinstance(errors, list) or not all(isinstance(e, str) for e in errors):
+        raise untrusted.fail(RPC, "errors is not a list of strings", where)
+    if errors:
+        raise PinwheelError(
+            "the engine could not score the panel: " + "; ".join(e[:200] for e in errors[:5]),
+            where=where,
+            next="check that the server serves the model the teacher was captured for, on "
+            "the pinned panel",
+        )
+    text = answer.get("records")
+    if not isinstance(text, str) or len(text) > 4 * (positions * RECORD_BYTES + 2) // 3 + 4:
+        raise untrusted.fail(RPC, "records is not base64 of the expected size", where)
+    try:
+        data = base64.b64decode(text, validate=True)
+    except ValueError:
+        raise untrusted.fail(RPC, "records is not base64", where) from None
+    if len(data) != positions * RECORD_BYTES:
+        raise untrusted.fail(
+            RPC, f"records hold {len(data)} bytes, expected {positions} x {RECORD_BYTES}", where
+        )
+    rec = np.frombuffer(data, detkl.RECORD)
+    scored = answer.get("scored")
+    if scored != positions:
+        raise PinwheelError(
+            f"the engine scored {scored} of {positions} positions "
+            f"(first missing: {answer.get('missing_first')})",
+            where=where,
+            next="a request was preempted or not flagged; run qualify again on an idle server",
+        )
+    kl = rec["kl"]
+    if np.isnan(kl).any() or (kl < 0).any() or (rec["flags"] > 3).any():
+        raise untrusted.fail(RPC, "a record holds a NaN or negative KLD, or unknown flags", where)
+    return rec
+
+
+@dataclass(frozen=True)
+class EngineScore:
+    records: Any  # detkl.RECORD per position
+    rpc_bytes: int  # the collect answer
+    request_bytes: int  # the completion answers of the scoring requests
+    engine_seconds: float  # time the engine spent in detkl
+    wall_seconds: float
+
+
+def score_in_engine(
+    client: Any, model: str, windows: Any, index: fidelity.TeacherIndex
+) -> EngineScore:
+    """Open the teacher in the engine, send each window flagged, collect the records."""
+    import time
+
+    from pinwheel.serve.client import ServerRefused
+
+    t0 = time.perf_counter()
+    opened, _ = rpc(client, "pinwheel_kld_open", {"teacher": str(index.path.resolve()),
+                                                   "sha256": index.sha256})  # fmt: skip
+    if opened.get("positions") != index.positions or opened.get("vocab") != index.vocab:
+        raise untrusted.fail(RPC, f"pinwheel_kld_open answered {opened!r}", client.url)
+    request_bytes = 0
+    try:
+        for w, ids in enumerate(windows):
+            body = {"model": model, "prompt": list(ids), "max_tokens": 1, "temperature": 0.0,
+                    "prompt_logprobs": 0, "vllm_xargs": {XARG: w}}  # fmt: skip
+            try:
+                _, size = _post(client, "/v1/completions", body, untrusted.SERVER)
+            except ServerRefused as exc:
+                raise PinwheelError(
+                    exc.what,
+                    where=client.url,
+                    next="the server must accept vllm_xargs and prompt_logprobs (vLLM >= 0.10)",
+                ) from None
+            request_bytes += size
+        answer, rpc_bytes = rpc(client, "pinwheel_kld_collect", {})
+    finally:
+        try:
+            rpc(client, "pinwheel_kld_close", {})
+        except PinwheelError:
+            pass
+    records = decode_records(answer, index.positions, client.url)
+    secs = answer.get("score_seconds")
+    return EngineScore(
+        records=records,
+        rpc_bytes=rpc_bytes,
+        request_bytes=request_bytes,
+        engine_seconds=float(secs) if isinstance(secs, (int, float)) else math.nan,
+        wall_seconds=time.perf_counter() - t0,
+    )
+
+
+def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
+    """``[qualify.fidelity] scorer = "in-process"``: exact KLD computed in the engine."""
+    import numpy as np
+
+    from pinwheel.serve.workers import detkl
+
+    if cfg.panel is None or cfg.teacher is None:
+        raise UsageError(
+            "the in-process scorer needs a pinned panel and teacher file",
+            where="[qualify.fidelity]",
+            next="pin panel = { file, sha256 } and teacher = { file, sha256 } (full rows)",
+        )
+
+    def tokenize(text: str) -> list[int]:
+        return list(client.tokenize(model, prompt=text))
+
+    panel = fidelity.read_panel(cfg.panel, cfg.panel_sha256, tokenize)
+    index = fidelity.read_index(cfg.teacher, cfg.teacher_sha256)
+    teacher = fidelity.Teacher(
+        meta=index.meta, offsets=index.offsets, target=index.target, target_logprob=None,
+        top_ids=None, top_logprobs=None, full=None, sha256=index.sha256, source=str(index.path),
+    )  # fmt: skip
+    fidelity.check_panel(teacher, panel)
+    got = score_in_engine(client, model, panel.windows, index)
+    rec = got.records
+    kl = np.array(rec["kl"], np.float64)
+    agree = (rec["flags"] & detkl.AGREE) > 0
+    ties = int(((rec["flags"] & detkl.TIED) > 0).sum())
+    result = fidelity.summarize(
+        kl, agree, True, ties=ties, panel=panel, teacher=teacher, top_k=-1,
+        resamples=cfg.bootstrap, seed=cfg.seed,
+    )  # fmt: skip
+    return replace(
+        result,
+        scorer="in-process",
+        boundary_bytes_per_position=(got.rpc_bytes + got.request_bytes) / index.positions,
+        engine_seconds=got.engine_seconds,
+    )
