@@ -122,7 +122,7 @@ UP = "https://github.com/1CatAI/1Cat-vLLM.git"  # the root manifest's upstream
 CLI = {
     "a directory as the manifest": (["--manifest", "{tmp}", "plan", "--offline"],
                                     "is a directory"),
-    "a cache that is a file": (["--cache", "{tmp}/afile", "plan"], "this is a file, but"),
+    "a cache that is a file": (["--cache", "{tmp}/afile", "plan"], "already exists as a file"),
     "a manifest under a file": (["--manifest", "{tmp}/afile/manifest.toml", "plan", "--offline"],
                                 "afile"),
     "a mirror that is a file": (["--cache", "{tmp}/c", "--mirror", UP + "={tmp}/afile", "plan"],

@@ -304,9 +304,11 @@ def build_interpreter(config: BuildConfig, environ: Mapping[str, str]) -> str:
         return found.path
     raise KernelBuildError(
         f"no Python {config.python} for the torch-extension build ([build] python pins it; "
-        f"this interpreter is {here}; looked on PATH, in uv's and pyenv's interpreters)",
+        f"this interpreter is {here}; looked on PATH, in uv's and pyenv's interpreters; "
+        f"its wheels are cp{config.python.replace('.', '')})",
         where="[build] python",
-        next=f"{how_to_get(config.python)}; or point PINWHEEL_TORCH_PYTHON at a "
+        next=f"{how_to_get(config.python)} (the wheels are cp{config.python.replace('.', '')}); "
+        "or point PINWHEEL_TORCH_PYTHON at a "
         f"Python {config.python} that holds torch {config.torch}",
     )
 

@@ -212,7 +212,7 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
 def fetch_model(pack: ModelConfig, local_dir: Path) -> ModelReport:
     """snapshot_download at the pinned revision, then the offline check (hub part untested)."""
     if pack.repo is None:
-        raise PinwheelError(
+        raise ManifestError(
             "[model] has no repo",
             where="[model] key 'repo'",
             next='set repo = "<org>/<name>" of the model pack on the hub',
