@@ -57,6 +57,12 @@ def test_a_foreign_toolkits_header_times_do_not_reach_the_bytes(
     if probe.method != canonical.NAMESPACE:
         pytest.skip(f"views need the mount namespace: {probe.why}")
     tree = checkout(tmp_path / "checkout")
+    # -lineinfo declared in the manifest: a build's environment holds only declared values
+    # (the caller's CUDAFLAGS never reaches it)
+    manifest = tree / "manifest.toml"
+    text = manifest.read_text()
+    assert "\n[build]\n" in text
+    manifest.write_text(text.replace("\n[build]\n", '\n[build]\nenv = { CUDAFLAGS = "-lineinfo" }\n', 1))
     cu = tree / "kernels" / "pinwheel-selftest" / "csrc" / "selftest.cu"
     cu.write_text(cu.read_text() + HALF)
     one = foreign_toolkit(toolkit_root, tmp_path / "image-2025" / "cuda", 1_740_000_000)
@@ -65,7 +71,7 @@ def test_a_foreign_toolkits_header_times_do_not_reach_the_bytes(
     def build(toolkit: Path, name: str, **env: str) -> dict:
         return kernels(tree, tmp_path / f"cache-{name}", tmp_path / "home",
                        tmp_path / f"out-{name}", "--no-cache", CUDA_HOME=str(toolkit),
-                       CUDAFLAGS="-lineinfo", **env)  # fmt: skip
+                       **env)  # fmt: skip
 
     a, b = build(one, "a"), build(two, "b")
     record = a["provenance"]["canonical"]
