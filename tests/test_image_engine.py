@@ -65,7 +65,11 @@ def test_the_sm120_recipe_runs_the_pinned_digest_as_launch_does(tmp_path, profil
     )
     assert want.argv[0] == "docker" and got == list(want.argv[1:])
     assert got[:3] == ["run", "--rm", "--gpus"] and got[3] == '"device=0,1"'
-    assert got[-1] == REF  # the digest, never the tag
+    at = got.index(REF)  # the image by its digest, never the tag; after it only the
+    # engine's own flags and their values (the card's serving defaults)
+    assert all(w.startswith("--") or got[k - 1].startswith("--")
+               for k, w in enumerate(got[at + 1 :], at + 1))  # fmt: skip
+    assert not any(w.startswith(REF.split("@")[0] + ":") for w in got)
     assert "-v" in got and got[got.index("-v") + 1] == "/models/glm 5.3:/model:ro"
     assert got[got.index("-p") + 1] == "127.0.0.1:8123:8012"
     knobs = {got[i + 1] for i, w in enumerate(got) if w == "-e"}
