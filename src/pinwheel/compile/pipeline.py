@@ -10,6 +10,7 @@ replayed tree and build the engine wheel, then hand every wheel to
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -477,14 +478,23 @@ def _produce(
             _kernel_note(note, built[-1], begun, spec.builder)
 
     if engine:
-        built.append(
-            measure(
-                lambda s: _engine(
-                    request, config, toolkit, reporter, s, earlier, canon, venv, phases, store
+        with _engine_lock(request):
+            built.append(
+                measure(
+                    lambda s: _engine(
+                        request, config, toolkit, reporter, s, earlier, canon, venv, phases, store
+                    )
                 )
             )
-        )
     return built, twice
+
+
+def _engine_lock(request: BuildRequest) -> contextlib.AbstractContextManager[object]:
+    """The kept engine workspace held for the whole engine build (workspace.locked); a
+    plain source tree has no workspace to share."""
+    if request.engine_source is not None:
+        return contextlib.nullcontext()
+    return workspace.locked(engine_workdir(request))
 
 
 def _kernel_note(note: Any, b: Built, begun: float, builder: str) -> None:
@@ -551,27 +561,7 @@ def _engine(
     phases: Phases | None = None,
     store: objstore.Store | None = None,
 ) -> Built:
-    """The engine wheel; the kept workspace held for the whole build (workspace.locked)."""
-    if request.engine_source is not None:  # a plain source tree: no workspace to share
-        return _engine_in(request, config, toolkit, reporter, session, earlier, canon, venv,
-                          phases, store)  # fmt: skip
-    with workspace.locked(engine_workdir(request)):
-        return _engine_in(request, config, toolkit, reporter, session, earlier, canon, venv,
-                          phases, store)  # fmt: skip
-
-
-def _engine_in(
-    request: BuildRequest,
-    config: BuildConfig,
-    toolkit: Toolkit | None,
-    reporter: Reporter,
-    session: compcache.Session | None = None,
-    earlier: Mapping[str, Any] | None = None,
-    canon: canonical.Canonical | None = None,
-    venv: BuildVenv | None = None,
-    phases: Phases | None = None,
-    store: objstore.Store | None = None,
-) -> Built:
+    """The engine wheel (the caller holds the kept workspace: :func:`_engine_lock`)."""
     phases = phases if phases is not None else Phases()
     replayed = request.replayed
     work = engine_workdir(request)
