@@ -30,6 +30,32 @@ def declared_in(reason: str) -> list[str]:
     return [tool for tool in DECLARED if tool in reason]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Remove, with :func:`pinwheel.fsutil.remove_tree`, the temporary folders pytest is
+    about to delete after this hook (``garbage-*`` and the numbered folders past its
+    retention count): pytest's own ``shutil.rmtree`` recurses per level, and one tree a
+    thousand folders deep left by any earlier run (a hostile-input test, a crashed one)
+    would end every later session in RecursionError."""
+    from pinwheel.fsutil import remove_tree
+
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    base = getattr(factory, "_basetemp", None)
+    if base is None or factory is None or factory._given_basetemp is not None:
+        return  # no temporary folder made, or one the caller named: pytest keeps it
+    root = Path(base).parent
+    keep = int(session.config.getini("tmp_path_retention_count"))
+    numbered = sorted(
+        (int(p.name.removeprefix("pytest-")), p)
+        for p in root.glob("pytest-*")
+        if p.name.removeprefix("pytest-").isdecimal() and not p.is_symlink()
+    )
+    old = [p for _, p in numbered[:-keep]] if keep > 0 else [p for _, p in numbered]
+    for path in [*root.glob("garbage-*"), *old]:
+        if path != Path(base) and not path.is_symlink():
+            remove_tree(path, ignore_errors=True)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     outcome = yield

@@ -21,10 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pinwheel import untrusted
+from pinwheel import fsutil, untrusted
 from pinwheel.cli import main
 from pinwheel.compile import reuse
 from pinwheel.errors import PinwheelError
+from pinwheel.source import cache as cache_marker
 from pinwheel.source import cachetool
 from releasekit import write_manifest
 from test_hostile_documents import _shard, _tensor
@@ -208,14 +209,152 @@ def _deep(root: Path, levels: int) -> Path:
     return root
 
 
-def test_cache_du_counts_a_tree_1100_levels_deep(tmp_path, capsys):
-    cache = tmp_path / "cache"
+@pytest.fixture
+def deep_tmp(tmp_path):
+    """``tmp_path``, emptied with :func:`fsutil.remove_tree` at teardown: a tree a
+    thousand folders deep left there ends pytest's own clean-up of old temporary folders
+    (``shutil.rmtree``) in RecursionError, in a later session."""
+    yield tmp_path
+    fsutil.remove_tree(tmp_path)
+    assert not tmp_path.exists()
+
+
+def test_cache_du_counts_a_tree_1100_levels_deep(deep_tmp, capsys):
+    cache = deep_tmp / "cache"
     _deep(cache / "toolchains", 1100)
     rc = main(["--cache", str(cache), "--json", "cache", "du"])
     out = capsys.readouterr()
     assert rc == 0, out.err
     entry = json.loads(out.out)["entries"]["toolchains"]
     assert entry["bytes"] == 3 and entry["files"] == 1
+
+
+def test_cache_clean_removes_a_tree_1100_levels_deep(deep_tmp, capsys):
+    cache = deep_tmp / "cache"
+    cache_marker.mark(cache)
+    _deep(cache / "toolchains", 1100)
+    rc = main(["--cache", str(cache), "cache", "clean", "--yes"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert not (cache / "toolchains").exists()
+    assert "removed 1 entr(ies)" in _flat(out.out + out.err)
+
+
+# --------------------------------------------------------------------------- remove_tree
+
+
+def test_remove_tree_takes_a_tree_3000_levels_deep(tmp_path):
+    """Deeper than the interpreter's recursion limit and than a process's usual 1024
+    descriptors: neither a stack nor a descriptor per level."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    root = _deep(tmp_path / "t", max(3000, soft + 100))
+    fsutil.remove_tree(root)
+    assert not root.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_remove_tree_does_not_follow_links_or_open_fifos(tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "sub" / "keep").write_text("kept")
+    tree = tmp_path / "tree" / "a" / "b"
+    tree.mkdir(parents=True)
+    (tree / "to-dir").symlink_to(outside)
+    (tree / "to-file").symlink_to(outside / "sub" / "keep")
+    (tree / "dangling").symlink_to(tmp_path / "nowhere")
+    (tree / "loop").symlink_to("loop")
+    os.mkfifo(tree / "fifo")  # opened, it would block: the 60 s timeout fails the test
+    (tree / "caf\u00e9 \x1b[31m\n").mkdir()  # non-ASCII and control characters in a name
+    fsutil.remove_tree(tmp_path / "tree")
+    assert not (tmp_path / "tree").exists()
+    assert (outside / "sub" / "keep").read_text() == "kept"
+
+
+def test_remove_tree_on_a_link_removes_the_link_only(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "f").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    fsutil.remove_tree(tmp_path / "link")
+    assert not (tmp_path / "link").is_symlink()
+    assert (tmp_path / "real" / "f").read_text() == "x"
+
+
+def test_remove_tree_hoists_past_names_already_taken(tmp_path, monkeypatch):
+    """The top folder already holds what the hoisted folders would be renamed to: a file,
+    a full folder and an empty one; every one of them goes, and nothing is lost on the
+    way (the full folder's content is not swallowed by a rename over it)."""
+    top = tmp_path / "top"
+    inner = top / "x" / "y" / "z"
+    inner.mkdir(parents=True)
+    (inner / "f").write_text("z")
+    pid = os.getpid()
+    (top / f".pinwheel-rm.{pid}.0").write_text("a file")
+    (top / f".pinwheel-rm.{pid}.1").mkdir()
+    (top / f".pinwheel-rm.{pid}.1" / "g").write_text("full")
+    (top / f".pinwheel-rm.{pid}.2").mkdir()
+    fsutil.remove_tree(top)
+    assert not top.exists()
+
+
+def test_remove_tree_missing_is_not_an_error_and_a_file_goes(tmp_path):
+    fsutil.remove_tree(tmp_path / "missing")
+    (tmp_path / "f").write_text("x")
+    fsutil.remove_tree(tmp_path / "f")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
+def test_remove_tree_reports_what_it_cannot_remove(tmp_path):
+    locked = tmp_path / "t" / "locked"
+    locked.mkdir(parents=True)
+    (locked / "f").write_text("x")
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(PermissionError):
+            fsutil.remove_tree(tmp_path / "t")
+        fsutil.remove_tree(tmp_path / "t", ignore_errors=True)  # no raise
+        assert (locked / "f").exists()
+    finally:
+        locked.chmod(0o700)
+
+
+@FUZZ
+@given(
+    shape=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(["a", "b", "\u00e9", "\x7f", " "]), max_size=6),
+            st.sampled_from(["dir", "file", "link-out", "fifo"]),
+        ),
+        max_size=15,
+    )
+)
+def test_fuzz_remove_tree_leaves_nothing_and_touches_nothing_outside(tmp_path, shape):
+    import uuid
+
+    base = tmp_path / uuid.uuid4().hex
+    outside = base / "outside"
+    outside.mkdir(parents=True)
+    (outside / "keep").write_text("kept")
+    root = base / "root"
+    root.mkdir()
+    for parts, kind in shape:
+        where = root.joinpath(*parts) if parts else root
+        if where.exists() and not where.is_dir() or where.is_symlink():
+            continue
+        where.mkdir(parents=True, exist_ok=True)
+        name = where / f"n{len(list(where.iterdir()))}"
+        if kind == "dir":
+            name.mkdir()
+        elif kind == "file":
+            name.write_bytes(b"x")
+        elif kind == "link-out":
+            name.symlink_to(outside)
+        else:
+            os.mkfifo(name)
+    fsutil.remove_tree(root)
+    assert not root.exists()
+    assert (outside / "keep").read_text() == "kept"
 
 
 @FUZZ

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_bytes
+from pinwheel.fsutil import atomic_write_bytes, remove_tree
 
 
 class Escape(PinwheelError):
@@ -160,7 +159,7 @@ def remove(scope: Path | str, target: Path | str) -> None:
             path.unlink()
         return
     if path.is_dir():
-        shutil.rmtree(path)
+        remove_tree(path)
     else:
         path.unlink()
 
@@ -338,7 +337,7 @@ def _clear(fd: int, name: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=fd)
+        remove_tree(name, dir_fd=fd)
     else:
         os.unlink(name, dir_fd=fd)
 
@@ -356,7 +355,7 @@ def write_beneath(
         with contextlib.suppress(FileNotFoundError):
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         if st is not None and stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(name, dir_fd=fd)
+            remove_tree(name, dir_fd=fd)
         tmp = f".{name[:100]}.{os.getpid()}.{id(data):x}.tmp"
         f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=fd)
         try:

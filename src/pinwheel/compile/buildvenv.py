@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from packaging.utils import canonicalize_name
 from pinwheel import runner
 from pinwheel.compile import workspace
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_text
+from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.manifest.build import Requirements
 from pinwheel.progress import SILENT, Reporter
 
@@ -108,7 +107,7 @@ def _make(
 ) -> None:
     """Made in place (venvs do not move), the marker written last: a venv without
     the marker is a half-made one and is made again."""
-    shutil.rmtree(final, ignore_errors=True)
+    remove_tree(final, ignore_errors=True)
     try:
         runner.run(
             runner.Command(
@@ -140,5 +139,5 @@ def _make(
         workspace.fix_header_times(final)  # torch's headers reach the cubins' line tables
         atomic_write_text(final / READY, json.dumps({"sha256": reqs.sha256}) + "\n")
     except BaseException:
-        shutil.rmtree(final, ignore_errors=True)
+        remove_tree(final, ignore_errors=True)
         raise

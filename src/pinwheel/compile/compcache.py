@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 from pinwheel import runner, validate
 from pinwheel.compile.canonical import Canonical
 from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.fsutil import remove_tree
 from pinwheel.manifest.build import CacheConfig
 
 START_TIMEOUT = 60
@@ -254,7 +255,7 @@ class Session:
         for pid in stragglers(f"SCCACHE_SERVER_UDS={self.socket}"):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(self.socket.parent, ignore_errors=True)
+        remove_tree(self.socket.parent, ignore_errors=True)
 
 
 def stragglers(marker: str) -> list[int]:

@@ -30,6 +30,7 @@ from pinwheel.compile.phases import Note
 from pinwheel.compile.sources import undeclared_downloads
 from pinwheel.cudaarch import CudaArch
 from pinwheel.errors import ManifestError, PinwheelError
+from pinwheel.fsutil import remove_tree
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
@@ -221,7 +222,7 @@ def run_build(plan: BuildPlan, reporter: Reporter = SILENT) -> tuple[Path, ...]:
     (an engine build runs for an hour or more on a small builder: never a silent wait).
     """
     outdir = plan.work / "dist"
-    shutil.rmtree(outdir, ignore_errors=True)
+    remove_tree(outdir, ignore_errors=True)
     outdir.mkdir(parents=True)
     started = time.monotonic()
     argv, cwd, env = plan.invocation()
@@ -391,7 +392,7 @@ def build_engine(
             made = _built(plan, origin, wheel, time.monotonic() - started, version,
                           source_date_epoch, hit.record, hit.reused(), record)  # fmt: skip
             workspace.remember(work, given, wheel, made.build.to_json())
-            shutil.rmtree(recorder.depfile.parent, ignore_errors=True)  # nothing to record
+            remove_tree(recorder.depfile.parent, ignore_errors=True)  # nothing to record
             return made
         note.did("object store: miss" if hit is None else "object store: entry changed, a miss")
     if reuse_from is not None:

@@ -32,6 +32,7 @@ from filelock import FileLock
 
 from pinwheel.compile import workers
 from pinwheel.compile.workspace import SOURCE_MTIME
+from pinwheel.fsutil import remove_tree
 
 READY = ".pinwheel-view"
 
@@ -93,11 +94,11 @@ def make(root: Path, cache: Path, mtime: int = SOURCE_MTIME) -> View:
     with FileLock(str(final.parent / f".{key}.lock")):  # another build may be making it
         if not (final / READY).is_file():
             tmp = final.with_name(f".{key}.part-{os.getpid()}")
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp, ignore_errors=True)
             shutil.copytree(root, tmp, symlinks=True)
             _fix_times(tmp, mtime)
             (tmp / READY).write_text(f"{root}\n")  # last: a copy without it is redone
-            shutil.rmtree(final, ignore_errors=True)
+            remove_tree(final, ignore_errors=True)
             tmp.rename(final)
     return View(copy=final, covers=root)
 

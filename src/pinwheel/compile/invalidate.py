@@ -31,6 +31,7 @@ from pathlib import Path
 
 from pinwheel import runner
 from pinwheel.compile.reuse import is_build_file
+from pinwheel.fsutil import remove_tree
 
 SETUPTOOLS_COPIES = ("lib", "lib.*", "bdist.*")
 # A changed file with one of these suffixes that no recorded dependency names may still
@@ -144,7 +145,7 @@ def invalidate(
         for pattern in SETUPTOOLS_COPIES:
             for copy in sorted(tree.glob(pattern)) if tree.is_dir() else ():
                 if copy.is_dir():
-                    shutil.rmtree(copy)
+                    remove_tree(copy)
                     copies.append(copy.name)
     return Invalidated(tuple(removed), tuple(copies))
 
@@ -192,7 +193,7 @@ def wipe(trees: Sequence[Path], why: str) -> Invalidated:
     wiped = []
     for tree in trees:
         if tree.exists():
-            shutil.rmtree(tree)
+            remove_tree(tree)
             wiped.append(tree.name)
     return Invalidated(wiped=tuple(wiped), why=why)
 

@@ -43,6 +43,7 @@ from pinwheel.compile.invalidate import after_update
 from pinwheel.compile.toolchain import Toolkit
 from pinwheel.compile.toolchain.pythons import find_python, how_to_get, python_version
 from pinwheel.errors import ManifestError, MismatchError, PinwheelError
+from pinwheel.fsutil import remove_tree
 from pinwheel.heartbeat import watch_bytes
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig, KernelPatch, KernelSpec, parse_kernel_tables  # noqa: F401
@@ -508,7 +509,7 @@ def _build_kernel(
         )  # fmt: skip
         opts.reporter.info(f"{spec.name}: {len(staged.changed)} file(s) changed: {gone.summary()}")
     workspace.end_update(work)
-    shutil.rmtree(dist, ignore_errors=True)
+    remove_tree(dist, ignore_errors=True)
     dist.mkdir(parents=True)
     if opts.launcher is not None and spec.builder == "cmake":
         extra += [f"--config-settings=cmake.define.{d}" for d in opts.launcher.cmake_defines()]

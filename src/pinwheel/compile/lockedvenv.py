@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from pinwheel import runner
 from pinwheel.compile import workers, workspace
 from pinwheel.compile.buildvenv import parse_requirements
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_text
+from pinwheel.fsutil import atomic_write_text, remove_tree
 
 READY = ".pinwheel-locked-venv.json"
 OVERLAY_PTH = "zz-pinwheel-machine.pth"  # last of the .pth files: the machine's dirs go last
@@ -179,7 +178,7 @@ def pins_for(
 def _make(
     final: Path, req: LockedVenvRequest, base: Interpreter, overlay: Sequence[str], sha: str
 ) -> None:
-    shutil.rmtree(final, ignore_errors=True)
+    remove_tree(final, ignore_errors=True)
     try:
         runner.run(
             runner.Command(
@@ -214,7 +213,7 @@ def _make(
         workspace.fix_header_times(final)  # headers of locked packages reach line tables
         atomic_write_text(final / READY, json.dumps({"lock_sha256": sha}) + "\n")
     except BaseException:
-        shutil.rmtree(final, ignore_errors=True)
+        remove_tree(final, ignore_errors=True)
         raise
 
 

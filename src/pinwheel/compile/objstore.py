@@ -46,7 +46,7 @@ from pinwheel import confine, untrusted, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import compcache
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_text
+from pinwheel.fsutil import atomic_write_text, remove_tree
 
 FORMAT = 1
 SUBDIR = "pinwheel-objects"
@@ -143,7 +143,7 @@ class Store:
     def take(self, hit: Hit, dist: Path) -> Path | None:
         """The stored wheel copied into ``dist`` under its name, its sha256 checked on the
         copy (a store entry changed since it was written is a miss); None then."""
-        shutil.rmtree(dist, ignore_errors=True)
+        remove_tree(dist, ignore_errors=True)
         dist.mkdir(parents=True)
         target = confine.inside(dist, hit.name, what="wheel")
         shutil.copyfile(hit.blob, target)

@@ -53,7 +53,7 @@ from pinwheel.compile.sources import plan_env, supply, unpinned
 from pinwheel.compile.toolchain import Toolkit, ToolkitRequest, choose, resolve_toolkit
 from pinwheel.compile.toolchain.pins import MARKER as TOOLKIT_MARKER
 from pinwheel.errors import ManifestError, PinwheelError
-from pinwheel.fsutil import atomic_write_text
+from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.progress import SILENT, Reporter
@@ -712,7 +712,7 @@ def _supply_in_place(
                 note.skip(f"export of build source {src.name}: its pins and files hold")
     todo = tuple(src for src in config.sources if src.name not in found)
     staged = work / ".deps-staged"
-    shutil.rmtree(staged, ignore_errors=True)
+    remove_tree(staged, ignore_errors=True)
     supplied = supply(
         todo,
         project=source,
@@ -730,7 +730,7 @@ def _supply_in_place(
             changed.append(s.name)
         found[s.name] = dataclasses.replace(s, path=final)
         keptsources.remember(work, keptsources.key_of(src, source), found[s.name])
-    shutil.rmtree(staged, ignore_errors=True)
+    remove_tree(staged, ignore_errors=True)
     out = [found[src.name] for src in config.sources]
     return tuple(out), tuple(changed)
 

@@ -43,7 +43,7 @@ from typing import Any
 from pinwheel import archive, confine, httpget, runner, untrusted, validate
 from pinwheel.checksums import SUMS, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
-from pinwheel.fsutil import atomic_write_bytes
+from pinwheel.fsutil import atomic_write_bytes, remove_tree
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.urls import redact
 from pinwheel.wheels.provenance import FILENAME, read_receipt
@@ -208,7 +208,7 @@ class Recorder:
                 text = _run_text([ninja, "-C", str(log.parent), "-t", "deps"])
                 found.update(ln.strip() for ln in text.splitlines() if ln.startswith("    "))
                 methods.append("ninja -t deps") if "ninja -t deps" not in methods else None
-        shutil.rmtree(self.depfile.parent, ignore_errors=True)
+        remove_tree(self.depfile.parent, ignore_errors=True)
         if self.alias is not None and self.alias != self.source:
             alias = str(self.alias)
             found = {
@@ -565,7 +565,7 @@ def transplant(
             target = confine.inside(root, added, what="wheel member")
             confine.mkdirs(root, target.parent)
             shutil.copyfile(_tree_file(source, added) or source / added, target)
-        shutil.rmtree(dist, ignore_errors=True)
+        remove_tree(dist, ignore_errors=True)
         dist.mkdir(parents=True)
         before: set[Path] = set()
         proc = runner.run(

@@ -21,6 +21,7 @@ from pinwheel import runner, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.compile.pipeline import BuildRequest, build
 from pinwheel.errors import EXIT_MISMATCH, MismatchError, VerifyError
+from pinwheel.fsutil import remove_tree
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.wheels.provenance import (
     FILENAME,
@@ -198,7 +199,7 @@ def verify_build(
         return compare_builds(Path(wheels_dir), out)
     finally:
         if not keep:
-            shutil.rmtree(out, ignore_errors=True)
+            remove_tree(out, ignore_errors=True)
 
 
 def _check_recorded(

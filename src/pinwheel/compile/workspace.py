@@ -28,7 +28,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import stat
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -42,7 +41,7 @@ from pinwheel import archive, confine, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import stamps
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_text
+from pinwheel.fsutil import atomic_write_text, remove_tree
 
 STAMP = ".pinwheel-workspace.json"
 LAST = "last-build.json"
@@ -129,7 +128,7 @@ def prepare(root: Path, key: str, *, cold: bool) -> bool:
         except (OSError, ValueError):
             kept = False
     if not kept and root.exists():
-        shutil.rmtree(root)
+        remove_tree(root)
     root.mkdir(parents=True, exist_ok=True)
     if not kept:  # stamped now: a build that dies half-way is resumed, not trusted blindly
         atomic_write_text(stamp, json.dumps({"key": key}) + "\n")

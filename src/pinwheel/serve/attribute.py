@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from typing import Any
 from pinwheel import confine
 from pinwheel.compile.pipeline import BuildOutcome, BuildRequest, build, engine_workdir
 from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.fsutil import remove_tree
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.serve import QualifyConfig, QualifyProfile, ServeConfig, ServeProfile
 from pinwheel.progress import SILENT, Reporter
@@ -243,7 +243,7 @@ def install_variants(
         venv = out / "variants" / b.variant / "venv"
         if venv.exists():  # a venv from an earlier run may already hold another build
             confine.inside(out, venv, what="variant venv")
-            shutil.rmtree(venv)
+            remove_tree(venv)
         reporter.info(f"installing {b.variant} into {venv}")
         done = install(
             InstallRequest(

@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,12 +42,12 @@ RPC = untrusted.LOGPROBS  # the collect answer: base64 records, 17.3 bytes a pos
 def engine_package(dest: Path) -> Path:
     """Copy the extension (kld_ext.py, detkl.py) into ``dest/pinwheel_kld``; returns
     ``dest`` (the directory to put on the engine's PYTHONPATH)."""
-    from pinwheel.fsutil import atomic_write_bytes
+    from pinwheel.fsutil import atomic_write_bytes, remove_tree
 
     src = Path(__file__).parent / "workers"
     pkg = dest / PACKAGE
     if pkg.exists():
-        shutil.rmtree(pkg)
+        remove_tree(pkg)
     pkg.mkdir(parents=True)
     atomic_write_bytes(pkg / "__init__.py", b'"""pinwheel\'s vLLM worker extension (copied)."""\n')
     for name in ("kld_ext.py", "detkl.py"):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ import pygit2
 from filelock import FileLock, Timeout
 
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_text
+from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
 from pinwheel.urls import redact
@@ -177,13 +176,13 @@ class Cache:
         if not (path / "HEAD").exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".init")
-            shutil.rmtree(tmp, ignore_errors=True)  # left by a run that was killed
+            remove_tree(tmp, ignore_errors=True)  # left by a run that was killed
             try:
                 gitcli.git(
                     ["init", "-q", "--bare", "--", str(tmp)], cwd=path.parent, what="git init"
                 )
             except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
+                remove_tree(tmp, ignore_errors=True)
                 raise
             tmp.rename(path)  # atomic: a half-initialised cache repo never has the final name
         return path

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import tomlkit
 
 from pinwheel.errors import PinwheelError, UsageError
-from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
+from pinwheel.fsutil import atomic_write_bytes, atomic_write_text, remove_tree
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.component import Stack, stacks
 from pinwheel.source import gitcli
@@ -182,4 +181,4 @@ def abort(workdir: Path) -> None:
     gitcli.git(
         ["worktree", "remove", "--force", "--", str(workdir)], git_dir=Path(common), check=False
     )
-    shutil.rmtree(workdir, ignore_errors=True)
+    remove_tree(workdir, ignore_errors=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from pinwheel.checksums import SUMS, parse_sums, sha256_file, write_sums
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import link_or_copy, recover_dir, swap_dir
+from pinwheel.fsutil import link_or_copy, recover_dir, remove_tree, swap_dir
 from pinwheel.wheels import platformtag
 from pinwheel.wheels.check import CheckReport, CheckSpec, check_wheels
 from pinwheel.wheels.provenance import (
@@ -101,7 +101,7 @@ def recover(out_dir: Path) -> None:
     """Undo a swap that an interrupted run left half done; drop stale staging dirs."""
     recover_dir(out_dir)
     for stale in out_dir.parent.glob(f".{out_dir.name}.staging-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        remove_tree(stale, ignore_errors=True)
 
 
 def _sibling(out_dir: Path, what: str) -> Path:
@@ -184,7 +184,7 @@ def publish(
     report.raise_if_failed()  # unchecked wheels never reach out_dir
 
     staging = _sibling(out_dir, f"staging-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
+    remove_tree(staging, ignore_errors=True)
     staging.mkdir()
     try:
         for name in kept:
@@ -225,7 +225,7 @@ def publish(
         _fsync_dir(staging)
         _swap(staging, out_dir)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging, ignore_errors=True)
         raise
     placed = tuple(out_dir / b.wheel.name for b in built)
     return WheelSet(
