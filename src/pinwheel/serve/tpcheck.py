@@ -2,15 +2,20 @@
 
 In: a frozen :class:`TpRequest` (the engine's Python, the exllamav3 wheel pinwheel
 built, the GPUs). Out: a frozen :class:`TpOutcome`: one :class:`Case` per
-primitive and size (pg_barrier, pg_all_reduce, pg_broadcast, pg_gather; the
-context from pg_init_context), each compared bit for bit with NCCL's result in
-the same processes, and :meth:`TpOutcome.checks` (one check per primitive).
+primitive and size (pg_barrier, pg_all_reduce, pg_all_reduce_cpu, pg_broadcast,
+pg_broadcast_ll, pg_gather, pg_gather_small; the context from pg_init_context), each
+compared bit for bit with NCCL's result in the same processes, and
+:meth:`TpOutcome.checks` (one check per primitive). The set is what exllamav3's native TP
+backend calls at the pinned commit (v0.0.43: all_reduce through pg_all_reduce_cpu,
+broadcasts up to 2,048 bytes through pg_broadcast_ll, the sampler's gathers through
+pg_gather_small), plus pg_all_reduce, which that backend no longer calls.
 
 The wheel's extension module is unpacked alone into a scratch directory and
 imported from there by the worker (``serve/workers/pg_primitives.py``), one
 process per GPU, NVLink multicast off (:mod:`pinwheel.serve.ranks`). With one GPU
 the degenerate cases run (a one-rank group: all-reduce and broadcast leave the
-tensor as it is, barrier returns; gather is not defined for one rank).
+tensor as it is (pg_all_reduce_cpu: truncated to bfloat16), barrier returns, gather_small
+gathers the rank's own column; pg_gather returns at once for one rank).
 """
 
 from __future__ import annotations
@@ -33,7 +38,21 @@ from pinwheel.validate import member_problem
 from pinwheel.wheels.wheelfile import Limits, header_issues
 
 EXT_MODULE = "exllamav3_ext"
-PRIMITIVES = ("pg_init_context", "pg_barrier", "pg_all_reduce", "pg_broadcast", "pg_gather")
+PRIMITIVES = (
+    "pg_init_context",
+    "pg_barrier",
+    "pg_all_reduce",
+    "pg_all_reduce_cpu",
+    "pg_broadcast",
+    "pg_broadcast_ll",
+    "pg_gather",
+    "pg_gather_small",
+)
+# what "within the bound" means for a sum that is not bit for bit (the worker's rules)
+BOUND_RULES = {
+    "pg_all_reduce": "2 gamma(world-1) sum|x|, float32",
+    "pg_all_reduce_cpu": "2 (world-1) (2^-7 + 2^-24) sum|t(x)|, bfloat16 truncated per addition",
+}
 
 
 @dataclass(frozen=True)
@@ -140,7 +159,7 @@ class TpOutcome:
                         OK,
                         f"{len(mine)} cases equal torch.distributed's: {len(mine) - inexact} "
                         f"bit for bit, {inexact} within the bound for a sum in another order "
-                        "(2 gamma(world-1) sum|x|, float32)",
+                        f"({BOUND_RULES.get(op, 'the rank report says which')})",
                     )
                 )
         if self.failures or self.aborted:

@@ -4,12 +4,25 @@ Run by pinwheel.serve.ranks, one process per GPU (RANK = local device ordinal).
 Argument: the directory holding the built ``exllamav3_ext`` module (after ``--``).
 
 Set-up as exllamav3's own native TP backend does it (exllamav3/model/model_tp_backend.py
-at v0.0.43): rank 0 creates two POSIX shared-memory regions, G (128 KiB, the
-PGContext) and B (16 MiB, the bulk buffer), every rank pins both with
-cudaHostRegister(PORTABLE), rank 0 calls pg_init_context(G). Then, for each case,
+at v0.0.43, TPBackendNative): rank 0 creates five POSIX shared-memory regions, G (128 KiB,
+the PGContext), B (16 MiB, the bulk buffer), R (8.5 MiB, the CPU reduction's staging),
+S (16 KiB, small gathers) and LL (16 KiB, low-latency broadcasts); every rank pins them
+with cudaHostRegister(PORTABLE); rank 0 calls pg_init_context(G). Then, for each case,
 the primitive runs on a copy of the input and torch.distributed (NCCL) on another,
 and the results are compared bit for bit (two ranks: the float32 sums a + b are
 exact in either order).
+
+The primitives that backend calls at that commit are checked, and the one it no longer
+calls: ``all_reduce`` is ``pg_all_reduce_cpu`` (``pg_all_reduce`` is commented out there,
+kept here as it was), ``broadcast`` is ``pg_broadcast_ll`` up to 2,048 bytes and
+``pg_broadcast`` above, ``gather`` is ``pg_gather`` and the sampler's argmax gather is
+``pg_gather_small``. ``pg_all_reduce_cpu`` needs the CPU reducer exllamav3 runs in a
+process of its own (``run_cpu_reduce_jobs`` over G and R until rank 0's
+``end_cpu_reduce_jobs``): rank 0 starts it here, around those cases only. Its sums are
+not float32 sums: each contribution is truncated to bfloat16, added in float32 and
+truncated to bfloat16 again per addition (``all_reduce_cpu.cu``, ``all_reduce_cpu_avx2.cpp``:
+"round-toward-zero"); torch.distributed's reference is the same arithmetic on NCCL's
+float32 sum of the truncated inputs, exact for two contributors in either order.
 
 Gather sizes: slices of unequal width (the destination offset of a rank's own
 columns is then not 0 on the last rank, the offset PR 234 "Fix TP gather
@@ -30,11 +43,23 @@ import torch.distributed as dist
 
 GLOBALS_SIZE = 128 * 1024  # exllamav3 model_tp_backend.py
 SHBUF_SIZE = 16 * 1024**2
+SHBUF_SIZE_R = 17 * 4 * 128 * 1024
+SHBUF_SIZE_S = 16 * 1024
+SHBUF_SIZE_LL = 16 * 1024
+LL_LIMIT = 2048  # TPBackendNative.broadcast: pg_broadcast_ll at or below this many bytes
 CUDA_HOST_REGISTER_PORTABLE = 1
 BARRIER_DELAY_S = 0.3
 
 ALL_REDUCE_NUMEL = (4, 1000, 262144, 3_000_000)  # float32: 16 B .. 12 MB (> B / 2 per rank)
 BROADCAST_NUMEL = (1025, 500_001, 12_000_000)  # float16: 2050 B (> the LL limit) .. 24 MB (> B)
+# pg_all_reduce_cpu: numel * 2 must be a multiple of 16 (its TORCH_CHECK); 3M > R's slot
+ALL_REDUCE_CPU_NUMEL = (8, 1000, 262144, 3_000_000)
+# pg_broadcast_ll, float16: 2 B .. the 2,048-byte limit; (numel, offset): offset 1 puts the
+# tensor at a 2-byte (not 4-byte) address, the kernel's uint16 path
+BROADCAST_LL = ((1, 0), (32, 0), (511, 1), (1024, 0))
+# pg_gather_small (argmax values and indices: one column per rank, or none): batch x
+# sum(ldims) x element size must fit S (16 KiB)
+GATHER_SMALL_BATCH = (1, 7, 256)
 
 
 # float16 columns per rank (x 2 B % 128 == 0): even, and uneven both ways, for any world
@@ -64,6 +89,7 @@ def main() -> int:
            "ext": ext.__file__, "cases": [], "aborted": None}  # fmt: skip
     port = os.environ.get("MASTER_PORT", "0")
     pg = Pg(ext, rank, world, dev, f"pinwheel_pg_{port}")
+    pg.ext_dir = ext_dir
     try:
         out["init"] = pg.init_fields()
         run_cases(pg, out)
@@ -87,27 +113,55 @@ class Pg:
         self.ext, self.rank, self.world, self.dev = ext, rank, world, dev
         self.devices = list(range(world))
         self.master = rank == 0
+        self.name = name
+        self.shm = {}
         if self.master:
-            self.shm_g = shared_memory.SharedMemory(
-                create=True, size=GLOBALS_SIZE, name=name + "_g"
-            )
-            self.shm_b = shared_memory.SharedMemory(create=True, size=SHBUF_SIZE, name=name + "_b")
+            for key, size in REGIONS.items():
+                self.shm[key] = shared_memory.SharedMemory(create=True, size=size,
+                                                           name=f"{name}_{key}")  # fmt: skip
         dist.barrier()
         if not self.master:
-            self.shm_g = shared_memory.SharedMemory(name=name + "_g")
-            self.shm_b = shared_memory.SharedMemory(name=name + "_b")
-        self.g = torch.frombuffer(self.shm_g.buf, dtype=torch.uint8)
-        self.b = torch.frombuffer(self.shm_b.buf, dtype=torch.uint8)
+            for key in REGIONS:
+                self.shm[key] = shared_memory.SharedMemory(name=f"{name}_{key}")
+        self.views = {k: torch.frombuffer(m.buf, dtype=torch.uint8) for k, m in self.shm.items()}
         if self.master:
-            self.g.zero_()
-            self.b.zero_()
-        self.ptr_g, self.ptr_b = self.g.data_ptr(), self.b.data_ptr()
-        host_register(self.ptr_g, GLOBALS_SIZE)
-        host_register(self.ptr_b, SHBUF_SIZE)
+            for view in self.views.values():
+                view.zero_()
+        self.ptr = {k: v.data_ptr() for k, v in self.views.items()}
+        self.registered = []
+        for key, size in REGIONS.items():
+            host_register(self.ptr[key], size)
+            self.registered.append(self.ptr[key])
+        self.g = self.views["g"]
+        self.ptr_g, self.ptr_b = self.ptr["g"], self.ptr["b"]
         if self.master:
             ext.pg_init_context(self.ptr_g)
         self.abort = torch.zeros((1,), device=dev, dtype=torch.int)
+        self.reducer = None
         self.lockstep()
+
+    def start_cpu_reducer(self, ext_dir):
+        """Rank 0: the CPU reduction process exllamav3 runs beside the GPU workers."""
+        if self.master:
+            import multiprocessing
+
+            ctx = multiprocessing.get_context("spawn")
+            self.reducer = ctx.Process(target=cpu_reducer, args=(ext_dir, self.name), daemon=True)
+            self.reducer.start()
+        self.lockstep()
+
+    def stop_cpu_reducer(self):
+        """Rank 0 queues the end marker; the reducer returns. Its exit code, or why not."""
+        self.lockstep()
+        if not self.master or self.reducer is None:
+            return None
+        self.ext.end_cpu_reduce_jobs(self.ptr_g)
+        self.reducer.join(timeout=30)
+        if self.reducer.is_alive():
+            self.reducer.terminate()
+            return "the CPU reducer did not return after end_cpu_reduce_jobs (terminated)"
+        code = self.reducer.exitcode
+        return None if code == 0 else f"the CPU reducer exited with {code}"
 
     def lockstep(self):
         torch.cuda.synchronize(self.dev)
@@ -127,22 +181,43 @@ class Pg:
 
     def close(self):
         torch.cuda.synchronize(self.dev)
-        for ptr in (getattr(self, "ptr_g", None), getattr(self, "ptr_b", None)):
-            if ptr:
-                host_unregister(ptr)
-        self.g = self.b = None
+        if getattr(self, "reducer", None) is not None and self.reducer.is_alive():
+            self.reducer.terminate()
+        for ptr in getattr(self, "registered", ()):
+            host_unregister(ptr)
+        self.g = None
+        self.views = {}
         try:
             dist.barrier()
         except Exception:
             pass
-        for shm in (getattr(self, "shm_g", None), getattr(self, "shm_b", None)):
-            if shm is not None:
-                try:
-                    shm.close()
-                except BufferError:  # a view is still alive; the process exits anyway
-                    pass
-                if self.master:
-                    shm.unlink()
+        for shm in getattr(self, "shm", {}).values():
+            try:
+                shm.close()
+            except BufferError:  # a view is still alive; the process exits anyway
+                pass
+            if self.master:
+                shm.unlink()
+
+
+REGIONS = {"g": GLOBALS_SIZE, "b": SHBUF_SIZE, "r": SHBUF_SIZE_R, "s": SHBUF_SIZE_S,
+           "ll": SHBUF_SIZE_LL}  # fmt: skip
+
+
+def cpu_reducer(ext_dir, name):
+    """exllamav3's CPU reduce process (model_tp_fn.mp_cpu_reduce): no GPU, G and R mapped,
+    ``run_cpu_reduce_jobs`` until the end marker rank 0 queues."""
+    sys.path.insert(0, ext_dir)
+    import exllamav3_ext as ext
+
+    g = shared_memory.SharedMemory(name=f"{name}_g")
+    r = shared_memory.SharedMemory(name=f"{name}_r")
+    tg = torch.frombuffer(g.buf, dtype=torch.uint8)
+    tr = torch.frombuffer(r.buf, dtype=torch.uint8)
+    ext.run_cpu_reduce_jobs(tg.data_ptr(), tr.data_ptr(), SHBUF_SIZE_R)
+    del tg, tr
+    g.close()
+    r.close()
 
 
 def _cudart_ctypes():
@@ -201,11 +276,39 @@ def sum_bound(parts):
     return 2 * gamma * total
 
 
+def bf16_trunc(x):
+    """float32 ``x`` truncated to bfloat16 (the top 16 bits kept: round toward zero), as
+    float32: what pg_all_reduce_cpu sends and what its CPU sum keeps per addition."""
+    return (x.view(torch.int32) & -65536).view(torch.float32)
+
+
+def cpu_sum_reference(summed):
+    """pg_all_reduce_cpu's result from NCCL's float32 sum of the truncated contributions:
+    truncated once more. Exact for two contributors (a + b, one addition, either order);
+    with more, the CPU truncates after every addition, so see :func:`cpu_sum_bound`."""
+    return bf16_trunc(summed)
+
+
+def cpu_sum_bound(parts):
+    """Per element, how far pg_all_reduce_cpu's sum (contributions added in the order they
+    arrive, each addition rounded to float32 and truncated to bfloat16) may lie from the
+    reference for more than two contributors: n - 1 additions, each off by less than one
+    bfloat16 ulp (2^-7 relative, truncation) plus half a float32 ulp, of a partial sum at
+    most sum|t_r|; two such sums are within twice that. Two or fewer: exact (None)."""
+    n = len(parts)
+    if n <= 2:
+        return None
+    total = torch.zeros_like(parts[0], dtype=torch.float64)
+    for p in parts:
+        total += bf16_trunc(p.float()).to(torch.float64).abs()
+    return 2 * (n - 1) * (2.0**-7 + FLOAT32_U) * total
+
+
 def compare(got, want, bound=None):
     """Bit for bit; with ``bound`` (per element, float64), an element that differs in its
     bits but by no more than its bound still matches (a sum in another order). Says how
     many elements are bit-identical ("exact") and, with a bound, the largest |diff|/bound."""
-    bits = {2: torch.int16, 4: torch.int32}[got.element_size()]
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
     if got.shape != want.shape:
         return {"match": False, "exact": False,
                 "detail": f"shape {tuple(got.shape)} != {tuple(want.shape)}"}  # fmt: skip
@@ -312,6 +415,10 @@ def run_cases(pg, out):
 
             guarded("pg_broadcast", f"{n} float16 from rank {src}", n * 2, broadcast)
 
+    run_cpu_all_reduce(pg, guarded)
+    run_broadcast_ll(pg, guarded)
+    run_gather_small(pg, guarded)
+
     if world < 2:
         out["gather_skipped"] = (
             "one rank: exllamav3 gathers across ranks only "
@@ -353,6 +460,113 @@ def run_cases(pg, out):
 
                 guarded("pg_gather", f"ldims {list(ldims)} batch {batch} to rank {dst}",
                         batch * sum(ldims) * 2, gather)  # fmt: skip
+
+
+def run_cpu_all_reduce(pg, guarded):
+    """pg_all_reduce_cpu, the all-reduce TPBackendNative runs at the pinned commit: every
+    rank contributing, then (two ranks or more) the last one not contributing, in each
+    dtype the kernel takes; the CPU reducer runs only around these cases."""
+    ext, rank, world, dev = pg.ext, pg.rank, pg.world, pg.dev
+    pg.start_cpu_reducer(pg.ext_dir)
+    try:
+        patterns = [tuple(True for _ in range(world))]
+        if world > 1:
+            patterns.append(tuple(r != world - 1 for r in range(world)))
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for i, n in enumerate(ALL_REDUCE_CPU_NUMEL):
+                for contrib in patterns:
+
+                    def all_reduce_cpu(n=n, i=i, dtype=dtype, contrib=contrib):
+                        seed = 400 + 10 * i
+                        x = gen(seed + rank, (n,), dtype, dev)
+                        got = x.clone()
+                        ext.pg_all_reduce_cpu(pg.ptr_g, pg.devices, rank, pg.devices[0], got,
+                                              contrib[rank], pg.ptr["r"], SHBUF_SIZE_R,
+                                              pg.master, pg.abort)  # fmt: skip
+                        mine = bf16_trunc(x.float()) if contrib[rank] else torch.zeros(
+                            (n,), device=dev, dtype=torch.float32)  # fmt: skip
+                        dist.all_reduce(mine)
+                        want = cpu_sum_reference(mine).to(dtype)
+                        torch.cuda.synchronize(dev)
+                        parts = [gen(seed + r, (n,), dtype, dev)
+                                 for r in range(world) if contrib[r]]  # fmt: skip
+                        bound = cpu_sum_bound(parts)
+                        return compare(got, want, bound)
+
+                    who = "all ranks" if all(contrib) else f"rank {world - 1} not contributing"
+                    name = str(dtype).removeprefix("torch.")
+                    size = n * torch.tensor([], dtype=dtype).element_size()
+                    guarded("pg_all_reduce_cpu", f"{n} {name}, {who}", size, all_reduce_cpu)
+    finally:
+        why = pg.stop_cpu_reducer()
+    if why:
+        raise RuntimeError(why)
+
+
+def run_broadcast_ll(pg, guarded):
+    """pg_broadcast_ll, TPBackendNative's broadcast up to 2,048 bytes, from every rank."""
+    ext, rank, world, dev = pg.ext, pg.rank, pg.world, pg.dev
+    for i, (n, offset) in enumerate(BROADCAST_LL):
+        for src in range(world):
+
+            def broadcast_ll(n=n, i=i, src=src, offset=offset):
+                x = gen(500 + 10 * i, (n + offset,), torch.float16, dev)
+                base = x.clone() if rank == src else torch.full_like(x, float("nan"))
+                got = base[offset:]
+                want = base.clone()[offset:]
+                ext.pg_broadcast_ll(pg.ptr_g, pg.devices, rank, src, got, pg.ptr["ll"],
+                                    SHBUF_SIZE_LL, pg.abort)  # fmt: skip
+                dist.broadcast(want, src)
+                torch.cuda.synchronize(dev)
+                return compare(got, want)
+
+            where = ", 2-byte aligned" if offset else ""
+            guarded("pg_broadcast_ll", f"{n} float16 from rank {src}{where}", n * 2,
+                    broadcast_ll)  # fmt: skip
+
+
+def run_gather_small(pg, guarded):
+    """pg_gather_small as exllamav3's argmax sampler uses it: per rank one column of values
+    (float16) and one of indices (int64), or no column (a rank without a slice), gathered to
+    each rank in turn. Runs on one rank too (the rank gathers its own column)."""
+    ext, rank, world, dev = pg.ext, pg.rank, pg.world, pg.dev
+    shapes = [tuple(1 for _ in range(world))]
+    if world > 1:
+        shapes.append(tuple(0 if r == 0 else 1 for r in range(world)))
+    for ldims in shapes:
+        for dtype in (torch.float16, torch.int64):
+            for batch in GATHER_SMALL_BATCH:
+                for dst in range(world):
+
+                    def gather_small(ldims=ldims, dtype=dtype, batch=batch, dst=dst):
+                        seed = 600 + batch + 7 * rank
+                        if dtype == torch.int64:
+                            g = torch.Generator(device=dev).manual_seed(seed)
+                            mine = torch.randint(0, 1 << 40, (batch, ldims[rank]), generator=g,
+                                                 device=dev, dtype=dtype)  # fmt: skip
+                        else:
+                            mine = gen(seed, (batch, ldims[rank]), dtype, dev)
+                        total = sum(ldims)
+                        got = torch.full((batch, total), -1, device=dev, dtype=dtype) \
+                            if rank == dst else None  # fmt: skip
+                        ext.pg_gather_small(pg.ptr_g, pg.devices, rank, dst, mine, got,
+                                            list(ldims), pg.ptr["s"], SHBUF_SIZE_S,
+                                            pg.abort)  # fmt: skip
+                        pad = torch.zeros((batch, 1), device=dev, dtype=dtype)
+                        pad[:, : ldims[rank]] = mine
+                        allp = torch.empty((world, batch, 1), device=dev, dtype=dtype)
+                        dist.all_gather_into_tensor(allp, pad)
+                        want = torch.cat([allp[r, :, : ldims[r]] for r in range(world)], dim=-1)
+                        torch.cuda.synchronize(dev)
+                        if rank != dst:
+                            return {"match": True, "detail": "sender"}
+                        return compare(got, want)
+
+                    name = str(dtype).removeprefix("torch.")
+                    size = torch.tensor([], dtype=dtype).element_size()
+                    guarded("pg_gather_small",
+                            f"ldims {list(ldims)} {name} batch {batch} to rank {dst}",
+                            batch * sum(ldims) * size, gather_small)  # fmt: skip
 
 
 if __name__ == "__main__":
