@@ -88,8 +88,7 @@ def main() -> int:
     out = {"rank": rank, "world": world, "device": torch.cuda.get_device_name(dev),
            "ext": ext.__file__, "cases": [], "aborted": None}  # fmt: skip
     port = os.environ.get("MASTER_PORT", "0")
-    pg = Pg(ext, rank, world, dev, f"pinwheel_pg_{port}")
-    pg.ext_dir = ext_dir
+    pg = Pg(ext, rank, world, dev, f"pinwheel_pg_{port}", ext_dir)
     try:
         out["init"] = pg.init_fields()
         run_cases(pg, out)
@@ -109,8 +108,9 @@ def main() -> int:
 class Pg:
     """The shared, pinned G and B regions, and the abort flag, as exllamav3 sets them up."""
 
-    def __init__(self, ext, rank, world, dev, name):
+    def __init__(self, ext, rank, world, dev, name, ext_dir):
         self.ext, self.rank, self.world, self.dev = ext, rank, world, dev
+        self.ext_dir = ext_dir  # where the CPU reducer imports the module from
         self.devices = list(range(world))
         self.master = rank == 0
         self.name = name
