@@ -192,6 +192,26 @@ def test_locked_venv_is_the_lock_first_and_the_machine_after(tmp_path: Path) -> 
     assert (venv.python.parent.parent / lockedvenv.READY).stat().st_mtime_ns == stamp
 
 
+def test_the_callers_pythonpath_cannot_stand_in_for_a_locked_package(tmp_path: Path) -> None:
+    """A PYTHONPATH folder holding the locked version of a name (packaging 26.4): pip, run
+    in the new venv with the caller's environment, took it as installed and left it out,
+    and the build then imported the machine's older copy (a GPU box: "packaging comes from
+    the machine (26.3), not the lock"). The venv holds every locked package itself."""
+    lock = _lock_of({"packaging", "pathspec"}, tmp_path)
+    machine = _machine_python(tmp_path)
+    stray = tmp_path / "stray"
+    _dist(stray, "packaging", "26.4")
+    _dist(stray, "pathspec", "1.1.1")
+    environ = dict(os.environ, PYTHONPATH=str(stray), PYTHONUSERBASE=str(stray))
+    venv = lockedvenv.ensure(lockedvenv.LockedVenvRequest(
+        lock=lock, lock_name="locks/test.txt", interpreter=str(machine),
+        cache=tmp_path / "cache", environ=environ, kind="test-build",
+        overlay_from=str(machine)))  # fmt: skip
+    first = {p["name"]: p for p in lockedvenv.listing(venv) if not p["shadowed"]}
+    assert first["packaging"]["from"] == "lock" and first["pathspec"]["from"] == "lock"
+    lockedvenv.checked(venv, "test")  # no difference from the lock
+
+
 def test_a_venv_that_drifted_from_its_lock_stops_before_the_build(tmp_path: Path) -> None:
     lock = _lock_of({"packaging"}, tmp_path)
     machine = _machine_python(tmp_path)

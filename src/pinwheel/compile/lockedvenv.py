@@ -187,8 +187,12 @@ def _make(
             )
         )  # fmt: skip
         # pip's own config (extra indexes, find-links) must not add anything: hashes decide.
-        env = {k: v for k, v in req.environ.items() if not k.startswith("PIP_")}
+        # Nor may the caller's PYTHONPATH (or user site): pip, run in the new venv, would
+        # find a locked name there ("already satisfied") and leave it out of the venv,
+        # which the machine's copy then fills (seen on a GPU box: packaging 26.3).
+        env = {k: v for k, v in req.environ.items() if not k.startswith(("PIP_", "PYTHON"))}
         env["PIP_CONFIG_FILE"] = "/dev/null"
+        env["PYTHONNOUSERSITE"] = "1"
         target = final / "bin" / "python"
         cmd = (
             sys.executable, "-m", "pip", "--python", str(target), "install", "-q",
