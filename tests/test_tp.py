@@ -421,6 +421,23 @@ def test_pinned_stack_passes_what_the_older_worker_compared_on_two_gpus():
     assert not o.ok
 
 
+def test_the_native_backends_primitives_pass_on_one_h200():
+    """A real capture on one H200 of the worker running what exllamav3's native backend
+    calls at the pinned commit: pg_all_reduce_cpu (with its CPU reducer process) in float32,
+    float16 and bfloat16, pg_broadcast_ll (a 2-byte-aligned tensor included) and
+    pg_gather_small (float16 values, int64 indices) equal torch.distributed's results bit
+    for bit; pg_gather alone is skipped, with its reason, on one rank."""
+    o = _fixture("pinned-1gpu-native")
+    checks = {c.name: c for c in o.checks()}
+    assert o.ok and o.world == 1
+    assert checks["pg_gather"].status == SKIP
+    assert {n: checks[n].status for n in checks if n != "pg_gather"} == {
+        n: OK for n in checks if n != "pg_gather"}  # fmt: skip
+    counts = {op: sum(1 for c in o.cases if c.op == op) for op in NATIVE_BACKEND}
+    assert counts == {"pg_all_reduce_cpu": 12, "pg_broadcast_ll": 4, "pg_gather_small": 6}
+    assert all(c.exact for c in o.cases if c.op in NATIVE_BACKEND)
+
+
 def test_without_pr_234_only_gathers_to_the_last_rank_fail():
     o = _fixture("without-pr234-2gpu")
     checks = {c.name: c for c in o.checks()}
