@@ -22,7 +22,7 @@ import pytest
 
 from pinwheel.cli import main
 from pinwheel.cudaarch import CudaArch
-from pinwheel.errors import PinwheelError
+from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import model as manifest
 from pinwheel.manifest.serve import Engine
 from pinwheel.serve.preflight import (
@@ -352,13 +352,55 @@ def _stand_in_nvcc(root: Path, release: str) -> Path:
 def test_nvcc_is_looked_up_in_the_environment_the_caller_gives(tmp_path):
     """CUDA_HOME and PATH come from Options.environ (the CLI's resolved environment),
     never from this process's os.environ."""
-    good = _stand_in_nvcc(tmp_path / "cuda-12.4", "12.4")
+    good = _stand_in_nvcc(tmp_path / "cuda-12.9", "12.9")
     wrong = _stand_in_nvcc(tmp_path / "cuda-13.0", "13.0")
     base = _opts(tmp_path)
     check = check_nvcc(dataclasses.replace(base, environ={"CUDA_HOME": str(good.parent.parent)}))
-    assert (check.status, check.detail) == (OK, f"nvcc 12.4 at {good}")
+    assert (check.status, check.detail) == (OK, f"nvcc 12.9 at {good}")
     check = check_nvcc(dataclasses.replace(base, environ={"PATH": str(wrong.parent)}))
     assert check.status != OK and str(wrong) in check.detail and "13.0" in check.detail
+
+
+@pytest.mark.parametrize(
+    ("want", "release", "ok"),
+    [("12.8", "12.8", True), ("12.8", "12.9", True), ("12.8", "12.10", True),
+     ("12.8", "12.4", False), ("12.8", "13.0", False), ("12.8", "11.8", False),
+     ("12", "12.0", True), ("12", "12.4", True), ("12", "13.1", False)],
+)  # fmt: skip
+def test_the_runtime_cuda_is_the_cards_minor_or_later_within_its_major(tmp_path, want, release, ok):
+    """The V100 card: "You still need the CUDA 12.8 toolkit ... at runtime". A profile's
+    ``cuda = "12.8"`` takes 12.8 and later 12.x (12.10 compared as a number, not as text);
+    12.4 (which ``cuda = 12`` let through) and 13.0 fail, naming what is needed."""
+    nvcc = _stand_in_nvcc(tmp_path / f"cuda-{release}", release)
+    base = _opts(tmp_path)
+    opts = dataclasses.replace(
+        base, profile=dataclasses.replace(base.profile, cuda=want),
+        environ={"CUDA_HOME": str(nvcc.parent.parent)},
+    )  # fmt: skip
+    check = check_nvcc(opts)
+    assert (check.status == OK) is ok, check
+    if not ok:
+        major = want.split(".")[0]
+        needed = f"CUDA {want} or a later {major}.x" if "." in want else f"CUDA {major}.x"
+        assert needed in check.detail and needed in (check.next or "")
+
+
+@pytest.mark.parametrize("value", ["12.8.1", "twelve", "", "9", "9.0", True, 12.8, "12.\u0668", "1" * 40])
+def test_a_runtime_cuda_that_is_not_a_version_names_the_key(tmp_path, value):
+    text = (ROOT / "manifest.toml").read_text()
+    cut = text.replace('cuda = "12.8"  # card: 02 step 3', f"cuda = {_toml(value)}  # card: 02 step 3", 1)
+    assert cut != text
+    with pytest.raises(ManifestError) as err:  # read as the shipped manifest, in place
+        manifest.loads(cut.encode(), ROOT / "manifest.toml")
+    assert "cuda" in err.value.where and "major.minor" in err.value.what
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\") + '"'
 
 
 def test_human_output_keeps_literal_brackets(tmp_path, capsys):
@@ -388,9 +430,12 @@ def test_a_toolkit_already_in_the_cache_is_pointed_at_not_provisioned_again(tmp_
     """Stand-in nvcc (no CUDA 12 here by default): the cache layout is what `pinwheel
     toolchain` writes, marker included."""
     wrong = _stand_in_nvcc(tmp_path / "cuda-13.0", "13.0")
-    cached = _stand_in_nvcc(tmp_path / "cache" / "toolchains" / "cuda-12.4.131", "12.4")
+    cached = _stand_in_nvcc(tmp_path / "cache" / "toolchains" / "cuda-12.8.93", "12.8")
     root = cached.parent.parent
     (root / ".pinwheel-toolkit.json").write_text("{}\n")
+    # an older 12.x in the cache is no answer to the card's 12.8: never pointed at
+    older = _stand_in_nvcc(tmp_path / "cache" / "toolchains" / "cuda-12.4.131", "12.4")
+    (older.parent.parent / ".pinwheel-toolkit.json").write_text("{}\n")
     base = dataclasses.replace(_opts(tmp_path), environ={"PATH": str(wrong.parent)})
     check = check_nvcc(dataclasses.replace(base, cache=tmp_path / "cache"))
     assert check.status != OK
@@ -398,7 +443,7 @@ def test_a_toolkit_already_in_the_cache_is_pointed_at_not_provisioned_again(tmp_
     assert "provision" not in check.next.split("(")[0]
     # no cache toolkit: provisioning is the advice
     check = check_nvcc(dataclasses.replace(base, cache=tmp_path / "empty"))
-    assert check.next is not None and check.next.startswith("provision CUDA 12.x")
+    assert check.next is not None and check.next.startswith("provision CUDA 12.8 or a later 12.x")
 
 
 def test_engine_python_is_compared_with_the_manifests_pin(tmp_path):

@@ -62,7 +62,10 @@ class ServeProfile:
     args: tuple[str, ...]  # every other flag, in the order the card gives them
     env: tuple[tuple[str, str], ...]
     devices: str | None  # default CUDA_VISIBLE_DEVICES
-    cuda: int = 12  # CUDA toolkit major the JIT at start-up needs (nvcc)
+    # The CUDA toolkit (nvcc) the JIT at start-up needs: "12" any 12.x, "12.8" 12.8 or a
+    # later 12.x (a card that names a minor means at least that one; another major is
+    # another ABI)
+    cuda: str = "12"
     # preflight --selftest: the NCCL all-reduce bus bandwidth floor (GB/s, as nccl-tests
     # reports busbw); None = measured and shown, not gated
     min_allreduce_gbps: float | None = None
@@ -205,9 +208,23 @@ def _parse_profile(t: Table, name: str, image: bool = False) -> ServeProfile:
         args=args,
         env=_env_map(t, "env"),
         devices=_devices(t),
-        cuda=t.int("cuda", 12, minimum=10),
+        cuda=_cuda(t),
         min_allreduce_gbps=_gbps(t, "min_allreduce_gbps"),
     )
+
+
+_RUNTIME_CUDA = re.compile(r"[1-9][0-9]?(\.[0-9]{1,2})?")
+
+
+def _cuda(t: Table) -> str:
+    """``cuda = 12`` (a major) or ``cuda = "12.8"`` (major.minor: that minor or later)."""
+    value = t.raw("cuda", "12")
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not _RUNTIME_CUDA.fullmatch(text) or int(
+        text.split(".")[0]
+    ) < 10:
+        raise t.error("cuda", 'a CUDA major (12) or major.minor ("12.8"), 10 or later', value)
+    return text
 
 
 def _env_map(t: Table, key: str) -> tuple[tuple[str, str], ...]:

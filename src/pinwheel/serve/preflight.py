@@ -321,15 +321,33 @@ def cached_toolkits(cache: Path | None, major: str) -> list[Path]:
     ]
 
 
+def runtime_cuda_ok(want: str, release: str) -> bool:
+    """nvcc ``release`` ("12.9") meets a profile's ``cuda`` ("12": any 12.x; "12.8": 12.8
+    or a later 12.x; never another major)."""
+    w = [int(x) for x in want.split(".")]
+    r = [int(x) for x in release.split(".")[:2]]
+    return r[0] == w[0] and (len(w) < 2 or r[1:2] >= w[1:2])
+
+
+def _wanted(want: str) -> str:
+    major, _, minor = want.partition(".")
+    return f"CUDA {want} or a later {major}.x" if minor else f"CUDA {major}.x"
+
+
 def check_nvcc(opts: Options) -> Check:
     want = str(opts.profile.cuda)
-    cached = cached_toolkits(opts.cache, want)
+    major = want.split(".")[0]
+    cached = [
+        root
+        for root in cached_toolkits(opts.cache, major)
+        if runtime_cuda_ok(want, root.name.removeprefix("cuda-"))
+    ]
     # Already provisioned: point at it rather than provisioning again.
     fix = (
-        f"export CUDA_HOME={cached[0]}  (CUDA {want} that `pinwheel toolchain` already "
-        "provisioned into the cache)"
+        f"export CUDA_HOME={cached[0]}  ({cached[0].name.removeprefix('cuda-')} that "
+        "`pinwheel toolchain` already provisioned into the cache)"
         if cached
-        else f"provision CUDA {want}.x (`pinwheel toolchain`) and export CUDA_HOME to it"
+        else f"provision {_wanted(want)} (`pinwheel toolchain`) and export CUDA_HOME to it"
     )
     candidates = []
     if opts.environ.get("CUDA_HOME"):
@@ -339,20 +357,21 @@ def check_nvcc(opts: Options) -> Check:
     for nvcc in [c for c in candidates if c and Path(c).is_file()]:
         res = _run([nvcc, "--version"], opts.timeout_s)
         release = parse_nvcc_release(res[1]) if res else None
-        if release and release.split(".")[0] == want:
+        if release and runtime_cuda_ok(want, release):
             return Check("cuda toolkit", OK, f"nvcc {release} at {nvcc}")
         if release:
             return Check(
                 "cuda toolkit",
                 FAIL,
-                f"nvcc {release} at {nvcc}; TileLang/Triton JIT at start-up need CUDA {want}.x",
+                f"nvcc {release} at {nvcc}; TileLang/Triton JIT at start-up need "
+                f"{_wanted(want)} ([serve.profile] cuda = {want!r})",
                 fix,
             )
     return Check(
         "cuda toolkit",
         FAIL,
         "no nvcc (CUDA_HOME, PATH, /usr/local/cuda)"
-        + (f"; the cache holds CUDA {want} at {cached[0]}" if cached else ""),
+        + (f"; the cache holds {cached[0].name} at {cached[0]}" if cached else ""),
         fix,
     )
 
