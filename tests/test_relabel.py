@@ -102,3 +102,39 @@ def test_publish_labels_every_wheel_and_records_what_it_was(tmp_path: Path) -> N
     (comp,) = prov["components"]
     assert comp["wheel"] == name and comp["label"] == LABEL
     assert comp["relabelled_from"] == "exllamav3-0.0.43-py3-none-any.whl"
+
+
+def test_a_kernel_that_links_no_torch_never_names_one_in_its_label(tmp_path: Path) -> None:
+    """One build, [build] torch pinned (the shipped manifest: 2.10): the engine and a
+    torch-extension kernel name the torch they compiled against; a CMake kernel names none
+    (it was labelled torch2.10 before, a fact about no byte in it). Through the stage's
+    own label function and publish, names and provenance together."""
+    from pinwheel.compile.pipeline import build_variant
+    from pinwheel.compile.toolchain.toolkit import Toolkit
+    from pinwheel.manifest import model
+
+    manifest = model.load(Path(__file__).parent.parent / "manifest.toml")
+    config = manifest.build
+    assert config.torch  # the case needs a pinned torch
+    toolkit = Toolkit(tmp_path, tmp_path / "nvcc", "12.8.93", ("7.0",), "test")
+
+    def built(name: str, builder: str, torch: str | None) -> Built:
+        wheel = make_wheel(tmp_path / f"scratch-{name}", name, "0.1.0", 64, 0)
+        rec = BuildRecord(source_date_epoch=0, env={}, arches=(), compiled_inputs={},
+                          builder=builder, torch=torch)  # fmt: skip
+        return Built(name, "kernel", wheel, 1.0, {"origin": "test"}, rec)
+
+    cmake = built("selftest", "cmake", None)
+    ext = built("ext", "torch", "2.10.0+cu128")
+    system = config.label or manifest.name
+    result = publish([cmake, ext], tmp_path / "wheels", spec=CheckSpec((), require_cuda=False),
+                     receipt={"schema": "pinwheel.provenance/1"},
+                     label=lambda b: build_variant(manifest, config, toolkit, b))  # fmt: skip
+    assert sorted(result.wheels) == [
+        f"ext-0.1.0+pw.{system}.cu128.torch2.10-py3-none-any.whl",
+        f"selftest-0.1.0+pw.{system}.cu128-py3-none-any.whl",
+    ]
+    prov = json.loads((tmp_path / "wheels" / "provenance.json").read_text())
+    labels = {c["name"]: c["label"] for c in prov["components"]}
+    assert labels == {"selftest": f"pw.{system}.cu128", "ext": f"pw.{system}.cu128.torch2.10"}
+    assert build_variant(manifest, config, toolkit).endswith(".torch2.10")  # the engine's

@@ -292,7 +292,7 @@ def build(
     payload["substitutions"] = substitutions_json(choice.substitutions)
     with reporter.status(f"checking {len(built)} wheel(s)"):
         wheels = _publish(request, built, check_spec, payload, phases,
-                          label=build_variant(manifest, config, toolkit))  # fmt: skip
+                          label=lambda b: build_variant(manifest, config, toolkit, b))  # fmt: skip
     return BuildOutcome(
         toolkit=toolkit,
         built=wheels.components,
@@ -309,7 +309,7 @@ def _publish(
     spec: Any,
     payload: Mapping[str, Any],
     phases: Phases,
-    label: str | None = None,
+    label: str | Callable[[Built], str] | None = None,
 ) -> WheelSet:
     """publish(), timed as two phases: tag + check (looked up by sha256 when the same
     bytes were checked before; a cold build, ``--no-cache``, checks everything), then
@@ -387,11 +387,16 @@ def foreign_header_dirs(
     return dirs
 
 
-def build_variant(manifest: Any, config: BuildConfig, toolkit: Toolkit | None) -> str:
-    """The label every wheel of this build carries: the system ([build] label, else the
-    manifest's name), the CUDA that compiled it (after --substitute) and the pinned torch."""
+def build_variant(
+    manifest: Any, config: BuildConfig, toolkit: Toolkit | None, built: Built | None = None
+) -> str:
+    """The label a wheel of this build carries: the system ([build] label, else the
+    manifest's name), the CUDA that compiled it (after --substitute) and the torch it
+    compiled against: the pinned torch for the engine, the torch a kernel's record names
+    (none for a CMake kernel, which links no torch: its name must not claim one)."""
+    torch = config.torch if built is None or built.kind == "engine" else built.build.torch
     return variant_label(
-        config.label or manifest.name, toolkit.version if toolkit else None, config.torch
+        config.label or manifest.name, toolkit.version if toolkit else None, torch
     )
 
 

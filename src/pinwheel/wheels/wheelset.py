@@ -136,7 +136,7 @@ def publish(
     receipt: Mapping[str, Any],
     keep_others: bool = True,
     tag: bool = True,
-    label: str | None = None,
+    label: str | Callable[[Built], str] | None = None,
     checker: Callable[..., CheckReport] = check_wheels,
     tagger: Callable[[Sequence[Built]], tuple[list[Built], dict[str, Any]]] | None = None,
 ) -> WheelSet:
@@ -144,7 +144,8 @@ def publish(
 
     ``receipt`` is the provenance payload for the whole set minus ``components``,
     ``wheels`` and ``built``, which are filled in here. ``label`` (the build's variant,
-    :func:`pinwheel.wheels.relabel.variant_label`): every wheel's version carries it as
+    :func:`pinwheel.wheels.relabel.variant_label`, or a function giving each wheel its
+    own: a kernel that compiles no torch names none): every wheel's version carries it as
     its local label; a wheel built without it (an out-of-tree kernel keeps upstream's
     version) is relabelled, and its record says from what. ``checker``/``tagger``: the
     check and the tagging step (a caller may pass ones that look up work already done
@@ -203,7 +204,7 @@ def publish(
             if target.name in tags:
                 record["platform_tag"] = tags[target.name].to_json()
             if label is not None:
-                record["label"] = label
+                record["label"] = label(b) if callable(label) else label
             if b.wheel.name in relabelled:
                 record["relabelled_from"] = relabelled[b.wheel.name]
             components.append(record)
@@ -240,13 +241,15 @@ def publish(
     )
 
 
-def _labelled(built: Sequence[Built], label: str) -> tuple[list[Built], dict[str, str]]:
-    """Each wheel with ``label`` in its version (a relabelled copy beside it); and, per
+def _labelled(
+    built: Sequence[Built], label: str | Callable[[Built], str]
+) -> tuple[list[Built], dict[str, str]]:
+    """Each wheel with its label in its version (a relabelled copy beside it); and, per
     relabelled wheel, the name it was built with."""
     out: list[Built] = []
     was: dict[str, str] = {}
     for b in built:
-        wheel = relabel(b.wheel, label, b.wheel.parent)
+        wheel = relabel(b.wheel, label(b) if callable(label) else label, b.wheel.parent)
         if wheel != b.wheel:
             was[wheel.name] = b.wheel.name
         out.append(dataclasses.replace(b, wheel=wheel))
