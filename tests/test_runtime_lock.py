@@ -309,3 +309,14 @@ def test_render_refuses_a_value_that_is_not_plain_ascii():
                           (), ())  # fmt: skip
     with pytest.raises(ValueError, match="not plain ASCII"):
         envlock.render(env)
+
+
+def test_qualify_names_the_venv_its_engine_python_belongs_to(tmp_path):
+    from pinwheel.cli.serve_cmds import _venv_of
+
+    venv = _fake_venv(tmp_path / "v")
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python").symlink_to(sys.executable)  # a venv's python links to its base
+    assert _venv_of(str(venv / "bin" / "python")) == venv.absolute()
+    assert _venv_of(sys.executable if not (Path(sys.prefix) / "pyvenv.cfg").is_file()
+                    else "/usr/bin/python3") is None  # fmt: skip

@@ -326,6 +326,7 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
         allow_unsigned=args.allow_unsigned,
         python=args.python,
         offline=ctx.offline,
+        environ=ctx.environ,
     )
     result = install(request)
     if result.fell_back:
