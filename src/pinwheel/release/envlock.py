@@ -247,11 +247,11 @@ def _metadata(venv: Path, rel: str) -> tuple[str, str]:
     raw, _unparsed = parse_email(text)
     name, version = raw.get("name"), raw.get("version")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise untrusted.fail(VENV_FILE, f"Name {str(name)[:80]!r} is not a package name", where,
+        raise untrusted.fail(VENV_FILE, f"{str(name)[:80]!r} is not a package name", where,
                              field="Name")  # fmt: skip
     if validate.version_problem(version):
         why = validate.version_problem(version)
-        raise untrusted.fail(VENV_FILE, f"Version {str(version)[:80]!r}: {why}", where,
+        raise untrusted.fail(VENV_FILE, f"{str(version)[:80]!r}: {why}", where,
                              field="Version")  # fmt: skip
     assert isinstance(version, str)
     return name, version
@@ -319,7 +319,8 @@ def installed(venv: Path) -> tuple[list[Installed], list[Unpinned], str | None]:
         try:
             found.append(read_one(venv, sp, name))
         except VerifyError as exc:
-            bad.append(Unpinned(name, "?", f"unreadable: {exc.what}"))
+            file = Path(exc.where).name if exc.where else name
+            bad.append(Unpinned(name, "?", f"{file} unreadable: {exc.what}"))
     return found, bad, python
 
 
