@@ -250,6 +250,8 @@ def test_a_dependency_altered_on_its_server_fails_the_lock_hash(locked, tmp_path
          'hashes = {sha256 = "' + "a" * 64 + '"}\n', "no http(s) url"),
         ('[[packages]]\nname = "x\\u001b[2J"\nversion = "1"\n', "not a package name"),
         ('[[packages]]\nname = "x"\nversion = "1' + "0" * 4000 + 'x"\n', "no pinned version"),
+        # 5000 digits: packaging's int() raised ValueError (a traceback) before the bound
+        ('[[packages]]\nname = "x"\nversion = "1' + "0" * 5000 + '"\n', "no pinned version"),
     ],
 )  # fmt: skip
 def test_release_refuses_a_lock_that_is_not_all_hash_pinned(tmp_path, capsys, entry, gist):
