@@ -19,6 +19,7 @@ import pytest
 
 from pinwheel.checksums import sha256_file, write_sums
 from pinwheel.cli import main
+from pinwheel.compile.toolchain.pythons import find_python
 from pinwheel.errors import EXIT_VERIFY
 from pinwheel.release.interpreter import version_of, wanted
 from releasekit import ReleaseServer, make_wheel, write_manifest, write_provenance
@@ -45,7 +46,8 @@ def _python312() -> str | None:
     for candidate in (given, shutil.which("python3.12")):
         if candidate and version_of(candidate) == "3.12":
             return candidate
-    return None
+    found = find_python("3.12", os.environ)  # uv-managed or pyenv's versions, run to confirm
+    return found.path if found else None
 
 
 # --------------------------------------------------------------------------- direct references
@@ -120,6 +122,66 @@ def test_a_cp312_set_installs_into_a_312_venv_from_this_python(tmp_path, capsys,
     assert "the wheels need Python 3.12" in capsys.readouterr().err
 
 
+def _finder_env(tmp: Path, monkeypatch, versions: dict[str, str]) -> None:
+    """PATH holds only a ``python3.12``/``python3.99`` shim that fails (pyenv's, when the
+    version is not selected) and the system's tools; PYENV_ROOT holds ``versions``: name ->
+    a real interpreter to link, or a shell line a fake one runs."""
+    shims = tmp / "shims"
+    shims.mkdir()
+    for v in ("3.12", "3.99"):
+        shim = shims / f"python{v}"
+        shim.write_text("#!/bin/sh\necho 'pyenv: command not found' >&2\nexit 127\n")
+        shim.chmod(0o755)
+    for name, what in versions.items():
+        minor = ".".join(name.split(".")[:2])
+        exe = tmp / "pyenv" / "versions" / name / "bin" / f"python{minor}"
+        exe.parent.mkdir(parents=True)
+        if what.startswith("/"):
+            exe.symlink_to(what)
+        else:
+            exe.write_text(f"#!/bin/sh\n{what}\n")
+            exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}:/usr/bin:/bin")
+    monkeypatch.setenv("PYENV_ROOT", str(tmp / "pyenv"))
+    monkeypatch.setenv("UV_PYTHON_INSTALL_DIR", str(tmp / "uv-none"))
+
+
+def test_install_finds_the_tags_python_among_pyenv_s_versions(tmp_path, capsys, monkeypatch):
+    """Nothing on PATH runs as 3.12; pyenv's versions hold a decoy that answers 3.11 (tried
+    first, newest name first, and passed over) and a real CPython 3.12, which makes the venv."""
+    py312 = _python312()
+    if py312 is None:
+        pytest.skip("no CPython 3.12 here (PATH, uv-managed, pyenv or PINWHEEL_TEST_PYTHON312)")
+    assert sys.version_info[:2] != (3, 12) or pytest.skip("pinwheel itself runs on 3.12")
+    made = make_wheel(tmp_path / "w", "pwa", "1.0", tag="cp312-cp312-linux_x86_64")
+    rel = _release(tmp_path, made)
+    _finder_env(tmp_path, monkeypatch,
+                {"3.12.999": "echo 3.11", "3.12.99": str(Path(py312).resolve())})  # fmt: skip
+    venv = tmp_path / "venv"
+    rc = _install(rel, venv, "--installer", "pip", "--no-deps", "--offline")
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["python"] == "3.12" and doc["python_found_by"] == "pyenv's versions"
+    assert version_of(str(venv / "bin" / "python")) == "3.12"
+    receipt = json.loads((venv / "pinwheel-install.json").read_text())
+    assert receipt["python_found_by"] == "pyenv's versions"
+    assert any("3.12.99" in " ".join(c) for c in receipt["commands"])
+
+
+def test_candidates_that_do_not_answer_the_version_are_named_in_the_refusal(tmp_path, capsys,
+                                                                           monkeypatch):  # fmt: skip
+    made = make_wheel(tmp_path / "w", "pwa", "1.0", tag="cp399-cp399-linux_x86_64")
+    rel = _release(tmp_path, made)
+    _finder_env(tmp_path, monkeypatch, {"3.99.1": "echo 3.11", "3.99.0": "exit 3"})
+    venv = tmp_path / "venv"
+    assert main(["--offline", "install", str(rel), "--venv", str(venv), "--allow-unsigned"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no Python 3.99 here" in err and "among uv's or pyenv's versions" in err
+    assert "shims/python3.99 (python3.99 on PATH): does not run" in err
+    assert "3.99.1/bin/python3.99 (pyenv's versions): is Python 3.11" in err
+    assert "3.99.0/bin/python3.99 (pyenv's versions): does not run" in err
+    assert not venv.exists()
+
+
 # --------------------------------------------------------------------------- pylock.toml
 
 
@@ -188,6 +250,8 @@ def test_a_dependency_altered_on_its_server_fails_the_lock_hash(locked, tmp_path
          'hashes = {sha256 = "' + "a" * 64 + '"}\n', "no http(s) url"),
         ('[[packages]]\nname = "x\\u001b[2J"\nversion = "1"\n', "not a package name"),
         ('[[packages]]\nname = "x"\nversion = "1' + "0" * 4000 + 'x"\n', "no pinned version"),
+        # 5000 digits: packaging's int() raised ValueError (a traceback) before the bound
+        ('[[packages]]\nname = "x"\nversion = "1' + "0" * 5000 + '"\n', "no pinned version"),
     ],
 )  # fmt: skip
 def test_release_refuses_a_lock_that_is_not_all_hash_pinned(tmp_path, capsys, entry, gist):

@@ -296,6 +296,15 @@ def _folder(root: Path | str, parts: Sequence[str], rel: str, *, create: bool) -
         os.close(fd)
 
 
+@contextlib.contextmanager
+def folder_beneath(root: Path | str, rel: str) -> Iterator[int]:
+    """An fd of the folder ``root/rel`` (``""``: ``root`` itself), every step opened
+    ``O_NOFOLLOW`` from the one before: a symlink on the way is :class:`Escape`."""
+    parts = _parts(rel, root) if rel else ()
+    with _folder(root, parts, rel or ".", create=False) as fd:
+        yield fd
+
+
 def lstat_beneath(root: Path | str, rel: str) -> os.stat_result | None:
     """``lstat`` of ``root/rel`` with no symlink on the way; None when it is not there
     (or a symlink on the way means it is not part of the tree)."""

@@ -75,11 +75,11 @@ VARIABLES: tuple[Var, ...] = (
         "(':'-separated; DIR/* below DIR; * everything)", "ownership, cli", None, "none"),
     Var("PYTHONPATH", "the engine's module path: the in-process KLD scorer puts its vLLM "
         "extension package in front of it", "serve.inprocess"),
-    Var("HOME", "where uv's and pyenv's interpreters are looked for ([build] python)",
+    Var("HOME", "where uv's and pyenv's interpreters are looked for ([build] python, install)",
         "compile.toolchain.pythons"),
-    Var("UV_PYTHON_INSTALL_DIR", "uv-managed interpreters ([build] python)",
+    Var("UV_PYTHON_INSTALL_DIR", "uv-managed interpreters ([build] python, install)",
         "compile.toolchain.pythons", None, "~/.local/share/uv/python"),
-    Var("PYENV_ROOT", "pyenv's interpreters ([build] python)", "compile.toolchain.pythons",
+    Var("PYENV_ROOT", "pyenv's interpreters ([build] python, install)", "compile.toolchain.pythons",
         None, "~/.pyenv"),
     # -- the compiler cache
     Var("SCCACHE_PATH", "the sccache binary", "compile.compcache", None,

@@ -180,7 +180,11 @@ def read_regular(path: Path, cap: int) -> bytes | int:
     Raises ``FileNotFoundError``, ``IsADirectoryError``, :class:`NotRegular` or another
     ``OSError`` for the caller to word.
     """
-    fd = open_regular(Path(path))
+    return _read_fd(open_regular(Path(path)), cap)
+
+
+def _read_fd(fd: int, cap: int) -> bytes | int:
+    """Read the open regular file ``fd`` (closed here) up to ``cap``; its size when over."""
     try:
         size = os.fstat(fd).st_size
         if size > cap:
@@ -239,6 +243,50 @@ def read_bytes(path: Path, kind: Kind, *, cap: int | None = None) -> bytes:
         raise fail(kind, f"cannot be read: {exc.strerror or exc}", str(path)) from None
     if isinstance(data, int):
         raise fail(kind, f"{data} bytes, more than the {cap} it may have", str(path))
+    return data
+
+
+def read_beneath(root: Path, rel: str, kind: Kind, *, cap: int | None = None) -> bytes:
+    """The bytes of the regular file ``root/rel`` read as :func:`read_bytes` reads, with no
+    symlink followed on the way or at the end (a tree someone else filled: a venv's
+    site-packages): a link, FIFO, device or socket is the kind's error, never read or waited on.
+    """
+    from pinwheel import confine  # confine imports nothing from here; kept local all the same
+
+    cap = kind.max_bytes if cap is None else cap
+    where = f"{root}/{rel}"
+    folder, _, name = rel.rpartition("/")
+    if name in ("", ".", "..") or any(p in ("", ".", "..") for p in folder.split("/") if folder):
+        raise fail(kind, "not a plain relative name", where)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        with confine.folder_beneath(root, folder) as dfd:
+            try:
+                fd = os.open(name, flags | getattr(os, "O_NOFOLLOW", 0), dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise fail(kind, "is a symlink (never followed here)", where) from None
+                raise
+            try:
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISDIR(mode):
+                    raise fail(kind, "is a directory, not a file", where)
+                if not stat.S_ISREG(mode):
+                    raise fail(kind, f"is {_file_type(mode)}, not a regular file", where)
+                os.set_blocking(fd, True)
+            except BaseException:
+                os.close(fd)
+                raise
+    except confine.Escape:
+        why = "a symlink or a non-folder on the way (never followed here)"
+        raise fail(kind, why, where) from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise fail(kind, "missing", where) from None
+    except OSError as exc:
+        raise fail(kind, f"cannot be read: {exc.strerror or exc}", where) from None
+    data = _read_fd(fd, cap)
+    if isinstance(data, int):
+        raise fail(kind, f"{data} bytes, more than the {cap} it may have", where)
     return data
 
 

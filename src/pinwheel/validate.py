@@ -402,6 +402,9 @@ def env_key_problem(name: object) -> str | None:
     return None
 
 
+MAX_VERSION = 128  # characters: the longest real local label is far shorter
+
+
 def version_problem(value: object) -> str | None:
     """A PEP 440 version (``packaging.version``, what pip accepts after ``==``), written
     without the surrounding whitespace ``packaging`` would forgive."""
@@ -410,9 +413,11 @@ def version_problem(value: object) -> str | None:
     why = "a PEP 440 version like 2.9.1 or 2.9.1+cu128"
     if not isinstance(value, str) or value != value.strip() or _CONTROL.search(value):
         return why
+    if len(value) > MAX_VERSION:  # before int(): a 5000-digit part is ValueError, not Invalid
+        return f"{why} (at most {MAX_VERSION} characters)"
     try:
         Version(value)
-    except InvalidVersion:
+    except (InvalidVersion, ValueError):
         return why
     return None
 

@@ -225,6 +225,38 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runtime_lock(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.release import envlock
+
+    venv = Path(args.venv)
+    env = envlock.build(
+        venv,
+        release_dir=Path(args.release) if args.release else None,
+        locks=[Path(p) for p in args.lock],
+        leave_out=tuple(args.leave_out),
+    )
+    out = Path(args.out)
+    lock = envlock.write(env, out)  # refused while anything is unpinned (nothing written)
+    lines = [f"wrote {out}: {len(env.pinned)} package(s) pinned by wheel sha256 "
+             f"({len(lock.packages)} in the lock), {len(env.release)} release wheel(s) by "
+             "sha256 in [tool.pinwheel]"]  # fmt: skip
+    lines += [f"  {p.name} {p.version}: {p.how}" for p in env.pinned]
+    lines += [f"  {r.name} {r.version}: the release's {r.wheel}" for r in env.release]
+    lines += [f"  LEFT OUT (--leave-out) {u.name} {u.version}: {u.why}" for u in env.left_out]
+    ctx.emit(
+        {
+            "out": str(out),
+            "python": env.python,
+            "pinned": [{"name": p.name, "version": p.version, "hash_from": p.how,
+                        "wheels": [w.__dict__ for w in p.wheels]} for p in env.pinned],
+            "release_wheels": [r.__dict__ for r in env.release],
+            "left_out": [u.__dict__ for u in env.left_out],
+        },
+        "\n".join(lines),
+    )  # fmt: skip
+    return 0
+
+
 # --------------------------------------------------------------------------- fetch / install
 
 
@@ -294,6 +326,7 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
         allow_unsigned=args.allow_unsigned,
         python=args.python,
         offline=ctx.offline,
+        environ=ctx.environ,
     )
     result = install(request)
     if result.fell_back:
@@ -420,6 +453,27 @@ def register(sub: Any) -> None:
     p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
     p.add_argument("--out", help="index dir, replaced atomically (default: DIR-index beside it)")
     _signer_options(p)
+
+    p = command(
+        sub,
+        "runtime-lock",
+        "write pylock.toml from the venv qualification ran in (each package by wheel sha256)",
+        cmd_runtime_lock,
+    )
+    p.add_argument("venv", help="the venv qualification ran in (qualify --python VENV/bin/python)")
+    p.add_argument("--out", default="pylock.toml", help="the lock to write (default: pylock.toml)")
+    p.add_argument(
+        "--release", help="the release installed there: its wheels are matched by RECORD and sha256"
+    )
+    p.add_argument(
+        "--lock", action="append", default=[],
+        help="a pylock.toml the venv was installed from: its hashes of the same wheels "
+        "(repeatable)",
+    )  # fmt: skip
+    p.add_argument(
+        "--leave-out", action="append", default=[], metavar="NAME",
+        help="an unpinned package the engine does not need (pip): left out, named in the lock",
+    )  # fmt: skip
 
     p = command(sub, "fetch", "download a release (URL|DIR|INDEX) and verify every file", cmd_fetch)
     p.add_argument(

@@ -629,6 +629,13 @@ def run_tp(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def _venv_of(python: str) -> Path | None:
+    """The venv whose ``bin/python`` runs the engine (``pyvenv.cfg`` beside ``bin``), if any."""
+    exe = shutil.which(python) or python
+    venv = Path(exe).absolute().parent.parent
+    return venv if (venv / "pyvenv.cfg").is_file() else None
+
+
 def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.serve.qualify import Target, gate_failure, qualify
 
@@ -674,6 +681,9 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
         server = _started_server(ctx, args, out)
     with server as target:
         receipt = qualify(m, profile, target, out, provenance=prov, reporter=ctx.reporter)
+    if not args.url and (venv := _venv_of(_resolve(ctx, args).python)) is not None:
+        progress(f"the runtime lock of the environment this ran in: pinwheel runtime-lock {venv} "
+                 f"--release RELEASE_DIR --out {out / 'pylock.toml'}")  # fmt: skip
     ctx.emit(
         {"verdict": receipt.verdict, "out": str(out)},
         f"qualification {receipt.verdict}: {out / 'report.md'}",

@@ -420,7 +420,18 @@ def assemble(request: AssembleRequest) -> Release:
         )
 
     if request.lock is not None:
-        pylock.check(request.lock)  # every package hash-pinned, before anything is written
+        locked = pylock.check(request.lock)  # every package hash-pinned, before anything is written
+        # A lock from `pinwheel runtime-lock` names the release wheels that were installed
+        # where it was made: they must be this release's, byte for byte.
+        other = [f"{w} ({sha[:12]}…)" for w, sha in locked.release_wheels if digests.get(w) != sha]
+        if other:
+            raise VerifyError(
+                f"{request.lock} was made where other wheels than this release's were installed: "
+                + ", ".join(other[:10]),
+                where=str(request.lock),
+                next="install this release, qualify it, and run `pinwheel runtime-lock VENV "
+                "--release DIR` again",
+            )
     same_dir = out.resolve() == build.resolve()
     with atomic_dir(out) if not same_dir else _in_place(out) as tmp:
         if not same_dir:

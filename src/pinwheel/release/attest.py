@@ -227,8 +227,10 @@ def _sigstore(directory: Path) -> tuple[str, ...]:
             continue
         lines.append(
             f"{path.name}: Sigstore bundle present, NOT verified: checking it offline needs "
-            "sigstore-python and Sigstore's trust root, which pinwheel does not ship; check it "
-            f"online with `gh attestation verify FILE --bundle {path.name} --repo OWNER/REPO`"
+            "sigstore-python and a pinned Sigstore trust root, which pinwheel does not ship "
+            "(docs/release.md: FILL IN); check it with `gh attestation verify FILE --bundle "
+            f"{path.name} --repo OWNER/REPO` (offline: add --custom-trusted-root "
+            "trusted_root.jsonl from `gh attestation trusted-root`)"
         )
     return tuple(lines)
 

@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pinwheel import runner, validate
@@ -234,6 +234,8 @@ class InstallRequest:
     allow_unsigned: bool = False  # install without allowed_signers (every output says so)
     python: str | None = None  # --python: the interpreter for the venv (else found by tag)
     offline: bool = False  # --offline: nothing from the network (uv --offline / pip --no-index)
+    # PATH, HOME, UV_PYTHON_INSTALL_DIR, PYENV_ROOT: where the wheels' Python is looked for
+    environ: Mapping[str, str] = field(default_factory=dict)
 
 
 def install(request: InstallRequest) -> InstallResult:
@@ -296,7 +298,7 @@ def install(request: InstallRequest) -> InstallResult:
         )
     need = interpreter.wanted(wheels)
     found = interpreter.find(need, given=request.python, uv=uv, offline=request.offline,
-                             fallback=sys.executable)  # fmt: skip
+                             fallback=sys.executable, environ=request.environ)  # fmt: skip
     commands = _ensure_venv(venv, uv, chosen, found, request.offline)
     python = str(venv_python(venv))
     paths = [str((wheel_dir / w).resolve()) for w in wheels]

@@ -4,24 +4,25 @@ A ``cp312-cp312`` wheel installs only into CPython 3.12; the venv ``install``
 creates must be made by that interpreter, never simply by the one running
 pinwheel. :func:`wanted` reads the wheels' tags (``py3``/``abi3``/``none``
 tags accept any); :func:`find` tries, in order, ``--python PATH``,
-``python3.12`` on ``PATH`` and ``uv python find`` (interpreters uv manages or
-sees; never a download), and checks each candidate by running it: a shim that
-does not answer with the right version does not count. Offline, a missing
-interpreter is an error that says how to get one; online, uv may provision it
-(``uv venv --python 3.12``).
+``python3.12`` on ``PATH``, the interpreters uv manages and pyenv's versions
+(:mod:`pinwheel.compile.toolchain.pythons`, the finder ``[build] python`` uses),
+and ``uv python find`` (interpreters uv manages or sees; never a download), and
+checks each candidate by running it: a shim that does not answer with the right
+version does not count. Offline, a missing interpreter is an error that says how
+to get one; online, uv may provision it (``uv venv --python 3.12``).
 """
 
 from __future__ import annotations
 
 import re
-import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
 from pinwheel import runner
+from pinwheel.compile.toolchain import pythons
 from pinwheel.errors import PinwheelError, UsageError
 
 _CP = re.compile(r"cp(\d)(\d+)")
@@ -69,8 +70,17 @@ def version_of(python: str) -> str | None:
     return text if done.returncode == 0 and re.fullmatch(r"\d+\.\d+", text) else None
 
 
+_SOURCES = {"PATH": "python{version} on PATH", "uv": "uv-managed", "pyenv": "pyenv's versions"}
+
+
 def find(
-    version: str | None, *, given: str | None, uv: str | None, offline: bool, fallback: str
+    version: str | None,
+    *,
+    given: str | None,
+    uv: str | None,
+    offline: bool,
+    fallback: str,
+    environ: Mapping[str, str] | None = None,
 ) -> Interpreter:
     """The interpreter for ``version`` (see the module doc for the order)."""
     if given is not None:
@@ -85,7 +95,12 @@ def find(
         return Interpreter(given, got, "--python")
     if version is None:
         return Interpreter(fallback, version_of(fallback), "pinwheel's own Python (any fits)")
-    candidates = [(shutil.which(f"python{version}"), f"python{version} on PATH")]
+    # Where people keep interpreters (compile.toolchain.pythons: PATH, uv-managed, pyenv's
+    # versions), then uv's own search; every one is run below, a name alone is a claim.
+    candidates: list[tuple[str | None, str]] = [
+        (path, _SOURCES.get(source, source).format(version=version))
+        for source, path in pythons.candidates(version, environ if environ is not None else {})
+    ]
     if uv is not None:
         found = runner.run(
             runner.Command(
@@ -99,15 +114,22 @@ def find(
             candidates.append((found.text.strip().splitlines()[-1], "uv python find"))
     if version_of(fallback) == version:
         candidates.insert(0, (fallback, "pinwheel's own Python"))
+    passed: list[str] = []
     for path, how in candidates:
-        if path and version_of(path) == version:
+        if not path:
+            continue
+        got = version_of(path)
+        if got == version:
             return Interpreter(path, version, how)
+        passed.append(f"{path} ({how}): " + (f"is Python {got}" if got else "does not run"))
     if uv is not None and not offline:
         return Interpreter(None, version, f"uv venv --python {version} (uv provisions it)")
+    tried = "".join(f"\n    {p}" for p in passed[:10])
     raise PinwheelError(
         f"no Python {version} here: the wheels are built for CPython {version} "
-        f"(found no python{version} on PATH that runs"
-        + (", uv python find found none)" if uv else ", no uv)"),
+        f"(found no python{version} that runs on PATH, among uv's or pyenv's versions"
+        + (", or by uv python find)" if uv else "; no uv)")
+        + (f"; tried:{tried}" if passed else ""),
         where="pinwheel install",
         next=f"install Python {version} (`uv python install {version}` needs the network; or "
         f"your OS's python{version} package), then rerun, or pass --python PATH"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,22 @@ _NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True)
+class LockedFile:
+    name: str | None  # the file name PEP 751 lets a lock give (a wheel's: its tags)
+    url: str
+    sha256: str
+
+
+@dataclass(frozen=True)
 class Lock:
     path: Path
     packages: tuple[tuple[str, str], ...]  # (name, version)
     files: int  # wheels + sdists, each with a sha256
+    # name -> the package's wheels (an sdist is not a wheel: an installer builds it)
+    wheels: dict[str, tuple[LockedFile, ...]] = field(default_factory=dict)
+    # [tool.pinwheel] release-wheels: (file name, sha256) of the release's own wheels that were
+    # installed where the lock was made (pinwheel runtime-lock); installed from the release
+    release_wheels: tuple[tuple[str, str], ...] = ()
 
 
 def _file_problem(entry: Any, what: str) -> str | None:
@@ -59,8 +71,38 @@ def _file_problem(entry: Any, what: str) -> str | None:
 def check(path: Path) -> Lock:
     """The lock, if every package in it is hash-pinned from an http(s) URL; else raise."""
     data = untrusted.read_bytes(path, LOCK)
+    return check_text(untrusted.text(data, LOCK, str(path)), path)
+
+
+_WHEEL_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl")
+
+
+def _release_wheels(doc: dict[str, Any], path: Path) -> tuple[tuple[str, str], ...]:
+    tool = doc.get("tool")
+    ours = tool.get("pinwheel") if isinstance(tool, dict) else None
+    rows = ours.get("release-wheels") if isinstance(ours, dict) else None
+    if rows is None:
+        return ()
+    if not isinstance(rows, list):
+        raise untrusted.fail(LOCK, "tool.pinwheel.release-wheels is not a list", str(path))
+    out = []
+    for i, row in enumerate(rows):
+        wheel = row.get("wheel") if isinstance(row, dict) else None
+        sha = row.get("sha256") if isinstance(row, dict) else None
+        if not (isinstance(wheel, str) and _WHEEL_FILE.fullmatch(wheel) and isinstance(sha, str)
+                and _SHA.fullmatch(sha)):  # fmt: skip
+            raise untrusted.fail(
+                LOCK, f"tool.pinwheel.release-wheels[{i}] is not a wheel file name and a sha256",
+                str(path),
+            )
+        out.append((wheel, sha))
+    return tuple(out)
+
+
+def check_text(text: str, path: Path) -> Lock:
+    """:func:`check` of a lock's text (``path`` names it in errors and in the result)."""
     try:
-        doc = tomllib.loads(untrusted.text(data, LOCK, str(path)))
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise untrusted.fail(LOCK, f"not TOML: {exc}", str(path)) from None
     version = doc.get("lock-version")
@@ -68,6 +110,7 @@ def check(path: Path) -> Lock:
         raise untrusted.fail(LOCK, f"lock-version {version!r} is not 1.x (PEP 751)", str(path))
     problems: list[str] = []
     packages: list[tuple[str, str]] = []
+    wheels: dict[str, tuple[LockedFile, ...]] = {}
     files = 0
     for i, pkg in enumerate(doc.get("packages") or []):
         if not isinstance(pkg, dict):
@@ -85,18 +128,31 @@ def check(path: Path) -> Lock:
             if source in pkg:
                 problems.append(f"{label}: a {source} source is not hash-pinned from an index")
         entries = [("sdist", pkg["sdist"])] if "sdist" in pkg else []
-        entries += [(f"wheels[{j}]", w) for j, w in enumerate(pkg.get("wheels") or [])]
+        raw_wheels = pkg.get("wheels") or []
+        if not isinstance(raw_wheels, list):
+            problems.append(f"{label}: wheels is not a list")
+            continue
+        entries += [(f"wheels[{j}]", w) for j, w in enumerate(raw_wheels)]
         if not entries:
             problems.append(f"{label}: no wheels and no sdist")
+        kept: list[LockedFile] = []
         for what, entry in entries:
             problem = _file_problem(entry, f"{label} {what}")
             if problem:
                 problems.append(problem)
-            else:
-                files += 1
+                continue
+            files += 1
+            if what != "sdist":
+                given = entry.get("name")
+                if given is not None and not (isinstance(given, str)
+                                              and _WHEEL_FILE.fullmatch(given)):  # fmt: skip
+                    problems.append(f"{label} {what}: name is not a wheel file name")
+                    continue
+                kept.append(LockedFile(given, entry["url"], entry["hashes"]["sha256"]))
         packages.append((name, ver))
+        wheels[name] = (*wheels.get(name, ()), *kept)
     if problems:
         raise untrusted.fail(LOCK, "refused:\n    " + "\n    ".join(problems[:20]), str(path))
     if not packages:
         raise untrusted.fail(LOCK, "lists no packages", str(path))
-    return Lock(path, tuple(packages), files)
+    return Lock(path, tuple(packages), files, wheels, _release_wheels(doc, path))

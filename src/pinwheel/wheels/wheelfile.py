@@ -180,6 +180,23 @@ def record_name(zf: zipfile.ZipFile) -> str | None:
     return records[0] if len(records) == 1 else None
 
 
+def record_rows(path: Path, limits: Limits | None = None) -> dict[str, tuple[str, str]]:
+    """The wheel's RECORD rows (member -> (hash, size)), read under the archive limits;
+    ``ValueError`` with the reason when the archive or its RECORD cannot be read."""
+    limits = limits or Limits()
+    try:
+        with zipfile.ZipFile(path) as zf:
+            issues, unreadable = header_issues(zf, limits)
+            record = record_name(zf)
+            rows, more = (None, [Issue(None, "expected exactly one <name>.dist-info/RECORD")]
+                          ) if record is None else _read_record(zf, record, limits, unreadable)
+    except READ_ERRORS as exc:
+        raise ValueError(f"not a readable wheel: {_read_error(exc)}") from None
+    if rows is None or issues or more:
+        raise ValueError("; ".join(i.message for i in (*issues, *more))[:500])
+    return rows
+
+
 @dataclass
 class Audit:
     """What one pass over a wheel found; ``spooled`` maps member -> file (caller cleans up)."""
