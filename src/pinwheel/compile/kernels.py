@@ -35,7 +35,16 @@ from typing import Any
 
 from pinwheel import confine, runner
 from pinwheel.checksums import sha256_file
-from pinwheel.compile import frontend, listing, lockedvenv, objstore, reuse, toollocks, workspace
+from pinwheel.compile import (
+    frontend,
+    headerview,
+    listing,
+    lockedvenv,
+    objstore,
+    reuse,
+    toollocks,
+    workspace,
+)
 from pinwheel.compile.buildenv import build_env, declared_base
 from pinwheel.compile.canonical import Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
@@ -412,7 +421,6 @@ def _build_kernel(
     place and the builder's own build tree is reused, so only changed sources compile.
     """
     started = time.monotonic()
-    canon = opts.canon()
     work = workdir(spec, opts)
     torch_version: str | None = None
     if spec.builder == "cmake":
@@ -424,6 +432,10 @@ def _build_kernel(
             TORCH_BUILD_LOCK, str(torch_python), opts, overlay_from=str(torch_python)
         )
     python = venv.python
+    # The base interpreter's include directory and a machine torch's headers keep no machine
+    # path in the objects: prefix maps to canonical names (headerview.prefix_maps).
+    pythons = [python, *([torch_python] if torch_python is not None else [])]
+    canon = opts.canon().with_outside(headerview.prefix_maps(pythons, opts.cache))
     # Before anything compiles: the build's Python imports exactly the lock (and, for a
     # torch extension, torch and its dependencies from the machine); listed for provenance.
     environment = lockedvenv.checked(venv, spec.where)
