@@ -182,6 +182,6 @@ def test_hostile_header_directories_are_refused_by_name(tmp_path: Path) -> None:
         )
         fake.chmod(0o755)
         with pytest.raises(PinwheelError) as info:
-            headerview.prefix_maps([fake], tmp_path / "cache")
+            headerview.prefix_maps([fake], canonical.CANONICAL_ROOT, tmp_path / "cache")
         assert str(fake) in str(info.value.where)
         assert info.value.next

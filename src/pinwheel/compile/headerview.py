@@ -162,16 +162,18 @@ def python_include_dirs(python: Path) -> list[str]:
     return list(dict.fromkeys(dirs))
 
 
-def prefix_maps(pythons: Iterable[Path], *insides: Path) -> tuple[tuple[str, str], ...]:
+def prefix_maps(
+    pythons: Iterable[Path], root: Path, *insides: Path
+) -> tuple[tuple[str, str], ...]:
     """(directory as the build names it, canonical name) for each Python's include
-    directories (under ``<root>/python/``) and torch's and the nvidia wheels' header
+    directories (under ``<root>/python/``; ``root``: canonical.CANONICAL_ROOT, given by the
+    caller: canonical imports this module) and torch's and the nvidia wheels' header
     directories (under ``<root>/site-packages/``), leaving out what lies under ``insides``
     (the cache: already canonical). Both spellings of a linked directory are mapped.
 
     Each path is checked (:func:`pinwheel.validate.prefix_map_path`): one the option cannot
     carry is a :class:`pinwheel.errors.PinwheelError` naming the Python."""
     from pinwheel import validate
-    from pinwheel.compile.canonical import CANONICAL_ROOT
     from pinwheel.errors import PinwheelError
 
     inside = [Path(p).resolve() for p in insides]
@@ -181,11 +183,11 @@ def prefix_maps(pythons: Iterable[Path], *insides: Path) -> tuple[tuple[str, str
 
     pairs: dict[str, str] = {}
     for python in dict.fromkeys(Path(p) for p in pythons):
-        named = [(d, CANONICAL_ROOT / "python" / f"include{i or ''}")
+        named = [(d, root / "python" / f"include{i or ''}")
                  for i, d in enumerate(python_include_dirs(python))]  # fmt: skip
         for d in torch_include_dirs(python):  # <site>/torch/include, <site>/nvidia/X/include
             site = d.parent.parent if d.parent.name == "torch" else d.parent.parent.parent
-            named.append((str(d), CANONICAL_ROOT / "site-packages" / d.relative_to(site)))
+            named.append((str(d), root / "site-packages" / d.relative_to(site)))
         for given, canon in named:
             for spelling in dict.fromkeys((given, os.path.realpath(given))):
                 if under(Path(spelling).resolve()) or under(Path(spelling)):

@@ -46,7 +46,7 @@ from pinwheel.compile import (
 )
 from pinwheel.compile.buildenv import build_env, declared_base
 from pinwheel.compile.buildvenv import ensure_build_venv, parse_requirements
-from pinwheel.compile.canonical import Canonical
+from pinwheel.compile.canonical import CANONICAL_ROOT, Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
 from pinwheel.compile.invalidate import after_update
 from pinwheel.compile.toolchain import Toolkit
@@ -439,7 +439,7 @@ def _build_kernel(
     # The base interpreter's include directory and a machine torch's headers keep no machine
     # path in the objects: prefix maps to canonical names (headerview.prefix_maps).
     pythons = [python, *([torch_python] if torch_python is not None else [])]
-    canon = opts.canon().with_outside(headerview.prefix_maps(pythons, opts.cache))
+    canon = opts.canon().with_outside(headerview.prefix_maps(pythons, CANONICAL_ROOT, opts.cache))
     # Before anything compiles: the build's Python imports exactly the lock (and, for a
     # torch extension, torch and its dependencies from the machine); listed for provenance.
     environment = lockedvenv.checked(venv, spec.where)

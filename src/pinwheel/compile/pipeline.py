@@ -631,7 +631,9 @@ def _engine(
         extra_env["CMAKE_ARGS"] = request.environ["CMAKE_ARGS"]
     # The build Python's include directory and its torch's headers, when outside the cache,
     # reach the objects under canonical names (headerview.prefix_maps), as the cache does.
-    canon = canon.with_outside(headerview.prefix_maps([Path(python)], request.cache))
+    canon = canon.with_outside(headerview.prefix_maps(
+        [Path(python)], canonical.CANONICAL_ROOT, request.cache
+    ))
     sources_phase = phases.start("build sources")
     sources_note = sources_phase.note
     if replayed is not None:  # every source the tree declares for these arches must be pinned
