@@ -265,8 +265,13 @@ def test_engine_workspace_is_kept_updated_in_place_and_wiped_when_cold(tiny: Tin
     assert (work / "src" / "build" / "product.o").is_file()
     # Nothing changed at all: the builder did not even run (its log is the first build's).
     assert (work / "build.log").stat().st_mtime_ns == old
-    # A compiler flag of the caller's environment changed: the builder runs (incrementally).
-    third = once("w2b", environ={**os.environ, "CFLAGS": "-O1"})
+    # A compiler flag of the caller's environment never reaches the build (buildenv's
+    # declared environment): nothing to do.
+    once("w2a", environ={**os.environ, "CFLAGS": "-O1"})
+    assert (work / "build.log").stat().st_mtime_ns == old
+    # A declared value the build is given changed (CMAKE_ARGS, recorded): the builder runs
+    # (incrementally).
+    third = once("w2b", environ={**os.environ, "CMAKE_ARGS": "-DTINY_OPTION=1"})
     assert (work / "build.log").stat().st_mtime_ns != old
     assert third.wheels.wheels == first.wheels.wheels  # the stand-in ignores CFLAGS
     assert setup.stat().st_ino == exported.st_ino

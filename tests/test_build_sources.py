@@ -185,10 +185,11 @@ def test_a_download_pinwheel_cannot_see_fails_the_build_by_name(tmp_path: Path) 
     if subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode != 0:
         pytest.skip("no network namespace here (unshare -rn): the fence this test checks")
     up, dep, base, _ = make(tmp_path)
-    m = manifest(tmp_path, base)
+    # Declared in [build] env: the caller's environment never reaches the engine build.
+    m = manifest(tmp_path, base, extra=', DEMO_HIDDEN = "1"')
     assert cli(tmp_path, up, dep, m, "lock").returncode == 0
     with pytest.raises(PinwheelError) as err:
-        build(tmp_path, up, dep, m, environ={"DEMO_HIDDEN": "1"})
+        build(tmp_path, up, dep, m)
     assert "https://example.invalid/hidden.git" in err.value.what
     assert "tried to download" in err.value.what
     assert not (tmp_path / "wheels").exists()  # nothing published
@@ -326,3 +327,15 @@ def test_a_kept_workspace_keeps_an_unchanged_build_source_and_restores_a_touched
     build(tmp_path, up, dep, m)
     assert value.read_text() == "one, patched\n"
     assert json.loads(record.read_text())["key"]
+
+
+def test_a_download_is_named_with_its_url_in_cmake_4s_wrapped_message() -> None:
+    """CMake 4 puts the URL of a failed clone on a line of its own; the build python's venv
+    (whose cmake the engine build uses) writes it that way."""
+    from pinwheel.compile.sources import undeclared_downloads
+
+    log = ("CMake Error at x-gitclone.cmake:55 (message):\n  Failed to clone repository:\n\n"
+           "    'https://example.invalid/hidden.git'\n\n")  # fmt: skip
+    assert undeclared_downloads(log, ()) == [
+        "Failed to clone repository: 'https://example.invalid/hidden.git'"
+    ]

@@ -64,8 +64,8 @@ VARIABLES: tuple[Var, ...] = (
         "compile.toolchain.hostcc, wheels.provenance", None, "g++-<[build] gcc>, then g++"),
     Var("CMAKE_ARGS", "extra CMake arguments for in-tree kernel builds (after pinwheel's)",
         "compile.pipeline", None, "none"),
-    Var("LDFLAGS", "linker flags a build starts from (pinwheel appends -Wl,--strip-all)",
-        "compile.buildenv", None, "none"),
+    Var("LDFLAGS", "linker flags: a build gets only [build] env's (pinwheel appends "
+        "-Wl,--strip-all); the caller's never reach a build", "compile.buildenv", None, "none"),
     Var("PIP_*", "pip's own settings: dropped for the build venv's install (its index and "
         "hashes are the manifest's)", "compile.buildvenv"),
     Var("PATH", "where programs are found (git, nvcc, gcc, sccache, unshare, python)",

@@ -154,6 +154,17 @@ def host_path(value: str) -> str:
     return value
 
 
+def prefix_map_path(value: str) -> str:
+    """A directory a build's compilers see under a canonical name (``-ffile-prefix-map=OLD=NEW``,
+    as asked of the build's Python): absolute, no ``..``, no ``=`` (it splits the option's
+    OLD from NEW), no control character (the flags are shell-split lines)."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ValueError(f"{str(value)[:100]!r} is not an absolute path")
+    if "=" in value or re.search(r"[\x00-\x1f\x7f]", value) or ".." in value.split("/"):
+        raise ValueError(f"{value[:100]!r} holds '=', '..' or a control character")
+    return value
+
+
 # --------------------------------------------------------------------------- hosts and URLs
 
 _HOSTNAME = re.compile(

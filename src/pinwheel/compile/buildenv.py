@@ -8,7 +8,8 @@ Out: the full environment for the build process, and the part pinwheel set
 fixed PATH of the toolkit, the locked build venv, the chosen host compiler and the
 system directories; a HOME of pinwheel's; the host compiler the toolchain chose), so
 nothing of the caller's PATH, PYTHONPATH, CFLAGS or tool folders reaches the build
-unless ``[build] env`` declares it.
+unless ``[build] env`` declares it. :func:`engine_base` is the same for the engine build
+(the build Python's folder as its tool folder) plus :data:`ENGINE_PASS_THROUGH`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/s
 FROM_CHOICE = ("CC", "CXX", "CUDAHOSTCXX")
 # The compiler cache's own settings: where its server and storage are, never what compiles.
 PASSED_PREFIXES = ("SCCACHE_",)
+# What the engine build takes from the caller besides declared_base's, and why: a build
+# that [build] network lets reach the network goes through the caller's proxy and trusts
+# the caller's certificates. None of them changes what compiles. Everything else of the
+# caller's (CFLAGS, LDFLAGS, LD_LIBRARY_PATH, PYTHONPATH, VIRTUAL_ENV, TMPDIR, its PATH
+# and HOME, any other name) stays out; ``[build] env`` declares what a build really needs.
+ENGINE_PASS_THROUGH = (
+    "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+)  # fmt: skip
 
 
 def declared_base(
@@ -41,7 +52,7 @@ def declared_base(
     """
     import shutil
 
-    path = list(tool_dirs)
+    path = [d for d in dict.fromkeys(tool_dirs) if d and d not in SYSTEM_PATH]
     base = {k: environ[k] for k in FROM_CHOICE if environ.get(k)}
     for key in FROM_CHOICE:
         value = base.get(key, "").split(" ")[0]
@@ -55,6 +66,21 @@ def declared_base(
     base.update({k: v for k, v in environ.items() if k.startswith(PASSED_PREFIXES)})
     base["PATH"] = os.pathsep.join([*path, *SYSTEM_PATH])
     base["HOME"] = home
+    return base
+
+
+def engine_base(environ: Mapping[str, str], *, python: str, home: str) -> dict[str, str]:
+    """The engine build's base environment: :func:`declared_base` with the build Python's
+    folder (its venv's ``bin``: cmake, ninja and the backend the build requirements
+    installed) as the tool folder, plus :data:`ENGINE_PASS_THROUGH`. Nothing else of
+    ``environ`` reaches the build."""
+    import shutil
+
+    found = python if "/" in python else shutil.which(python, path=environ.get("PATH")) or ""
+    # Not resolved: a venv's python is a link to its base interpreter, its tools are beside it.
+    folder = os.path.dirname(os.path.abspath(found)) if found else ""
+    base = declared_base(environ, tool_dirs=(folder,), home=home)
+    base.update({k: environ[k] for k in ENGINE_PASS_THROUGH if environ.get(k)})
     return base
 
 

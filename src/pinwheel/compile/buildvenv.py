@@ -10,6 +10,7 @@ package index or, offline, from a wheelhouse; then recorded in provenance.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -82,11 +83,20 @@ def ensure_build_venv(
     offline: bool,
     wheelhouse: Path | None = None,
     reporter: Reporter = SILENT,
+    interpreter: str | None = None,
+    index_url: str | None = None,
 ) -> BuildVenv:
-    """The venv for ``reqs``, made once (atomically, under a lock) and reused."""
+    """The venv for ``reqs``, made once (atomically, under a lock) and reused.
+
+    ``interpreter``: the base Python (default: this one; another gets a venv of its own);
+    ``index_url``: where the hashed files come from (``[build] torch_index``, checked as an
+    https URL when the manifest is read), else pip's default index."""
     pins = parse_requirements(reqs.path.read_text(), reqs.path.name)
     base = cache / "venvs"
-    final = base / f"build-{reqs.sha256[:16]}"
+    name = f"build-{reqs.sha256[:16]}"
+    if interpreter is not None and interpreter != sys.executable:
+        name += "-" + hashlib.sha256(interpreter.encode()).hexdigest()[:8]
+    final = base / name
     base.mkdir(parents=True, exist_ok=True)
     with FileLock(str(base / f".{final.name}.lock")):
         marker = final / READY
@@ -98,12 +108,17 @@ def ensure_build_venv(
                     next="run once with network, or pass --wheelhouse DIR holding the wheels",
                 )
             with reporter.status(f"making the build environment ({len(pins)} pinned packages)"):
-                _make(final, reqs, environ, wheelhouse)
+                _make(final, reqs, environ, wheelhouse, interpreter, index_url)
     return BuildVenv(python=final / "bin" / "python", requirements=pins, digest=reqs.sha256)
 
 
 def _make(
-    final: Path, reqs: Requirements, environ: Mapping[str, str], wheelhouse: Path | None
+    final: Path,
+    reqs: Requirements,
+    environ: Mapping[str, str],
+    wheelhouse: Path | None,
+    interpreter: str | None = None,
+    index_url: str | None = None,
 ) -> None:
     """Made in place (venvs do not move), the marker written last: a venv without
     the marker is a half-made one and is made again."""
@@ -111,7 +126,7 @@ def _make(
     try:
         runner.run(
             runner.Command(
-                (sys.executable, "-m", "venv", str(final)),
+                (interpreter or sys.executable, "-m", "venv", str(final)),
                 what="python -m venv",
                 error=BuildVenvError,
             )
@@ -126,6 +141,8 @@ def _make(
         ]  # fmt: skip
         if wheelhouse is not None:
             cmd += ["--no-index", "--find-links", str(wheelhouse)]
+        elif index_url is not None:  # one argument: the URL can never read as an option
+            cmd += [f"--index-url={index_url}"]
         cmd += ["-r", str(reqs.path)]
         proc = runner.run(runner.Command(tuple(cmd), env=env, check=False))
         if proc.returncode != 0:

@@ -63,6 +63,9 @@ class Canonical:
     # pinwheel's making the build reads (their times are the machine's without a namespace)
     views: tuple[tuple[str, str], ...] = ()
     foreign_headers: int = 0
+    # (directory, canonical name) the compilers write instead, whatever the method: the build
+    # Python's include directory, a machine torch's headers (headerview.prefix_maps)
+    outside: tuple[tuple[str, str], ...] = ()
 
     @property
     def path(self) -> Path:
@@ -98,6 +101,15 @@ class Canonical:
             view = headerview.make(d, self.real)
             views.append((str(view.copy), self.to_build_path(d)))
         return dataclasses.replace(self, views=tuple(views), foreign_headers=len(foreign))
+
+    def with_outside(self, pairs: Sequence[tuple[str, str]]) -> Canonical:
+        """Also give ``pairs`` (directory outside the cache, its canonical name) to the
+        compilers as prefix maps, under either method: the namespace does not move them."""
+        merged = dict(self.outside)
+        merged.update((real, canon) for real, canon in pairs)
+        return dataclasses.replace(
+            self, outside=tuple(sorted(merged.items(), key=lambda p: (len(p[0]), p[0])))
+        )
 
     def to_build_path(self, path: Path) -> str:
         """A resolved directory as the build reaches it: under the toolkit's canonical
@@ -145,8 +157,9 @@ class Canonical:
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` for the build: paths translated; prefix maps added for the fallback."""
         out = {k: self.to_build(v) for k, v in env.items()}
-        if self.method == PREFIX_MAP:
-            out.update(prefix_map_env(out, self.maps()))
+        maps = [*self.maps(), *self.outside] if self.method == PREFIX_MAP else list(self.outside)
+        if maps:  # gcc tries the last map first: the outside ones (more specific) go last
+            out.update(prefix_map_env(out, maps))
         return out
 
     def wrap(

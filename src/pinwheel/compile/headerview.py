@@ -15,7 +15,13 @@ build's mount namespace binds the copy over the original path
 (:meth:`pinwheel.compile.canonical.Canonical.with_views`). Without a namespace
 (prefix maps) no view applies and provenance says the headers keep their times.
 
-In: the directories and the cache. Out: :class:`View` (copy, the path it covers).
+Paths too: :func:`prefix_maps` names, for the build Python's own include directory and
+the torch (and nvidia) header directories of a Python outside the cache, the canonical
+name the compilers write instead (``-ffile-prefix-map``, every method), so a machine's
+interpreter or torch location never reaches an object's ``__FILE__`` or debug paths.
+
+In: the directories and the cache. Out: :class:`View` (copy, the path it covers), and
+(real, canonical) pairs.
 """
 
 from __future__ import annotations
@@ -129,6 +135,76 @@ def torch_include_dirs(python: Path) -> list[Path]:
         elif name == "nvidia":
             found += sorted(p for p in Path(loc).glob("*/include") if p.is_dir())
     return found
+
+
+_INCLUDE_PROBE = (
+    "import json, sysconfig\n"
+    "p = sysconfig.get_paths()\n"
+    "print(json.dumps([p.get('include'), p.get('platinclude')]))"
+)
+
+
+def python_include_dirs(python: Path) -> list[str]:
+    """``python``'s own C include directories (``Python.h``; include and platinclude), as it
+    names them to a build (sysconfig; ``-I``: no PYTHONPATH, no site)."""
+    import json
+
+    from pinwheel import runner
+
+    out = runner.run(
+        runner.Command((str(python), "-I", "-c", _INCLUDE_PROBE), timeout=60, check=False)
+    )
+    try:
+        found = json.loads(out.text.splitlines()[-1]) if out.returncode == 0 else []
+    except (ValueError, IndexError):
+        found = []
+    dirs = [d for d in found if isinstance(d, str) and d] if isinstance(found, list) else []
+    return list(dict.fromkeys(dirs))
+
+
+def prefix_maps(
+    pythons: Iterable[Path], root: Path, *insides: Path
+) -> tuple[tuple[str, str], ...]:
+    """(directory as the build names it, canonical name) for each Python's include
+    directories (under ``<root>/python/``; ``root``: canonical.CANONICAL_ROOT, given by the
+    caller: canonical imports this module) and torch's and the nvidia wheels' header
+    directories (under ``<root>/site-packages/``), leaving out what lies under ``insides``
+    (the cache: already canonical). Both spellings of a linked directory are mapped.
+
+    Each path is checked (:func:`pinwheel.validate.prefix_map_path`): one the option cannot
+    carry is a :class:`pinwheel.errors.PinwheelError` naming the Python."""
+    from pinwheel import validate
+    from pinwheel.errors import PinwheelError
+
+    inside = [Path(p).resolve() for p in insides]
+
+    def under(path: Path) -> bool:
+        return any(path == i or i in path.parents for i in inside)
+
+    pairs: dict[str, str] = {}
+    for python in dict.fromkeys(Path(p) for p in pythons):
+        named = [(d, root / "python" / f"include{i or ''}")
+                 for i, d in enumerate(python_include_dirs(python))]  # fmt: skip
+        for d in torch_include_dirs(python):  # <site>/torch/include, <site>/nvidia/X/include
+            site = d.parent.parent if d.parent.name == "torch" else d.parent.parent.parent
+            named.append((str(d), root / "site-packages" / d.relative_to(site)))
+        for given, canon in named:
+            for spelling in dict.fromkeys((given, os.path.realpath(given))):
+                if under(Path(spelling).resolve()) or under(Path(spelling)):
+                    continue
+                try:
+                    validate.prefix_map_path(spelling)
+                except ValueError as exc:
+                    raise PinwheelError(
+                        f"the build Python's header directory cannot be given a canonical "
+                        f"name: {exc}",
+                        where=str(python),
+                        next="use a Python (PINWHEEL_BUILD_PYTHON, PINWHEEL_TORCH_PYTHON) "
+                        "installed at a plain path",
+                    ) from None
+                pairs.setdefault(spelling, str(canon))
+    # gcc tries the last -ffile-prefix-map first: the longest (most specific) goes last.
+    return tuple(sorted(pairs.items(), key=lambda p: (len(p[0]), p[0])))
 
 
 def toolkit_include_dirs(toolkit: Path) -> list[Path]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shlex
 import shutil
 import sys
@@ -35,9 +34,19 @@ from typing import Any
 
 from pinwheel import confine, runner
 from pinwheel.checksums import sha256_file
-from pinwheel.compile import frontend, listing, lockedvenv, objstore, reuse, toollocks, workspace
+from pinwheel.compile import (
+    frontend,
+    headerview,
+    listing,
+    lockedvenv,
+    objstore,
+    reuse,
+    toollocks,
+    workspace,
+)
 from pinwheel.compile.buildenv import build_env, declared_base
-from pinwheel.compile.canonical import Canonical
+from pinwheel.compile.buildvenv import ensure_build_venv, parse_requirements
+from pinwheel.compile.canonical import CANONICAL_ROOT, Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
 from pinwheel.compile.invalidate import after_update
 from pinwheel.compile.toolchain import Toolkit
@@ -46,7 +55,13 @@ from pinwheel.errors import ManifestError, MismatchError, PinwheelError
 from pinwheel.fsutil import remove_tree
 from pinwheel.heartbeat import watch_bytes
 from pinwheel.manifest import Manifest
-from pinwheel.manifest.build import BuildConfig, KernelPatch, KernelSpec, parse_kernel_tables  # noqa: F401
+from pinwheel.manifest.build import (  # noqa: F401
+    BuildConfig,
+    KernelPatch,
+    KernelSpec,
+    Requirements,
+    parse_kernel_tables,
+)
 from pinwheel.manifest.component import by_name, component_manifest
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
@@ -214,11 +229,15 @@ def locked_build_venv(
 def torch_venv(
     config: BuildConfig, cache: Path, reporter: Reporter, environ: Mapping[str, str]
 ) -> Path:
-    """A Python with ``[build].torch`` (a venv made once, or the machine's); the build tools
-    come from :func:`locked_build_venv` in front of it.
+    """A Python with ``[build].torch`` installed by hash (a venv made once), or the machine's;
+    the build tools come from :func:`locked_build_venv` in front of it.
 
-    torch comes from ``[build] torch_index`` when the manifest pins one (so a
-    cu130 build gets the cu130 torch, never whatever the default index serves).
+    torch is installed only from a hashed lock: the manifest's ``[build.requirements]``
+    (a ``pip --require-hashes`` file pinned by its sha256, the same venv the engine builds
+    in) must pin ``torch==[build] torch`` and everything it needs; it is installed with
+    ``--require-hashes --no-deps`` from ``[build] torch_index`` when the manifest names one
+    (a cu130 build gets the cu130 torch whose file the lock hashed), or offline from
+    ``PINWHEEL_WHEELHOUSE``. No lock, no install: :func:`torch_lock` says how to write one.
     ``PINWHEEL_TORCH_PYTHON`` names an interpreter that already holds that torch
     (an offline build machine): it is checked and used instead.
     """
@@ -231,54 +250,48 @@ def torch_venv(
     given = environ.get("PINWHEEL_TORCH_PYTHON")
     if given:
         return _given_torch_python(Path(given), config)
+    reqs = torch_lock(config)
     base = build_interpreter(config, environ)
-    flavour = ""
-    if config.torch_index:
-        flavour = "-" + config.torch_index.rstrip("/").rsplit("/", 1)[-1]
-    name = f"torch-{config.torch}{flavour}-py{config.python}"
-    # One folder under <cache>/venvs whatever [build] torch and torch_index hold.
-    name = re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".")
-    venv = confine.inside(cache, Path("venvs") / name, what="torch venv")
-    python = venv / "bin" / "python"
-    reqs = (f"torch=={config.torch}",)
-    marker = venv / TORCH_VENV_READY
-    record = [*reqs, *([f"index={config.torch_index}"] if config.torch_index else [])]
-    if marker.is_file() and marker.read_text().split() == record:
-        return python
-    reporter.info(
-        f"creating {venv} (torch=={config.torch}): this downloads ~3 GB once "
-        "(--cache or PINWHEEL_CACHE puts it elsewhere; pip's log: "
-        f"{venv.with_suffix('.log')})"
+    wheelhouse = environ.get("PINWHEEL_WHEELHOUSE")
+    with watch_bytes(reporter, f"torch=={config.torch} by hash", cache / "venvs"):
+        venv = ensure_build_venv(
+            reqs, cache, environ=environ, offline=False, reporter=reporter,
+            wheelhouse=Path(wheelhouse) if wheelhouse else None, interpreter=base,
+            index_url=config.torch_index,
+        )  # fmt: skip
+    return venv.python
+
+
+def torch_lock(config: BuildConfig) -> Requirements:
+    """``[build.requirements]`` when it pins ``torch==[build] torch`` with hashes, else a
+    :class:`pinwheel.errors.ManifestError` naming the key and the commands that write it."""
+    index = f" --index-url {config.torch_index}" if config.torch_index else ""
+    how = (
+        f"write the lock: printf 'torch=={config.torch}\\n' > torch.in && uv pip compile "
+        f"--generate-hashes --python-version {config.python}{index} --no-emit-index-url "
+        "torch.in -o torch-requirements.txt; then set [build.requirements] path = "
+        '"torch-requirements.txt" and sha256 = the output of `sha256sum torch-requirements.txt` '
+        "(docs/build.md, \"torch by hash\"); or point PINWHEEL_TORCH_PYTHON at a Python "
+        f"that holds torch {config.torch}"
     )
-    if not python.exists():
-        runner.run(
-            runner.Command(
-                (base, "-m", "venv", str(venv)),
-                what="python -m venv",
-                error=KernelBuildError,
-            )
+    reqs = config.requirements
+    if reqs is None:
+        raise ManifestError(
+            f"[build] torch = {config.torch} is installed only by hash, and the manifest has no "
+            "hashed lock for it",
+            where="[build.requirements]",
+            next=how,
         )
-    pip = [str(python), "-m", "pip", "install", "-q", "--upgrade"]
-    with watch_bytes(reporter, f"torch=={config.torch} into {venv.name}", venv):
-        if config.torch_index:
-            _run(
-                [*pip, "--index-url", config.torch_index, reqs[0]],
-                cwd=cache,
-                env=environ,
-                what=f"installing torch=={config.torch} from {config.torch_index}",
-                log_file=venv.with_suffix(".log"),
-            )
-        else:
-            _run(
-                [*pip, *reqs],
-                cwd=cache,
-                env=environ,
-                what=f"installing torch=={config.torch}",
-                log_file=venv.with_suffix(".log"),
-            )
-    workspace.fix_header_times(venv)  # torch's headers reach the cubins' line tables
-    marker.write_text("\n".join(record) + "\n")
-    return python
+    pins = parse_requirements(reqs.path.read_text(), reqs.path.name)
+    version, hashes = pins.get("torch", (None, ()))
+    if version is None or version.split("+")[0] != str(config.torch).split("+")[0] or not hashes:
+        raise ManifestError(
+            f"[build] torch = {config.torch}, but {reqs.path.name} pins torch "
+            f"{version or 'not at all'}: torch is installed only by the lock's hash",
+            where=f"[build.requirements] ({reqs.path.name})",
+            next=how,
+        )
+    return reqs
 
 
 def _torch_version(python: Path) -> str | None:
@@ -412,7 +425,6 @@ def _build_kernel(
     place and the builder's own build tree is reused, so only changed sources compile.
     """
     started = time.monotonic()
-    canon = opts.canon()
     work = workdir(spec, opts)
     torch_version: str | None = None
     if spec.builder == "cmake":
@@ -424,6 +436,10 @@ def _build_kernel(
             TORCH_BUILD_LOCK, str(torch_python), opts, overlay_from=str(torch_python)
         )
     python = venv.python
+    # The base interpreter's include directory and a machine torch's headers keep no machine
+    # path in the objects: prefix maps to canonical names (headerview.prefix_maps).
+    pythons = [python, *([torch_python] if torch_python is not None else [])]
+    canon = opts.canon().with_outside(headerview.prefix_maps(pythons, CANONICAL_ROOT, opts.cache))
     # Before anything compiles: the build's Python imports exactly the lock (and, for a
     # torch extension, torch and its dependencies from the machine); listed for provenance.
     environment = lockedvenv.checked(venv, spec.where)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import runner, untrusted
+from pinwheel import confine, runner, untrusted
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import (
     canonical,
@@ -37,6 +37,7 @@ from pinwheel.compile import (
     reuse,
     workspace,
 )
+from pinwheel.compile.buildenv import engine_base
 from pinwheel.compile.buildvenv import READY as BUILD_VENV_READY
 from pinwheel.compile.buildvenv import BuildVenv, ensure_build_venv
 from pinwheel.compile.engine import build_engine, build_python, commit_time, engine_version
@@ -618,14 +619,26 @@ def _engine(
     }
     extra_env: dict[str, str] = {}
     record: dict[str, Any] = {"excluded": list(config.exclude)}
-    python = None
+    python = str(venv.python) if venv is not None else build_python(request.environ)
     if venv is not None:
-        python = str(venv.python)
-        path = request.environ.get("PATH", os.defpath)
-        if toolkit is not None:
-            path = f"{toolkit.root / 'bin'}{os.pathsep}{path}"
-        extra_env["PATH"] = f"{venv.python.parent}{os.pathsep}{path}"
         record["requirements"] = venv.record()
+    # Declared values only (buildenv.engine_base): a PATH of the toolkit, the build Python's
+    # folder, the chosen compiler's and the system's; a HOME under the cache; nothing else of
+    # the caller's. PATH and HOME are recorded (the cache as $CACHE).
+    home = confine.inside(request.cache, Path("build") / ".home", what="engine build HOME")
+    home.mkdir(parents=True, exist_ok=True)
+    base = engine_base(request.environ, python=python, home=str(home))
+    path = base["PATH"]
+    if toolkit is not None:
+        path = f"{toolkit.root / 'bin'}{os.pathsep}{path}"
+    extra_env.update({"PATH": path, "HOME": base["HOME"]})
+    if request.environ.get("CMAKE_ARGS"):  # declared (pinwheel.options): recorded as set
+        extra_env["CMAKE_ARGS"] = request.environ["CMAKE_ARGS"]
+    # The build Python's include directory and its torch's headers, when outside the cache,
+    # reach the objects under canonical names (headerview.prefix_maps), as the cache does.
+    canon = canon.with_outside(headerview.prefix_maps(
+        [Path(python)], canonical.CANONICAL_ROOT, request.cache
+    ))
     sources_phase = phases.start("build sources")
     sources_note = sources_phase.note
     if replayed is not None:  # every source the tree declares for these arches must be pinned
@@ -645,7 +658,7 @@ def _engine(
         # File times are fixed (workspace.SOURCE_MTIME): pinwheel tells the tree what changed.
         gone = invalidate.after_update(
             (source / "build",), changed, roots=(source, canon.to_build(source)),
-            path=extra_env.get("PATH") or request.environ.get("PATH", os.defpath),
+            path=extra_env["PATH"],
             build_dir_spellings=((work, canon.to_build(work)),), interrupted=interrupted,
             changed_sources=deps_changed,
         )  # fmt: skip
@@ -671,7 +684,7 @@ def _engine(
             toolkit=toolkit,
             version=version,
             source_date_epoch=epoch,
-            environ=request.environ,
+            environ=base,
             origin=origin,
             python=python,
             extra_env=extra_env,

@@ -274,9 +274,16 @@ def undeclared_downloads(log_text: str, supplied: Collection[str]) -> list[str]:
         name = m.group(1).strip("'\".,:()")
         if name.lower() not in names and name not in found:
             found.append(name)
-    for line in log_text.splitlines():
-        if any(key in line for key in _DOWNLOADS) and line.strip() not in found:
-            found.append(line.strip())
+    lines = log_text.splitlines()
+    for i, line in enumerate(lines):
+        if not any(key in line for key in _DOWNLOADS):
+            continue
+        text = line.strip()
+        if text.endswith(":"):  # CMake 4 puts the URL on a line of its own below
+            after = next((n.strip() for n in lines[i + 1 : i + 4] if n.strip()), "")
+            text = f"{text} {after}".strip()
+        if text not in found:
+            found.append(text)
     return found
 
 
