@@ -196,6 +196,7 @@ class Cache:
         *,
         progress: object = None,
         missing_ok: bool = False,
+        where: str | None = None,
     ) -> Fetched:
         """Fetch ``branch`` and ``refs/pull/N/head`` for ``prs``; make sure ``want`` commits exist.
 
@@ -204,7 +205,8 @@ class Cache:
         Everything missing is reported at once: the base, every PR ref and every pinned
         commit, in one error. With ``missing_ok`` a PR without a ref and a ``want``
         commit that cannot be found are reported in the result (``missing_prs``), not
-        raised: drift reports every PR.
+        raised: drift reports every PR. ``where`` names the stack in the manifest
+        (``manifest.toml:12: [[kernel]] kern``) for errors about it.
         """
         labels = dict(want) if isinstance(want, Mapping) else {sha: "" for sha in want}
         path = self.repo_path(url)
@@ -230,16 +232,18 @@ class Cache:
             missing = [sha for sha in labels if sha not in repo]
         if (missing or missing_refs) and not missing_ok:
             raise missing_objects_error(
-                url, path, [(sha, labels[sha]) for sha in missing], missing_refs, can_fetch
-            )
+                url, path, [(sha, labels[sha]) for sha in missing], missing_refs, can_fetch,
+                where=where,
+            )  # fmt: skip
         tip_ref = f"{UPSTREAM_PREFIX}{branch}"
         if tip_ref not in repo.references:
             raise PinwheelError(
-                f"branch '{branch}' is not in the cache" + ("" if can_fetch else " (offline)"),
-                where=f"[upstream] {redact(url)}",
+                f"branch '{branch}' of {redact(url)} is not in the cache"
+                + ("" if can_fetch else " (offline)"),
+                where=where or f"[upstream] {redact(url)}",
                 next="run without --offline once to fill the cache"
                 if not can_fetch
-                else "check [upstream].branch",
+                else f"check the branch in {where or '[upstream]'}",
             )
         pr_heads = {}
         for n in prs:
@@ -384,9 +388,15 @@ def missing_objects_error(
     commits: Sequence[tuple[str, str]],
     prs: Sequence[int],
     can_fetch: bool,
+    *,
+    where: str | None = None,
 ) -> PinwheelError:
     """One error naming everything a fetch could not supply: each commit as the manifest
-    gives it (full, never cut to a prefix) with what names it, and each PR without a ref."""
+    gives it (full, never cut to a prefix) with what names it, and each PR without a ref.
+
+    Its ``where`` is the manifest's: the one missing commit's label when only one is
+    missing and it has one (``manifest.toml:14: [[kernel]] kern commit``), else ``where``
+    (the stack); the cache repository is named in the text, not as the place to edit."""
     lines = [f"    {sha}" + (f"  ({label})" if label else "") for sha, label in commits] + [
         f"    PR #{n} has no refs/pull/{n}/head" for n in prs
     ]
@@ -405,8 +415,11 @@ def missing_objects_error(
             "at a mirror that has them (with PR refs: "
             "git fetch origin '+refs/pull/*/head:refs/pull/*/head')"
         )
+    if len(commits) == 1 and not prs and commits[0][1]:
+        where = commits[0][1]
     return PinwheelError(
-        f"{count} object(s) missing from {redact(url)}{offline}:\n" + "\n".join(lines),
-        where=f"cache {repo_path.name}",
+        f"{count} object(s) missing from {redact(url)}{offline} (cache {repo_path.name}):\n"
+        + "\n".join(lines),
+        where=where or f"cache {repo_path.name}",
         next=hint,
     )
