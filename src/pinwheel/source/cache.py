@@ -214,6 +214,44 @@ class Cache:
         if source.local:
             self._attach_alternate(path, source)
         can_fetch = source.local or not self.offline
+        # One line for the whole fetch, closed by its outcome: "done" only when every ref
+        # and pinned commit arrived; a failure inside says "failed" before the error.
+        step: contextlib.AbstractContextManager[None] = (
+            self.reporter.status(f"fetching {len(prs) + 1} ref(s) from {redact(source.location)}")
+            if can_fetch and not source.local
+            else contextlib.nullcontext()
+        )
+        with step:
+            repo, missing_refs = self._fetch_checked(
+                path, source, branch, prs, labels, can_fetch, missing_ok=missing_ok, where=where
+            )
+        pr_heads = {}
+        for n in prs:
+            ref = f"{PULL_PREFIX}{n}/head"
+            if ref in repo.references and n not in missing_refs:
+                pr_heads[n] = str(repo.references[ref].target)
+        return Fetched(
+            repo_path=path,
+            source=source,
+            branch=branch,
+            branch_tip=str(repo.references[f"{UPSTREAM_PREFIX}{branch}"].target),
+            pr_heads=pr_heads,
+            missing_prs=tuple(n for n in prs if n not in pr_heads),
+        )
+
+    def _fetch_checked(
+        self,
+        path: Path,
+        source: Source,
+        branch: str,
+        prs: Sequence[int],
+        labels: Mapping[str, str],
+        can_fetch: bool,
+        *,
+        missing_ok: bool,
+        where: str | None,
+    ) -> tuple[pygit2.Repository, list[int]]:
+        """The fetch itself and its checks: the repo and the PRs without a ref."""
         missing_refs: list[int] = []
         if can_fetch:
             refspecs = [f"+refs/heads/{branch}:{UPSTREAM_PREFIX}{branch}"]
@@ -230,6 +268,7 @@ class Cache:
                 check=False,
             )
             missing = [sha for sha in labels if sha not in repo]
+        url = source.url
         if (missing or missing_refs) and not missing_ok:
             raise missing_objects_error(
                 url, path, [(sha, labels[sha]) for sha in missing], missing_refs, can_fetch,
@@ -245,19 +284,7 @@ class Cache:
                 if not can_fetch
                 else f"check the branch in {where or '[upstream]'}",
             )
-        pr_heads = {}
-        for n in prs:
-            ref = f"{PULL_PREFIX}{n}/head"
-            if ref in repo.references and n not in missing_refs:
-                pr_heads[n] = str(repo.references[ref].target)
-        return Fetched(
-            repo_path=path,
-            source=source,
-            branch=branch,
-            branch_tip=str(repo.references[tip_ref].target),
-            pr_heads=pr_heads,
-            missing_prs=tuple(n for n in prs if n not in pr_heads),
-        )
+        return repo, missing_refs
 
     def ensure_commits(self, url: str, commits: Sequence[str]) -> Path:
         """Make ``commits`` (and what they reach) present in the cache repo of ``url``.
@@ -334,18 +361,7 @@ class Cache:
         """Fetch the refspecs; the PRs whose ref is missing (raised unless ``missing_ok``)."""
         # "--": the location comes from a manifest or a flag and must never be an option.
         args = ["fetch", "-q", "--no-tags", "--no-write-fetch-head", "--", source.location]
-        step = (
-            contextlib.nullcontext()
-            if source.local
-            else self.reporter.status(
-                f"fetching {len(refspecs)} ref(s) from {redact(source.location)}"
-            )
-        )
-        with step:
-            proc = gitcli.git(
-                [*args, *refspecs], git_dir=path, check=False,
-                reporter=self.reporter,
-            )  # fmt: skip
+        proc = gitcli.git([*args, *refspecs], git_dir=path, check=False, reporter=self.reporter)
         if proc.returncode == 0:
             return []
         # Find what failed so the error can name it: the source itself (network,
