@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pinwheel.compile.toolchain.find import target_fix
 from pinwheel.compile.toolchain.hostcc import HostCompiler, find_host_compiler
+from pinwheel.compile.toolchain.pins import LOCKS
 from pinwheel.compile.toolchain.pythons import FoundPython, find_python, how_to_get
 from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.manifest.build import BuildConfig
@@ -35,7 +37,7 @@ class ToolchainChoice:
 def choose(
     config: BuildConfig, environ: Mapping[str, str], substitute: Mapping[str, str] | None = None
 ) -> ToolchainChoice:
-    effective, subs = apply(config, substitute)
+    effective, subs = apply(config, substitute, provisionable=tuple(LOCKS))
     problems: list[ToolchainError] = []
     host = None
     try:
@@ -45,7 +47,9 @@ def choose(
     for p in target_problems(
         effective.cuda, effective.arches, effective.torch, effective.torch_index
     ):
-        problems.append(ToolchainError(p.what, where=f"[build] {p.key}", next=p.fix))
+        problems.append(
+            ToolchainError(p.what, where=f"[build] {p.key}", next=target_fix(p, effective))
+        )
     python = find_python(effective.python, environ)
     if python is None:
         problems.append(
