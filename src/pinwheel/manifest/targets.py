@@ -86,6 +86,16 @@ def index_cuda(url: str) -> str | None:
     return f"{digits[:-1]}.{digits[-1]}"
 
 
+def compiled_by(cuda: str) -> tuple[int, ...]:
+    """Every arch (as ``sm``) NVIDIA's table says CUDA ``cuda``'s nvcc targets, ascending."""
+    have = _version(cuda)[:2]
+    return tuple(
+        sm
+        for sm, first in sorted(MIN_CUDA.items())
+        if have >= first and have[0] <= MAX_CUDA_MAJOR.get(sm, have[0])
+    )
+
+
 def cuda_fits(cuda: str, arches: tuple[str, ...], torch_index: str | None = None) -> bool:
     """Whether CUDA ``cuda`` compiles every arch (and, with a torch index, is of its CUDA
     major): the test a suggested ``--substitute cuda=V`` must pass before it is offered."""

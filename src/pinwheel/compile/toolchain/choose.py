@@ -38,6 +38,17 @@ def choose(
     config: BuildConfig, environ: Mapping[str, str], substitute: Mapping[str, str] | None = None
 ) -> ToolchainChoice:
     effective, subs = apply(config, substitute, provisionable=tuple(LOCKS))
+    host, python, problems = check(effective, environ)
+    if problems:
+        raise one_report(problems)
+    return ToolchainChoice(effective, subs, host, python)
+
+
+def check(
+    effective: BuildConfig, environ: Mapping[str, str]
+) -> tuple[HostCompiler | None, FoundPython | None, list[ToolchainError]]:
+    """The gcc, the CUDA/arch table and the Python of ``effective``: what was found, and
+    every problem (each with its own way on), none raised."""
     problems: list[ToolchainError] = []
     host = None
     try:
@@ -61,13 +72,16 @@ def choose(
                 next=how_to_get(effective.python),
             )
         )
+    return host, python, problems
+
+
+def one_report(problems: list[ToolchainError]) -> ToolchainError:
+    """One problem as itself; several in one error, each with its where and next."""
     if len(problems) == 1:
-        raise problems[0]
-    if problems:
-        raise ToolchainError(
-            f"{len(problems)} toolchain problems:\n"
-            + "\n".join(f"  - {p.where}: {p.what}\n    next: {p.next}" for p in problems),
-            where="[build]",
-            next="fix each one above (or substitute where offered), then run the build again",
-        )
-    return ToolchainChoice(effective, subs, host, python)
+        return problems[0]
+    return ToolchainError(
+        f"{len(problems)} toolchain problems:\n"
+        + "\n".join(f"  - {p.where}: {p.what}\n    next: {p.next}" for p in problems),
+        where="[build]",
+        next="fix each one above (or substitute where offered), then run the build again",
+    )

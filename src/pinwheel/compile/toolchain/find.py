@@ -21,7 +21,7 @@ from pinwheel.progress import SILENT, Reporter
 from pinwheel.wheels.substitute import cuda_advice, no_cuda_fits
 
 
-def _candidates(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
+def candidates(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
     """(source, root) for toolkits installed on this machine, most explicit first."""
     found: list[tuple[str, Path]] = []
     for var in ("CUDA_HOME", "CUDA_PATH"):
@@ -61,7 +61,7 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
     environ = dict(request.environ)
     _refuse_impossible(config)
     rejected: list[str] = []
-    for source, root in _candidates(environ):
+    for source, root in candidates(environ):
         nvcc = root / "bin" / "nvcc"
         if not nvcc.is_file():
             continue
