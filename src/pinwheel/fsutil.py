@@ -84,7 +84,7 @@ def _empty(top: int) -> None:
                 os.rmdir(sub, dir_fd=top)
 
 
-def _hoist(fd: int, entry: str, top: int, serial: itertools.count) -> str | None:
+def _hoist(fd: int, entry: str, top: int, serial: itertools.count[int]) -> str | None:
     """Rename folder ``entry`` of ``fd`` to a fresh name directly under ``top`` and return
     it; None where the folder, on another file system, was removed on the spot."""
     while True:
