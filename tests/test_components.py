@@ -261,7 +261,7 @@ def test_a_missing_component_commit_names_the_kernel_and_its_line(stack, capsys)
         err = doc["error"]
         assert err["where"] == want, command
         assert f"{gone}  ({want})" in err["what"] and "[upstream]" not in err["what"], command
-        assert "--mirror URL=PATH" in err["next"], command
+        assert "--mirror URL=PATH" in err["next"] and "lock --update-base" in err["next"], command
     rc, doc = cli(stack, m, "drift", capsys=capsys)
     assert rc == 1 and doc["error"]["where"] == want and doc["error"]["next"]
 
@@ -277,6 +277,7 @@ def test_a_missing_component_head_names_the_kernel_step_and_its_line(stack, caps
         assert doc["error"]["where"] == (
             f"manifest.toml:{step}: [[kernel]] kern step 2 (pick PR #2) head"
         ), command
+        assert "pinwheel lock --update-heads" in doc["error"]["next"], command
 
 
 def test_a_component_replay_error_names_the_kernel_and_the_step_line(stack, capsys):

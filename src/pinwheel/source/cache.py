@@ -425,6 +425,17 @@ def missing_objects_error(
             "check the PR numbers, or fetch PR refs into your mirror "
             "(git fetch origin '+refs/pull/*/head:refs/pull/*/head')"
         )
+    elif len(commits) == 1 and not prs and commits[0][1].endswith((" commit", " head")):
+        label = commits[0][1]
+        repin = (
+            "`pinwheel lock --update-heads` pins the PR's current head"
+            if label.endswith(" head")
+            else "`pinwheel lock --update-base` pins the branch tip"
+        )
+        hint = (
+            f"check that commit ({label}), or re-pin it: {repin}; or point --mirror URL=PATH "
+            "at a mirror that has it"
+        )
     else:
         hint = (
             "check these SHAs and PR numbers in the manifest, or point --mirror URL=PATH "
