@@ -239,3 +239,79 @@ def test_sm120_component_replays_its_locked_tree_on_the_real_exllamav3(tmp_path,
     drift = json.loads(capsys.readouterr().out)["components"]["exllamav3"]
     prs = {p["pr"]: p for p in drift["prs"]}
     assert "head is in master" in prs[234]["merged_upstream"] and not prs[246]["merged_upstream"]
+
+
+# ------------------------------------------------- errors name the kernel and manifest:line
+
+
+def line_of(path: Path, needle: str, nth: int = 0) -> int:
+    """The 1-based line of the ``nth`` line of ``path`` that starts with ``needle``."""
+    hits = [n for n, line in enumerate(path.read_text().splitlines(), 1) if line.startswith(needle)]
+    return hits[nth]
+
+
+def test_a_missing_component_commit_names_the_kernel_and_its_line(stack, capsys):
+    """Not the engine's [upstream] and not a cache directory: the [[kernel]] and manifest:line."""
+    gone = "c" * 40
+    m = write(stack, [], with_heads(stack, [{"action": "pick", "pr": 1}]), base=gone)
+    want = f"manifest.toml:{line_of(m, 'commit = ', 1)}: [[kernel]] kern commit"
+    for command in ("plan", "run", "lock"):
+        rc, doc = cli(stack, m, command, capsys=capsys)
+        assert rc == 1, (command, doc)
+        err = doc["error"]
+        assert err["where"] == want, command
+        assert f"{gone}  ({want})" in err["what"] and "[upstream]" not in err["what"], command
+        assert "--mirror URL=PATH" in err["next"] and "lock --update-base" in err["next"], command
+    rc, doc = cli(stack, m, "drift", capsys=capsys)
+    assert rc == 1 and doc["error"]["where"] == want and doc["error"]["next"]
+
+
+def test_a_missing_component_head_names_the_kernel_step_and_its_line(stack, capsys):
+    gone = "e" * 40
+    m = write(stack, [], [{"action": "pick", "pr": 1, "head": stack.pr[1]},
+                          {"action": "pick", "pr": 2, "head": gone}])  # fmt: skip
+    step = line_of(m, "[[kernel.step]]", 1)
+    for command in ("plan", "run", "lock"):
+        rc, doc = cli(stack, m, command, capsys=capsys)
+        assert rc == 1, (command, doc)
+        assert doc["error"]["where"] == (
+            f"manifest.toml:{step}: [[kernel]] kern step 2 (pick PR #2) head"
+        ), command
+        assert "pinwheel lock --update-heads" in doc["error"]["next"], command
+
+
+def test_a_component_replay_error_names_the_kernel_and_the_step_line(stack, capsys):
+    """PR 2 pinned to another head (moved upstream): the drift names the kernel's step."""
+    m = write(stack, [], [{"action": "pick", "pr": 2, "head": stack.pr[1]}])
+    rc, doc = cli(stack, m, "run", capsys=capsys)
+    assert rc == 3, doc
+    step = line_of(m, "[[kernel.step]]")
+    assert doc["error"]["where"] == f"manifest.toml:{step}: [[kernel]] kern step 1 (pick PR #2)"
+    assert "pinwheel lock --update-heads" in doc["error"]["next"]
+
+
+def test_manifest_errors_in_a_kernel_name_it_and_the_line_of_the_key(tmp_path: Path) -> None:
+    """Parse errors: the kernel's name, and the line in its own table, also for the steps of
+    a second [[kernel]] (their lines are not the first kernel's)."""
+    first = component("a" * 40, [{"action": "pick", "pr": 5, "head": "b" * 40}])
+    second = first.replace('name = "kern"', 'name = "other"')
+    path = tmp_path / "manifest.toml"
+    path.write_text(first + second.replace('"pick"', '"rebase"'))
+    with pytest.raises(ManifestError) as info:
+        load(path)
+    action = line_of(path, "action = ", 1)
+    assert info.value.where == (
+        f"manifest.toml:{action}: [[kernel.step]] #1 (PR 5) of [[kernel]] other key 'action'"
+    )
+    assert "pinwheel plan" in info.value.next
+    path.write_text(first.replace('"torch-extension"', '"bazel"'))
+    with pytest.raises(ManifestError) as info:
+        load(path)
+    builder = line_of(path, "builder = ")
+    assert info.value.where == f"manifest.toml:{builder}: [[kernel]] kern key 'builder'"
+    path.write_text(first.replace(f'commit = "{"a" * 40}"\n', ""))
+    spec = load(path, allow_short=True).kernels[0]
+    with pytest.raises(ManifestError) as info:
+        component_manifest(spec)
+    assert info.value.where == f"manifest.toml:{line_of(path, '[[kernel]]')}: [[kernel]] kern key 'commit'"
+    assert "pinwheel lock" in info.value.next

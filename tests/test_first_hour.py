@@ -647,3 +647,75 @@ def test_a_kernels_only_release_says_the_stack_was_not_replayed(stack, tmp_path:
     assert first.startswith("**UNVERIFIED STACK**") and "card-20261010" in first
     assert "Not replayed for this release" in notes
     assert "# " + m.name + " card-20261010" not in notes  # the card's tag is not the title
+
+
+# --------------------------------------------------------------------- a fetch's last line
+
+
+def _dumb_http(root: Path):
+    """A real HTTP server over ``root``: git's dumb HTTP protocol reads a bare repo so."""
+    import functools
+    import http.server
+
+    from localhttp import LocalHTTP
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            return None
+
+    class Server(LocalHTTP):
+        def __init__(self) -> None:
+            self._serve(functools.partial(Quiet, directory=str(root)))
+
+    return Server()
+
+
+def _remote_manifest(stack, url: str, steps: list[dict[str, object]]) -> Path:
+    m = stack.write(steps, name="remote.toml")
+    m.write_text(m.read_text().replace("https://example.invalid/acme/engine.git", url))
+    return m
+
+
+def _fetch_lines(stack, m: Path, capsys) -> tuple[int, list[str], str]:
+    rc = main(["--manifest", str(m), "--cache", str(stack.tmp / "cache"), "plan"])
+    err = capsys.readouterr().err
+    return rc, [line for line in err.splitlines() if line.startswith("fetching ")], err
+
+
+def test_a_failed_fetch_never_says_done(stack, capsys) -> None:
+    """Nothing listens: the fetch's line ends "failed", then the error with where and next."""
+    url = f"http://127.0.0.1:{_closed_port()}/engine.git"
+    m = _remote_manifest(stack, url, [])
+    rc, lines, err = _fetch_lines(stack, m, capsys)
+    assert rc == 1, err
+    assert lines[0] == f"fetching 1 ref(s) from {url} ..."
+    assert lines[1].startswith(f"fetching 1 ref(s) from {url}: failed after "), err
+    assert ": done" not in err
+    tail = err[err.index(lines[1]) + len(lines[1]):]
+    assert f"error: fetch {url}: fetch failed" in tail and "\n  next: " in tail
+    # On a terminal the spinner goes and a line says the step failed.
+    rc, screen = in_pty("--manifest", str(m), "--cache", str(stack.tmp / "cache"), "plan",
+                        cwd=stack.tmp)  # fmt: skip
+    flat = " ".join(screen.split())
+    assert rc == 1 and f"fetching 1 ref(s) from {url}: failed" in flat, screen
+    assert ": done" not in flat and "next:" in flat
+
+
+def test_a_fetch_missing_a_pr_ref_says_failed_and_a_complete_one_done(stack, capsys) -> None:
+    """Over real (dumb) HTTP: the branch arrives but PR 88 has no ref; the line says
+    "failed" before the error naming it. The same server with every ref: "done"."""
+    git(stack.up.bare, "update-server-info")
+    with _dumb_http(stack.up.bare) as server:
+        served = server.url.rstrip("/")  # the bare repo is the server's root
+        m = _remote_manifest(stack, served, [
+            {"action": "pick", "pr": 1, "head": stack.pr[1]},
+            {"action": "merge", "pr": 88, "head": "e" * 40},
+        ])  # fmt: skip
+        rc, lines, err = _fetch_lines(stack, m, capsys)
+        assert rc == 1, err
+        assert lines[-1].startswith(f"fetching 3 ref(s) from {served}: failed after ")
+        assert ": done" not in err and "PR #88 has no refs/pull/88/head" in err
+        m = _remote_manifest(stack, served, [{"action": "pick", "pr": 1, "head": stack.pr[1]}])
+        rc, lines, err = _fetch_lines(stack, m, capsys)
+        assert rc == 0, err
+        assert lines[-1].startswith(f"fetching 2 ref(s) from {served}: done in ")

@@ -4,7 +4,8 @@ Every reader of a file pinwheel did not write opens it without blocking, checks 
 ``fstat`` that it is a regular file and that its size is under the kind's cap, and
 only then reads: the manifest, a model pack's config.json (``model check``), a cache
 repository's HEAD (``cache verify``), and the compiled inputs a ``--reuse-from``
-receipt names. ``cache du`` walks a tree thousands of levels deep without recursion.
+receipt names. ``cache du`` walks a tree thousands of levels deep (deeper than PATH_MAX)
+without recursion, and breaks each folder down without following a link or opening a FIFO.
 Each case must end in the project's error with a ``next:`` step: never a hang, a
 MemoryError, a RecursionError or a traceback. Real parts: FIFOs, /dev/zero, sparse
 files and trees made here, the CLI's own main(), a real bare git repository.
@@ -227,6 +228,75 @@ def test_cache_du_counts_a_tree_1100_levels_deep(deep_tmp, capsys):
     assert rc == 0, out.err
     entry = json.loads(out.out)["entries"]["toolchains"]
     assert entry["bytes"] == 3 and entry["files"] == 1
+
+
+def test_cache_du_counts_a_tree_deeper_than_path_max(deep_tmp, capsys):
+    """2100 levels: its deepest path is over 4096 bytes, so a walk that builds paths cannot
+    list the bottom (ENAMETOOLONG); one that opens each folder from its parent can."""
+    cache = deep_tmp / "cache"
+    _deep(cache / "kernels" / "w", 2100)
+    (cache / "kernels" / "small").write_bytes(b"12")
+    rc = main(["--cache", str(cache), "--json", "cache", "du"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    entry = json.loads(out.out)["entries"]["kernels"]
+    assert (entry["bytes"], entry["files"]) == (5, 2)
+    assert [(c["name"], c["bytes"]) for c in entry["children"]] == [("w", 3), ("small", 2)]
+
+
+def test_cache_du_breaks_each_folder_down_largest_first_and_never_follows_or_opens(
+    tmp_path, capsys
+):
+    """Each entry under each top-level folder with its bytes and files, largest first; a
+    link (to a 1 MiB file outside) is counted as a link, not followed; a FIFO is counted,
+    never opened (opening it would block); a folder that cannot be listed is named."""
+    cache = tmp_path / "cache"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(b"x" * (1 << 20))
+    tc = cache / "toolchains"
+    (tc / "cuda-12.4.131" / "bin").mkdir(parents=True)
+    (tc / "cuda-12.4.131" / "bin" / "nvcc").write_bytes(b"n" * 3000)
+    (tc / "downloads").mkdir()
+    (tc / "downloads" / "a.deb").write_bytes(b"d" * 5000)
+    (tc / "downloads" / "b.whl").write_bytes(b"w" * 1000)
+    (tc / "apt").mkdir()
+    (tc / "apt" / "out").symlink_to(outside)  # a link out of the cache: never followed
+    os.mkfifo(tc / "apt" / "pipe")
+    (cache / "repos" / "x.git").mkdir(parents=True)
+    (cache / "repos" / "x.git" / "HEAD").write_bytes(b"ref: refs/heads/main\n")
+    (cache / "repos" / "shut").mkdir()
+    (cache / "repos" / "shut" / "f").write_bytes(b"hidden")
+    (cache / "CACHEDIR.TAG").write_bytes(b"Signature: 8a477f597d28d172789f06886806bc55\n")
+    (cache / "repos" / "shut").chmod(0)
+    try:
+        rc = main(["--cache", str(cache), "--json", "cache", "du"])
+        out = capsys.readouterr()
+        assert rc == 0, out.err
+        doc = json.loads(out.out)
+        assert doc["largest_first"] == ["toolchains", "CACHEDIR.TAG", "repos"]
+        tcs = doc["entries"]["toolchains"]
+        link = len(os.readlink(tc / "apt" / "out"))
+        assert tcs["bytes"] == 9000 + link and tcs["files"] == 5
+        assert tcs["links"] == 1 and tcs["special"] == 1 and tcs["folder"] is True
+        assert [(c["name"], c["bytes"], c["files"]) for c in tcs["children"]] == [
+            ("downloads", 6000, 2), ("cuda-12.4.131", 3000, 1), ("apt", link, 2)]  # fmt: skip
+        repos = doc["entries"]["repos"]
+        if os.geteuid() != 0:  # root lists a folder of mode 000 all the same
+            assert repos["unreadable"] == 1
+            assert [c["name"] for c in repos["children"]] == ["x.git", "shut"]
+        assert doc["total"] == sum(e["bytes"] for e in doc["entries"].values())
+        # The human listing: the same order, the top N under each folder, the rest summed.
+        rc = main(["--cache", str(cache), "cache", "du", "--top", "1"])
+        text = capsys.readouterr().out.splitlines()
+        assert rc == 0
+        assert text[0].endswith("toolchains/  (5 files; 1 link(s), not followed; "
+                                "1 FIFO/socket/device(s), not opened)")  # fmt: skip
+        assert text[1].endswith("    downloads/  (2 files)")
+        assert text[2].endswith("... 2 more (--top 0 lists all)")
+        assert text[-1].endswith(f"total in {cache}")
+    finally:
+        (cache / "repos" / "shut").chmod(0o755)
 
 
 def test_cache_clean_removes_a_tree_1100_levels_deep(deep_tmp, capsys):

@@ -54,7 +54,7 @@ BAD_MANIFESTS = {
     "kernel-url-injection": (
         UPSTREAM + f'\n[[kernel]]\nname = "k"\nbuilder = "cmake"\n'
         f'url = "-oProxyCommand=touch {MARK}"\ncommit = "{SHA}"\n',
-        ["[[kernel]] #1 key 'url'", "starts with '-'"],
+        ["[[kernel]] k key 'url'", "starts with '-'"],
     ),
     "branch-refspec-injection": (
         f'[upstream]\nurl = "{UPSTREAM_URL}"\ncommit = "{SHA}"\nbranch = "main:refs/heads/x"\n',

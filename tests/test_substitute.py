@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,8 @@ from pinwheel.cli import main
 from pinwheel.compile.toolchain import ToolchainError, choose, find_host_compiler, parse_flags
 from pinwheel.errors import EXIT_VERIFY, ManifestError, UsageError
 from pinwheel.manifest import model as manifest
-from pinwheel.wheels.substitute import apply, from_receipt, headline, undeclared
+from pinwheel.manifest.build import BuildConfig
+from pinwheel.wheels.substitute import apply, cuda_advice, from_receipt, headline, undeclared
 from releasekit import make_wheel, write_manifest, write_provenance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,6 +73,64 @@ def test_a_substitute_that_cannot_build_the_arch_is_refused():
     config = manifest.load(V100).build
     with pytest.raises(UsageError, match="cannot compile for arch 7.0"):
         apply(config, {"cuda": "13.0"})  # CUDA 13 dropped sm_70
+
+
+def test_a_refused_cuda_substitute_offers_the_one_that_fits_not_an_edit_of_build(capsys):
+    """13.0 for sm_70: the way on is --substitute cuda=12.4 (the flag the user is already
+    using), never 13.0 again and never "set [build] cuda" that contradicts the flag."""
+    code = main(["--manifest", str(V100), "--json", "kernels", "--substitute", "cuda=13.0"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 2, doc
+    err = doc["error"]
+    assert err["where"] == "--substitute cuda=13.0"
+    assert "CUDA 13.0 cannot compile for arch 7.0" in err["what"]
+    assert err["next"].startswith("use --substitute cuda=12.4, the provisionable CUDA that "
+                                  "compiles 7.0")  # fmt: skip
+    assert "13.0" not in err["next"] and "[build] cuda" not in err["next"]
+
+
+def _build(**kw: object) -> BuildConfig:
+    base = dict(python="3.12", cuda="12.8", arches=("7.0",), ptx=True, torch=None, label=None,
+                version=None)  # fmt: skip
+    return BuildConfig(**(base | kw))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("arches", "offered", "refused"),
+    [
+        (("7.0",), "--substitute cuda=12.4, the provisionable CUDA that compiles 7.0", "13.0"),
+        (("11.0",), "--substitute cuda=13.0, the provisionable CUDA that compiles 11.0", "12.4"),
+        (("9.0",), "--substitute cuda=V, V one of the provisionable CUDAs 12.4, 13.0,", None),
+    ],
+)
+def test_cuda_advice_lists_only_what_the_arches_accept(arches, offered, refused):
+    """A CUDA that cannot compile one of the manifest's arches is never suggested: sm_70
+    stops at CUDA 12, sm_110 starts at 13.0, sm_90 takes either."""
+    advice = cuda_advice(_build(arches=arches), ("12.4", "13.0"))
+    assert advice is not None and advice.startswith(offered)
+    if refused:
+        assert refused not in advice
+
+
+def test_no_cuda_is_suggested_when_none_compiles_every_arch(tmp_path):
+    """sm_70 + sm_110: 12.4 lacks sm_110 and 13.0 dropped sm_70. No --substitute is offered
+    (each would be refused); the way on says why. Both from the substitution and from
+    resolving the pinned CUDA on a machine without it (sm_103 alone: only 13.0 fits)."""
+    from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
+
+    config = _build(arches=("7.0", "11.0"))
+    assert cuda_advice(config, ("12.4", "13.0")) is None
+    with pytest.raises(UsageError) as err:
+        apply(config, {"cuda": "12.4"}, provisionable=("12.4", "13.0"))
+    assert "--substitute" not in (err.value.next or "")
+    assert "no provisionable CUDA (12.4, 13.0) compiles every one of [build] arches (7.0, 11.0)" \
+        in (err.value.next or "")  # fmt: skip
+    env = {"PATH": str(tmp_path)}  # no nvcc on it
+    with pytest.raises(ToolchainError) as found:
+        resolve_toolkit(ToolkitRequest(_build(arches=("11.0",), cuda="12.9"), tmp_path / "c",
+                                       env, provision=False))  # fmt: skip
+    assert "--substitute cuda=13.0, the provisionable CUDA that compiles 11.0" in found.value.next
+    assert "12.4" not in found.value.next
 
 
 def _v100_copy(tmp_path: Path, extra: str) -> Path:
@@ -142,7 +202,9 @@ def test_the_v100_build_stops_in_seconds_without_gcc_14_then_without_cuda_12_8(
     if "no usable CUDA 12.8 toolkit" not in err:
         pytest.skip(f"this machine has a CUDA 12.8 toolkit (exit {code})")
     assert code != 0 and "SUBSTITUTED TOOLCHAIN" in err and "gcc/g++ 12 instead of 14" in err
-    assert "--substitute cuda=V for a provisionable V (12.4, 13.0)" in err
+    # Only the provisionable CUDA that compiles sm_70: 13.0 dropped it, so it is not offered.
+    assert "--substitute cuda=12.4, the provisionable CUDA that compiles 7.0" in err
+    assert "cuda=13.0" not in err and "13.0)" not in err
     assert not (tmp_path / "w").exists()  # nothing built, nothing written
 
 
@@ -270,3 +332,21 @@ def test_a_given_torch_python_of_another_version_is_refused():
     with pytest.raises(ManifestError, match=r"is Python 3\.\d+, \[build\] python pins 3.99"):
         torch_venv(_config("3.99"), Path("/nonexistent"), SILENT,
                    {"PINWHEEL_TORCH_PYTHON": sys.executable})  # fmt: skip
+
+
+def test_a_pinned_cuda_the_arches_refuse_offers_only_a_substitute_that_fits(tmp_path):
+    """[build] cuda 12.4 with sm_110 (first in 13.0): besides editing [build], the one
+    substitution offered is 13.0, from choose() and from resolving the toolkit alike."""
+    from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
+
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    config = _build(cuda="12.4", arches=("11.0",), python=here)
+    env = {"PATH": os.defpath, "HOME": str(tmp_path)}
+    with pytest.raises(ToolchainError) as chosen:
+        choose(config, env)
+    with pytest.raises(ToolchainError) as found:
+        resolve_toolkit(ToolkitRequest(config, tmp_path / "c", env, provision=False))
+    for err in (chosen.value, found.value):
+        assert err.where == "[build] cuda" and "cannot compile for arch 11.0" in err.what
+        assert "--substitute cuda=13.0, the provisionable CUDA that compiles 11.0" in err.next
+        assert "cuda=12.4" not in err.next

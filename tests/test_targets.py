@@ -128,7 +128,10 @@ def test_cuda_12_8_without_an_install_says_why_it_is_not_provisioned(tmp_path: P
     if "12.8" in str(exc.value) and "only ptxas" not in str(exc.value):
         pytest.skip("this machine has a CUDA 12.8 install")  # pragma: no cover
     assert "install CUDA 12.8 (NVIDIA's CUDA repository" in str(exc.value)
-    assert "set CUDA_HOME to it" in str(exc.value) and "--substitute cuda=V" in str(exc.value)
+    assert "set CUDA_HOME to it" in str(exc.value)
+    # sm_120 starts at CUDA 12.8: of the provisionable 12.4 and 13.0 only 13.0 is offered.
+    assert "--substitute cuda=13.0, the provisionable CUDA that compiles 12.0" in str(exc.value)
+    assert "cuda=12.4" not in str(exc.value)
 
 
 CU13_WHEELS = os.environ.get("PINWHEEL_CU13_WHEELS")

@@ -6,6 +6,7 @@ folders PATH, uv and pyenv use); the compiler probe runs the machine's real gcc.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -73,3 +74,104 @@ def test_a_name_is_a_claim_the_version_is_checked(tmp_path: Path) -> None:
     """A python3.99 on PATH that is really this interpreter is not Python 3.99."""
     _linked(tmp_path / "bin", "python3.99")
     assert find_python("3.99", {"PATH": str(tmp_path / "bin")}) is None
+
+
+# ------------------------------------------------- `pinwheel toolchain`: everything in one report
+
+MANIFEST_HEAD = """[upstream]
+url = "https://example.invalid/up.git"
+commit = "0123456789abcdef0123456789abcdef01234567"
+"""
+
+
+def _toolchain(tmp_path: Path, monkeypatch, capsys, build: str, *args: str,
+               cache: Path | None = None, path: str = ""):  # fmt: skip
+    """`pinwheel toolchain` in a bare environment: PATH holds only this Python (as
+    python{HERE}) and ``path``; no CUDA_HOME, CUDA_PATH, CC or CXX. Returns rc, the JSON
+    document, and the human run's stdout and stderr."""
+    from pinwheel.cli import main
+
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(MANIFEST_HEAD + "\n[build]\n" + build)
+    if not (tmp_path / "bin").exists():
+        _linked(tmp_path / "bin", f"python{HERE}")
+    monkeypatch.setenv("PATH", os.pathsep.join(filter(None, [str(tmp_path / "bin"), path])))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for var in ("CUDA_HOME", "CUDA_PATH", "CC", "CXX"):
+        monkeypatch.delenv(var, raising=False)
+    argv = ["--manifest", str(manifest), "--cache", str(cache or tmp_path / "cache"), "toolchain",
+            "--no-provision", *args]  # fmt: skip
+    rc = main([*argv, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert main(argv) == rc
+    human = capsys.readouterr()
+    return rc, doc, human.out, human.err
+
+
+def test_toolchain_reports_python_gcc_arches_and_every_cuda_at_once(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """gcc 99 missing and CUDA 12.4 neither installed nor in the (empty) cache: one report
+    that still shows the Python found, the arch table and each CUDA seen or provisionable
+    with the arches it compiles, then one error with both problems (not one per run)."""
+    rc, doc, out, err = _toolchain(
+        tmp_path, monkeypatch, capsys,
+        f'python = "{HERE}"\ncuda = "12.4"\ngcc = "99"\narches = ["7.0"]\n',
+    )  # fmt: skip
+    seen = {(t["state"], t["version"]): t for t in doc["cuda"]["seen"]}
+    installed = [t for t in doc["cuda"]["seen"] if t["state"] == "installed" and t["pinned"]]
+    if installed:  # pragma: no cover - a machine with CUDA 12.4 at /usr/local/cuda
+        pytest.skip("this machine has CUDA 12.4 installed")
+    assert rc == 1 and doc["ok"] is False
+    assert [p["where"] for p in doc["problems"]] == ["[build] gcc", "[build] cuda"]
+    assert doc["python"]["path"] == str(tmp_path / "bin" / f"python{HERE}")
+    assert doc["python"]["source"] == "PATH" and doc["gcc"]["cxx"] is None
+    # The cache is empty: both pinned toolkits are offered as downloads, with their verdicts.
+    v124 = seen[("provisionable", "12.4.131")]
+    assert v124["builds"] == ["7.0"] and v124["refuses"] == [] and v124["pinned"] is True
+    assert "sm_70" in v124["compiles"] and "sm_100" not in v124["compiles"]
+    v130 = next(t for (state, v), t in seen.items() if state == "provisionable" and v.startswith("13.0"))
+    assert v130["refuses"] == ["7.0"] and "sm_70" not in v130["compiles"]
+    assert doc["cmake_architectures"] == "70-real;70-virtual" and doc["root"] is None
+    # The human report: every part on stdout, then one error naming both problems.
+    assert f"python {HERE}" in out and "gcc 99         PROBLEM: no gcc/g++ 99" in out
+    assert "arches         7.0 -> sm_70+PTX" in out
+    assert "12.4.131   provisionable pinned download  ([build] cuda)" in out
+    assert "builds 7.0" in out and "cannot build 7.0" in out
+    assert "using: no CUDA toolkit (2 problem(s)" in out
+    assert "2 toolchain problems" in err and "[build] gcc: no gcc/g++ 99" in err
+    assert "no usable CUDA 12.4 toolkit" in err and "run `pinwheel toolchain`" in err
+
+
+def test_toolchain_with_a_provisioned_cuda_reports_it_and_uses_it(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The test cache's CUDA 12.4 (provisioned once per machine by the kernels tests): the
+    report lists it as provisioned, probes it, and exits 0. Read only: --no-provision."""
+    import shutil
+
+    from pinwheel.compile.toolchain.hostcc import compiler_version
+    from pinwheel.compile.toolchain.pins import LOCKS, MARKER
+    from testenv import default_root
+
+    cache = Path(default_root()) / "pinwheel"
+    if not (cache / "toolchains" / LOCKS["12.4"].dirname / MARKER).is_file():
+        pytest.skip("CUDA 12.4 is not provisioned in the test cache (the kernels session does it)")
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++ on this machine")
+    major = (compiler_version(gxx, dict(os.environ)) or "0").split(".")[0]
+    # nvcc's probe needs the host compiler and binutils: the directory g++ is in.
+    rc, doc, out, err = _toolchain(
+        tmp_path, monkeypatch, capsys,
+        f'python = "{HERE}"\ncuda = "12.4"\ngcc = "{major}"\narches = ["7.0"]\n', cache=cache,
+        path=str(Path(gxx).parent),
+    )  # fmt: skip
+    assert rc == 0, err
+    assert doc["ok"] is True and doc["problems"] == [] and doc["version"] == "12.4.131"
+    assert doc["source"] == "provisioned" and doc["gcc"]["version"].startswith(f"{major}.")
+    provisioned = [t for t in doc["cuda"]["seen"] if t["state"] == "provisioned"]
+    assert [t["version"] for t in provisioned][:1] == ["12.4.131"]
+    assert provisioned[0]["root"] == doc["root"] and provisioned[0]["builds"] == ["7.0"]
+    assert f"using CUDA 12.4.131 (provisioned) at {doc['root']}" in out and "compiles sm_70" in out
+    assert "PROBLEM" not in out and "error:" not in err

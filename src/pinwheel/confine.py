@@ -453,3 +453,139 @@ def walk(root: Path | str, skip: Callable[[str], bool] = lambda name: False) -> 
                 raise _escape(rel, root, "a FIFO, socket or device in a source tree")
 
     yield from visit("")
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a tree holds, as :func:`tally` counted it (``bytes`` of what ``lstat`` says)."""
+
+    bytes: int = 0
+    files: int = 0  # regular files
+    links: int = 0  # symlinks: counted (their own size), never followed
+    special: int = 0  # FIFOs, sockets, devices: counted, never opened
+    unreadable: int = 0  # folders that could not be listed (permissions, gone meanwhile)
+
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
+
+
+def _fields(t: Tally) -> tuple[int, int, int, int, int]:
+    return (t.bytes, t.files, t.links, t.special, t.unreadable)
+
+
+def _count(st: os.stat_result) -> Tally:
+    if stat.S_ISREG(st.st_mode):
+        return Tally(bytes=st.st_size, files=1)
+    if stat.S_ISLNK(st.st_mode):
+        return Tally(bytes=st.st_size, links=1)
+    return Tally(special=1)
+
+
+def _listed(fd: int) -> tuple[Tally, list[str]]:
+    """The non-folder entries of the folder open as ``fd``, counted; its sub-folders' names."""
+    counted = Tally()
+    folders: list[str] = []
+    with os.scandir(fd) as it:
+        entries = list(it)
+    for e in entries:
+        try:
+            st = e.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed while listed
+        if stat.S_ISDIR(st.st_mode):
+            folders.append(e.name)
+        else:
+            counted += _count(st)
+    return counted, folders
+
+
+def tally_at(dir_fd: int, name: str, *, where: str = "") -> Tally:
+    """Count entry ``name`` of the folder open as ``dir_fd`` (a file, a link or a folder
+    tree) without following a link, opening a FIFO or device, or recursing. Each folder is
+    opened ``O_NOFOLLOW`` from its parent's descriptor and left by ``..`` checked against
+    the parent's device and inode, so the walk holds two descriptors and a list of
+    pending names at any depth, and builds no path (a tree deeper than PATH_MAX is
+    counted). A tree changed under the walk so that ``..`` is not where it came from is
+    an error, never a count of somewhere else."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return Tally()
+    if not stat.S_ISDIR(st.st_mode):
+        return _count(st)
+    try:
+        fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return Tally()
+    except OSError:  # unreadable, or replaced by a link or file since the stat
+        return Tally(unreadable=1)
+    total = Tally()
+    # One level per folder on the current path: its identity and the sub-folders to visit.
+    levels: list[tuple[tuple[int, int], list[str]]] = []
+    try:
+        while True:
+            here = os.fstat(fd)
+            try:
+                counted, folders = _listed(fd)
+            except PermissionError:
+                counted, folders = Tally(unreadable=1), []
+            total += counted
+            levels.append(((here.st_dev, here.st_ino), folders))
+            child = None
+            while levels and child is None:
+                pending = levels[-1][1]
+                if not pending:
+                    levels.pop()
+                    if levels:
+                        fd = _up(fd, levels[-1][0], where or name)
+                    continue
+                try:
+                    child = os.open(pending.pop(), os.O_RDONLY | _DIRECTORY | _NOFOLLOW,
+                                    dir_fd=fd)  # fmt: skip
+                except FileNotFoundError:
+                    continue  # removed meanwhile
+                except OSError:  # unreadable, or replaced by a link or file meanwhile
+                    total += Tally(unreadable=1)
+            if child is None:
+                return total
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+
+
+def _up(fd: int, parent: tuple[int, int], where: str) -> int:
+    """The parent of the folder open as ``fd`` (``fd`` closed), checked to be ``parent``."""
+    up = os.open("..", os.O_RDONLY | _DIRECTORY, dir_fd=fd)
+    back = os.fstat(up)
+    if (back.st_dev, back.st_ino) != parent:
+        os.close(up)  # ``fd`` stays open: the caller closes it
+        raise PinwheelError(
+            "a folder was moved while it was measured",
+            where=where,
+            next="run the command again once nothing else writes there",
+        )
+    os.close(fd)
+    return up
+
+
+def tally_children(dir_fd: int, name: str, *, where: str) -> list[tuple[str, bool, Tally]]:
+    """Each entry directly under folder ``name`` of the folder open as ``dir_fd``: its
+    name, whether it is a folder, and its count by :func:`tally_at`; the folder opened
+    ``O_NOFOLLOW`` (a link there is an :class:`Escape`, never followed)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
+    except OSError as exc:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise _escape(name, where, "it is a symlink") from None
+        raise exc
+    try:
+        with os.scandir(fd) as it:
+            names = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in it)
+        return [(n, folder, tally_at(fd, n, where=f"{where}/{n}")) for n, folder in names]
+    finally:
+        os.close(fd)

@@ -69,6 +69,14 @@ class _Silent:
 SILENT: Reporter = _Silent()
 
 
+def ended(exc: BaseException) -> str:
+    """How a step that raised ``exc`` ended, for its closing line: never "done". Empty for
+    a generator being closed (nothing ended: the step was abandoned, not run out)."""
+    if isinstance(exc, GeneratorExit):
+        return ""
+    return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+
+
 BYTES_EVERY_S = 10.0  # how often a plain-line transfer says the bytes so far
 
 
@@ -82,7 +90,8 @@ def human_bytes(n: float) -> str:
 
 
 class LineReporter:
-    """Plain lines on a stream (stderr): logs, CI, pipes. Long steps get a closing line."""
+    """Plain lines on a stream (stderr): logs, CI, pipes. Long steps get a closing line: "done
+    in N s", or "failed" / "interrupted" when the step raised (never "done" before an error)."""
 
     def __init__(
         self, stream: TextIO | None = None, prefix: str = "", verbose: bool = False
@@ -103,7 +112,13 @@ class LineReporter:
     def status(self, message: str) -> Iterator[None]:
         started = time.monotonic()
         self.info(message + " ...")
-        yield
+        try:
+            yield
+        except BaseException as exc:
+            ending = ended(exc)
+            if ending:
+                self.info(f"{message}: {ending} after {time.monotonic() - started:.1f} s")
+            raise
         self.info(f"{message}: done in {time.monotonic() - started:.1f} s")
 
     @contextlib.contextmanager

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 from pinwheel.cli import Context, action, command
 from pinwheel.errors import EXIT_ERROR, EXIT_OK
 from pinwheel.manifest import load
+from pinwheel.printable import shown
 from pinwheel.progress import human_bytes
 
 if TYPE_CHECKING:  # imported where used: `pinwheel --help` loads no libgit2 or filelock
-    from pinwheel.source.cachetool import Removal, RepoCheck
+    from pinwheel.source.cachetool import DiskUsage, Removal, RepoCheck, Usage
 
 
 def _removal(ctx: Context, outcome: Removal, verb: str, how: str) -> int:
@@ -84,15 +85,19 @@ def cmd_cache(ctx: Context, args: argparse.Namespace) -> int:
     root = ctx.cache
     if args.cache_action == "du":
         usage = cachetool.disk_usage(root)
-        lines = [f"{human_bytes(e.bytes):>10}  {e.name}/  ({e.files} files)" for e in usage.entries]
-        lines.append(f"{human_bytes(usage.total):>10}  total in {root}")
         ctx.emit(
             {
                 "cache": str(root),
                 "total": usage.total,
-                "entries": {e.name: {"bytes": e.bytes, "files": e.files} for e in usage.entries},
+                "largest_first": [e.name for e in usage.entries],  # (JSON objects have no order)
+                # name -> bytes and files, and each entry under it, largest first
+                "entries": {
+                    e.name: e.to_json()
+                    | {"children": [{"name": c.name, **c.to_json()} for c in e.children]}
+                    for e in usage.entries
+                },
             },
-            "\n".join(lines),
+            "\n".join(_du_lines(usage, args.top)),
         )
         return EXIT_OK
     if args.cache_action == "verify":
@@ -122,12 +127,41 @@ def cmd_cache(ctx: Context, args: argparse.Namespace) -> int:
     return _removal(ctx, outcome, "pruned", "pass --apply to remove")
 
 
+def _du_lines(usage: DiskUsage, top: int) -> list[str]:
+    """Each top-level entry, largest first, with its ``top`` largest entries below it."""
+
+    def row(u: Usage, indent: str) -> str:
+        extra = [f"{n} {what}" for n, what in ((u.links, "link(s), not followed"),
+                 (u.special, "FIFO/socket/device(s), not opened"),
+                 (u.unreadable, "unreadable folder(s)")) if n]  # fmt: skip
+        more = "; " + "; ".join(extra) if extra else ""
+        name = shown(u.name) + ("/" if u.folder else "")
+        return f"{human_bytes(u.bytes):>10}  {indent}{name}  ({u.files} files{more})"
+
+    lines: list[str] = []
+    for e in usage.entries:
+        lines.append(row(e, ""))
+        shown_kids = e.children if top <= 0 else e.children[:top]
+        lines += [row(c, "    ") for c in shown_kids]
+        rest = e.children[len(shown_kids):]
+        if rest:
+            lines.append(
+                f"{human_bytes(sum(c.bytes for c in rest)):>10}      ... {len(rest)} more "
+                f"(--top 0 lists all)"
+            )
+    lines.append(f"{human_bytes(usage.total):>10}  total in {usage.root}")
+    return lines
+
+
 def register(sub: Any) -> None:
     p = command(
         sub, "cache", "cache sizes, integrity and cleanup (du, verify, clean, prune)", cmd_cache
     )
     actions = p.add_subparsers(dest="cache_action", metavar="ACTION", required=True)
-    action(actions, "du", "size of each entry under the cache (repos/, toolchains/...)")
+    d = action(actions, "du", "size of each entry under the cache (repos/, toolchains/...) "
+               "and of each entry under those, largest first")  # fmt: skip
+    d.add_argument("--top", type=int, default=10, metavar="N",
+                   help="the N largest entries under each folder (0: all)")  # fmt: skip
     v = action(actions, "verify", "git fsck each cache repository; name damaged ones")
     v.add_argument("--full", action="store_true", help="also read every object (slow)")
     c = action(actions, "clean", "remove everything in the cache except locks/")

@@ -63,27 +63,59 @@ def _toolkit(ctx: Context, config: BuildConfig, provision: bool) -> tuple[Toolki
 
 
 def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
+    """One report: the substitutions, Python, gcc, the arch table and every CUDA seen here
+    (installed, in the cache, provisionable), then the toolkit resolved (provisioned
+    unless --no-provision); every problem at once, in one error after the report."""
+    from pinwheel.compile.toolchain import ToolchainError, parse_flags
+    from pinwheel.compile.toolchain.choose import one_report
+    from pinwheel.compile.toolchain.survey import report_lines, survey
     from pinwheel.cudaarch import parse_arch
+    from pinwheel.wheels.substitute import to_json
 
-    config = _config(ctx, args)
-    toolkit, seconds = _toolkit(ctx, config, not args.no_provision)
+    found = survey(
+        ctx.manifest().require("build"), ctx.environ, ctx.cache, parse_flags(args.substitute)
+    )
+    config = found.config
+    problems = list(found.problems)
+    toolkit, seconds = None, 0.0
+    if found.table_ok:  # else resolving would only repeat the table's problem
+        try:
+            toolkit, seconds = _toolkit(ctx, config, not args.no_provision)
+        except ToolchainError as exc:
+            problems.append(exc)
+    lines = report_lines(found)
+    if toolkit is not None:
+        lines += [
+            f"using CUDA {toolkit.version} ({toolkit.source}) at {toolkit.root}",
+            f"compiles {', '.join(parse_arch(a).name for a in toolkit.arches)} "
+            f"(probed in {seconds:.1f} s)",
+            f"use it: export CUDA_HOME={toolkit.root} PATH={toolkit.root / 'bin'}:$PATH",
+        ]
+    elif not problems:  # pragma: no cover - resolve either returns a toolkit or raises
+        lines.append("no CUDA toolkit resolved")
+    else:
+        lines.append(f"using: no CUDA toolkit ({len(problems)} problem(s); see the error below)")
     payload = {
-        "root": str(toolkit.root),
-        "nvcc": str(toolkit.nvcc),
-        "version": toolkit.version,
-        "arches": list(toolkit.arches),
-        "source": toolkit.source,
+        "ok": not problems,
+        "root": str(toolkit.root) if toolkit else None,
+        "nvcc": str(toolkit.nvcc) if toolkit else None,
+        "version": toolkit.version if toolkit else None,
+        "arches": list(config.arches),
+        "source": toolkit.source if toolkit else None,
         "seconds": round(seconds, 2),
         "cmake_architectures": config.cmake_architectures,
         "torch_arch_list": config.torch_arch_list,
-    }
-    human = (
-        f"CUDA {toolkit.version} ({toolkit.source}) at {toolkit.root}\n"
-        f"compiles {', '.join(parse_arch(a).name for a in toolkit.arches)} "
-        f"(probed in {seconds:.1f} s)\n"
-        f"use it: export CUDA_HOME={toolkit.root} PATH={toolkit.root / 'bin'}:$PATH"
-    )
-    ctx.emit(payload, human)
+        "python": {"pinned": config.python, "path": found.python.path if found.python else None,
+                   "source": found.python.source if found.python else None},
+        "gcc": {"pinned": config.gcc, "cxx": found.gcc.cxx if found.gcc else None,
+                "version": found.gcc.version if found.gcc else None},
+        "cuda": {"pinned": config.cuda, "seen": [t.to_json() for t in found.cudas]},
+        "substitutions": to_json(found.substitutions),
+        "problems": [{"where": p.where, "what": p.what, "next": p.next} for p in problems],
+    }  # fmt: skip
+    ctx.emit(payload, "\n".join(lines))
+    if problems:
+        raise one_report(problems)
     return 0
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from pinwheel.printable import shown
-from pinwheel.progress import Advance
+from pinwheel.progress import Advance, ended
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -52,6 +52,12 @@ class RichReporter:
         try:
             with self.console.status(Text(shown(message))):
                 yield
+        except BaseException as exc:
+            # The spinner goes with the step; a failed step leaves a line saying so.
+            ending = ended(exc)
+            if ending:
+                self.info(f"{message}: {ending}")
+            raise
         finally:
             self.depth -= 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from pinwheel import validate
@@ -436,6 +436,7 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 class KernelPatch:
     path: Path
     sha256: str
+    at: str = field(default="", compare=False)  # "manifest.toml:30": its table, for blame
 
 
 @dataclass(frozen=True)
@@ -455,6 +456,8 @@ class KernelSpec:
     # The component's own stack ([[kernel.step]]): pick / merge / patch, like [[step]].
     steps: tuple[Step, ...] = ()
     index: int = 0  # position among the [[kernel]] tables (lock and resolve edit it there)
+    # Its table in the manifest, for blame: errors name the kernel and manifest:line.
+    table: Table | None = field(default=None, compare=False, repr=False)
 
     @property
     def in_tree(self) -> bool:
@@ -466,7 +469,18 @@ class KernelSpec:
 
     @property
     def where(self) -> str:
-        return f"{self.source.name}: [[kernel]] {self.name}"
+        """``manifest.toml:12: [[kernel]] kern``: file, line and the kernel's name."""
+        return self.table.where() if self.table else f"{self.source.name}: [[kernel]] {self.name}"
+
+    def where_key(self, key: str) -> str:
+        """``manifest.toml:14: [[kernel]] kern key 'commit'``."""
+        return self.table.where(key) if self.table else f"{self.where} key '{key}'"
+
+    @property
+    def commit_where(self) -> str:
+        """What names the component's base commit: ``manifest.toml:14: [[kernel]] kern commit``."""
+        at = self.table.at("commit") if self.table else self.source.name
+        return f"{at}: [[kernel]] {self.name} commit"
 
 
 def parse_kernel_tables(
@@ -475,6 +489,7 @@ def parse_kernel_tables(
     specs: list[KernelSpec] = []
     seen: set[str] = set()
     for index, t in enumerate(tables):
+        t = _named(t)
         t.only(*KERNEL_KEYS)
         name = t.str("name")
         if not _NAME.fullmatch(name):
@@ -512,7 +527,8 @@ def parse_kernel_tables(
                     "either [[kernel.patch]] or [[kernel.step]], not both "
                     '(a patch is a [[kernel.step]] with action = "patch")',
                 )
-            for p in t.subs("patch"):
+            for i, p in enumerate(t.subs("patch")):
+                p = replace(p, label=f"[[kernel.patch]] #{i + 1} of {t.label}")
                 p.only("path", "sha256")
                 file = p.path_under("path", root, "patches")
                 digest = p.sha256("sha256")
@@ -520,7 +536,7 @@ def parse_kernel_tables(
                     check_file_sha(
                         p, "path", file, digest, repin="update its sha256 in the manifest"
                     )
-                patches.append(KernelPatch(file, digest))
+                patches.append(KernelPatch(file, digest, at=p.at()))
             steps = _parse_component_steps(t, name, root, allow_short)
         specs.append(
             KernelSpec(
@@ -536,9 +552,19 @@ def parse_kernel_tables(
                 source=t.source,
                 steps=steps,
                 index=index,
+                table=t,
             )
         )
     return tuple(specs)
+
+
+def _named(t: Table) -> Table:
+    """The table labelled by the kernel's name (``[[kernel]] kern``) once it has a valid one,
+    so every error about it, from any key, says which kernel."""
+    name = t.data.get("name")
+    if isinstance(name, str) and _NAME.fullmatch(name):
+        return replace(t, label=f"[[kernel]] {name}")
+    return t
 
 
 def _parse_component_steps(t: Table, name: str, root: Path, allow_short: bool) -> tuple[Step, ...]:
@@ -546,7 +572,12 @@ def _parse_component_steps(t: Table, name: str, root: Path, allow_short: bool) -
     steps: list[Step] = []
     seen: dict[int, int] = {}
     for i, sub in enumerate(t.subs("step")):
-        step = parse_step(sub, i + 1, root, allow_short)
+        pr = sub.data.get("pr")
+        sub = replace(
+            sub, label=f"[[kernel.step]] #{i + 1}" + (f" (PR {pr})" if isinstance(pr, int) else "")
+            + f" of {t.label}",
+        )
+        step = replace(parse_step(sub, i + 1, root, allow_short), owner=f"[[kernel]] {name} ")
         if step.pr is not None:
             if step.pr in seen:
                 raise ManifestError(

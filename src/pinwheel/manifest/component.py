@@ -79,6 +79,8 @@ def component_steps(spec: KernelSpec) -> tuple[Step, ...]:
             commits=None,
             patch=p.path,
             patch_sha256=p.sha256,
+            at=p.at,
+            owner=f"[[kernel]] {spec.name} ",
         )
         for i, p in enumerate(spec.patches, start=1)
     )
@@ -100,7 +102,7 @@ def component_manifest(spec: KernelSpec, *, commit: str | None = None) -> Manife
     if not base:
         raise ManifestError(
             f"[[kernel]] {spec.name} has no 'commit': its upstream is not pinned",
-            where=spec.where,
+            where=spec.where_key("commit"),
             next=f"run `pinwheel lock`: it pins the tip of {spec.branch} and the tree",
         )
     steps = component_steps(spec)
@@ -120,12 +122,13 @@ def component_manifest(spec: KernelSpec, *, commit: str | None = None) -> Manife
         path=spec.source,
         sha256=digest,
         name=f"kernel-{spec.name}",
-        upstream=Upstream(url=spec.url, commit=base, branch=spec.branch),
+        upstream=Upstream(url=spec.url, commit=base, branch=spec.branch, where=spec.commit_where),
         steps=steps,
         identity=Identity(
             name=DEFAULT_IDENTITY[0], email=DEFAULT_IDENTITY[1], time=None, offset=None
         ),
         result=Result(tree=spec.tree, tag=None),
+        origin=spec.where,
     )
 
 

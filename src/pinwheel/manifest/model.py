@@ -18,7 +18,7 @@ import hashlib
 import re
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -73,6 +73,9 @@ class Upstream:
     url: str
     commit: str  # full SHA (short only while locking)
     branch: str
+    # Blame, not identity: what names the commit, with its file and line
+    # ("manifest.toml:3: [upstream] commit", "manifest.toml:14: [[kernel]] kern commit").
+    where: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,9 @@ class Manifest:
     # False: no [upstream] (the manifest builds components only); ``upstream`` is then
     # the first out-of-tree [[kernel]]'s, for code that names a source.
     has_engine: bool = True
+    # Where this stack is pinned, for errors about the whole stack: "manifest.toml:2:
+    # [upstream]", or "manifest.toml:12: [[kernel]] kern" for a component.
+    origin: str = field(default="", compare=False)
 
     @property
     def root(self) -> Path:
@@ -144,6 +150,16 @@ class Manifest:
     def prs(self) -> tuple[int, ...]:
         return tuple(s.pr for s in self.steps if s.pr is not None)
 
+    @property
+    def base_where(self) -> str:
+        """What names the base commit, for errors: file, line and table."""
+        return self.upstream.where or f"{self.path.name} [upstream] commit"
+
+    @property
+    def stack_where(self) -> str:
+        """Where the stack is pinned, for errors that concern all of it."""
+        return self.origin or f"{self.path.name} [upstream]"
+
 
 DEFAULT_IDENTITY = ("pinwheel", "pinwheel@replay.invalid")
 
@@ -154,6 +170,7 @@ def _parse_upstream(t: Table, allow_short: bool) -> Upstream:
         url=t.url("url"),
         commit=t.sha("commit", allow_short=allow_short),
         branch=t.ref("branch", "main"),
+        where=f"{t.at('commit')}: [upstream] commit",
     )
 
 
@@ -286,6 +303,7 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
                 name,
             )
     upstream = _parse_upstream(table("upstream"), allow_short) if has_engine else None
+    origin = table("upstream").where() if has_engine else ""
 
     raw_steps = data.get("step", [])
     if not isinstance(raw_steps, list) or not all(isinstance(r, dict) for r in raw_steps):
@@ -344,7 +362,9 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
             stages[STAGE_TABLES[key]] = _parser(key)(raw_tables)
     if upstream is None:
         first = next(k for k in stages["kernels"] if k.url)
-        upstream = Upstream(url=first.url, commit=first.commit or "", branch=first.branch)
+        upstream = Upstream(url=first.url, commit=first.commit or "", branch=first.branch,
+                            where=first.commit_where)  # fmt: skip
+        origin = first.where
 
     return Manifest(
         path=path,
@@ -355,5 +375,6 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
         identity=identity,
         result=result,
         has_engine=has_engine,
+        origin=origin,
         **stages,
     )

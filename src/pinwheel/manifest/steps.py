@@ -6,7 +6,7 @@ and replayed exactly like the engine's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pinwheel import validate
@@ -36,6 +36,10 @@ class Step:
     patch: Path | None
     patch_sha256: str | None
     resolutions: tuple[Resolution, ...] = ()
+    # Blame, not identity: the file and line of its table ("manifest.toml:22"), and the
+    # stack it belongs to when that is not the engine ("[[kernel]] kern ").
+    at: str = field(default="", compare=False)
+    owner: str = field(default="", compare=False)
 
     @property
     def label(self) -> str:
@@ -43,6 +47,13 @@ class Step:
             return f"step {self.number} ({self.action} PR #{self.pr})"
         name = self.patch.name if self.patch else "?"
         return f"step {self.number} ({self.action} {name})"
+
+    @property
+    def where(self) -> str:
+        """What an error about this step names: ``manifest.toml:22: [[kernel]] kern step 1
+        (pick PR #5)``; the bare label for a step made in code."""
+        text = f"{self.owner}{self.label}"
+        return f"{self.at}: {text}" if self.at else text
 
 
 def parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
@@ -95,4 +106,5 @@ def parse_step(t: Table, number: int, root: Path, allow_short: bool) -> Step:
         patch=patch,
         patch_sha256=patch_sha,
         resolutions=tuple(resolutions),
+        at=t.at(),
     )

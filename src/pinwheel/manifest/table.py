@@ -37,25 +37,33 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,99}")
 
 
 def _key_lines(text: str) -> dict[tuple[str, int, str], int]:
-    """Map (table path, array index, key) -> 1-based line, for keys written as ``key = ...``.
+    """Map (table scope, array index, key) -> 1-based line, for keys written as ``key = ...``.
 
     tomllib gives no positions, so we scan the text: good enough for the plain
-    style manifests use (headers on their own line, one key per line).
+    style manifests use (headers on their own line, one key per line). A nested
+    table is scoped by the index of the table it sits in (``kernel#1.step`` is a
+    ``[[kernel.step]]`` of the second ``[[kernel]]``): :attr:`Table.scope` spells
+    the same, so a second kernel's steps are not blamed on the first's lines.
     """
     lines: dict[tuple[str, int, str], int] = {}
     counters: dict[str, int] = {}
+    current: dict[str, int] = {}  # scope -> index of the table last opened there
     table, index = "", 0
     header = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-\" ]+?)\s*\]\]?\s*(#.*)?$")
     keyline = re.compile(r"^\s*([A-Za-z0-9_\-]+|\"[^\"]*\")\s*=")
     for n, raw in enumerate(text.splitlines(), start=1):
         m = header.match(raw)
         if m:
-            table = m.group(2).replace('"', "").replace(" ", "")
+            parts = m.group(2).replace('"', "").replace(" ", "").split(".")
+            table = parts[0]
+            for part in parts[1:]:
+                table = f"{table}#{current.get(table, 0)}.{part}"
             if m.group(1) == "[[":
                 counters[table] = counters.get(table, -1) + 1
                 index = counters[table]
             else:
                 index = 0
+            current[table] = index
             lines[(table, index, "")] = n
             continue
         k = keyline.match(raw)
@@ -80,17 +88,25 @@ class Table:
     lines: Mapping[tuple[builtins.str, builtins.int, builtins.str], builtins.int] = field(
         repr=False, default_factory=dict
     )
+    # Where its lines are looked up: the path, with the index of each table it is nested
+    # in (``kernel#1.step``); empty means ``path`` (a top-level table).
+    scope: builtins.str = ""
 
     # -- blame ---------------------------------------------------------------
     def line(self, key: builtins.str = "") -> builtins.int | None:
-        return self.lines.get((self.path, self.index, key)) or self.lines.get(
-            (self.path, self.index, "")
-        )
+        scope = self.scope or self.path
+        return self.lines.get((scope, self.index, key)) or self.lines.get((scope, self.index, ""))
+
+    def at(self, key: builtins.str = "") -> builtins.str:
+        """``manifest.toml:14``: the file and the line of ``key`` (else of the table)."""
+        n = self.line(key)
+        return f"{self.source.name}:{n}" if n else self.source.name
 
     def where(self, key: builtins.str = "") -> builtins.str:
-        n = self.line(key)
-        loc = f"{self.source.name}:{n}" if n else self.source.name
-        return f"{loc}: {self.label}" + (f" key '{key}'" if key else "")
+        return f"{self.at(key)}: {self.label}" + (f" key '{key}'" if key else "")
+
+    def _nested(self, key: builtins.str) -> builtins.str:
+        return f"{self.scope or self.path}#{self.index}.{key}"
 
     def error(
         self, key: builtins.str, expected: builtins.str, got: Any = _MISSING
@@ -281,6 +297,7 @@ class Table:
             data=value,
             source=self.source,
             lines=self.lines,
+            scope=self._nested(key),
         )
 
     def subs(self, key: builtins.str) -> tuple[Table, ...]:
@@ -296,6 +313,7 @@ class Table:
                 data=v,
                 source=self.source,
                 lines=self.lines,
+                scope=self._nested(key),
             )
             for i, v in enumerate(value)
         )

@@ -86,10 +86,41 @@ def index_cuda(url: str) -> str | None:
     return f"{digits[:-1]}.{digits[-1]}"
 
 
+def compiled_by(cuda: str) -> tuple[int, ...]:
+    """Every arch (as ``sm``) NVIDIA's table says CUDA ``cuda``'s nvcc targets, ascending."""
+    have = _version(cuda)[:2]
+    return tuple(
+        sm
+        for sm, first in sorted(MIN_CUDA.items())
+        if have >= first and have[0] <= MAX_CUDA_MAJOR.get(sm, have[0])
+    )
+
+
+def cuda_fits(cuda: str, arches: tuple[str, ...], torch_index: str | None = None) -> bool:
+    """Whether CUDA ``cuda`` compiles every arch (and, with a torch index, is of its CUDA
+    major): the test a suggested ``--substitute cuda=V`` must pass before it is offered."""
+    if _arch_problems(cuda, arches):
+        return False
+    built = index_cuda(torch_index) if torch_index else None
+    return built is None or _version(built)[0] == _version(cuda)[0]
+
+
+def fitting_cudas(
+    candidates: tuple[str, ...], arches: tuple[str, ...], torch_index: str | None = None
+) -> list[str]:
+    """The ``candidates`` (e.g. the provisionable CUDA versions) that fit, oldest first."""
+    return sorted((c for c in candidates if cuda_fits(c, arches, torch_index)), key=_version)
+
+
 def target_problems(
     cuda: str, arches: tuple[str, ...], torch: str | None, torch_index: str | None
 ) -> list[TargetProblem]:
     """Every reason this toolkit / arch / torch combination cannot build or run."""
+    return _arch_problems(cuda, arches) + _torch_problems(cuda, arches, torch, torch_index)
+
+
+def _arch_problems(cuda: str, arches: tuple[str, ...]) -> list[TargetProblem]:
+    """The arches CUDA ``cuda`` cannot compile, each with its reason."""
     problems: list[TargetProblem] = []
     have = _version(cuda)[:2]
     for arch in arches:
@@ -116,6 +147,15 @@ def target_problems(
                     f"or drop {arch} from [build] arches",
                 )
             )
+    return problems
+
+
+def _torch_problems(
+    cuda: str, arches: tuple[str, ...], torch: str | None, torch_index: str | None
+) -> list[TargetProblem]:
+    """Why the pinned torch cannot go with CUDA ``cuda`` and these arches."""
+    problems: list[TargetProblem] = []
+    have = _version(cuda)[:2]
     if torch_index:
         built = index_cuda(torch_index)
         if built and _version(built)[0] != have[0]:

@@ -196,6 +196,7 @@ class Cache:
         *,
         progress: object = None,
         missing_ok: bool = False,
+        where: str | None = None,
     ) -> Fetched:
         """Fetch ``branch`` and ``refs/pull/N/head`` for ``prs``; make sure ``want`` commits exist.
 
@@ -204,7 +205,8 @@ class Cache:
         Everything missing is reported at once: the base, every PR ref and every pinned
         commit, in one error. With ``missing_ok`` a PR without a ref and a ``want``
         commit that cannot be found are reported in the result (``missing_prs``), not
-        raised: drift reports every PR.
+        raised: drift reports every PR. ``where`` names the stack in the manifest
+        (``manifest.toml:12: [[kernel]] kern``) for errors about it.
         """
         labels = dict(want) if isinstance(want, Mapping) else {sha: "" for sha in want}
         path = self.repo_path(url)
@@ -212,6 +214,44 @@ class Cache:
         if source.local:
             self._attach_alternate(path, source)
         can_fetch = source.local or not self.offline
+        # One line for the whole fetch, closed by its outcome: "done" only when every ref
+        # and pinned commit arrived; a failure inside says "failed" before the error.
+        step: contextlib.AbstractContextManager[None] = (
+            self.reporter.status(f"fetching {len(prs) + 1} ref(s) from {redact(source.location)}")
+            if can_fetch and not source.local
+            else contextlib.nullcontext()
+        )
+        with step:
+            repo, missing_refs = self._fetch_checked(
+                path, source, branch, prs, labels, can_fetch, missing_ok=missing_ok, where=where
+            )
+        pr_heads = {}
+        for n in prs:
+            ref = f"{PULL_PREFIX}{n}/head"
+            if ref in repo.references and n not in missing_refs:
+                pr_heads[n] = str(repo.references[ref].target)
+        return Fetched(
+            repo_path=path,
+            source=source,
+            branch=branch,
+            branch_tip=str(repo.references[f"{UPSTREAM_PREFIX}{branch}"].target),
+            pr_heads=pr_heads,
+            missing_prs=tuple(n for n in prs if n not in pr_heads),
+        )
+
+    def _fetch_checked(
+        self,
+        path: Path,
+        source: Source,
+        branch: str,
+        prs: Sequence[int],
+        labels: Mapping[str, str],
+        can_fetch: bool,
+        *,
+        missing_ok: bool,
+        where: str | None,
+    ) -> tuple[pygit2.Repository, list[int]]:
+        """The fetch itself and its checks: the repo and the PRs without a ref."""
         missing_refs: list[int] = []
         if can_fetch:
             refspecs = [f"+refs/heads/{branch}:{UPSTREAM_PREFIX}{branch}"]
@@ -228,32 +268,23 @@ class Cache:
                 check=False,
             )
             missing = [sha for sha in labels if sha not in repo]
+        url = source.url
         if (missing or missing_refs) and not missing_ok:
             raise missing_objects_error(
-                url, path, [(sha, labels[sha]) for sha in missing], missing_refs, can_fetch
-            )
+                url, path, [(sha, labels[sha]) for sha in missing], missing_refs, can_fetch,
+                where=where,
+            )  # fmt: skip
         tip_ref = f"{UPSTREAM_PREFIX}{branch}"
         if tip_ref not in repo.references:
             raise PinwheelError(
-                f"branch '{branch}' is not in the cache" + ("" if can_fetch else " (offline)"),
-                where=f"[upstream] {redact(url)}",
+                f"branch '{branch}' of {redact(url)} is not in the cache"
+                + ("" if can_fetch else " (offline)"),
+                where=where or f"[upstream] {redact(url)}",
                 next="run without --offline once to fill the cache"
                 if not can_fetch
-                else "check [upstream].branch",
+                else f"check the branch in {where or '[upstream]'}",
             )
-        pr_heads = {}
-        for n in prs:
-            ref = f"{PULL_PREFIX}{n}/head"
-            if ref in repo.references and n not in missing_refs:
-                pr_heads[n] = str(repo.references[ref].target)
-        return Fetched(
-            repo_path=path,
-            source=source,
-            branch=branch,
-            branch_tip=str(repo.references[tip_ref].target),
-            pr_heads=pr_heads,
-            missing_prs=tuple(n for n in prs if n not in pr_heads),
-        )
+        return repo, missing_refs
 
     def ensure_commits(self, url: str, commits: Sequence[str]) -> Path:
         """Make ``commits`` (and what they reach) present in the cache repo of ``url``.
@@ -330,18 +361,7 @@ class Cache:
         """Fetch the refspecs; the PRs whose ref is missing (raised unless ``missing_ok``)."""
         # "--": the location comes from a manifest or a flag and must never be an option.
         args = ["fetch", "-q", "--no-tags", "--no-write-fetch-head", "--", source.location]
-        step = (
-            contextlib.nullcontext()
-            if source.local
-            else self.reporter.status(
-                f"fetching {len(refspecs)} ref(s) from {redact(source.location)}"
-            )
-        )
-        with step:
-            proc = gitcli.git(
-                [*args, *refspecs], git_dir=path, check=False,
-                reporter=self.reporter,
-            )  # fmt: skip
+        proc = gitcli.git([*args, *refspecs], git_dir=path, check=False, reporter=self.reporter)
         if proc.returncode == 0:
             return []
         # Find what failed so the error can name it: the source itself (network,
@@ -384,9 +404,15 @@ def missing_objects_error(
     commits: Sequence[tuple[str, str]],
     prs: Sequence[int],
     can_fetch: bool,
+    *,
+    where: str | None = None,
 ) -> PinwheelError:
     """One error naming everything a fetch could not supply: each commit as the manifest
-    gives it (full, never cut to a prefix) with what names it, and each PR without a ref."""
+    gives it (full, never cut to a prefix) with what names it, and each PR without a ref.
+
+    Its ``where`` is the manifest's: the one missing commit's label when only one is
+    missing and it has one (``manifest.toml:14: [[kernel]] kern commit``), else ``where``
+    (the stack); the cache repository is named in the text, not as the place to edit."""
     lines = [f"    {sha}" + (f"  ({label})" if label else "") for sha, label in commits] + [
         f"    PR #{n} has no refs/pull/{n}/head" for n in prs
     ]
@@ -399,14 +425,28 @@ def missing_objects_error(
             "check the PR numbers, or fetch PR refs into your mirror "
             "(git fetch origin '+refs/pull/*/head:refs/pull/*/head')"
         )
+    elif len(commits) == 1 and not prs and commits[0][1].endswith((" commit", " head")):
+        label = commits[0][1]
+        repin = (
+            "`pinwheel lock --update-heads` pins the PR's current head"
+            if label.endswith(" head")
+            else "`pinwheel lock --update-base` pins the branch tip"
+        )
+        hint = (
+            f"check that commit ({label}), or re-pin it: {repin}; or point --mirror URL=PATH "
+            "at a mirror that has it"
+        )
     else:
         hint = (
             "check these SHAs and PR numbers in the manifest, or point --mirror URL=PATH "
             "at a mirror that has them (with PR refs: "
             "git fetch origin '+refs/pull/*/head:refs/pull/*/head')"
         )
+    if len(commits) == 1 and not prs and commits[0][1]:
+        where = commits[0][1]
     return PinwheelError(
-        f"{count} object(s) missing from {redact(url)}{offline}:\n" + "\n".join(lines),
-        where=f"cache {repo_path.name}",
+        f"{count} object(s) missing from {redact(url)}{offline} (cache {repo_path.name}):\n"
+        + "\n".join(lines),
+        where=where or f"cache {repo_path.name}",
         next=hint,
     )

@@ -30,19 +30,43 @@ KEEP = ("locks", cache.TAG)  # another run may hold a lock; the marker says what
 
 @dataclass(frozen=True)
 class Usage:
-    name: str  # top-level entry under the cache, e.g. "repos"
+    name: str  # an entry under the cache ("repos"), or under a top-level folder of it
     bytes: int
-    files: int
+    files: int  # every entry that is not a folder: files, links, FIFOs...
+    # For a top-level folder: each entry directly under it, largest first.
+    children: tuple[Usage, ...] = ()
+    links: int = 0  # symlinks among ``files``: counted, never followed
+    special: int = 0  # FIFOs, sockets, devices among ``files``: counted, never opened
+    unreadable: int = 0  # folders that could not be listed
+    folder: bool = False
+
+    @classmethod
+    def of(
+        cls, name: str, t: confine.Tally, children: tuple[Usage, ...] = (), *, folder: bool
+    ) -> Usage:
+        return cls(name, t.bytes, t.files + t.links + t.special, children, t.links, t.special,
+                   t.unreadable, folder)  # fmt: skip
+
+    def to_json(self) -> dict[str, object]:
+        doc: dict[str, object] = {"bytes": self.bytes, "files": self.files, "folder": self.folder}
+        for key in ("links", "special", "unreadable"):
+            if getattr(self, key):
+                doc[key] = getattr(self, key)
+        return doc
 
 
 @dataclass(frozen=True)
 class DiskUsage:
     root: Path
-    entries: tuple[Usage, ...]
+    entries: tuple[Usage, ...]  # largest first
 
     @property
     def total(self) -> int:
         return sum(e.bytes for e in self.entries)
+
+
+def _largest_first(items: Sequence[Usage]) -> tuple[Usage, ...]:
+    return tuple(sorted(items, key=lambda u: (-u.bytes, u.name)))
 
 
 @dataclass(frozen=True)
@@ -76,43 +100,49 @@ class Removal:
 
 
 def _size(path: Path) -> tuple[int, int]:
-    """(bytes, files) under ``path``; symlinks are counted, not followed. The walk keeps
-    its own stack: a tree thousands of levels deep is counted, never a RecursionError."""
+    """(bytes, entries that are not folders) under ``path``; links counted, not followed;
+    any depth (:func:`pinwheel.confine.tally_at`)."""
+    path = Path(path)
     try:
-        st = os.lstat(path)
+        fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except FileNotFoundError:
         return 0, 0
-    if not stat.S_ISDIR(st.st_mode):
-        return st.st_size, 1
-    total = files = 0
-    stack = [os.fspath(path)]
-    while stack:
-        top = stack.pop()
-        try:
-            with os.scandir(top) as it:
-                entries = list(it)
-        except OSError:  # gone, unreadable, or a name too long to reach
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                    continue
-                total += entry.stat(follow_symlinks=False).st_size
-                files += 1
-            except OSError:
-                continue
-    return total, files
+    try:
+        t = confine.tally_at(fd, path.name, where=str(path))
+    finally:
+        os.close(fd)
+    return t.bytes, t.files + t.links + t.special
 
 
 def disk_usage(root: Path) -> DiskUsage:
+    """Each top-level entry of the cache and, for a folder, each entry directly under it,
+    counted by :mod:`pinwheel.confine` (no link followed, no FIFO opened, any depth, each
+    byte walked once); the largest first. A top-level link is counted as a link."""
     root = Path(root)
+    if not root.is_dir():
+        return DiskUsage(root, ())
     entries = []
-    if root.is_dir():
-        for child in sorted(root.iterdir()):
-            size, files = _size(child)
-            entries.append(Usage(child.name, size, files))
-    return DiskUsage(root, tuple(entries))
+    fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        for name in sorted(os.listdir(fd)):
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                entries.append(Usage.of(name, confine.tally_at(fd, name), folder=False))
+                continue
+            try:
+                kids = confine.tally_children(fd, name, where=str(root / name))
+            except PermissionError:
+                entries.append(Usage.of(name, confine.Tally(unreadable=1), folder=True))
+                continue
+            top = sum((t for _, _, t in kids), confine.Tally())
+            below = _largest_first([Usage.of(n, t, folder=f) for n, f, t in kids])
+            entries.append(Usage.of(name, top, below, folder=True))
+    finally:
+        os.close(fd)
+    return DiskUsage(root, _largest_first(entries))
 
 
 def repos(root: Path) -> tuple[Path, ...]:

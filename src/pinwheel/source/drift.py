@@ -63,13 +63,15 @@ def drift_report(manifest: Manifest, cache: Cache) -> DriftReport:
             manifest.prs,
             [base, *heads],
             missing_ok=True,
+            where=manifest.stack_where,
         )
         repo = fetched.open()
         if base not in repo:
             raise PinwheelError(
                 f"base commit {base[:12]} is not in {manifest.upstream.branch}'s history here",
-                where=f"{manifest.path.name} [upstream] commit",
-                next="check [upstream].commit, or point --mirror at a complete mirror",
+                where=manifest.base_where,
+                next="check that commit against the upstream branch, or point "
+                "--mirror URL=PATH at a complete mirror",
             )
         walker = repo.walk(fetched.branch_tip, SortMode.NONE)
         walker.hide(base)

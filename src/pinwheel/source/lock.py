@@ -237,16 +237,18 @@ def _pin(
     # Every full SHA the manifest already pins must exist: all missing ones in one error.
     want: dict[str, str] = {}
     if not (update_base or target.unpinned) and FULL_SHA.fullmatch(loose.upstream.commit):
-        want[loose.upstream.commit] = where
+        want[loose.upstream.commit] = loose.base_where
     for step in loose.steps:
         if step.head and FULL_SHA.fullmatch(step.head) and not update_heads:
-            want.setdefault(step.head, f"{p}{step.label} head")
-    fetched = cache.fetch(loose.upstream.url, loose.upstream.branch, loose.prs, want)
+            want.setdefault(step.head, f"{step.where} head")
+    fetched = cache.fetch(
+        loose.upstream.url, loose.upstream.branch, loose.prs, want, where=loose.stack_where
+    )
     repo = fetched.open()
     base = (
         fetched.branch_tip
         if update_base or target.unpinned
-        else _full(repo, loose.upstream.commit, where)
+        else _full(repo, loose.upstream.commit, loose.base_where)
     )
     setv(target.base_table, "commit", base, where)
     for step, table in zip(loose.steps, target.step_tables, strict=True):
@@ -259,10 +261,14 @@ def _pin(
             current = fetched.pr_heads.get(step.pr)
             head = step.head
             if head is not None:
-                head = _full(repo, head, f"{label} head")
+                head = _full(repo, head, f"{step.where} head")
             if head is None or (update_heads and current):
                 if current is None:
-                    raise PinwheelError(f"PR #{step.pr} has no head upstream", where=label)
+                    raise PinwheelError(
+                        f"PR #{step.pr} has no head upstream",
+                        where=step.where,
+                        next=f"check PR #{step.pr} upstream, or remove the step",
+                    )
                 head = current
             setv(table, "head", head, f"{label} head")
             if step.action == "pick":

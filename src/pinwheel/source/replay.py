@@ -141,7 +141,7 @@ def pick_commits(
                 raise PinwheelError(
                     f"pinned commit {sha[:12]} is not part of PR #{step.pr}'s head "
                     f"{step.head[:12]}",
-                    where=f"{step.label} commits",
+                    where=f"{step.where} commits",
                     next="run `pinwheel lock` to re-pin the PR's commits",
                 )
             picked.append(repo[sha].peel(pygit2.Commit))
@@ -155,7 +155,7 @@ def pick_commits(
             raise ManifestError(
                 f"PR #{step.pr} selects 0 commits: its head {step.head[:12]} is already "
                 f"contained in the base {base[:12]}",
-                where=step.label,
+                where=step.where,
                 next=f"remove step {step.number} from the manifest (the PR is already in the "
                 "base), or run `pinwheel drift` to see which PRs are upstream",
             )
@@ -167,7 +167,7 @@ def pick_commits(
             f"PR #{step.pr} contains merge commit {str(first.id)[:12]} "
             f"'{subject_line(first.message)}' ({len(merges)} merge(s) in its range): "
             "its own commits cannot be cherry-picked in order",
-            where=step.label,
+            where=step.where,
             next=f'change step {step.number} to action = "merge" (and check `pinwheel plan` '
             "for the mainline commits a merge would import)",
         )
@@ -289,7 +289,7 @@ class Replayer:
         if pinned is None:
             if current is None:
                 raise PinwheelError(
-                    f"PR #{step.pr} has no head", where=step.label, next="run `pinwheel lock`"
+                    f"PR #{step.pr} has no head", where=step.where, next="run `pinwheel lock`"
                 )
             return current, False
         if current is None or current == pinned:
@@ -300,7 +300,7 @@ class Replayer:
             raise ManifestError(
                 f"PR #{step.pr}'s pinned head {pinned} is the head of PR #{others[0]}, "
                 f"not of PR #{step.pr} (whose head upstream is {current})",
-                where=f"{step.label} head",
+                where=f"{step.where} head",
                 next=f'set head = "{current}" in step {step.number} after reviewing it, '
                 "or run `pinwheel lock --update-heads`",
             )
@@ -308,7 +308,7 @@ class Replayer:
             raise DriftError(
                 f"PR #{step.pr} head moved: manifest pins {pinned[:12]}, "
                 f"upstream now has {current[:12]} (force-push or new commits)",
-                where=step.label,
+                where=step.where,
                 next="review the change, then `pinwheel lock --update-heads` to move the pin, "
                 "or rerun with --allow-drift to replay the pinned head",
             )
@@ -401,7 +401,7 @@ class Replayer:
         state = current
         for c in pick_commits(self.repo, step, self.base, self.fetched.branch_tip):
             sha = str(c.id)
-            where = f"{step.label} commit {sha[:12]} '{subject_line(c.message)}'"
+            where = f"{step.where} commit {sha[:12]} '{subject_line(c.message)}'"
             fix = self._resolution(step, sha)
             if fix is not None:
                 tree = apply_patch(self.fetched.repo_path, str(state.tree_id), fix, where=where)
@@ -419,7 +419,7 @@ class Replayer:
         return StepResult(step, head, drifted, tuple(replayed), str(state.id), str(state.tree_id))
 
     def _merge(self, step: Step, current: pygit2.Commit, head: str, drifted: bool) -> StepResult:
-        where = f"{step.label} head {head[:12]}"
+        where = f"{step.where} head {head[:12]}"
         fix = self._resolution(step, "merge")
         if fix is not None:
             tree = apply_patch(self.fetched.repo_path, str(current.tree_id), fix, where=where)
@@ -444,7 +444,7 @@ class Replayer:
 
     def _patch(self, step: Step, current: pygit2.Commit) -> StepResult:
         assert step.patch is not None
-        where = f"{step.label} file patches/{step.patch.name}"
+        where = f"{step.where} file patches/{step.patch.name}"
         tree = apply_patch(self.fetched.repo_path, str(current.tree_id), step.patch, where=where)
         meta = read_patch_meta(step.patch)
         author = meta.author or self.committer
@@ -543,17 +543,18 @@ def fetch_for(manifest: Manifest, cache: Cache, *, extra_want: Sequence[str] = (
         manifest.upstream.branch,
         manifest.prs,
         wanted_commits(manifest, extra_want),
+        where=manifest.stack_where,
     )
 
 
 def wanted_commits(manifest: Manifest, extra: Sequence[str] = ()) -> dict[str, str]:
     """Every commit the manifest pins -> what names it, in manifest order."""
-    want = {manifest.upstream.commit: f"{manifest.path.name} [upstream] commit"}
+    want = {manifest.upstream.commit: manifest.base_where}
     for step in manifest.steps:
         if step.head:
-            want.setdefault(step.head, f"{step.label} head")
+            want.setdefault(step.head, f"{step.where} head")
         for sha in step.commits or ():
-            want.setdefault(sha, f"{step.label} commits")
+            want.setdefault(sha, f"{step.where} commits")
     for sha in extra:
         want.setdefault(sha, "")
     return want

@@ -21,7 +21,7 @@ from typing import Any
 
 from pinwheel.errors import UsageError
 from pinwheel.manifest.build import BuildConfig
-from pinwheel.manifest.targets import target_problems
+from pinwheel.manifest.targets import cuda_fits, fitting_cudas, target_problems
 
 # What may be substituted, and how its value is written.
 SUBSTITUTABLE: dict[str, re.Pattern[str]] = {
@@ -63,10 +63,42 @@ def parse_flags(values: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def cuda_advice(config: BuildConfig, offered: Sequence[str]) -> str | None:
+    """``--substitute cuda=V`` for the ``offered`` (provisionable) CUDA versions that compile
+    every one of ``[build] arches`` (and match the torch index's CUDA major); never one
+    that the manifest's arches refuse. None when none does."""
+    fits = fitting_cudas(tuple(offered), config.arches, config.torch_index)
+    if not fits:
+        return None
+    which = (
+        f"{fits[0]}, the provisionable CUDA"
+        if len(fits) == 1
+        else f"V, V one of the provisionable CUDAs {', '.join(fits)},"
+    )
+    return (
+        f"--substitute cuda={which} that compiles {', '.join(config.arches)} (provenance.json, "
+        "`pinwheel check` and the release notes' first line then say so)"
+    )
+
+
+def no_cuda_fits(config: BuildConfig, offered: Sequence[str]) -> str:
+    """The way on when no provisionable CUDA compiles the manifest's arches."""
+    return (
+        f"no provisionable CUDA ({', '.join(offered) or 'none'}) compiles every one of "
+        f"[build] arches ({', '.join(config.arches)}): install one that does and set "
+        "CUDA_HOME to it"
+    )
+
+
 def apply(
-    config: BuildConfig, flags: Mapping[str, str] | None = None
+    config: BuildConfig,
+    flags: Mapping[str, str] | None = None,
+    provisionable: Sequence[str] = (),
 ) -> tuple[BuildConfig, tuple[Substitution, ...]]:
-    """The effective ``[build]``: the manifest's substitutions, then the flags' (flags win)."""
+    """The effective ``[build]``: the manifest's substitutions, then the flags' (flags win).
+
+    A substituted CUDA the arches refuse is an error whose way on is another substitution
+    from ``provisionable`` that fits (see :func:`cuda_advice`), not an edit of ``[build]``."""
     wanted = {k: (v, "[build.substitute]") for k, v in config.substitute}
     wanted |= {k: (v, "--substitute") for k, v in (flags or {}).items()}
     subs: list[Substitution] = []
@@ -93,6 +125,24 @@ def apply(
         effective.cuda, effective.arches, effective.torch, effective.torch_index
     )
     if problems:
+        cuda_sub = next((s for s in subs if s.key == "cuda"), None)
+        bad_cuda = cuda_sub is not None and not cuda_fits(
+            effective.cuda, effective.arches, effective.torch_index
+        )
+        if cuda_sub is not None and bad_cuda:
+            advice = cuda_advice(config, provisionable)
+            if advice is None:
+                way = no_cuda_fits(config, provisionable)
+            elif cuda_sub.source == "[build.substitute]":
+                way = f"change [build.substitute] cuda, or pass {advice}"
+            else:
+                way = f"use {advice}"
+            what = next((p.what for p in problems if p.key == "cuda"), problems[0].what)
+            raise UsageError(
+                f"the substituted toolchain cannot build this: {what}",
+                where=f"{cuda_sub.source} cuda={cuda_sub.used}",
+                next=way,
+            )
         raise UsageError(
             f"the substituted toolchain cannot build this: {problems[0].what}",
             where=subs[0].source,

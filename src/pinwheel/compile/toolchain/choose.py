@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pinwheel.compile.toolchain.find import target_fix
 from pinwheel.compile.toolchain.hostcc import HostCompiler, find_host_compiler
+from pinwheel.compile.toolchain.pins import LOCKS
 from pinwheel.compile.toolchain.pythons import FoundPython, find_python, how_to_get
 from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.manifest.build import BuildConfig
@@ -35,7 +37,18 @@ class ToolchainChoice:
 def choose(
     config: BuildConfig, environ: Mapping[str, str], substitute: Mapping[str, str] | None = None
 ) -> ToolchainChoice:
-    effective, subs = apply(config, substitute)
+    effective, subs = apply(config, substitute, provisionable=tuple(LOCKS))
+    host, python, problems = check(effective, environ)
+    if problems:
+        raise one_report(problems)
+    return ToolchainChoice(effective, subs, host, python)
+
+
+def check(
+    effective: BuildConfig, environ: Mapping[str, str]
+) -> tuple[HostCompiler | None, FoundPython | None, list[ToolchainError]]:
+    """The gcc, the CUDA/arch table and the Python of ``effective``: what was found, and
+    every problem (each with its own way on), none raised."""
     problems: list[ToolchainError] = []
     host = None
     try:
@@ -45,7 +58,9 @@ def choose(
     for p in target_problems(
         effective.cuda, effective.arches, effective.torch, effective.torch_index
     ):
-        problems.append(ToolchainError(p.what, where=f"[build] {p.key}", next=p.fix))
+        problems.append(
+            ToolchainError(p.what, where=f"[build] {p.key}", next=target_fix(p, effective))
+        )
     python = find_python(effective.python, environ)
     if python is None:
         problems.append(
@@ -57,13 +72,16 @@ def choose(
                 next=how_to_get(effective.python),
             )
         )
+    return host, python, problems
+
+
+def one_report(problems: list[ToolchainError]) -> ToolchainError:
+    """One problem as itself; several in one error, each with its where and next."""
     if len(problems) == 1:
-        raise problems[0]
-    if problems:
-        raise ToolchainError(
-            f"{len(problems)} toolchain problems:\n"
-            + "\n".join(f"  - {p.where}: {p.what}\n    next: {p.next}" for p in problems),
-            where="[build]",
-            next="fix each one above (or substitute where offered), then run the build again",
-        )
-    return ToolchainChoice(effective, subs, host, python)
+        return problems[0]
+    return ToolchainError(
+        f"{len(problems)} toolchain problems:\n"
+        + "\n".join(f"  - {p.where}: {p.what}\n    next: {p.next}" for p in problems),
+        where="[build]",
+        next="fix each one above (or substitute where offered), then run the build again",
+    )

@@ -16,11 +16,12 @@ from pinwheel.compile.toolchain.pins import DEV_PROBES, LOCKS, MARKER, NOT_PROVI
 from pinwheel.compile.toolchain.provision import provision_toolkit
 from pinwheel.compile.toolchain.toolkit import ToolchainError, Toolkit, nvcc_version, probe_arches
 from pinwheel.manifest.build import BuildConfig
-from pinwheel.manifest.targets import target_problems
+from pinwheel.manifest.targets import TargetProblem, target_problems
 from pinwheel.progress import SILENT, Reporter
+from pinwheel.wheels.substitute import cuda_advice, no_cuda_fits
 
 
-def _candidates(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
+def candidates(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
     """(source, root) for toolkits installed on this machine, most explicit first."""
     found: list[tuple[str, Path]] = []
     for var in ("CUDA_HOME", "CUDA_PATH"):
@@ -35,6 +36,11 @@ def _candidates(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
         key = root.resolve() if root.exists() else root
         unique.setdefault(key, (source, root))
     return list(unique.values())
+
+
+def _named(source: str, root: Path) -> str:
+    """``PATH /usr/local``; one found at a fixed path is named once (``/usr/local/cuda``)."""
+    return str(root) if source == str(root) else f"{source} {root}"
 
 
 @dataclass(frozen=True)
@@ -55,20 +61,22 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
     environ = dict(request.environ)
     _refuse_impossible(config)
     rejected: list[str] = []
-    for source, root in _candidates(environ):
+    for source, root in candidates(environ):
         nvcc = root / "bin" / "nvcc"
         if not nvcc.is_file():
             continue
         try:
             version = nvcc_version(nvcc, env=environ)
         except ToolchainError as exc:
-            rejected.append(f"{source} {root}: {exc.what}")
+            rejected.append(f"{_named(source, root)}: {exc.what}")
             continue
         if not _same_minor(version, config.cuda):
-            rejected.append(f"{source} {root}: CUDA {version}, [build] cuda pins {config.cuda}")
+            rejected.append(
+                f"{_named(source, root)}: CUDA {version}, [build] cuda pins {config.cuda}"
+            )
             continue
         if config.cuda_dev and (lacks := [p for p in DEV_PROBES if not (root / p).exists()]):
-            rejected.append(f"{source} {root}: no {', '.join(lacks)} ([build] cuda_dev)")
+            rejected.append(f"{_named(source, root)}: no {', '.join(lacks)} ([build] cuda_dev)")
             continue
         probe_arches(nvcc, config.arches, env=environ)
         return Toolkit(root, nvcc, version, config.arches, source)
@@ -81,7 +89,7 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
         return _checked(cached, config, "provisioned", environ)
     if not provision or lock is None:
         tried = "; ".join(rejected) or "no nvcc found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda)"
-        can = ", ".join(sorted(LOCKS))
+        advice = cuda_advice(config, tuple(LOCKS))
         raise ToolchainError(
             f"no usable CUDA {config.cuda} toolkit: {tried}",
             where="[build] cuda",
@@ -90,9 +98,12 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
                 f"{lock.version} into the cache"
                 if lock
                 else f"install CUDA {config.cuda} (NVIDIA's CUDA repository: cuda-toolkit-"
-                f"{config.cuda.replace('.', '-')}) and set CUDA_HOME to it, or build with an "
-                f"explicit substitution, --substitute cuda=V for a provisionable V ({can}): "
-                "provenance.json, `pinwheel check` and the release notes' first line then say so"
+                f"{config.cuda.replace('.', '-')}) and set CUDA_HOME to it, "
+                + (
+                    f"or build with an explicit substitution: {advice}"
+                    if advice
+                    else f"({no_cuda_fits(config, tuple(LOCKS))})"
+                )
                 + (
                     f"; CUDA {config.cuda} is not provisioned: {NOT_PROVISIONABLE[config.cuda]}"
                     if config.cuda in NOT_PROVISIONABLE
@@ -104,12 +115,21 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
     return _checked(root, config, "provisioned", environ)
 
 
+def target_fix(problem: TargetProblem, config: BuildConfig) -> str:
+    """A problem's fix, and for a CUDA the arches refuse, the substitution that fits (only a
+    provisionable CUDA that compiles every arch is offered)."""
+    advice = cuda_advice(config, tuple(LOCKS)) if problem.key == "cuda" else None
+    return problem.fix + (f", or build with an explicit substitution: {advice}" if advice else "")
+
+
 def _refuse_impossible(config: BuildConfig) -> None:
     """The arch / CUDA / torch table (:mod:`pinwheel.manifest.targets`) before any probe."""
     problems = target_problems(config.cuda, config.arches, config.torch, config.torch_index)
     if problems:
         raise ToolchainError(
-            problems[0].what, where=f"[build] {problems[0].key}", next=problems[0].fix
+            problems[0].what,
+            where=f"[build] {problems[0].key}",
+            next=target_fix(problems[0], config),
         )
 
 
