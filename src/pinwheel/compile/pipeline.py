@@ -39,7 +39,13 @@ from pinwheel.compile import (
 )
 from pinwheel.compile.buildvenv import READY as BUILD_VENV_READY
 from pinwheel.compile.buildvenv import BuildVenv, ensure_build_venv
-from pinwheel.compile.engine import build_engine, build_python, commit_time, engine_version
+from pinwheel.compile.engine import (
+    EngineBuildRequest,
+    build_engine,
+    build_python,
+    commit_time,
+    engine_version,
+)
 from pinwheel.compile.kernels import (
     TORCH_VENV_READY,
     BuildOptions,
@@ -660,30 +666,32 @@ def _engine(
         reporter.info("no network namespace here (unshare -rn failed): building with network")
     with phases.phase("builder") as note, reporter.status(f"building the engine wheel {version}"):
         built = build_engine(
-            config,
-            source,
-            work=work,
-            toolkit=toolkit,
-            version=version,
-            source_date_epoch=epoch,
-            environ=request.environ,
-            origin=origin,
-            python=python,
-            extra_env=extra_env,
-            wrapper=wrapper,
-            record=record,
-            supplied=[s.name for s in supplied],
-            launcher=session,
-            reuse_from=(earlier or {}).get("engine"),
-            placeholders={str(Path(request.cache).absolute()): "$CACHE"},
-            reporter=reporter,
-            canonical=canon,
-            no_network=netns,
-            listing_hook=str(listing.install(request.cache)),
-            export_digest=export_digest,
-            kept=kept,
-            note=note,
-            store=store,
+            EngineBuildRequest(
+                config=config,
+                source=source,
+                work=work,
+                toolkit=toolkit,
+                version=version,
+                source_date_epoch=epoch,
+                environ=request.environ,
+                origin=origin,
+                python=python,
+                extra_env=extra_env,
+                wrapper=wrapper,
+                record=record,
+                supplied=tuple(s.name for s in supplied),
+                launcher=session,
+                reuse_from=(earlier or {}).get("engine"),
+                placeholders={str(Path(request.cache).absolute()): "$CACHE"},
+                reporter=reporter,
+                canonical=canon,
+                no_network=netns,
+                listing_hook=str(listing.install(request.cache)),
+                export_digest=export_digest,
+                kept=kept,
+                note=note,
+                store=store,
+            )
         )
     # Recorded without this machine's cache path: provenance travels with the release.
     env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build.env.items()}
