@@ -88,18 +88,20 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.cli.replay_cmds import reach_all
+    from pinwheel.cli.replay_cmds import _cache
     from pinwheel.compile.kernels import select
     from pinwheel.compile.pipeline import BuildRequest, build
     from pinwheel.compile.toolchain import parse_flags
     from pinwheel.manifest.component import stacks
+    from pinwheel.source.replay import reach_all
 
     _config(ctx, args)  # a missing gcc or a bad --substitute fails before anything runs
     out = (args.out or ctx.manifest().root / "wheels").absolute()
     # Reach every selected component's upstream first: a missing commit fails before
     # a toolkit is provisioned.
     chosen = {k.name for k in select(ctx.manifest().kernels, args.name, all_=args.all)}
-    reach_all(ctx, tuple(s for s in stacks(ctx.manifest()) if s.kernel and s.name in chosen))
+    reach_all(tuple(s for s in stacks(ctx.manifest()) if s.kernel and s.name in chosen),
+              _cache(ctx))  # fmt: skip
     request = BuildRequest(
         manifest=ctx.manifest(),
         cache=ctx.cache,

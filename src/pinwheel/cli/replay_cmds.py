@@ -10,7 +10,6 @@ from pinwheel.cli import Context, command
 from pinwheel.errors import UsageError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.component import ENGINE, Stack, stacks
-from pinwheel.urls import redact
 
 if TYPE_CHECKING:  # imported where used: `pinwheel --help` should not load libgit2
     from pinwheel.source.cache import Cache
@@ -68,43 +67,12 @@ def replay_request(
 def _replay(
     ctx: Context, args: argparse.Namespace, manifest: Manifest | None = None
 ) -> ReplayResult:
-    from pinwheel.source.replay import replay
+    from pinwheel.source.replay import replay, replaying
+
 
     request = replay_request(ctx, args, manifest)
-    m = request.manifest
-    ctx.reporter.info(
-        f"replaying {m.name}: {len(m.steps)} step(s) on "
-        f"{m.upstream.commit[:12]} ({redact(m.upstream.url)})"
-    )
+    ctx.reporter.info(replaying(request.manifest))
     return replay(request, ctx.reporter)
-
-
-def reach_all(ctx: Context, chosen: tuple[Stack, ...], *, skip: str | None = None) -> None:
-    """Fetch every stack's upstream and resolve its pinned commits; one error for all."""
-    from pinwheel.errors import PinwheelError
-    from pinwheel.source.replay import fetch_for
-
-    cache = _cache(ctx)
-    failed: list[tuple[Stack, PinwheelError]] = []
-    for stack in chosen:
-        if stack.name == skip:
-            continue
-        try:
-            with cache.locked(stack.manifest.upstream.url):
-                fetch_for(stack.manifest, cache)
-        except PinwheelError as exc:
-            failed.append((stack, exc))
-    if len(failed) == 1:
-        raise failed[0][1]
-    if failed:
-        raise PinwheelError(
-            f"{len(failed)} stacks cannot be fetched:\n"
-            + "\n".join(
-                f"  {s.title}: {e.where + ': ' if e.where else ''}{e.what}" for s, e in failed
-            ),
-            where="pinwheel build",
-            next=failed[0][1].next,
-        )
 
 
 def _summary(result: ReplayResult) -> str:
@@ -132,6 +100,7 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.compile.phases import Phases
     from pinwheel.compile.pipeline import BuildRequest, build
     from pinwheel.compile.toolchain import ToolkitRequest, parse_flags, resolve_toolkit
+    from pinwheel.source.replay import reach_all
 
     phases = Phases()
     manifest = ctx.manifest()
@@ -142,7 +111,8 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
     # Only what this build builds: the engine and the default [[kernel]] components.
     built = {k.name for k in manifest.kernels if k.default and not args.no_kernels}
     with phases.phase("reach upstreams"):
-        reach_all(ctx, tuple(s for s in stacks(manifest) if s.kernel is None or s.name in built))
+        reach_all(tuple(s for s in stacks(manifest) if s.kernel is None or s.name in built),
+                  _cache(ctx))  # fmt: skip
     # A manifest of components only (no [upstream]) builds its [[kernel]] wheels.
     with phases.phase("replay"):
         result = _replay(ctx, args) if manifest.has_engine else None
