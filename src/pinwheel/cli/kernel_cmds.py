@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pinwheel.cli import Context, command
-
-if TYPE_CHECKING:
-    from pinwheel.compile.toolchain import Toolkit
-    from pinwheel.manifest.build import BuildConfig
 
 
 def add_kernel_commands(sub: Any) -> None:
@@ -41,32 +36,13 @@ def add_kernel_commands(sub: Any) -> None:
     add_substitute_flag(k)
 
 
-def _config(ctx: Context, args: argparse.Namespace) -> BuildConfig:
-    """[build] after --substitute, its gcc found (before any toolkit is provisioned)."""
-    from pinwheel.cli.replay_cmds import chosen_toolchain
-
-    config: BuildConfig = chosen_toolchain(ctx, args).config
-    return config
-
-
-def _toolkit(ctx: Context, config: BuildConfig, provision: bool) -> tuple[Toolkit, float]:
-    from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
-
-    started = time.monotonic()
-    with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
-        toolkit = resolve_toolkit(
-            ToolkitRequest(
-                config, ctx.cache, ctx.environ, provision=provision, reporter=ctx.reporter
-            )
-        )
-    return toolkit, time.monotonic() - started
-
-
 def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.cli.replay_cmds import build_request
+    from pinwheel.compile.pipeline import toolchain
     from pinwheel.cudaarch import parse_arch
 
-    config = _config(ctx, args)
-    toolkit, seconds = _toolkit(ctx, config, not args.no_provision)
+    outcome = toolchain(build_request(ctx, args), ctx.reporter)
+    config, toolkit, seconds = outcome.config, outcome.toolkit, outcome.seconds
     payload = {
         "root": str(toolkit.root),
         "nvcc": str(toolkit.nvcc),
@@ -88,35 +64,21 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.cli.replay_cmds import _cache
-    from pinwheel.compile.kernels import select
-    from pinwheel.compile.pipeline import BuildRequest, build
-    from pinwheel.compile.toolchain import parse_flags
-    from pinwheel.manifest.component import stacks
-    from pinwheel.source.replay import reach_all
+    """The selected [[kernel]] wheels: the build stage checks the toolchain, reaches every
+    selected component's upstream (a missing commit fails before a toolkit is provisioned),
+    then builds."""
+    from pinwheel.cli.replay_cmds import build_request
+    from pinwheel.compile.pipeline import build
 
-    _config(ctx, args)  # a missing gcc or a bad --substitute fails before anything runs
-    out = (args.out or ctx.manifest().root / "wheels").absolute()
-    # Reach every selected component's upstream first: a missing commit fails before
-    # a toolkit is provisioned.
-    chosen = {k.name for k in select(ctx.manifest().kernels, args.name, all_=args.all)}
-    reach_all(tuple(s for s in stacks(ctx.manifest()) if s.kernel and s.name in chosen),
-              _cache(ctx))  # fmt: skip
-    request = BuildRequest(
-        manifest=ctx.manifest(),
-        cache=ctx.cache,
-        out_dir=out,
-        environ=ctx.environ,
-        mirrors=ctx.mirrors,
-        offline=ctx.offline,
-        provision=not args.no_provision,
+    request = build_request(
+        ctx,
+        args,
+        args.out,
+        reach=True,
         kernels=tuple(args.name or ()) or None,
         all_kernels=args.all,
         twice=args.twice,
         source_date_epoch=args.source_date_epoch,
-        compiler_cache=not args.no_cache,
-        reuse_from=args.reuse_from,
-        substitute=parse_flags(args.substitute),
     )
     outcome = build(request, ctx.reporter)
     ctx.emit(outcome.to_json(), "\n".join(outcome.human_lines()))

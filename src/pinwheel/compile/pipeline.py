@@ -1,11 +1,14 @@
 """The build stage's entry point: a frozen :class:`BuildRequest` in, a :class:`BuildOutcome` out.
 
-Order: resolve the toolkit once (it refuses one that cannot compile the
-manifest's arches), build the selected ``[[kernel]]`` wheels, export the
+Order, cheapest check first: choose the toolchain (``[build]`` after substitutions, its
+gcc found: a second), reach every upstream the build reads (all missing commits in one
+error), replay the engine stack, resolve the toolkit once (it refuses one that cannot
+compile the manifest's arches), build the selected ``[[kernel]]`` wheels, export the
 replayed tree and build the engine wheel, then hand every wheel to
 :func:`pinwheel.wheels.wheelset.publish` (check -> SHA256SUMS -> provenance ->
-``wheels/`` as one set). ``tools/replay build``, ``pinwheel kernels`` and
-``pinwheel verify-build`` all come through here.
+``wheels/`` as one set). ``tools/replay build``, ``pinwheel kernels``,
+``pinwheel verify-build`` and ``pinwheel attribute`` all come through here;
+``pinwheel toolchain`` through :func:`toolchain` (the same choice and resolution).
 """
 
 from __future__ import annotations
@@ -56,15 +59,23 @@ from pinwheel.compile.kernels import (
 from pinwheel.compile.phases import Phase, Phases
 from pinwheel.compile.phases import human_lines as phase_lines
 from pinwheel.compile.sources import plan_env, supply, unpinned
-from pinwheel.compile.toolchain import Toolkit, ToolkitRequest, choose, resolve_toolkit
+from pinwheel.compile.toolchain import (
+    ToolchainChoice,
+    Toolkit,
+    ToolkitRequest,
+    choose,
+    resolve_toolkit,
+)
 from pinwheel.compile.toolchain.pins import MARKER as TOOLKIT_MARKER
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.manifest.component import Stack, stacks
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
 from pinwheel.source.cache import mark as mark_cache
+from pinwheel.source.replay import ReplayRequest, reach_all, replay, replaying
 from pinwheel.wheels.check import check_wheels, find_tools, spec_from_build
 from pinwheel.wheels.provenance import receipt, toolchain_facts
 from pinwheel.wheels.relabel import variant_label
@@ -84,6 +95,8 @@ class BuildRequest:
     mirrors: Mapping[str, str] = field(default_factory=dict)
     offline: bool = False
     provision: bool = True
+    reach: bool = False  # fetch every upstream the build reads first: one error for all
+    replay: ReplayRequest | None = None  # engine: replay this stack, then build its tree
     replayed: Any = None  # ReplayResult of the manifest: build the engine from it
     kernels: tuple[str, ...] | None = None  # names; None = the default ones; () = none
     all_kernels: bool = False
@@ -94,7 +107,7 @@ class BuildRequest:
     engine_source: Path | None = None  # engine: build this directory instead of exporting
     wheelhouse: Path | None = None  # offline source of the pinned build requirements
     engine_workdir: Path | None = None  # engine: scratch path (default: by manifest and tree)
-    toolkit: Toolkit | None = None  # resolved already (by the caller, before a long replay)
+    toolkit: Toolkit | None = None  # resolved already by this stage (attribute's variants)
     cuda: bool = True  # False: no CUDA toolkit at all (CPU-only projects, stand-in builds)
     compiler_cache: bool = True  # sccache per [build.cache]; False: --no-cache (verify-build)
     reuse_from: str | None = None  # release dir | URL | wheel: reuse unchanged compiled members
@@ -110,6 +123,7 @@ class BuildOutcome:
     twice: Mapping[str, float] = field(default_factory=dict)  # kernel -> first build seconds
     substitutions: tuple[Substitution, ...] = ()  # the toolchain [build] pins, replaced on purpose
     phases: tuple[Phase, ...] = ()  # each step timed, with what it did and skipped
+    replayed: Any = None  # the ReplayResult the engine was built from (None: no replay)
 
     def to_json(self) -> dict[str, Any]:
         floors = {w.wheel: w.floor.to_json() for w in self.wheels.report.wheels}
@@ -164,17 +178,23 @@ def _cache_note(b: Built) -> str:
 def build(
     request: BuildRequest, reporter: Reporter = SILENT, phases: Phases | None = None
 ) -> BuildOutcome:
-    """Kernels, then the engine; every wheel checked and published as one set.
+    """Choose the toolchain, reach the upstreams, replay, resolve the toolkit; then kernels
+    and the engine, every wheel checked and published as one set.
 
-    ``phases``: a collector the caller already timed earlier steps into (the replay);
+    ``phases``: a collector the caller already timed earlier steps into;
     the outcome's ``phases`` are its rows plus this build's."""
     phases = phases if phases is not None else Phases()
     mark_cache(request.cache)  # what `pinwheel cache clean` checks before emptying it
     manifest = request.manifest
-    choice = choose(manifest.require("build"), request.environ, request.substitute)
-    config = choice.config  # the CLI said any substitution before the replay; the outcome says it
+    # Before anything else: a bad [build] or a missing gcc fails in a second.
+    choice = _choose(request, reporter)
+    config = choice.config
     request = dataclasses.replace(request, environ=choice.environ(request.environ))
-    engine = request.replayed is not None or request.engine_source is not None
+    engine = (
+        request.replayed is not None
+        or request.replay is not None
+        or request.engine_source is not None
+    )
     specs = select(manifest.kernels, list(request.kernels or []), all_=request.all_kernels)
     if request.kernels == ():
         specs = []
@@ -185,21 +205,19 @@ def build(
             next="add a [[kernel]] table, pass --all for the non-default ones, "
             "or run `tools/replay build` for the engine",
         )
+    if request.reach:
+        # Fail fast, cheapest first: reach every upstream and resolve every pinned commit
+        # (engine and components, all missing ones in one error) before a toolkit download.
+        with phases.phase("reach upstreams"):
+            reach_all(_reached(request, specs), _cache(request, reporter))
+    if request.replay is not None and request.replayed is None:
+        with phases.phase("replay"):
+            reporter.info(replaying(request.replay.manifest))
+            request = dataclasses.replace(request, replayed=replay(request.replay, reporter))
     toolkit = request.toolkit
     if toolkit is None and request.cuda:
-        with (
-            phases.phase("toolkit"),
-            reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"),
-        ):
-            toolkit = resolve_toolkit(
-                ToolkitRequest(
-                    config,
-                    request.cache,
-                    request.environ,
-                    provision=request.provision,
-                    reporter=reporter,
-                )
-            )
+        with phases.phase("toolkit"):
+            toolkit = _toolkit(request, config, reporter)
 
     earlier = reuse.candidates(request.reuse_from, request.cache) if request.reuse_from else {}
     cache_plan = compcache.plan(
@@ -306,7 +324,67 @@ def build(
         twice=twice,
         substitutions=choice.substitutions,
         phases=phases.rows(),
+        replayed=request.replayed,
     )
+
+
+@dataclass(frozen=True)
+class ToolkitOutcome:
+    """`pinwheel toolchain`: the effective ``[build]`` and the toolkit it builds with."""
+
+    config: BuildConfig
+    toolkit: Toolkit
+    seconds: float  # finding (or provisioning) and probing the toolkit
+    substitutions: tuple[Substitution, ...] = ()
+
+
+def toolchain(request: BuildRequest, reporter: Reporter = SILENT) -> ToolkitOutcome:
+    """The toolchain a build of ``request`` would use, the toolkit found or provisioned
+    (``request.provision``) and probed: the same choice and resolution :func:`build` makes."""
+    choice = _choose(request, reporter)
+    started = time.monotonic()
+    toolkit = _toolkit(request, choice.config, reporter)
+    return ToolkitOutcome(choice.config, toolkit, time.monotonic() - started, choice.substitutions)
+
+
+def _choose(request: BuildRequest, reporter: Reporter) -> ToolchainChoice:
+    """[build] after --substitute / [build.substitute], its gcc found: fails in a second.
+    A substitution is said before anything long runs, when this call resolves the toolkit
+    (a build handed one, like attribute's variants, was told already)."""
+    choice = choose(request.manifest.require("build"), request.environ, request.substitute)
+    if request.toolkit is None and (line := headline(choice.substitutions)):
+        reporter.info(line)
+    return choice
+
+
+def _toolkit(request: BuildRequest, config: BuildConfig, reporter: Reporter) -> Toolkit:
+    """The one place the build stage finds or provisions its CUDA toolkit."""
+    with reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
+        return resolve_toolkit(
+            ToolkitRequest(
+                config,
+                request.cache,
+                request.environ,
+                provision=request.provision,
+                reporter=reporter,
+            )
+        )
+
+
+def _reached(request: BuildRequest, specs: list[Any]) -> tuple[Stack, ...]:
+    """The stacks this build reads: the engine's when it replays one, and each selected
+    [[kernel]]'s with an upstream of its own."""
+    names = {spec.name for spec in specs}
+    return tuple(
+        s
+        for s in stacks(request.manifest)
+        if (s.kernel is None and request.replay is not None)
+        or (s.kernel is not None and s.name in names)
+    )
+
+
+def _cache(request: BuildRequest, reporter: Reporter) -> Cache:
+    return Cache(request.cache, request.mirrors, request.offline, reporter=reporter)
 
 
 def _publish(
@@ -794,4 +872,4 @@ def network_wrapper(mode: str) -> tuple[tuple[str, ...], str]:
     return (), "host (no network namespace available)"
 
 
-__all__ = ["BuildOutcome", "BuildRequest", "build"]
+__all__ = ["BuildOutcome", "BuildRequest", "ToolkitOutcome", "build", "toolchain"]
