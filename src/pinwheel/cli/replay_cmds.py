@@ -138,13 +138,14 @@ def build_request(
         "compiler_cache": not getattr(args, "no_cache", False),
         "reuse_from": getattr(args, "reuse_from", None),
         "substitute": parse_flags(getattr(args, "substitute", ())),
-        "wheelhouse": _wheelhouse(ctx, args) if hasattr(args, "wheelhouse") else None,
+        "wheelhouse": _wheelhouse(ctx, args),
     }
     return BuildRequest(**(fields | kw))
 
 
 def _wheelhouse(ctx: Context, args: argparse.Namespace) -> Path | None:
-    chosen = args.wheelhouse or ctx.environ.get("PINWHEEL_WHEELHOUSE")
+    """--wheelhouse (`build`, `attribute`), else $PINWHEEL_WHEELHOUSE (every build command)."""
+    chosen = getattr(args, "wheelhouse", None) or ctx.environ.get("PINWHEEL_WHEELHOUSE")
     return Path(chosen).absolute() if chosen else None
 
 

@@ -539,6 +539,7 @@ def _produce(
         canonical=canon,
         cold=not request.compiler_cache,
         store=store,
+        wheelhouse=request.wheelhouse,
     )
     for spec in specs:
         if toolkit is None:
