@@ -51,6 +51,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         if p.name.removeprefix("pytest-").isdecimal() and not p.is_symlink()
     )
     old = [p for _, p in numbered[:-keep]] if keep > 0 else [p for _, p in numbered]
+    # a numbered folder with pytest's .lock is another session's, still running: kept
+    old = [p for p in old if not (p / ".lock").exists()]
     for path in [*root.glob("garbage-*"), *old]:
         if path != Path(base) and not path.is_symlink():
             remove_tree(path, ignore_errors=True)

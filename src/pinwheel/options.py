@@ -51,7 +51,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("PINWHEEL_TORCH_PYTHON", "the Python whose torch out-of-tree kernels build against",
         "compile.kernels, compile.pipeline", None, "the build venv's or the build Python"),
     Var("PINWHEEL_BUILD_PYTHON", "the Python that runs `python -m build` for the engine",
-        "compile.engine", None, "the Python running pinwheel"),
+        "cli.replay_cmds", None, "the Python running pinwheel"),
     Var("PINWHEEL_CANONICAL", "`prefix-map`: give builds the canonical cache path through "
         "compiler prefix maps instead of a mount namespace", "compile.canonical", None,
         "mount-namespace where the kernel allows it"),

@@ -139,6 +139,7 @@ def build_request(
         "reuse_from": getattr(args, "reuse_from", None),
         "substitute": parse_flags(getattr(args, "substitute", ())),
         "wheelhouse": _wheelhouse(ctx, args),
+        "build_python": ctx.environ.get("PINWHEEL_BUILD_PYTHON") or None,
     }
     return BuildRequest(**(fields | kw))
 

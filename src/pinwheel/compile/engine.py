@@ -99,7 +99,7 @@ class EngineBuildRequest:
     source_date_epoch: int
     environ: Mapping[str, str] = field(repr=False)
     origin: Mapping[str, Any] = field(repr=False)
-    python: str | None = None  # None: build_python(environ)
+    python: str | None = None  # None: the interpreter running pinwheel
     extra_env: Mapping[str, str] | None = None
     wrapper: Sequence[str] = ()
     record: Mapping[str, Any] | None = None
@@ -153,10 +153,11 @@ def scm_version(repo_path: Path, commit: str) -> str:
     return ".".join(parts) + f".dev{distance}"
 
 
-def build_python(environ: Mapping[str, str], check: bool = True) -> str:
-    """The interpreter that builds: $PINWHEEL_BUILD_PYTHON (a venv with torch and the
-    project's build requirements), else the one running pinwheel (``check``: it must run)."""
-    chosen = environ.get("PINWHEEL_BUILD_PYTHON") or sys.executable
+def build_python(given: str | None, check: bool = True) -> str:
+    """The interpreter that builds: ``given`` ($PINWHEEL_BUILD_PYTHON, resolved by the CLI:
+    a venv with torch and the project's build requirements), else the one running pinwheel
+    (``check``: it must run)."""
+    chosen = given or sys.executable
     if check and not shutil.which(chosen):
         raise BuildError(
             f"PINWHEEL_BUILD_PYTHON={chosen} is not an executable",
@@ -187,7 +188,7 @@ def plan_build(request: EngineBuildRequest) -> BuildPlan:
     see the cache (``no_network``: and no network); ``listing_hook``:
     :mod:`pinwheel.compile.listing`'s directory (sorted listings)."""
     config, source, work = request.config, request.source, request.work
-    python = request.python or build_python(request.environ)
+    python = request.python or build_python(None)
     probe = (python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])")
     running = runner.run(runner.Command(probe, what="the build python", error=BuildError)).text
     if running != config.python:

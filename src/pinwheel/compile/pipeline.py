@@ -106,6 +106,7 @@ class BuildRequest:
     engine_epoch: int | None = None  # engine: override SOURCE_DATE_EPOCH (verify-build)
     engine_source: Path | None = None  # engine: build this directory instead of exporting
     wheelhouse: Path | None = None  # offline source of the pinned build requirements
+    build_python: str | None = None  # the engine's interpreter without [build.requirements]
     engine_workdir: Path | None = None  # engine: scratch path (default: by manifest and tree)
     toolkit: Toolkit | None = None  # resolved already by this stage (attribute's variants)
     cuda: bool = True  # False: no CUDA toolkit at all (CPU-only projects, stand-in builds)
@@ -269,7 +270,7 @@ def build(
                 wheelhouse=request.wheelhouse,
                 reporter=reporter,
             )
-    python = str(venv.python) if venv is not None else build_python(request.environ, engine)
+    python = str(venv.python) if venv is not None else build_python(request.build_python, engine)
     try:
         built, twice = _produce(
             request,
@@ -463,7 +464,7 @@ def foreign_header_dirs(
         dirs += headerview.toolkit_include_dirs(canon.toolkit)
     pythons = [request.environ.get("PINWHEEL_TORCH_PYTHON")]
     if engine and config.requirements is None:
-        pythons.append(build_python(request.environ, check=False))
+        pythons.append(build_python(request.build_python, check=False))
     for python in dict.fromkeys(p for p in pythons if p):
         prefix = Path(python).absolute().parent.parent
         if not any((prefix / m).is_file() for m in (TORCH_VENV_READY, BUILD_VENV_READY)):
@@ -698,7 +699,7 @@ def _engine(
     }
     extra_env: dict[str, str] = {}
     record: dict[str, Any] = {"excluded": list(config.exclude)}
-    python = None
+    python = build_python(request.build_python) if venv is None else None
     if venv is not None:
         python = str(venv.python)
         path = request.environ.get("PATH", os.defpath)
