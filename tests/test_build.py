@@ -350,7 +350,7 @@ def test_provenance_records_the_build_venv_not_pinwheels_interpreter(tiny: Tiny)
     result = tiny.replay(manifest)
     out = tiny.tmp / "wheels"
     req = request(tiny, manifest, out, result, wheelhouse=wheelhouse, offline=True)
-    req = dataclasses.replace(req, environ={**req.environ, "PINWHEEL_BUILD_PYTHON": str(wrapper)})
+    req = dataclasses.replace(req, build_python=str(wrapper))  # $PINWHEEL_BUILD_PYTHON
     run_build(req)
     receipt = read_receipt(out / "provenance.json")
     assert receipt["toolchain"]["torch"] is None, receipt["toolchain"]

@@ -110,7 +110,6 @@ def test_a_stray_variable_never_reaches_the_engine_build(tmp_path: Path, method:
         **STRAY,
         "PATH": f"{stray_bin}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
         "HOME": str(tmp_path / "caller-home"),
-        "PINWHEEL_BUILD_PYTHON": str(python),
     }
     if method == canonical.PREFIX_MAP:
         environ["PINWHEEL_CANONICAL"] = canonical.PREFIX_MAP
@@ -118,6 +117,7 @@ def test_a_stray_variable_never_reaches_the_engine_build(tmp_path: Path, method:
         BuildRequest(
             manifest=load(manifest), cache=cache, out_dir=tmp_path / "wheels", environ=environ,
             replayed=result, kernels=(), cuda=False,  # the workspace: under the cache
+            build_python=str(python),  # PINWHEEL_BUILD_PYTHON, as the CLI resolves it
         )  # fmt: skip
     )
     (wheel,) = outcome.wheels.built

@@ -483,3 +483,100 @@ def test_the_program_check_sees_a_planted_script(tmp_path: Path) -> None:
         'if out:\n    print(json.dumps(out))\n"""\n'
     )
     assert embedded_programs(mod) == [9]  # PROBE's line; DOC is prose
+
+
+# --------------------------------------------------------------------------- one stage per command
+
+MAX_PARAMETERS = 10  # a stage function needing more takes a frozen request object
+
+
+def wide_functions(path: Path, limit: int = MAX_PARAMETERS) -> list[str]:
+    """Public functions (no leading underscore) with more than ``limit`` parameters."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+            names = [n for n in names if n not in ("self", "cls")]
+            if not node.name.startswith("_") and len(names) > limit:
+                found.append(f"{path.name}:{node.lineno} {node.name} ({len(names)} parameters)")
+    return found
+
+
+def test_no_stage_function_takes_a_long_parameter_list() -> None:
+    stage_files = [p for s in STAGES for p in (SRC / s).rglob("*.py")]
+    bad = [o for p in stage_files for o in wide_functions(p)]
+    assert not bad, f"take a frozen request instead: {bad}"
+
+
+def _first_parameter(path: Path, name: str) -> tuple[str, int]:
+    """(annotation of ``name``'s first parameter, how many parameters it has)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            a = node.args
+            return ast.unparse(a.args[0].annotation or ast.Constant("")), len(a.args + a.kwonlyargs)
+    raise AssertionError(f"{path.name} has no {name}")
+
+
+@pytest.mark.parametrize(
+    ("module", "function", "request_type", "at_most"),
+    [
+        ("compile/engine.py", "build_engine", "EngineBuildRequest", 1),
+        ("compile/engine.py", "plan_build", "EngineBuildRequest", 1),
+        ("compile/pipeline.py", "build", "BuildRequest", 3),  # + reporter, phases
+        ("compile/pipeline.py", "toolchain", "BuildRequest", 2),  # + reporter
+    ],
+)
+def test_the_build_stage_takes_one_request(
+    module: str, function: str, request_type: str, at_most: int
+) -> None:
+    annotation, count = _first_parameter(SRC / module, function)
+    assert annotation == request_type and count <= at_most, (function, annotation, count)
+
+
+def calls_named(path: Path, names: set[str]) -> list[str]:
+    """Calls of a plain name in ``names`` (``BuildRequest(...)``, ``resolve_toolkit(...)``)."""
+    where = module_name(path) if SRC in path.parents else path.name
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in names:
+                found.append(f"{where}:{node.lineno} {node.func.id}")
+    return found
+
+
+def test_the_cli_makes_the_build_request_in_one_place_and_orchestrates_nothing() -> None:
+    """Every build command's request comes from cli.replay_cmds.build_request; choosing the
+    toolchain, reaching upstreams and resolving the toolkit are the stage's, not the CLI's."""
+    cli = sorted((SRC / "cli").rglob("*.py"))
+    made = [c for p in cli for c in calls_named(p, {"BuildRequest"})]
+    assert [c.split(":")[0] for c in made] == ["pinwheel.cli.replay_cmds"], made
+    steps = {"resolve_toolkit", "ToolkitRequest", "choose", "reach_all", "fetch_for"}
+    orchestrated = [c for p in cli for c in calls_named(p, steps)]
+    assert not orchestrated, f"stage steps run by the CLI: {orchestrated}"
+
+
+def test_the_toolkit_is_resolved_in_one_place() -> None:
+    """Outside the toolchain package, one function resolves a toolkit and one chooses the
+    toolchain: pipeline's (build, toolchain and attribute's variants go through them)."""
+    files = [p for p in SRC.rglob("*.py") if "toolchain" not in p.relative_to(SRC).parts]
+    resolved = [c for p in files for c in calls_named(p, {"resolve_toolkit"})]
+    chosen = [c for p in files for c in calls_named(p, {"choose"})]
+    assert [c.split(":")[0] for c in resolved] == ["pinwheel.compile.pipeline"], resolved
+    assert [c.split(":")[0] for c in chosen] == ["pinwheel.compile.pipeline"], chosen
+
+
+def test_the_request_checks_see_planted_violations(tmp_path: Path) -> None:
+    mod = tmp_path / "x.py"
+    mod.write_text(
+        "def wide(a, b, c, d, e, f, g, h, i, j, *, k):\n    pass\n"
+        "def _private(a, b, c, d, e, f, g, h, i, j, k):\n    pass\n"
+        "class C:\n    def m(self, a, b, c, d, e, f, g, h, i, j):\n        pass\n"
+        "def cmd(ctx, args):\n    t = resolve_toolkit(ToolkitRequest(1))\n"
+        "    return BuildRequest(t), x.resolve_toolkit(1)\n"
+    )
+    assert [w.split()[1] for w in wide_functions(mod)] == ["wide"]
+    found = calls_named(mod, {"BuildRequest", "resolve_toolkit", "ToolkitRequest"})
+    assert sorted(c.split()[-1] for c in found) == [
+        "BuildRequest", "ToolkitRequest", "resolve_toolkit"
+    ]  # fmt: skip

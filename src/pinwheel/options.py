@@ -45,12 +45,13 @@ VARIABLES: tuple[Var, ...] = (
     Var("XDG_CACHE_HOME", "where the default cache directory goes", "cli", None, "~/.cache"),
     Var("PINWHEEL_MIRRORS", "URL=PATH pairs (comma or whitespace separated): fetch URL from "
         "the local mirror PATH", "cli", "--mirror", "none"),
-    Var("PINWHEEL_WHEELHOUSE", "a directory of wheels `build` installs the build venv from "
-        "offline", "cli.replay_cmds", "--wheelhouse", "none"),
+    Var("PINWHEEL_WHEELHOUSE", "a directory of wheels the build commands install their "
+        "hash-pinned build venvs from offline (the engine's requirements, the kernels' build "
+        "tools)", "cli.replay_cmds", "--wheelhouse", "none"),
     Var("PINWHEEL_TORCH_PYTHON", "the Python whose torch out-of-tree kernels build against",
         "compile.kernels, compile.pipeline", None, "the build venv's or the build Python"),
     Var("PINWHEEL_BUILD_PYTHON", "the Python that runs `python -m build` for the engine",
-        "compile.engine", None, "the Python running pinwheel"),
+        "cli.replay_cmds", None, "the Python running pinwheel"),
     Var("PINWHEEL_CANONICAL", "`prefix-map`: give builds the canonical cache path through "
         "compiler prefix maps instead of a mount namespace", "compile.canonical", None,
         "mount-namespace where the kernel allows it"),

@@ -78,7 +78,7 @@ def register(sub: Any) -> None:
 
 
 def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.compile.pipeline import BuildRequest
+    from pinwheel.cli.replay_cmds import build_request
     from pinwheel.serve.attribute import AttributeRequest, attribute
     from pinwheel.serve.attribute_report import human_lines, to_json
     from pinwheel.source.replay import ReplayRequest
@@ -93,25 +93,13 @@ def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
             where="--model / $" + config.model_var,
             next=f"pass --model DIR or export {config.model_var}=DIR",
         )
-    wheelhouse = args.wheelhouse or ctx.environ.get("PINWHEEL_WHEELHOUSE")
     request = AttributeRequest(
         variants=VariantRequest(
             ReplayRequest(manifest, ctx.cache, ctx.mirrors, ctx.offline, args.allow_drift),
             steps=tuple(args.step) if args.step else None,
             mode=PREFIXES if args.prefixes else LEAVE_ONE_OUT,
         ),
-        build=BuildRequest(
-            manifest=manifest,
-            cache=ctx.cache,
-            out_dir=Path(args.out).absolute(),
-            environ=ctx.environ,
-            mirrors=ctx.mirrors,
-            offline=ctx.offline,
-            provision=not ctx.offline,
-            kernels=(),
-            compiler_cache=not args.no_cache,
-            wheelhouse=Path(wheelhouse).absolute() if wheelhouse else None,
-        ),
+        build=build_request(ctx, args, Path(args.out), kernels=()),
         out=Path(args.out).absolute(),
         model=str(model),
         environ=ctx.environ,

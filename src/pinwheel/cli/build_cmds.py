@@ -203,33 +203,18 @@ def _glibc_flag(text: str) -> tuple[int, ...]:
 
 
 def _verify_build(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.compile.pipeline import BuildRequest
+    from pinwheel.cli.replay_cmds import build_request, replay_request
     from pinwheel.compile.verify import verify_build
-    from pinwheel.wheels.provenance import FILENAME, read_receipt
-    from pinwheel.wheels.substitute import from_receipt
 
     manifest = ctx.manifest()
-    recorded = read_receipt(Path(args.wheels) / FILENAME)
-    replayed = None
-    if recorded.component("engine") is not None and args.source is None:
-        from pinwheel.cli.replay_cmds import replay_request
-        from pinwheel.source.replay import replay
-
-        with ctx.reporter.status(f"replaying {manifest.name}"):
-            replayed = replay(replay_request(ctx, args, manifest, write_refs=False))
-    request = BuildRequest(
-        manifest=manifest,
-        cache=ctx.cache,
-        out_dir=Path(args.wheels),
-        environ=ctx.environ,
-        mirrors=ctx.mirrors,
-        offline=ctx.offline,
-        provision=not ctx.offline,
-        replayed=replayed,
+    request = build_request(
+        ctx,
+        args,
+        args.wheels,
+        # replayed when the receipt records an engine wheel (verify_build decides)
+        replay=None if args.source else replay_request(ctx, args, manifest, write_refs=False),
         engine_source=args.source.absolute() if args.source else None,
         compiler_cache=args.with_cache,  # default off: prove a cold rebuild from source
-        # the recorded substitutions: the rebuild uses the toolchain the build used
-        substitute={s.key: s.used for s in from_receipt(recorded)},
     )
     result = verify_build(request, args.wheels, keep=args.keep, reporter=ctx.reporter)
     ctx.emit(result.to_json(), "\n".join(result.human_lines()))

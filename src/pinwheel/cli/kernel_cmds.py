@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import time
+import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pinwheel.cli import Context, command
-
-if TYPE_CHECKING:
-    from pinwheel.compile.toolchain import Toolkit
-    from pinwheel.manifest.build import BuildConfig
 
 
 def add_kernel_commands(sub: Any) -> None:
@@ -41,33 +37,15 @@ def add_kernel_commands(sub: Any) -> None:
     add_substitute_flag(k)
 
 
-def _config(ctx: Context, args: argparse.Namespace) -> BuildConfig:
-    """[build] after --substitute, its gcc found (before any toolkit is provisioned)."""
-    from pinwheel.cli.replay_cmds import chosen_toolchain
-
-    config: BuildConfig = chosen_toolchain(ctx, args).config
-    return config
-
-
-def _toolkit(ctx: Context, config: BuildConfig, provision: bool) -> tuple[Toolkit, float]:
-    from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
-
-    started = time.monotonic()
-    with ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
-        toolkit = resolve_toolkit(
-            ToolkitRequest(
-                config, ctx.cache, ctx.environ, provision=provision, reporter=ctx.reporter
-            )
-        )
-    return toolkit, time.monotonic() - started
-
-
 def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
     """One report: the substitutions, Python, gcc, the arch table and every CUDA seen here
-    (installed, in the cache, provisionable), then the toolkit resolved (provisioned
-    unless --no-provision); every problem at once, in one error after the report."""
+    (installed, in the cache, provisionable), then the toolkit the build stage resolves
+    (provisioned unless --no-provision); every problem at once, in one error after the
+    report."""
+    from pinwheel.cli.replay_cmds import build_request
+    from pinwheel.compile.pipeline import toolchain
     from pinwheel.compile.toolchain import ToolchainError, parse_flags
-    from pinwheel.compile.toolchain.choose import one_report
+    from pinwheel.compile.toolchain.choose import ToolchainChoice, one_report
     from pinwheel.compile.toolchain.survey import report_lines, survey
     from pinwheel.cudaarch import parse_arch
     from pinwheel.wheels.substitute import to_json
@@ -79,8 +57,13 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
     problems = list(found.problems)
     toolkit, seconds = None, 0.0
     if found.table_ok:  # else resolving would only repeat the table's problem
+        # The stage resolves the toolkit for the survey's choice: a missing gcc or Python
+        # is reported beside it, not in its way.
+        chosen = ToolchainChoice(config, found.substitutions, None)
         try:
-            toolkit, seconds = _toolkit(ctx, config, not args.no_provision)
+            request = dataclasses.replace(build_request(ctx, args), chosen=chosen)
+            outcome = toolchain(request, ctx.reporter)
+            toolkit, seconds = outcome.toolkit, outcome.seconds
         except ToolchainError as exc:
             problems.append(exc)
     lines = report_lines(found)
@@ -120,33 +103,21 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.cli.replay_cmds import reach_all
-    from pinwheel.compile.kernels import select
-    from pinwheel.compile.pipeline import BuildRequest, build
-    from pinwheel.compile.toolchain import parse_flags
-    from pinwheel.manifest.component import stacks
+    """The selected [[kernel]] wheels: the build stage checks the toolchain, reaches every
+    selected component's upstream (a missing commit fails before a toolkit is provisioned),
+    then builds."""
+    from pinwheel.cli.replay_cmds import build_request
+    from pinwheel.compile.pipeline import build
 
-    _config(ctx, args)  # a missing gcc or a bad --substitute fails before anything runs
-    out = (args.out or ctx.manifest().root / "wheels").absolute()
-    # Reach every selected component's upstream first: a missing commit fails before
-    # a toolkit is provisioned.
-    chosen = {k.name for k in select(ctx.manifest().kernels, args.name, all_=args.all)}
-    reach_all(ctx, tuple(s for s in stacks(ctx.manifest()) if s.kernel and s.name in chosen))
-    request = BuildRequest(
-        manifest=ctx.manifest(),
-        cache=ctx.cache,
-        out_dir=out,
-        environ=ctx.environ,
-        mirrors=ctx.mirrors,
-        offline=ctx.offline,
-        provision=not args.no_provision,
+    request = build_request(
+        ctx,
+        args,
+        args.out,
+        reach=True,
         kernels=tuple(args.name or ()) or None,
         all_kernels=args.all,
         twice=args.twice,
         source_date_epoch=args.source_date_epoch,
-        compiler_cache=not args.no_cache,
-        reuse_from=args.reuse_from,
-        substitute=parse_flags(args.substitute),
     )
     outcome = build(request, ctx.reporter)
     ctx.emit(outcome.to_json(), "\n".join(outcome.human_lines()))

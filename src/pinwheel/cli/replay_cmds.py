@@ -10,9 +10,9 @@ from pinwheel.cli import Context, command
 from pinwheel.errors import UsageError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.component import ENGINE, Stack, stacks
-from pinwheel.urls import redact
 
 if TYPE_CHECKING:  # imported where used: `pinwheel --help` should not load libgit2
+    from pinwheel.compile.pipeline import BuildRequest
     from pinwheel.source.cache import Cache
     from pinwheel.source.replay import ReplayRequest, ReplayResult
 
@@ -68,43 +68,12 @@ def replay_request(
 def _replay(
     ctx: Context, args: argparse.Namespace, manifest: Manifest | None = None
 ) -> ReplayResult:
-    from pinwheel.source.replay import replay
+    from pinwheel.source.replay import replay, replaying
+
 
     request = replay_request(ctx, args, manifest)
-    m = request.manifest
-    ctx.reporter.info(
-        f"replaying {m.name}: {len(m.steps)} step(s) on "
-        f"{m.upstream.commit[:12]} ({redact(m.upstream.url)})"
-    )
+    ctx.reporter.info(replaying(request.manifest))
     return replay(request, ctx.reporter)
-
-
-def reach_all(ctx: Context, chosen: tuple[Stack, ...], *, skip: str | None = None) -> None:
-    """Fetch every stack's upstream and resolve its pinned commits; one error for all."""
-    from pinwheel.errors import PinwheelError
-    from pinwheel.source.replay import fetch_for
-
-    cache = _cache(ctx)
-    failed: list[tuple[Stack, PinwheelError]] = []
-    for stack in chosen:
-        if stack.name == skip:
-            continue
-        try:
-            with cache.locked(stack.manifest.upstream.url):
-                fetch_for(stack.manifest, cache)
-        except PinwheelError as exc:
-            failed.append((stack, exc))
-    if len(failed) == 1:
-        raise failed[0][1]
-    if failed:
-        raise PinwheelError(
-            f"{len(failed)} stacks cannot be fetched:\n"
-            + "\n".join(
-                f"  {s.title}: {e.where + ': ' if e.where else ''}{e.what}" for s, e in failed
-            ),
-            where="pinwheel build",
-            next=failed[0][1].next,
-        )
 
 
 def _summary(result: ReplayResult) -> str:
@@ -128,61 +97,56 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
-    """Check [build] and the toolkit first, replay, then kernel + engine wheels as one set."""
-    from pinwheel.compile.phases import Phases
-    from pinwheel.compile.pipeline import BuildRequest, build
-    from pinwheel.compile.toolchain import ToolkitRequest, parse_flags, resolve_toolkit
+    """Replay, then kernel + engine wheels as one set: the build stage does every step."""
+    from pinwheel.compile.pipeline import build
 
-    phases = Phases()
     manifest = ctx.manifest()
-    # Before anything else: a bad [build] or a missing gcc fails in a second.
-    config = chosen_toolchain(ctx, args).config
-    # Fail fast, cheapest first: reach every upstream and resolve every pinned commit
-    # (engine and components, all missing ones in one error) before a toolkit download.
-    # Only what this build builds: the engine and the default [[kernel]] components.
-    built = {k.name for k in manifest.kernels if k.default and not args.no_kernels}
-    with phases.phase("reach upstreams"):
-        reach_all(ctx, tuple(s for s in stacks(manifest) if s.kernel is None or s.name in built))
-    # A manifest of components only (no [upstream]) builds its [[kernel]] wheels.
-    with phases.phase("replay"):
-        result = _replay(ctx, args) if manifest.has_engine else None
-    with (
-        phases.phase("toolkit"),
-        ctx.reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"),
-    ):
-        toolkit = resolve_toolkit(
-            ToolkitRequest(
-                config,
-                ctx.cache,
-                ctx.environ,
-                provision=not ctx.offline,
-                reporter=ctx.reporter,
-            )
-        )
-    request = BuildRequest(
-        manifest=manifest,
-        cache=ctx.cache,
-        out_dir=Path(args.out).absolute(),
-        environ=ctx.environ,
-        mirrors=ctx.mirrors,
-        offline=ctx.offline,
-        provision=not ctx.offline,
-        replayed=result,
+    request = build_request(
+        ctx,
+        args,
+        Path(args.out),
+        reach=True,
+        # A manifest of components only (no [upstream]) builds its [[kernel]] wheels.
+        replay=replay_request(ctx, args, manifest) if manifest.has_engine else None,
         kernels=() if args.no_kernels else None,
-        toolkit=toolkit,
-        wheelhouse=_wheelhouse(ctx, args),
-        compiler_cache=not args.no_cache,
-        reuse_from=args.reuse_from,
-        substitute=parse_flags(args.substitute),
     )
-    outcome = build(request, ctx.reporter, phases)
-    head = _summary(result) + "\n" if result else ""
+    outcome = build(request, ctx.reporter)
+    head = _summary(outcome.replayed) + "\n" if outcome.replayed else ""
     ctx.emit(outcome.to_json(), head + "\n".join(outcome.human_lines()))
     return 0
 
 
+def build_request(
+    ctx: Context, args: argparse.Namespace, out: Path | None = None, **kw: Any
+) -> BuildRequest:
+    """Flags + context (cache, mirrors, offline, environment) + manifest, resolved once into
+    the build stage's request: `build`, `kernels`, `toolchain`, `verify-build` and
+    `attribute` make theirs here; ``kw``: what only that command sets."""
+    from pinwheel.compile.pipeline import BuildRequest
+    from pinwheel.compile.toolchain import parse_flags
+
+    manifest = ctx.manifest()
+    fields: dict[str, Any] = {
+        "manifest": manifest,
+        "cache": ctx.cache,
+        "out_dir": (Path(out) if out is not None else manifest.root / "wheels").absolute(),
+        "environ": ctx.environ,
+        "mirrors": ctx.mirrors,
+        "offline": ctx.offline,
+        # `kernels` and `toolchain` say --no-provision; the others provision unless offline
+        "provision": not (args.no_provision if hasattr(args, "no_provision") else ctx.offline),
+        "compiler_cache": not getattr(args, "no_cache", False),
+        "reuse_from": getattr(args, "reuse_from", None),
+        "substitute": parse_flags(getattr(args, "substitute", ())),
+        "wheelhouse": _wheelhouse(ctx, args),
+        "build_python": ctx.environ.get("PINWHEEL_BUILD_PYTHON") or None,
+    }
+    return BuildRequest(**(fields | kw))
+
+
 def _wheelhouse(ctx: Context, args: argparse.Namespace) -> Path | None:
-    chosen = args.wheelhouse or ctx.environ.get("PINWHEEL_WHEELHOUSE")
+    """--wheelhouse (`build`, `attribute`), else $PINWHEEL_WHEELHOUSE (every build command)."""
+    chosen = getattr(args, "wheelhouse", None) or ctx.environ.get("PINWHEEL_WHEELHOUSE")
     return Path(chosen).absolute() if chosen else None
 
 
@@ -363,17 +327,6 @@ def add_substitute_flag(p: Any) -> None:
         help="build with another CUDA or gcc than [build] pins (cuda=12.4, gcc=12; repeatable): "
         "recorded in provenance.json, `check` and the release notes",
     )  # fmt: skip
-
-
-def chosen_toolchain(ctx: Context, args: argparse.Namespace) -> Any:
-    """[build] after --substitute / [build.substitute], its gcc found: fails in a second."""
-    from pinwheel.compile.toolchain import choose, parse_flags
-    from pinwheel.wheels.substitute import headline
-
-    choice = choose(ctx.manifest().require("build"), ctx.environ, parse_flags(args.substitute))
-    if line := headline(choice.substitutions):
-        ctx.reporter.info(line)
-    return choice
 
 
 def add_cache_flags(p: Any) -> None:

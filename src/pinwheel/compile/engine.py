@@ -74,6 +74,49 @@ class BuildPlan:
         return self.work / "build.log"
 
 
+@dataclass(frozen=True)
+class EngineBuildRequest:
+    """One engine wheel build, as :func:`pinwheel.compile.pipeline.build` resolved it.
+
+    ``extra_env``/``wrapper``: what the build sources, the build venv and the network
+    fence add; ``supplied`` names the build sources handed over (a download the log
+    shows beyond them fails the build); ``launcher``: a
+    :class:`pinwheel.compile.compcache.Session` (compiler cache); ``reuse_from``: a
+    :class:`pinwheel.compile.reuse.Candidate` (earlier wheel); ``placeholders``: machine
+    paths (the cache) and their names in the recorded identity; ``export_digest``: the
+    export's digest when ``work`` is the engine's workspace (each build is stamped with
+    what it was given) and ``kept`` when that workspace was kept: a build given exactly
+    what the last one was hands back its wheel, nothing compiled. ``note``: a
+    :class:`pinwheel.compile.phases.Note` told what ran and what was skipped;
+    ``store``: a :class:`pinwheel.compile.objstore.Store` (a hit compiles nothing).
+    """
+
+    config: BuildConfig
+    source: Path
+    work: Path  # scratch: the backend's --outdir (work/dist) and the build log
+    toolkit: Any  # pinwheel.compile.toolchain.Toolkit, or None for a CUDA-free build
+    version: str
+    source_date_epoch: int
+    environ: Mapping[str, str] = field(repr=False)
+    origin: Mapping[str, Any] = field(repr=False)
+    python: str | None = None  # None: the interpreter running pinwheel
+    extra_env: Mapping[str, str] | None = None
+    wrapper: Sequence[str] = ()
+    record: Mapping[str, Any] | None = None
+    supplied: Sequence[str] = ()
+    launcher: Any = None
+    reuse_from: Any = None
+    placeholders: Mapping[str, str] | None = None
+    reporter: Reporter = SILENT
+    canonical: Canonical | None = None
+    no_network: bool = False
+    listing_hook: str | None = None
+    export_digest: str | None = None
+    kept: bool = False
+    note: Any = None
+    store: Any = None
+
+
 # --------------------------------------------------------------------------- inputs
 
 
@@ -110,10 +153,11 @@ def scm_version(repo_path: Path, commit: str) -> str:
     return ".".join(parts) + f".dev{distance}"
 
 
-def build_python(environ: Mapping[str, str], check: bool = True) -> str:
-    """The interpreter that builds: $PINWHEEL_BUILD_PYTHON (a venv with torch and the
-    project's build requirements), else the one running pinwheel (``check``: it must run)."""
-    chosen = environ.get("PINWHEEL_BUILD_PYTHON") or sys.executable
+def build_python(given: str | None, check: bool = True) -> str:
+    """The interpreter that builds: ``given`` ($PINWHEEL_BUILD_PYTHON, resolved by the CLI:
+    a venv with torch and the project's build requirements), else the one running pinwheel
+    (``check``: it must run)."""
+    chosen = given or sys.executable
     if check and not shutil.which(chosen):
         raise BuildError(
             f"PINWHEEL_BUILD_PYTHON={chosen} is not an executable",
@@ -137,27 +181,14 @@ def wheel_command(python: str, source: Path, outdir: Path) -> tuple[str, ...]:
     )
 
 
-def plan_build(
-    config: Any,
-    source: Path,
-    out_dir: Path,
-    *,
-    version: str,
-    source_date_epoch: int,
-    toolkit: Any,
-    work: Path,
-    python: str,
-    base_env: Mapping[str, str],
-    extra_env: Mapping[str, str] | None = None,
-    wrapper: Sequence[str] = (),
-    canonical: Canonical | None = None,
-    no_network: bool = False,
-    listing_hook: str | None = None,
-) -> BuildPlan:
-    """``extra_env``: what the build sources and the build venv add (recorded as set);
-    ``wrapper``: a prefix such as ``unshare -rn`` (no network for the build);
-    ``canonical``: where the compilers see the cache (``no_network``: and no network);
-    ``listing_hook``: :mod:`pinwheel.compile.listing`'s directory (sorted listings)."""
+def plan_build(request: EngineBuildRequest) -> BuildPlan:
+    """The build's command and environment: ``request.extra_env`` (what the build sources
+    and the build venv add) is recorded as set; ``request.wrapper`` prefixes the command
+    (``unshare -rn``: no network for the build); ``request.canonical``: where the compilers
+    see the cache (``no_network``: and no network); ``listing_hook``:
+    :mod:`pinwheel.compile.listing`'s directory (sorted listings)."""
+    config, source, work = request.config, request.source, request.work
+    python = request.python or build_python(None)
     probe = (python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])")
     running = runner.run(runner.Command(probe, what="the build python", error=BuildError)).text
     if running != config.python:
@@ -168,30 +199,30 @@ def plan_build(
         )
     env, set_env = build_env(
         config,
-        version=version,
-        source_date_epoch=source_date_epoch,
-        toolkit=toolkit,
-        base=base_env,
-        listing_hook=listing_hook,
+        version=request.version,
+        source_date_epoch=request.source_date_epoch,
+        toolkit=request.toolkit,
+        base=request.environ,
+        listing_hook=request.listing_hook,
     )
-    if extra_env:
-        env.update(extra_env)
-        set_env.update(extra_env)
+    if request.extra_env:
+        env.update(request.extra_env)
+        set_env.update(request.extra_env)
     outdir = work / "dist"
     return BuildPlan(
         source=Path(source),
-        out_dir=Path(out_dir),
+        out_dir=outdir,
         work=work,
         python=python,
-        command=(*wrapper, *wheel_command(python, Path(source), outdir)),
-        version=version,
+        command=(*request.wrapper, *wheel_command(python, Path(source), outdir)),
+        version=request.version,
         arches=config.targets,
         set_env=set_env,
         env=env,
-        source_date_epoch=source_date_epoch,
-        toolkit=toolkit,
-        canonical=canonical,
-        no_network=no_network,
+        source_date_epoch=request.source_date_epoch,
+        toolkit=request.toolkit,
+        canonical=request.canonical,
+        no_network=request.no_network,
     )
 
 
@@ -282,65 +313,18 @@ def engine_version(config: BuildConfig, replayed: Any, variant: str | None = Non
     return f"{base_version}+{local}" if local else base_version
 
 
-def build_engine(
-    config: BuildConfig,
-    source: Path,
-    *,
-    work: Path,
-    toolkit: Any,
-    version: str,
-    source_date_epoch: int,
-    environ: Mapping[str, str],
-    origin: Mapping[str, Any],
-    python: str | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    wrapper: Sequence[str] = (),
-    record: Mapping[str, Any] | None = None,
-    supplied: Sequence[str] = (),
-    launcher: Any = None,
-    reuse_from: Any = None,
-    placeholders: Mapping[str, str] | None = None,
-    reporter: Reporter = SILENT,
-    canonical: Canonical | None = None,
-    no_network: bool = False,
-    listing_hook: str | None = None,
-    export_digest: str | None = None,
-    kept: bool = False,
-    note: Any = None,
-    store: Any = None,
-) -> Built:
-    """Build the engine wheel from ``source`` into ``work/dist``; nothing is published here.
-
-    ``extra_env``/``wrapper``: what the build sources, the build venv and the network
-    fence add; ``supplied`` names the build sources handed over (a download the log
-    shows beyond them fails the build); ``launcher``: a
-    :class:`pinwheel.compile.compcache.Session` (compiler cache); ``reuse_from``: a
-    :class:`pinwheel.compile.reuse.Candidate` (earlier wheel); ``placeholders``: machine
-    paths (the cache) and their names in the recorded identity; ``export_digest``: the
-    export's digest when ``work`` is the engine's workspace (each build is stamped with
-    what it was given) and ``kept`` when that workspace was kept: a build given exactly
-    what the last one was hands back its wheel, nothing compiled. ``note``: a
-    :class:`pinwheel.compile.phases.Note` told what ran and what was skipped;
-    ``store``: a :class:`pinwheel.compile.objstore.Store` (a hit compiles nothing).
-    """
-    note = note if note is not None else Note()
+def build_engine(request: EngineBuildRequest) -> Built:
+    """Build the engine wheel from ``request.source`` into ``work/dist``; nothing is
+    published here (the fields: :class:`EngineBuildRequest`)."""
+    source, work, toolkit = request.source, request.work, request.toolkit
+    version, source_date_epoch = request.version, request.source_date_epoch
+    environ, origin, record = request.environ, request.origin, request.record
+    supplied, reuse_from, reporter = request.supplied, request.reuse_from, request.reporter
+    canonical, export_digest, kept = request.canonical, request.export_digest, request.kept
+    launcher, placeholders, store = request.launcher, request.placeholders, request.store
+    note = request.note if request.note is not None else Note()
     work.mkdir(parents=True, exist_ok=True)
-    plan = plan_build(
-        config,
-        source,
-        work / "dist",
-        version=version,
-        source_date_epoch=source_date_epoch,
-        toolkit=toolkit,
-        work=work,
-        python=python or build_python(environ),
-        base_env=environ,
-        extra_env=extra_env,
-        wrapper=wrapper,
-        canonical=canonical,
-        no_network=no_network,
-        listing_hook=listing_hook,
-    )
+    plan = plan_build(request)
     started = time.monotonic()
     given = workspace.inputs_digest(
         key=str(plan.work), sources=[export_digest or ""],

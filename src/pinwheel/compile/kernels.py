@@ -109,6 +109,7 @@ class BuildOptions:
     canonical: Canonical | None = None  # None: chosen for the cache on first use
     cold: bool = False  # True: wipe the kept workspace first (--no-cache, verify-build)
     store: Any = None  # objstore.Store: a hit reuses compiled members, nothing compiles
+    wheelhouse: Path | None = None  # offline machines: the locked wheels from this folder
 
     def canon(self) -> Canonical:
         return self.canonical or canonical_paths(self.cache, self.environ)
@@ -220,8 +221,7 @@ def locked_build_venv(
         lock=path, lock_name=f"{toollocks.LOCK_DIR}/{path.name}", interpreter=interpreter,
         cache=opts.cache, environ=opts.environ, kind=lock, overlay_from=overlay_from,
         # offline machines: the locked wheels from a folder (hashes still required)
-        wheelhouse=Path(opts.environ["PINWHEEL_WHEELHOUSE"])
-        if opts.environ.get("PINWHEEL_WHEELHOUSE") else None,
+        wheelhouse=opts.wheelhouse,
     )  # fmt: skip
     return lockedvenv.ensure(req)
 

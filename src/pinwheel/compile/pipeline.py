@@ -1,11 +1,14 @@
 """The build stage's entry point: a frozen :class:`BuildRequest` in, a :class:`BuildOutcome` out.
 
-Order: resolve the toolkit once (it refuses one that cannot compile the
-manifest's arches), build the selected ``[[kernel]]`` wheels, export the
+Order, cheapest check first: choose the toolchain (``[build]`` after substitutions, its
+gcc found: a second), reach every upstream the build reads (all missing commits in one
+error), replay the engine stack, resolve the toolkit once (it refuses one that cannot
+compile the manifest's arches), build the selected ``[[kernel]]`` wheels, export the
 replayed tree and build the engine wheel, then hand every wheel to
 :func:`pinwheel.wheels.wheelset.publish` (check -> SHA256SUMS -> provenance ->
-``wheels/`` as one set). ``tools/replay build``, ``pinwheel kernels`` and
-``pinwheel verify-build`` all come through here.
+``wheels/`` as one set). ``tools/replay build``, ``pinwheel kernels``,
+``pinwheel verify-build`` and ``pinwheel attribute`` all come through here;
+``pinwheel toolchain`` through :func:`toolchain` (the same choice and resolution).
 """
 
 from __future__ import annotations
@@ -40,7 +43,13 @@ from pinwheel.compile import (
 from pinwheel.compile.buildenv import engine_base
 from pinwheel.compile.buildvenv import READY as BUILD_VENV_READY
 from pinwheel.compile.buildvenv import BuildVenv, ensure_build_venv
-from pinwheel.compile.engine import build_engine, build_python, commit_time, engine_version
+from pinwheel.compile.engine import (
+    EngineBuildRequest,
+    build_engine,
+    build_python,
+    commit_time,
+    engine_version,
+)
 from pinwheel.compile.kernels import (
     TORCH_VENV_READY,
     BuildOptions,
@@ -51,15 +60,23 @@ from pinwheel.compile.kernels import (
 from pinwheel.compile.phases import Phase, Phases
 from pinwheel.compile.phases import human_lines as phase_lines
 from pinwheel.compile.sources import plan_env, supply, unpinned
-from pinwheel.compile.toolchain import Toolkit, ToolkitRequest, choose, resolve_toolkit
+from pinwheel.compile.toolchain import (
+    ToolchainChoice,
+    Toolkit,
+    ToolkitRequest,
+    choose,
+    resolve_toolkit,
+)
 from pinwheel.compile.toolchain.pins import MARKER as TOOLKIT_MARKER
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.manifest.component import Stack, stacks
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
 from pinwheel.source.cache import mark as mark_cache
+from pinwheel.source.replay import ReplayRequest, reach_all, replay, replaying
 from pinwheel.wheels.check import check_wheels, find_tools, spec_from_build
 from pinwheel.wheels.provenance import receipt, toolchain_facts
 from pinwheel.wheels.relabel import variant_label
@@ -79,6 +96,8 @@ class BuildRequest:
     mirrors: Mapping[str, str] = field(default_factory=dict)
     offline: bool = False
     provision: bool = True
+    reach: bool = False  # fetch every upstream the build reads first: one error for all
+    replay: ReplayRequest | None = None  # engine: replay this stack, then build its tree
     replayed: Any = None  # ReplayResult of the manifest: build the engine from it
     kernels: tuple[str, ...] | None = None  # names; None = the default ones; () = none
     all_kernels: bool = False
@@ -88,13 +107,17 @@ class BuildRequest:
     engine_epoch: int | None = None  # engine: override SOURCE_DATE_EPOCH (verify-build)
     engine_source: Path | None = None  # engine: build this directory instead of exporting
     wheelhouse: Path | None = None  # offline source of the pinned build requirements
+    build_python: str | None = None  # the engine's interpreter without [build.requirements]
     engine_workdir: Path | None = None  # engine: scratch path (default: by manifest and tree)
-    toolkit: Toolkit | None = None  # resolved already (by the caller, before a long replay)
+    toolkit: Toolkit | None = None  # resolved already by this stage (attribute's variants)
     cuda: bool = True  # False: no CUDA toolkit at all (CPU-only projects, stand-in builds)
     compiler_cache: bool = True  # sccache per [build.cache]; False: --no-cache (verify-build)
     reuse_from: str | None = None  # release dir | URL | wheel: reuse unchanged compiled members
     # --substitute: build with this CUDA / gcc instead of [build]'s (recorded, never silent)
     substitute: Mapping[str, str] = field(default_factory=dict)
+    # a toolchain choice made already (`pinwheel toolchain`'s survey, which reports a missing
+    # gcc or Python beside the toolkit rather than stopping at them); None: the stage chooses
+    chosen: ToolchainChoice | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +128,7 @@ class BuildOutcome:
     twice: Mapping[str, float] = field(default_factory=dict)  # kernel -> first build seconds
     substitutions: tuple[Substitution, ...] = ()  # the toolchain [build] pins, replaced on purpose
     phases: tuple[Phase, ...] = ()  # each step timed, with what it did and skipped
+    replayed: Any = None  # the ReplayResult the engine was built from (None: no replay)
 
     def to_json(self) -> dict[str, Any]:
         floors = {w.wheel: w.floor.to_json() for w in self.wheels.report.wheels}
@@ -159,17 +183,23 @@ def _cache_note(b: Built) -> str:
 def build(
     request: BuildRequest, reporter: Reporter = SILENT, phases: Phases | None = None
 ) -> BuildOutcome:
-    """Kernels, then the engine; every wheel checked and published as one set.
+    """Choose the toolchain, reach the upstreams, replay, resolve the toolkit; then kernels
+    and the engine, every wheel checked and published as one set.
 
-    ``phases``: a collector the caller already timed earlier steps into (the replay);
+    ``phases``: a collector the caller already timed earlier steps into;
     the outcome's ``phases`` are its rows plus this build's."""
     phases = phases if phases is not None else Phases()
     mark_cache(request.cache)  # what `pinwheel cache clean` checks before emptying it
     manifest = request.manifest
-    choice = choose(manifest.require("build"), request.environ, request.substitute)
-    config = choice.config  # the CLI said any substitution before the replay; the outcome says it
+    # Before anything else: a bad [build] or a missing gcc fails in a second.
+    choice = _choose(request, reporter)
+    config = choice.config
     request = dataclasses.replace(request, environ=choice.environ(request.environ))
-    engine = request.replayed is not None or request.engine_source is not None
+    engine = (
+        request.replayed is not None
+        or request.replay is not None
+        or request.engine_source is not None
+    )
     specs = select(manifest.kernels, list(request.kernels or []), all_=request.all_kernels)
     if request.kernels == ():
         specs = []
@@ -180,21 +210,19 @@ def build(
             next="add a [[kernel]] table, pass --all for the non-default ones, "
             "or run `tools/replay build` for the engine",
         )
+    if request.reach:
+        # Fail fast, cheapest first: reach every upstream and resolve every pinned commit
+        # (engine and components, all missing ones in one error) before a toolkit download.
+        with phases.phase("reach upstreams"):
+            reach_all(_reached(request, specs), _cache(request, reporter))
+    if request.replay is not None and request.replayed is None:
+        with phases.phase("replay"):
+            reporter.info(replaying(request.replay.manifest))
+            request = dataclasses.replace(request, replayed=replay(request.replay, reporter))
     toolkit = request.toolkit
     if toolkit is None and request.cuda:
-        with (
-            phases.phase("toolkit"),
-            reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"),
-        ):
-            toolkit = resolve_toolkit(
-                ToolkitRequest(
-                    config,
-                    request.cache,
-                    request.environ,
-                    provision=request.provision,
-                    reporter=reporter,
-                )
-            )
+        with phases.phase("toolkit"):
+            toolkit = _toolkit(request, config, reporter)
 
     earlier = reuse.candidates(request.reuse_from, request.cache) if request.reuse_from else {}
     cache_plan = compcache.plan(
@@ -246,7 +274,7 @@ def build(
                 wheelhouse=request.wheelhouse,
                 reporter=reporter,
             )
-    python = str(venv.python) if venv is not None else build_python(request.environ, engine)
+    python = str(venv.python) if venv is not None else build_python(request.build_python, engine)
     try:
         built, twice = _produce(
             request,
@@ -301,7 +329,68 @@ def build(
         twice=twice,
         substitutions=choice.substitutions,
         phases=phases.rows(),
+        replayed=request.replayed,
     )
+
+
+@dataclass(frozen=True)
+class ToolkitOutcome:
+    """`pinwheel toolchain`: the effective ``[build]`` and the toolkit it builds with."""
+
+    config: BuildConfig
+    toolkit: Toolkit
+    seconds: float  # finding (or provisioning) and probing the toolkit
+    substitutions: tuple[Substitution, ...] = ()
+
+
+def toolchain(request: BuildRequest, reporter: Reporter = SILENT) -> ToolkitOutcome:
+    """The toolchain a build of ``request`` would use (``request.chosen`` when the caller
+    chose it already), the toolkit found or provisioned (``request.provision``) and probed:
+    the same choice and resolution :func:`build` makes."""
+    choice = request.chosen or _choose(request, reporter)
+    started = time.monotonic()
+    toolkit = _toolkit(request, choice.config, reporter)
+    return ToolkitOutcome(choice.config, toolkit, time.monotonic() - started, choice.substitutions)
+
+
+def _choose(request: BuildRequest, reporter: Reporter) -> ToolchainChoice:
+    """[build] after --substitute / [build.substitute], its gcc found: fails in a second.
+    A substitution is said before anything long runs, when this call resolves the toolkit
+    (a build handed one, like attribute's variants, was told already)."""
+    choice = choose(request.manifest.require("build"), request.environ, request.substitute)
+    if request.toolkit is None and (line := headline(choice.substitutions)):
+        reporter.info(line)
+    return choice
+
+
+def _toolkit(request: BuildRequest, config: BuildConfig, reporter: Reporter) -> Toolkit:
+    """The one place the build stage finds or provisions its CUDA toolkit."""
+    with reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
+        return resolve_toolkit(
+            ToolkitRequest(
+                config,
+                request.cache,
+                request.environ,
+                provision=request.provision,
+                reporter=reporter,
+            )
+        )
+
+
+def _reached(request: BuildRequest, specs: list[Any]) -> tuple[Stack, ...]:
+    """The stacks this build reads: the engine's when it replays one, and each selected
+    [[kernel]]'s with an upstream of its own."""
+    names = {spec.name for spec in specs}
+    return tuple(
+        s
+        for s in stacks(request.manifest)
+        if (s.kernel is None and request.replay is not None)
+        or (s.kernel is not None and s.name in names)
+    )
+
+
+def _cache(request: BuildRequest, reporter: Reporter) -> Cache:
+    return Cache(request.cache, request.mirrors, request.offline, reporter=reporter)
 
 
 def _publish(
@@ -380,7 +469,7 @@ def foreign_header_dirs(
         dirs += headerview.toolkit_include_dirs(canon.toolkit)
     pythons = [request.environ.get("PINWHEEL_TORCH_PYTHON")]
     if engine and config.requirements is None:
-        pythons.append(build_python(request.environ, check=False))
+        pythons.append(build_python(request.build_python, check=False))
     for python in dict.fromkeys(p for p in pythons if p):
         prefix = Path(python).absolute().parent.parent
         if not any((prefix / m).is_file() for m in (TORCH_VENV_READY, BUILD_VENV_READY)):
@@ -461,6 +550,7 @@ def _produce(
         canonical=canon,
         cold=not request.compiler_cache,
         store=store,
+        wheelhouse=request.wheelhouse,
     )
     for spec in specs:
         if toolkit is None:
@@ -619,7 +709,7 @@ def _engine(
     }
     extra_env: dict[str, str] = {}
     record: dict[str, Any] = {"excluded": list(config.exclude)}
-    python = str(venv.python) if venv is not None else build_python(request.environ)
+    python = str(venv.python) if venv is not None else build_python(request.build_python)
     if venv is not None:
         record["requirements"] = venv.record()
     # Declared values only (buildenv.engine_base): a PATH of the toolkit, the build Python's
@@ -678,30 +768,32 @@ def _engine(
         reporter.info("no network namespace here (unshare -rn failed): building with network")
     with phases.phase("builder") as note, reporter.status(f"building the engine wheel {version}"):
         built = build_engine(
-            config,
-            source,
-            work=work,
-            toolkit=toolkit,
-            version=version,
-            source_date_epoch=epoch,
-            environ=base,
-            origin=origin,
-            python=python,
-            extra_env=extra_env,
-            wrapper=wrapper,
-            record=record,
-            supplied=[s.name for s in supplied],
-            launcher=session,
-            reuse_from=(earlier or {}).get("engine"),
-            placeholders={str(Path(request.cache).absolute()): "$CACHE"},
-            reporter=reporter,
-            canonical=canon,
-            no_network=netns,
-            listing_hook=str(listing.install(request.cache)),
-            export_digest=export_digest,
-            kept=kept,
-            note=note,
-            store=store,
+            EngineBuildRequest(
+                config=config,
+                source=source,
+                work=work,
+                toolkit=toolkit,
+                version=version,
+                source_date_epoch=epoch,
+                environ=base,
+                origin=origin,
+                python=python,
+                extra_env=extra_env,
+                wrapper=wrapper,
+                record=record,
+                supplied=tuple(s.name for s in supplied),
+                launcher=session,
+                reuse_from=(earlier or {}).get("engine"),
+                placeholders={str(Path(request.cache).absolute()): "$CACHE"},
+                reporter=reporter,
+                canonical=canon,
+                no_network=netns,
+                listing_hook=str(listing.install(request.cache)),
+                export_digest=export_digest,
+                kept=kept,
+                note=note,
+                store=store,
+            )
         )
     # Recorded without this machine's cache path: provenance travels with the release.
     env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build.env.items()}
@@ -804,4 +896,4 @@ def network_wrapper(mode: str) -> tuple[tuple[str, ...], str]:
     return (), "host (no network namespace available)"
 
 
-__all__ = ["BuildOutcome", "BuildRequest", "build"]
+__all__ = ["BuildOutcome", "BuildRequest", "ToolkitOutcome", "build", "toolchain"]

@@ -29,6 +29,7 @@ from pinwheel.wheels.provenance import (
     member_differences,
     read_receipt,
 )
+from pinwheel.wheels.substitute import from_receipt
 from pinwheel.wheels.wheeldiff import MemberDiff, diff_members
 
 
@@ -162,8 +163,9 @@ def verify_build(
 ) -> RebuildComparison:
     """Rebuild every component ``wheels_dir/provenance.json`` records and compare sha256s.
 
-    ``request`` carries the manifest, cache and environment; its ``replayed`` is
-    the manifest replayed again (needed when the receipt records an engine wheel).
+    ``request`` carries the manifest, cache and environment; its ``replay`` (or
+    ``replayed``) replays the manifest again when the receipt records an engine wheel.
+    The rebuild takes the substitutions the receipt records: the toolchain the build used.
     """
     recorded = read_receipt(Path(wheels_dir) / FILENAME)
     manifest = request.manifest
@@ -187,6 +189,7 @@ def verify_build(
             kernels=kernels,
             all_kernels=False,
             twice=False,
+            replay=request.replay if engine is not None else None,
             replayed=request.replayed if engine is not None else None,
             engine_source=request.engine_source if engine is not None else None,
             engine_workdir=_recorded_workdir(request, engine),
@@ -194,6 +197,8 @@ def verify_build(
             engine_epoch=engine.get("source_date_epoch") if engine else None,
             source_date_epoch=epochs.pop() if len(epochs) == 1 else None,
             reuse_from=None,  # verify-build always rebuilds every member from source
+            # the recorded substitutions: the rebuild uses the toolchain the build used
+            substitute={s.key: s.used for s in from_receipt(recorded)},
         )
         build(rebuild, reporter)
         return compare_builds(Path(wheels_dir), out)

@@ -38,7 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import confine
-from pinwheel.compile.pipeline import BuildOutcome, BuildRequest, build, engine_workdir
+from pinwheel.compile.pipeline import (
+    BuildOutcome,
+    BuildRequest,
+    build,
+    engine_workdir,
+    toolchain,
+)
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.fsutil import remove_tree
 from pinwheel.manifest import Manifest
@@ -189,22 +195,7 @@ def build_variants(
     with the full stack's wheels as ``reuse_from``; wheels under ``out/variants/NAME/wheels``."""
     template = request.build
     if template.toolkit is None and template.cuda:  # once, not once per variant
-        from pinwheel.compile.toolchain import ToolkitRequest, choose, resolve_toolkit
-
-        config = choose(
-            template.manifest.require("build"), template.environ, template.substitute
-        ).config
-        with reporter.status(f"resolving CUDA {config.cuda} for {', '.join(config.arches)}"):
-            toolkit = resolve_toolkit(
-                ToolkitRequest(
-                    config,
-                    template.cache,
-                    template.environ,
-                    provision=template.provision,
-                    reporter=reporter,
-                )
-            )
-        template = dataclasses.replace(template, toolkit=toolkit)
+        template = dataclasses.replace(template, toolkit=toolchain(template, reporter).toolkit)
     work = engine_workdir(template)
     full_wheels = out / "variants" / FULL / "wheels"
     builds: list[Built] = []

@@ -26,6 +26,7 @@ from pygit2.enums import MergeFlag, SortMode
 
 from pinwheel.errors import ConflictError, DriftError, ManifestError, MismatchError, PinwheelError
 from pinwheel.manifest import Identity, Manifest, Step
+from pinwheel.manifest.component import Stack
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import faults, gitcli
 from pinwheel.source.cache import Cache, Fetched
@@ -558,6 +559,36 @@ def wanted_commits(manifest: Manifest, extra: Sequence[str] = ()) -> dict[str, s
     for sha in extra:
         want.setdefault(sha, "")
     return want
+
+
+def reach_all(chosen: Sequence[Stack], cache: Cache) -> None:
+    """Fetch every stack's upstream and resolve its pinned commits; one error for all."""
+    failed: list[tuple[Stack, PinwheelError]] = []
+    for stack in chosen:
+        try:
+            with cache.locked(stack.manifest.upstream.url):
+                fetch_for(stack.manifest, cache)
+        except PinwheelError as exc:
+            failed.append((stack, exc))
+    if len(failed) == 1:
+        raise failed[0][1]
+    if failed:
+        raise PinwheelError(
+            f"{len(failed)} stacks cannot be fetched:\n"
+            + "\n".join(
+                f"  {s.title}: {e.where + ': ' if e.where else ''}{e.what}" for s, e in failed
+            ),
+            where="pinwheel build",
+            next=failed[0][1].next,
+        )
+
+
+def replaying(manifest: Manifest) -> str:
+    """The line said before a replay: what is replayed onto which base."""
+    return (
+        f"replaying {manifest.name}: {len(manifest.steps)} step(s) on "
+        f"{manifest.upstream.commit[:12]} ({redact(manifest.upstream.url)})"
+    )
 
 
 @dataclass(frozen=True)
