@@ -159,7 +159,7 @@ def test_system_manifests_load_and_their_recipes_match(name, capsys):
             CudaArch(121),
             2,
             1,
-            13,
+            "13",  # a major: any 13.x (the card names no toolkit)
         )
         assert m.build.arches == ("12.1",) and component.commit is None  # FILL IN: lock pins it
         assert m.build.torch is None  # FILL IN: the card's prebuilt wheels name no torch
