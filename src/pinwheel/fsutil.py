@@ -44,6 +44,11 @@ def _remove_tree(name: str, dir_fd: int | None) -> None:
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=dir_fd)
         return
+    _remove_dir(name, dir_fd)
+
+
+def _remove_dir(name: str, dir_fd: int | None) -> None:
+    """Empty folder ``name`` (of ``dir_fd``) through its own descriptor, then remove it."""
     top = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     try:
         _empty(top)
@@ -94,12 +99,7 @@ def _hoist(fd: int, entry: str, top: int, serial: itertools.count[int]) -> str |
             return new
         except OSError as exc:
             if exc.errno == errno.EXDEV:  # a mount point inside the tree: its own walk
-                sub = os.open(entry, _DIR_FLAGS, dir_fd=fd)
-                try:
-                    _empty(sub)
-                finally:
-                    os.close(sub)
-                os.rmdir(entry, dir_fd=fd)
+                _remove_dir(entry, fd)
                 return None
             if exc.errno not in _NAME_TAKEN:
                 raise
