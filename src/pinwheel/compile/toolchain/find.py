@@ -55,20 +55,30 @@ class ToolkitRequest:
     reporter: Reporter = SILENT  # download plan, bytes, phases
 
 
+def installed(environ: Mapping[str, str]) -> list[tuple[str, Path, str | ToolchainError]]:
+    """(source, root, version) for each :func:`candidates` root holding an nvcc, its nvcc
+    asked for its version; the error in place of the version where nvcc cannot say."""
+    out: list[tuple[str, Path, str | ToolchainError]] = []
+    for source, root in candidates(environ):
+        nvcc = root / "bin" / "nvcc"
+        if not nvcc.is_file():
+            continue
+        try:
+            out.append((source, root, nvcc_version(nvcc, env=environ)))
+        except ToolchainError as exc:
+            out.append((source, root, exc))
+    return out
+
+
 def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
     """The first toolkit matching ``config.cuda`` that compiles every arch; provision if none."""
     config, cache, provision = request.config, request.cache, request.provision
     environ = dict(request.environ)
     _refuse_impossible(config)
     rejected: list[str] = []
-    for source, root in candidates(environ):
-        nvcc = root / "bin" / "nvcc"
-        if not nvcc.is_file():
-            continue
-        try:
-            version = nvcc_version(nvcc, env=environ)
-        except ToolchainError as exc:
-            rejected.append(f"{_named(source, root)}: {exc.what}")
+    for source, root, version in installed(environ):
+        if isinstance(version, ToolchainError):
+            rejected.append(f"{_named(source, root)}: {version.what}")
             continue
         if not _same_minor(version, config.cuda):
             rejected.append(
@@ -78,6 +88,7 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
         if config.cuda_dev and (lacks := [p for p in DEV_PROBES if not (root / p).exists()]):
             rejected.append(f"{_named(source, root)}: no {', '.join(lacks)} ([build] cuda_dev)")
             continue
+        nvcc = root / "bin" / "nvcc"
         probe_arches(nvcc, config.arches, env=environ)
         return Toolkit(root, nvcc, version, config.arches, source)
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pinwheel.compile.toolchain.choose import check
-from pinwheel.compile.toolchain.find import candidates
+from pinwheel.compile.toolchain.find import installed
 from pinwheel.compile.toolchain.hostcc import HostCompiler
 from pinwheel.compile.toolchain.pins import LOCKS, MARKER
 from pinwheel.compile.toolchain.pythons import FoundPython
-from pinwheel.compile.toolchain.toolkit import ToolchainError, nvcc_version
+from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.cudaarch import names, parse_arch
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.manifest.targets import compiled_by
@@ -103,16 +103,11 @@ def cudas_here(config: BuildConfig, cache: Path, environ: Mapping[str, str]) -> 
     """Every CUDA toolkit seen: installed ones (their nvcc run for its version), the ones
     provisioned in ``cache``, then the pinned ones that can be provisioned."""
     seen: list[CudaSeen] = []
-    for source, root in candidates(environ):
-        nvcc = root / "bin" / "nvcc"
-        if not nvcc.is_file():
-            continue
-        try:
-            version = nvcc_version(nvcc, env=environ)
-        except ToolchainError as exc:
-            seen.append(_seen("unusable", source, root, None, config, exc.what))
-            continue
-        seen.append(_seen("installed", source, root, version, config))
+    for source, root, version in installed(environ):
+        if isinstance(version, ToolchainError):
+            seen.append(_seen("unusable", source, root, None, config, version.what))
+        else:
+            seen.append(_seen("installed", source, root, version, config))
     for _, base in sorted(LOCKS.items()):
         lock = base.with_dev() if config.cuda_dev else base
         tree = cache / "toolchains" / lock.dirname
