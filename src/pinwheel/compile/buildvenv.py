@@ -23,7 +23,7 @@ from filelock import FileLock
 from packaging.utils import canonicalize_name
 
 from pinwheel import runner
-from pinwheel.compile import workspace
+from pinwheel.compile import pipwatch, workspace
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.manifest.build import Requirements
@@ -108,7 +108,7 @@ def ensure_build_venv(
                     next="run once with network, or pass --wheelhouse DIR holding the wheels",
                 )
             with reporter.status(f"making the build environment ({len(pins)} pinned packages)"):
-                _make(final, reqs, environ, wheelhouse, interpreter, index_url)
+                _make(final, reqs, environ, wheelhouse, interpreter, index_url, pins, reporter)
     return BuildVenv(python=final / "bin" / "python", requirements=pins, digest=reqs.sha256)
 
 
@@ -119,9 +119,12 @@ def _make(
     wheelhouse: Path | None,
     interpreter: str | None = None,
     index_url: str | None = None,
+    pins: Mapping[str, tuple[str, tuple[str, ...]]] | None = None,
+    reporter: Reporter = SILENT,
 ) -> None:
     """Made in place (venvs do not move), the marker written last: a venv without
-    the marker is a half-made one and is made again."""
+    the marker is a half-made one and is made again. pip's log is kept beside it
+    (``<name>.pip.log``); its size and progress go to ``reporter`` (:mod:`pipwatch`)."""
     remove_tree(final, ignore_errors=True)
     try:
         runner.run(
@@ -135,7 +138,7 @@ def _make(
         env = {k: v for k, v in environ.items() if not k.startswith("PIP_")}
         env["PIP_CONFIG_FILE"] = os.devnull
         cmd = [
-            str(final / "bin" / "python"), "-m", "pip", "install", "-q",
+            str(final / "bin" / "python"), "-m", "pip", "install",
             "--disable-pip-version-check", "--require-hashes", "--no-deps",
             "--only-binary=:all:",
         ]  # fmt: skip
@@ -144,12 +147,17 @@ def _make(
         elif index_url is not None:  # one argument: the URL can never read as an option
             cmd += [f"--index-url={index_url}"]
         cmd += ["-r", str(reqs.path)]
-        proc = runner.run(runner.Command(tuple(cmd), env=env, check=False))
-        if proc.returncode != 0:
-            tail = (proc.text + "\n" + proc.err_text).strip().splitlines()[-6:]
+        log = final.parent / f"{final.name}.pip.log"
+        code, tail = pipwatch.run(
+            pipwatch.PipInstall(tuple(cmd), env, final, log,
+                                pins or parse_requirements(reqs.path.read_text(), reqs.path.name),
+                                f"the build environment {final.name}", wheelhouse),
+            reporter,
+        )  # fmt: skip
+        if code != 0:
             raise BuildVenvError(
-                "installing the build requirements failed:\n    " + "\n    ".join(tail),
-                where=str(reqs.path),
+                "installing the build requirements failed:\n    " + "\n    ".join(tail[-6:]),
+                where=f"{reqs.path} (pip's log: {log})",
                 next="check the network or --wheelhouse; a hash mismatch means the index "
                 "serves another file than the one pinned",
             )

@@ -53,7 +53,6 @@ from pinwheel.compile.toolchain import Toolkit
 from pinwheel.compile.toolchain.pythons import find_python, how_to_get, python_version
 from pinwheel.errors import ManifestError, MismatchError, PinwheelError
 from pinwheel.fsutil import remove_tree
-from pinwheel.heartbeat import watch_bytes
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import (  # noqa: F401
     BuildConfig,
@@ -223,7 +222,7 @@ def locked_build_venv(
         # offline machines: the locked wheels from a folder (hashes still required)
         wheelhouse=opts.wheelhouse,
     )  # fmt: skip
-    return lockedvenv.ensure(req)
+    return lockedvenv.ensure(req, opts.reporter)
 
 
 def torch_venv(
@@ -253,12 +252,12 @@ def torch_venv(
     reqs = torch_lock(config)
     base = build_interpreter(config, environ)
     wheelhouse = environ.get("PINWHEEL_WHEELHOUSE")
-    with watch_bytes(reporter, f"torch=={config.torch} by hash", cache / "venvs"):
-        venv = ensure_build_venv(
-            reqs, cache, environ=environ, offline=False, reporter=reporter,
-            wheelhouse=Path(wheelhouse) if wheelhouse else None, interpreter=base,
-            index_url=config.torch_index,
-        )  # fmt: skip
+    # its size before and its progress during: ensure_build_venv (pinwheel.compile.pipwatch)
+    venv = ensure_build_venv(
+        reqs, cache, environ=environ, offline=False, reporter=reporter,
+        wheelhouse=Path(wheelhouse) if wheelhouse else None, interpreter=base,
+        index_url=config.torch_index,
+    )  # fmt: skip
     return venv.python
 
 

@@ -40,10 +40,11 @@ from filelock import FileLock
 from packaging.utils import canonicalize_name
 
 from pinwheel import runner
-from pinwheel.compile import workers, workspace
+from pinwheel.compile import pipwatch, workers, workspace
 from pinwheel.compile.buildvenv import parse_requirements
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
+from pinwheel.progress import SILENT, Reporter
 
 READY = ".pinwheel-locked-venv.json"
 OVERLAY_PTH = "zz-pinwheel-machine.pth"  # last of the .pth files: the machine's dirs go last
@@ -124,8 +125,9 @@ def interpreter(python: str) -> Interpreter:
     return found
 
 
-def ensure(req: LockedVenvRequest) -> LockedVenv:
-    """The venv for ``req``, made once (in place, under a file lock, marker last)."""
+def ensure(req: LockedVenvRequest, reporter: Reporter = SILENT) -> LockedVenv:
+    """The venv for ``req``, made once (in place, under a file lock, marker last); the
+    install's size and progress go to ``reporter``."""
     text = Path(req.lock).read_text()
     parse_requirements(text, req.lock_name)  # every line pinned and hashed, or an error
     lock_sha = hashlib.sha256(text.encode()).hexdigest()
@@ -147,7 +149,7 @@ def ensure(req: LockedVenvRequest) -> LockedVenv:
             except ValueError:
                 ok = False
         if not ok:
-            _make(final, req, base, overlay, lock_sha)
+            _make(final, req, base, overlay, lock_sha, pins, reporter)
     return LockedVenv(final / "bin" / "python", req.lock_name, lock_sha, pins, key, overlay)
 
 
@@ -176,7 +178,13 @@ def pins_for(
 
 
 def _make(
-    final: Path, req: LockedVenvRequest, base: Interpreter, overlay: Sequence[str], sha: str
+    final: Path,
+    req: LockedVenvRequest,
+    base: Interpreter,
+    overlay: Sequence[str],
+    sha: str,
+    pins: Mapping[str, tuple[str, tuple[str, ...]]],
+    reporter: Reporter,
 ) -> None:
     remove_tree(final, ignore_errors=True)
     try:
@@ -195,18 +203,22 @@ def _make(
         env["PYTHONNOUSERSITE"] = "1"
         target = final / "bin" / "python"
         cmd = (
-            sys.executable, "-m", "pip", "--python", str(target), "install", "-q",
+            sys.executable, "-m", "pip", "--python", str(target), "install",
             "--disable-pip-version-check", "--require-hashes", "--no-deps",
             "--only-binary=:all:",
             *(("--no-index", "--find-links", str(req.wheelhouse)) if req.wheelhouse else ()),
             "-r", str(req.lock),
         )  # fmt: skip
-        proc = runner.run(runner.Command(cmd, env=env, check=False, what="pip install"))
-        if proc.returncode != 0:
-            tail = (proc.text + "\n" + proc.err_text).strip().splitlines()[-6:]
+        log = final.parent / f"{final.name}.pip.log"
+        code, tail = pipwatch.run(
+            pipwatch.PipInstall(cmd, env, final, log, pins, f"{req.lock_name} into {final.name}",
+                                req.wheelhouse),
+            reporter,
+        )  # fmt: skip
+        if code != 0:
             raise LockedVenvError(
-                f"installing {req.lock_name} failed:\n    " + "\n    ".join(tail),
-                where=req.lock_name,
+                f"installing {req.lock_name} failed:\n    " + "\n    ".join(tail[-6:]),
+                where=f"{req.lock_name} (pip's log: {log})",
                 next="check the network (or the wheelhouse: PINWHEEL_WHEELHOUSE); a hash "
                 "mismatch means the index serves another file than the one locked "
                 "(`pinwheel lock --tools` regenerates the lock)",
