@@ -299,6 +299,37 @@ def test_cache_du_breaks_each_folder_down_largest_first_and_never_follows_or_ope
         (cache / "repos" / "shut").chmod(0o755)
 
 
+def test_cache_du_counts_a_hard_linked_file_once_where_it_meets_it_first(tmp_path, capsys):
+    """A toolkit's -dev variant hard-links the plain tree's files: on disk once, so counted
+    once (in the tree the sorted walk reaches first), the other links as ``shared``; a
+    file linked from outside the cache is counted where it is (its other link is not
+    there to be met), and a plain copy is counted twice."""
+    cache = tmp_path / "cache"
+    tc = cache / "toolchains"
+    for tree in ("cuda-12.4.131", "cuda-12.4.131-dev"):
+        (tc / tree / "bin").mkdir(parents=True)
+    (tc / "cuda-12.4.131" / "bin" / "nvcc").write_bytes(b"n" * 7000)
+    os.link(tc / "cuda-12.4.131" / "bin" / "nvcc", tc / "cuda-12.4.131-dev" / "bin" / "nvcc")
+    (tc / "cuda-12.4.131-dev" / "bin" / "own").write_bytes(b"o" * 500)
+    (tc / "cuda-12.4.131-dev" / "bin" / "copy").write_bytes(b"n" * 7000)
+    (tmp_path / "outside").write_bytes(b"x" * 300)
+    os.link(tmp_path / "outside", tc / "cuda-12.4.131-dev" / "linked-from-outside")
+    rc = main(["--cache", str(cache), "--json", "cache", "du"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    tcs = json.loads(out.out)["entries"]["toolchains"]
+    assert tcs["bytes"] == 7000 + 500 + 7000 + 300 and tcs["shared"] == 7000
+    kids = {c["name"]: c for c in tcs["children"]}
+    assert kids["cuda-12.4.131"]["bytes"] == 7000 and "shared" not in kids["cuda-12.4.131"]
+    dev = kids["cuda-12.4.131-dev"]
+    assert (dev["bytes"], dev["shared"], dev["files"]) == (7800, 7000, 4)
+    rc = main(["--cache", str(cache), "cache", "du"])
+    text = capsys.readouterr().out.splitlines()
+    assert any(line.strip().startswith("7.6 KiB      cuda-12.4.131-dev/") and
+               line.endswith("6.8 KiB more in hard links to files counted above)")
+               for line in text), text  # fmt: skip
+
+
 def test_cache_clean_removes_a_tree_1100_levels_deep(deep_tmp, capsys):
     cache = deep_tmp / "cache"
     cache_marker.mark(cache)

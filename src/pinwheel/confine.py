@@ -467,24 +467,35 @@ class Tally:
     links: int = 0  # symlinks: counted (their own size), never followed
     special: int = 0  # FIFOs, sockets, devices: counted, never opened
     unreadable: int = 0  # folders that could not be listed (permissions, gone meanwhile)
+    # bytes of files (among ``files``, not in ``bytes``) that are hard links to a file
+    # already counted in the same measurement (``seen``): on disk once, counted once
+    shared: int = 0
 
     def __add__(self, other: Tally) -> Tally:
         return Tally(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
 
 
-def _fields(t: Tally) -> tuple[int, int, int, int, int]:
-    return (t.bytes, t.files, t.links, t.special, t.unreadable)
+def _fields(t: Tally) -> tuple[int, int, int, int, int, int]:
+    return (t.bytes, t.files, t.links, t.special, t.unreadable, t.shared)
 
 
-def _count(st: os.stat_result) -> Tally:
+#: (device, inode) of the multiply linked files a measurement has counted already.
+Seen = set[tuple[int, int]]
+
+
+def _count(st: os.stat_result, seen: Seen | None = None) -> Tally:
     if stat.S_ISREG(st.st_mode):
+        if seen is not None and st.st_nlink > 1:
+            if (st.st_dev, st.st_ino) in seen:
+                return Tally(files=1, shared=st.st_size)
+            seen.add((st.st_dev, st.st_ino))
         return Tally(bytes=st.st_size, files=1)
     if stat.S_ISLNK(st.st_mode):
         return Tally(bytes=st.st_size, links=1)
     return Tally(special=1)
 
 
-def _listed(fd: int) -> tuple[Tally, list[str]]:
+def _listed(fd: int, seen: Seen | None = None) -> tuple[Tally, list[str]]:
     """The non-folder entries of the folder open as ``fd``, counted; its sub-folders' names."""
     counted = Tally()
     folders: list[str] = []
@@ -498,24 +509,26 @@ def _listed(fd: int) -> tuple[Tally, list[str]]:
         if stat.S_ISDIR(st.st_mode):
             folders.append(e.name)
         else:
-            counted += _count(st)
+            counted += _count(st, seen)
     return counted, folders
 
 
-def tally_at(dir_fd: int, name: str, *, where: str = "") -> Tally:
+def tally_at(dir_fd: int, name: str, *, where: str = "", seen: Seen | None = None) -> Tally:
     """Count entry ``name`` of the folder open as ``dir_fd`` (a file, a link or a folder
     tree) without following a link, opening a FIFO or device, or recursing. Each folder is
     opened ``O_NOFOLLOW`` from its parent's descriptor and left by ``..`` checked against
     the parent's device and inode, so the walk holds two descriptors and a list of
     pending names at any depth, and builds no path (a tree deeper than PATH_MAX is
     counted). A tree changed under the walk so that ``..`` is not where it came from is
-    an error, never a count of somewhere else."""
+    an error, never a count of somewhere else. ``seen``, shared by the calls of one
+    measurement: a file hard-linked more than once is counted in ``bytes`` the first
+    time, in ``shared`` after (as ``du``)."""
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return Tally()
     if not stat.S_ISDIR(st.st_mode):
-        return _count(st)
+        return _count(st, seen)
     try:
         fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -529,7 +542,7 @@ def tally_at(dir_fd: int, name: str, *, where: str = "") -> Tally:
         while True:
             here = os.fstat(fd)
             try:
-                counted, folders = _listed(fd)
+                counted, folders = _listed(fd, seen)
             except PermissionError:
                 counted, folders = Tally(unreadable=1), []
             total += counted
@@ -572,7 +585,9 @@ def _up(fd: int, parent: tuple[int, int], where: str) -> int:
     return up
 
 
-def tally_children(dir_fd: int, name: str, *, where: str) -> list[tuple[str, bool, Tally]]:
+def tally_children(
+    dir_fd: int, name: str, *, where: str, seen: Seen | None = None
+) -> list[tuple[str, bool, Tally]]:
     """Each entry directly under folder ``name`` of the folder open as ``dir_fd``: its
     name, whether it is a folder, and its count by :func:`tally_at`; the folder opened
     ``O_NOFOLLOW`` (a link there is an :class:`Escape`, never followed)."""
@@ -586,6 +601,7 @@ def tally_children(dir_fd: int, name: str, *, where: str) -> list[tuple[str, boo
     try:
         with os.scandir(fd) as it:
             names = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in it)
-        return [(n, folder, tally_at(fd, n, where=f"{where}/{n}")) for n, folder in names]
+        return [(n, folder, tally_at(fd, n, where=f"{where}/{n}", seen=seen))
+                for n, folder in names]  # fmt: skip
     finally:
         os.close(fd)

@@ -134,6 +134,8 @@ def _du_lines(usage: DiskUsage, top: int) -> list[str]:
         extra = [f"{n} {what}" for n, what in ((u.links, "link(s), not followed"),
                  (u.special, "FIFO/socket/device(s), not opened"),
                  (u.unreadable, "unreadable folder(s)")) if n]  # fmt: skip
+        if u.shared:
+            extra.append(f"{human_bytes(u.shared)} more in hard links to files counted above")
         more = "; " + "; ".join(extra) if extra else ""
         name = shown(u.name) + ("/" if u.folder else "")
         return f"{human_bytes(u.bytes):>10}  {indent}{name}  ({u.files} files{more})"

@@ -39,17 +39,18 @@ class Usage:
     special: int = 0  # FIFOs, sockets, devices among ``files``: counted, never opened
     unreadable: int = 0  # folders that could not be listed
     folder: bool = False
+    shared: int = 0  # bytes of hard links to files counted before (in ``bytes`` there, not here)
 
     @classmethod
     def of(
         cls, name: str, t: confine.Tally, children: tuple[Usage, ...] = (), *, folder: bool
     ) -> Usage:
         return cls(name, t.bytes, t.files + t.links + t.special, children, t.links, t.special,
-                   t.unreadable, folder)  # fmt: skip
+                   t.unreadable, folder, t.shared)  # fmt: skip
 
     def to_json(self) -> dict[str, object]:
         doc: dict[str, object] = {"bytes": self.bytes, "files": self.files, "folder": self.folder}
-        for key in ("links", "special", "unreadable"):
+        for key in ("links", "special", "unreadable", "shared"):
             if getattr(self, key):
                 doc[key] = getattr(self, key)
         return doc
@@ -117,11 +118,15 @@ def _size(path: Path) -> tuple[int, int]:
 def disk_usage(root: Path) -> DiskUsage:
     """Each top-level entry of the cache and, for a folder, each entry directly under it,
     counted by :mod:`pinwheel.confine` (no link followed, no FIFO opened, any depth, each
-    byte walked once); the largest first. A top-level link is counted as a link."""
+    byte walked once); the largest first. A top-level link is counted as a link. A file
+    hard-linked in two places (a toolkit's ``-dev`` variant sharing the plain tree's files)
+    is counted once, where the walk (sorted by name) meets it first, and as ``shared``
+    after: the total is what the cache holds on disk."""
     root = Path(root)
     if not root.is_dir():
         return DiskUsage(root, ())
     entries = []
+    seen: confine.Seen = set()
     fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         for name in sorted(os.listdir(fd)):
@@ -130,10 +135,11 @@ def disk_usage(root: Path) -> DiskUsage:
             except FileNotFoundError:
                 continue
             if not stat.S_ISDIR(st.st_mode):
-                entries.append(Usage.of(name, confine.tally_at(fd, name), folder=False))
+                entries.append(Usage.of(name, confine.tally_at(fd, name, seen=seen),
+                                        folder=False))  # fmt: skip
                 continue
             try:
-                kids = confine.tally_children(fd, name, where=str(root / name))
+                kids = confine.tally_children(fd, name, where=str(root / name), seen=seen)
             except PermissionError:
                 entries.append(Usage.of(name, confine.Tally(unreadable=1), folder=True))
                 continue
