@@ -60,7 +60,8 @@ def download_plan(lock: ToolkitLock, downloads: Path) -> str:
     listing = ", ".join(f"{name} ({human_bytes(size) if size else '?'})" for name, size in todo)
     return (
         f"CUDA {lock.version}: downloading {len(todo)} file(s), {total}, into {downloads} "
-        f"(once; --cache or PINWHEEL_CACHE puts it elsewhere): {listing}"
+        f"(deleted once the tree is verified; --cache or PINWHEEL_CACHE puts it elsewhere): "
+        f"{listing}"
     )
 
 
