@@ -107,7 +107,9 @@ def run(
     before_infos, before_bytes = _dist_infos(req.venv), tree_bytes(req.venv)
     total = len(req.pins)
     beat = Heartbeat(reporter, req.what, every_s=every_s)
-    cmd = runner.Command(req.command, env=req.env, output="log", log_file=req.log,
+    # unbuffered: pip's lines reach the log as it says them, not in 8 KiB blocks
+    env = {**req.env, "PYTHONUNBUFFERED": "1"}
+    cmd = runner.Command(req.command, env=env, output="log", log_file=req.log,
                          what="pip install")  # fmt: skip
 
     def status() -> str:
