@@ -125,12 +125,21 @@ def _trusted_root(models: Any) -> tuple[Any, str]:
     """The public-good trusted root embedded in the pinned sigstore package."""
     from importlib import resources
 
-    ref = resources.files("sigstore._store").joinpath(
-        urllib.parse.quote(PUBLIC_GOOD_TUF, safe=""), "trusted_root.json"
-    )
-    with resources.as_file(ref) as path:
-        data = Path(path).read_bytes()
-        return models.TrustedRoot.from_file(str(path)), hashlib.sha256(data).hexdigest()
+    try:
+        ref = resources.files("sigstore._store").joinpath(
+            urllib.parse.quote(PUBLIC_GOOD_TUF, safe=""), "trusted_root.json"
+        )
+        with resources.as_file(ref) as path:
+            data = Path(path).read_bytes()
+            return models.TrustedRoot.from_file(str(path)), hashlib.sha256(data).hexdigest()
+    except (OSError, ModuleNotFoundError, ValueError) as exc:
+        raise VerifyError(
+            f"the installed sigstore-python has no readable embedded public-good trusted root "
+            f"({type(exc).__name__}: {str(exc)[:200]})",
+            where="sigstore._store",
+            next="install the locked sigstore (`pip install --require-hashes -r "
+            "locks/replay.txt`) and run `pinwheel verify-release` again",
+        ) from None
 
 
 class _Policy:
@@ -241,7 +250,7 @@ def check(
         raw = _read(path)
         try:
             bundle = models.Bundle.from_json(raw)
-        except (errors.Error, ValueError) as exc:
+        except (errors.Error, ValueError, TypeError, KeyError) as exc:
             raise VerifyError(
                 f"{path.name} is not a valid Sigstore bundle: {str(exc)[:300]}",
                 where=str(path),
@@ -250,7 +259,7 @@ def check(
         want = _Policy(policy, sigstore_policy, errors.VerificationError)
         try:
             payload_type, payload = verifier.verify_dsse(bundle, want)
-        except errors.Error as exc:
+        except (errors.Error, ValueError, TypeError, KeyError) as exc:
             raise VerifyError(
                 f"{path.name} does not verify offline against Sigstore's public-good root and "
                 f"the identity {policy.expected} (issuer {policy.issuer}): {str(exc)[:400]}",
