@@ -22,7 +22,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # Tools the project declares (pyproject extras, .ci/run): a test that skips because one is
 # missing is a CI that did not install it, so under CI (PINWHEEL_CI=1) that skip fails.
-DECLARED = ("auditwheel", "pypiserver", "moto", "sccache", "cibuildwheel", "redis-server")
+DECLARED = ("auditwheel", "pypiserver", "moto", "sccache", "cibuildwheel", "redis-server",
+            "sigstore-python")
 
 
 def declared_in(reason: str) -> list[str]:

@@ -152,6 +152,10 @@ def _cache_size(size: str):
 
 
 # manifest edit -> the key the error names
+def _sigstore(key: str, value: str):
+    return lambda text: text + f'\n[release.sigstore]\n{key} = "{value}"\n'
+
+
 MANIFEST_VALUES = {
     "torch_index with a trailing newline": (
         _index("https://download.pytorch.org/whl/cu128\\n"), "torch_index"),
@@ -167,6 +171,11 @@ MANIFEST_VALUES = {
     "cache endpoint scheme": (_cache_endpoint("ftp://cache.internal"), "endpoint"),
     "cache endpoint IPv6 that is not": (_cache_endpoint("redis://[::g]:6379"), "endpoint"),
     "cache endpoint with a newline": (_cache_endpoint("redis://cache.internal:6379\\n"), "endpoint"),
+    "sigstore workflow climbing out": (_sigstore("workflow", "../../evil.yml"), "workflow"),
+    "sigstore workflow outside .github": (_sigstore("workflow", "release.yml"), "workflow"),
+    "sigstore workflow with a newline": (_sigstore("workflow", ".github/workflows/r.yml\\n"), "workflow"),
+    "sigstore issuer over http": (_sigstore("issuer", "http://token.actions.githubusercontent.com"), "issuer"),
+    "sigstore repository with a path": (_sigstore("repository", "a/b/c"), "repository"),
 }  # fmt: skip
 
 

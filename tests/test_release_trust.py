@@ -225,14 +225,19 @@ def test_verify_release_refuses_subjects_that_do_not_match(rel: Rel, tmp_path, c
     assert f"{B} is not a subject of the attestation" in capsys.readouterr().err
 
 
-def test_a_sigstore_bundle_is_reported_as_not_verified_offline(rel: Rel, tmp_path, capsys):
+def test_a_sigstore_bundle_without_an_identity_to_expect_is_reported_not_verified(
+    rel: Rel, tmp_path, capsys
+):
+    """No [release.github] repo and no --sigstore-repo: reported, never called verified
+    (tests/test_sigstore_bundle.py verifies a real one)."""
     copy = _copy(rel, tmp_path)
     (copy / "SHA256SUMS.sigstore.json").write_text(
         '{"mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json"}'
     )
     assert _verify(rel, str(copy)) == 0
     (line,) = json.loads(capsys.readouterr().out)["sigstore"]
-    assert "NOT verified" in line and "sigstore-python" in line
+    assert "NOT verified" in line
+    assert "--sigstore-repo" in line or "sigstore-python is not installed" in line
 
 
 @pytest.mark.parametrize(

@@ -817,7 +817,7 @@ def test_permissions_are_least_privilege() -> None:
 
 def test_jobs_that_sign_or_attest_run_no_build_code() -> None:
     # id-token / attestations write only in jobs that download artifacts and attest:
-    # no checkout, no run: step, no other action.
+    # no checkout, no run: step, no action but download, attest and upload (the bundle).
     attesting = []
     for wf, name, job in all_jobs():
         perms = job.get("permissions") or {}
@@ -827,10 +827,13 @@ def test_jobs_that_sign_or_attest_run_no_build_code() -> None:
         for step in job.get("steps", []):
             action = str(step.get("uses", "")).split("@")[0]
             assert "run" not in step, f"{wf}:{name} runs code with a signing token"
-            assert action in ("actions/download-artifact", "actions/attest-build-provenance"), (
+            assert action in ("actions/download-artifact", "actions/attest-build-provenance",
+                              "actions/upload-artifact"), (
                 f"{wf}:{name}: {action or step} beside a signing token"
             )
-    assert sorted(attesting) == ["release.yml:attest", "release.yml:kernel-wheels-attest"]
+    assert sorted(attesting) == [
+        "release.yml:attest", "release.yml:kernel-wheels-attest", "release.yml:relock-attest"
+    ]
     jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
     assert jobs["kernel-wheels-attest"]["needs"] == "kernel-wheels"
     attest = step_named_uses(jobs["kernel-wheels-attest"], "actions/attest-build-provenance")
@@ -1176,6 +1179,106 @@ def test_release_steps_sign_and_upload_exactly_the_release(tmp_path: Path) -> No
     wrong = run_step({**upload, "env": {**env_gh, "GH_REPO": "other/fork"}}, work, env)
     assert wrong.returncode == 2 and "not other/fork@kit-20261010" in wrong.stdout
     assert not gh_log.exists(), "uploaded to a repository the manifest does not name"
+
+
+def test_the_runtime_lock_qualification_writes_ships_in_the_release_signed_again(
+    tmp_path: Path,
+) -> None:
+    """Issue 36 item 5, the steps' own scripts on real parts: gpu-qualify's runtime-lock
+    step on a real venv (made with pip, the release's wheel installed from the release),
+    then relock's steps (real `pinwheel release --lock`, ssh-keygen) and relock-publish's
+    upload. Stand-ins: `gh` (needs GitHub) records its arguments; tools/replay is the
+    installed pinwheel; the Sigstore bundle the attest action makes is the real one from
+    tests/fixtures/sigstore (relock-publish only moves and uploads it)."""
+    from pinwheel.checksums import sha256_file
+    from releasekit import ReleaseServer, make_key, make_wheel, write_manifest, write_provenance
+
+    work, bin_dir, temp = tmp_path / "work", tmp_path / "bin", tmp_path / "runner-temp"
+    for d in (work / "tools", bin_dir, temp):
+        d.mkdir(parents=True)
+    pinwheel = Path(sys.executable).parent / "pinwheel"
+    launcher = work / "tools" / "replay"
+    launcher.write_text(f'#!/bin/sh\nexec "{pinwheel}" "$@"\n')
+    launcher.chmod(0o755)
+    gh_log = tmp_path / "gh.log"
+    (bin_dir / "gh").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{gh_log}"\n')
+    (bin_dir / "gh").chmod(0o755)
+    made = make_wheel(work / "wheels", "engine", "1.0", payload=1000,
+                      requires_dist=("pwdep==2.0",))  # fmt: skip
+    dep = make_wheel(tmp_path / "served", "pwdep", "2.0", payload=500)
+    write_provenance(work / "wheels", {made.name: sha256_file(made)})
+    key, _ = make_key(work / "keys")
+    write_manifest(work, release='[release]\nallowed_signers = "keys/allowed_signers"\n'
+                   '[release.github]\nrepo = "acme/engine"\n')  # fmt: skip
+    env = {**os.environ, "RUNNER_TEMP": str(temp), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "MANIFEST": "manifest.toml"}  # fmt: skip
+    assert subprocess.run([str(launcher), "--manifest", "manifest.toml", "release", "--key",
+                           str(key), "--out", str(tmp_path / "published")], cwd=work,
+                          env=env, capture_output=True).returncode == 0  # fmt: skip
+
+    # gpu-qualify: the venv qualification ran in, then its runtime-lock step.
+    venv, out = tmp_path / "engine-venv", tmp_path / "qualify-out"
+    out.mkdir()
+    # as `uv venv` makes it for `pinwheel install`: no pip or setuptools seeded in it
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    with ReleaseServer(tmp_path / "served") as srv:  # the dependency from a real server
+        subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"),
+                        "install", "-q", "--no-index", "--disable-pip-version-check",
+                        srv.url + dep.name, str(tmp_path / "published" / made.name)],
+                       check=True)  # fmt: skip
+    qualify = load_workflow(WORKFLOWS / "gpu-qualify.yml")["jobs"]["qualify"]
+    step = step_named(qualify, "Runtime lock")
+    qenv = {**env, "ENGINE_VENV": str(venv), "RELEASE_DIR": str(tmp_path / "published"),
+            "OUT": str(out)}  # fmt: skip
+    result = run_step(step, work, qenv)
+    assert result.returncode == 0 and "::warning::" not in result.stdout, result.stderr
+    lock = tomllib.loads((out / "pylock.toml").read_text())
+    assert [w["wheel"] for w in lock["tool"]["pinwheel"]["release-wheels"]] == [made.name]
+    assert [p["name"] for p in lock["packages"]] == ["pwdep"]
+    # a venv seeded with pip (no recorded hash): the step names it, writes nothing, and
+    # the qualification stands
+    seeded, out2 = tmp_path / "seeded-venv", tmp_path / "qualify-out-2"
+    out2.mkdir()
+    subprocess.run([sys.executable, "-m", "venv", str(seeded)], check=True)
+    result = run_step(step, work, {**qenv, "ENGINE_VENV": str(seeded), "OUT": str(out2)})
+    assert result.returncode == 0 and "::warning::no pylock.toml" in result.stdout
+    assert "pip" in result.stderr and not (out2 / "pylock.toml").exists()
+
+    # relock: without the lock it stops and says why; with it, the release again, signed.
+    jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
+    check = step_named(jobs["relock"], "The runtime lock qualification wrote")
+    missing = run_step(check, work, env)
+    assert missing.returncode == 1 and "wrote no pylock.toml" in missing.stdout
+    shutil.copytree(out, work / "qualify-out")
+    assert run_step(check, work, env).returncode == 0
+    for name in ("Write the signing key", "The release again", "Remove the signing key"):
+        step = step_named(jobs["relock"], name)
+        step_env = {**env, "SIGN_KEY": key.read_text()} if "SIGN_KEY" in (
+            step.get("env") or {}) else env  # fmt: skip
+        result = run_step({**step, "env": {}}, work, step_env)
+        assert result.returncode == 0, result.stderr
+    assert not (temp / "sign_key").exists()
+    release = work / "release"
+    sums = (release / "SHA256SUMS").read_text()
+    assert f"{sha256_file(release / 'pylock.toml')}  pylock.toml" in sums
+
+    # relock-publish: the bundle beside it, verified, then every file replaced on GitHub.
+    (work / "sigstore-bundle").mkdir()
+    fixture = ROOT / "tests" / "fixtures" / "sigstore"
+    shutil.copy(next(fixture.glob("*.sigstore")), work / "sigstore-bundle" / "attestation.json")
+    pub = jobs["relock-publish"]
+    for name in ("The Sigstore bundle beside", "Verify the release"):
+        result = run_step(step_named(pub, name), work, env)
+        assert result.returncode == 0, result.stderr
+    upload = step_named(pub, "Replace the GitHub release")
+    env_gh = {"GH_TOKEN": "t", "GH_REPO": "acme/engine", "TAG": "kit-20261010"}
+    result = run_step({**upload, "env": env_gh}, work, env)
+    assert result.returncode == 0, result.stderr
+    args = gh_log.read_text().splitlines()
+    assert args[:5] == ["release", "upload", "--clobber", "--", "kit-20261010"]
+    uploaded = sorted(Path(a).name for a in args[5:])
+    assert uploaded == sorted(p.name for p in release.iterdir())
+    assert "pylock.toml" in uploaded and "SHA256SUMS.sigstore.json" in uploaded
 
 
 STAND_IN_SERVER = """\

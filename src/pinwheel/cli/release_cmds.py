@@ -32,6 +32,25 @@ def _signers(ctx: Context, args: argparse.Namespace) -> tuple[Path | None, str |
     return signers, args.principal or config.principal
 
 
+def _sigstore_policy(ctx: Context, args: argparse.Namespace) -> Any:
+    """Who must have signed a Sigstore bundle: --sigstore-repo, else the manifest's
+    [release.sigstore] / [release.github]; None when neither names a repository."""
+    from pinwheel.manifest.release import repo_problem
+    from pinwheel.release.assemble import release_config
+    from pinwheel.release.sigstorebundle import IdentityPolicy
+
+    want = release_config(_manifest_or_none(ctx)).sigstore
+    repository = args.sigstore_repo or want.repository
+    if args.sigstore_repo and repo_problem(args.sigstore_repo):
+        raise UsageError(
+            f"--sigstore-repo {args.sigstore_repo!r} is not OWNER/NAME",
+            next="pass the GitHub repository whose release workflow signs, e.g. owner/name",
+        )
+    if repository is None:
+        return None
+    return IdentityPolicy(repository=repository, workflow=want.workflow, issuer=want.issuer)
+
+
 # --------------------------------------------------------------------------- release / publish
 
 
@@ -88,6 +107,7 @@ def cmd_verify_release(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.release.verifyrelease import fetch_for_verify, verify_release_dir
 
     signers, principal = _signers(ctx, args)
+    policy = _sigstore_policy(ctx, args)
     source = args.source
     with tempfile.TemporaryDirectory(prefix="pinwheel-verify.") as tmp:
         if re.match(r"^https?://", source):
@@ -105,7 +125,8 @@ def cmd_verify_release(ctx: Context, args: argparse.Namespace) -> int:
         else:
             directory = Path(source)
         check = verify_release_dir(directory, allowed_signers=signers, principal=principal,
-                                   allow_unsigned=args.allow_unsigned)  # fmt: skip
+                                   allow_unsigned=args.allow_unsigned,
+                                   sigstore_policy=policy)  # fmt: skip
     wheels = [s for s in check.subjects if s.endswith(".whl")]
     trust = (
         f"SHA256SUMS signed by {check.sums_signed_by}, attestation signed by "
@@ -130,6 +151,7 @@ def cmd_verify_release(ctx: Context, args: argparse.Namespace) -> int:
             "builder": check.builder,
             "resolved_dependencies": check.dependencies,
             "sigstore": list(check.sigstore),
+            "sigstore_verified": [b.name for b in check.bundles if b.verified],
         },
         "\n".join(lines),
     )
@@ -441,6 +463,12 @@ def register(sub: Any) -> None:
     p.add_argument("source", help="release directory or base URL")
     _signer_options(p)
     _unsigned_option(p)
+    p.add_argument(
+        "--sigstore-repo",
+        metavar="OWNER/NAME",
+        help="a Sigstore bundle beside the release must be signed by this GitHub repository's "
+        "release workflow (default: [release.sigstore] repository, else [release.github] repo)",
+    )
 
     p = command(sub, "publish", "upload a verified release: index (twine), github, hf", cmd_publish)
     p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")

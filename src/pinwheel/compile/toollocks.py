@@ -59,8 +59,8 @@ class LockSpec:
 
 
 LOCKS: tuple[LockSpec, ...] = (
-    LockSpec("replay", ("kernels", "build", "install"), True, "tools/replay (.venv)"),
-    LockSpec("tests", ("test", "build"), True, "nox: tests, bootstrap, upstream, lock"),
+    LockSpec("replay", ("kernels", "build", "install", "sigstore"), True, "tools/replay (.venv)"),
+    LockSpec("tests", ("test", "build", "sigstore"), True, "nox: tests, bootstrap, upstream, lock"),
     LockSpec("kernels", ("test", "kernels", "build"), True, "nox: kernels, flash-attn"),
     LockSpec("lint", ("lint",), True, "nox: lint"),
     LockSpec("qualify", ("test", "qualify"), True, "nox: qualify-cpu"),
@@ -71,7 +71,8 @@ LOCKS: tuple[LockSpec, ...] = (
 )
 # pinwheel with every extra, resolved jointly: the constraint every pinwheel lock is
 # resolved against, so they all hold the same version of a shared package.
-JOINT = LockSpec("all", ("install", "kernels", "build", "lint", "qualify", "release", "test"),
+JOINT = LockSpec("all", ("install", "kernels", "build", "lint", "qualify", "release", "sigstore",
+                         "test"),
                  True, "the constraint of the other pinwheel locks")  # fmt: skip
 BUILD_SYSTEM_IN = "build-system.in"  # pinwheel's own [build-system] requires, locked
 

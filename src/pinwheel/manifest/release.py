@@ -33,6 +33,21 @@ class HubTarget:
 
 
 @dataclass(frozen=True)
+class SigstoreIdentity:
+    """Who must have signed a Sigstore bundle beside the release (``[release.sigstore]``):
+    the certificate's SAN is ``https://github.com/REPOSITORY/WORKFLOW@refs/tags/TAG`` and
+    its OIDC issuer is ``issuer``."""
+
+    repository: str | None  # owner/name; default: [release.github] repo
+    workflow: str  # default: .github/workflows/release.yml (this repository's)
+    issuer: str  # default: GitHub Actions' OIDC issuer
+
+
+DEFAULT_SIGSTORE_WORKFLOW = ".github/workflows/release.yml"
+GITHUB_ACTIONS_ISSUER = "https://token.actions.githubusercontent.com"
+
+
+@dataclass(frozen=True)
 class ReleaseConfig:
     source: Path  # the build output (wheels/)
     dir: Path  # where `pinwheel release` assembles
@@ -43,6 +58,7 @@ class ReleaseConfig:
     index: IndexTarget | None
     github: GithubTarget | None
     huggingface: HubTarget | None
+    sigstore: SigstoreIdentity
 
 
 def _path(t: Table, key: str, default: str | None = None) -> Path | None:
@@ -53,7 +69,7 @@ def _path(t: Table, key: str, default: str | None = None) -> Path | None:
     return path if path.is_absolute() else t.source.parent / path
 
 
-def _repo_problem(value: object) -> str | None:
+def repo_problem(value: object) -> str | None:
     if not isinstance(value, str) or value.count("/") != 1:
         return "owner/name"
     owner, name = value.split("/")
@@ -62,6 +78,21 @@ def _repo_problem(value: object) -> str | None:
 
 def _path_in_repo_problem(value: object) -> str | None:
     return None if value == "." else validate.rel_path_problem(value)
+
+
+def _workflow_problem(value: object) -> str | None:
+    if validate.rel_path_problem(value) or not re.fullmatch(
+        r"\.github/workflows/[A-Za-z0-9_.\-]+\.ya?ml", str(value)
+    ):
+        return ".github/workflows/NAME.yml"
+    return None
+
+
+def _issuer_problem(value: object) -> str | None:
+    pattern = r"https://[A-Za-z0-9.\-]+(/[\w.\-/]*)?"
+    if not isinstance(value, str) or not re.fullmatch(pattern, value):
+        return "an https:// URL"
+    return None
 
 
 def _principal_problem(value: object) -> str | None:
@@ -81,6 +112,7 @@ def parse_release_table(t: Table) -> ReleaseConfig:
         "index",
         "github",
         "huggingface",
+        "sigstore",
     )
     index = github = hub = None
     if t.has("index"):
@@ -95,7 +127,7 @@ def parse_release_table(t: Table) -> ReleaseConfig:
     if t.has("github"):
         gt = t.sub("github")
         gt.only("repo", "tag")
-        repo = gt.checked("repo", _repo_problem, "owner/name")
+        repo = gt.checked("repo", repo_problem, "owner/name")
         github = GithubTarget(
             repo=repo, tag=gt.checked("tag", validate.tag_problem, "a release tag name", None)
         )
@@ -103,7 +135,7 @@ def parse_release_table(t: Table) -> ReleaseConfig:
         ht = t.sub("huggingface")
         ht.only("repo", "revision", "parent_commit", "repo_type", "path_in_repo")
         hub = HubTarget(
-            repo=ht.checked("repo", _repo_problem, "owner/name"),
+            repo=ht.checked("repo", repo_problem, "owner/name"),
             revision=ht.checked("revision", validate.ref_problem, "a branch name", "main"),
             parent_commit=ht.sha("parent_commit", None),
             repo_type=ht.choice("repo_type", ("model", "dataset"), "model"),
@@ -111,6 +143,20 @@ def parse_release_table(t: Table) -> ReleaseConfig:
                 "path_in_repo", _path_in_repo_problem, "a relative path in the repo", "."
             ),
         )
+    repository, workflow, issuer = None, DEFAULT_SIGSTORE_WORKFLOW, GITHUB_ACTIONS_ISSUER
+    if t.has("sigstore"):
+        st = t.sub("sigstore")
+        st.only("repository", "workflow", "issuer")
+        repository = st.checked("repository", repo_problem, "owner/name", None)
+        workflow = st.checked(
+            "workflow", _workflow_problem, "a workflow file's path in the repository", workflow
+        )
+        issuer = st.checked("issuer", _issuer_problem, "an https:// OIDC issuer URL", issuer)
+    sigstore = SigstoreIdentity(
+        repository=repository or (github.repo if github else None),
+        workflow=workflow,
+        issuer=issuer,
+    )
     return ReleaseConfig(
         source=_path(t, "source", "wheels"),  # type: ignore[arg-type]
         dir=_path(t, "dir", "release"),  # type: ignore[arg-type]
@@ -123,6 +169,7 @@ def parse_release_table(t: Table) -> ReleaseConfig:
         index=index,
         github=github,
         huggingface=hub,
+        sigstore=sigstore,
     )
 
 
@@ -156,7 +203,7 @@ def parse_model_table(t: Table) -> ModelConfig:
                 raise st.error(name, "a file path inside the model pack (no '/', '..')", name)
             hashes[name] = st.sha256(name)
     return ModelConfig(
-        repo=t.checked("repo", _repo_problem, "owner/name", None),
+        repo=t.checked("repo", repo_problem, "owner/name", None),
         revision=t.sha("revision", None),
         shards=t.int("shards", None, minimum=1),
         total_bytes=t.int("total_bytes", None, minimum=1),

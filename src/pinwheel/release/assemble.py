@@ -23,7 +23,14 @@ from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_files,
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_text, link_or_copy
 from pinwheel.manifest import Manifest
-from pinwheel.manifest.release import GithubTarget, IndexTarget, ReleaseConfig
+from pinwheel.manifest.release import (
+    DEFAULT_SIGSTORE_WORKFLOW,
+    GITHUB_ACTIONS_ISSUER,
+    GithubTarget,
+    IndexTarget,
+    ReleaseConfig,
+    SigstoreIdentity,
+)
 from pinwheel.release import attest, pylock, signing
 from pinwheel.urls import redact
 from pinwheel.wheels.provenance import FILENAME, read_receipt
@@ -42,8 +49,9 @@ def release_config(manifest: Manifest | None) -> ReleaseConfig:
         return manifest.release
     root = manifest.path.parent if manifest is not None else Path.cwd()
     return ReleaseConfig(
-        root / "wheels", root / "release", None, None, None, None, None, None, None
-    )
+        root / "wheels", root / "release", None, None, None, None, None, None, None,
+        SigstoreIdentity(None, DEFAULT_SIGSTORE_WORKFLOW, GITHUB_ACTIONS_ISSUER),
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- release notes

@@ -18,8 +18,7 @@ ECDSA/Ed25519 signatures cannot check it; ``ssh-keygen -Y verify`` can
 (docs/release.md shows the commands).
 
 A Sigstore bundle (GitHub's build-provenance attestation, ``*.sigstore.json``)
-beside the release is reported, not verified: checking it offline needs
-sigstore-python and Sigstore's trust root, which pinwheel does not ship.
+beside the release is verified offline by :mod:`pinwheel.release.sigstorebundle`.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from pinwheel import untrusted
 from pinwheel.checksums import SUMS, sha256_files
 from pinwheel.errors import VerifyError
 from pinwheel.fsutil import atomic_write_text
-from pinwheel.release import signing
+from pinwheel.release import signing, sigstorebundle
 
 FILENAME = "attestation.intoto.jsonl"  # one DSSE envelope, one line
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -45,7 +44,6 @@ PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUILD_TYPE = "urn:pinwheel:build-type:release:v1"
 LOCAL_BUILDER = "urn:pinwheel:builder:local"
-SIGSTORE_SUFFIXES = (".sigstore.json", ".sigstore")
 
 ENVELOPE = untrusted.Kind(
     FILENAME,
@@ -179,6 +177,7 @@ class ReleaseCheck:
     builder: str
     dependencies: int
     sigstore: tuple[str, ...]  # one line per bundle found: what could and could not be checked
+    bundles: tuple[sigstorebundle.BundleCheck, ...]
     unsigned: bool  # --allow-unsigned: no signature was checked
 
 
@@ -220,31 +219,19 @@ def _subjects(doc: Mapping[str, Any], where: str) -> dict[str, str]:
     return out
 
 
-def _sigstore(directory: Path) -> tuple[str, ...]:
-    lines = []
-    for path in sorted(directory.iterdir()):
-        if not path.name.endswith(SIGSTORE_SUFFIXES) or not path.is_file():
-            continue
-        lines.append(
-            f"{path.name}: Sigstore bundle present, NOT verified: checking it offline needs "
-            "sigstore-python and a pinned Sigstore trust root, which pinwheel does not ship "
-            "(docs/release.md: FILL IN); check it with `gh attestation verify FILE --bundle "
-            f"{path.name} --repo OWNER/REPO` (offline: add --custom-trusted-root "
-            "trusted_root.jsonl from `gh attestation trusted-root`)"
-        )
-    return tuple(lines)
-
-
 def check_attestation(
     directory: Path,
     verified: Any,
     *,
     allowed_signers: Path | None,
     principal: str | None,
+    sigstore_policy: sigstorebundle.IdentityPolicy | None = None,
 ) -> ReleaseCheck:
     """The attestation of a release whose SHA256SUMS ``verified`` already checked
     (:func:`pinwheel.release.assemble.verify_release`): its signature, then its subjects
-    against the files and SHA256SUMS, both ways. Raises VerifyError on the first failure."""
+    against the files and SHA256SUMS, both ways; then any Sigstore bundle beside it
+    (:func:`pinwheel.release.sigstorebundle.check`, offline, against ``sigstore_policy``).
+    Raises VerifyError on the first failure."""
     path = directory / FILENAME
     if not path.is_file():
         raise VerifyError(
@@ -305,6 +292,7 @@ def check_attestation(
     deps = ((doc.get("predicate") or {}).get("buildDefinition") or {}).get(
         "resolvedDependencies"
     ) or []
+    bundles = sigstorebundle.check(directory, verified.sums, sigstore_policy)
     return ReleaseCheck(
         dir=directory,
         sums_signed_by=verified.signed_by,
@@ -312,6 +300,7 @@ def check_attestation(
         subjects=tuple(sorted(subjects)),
         builder=builder,
         dependencies=len(deps) if isinstance(deps, list) else 0,
-        sigstore=_sigstore(directory),
+        sigstore=tuple(b.line for b in bundles),
+        bundles=bundles,
         unsigned=allowed_signers is None,
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 from pinwheel.checksums import SUMS
 from pinwheel.fsutil import atomic_write_bytes
-from pinwheel.release import attest, signing
+from pinwheel.release import attest, signing, sigstorebundle
 from pinwheel.release.assemble import verify_release
 from pinwheel.release.download import FetchError, fetch_release, get_small, resolve_source
 
@@ -25,13 +25,16 @@ def verify_release_dir(
     allowed_signers: Path | None,
     principal: str | None,
     allow_unsigned: bool = False,
+    sigstore_policy: sigstorebundle.IdentityPolicy | None = None,
 ) -> attest.ReleaseCheck:
-    """Signatures required unless ``allow_unsigned``; raises VerifyError on any failure."""
+    """Signatures required unless ``allow_unsigned``; a Sigstore bundle beside the release
+    is verified offline against ``sigstore_policy``; raises VerifyError on any failure."""
     signing.require_signers(allowed_signers, allow_unsigned, "pinwheel verify-release")
     verified = verify_release(directory, allowed_signers=allowed_signers, principal=principal)
     return attest.check_attestation(
-        directory, verified, allowed_signers=allowed_signers, principal=principal
-    )
+        directory, verified, allowed_signers=allowed_signers, principal=principal,
+        sigstore_policy=sigstore_policy,
+    )  # fmt: skip
 
 
 def fetch_for_verify(url: str, dest: Path, opts: Any) -> None:
