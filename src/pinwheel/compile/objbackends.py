@@ -470,8 +470,9 @@ class S3:
                 secret_key=self.secret_key, token=self.token, payload_sha256=payload_sha256,
                 now=datetime.datetime.now(datetime.UTC),
             ))  # fmt: skip
-        if size is not None:
+        if size is not None:  # a type, or urllib says a form (a server may parse it as one)
             headers["Content-Length"] = str(size)
+            headers["Content-Type"] = "application/octet-stream"
         req = urllib.request.Request(url, data=body, headers=headers, method=method)
         try:
             return httpget.urlopen(req, timeout=TIMEOUT)
