@@ -11,12 +11,14 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from pinwheel.compile import objbackends, objstore
+from pinwheel.compile import compcache, objbackends, objstore
 from pinwheel.compile.pipeline import build as run_build
 from pinwheel.wheels.provenance import component, read_receipt
 from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
@@ -186,3 +188,51 @@ def test_the_store_follows_the_compiler_cache_backend(tmp_path: Path) -> None:
     dead = {"PATH": "", "SCCACHE_REDIS": f"redis://127.0.0.1:{closed}"}
     none, why = objstore.for_plan(compcache.plan(CacheConfig(), tmp_path, dead), cold=False)
     assert none is None and "redis store is unreachable" in why and str(closed) in why
+
+
+def test_a_fresh_cache_hits_through_a_shared_redis(tiny: Tiny) -> None:  # noqa: F811
+    """``[build.cache] backend = "redis"``, a real redis-server on 127.0.0.1, two caches
+    that share nothing local (two ephemeral runners): the cold build stores, the fresh one
+    compiles nothing and gives the cold sha256."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("no redis-server binary (Debian: apt-get install redis-server)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    redis = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while compcache._tcp(f"redis://127.0.0.1:{port}", 6379) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        manifest = tiny.manifest(name="redis.toml")
+        manifest.write_text(manifest.read_text() + '\n[build.cache]\nbackend = "redis"\n'
+                            f'endpoint = "redis://127.0.0.1:{port}"\nprefix = "ci"\n')  # fmt: skip
+        result = tiny.replay(manifest)
+
+        def once(cache: str, out: str):
+            req = request(tiny, manifest, tiny.tmp / out, result)
+            environ = {k: v for k, v in req.environ.items() if not k.startswith("SCCACHE_")}
+            return run_build(dataclasses.replace(
+                req, cache=tiny.tmp / cache, engine_workdir=None, environ=environ
+            ))  # fmt: skip
+
+        cold = once("cache-a", "w-a")
+        cache_row = _phase(cold, "compiler cache")
+        assert any(d.startswith("object store: redis (ci/pinwheel-objects/") for d in cache_row.did)
+        assert any("stored in the object store" in d for d in _phase(cold, "builder").did)
+        fresh = once("cache-b", "w-b")
+    finally:
+        redis.terminate()
+        redis.wait(timeout=10)
+    assert fresh.wheels.wheels[WHEEL] == cold.wheels.wheels[WHEEL]
+    (engine,) = fresh.to_json()["components"]
+    assert engine["reused"] == ["tiny/_C.so"]
+    assert "the object store holds this build (1 compiled member(s))" in (
+        _phase(fresh, "builder").skipped[0]
+    )
+    assert not (tiny.tmp / "cache-a" / "sccache" / objstore.SUBDIR).exists()  # nothing local
