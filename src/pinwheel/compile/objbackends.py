@@ -43,6 +43,7 @@ from typing import Any, BinaryIO, Protocol
 from pinwheel import confine, httpget, untrusted, validate
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
+from pinwheel.urls import redact
 
 SUBDIR = "pinwheel-objects"
 TIMEOUT = 10.0  # seconds one socket operation may wait
@@ -454,8 +455,12 @@ class S3:
     token: str | None = field(default=None, repr=False)
     name: str = "s3"
 
+    @property
+    def where(self) -> str:  # the base without user info: messages never carry secrets
+        return redact(self.base)
+
     def describe(self) -> str:
-        return f"s3 ({_key(self.prefix, '')} in {self.base})"
+        return f"s3 ({_key(self.prefix, '')} in {self.where})"
 
     def _url(self, key: str) -> str:
         return f"{self.base}/{_quote(_key(self.prefix, key))}"
@@ -481,13 +486,13 @@ class S3:
             if exc.code == 404 and method == "GET":
                 return None
             raise Unavailable(
-                f"{method} answered HTTP {exc.code} {exc.reason}", where=self.base,
+                f"{method} answered HTTP {exc.code} {exc.reason}", where=self.where,
                 next="check the bucket, its region and the AWS_* credentials",
             ) from None  # fmt: skip
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise Unavailable(
-                f"{method} failed: {reason}", where=self.base,
+                f"{method} failed: {reason}", where=self.where,
                 next="check [build.cache] endpoint and that the server is up",
             ) from None  # fmt: skip
 
@@ -500,7 +505,7 @@ class S3:
         resp = self._request("GET", key, _EMPTY_SHA)
         if resp is None:
             return None
-        bounds = httpget.Bounds(f"GET {key}", cap, _fail(self.base), time.monotonic() + DEADLINE)
+        bounds = httpget.Bounds(f"GET {key}", cap, _fail(self.where), time.monotonic() + DEADLINE)
         got: list[bytes] = []
         with resp:
             try:
@@ -511,7 +516,7 @@ class S3:
                     else:
                         got.append(block)
             except (TimeoutError, OSError) as exc:
-                raise Unavailable(f"GET {key}: cut off: {exc}", where=self.base,
+                raise Unavailable(f"GET {key}: cut off: {exc}", where=self.where,
                                   next="check the server") from None  # fmt: skip
         return b"".join(got)
 

@@ -22,13 +22,23 @@ kernel the repacked wheel's sha256 differed from a cold build's (bench/objstore_
 first version), and a fast path must give the cold bytes. A changed tree builds with
 the compiler cache as before.
 
-Backend: the local directory of ``[build.cache] backend = "local"`` (``SCCACHE_DIR``:
-the store lives in ``<SCCACHE_DIR>/pinwheel-objects``, so runners that share that
-directory share both; sccache's size cap counts it). Redis, S3 and GitHub's cache are
-not covered: the store is off there and the phase table says so. Records are read as
-untrusted (a shared directory is written by other machines): bounded JSON, the wheel
-name validated, the copy's sha256 checked before it is used. The store is as trusted
-as the compiler cache it lives in: whoever can write sccache's objects can write these.
+Backends (:mod:`pinwheel.compile.objbackends`): the compiler cache's own store. For
+``[build.cache] backend = "local"`` the directory ``<SCCACHE_DIR>/pinwheel-objects``
+(runners sharing that directory share both; sccache's size cap counts it); for
+``"redis"`` and ``"s3"`` the same keys under ``<prefix>/pinwheel-objects/`` in the
+server or bucket sccache uses, reached with sccache's settings (``SCCACHE_REDIS_*``,
+``SCCACHE_BUCKET``/``_ENDPOINT``/``_REGION``, the standard AWS credentials), so an
+ephemeral CI runner with a warm shared cache compiles nothing. GitHub's cache is not
+covered: the store is off there and the phase table says so. A remote store nothing
+answers at is "no store" (said in the phase table); a transfer cut off later is a miss
+or "not stored", never a failed build. The wheel is written before its index record,
+so a reader finds no record whose wheel is not whole.
+
+Records and wheels are read as untrusted (a shared store is written by other
+machines): bounded reads (the record through :mod:`pinwheel.untrusted`'s bounded JSON,
+the wheel up to :data:`MAX_WHEEL`), the wheel name validated, the copy's sha256 checked
+before it is used. The store is as trusted as the compiler cache it lives in: whoever
+can write sccache's objects can write these.
 """
 
 from __future__ import annotations
