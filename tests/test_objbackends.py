@@ -306,6 +306,30 @@ def test_s3_a_fresh_runner_hits_and_tampered_or_oversized_is_refused(
     assert not list((tmp_path / "dist-t").iterdir())
 
 
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc", "cut off at 3 of 100 bytes"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\n", "more than the 1024"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"x" * 5000, "more than the 1024"),
+        (b"\x1b[2Jnot http\r\n\r\n", "GET failed"),
+        (b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n", "HTTP 500"),
+    ],
+)
+def test_a_hostile_s3_answer_is_refused_bounded(reply: bytes, said: str) -> None:
+    server = _Hostile(reply)
+    try:
+        backend = objbackends.S3(f"http://127.0.0.1:{server.port}/b", "us-east-1", "p", "k", "s")
+        with pytest.raises(objbackends.Unavailable, match=said):
+            backend.read("v1/index/x.json", 1024)
+        # The record's cap is larger (64 MiB): what is under it is no JSON record.
+        miss = objstore.Store(backend).lookup(IDENT, MATCH)
+        assert isinstance(miss, objstore.Miss) and miss.why.startswith("miss: ")
+    finally:
+        server.close()
+
+
 def test_a_dead_s3_endpoint_is_no_store_with_a_message(tmp_path: Path) -> None:
     port = _free_port()
     none, why = objstore.for_plan(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import hmac
+import http.client
 import os
 import shutil
 import socket
@@ -489,7 +490,7 @@ class S3:
                 f"{method} answered HTTP {exc.code} {exc.reason}", where=self.where,
                 next="check the bucket, its region and the AWS_* credentials",
             ) from None  # fmt: skip
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
             raise Unavailable(
                 f"{method} failed: {reason}", where=self.where,
@@ -507,17 +508,22 @@ class S3:
             return None
         bounds = httpget.Bounds(f"GET {key}", cap, _fail(self.where), time.monotonic() + DEADLINE)
         got: list[bytes] = []
+        size = 0
         with resp:
             try:
-                bounds.announced(resp.headers.get("Content-Length"))
+                announced = bounds.announced(resp.headers.get("Content-Length"))
                 for block in bounds.blocks(resp):
+                    size += len(block)
                     if out is not None:
                         out.write(block)
                     else:
                         got.append(block)
-            except (TimeoutError, OSError) as exc:
-                raise Unavailable(f"GET {key}: cut off: {exc}", where=self.where,
+            except (OSError, http.client.HTTPException) as exc:  # IncompleteRead, a reset
+                raise Unavailable(f"GET {key}: cut off: {exc!r}", where=self.where,
                                   next="check the server") from None  # fmt: skip
+        if announced is not None and size != announced:  # http.client's read1 ends quietly
+            raise Unavailable(f"GET {key}: cut off at {size} of {announced} bytes",
+                              where=self.where, next="check the server")  # fmt: skip
         return b"".join(got)
 
     def read(self, key: str, cap: int) -> bytes | None:
