@@ -362,7 +362,9 @@ def test_the_s3_signature_is_botocore_s() -> None:
         assert ours["Authorization"] == req.headers["Authorization"], method
 
 
-def test_the_local_backend_writes_the_layout_it_always_had(tmp_path: Path) -> None:
+def test_the_local_backend_writes_the_layout_it_always_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Byte for byte: <root>/v1/wheels/<sha256>/wheel is the wheel, and
     <root>/v1/index/<sha256 of the identity>/<sha256 of the match>.json is the entry."""
     root = tmp_path / "sccache" / objstore.SUBDIR
@@ -382,6 +384,10 @@ def test_the_local_backend_writes_the_layout_it_always_had(tmp_path: Path) -> No
     assert (root / f"v1/wheels/{sha}/wheel").read_bytes() == wheel.read_bytes()
     hit = store.lookup(IDENT, MATCH)
     assert isinstance(hit, objstore.Hit) and hit.blob == f"v1/wheels/{sha}/wheel"
+    monkeypatch.setattr(objstore, "MAX_WHEEL", 100)
+    big = store.take(hit, tmp_path / "dist-big")
+    assert isinstance(big, objstore.Miss) and "more than the 100 it may have" in big.why
+    monkeypatch.undo()
     (root / hit.blob).unlink()
     (root / hit.blob).symlink_to(wheel)  # a link where the wheel was: never followed
     assert store.take(hit, tmp_path / "dist") == objstore.Miss(

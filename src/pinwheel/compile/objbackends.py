@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from pinwheel import confine, httpget, untrusted, validate
+from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.urls import redact
@@ -102,7 +103,7 @@ class LocalDir:
         kind = untrusted.Kind("object store record", cap, 64, Unavailable, "")
         try:
             return untrusted.read_bytes(self.path(key), kind)
-        except PinwheelError:  # absent, a link, a FIFO, too large: not an entry
+        except PinwheelError:  # absent, a FIFO or device, too large: not an entry
             return None
 
     def fetch(self, key: str, out: BinaryIO, cap: int) -> bool:
@@ -114,8 +115,10 @@ class LocalDir:
         except OSError:
             return False
         with os.fdopen(fd, "rb") as src:
-            if os.fstat(src.fileno()).st_size > cap:
-                return False
+            size = os.fstat(src.fileno()).st_size
+            if size > cap:
+                raise Unavailable(f"a wheel of {size} bytes, more than the {cap} it may have",
+                                  where=str(blob), next=_SERVER)  # fmt: skip
             shutil.copyfileobj(src, out, 1024 * 1024)
         return True
 
@@ -125,8 +128,6 @@ class LocalDir:
         atomic_write_text(path, data.decode())
 
     def send(self, key: str, path: Path, sha256: str) -> None:
-        from pinwheel.checksums import sha256_file
-
         blob = self.path(key)
         if blob.is_file() and not blob.is_symlink() and sha256_file(blob) == sha256:
             return
