@@ -10,12 +10,15 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
+import subprocess
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from pinwheel.compile import objstore
+from pinwheel.compile import compcache, objbackends, objstore
 from pinwheel.compile.pipeline import build as run_build
 from pinwheel.wheels.provenance import component, read_receipt
 from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
@@ -83,36 +86,41 @@ def test_hostile_store_records_are_misses(tiny: Tiny) -> None:  # noqa: F811
     manifest = tiny.manifest()
     shared = tiny.tmp / "shared-cache"
     cold = _build(tiny, manifest, "cache-a", "w-a", shared)
-    store = objstore.Store(shared / objstore.SUBDIR)
-    (index,) = (store.root / "v1" / "index").iterdir()
+    root = shared / objstore.SUBDIR
+    store = objstore.Store(objbackends.LocalDir(root))
+    (index,) = (root / "v1" / "index").iterdir()
     (path,) = index.iterdir()
     good = json.loads(path.read_text())
     ident, match = good["record"]["identity"], good["match"]
     hit = store.lookup(ident, match)
-    assert hit is not None and hit.sha256 == good["sha256"]
-    assert store.lookup(ident, {**match, "tree": "0" * 64}) is None  # another tree
-    assert store.lookup({**ident, "builder": "other"}, match) is None  # another identity
+    assert isinstance(hit, objstore.Hit) and hit.sha256 == good["sha256"]
+    miss = objstore.Miss
+    assert isinstance(store.lookup(ident, {**match, "tree": "0" * 64}), miss)  # another tree
+    assert isinstance(store.lookup({**ident, "builder": "other"}, match), miss)  # another identity
 
-    def with_entry(text: str) -> objstore.Hit | None:
+    def with_entry(text: str) -> objstore.Hit | objstore.Miss:
         path.unlink(missing_ok=True)
         path.write_text(text)
         return store.lookup(ident, match)
 
-    assert with_entry("{not json") is None
-    assert with_entry("[" * 500 + "]" * 500) is None
+    assert isinstance(with_entry("{not json"), miss)
+    assert isinstance(with_entry("[" * 500 + "]" * 500), miss)
     for name in ("../../../escape.whl", "a/b.whl", "x\n.whl", "w.whl\u0000"):
-        assert with_entry(json.dumps({**good, "wheel": name})) is None, name
-    assert with_entry(json.dumps({**good, "record": {**good["record"], "identity": {}}})) is None
+        assert isinstance(with_entry(json.dumps({**good, "wheel": name})), miss), name
+    bad_ident = {**good, "record": {**good["record"], "identity": {}}}
+    assert isinstance(with_entry(json.dumps(bad_ident)), miss)
     path.unlink()
     os.mkfifo(path)
-    assert store.lookup(ident, match) is None  # not opened for reading: no hang
+    assert isinstance(store.lookup(ident, match), miss)  # not opened for reading: no hang
     path.unlink()
     path.write_text(json.dumps(good))
     hit = store.lookup(ident, match)
-    assert hit is not None
-    with zipfile.ZipFile(hit.blob, "a") as zf:  # the stored wheel changed after it was written
+    assert isinstance(hit, objstore.Hit)
+    with zipfile.ZipFile(root / hit.blob, "a") as zf:  # the stored wheel changed after it was written
         zf.writestr("tiny/planted.py", "PLANTED = 1\n")
-    assert store.take(hit, tiny.tmp / "dist-check") is None
+    taken = store.take(hit, tiny.tmp / "dist-check")
+    assert isinstance(taken, miss) and "entry changed" in taken.why
+    assert not list((tiny.tmp / "dist-check").iterdir())  # nothing left behind
     fresh = _build(tiny, manifest, "cache-b", "w-b", shared)
     assert fresh.to_json()["components"][0]["reused"] == []  # compiled, not reused
     assert fresh.wheels.wheels == cold.wheels.wheels
@@ -161,18 +169,70 @@ def test_the_selftest_kernel_from_a_fresh_cache_is_the_stored_build(tmp_path: Pa
 
 
 def test_the_store_follows_the_compiler_cache_backend(tmp_path: Path) -> None:
-    """Local directory: the store beside sccache's objects; redis, s3 and gha: no store,
-    said; a cold build or [build.cache] enabled = false: none either."""
+    """Local directory: the store beside sccache's objects; gha, or a redis store nothing
+    answers at: no store, said; a cold build or [build.cache] enabled = false: none either."""
     from pinwheel.compile import compcache
     from pinwheel.manifest.build import CacheConfig
 
     env = {"PATH": "", "SCCACHE_DIR": str(tmp_path / "shared")}
     plan = compcache.plan(CacheConfig(), tmp_path, env)
     store, why = objstore.for_plan(plan, cold=False)
-    assert store is not None and store.root == tmp_path / "shared" / objstore.SUBDIR
+    assert store is not None
+    assert store.backend == objbackends.LocalDir(tmp_path / "shared" / objstore.SUBDIR)
     assert objstore.for_plan(plan, cold=True)[0] is None
     off, why = objstore.for_plan(plan, cold=False, turned_off=True)
     assert off is None and "enabled = false" in why
-    redis = compcache.plan(CacheConfig(), tmp_path, {"PATH": "", "SCCACHE_REDIS": "redis://h"})
-    none, why = objstore.for_plan(redis, cold=False)
-    assert none is None and "redis backend has no object store" in why
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    dead = {"PATH": "", "SCCACHE_REDIS": f"redis://127.0.0.1:{closed}"}
+    none, why = objstore.for_plan(compcache.plan(CacheConfig(), tmp_path, dead), cold=False)
+    assert none is None and "redis store is unreachable" in why and str(closed) in why
+
+
+def test_a_fresh_cache_hits_through_a_shared_redis(tiny: Tiny) -> None:  # noqa: F811
+    """``[build.cache] backend = "redis"``, a real redis-server on 127.0.0.1, two caches
+    that share nothing local (two ephemeral runners): the cold build stores, the fresh one
+    compiles nothing and gives the cold sha256."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("no redis-server binary (Debian: apt-get install redis-server)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    redis = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while compcache._tcp(f"redis://127.0.0.1:{port}", 6379) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        manifest = tiny.manifest(name="redis.toml")
+        manifest.write_text(manifest.read_text() + '\n[build.cache]\nbackend = "redis"\n'
+                            f'endpoint = "redis://127.0.0.1:{port}"\nprefix = "ci"\n')  # fmt: skip
+        result = tiny.replay(manifest)
+
+        def once(cache: str, out: str):
+            req = request(tiny, manifest, tiny.tmp / out, result)
+            environ = {k: v for k, v in req.environ.items() if not k.startswith("SCCACHE_")}
+            return run_build(dataclasses.replace(
+                req, cache=tiny.tmp / cache, engine_workdir=None, environ=environ
+            ))  # fmt: skip
+
+        cold = once("cache-a", "w-a")
+        cache_row = _phase(cold, "compiler cache")
+        assert any(d.startswith("object store: redis (ci/pinwheel-objects/") for d in cache_row.did)
+        assert any("stored in the object store" in d for d in _phase(cold, "builder").did)
+        fresh = once("cache-b", "w-b")
+    finally:
+        redis.terminate()
+        redis.wait(timeout=10)
+    assert fresh.wheels.wheels[WHEEL] == cold.wheels.wheels[WHEEL]
+    (engine,) = fresh.to_json()["components"]
+    assert engine["reused"] == ["tiny/_C.so"]
+    assert "the object store holds this build (1 compiled member(s))" in (
+        _phase(fresh, "builder").skipped[0]
+    )
+    assert not (tiny.tmp / "cache-a" / "sccache" / objstore.SUBDIR).exists()  # nothing local

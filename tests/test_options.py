@@ -44,7 +44,7 @@ def test_the_declaration_check_sees_a_planted_read() -> None:
 def test_stages_get_declared_and_pass_through_variables_only() -> None:
     process = {
         "PATH": "/usr/bin", "CUDA_HOME": "/opt/cuda", "SCCACHE_DIR": "/c", "HOME": "/root",
-        "LC_ALL": "C", "AWS_SECRET_ACCESS_KEY": "s3cr3t", "GIT_DIR": "/evil", "MY_MODEL": "/m",
+        "LC_ALL": "C", "DOCKER_PASSWORD": "s3cr3t", "GIT_DIR": "/evil", "MY_MODEL": "/m",
         "LD_PRELOAD": "/evil.so", "BASH_ENV": "/evil.sh",
     }  # fmt: skip
     env = options.environment(process)
@@ -53,6 +53,9 @@ def test_stages_get_declared_and_pass_through_variables_only() -> None:
         "LC_ALL": "C",
     }  # fmt: skip
     assert options.environment(process, extra=["MY_MODEL"])["MY_MODEL"] == "/m"
+    # The S3 credentials are declared: sccache's S3 backend and the object store sign with them.
+    aws = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t"}
+    assert options.environment({**process, **aws}) == {**env, **aws}
     ctx = Context(manifest_path=Path("m.toml"), cache=Path("c"), mirrors={}, json=True,
                   offline=True)  # fmt: skip
     assert all(options.passes(k) for k in ctx.environ)

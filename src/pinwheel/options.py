@@ -89,6 +89,13 @@ VARIABLES: tuple[Var, ...] = (
         "compile.compcache", None, "[build.cache] size"),
     Var("SCCACHE_*", "sccache's own settings; they win over [build.cache]",
         "compile.compcache"),
+    Var("AWS_ACCESS_KEY_ID", "the S3 key id sccache and pinwheel's object store sign with "
+        "([build.cache] backend = s3)", "compile.objbackends, compile.compcache", None,
+        "none: unsigned requests"),
+    Var("AWS_SECRET_ACCESS_KEY", "the S3 secret key beside AWS_ACCESS_KEY_ID",
+        "compile.objbackends, compile.compcache", None, "none"),
+    Var("AWS_SESSION_TOKEN", "the S3 session token of temporary credentials",
+        "compile.objbackends, compile.compcache", None, "none"),
     Var("ACTIONS_CACHE_URL", "the GitHub Actions cache service ([build.cache] backend = gha)",
         "compile.compcache"),
     Var("ACTIONS_RESULTS_URL", "the GitHub Actions cache service, newer runners",

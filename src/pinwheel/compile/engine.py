@@ -367,8 +367,9 @@ def build_engine(request: EngineBuildRequest) -> Built:
              "flags": objstore.caller_flags(environ)}  # fmt: skip
     if reuse_from is None and store is not None and export_digest is not None:
         hit = store.lookup(ident, match)
-        wheel = store.take(hit, work / "dist") if hit is not None else None
-        if hit is not None and wheel is not None:
+        got = store.take(hit, work / "dist") if isinstance(hit, objstore.Hit) else hit
+        if isinstance(hit, objstore.Hit) and isinstance(got, Path):
+            wheel = got
             n = len(hit.record.get("compiled_members") or {})
             note.skip(f"compiling: the object store holds this build ({n} compiled member(s)): "
                       "nothing preprocessed, configured, compiled or linked")  # fmt: skip
@@ -378,7 +379,8 @@ def build_engine(request: EngineBuildRequest) -> Built:
             workspace.remember(work, given, wheel, made.build.to_json())
             remove_tree(recorder.depfile.parent, ignore_errors=True)  # nothing to record
             return made
-        note.did("object store: miss" if hit is None else "object store: entry changed, a miss")
+        assert isinstance(got, objstore.Miss)
+        note.did(f"object store: {got.why}")
     if reuse_from is not None:
         ok, why, rec = reuse.unchanged(reuse_from, Path(source), ident)
         reporter.info(f"reuse from {reuse_from.wheel.name}: {'yes' if ok else 'no'}: {why}")
@@ -420,9 +422,7 @@ def build_engine(request: EngineBuildRequest) -> Built:
     if export_digest is not None:
         workspace.remember(work, given, built[0], made.build.to_json())
     if store is not None and reused is None and export_digest is not None:
-        stored = store.put(built[0], inputs, match)
-        note.did("stored in the object store" if stored else
-                 "not stored in the object store: no compiled member")  # fmt: skip
+        note.did(store.put(built[0], inputs, match)[1])
     return made
 
 

@@ -534,8 +534,11 @@ def _build_kernel(
     match = {"tree": staged.digest, "source_date_epoch": staged.source_date_epoch,
              "flags": objstore.caller_flags(opts.environ)}  # fmt: skip
     hit = opts.store.lookup(identity, match) if opts.store and not opts.cold else None
-    wheel = opts.store.take(hit, dist) if hit is not None else None
-    if hit is not None and wheel is not None:  # pinwheel.compile.objstore: nothing compiles
+    got = opts.store.take(hit, dist) if isinstance(hit, objstore.Hit) else hit
+    if isinstance(got, objstore.Miss) and got.why != "miss":  # a reason worth a line
+        opts.reporter.info(f"{spec.name}: object store: {got.why}")
+    if isinstance(hit, objstore.Hit) and isinstance(got, Path):  # objstore: nothing compiles
+        wheel = got
         opts.reporter.info(f"{spec.name}: object store hit: the same build, nothing compiled")
         made = record(hit.record, reused=hit.reused(), torch=torch_version,
                       torch_index=config.torch_index if torch_version else None)  # fmt: skip
@@ -575,7 +578,9 @@ def _build_kernel(
                   torch_index=config.torch_index if torch_version else None)  # fmt: skip
     workspace.remember(work, given, built[0], made.to_json())
     if opts.store is not None:
-        opts.store.put(built[0], recorded, match)
+        stored, line = opts.store.put(built[0], recorded, match)
+        if not stored:
+            opts.reporter.info(f"{spec.name}: {line}")
     return Built(
         component=spec.name, kind="kernel", wheel=built[0],
         seconds=time.monotonic() - started, source=source, build=made,

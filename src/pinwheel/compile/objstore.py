@@ -22,21 +22,29 @@ kernel the repacked wheel's sha256 differed from a cold build's (bench/objstore_
 first version), and a fast path must give the cold bytes. A changed tree builds with
 the compiler cache as before.
 
-Backend: the local directory of ``[build.cache] backend = "local"`` (``SCCACHE_DIR``:
-the store lives in ``<SCCACHE_DIR>/pinwheel-objects``, so runners that share that
-directory share both; sccache's size cap counts it). Redis, S3 and GitHub's cache are
-not covered: the store is off there and the phase table says so. Records are read as
-untrusted (a shared directory is written by other machines): bounded JSON, the wheel
-name validated, the copy's sha256 checked before it is used. The store is as trusted
-as the compiler cache it lives in: whoever can write sccache's objects can write these.
+Backends (:mod:`pinwheel.compile.objbackends`): the compiler cache's own store. For
+``[build.cache] backend = "local"`` the directory ``<SCCACHE_DIR>/pinwheel-objects``
+(runners sharing that directory share both; sccache's size cap counts it); for
+``"redis"`` and ``"s3"`` the same keys under ``<prefix>/pinwheel-objects/`` in the
+server or bucket sccache uses, reached with sccache's settings (``SCCACHE_REDIS_*``,
+``SCCACHE_BUCKET``/``_ENDPOINT``/``_REGION``, the standard AWS credentials), so an
+ephemeral CI runner with a warm shared cache compiles nothing. GitHub's cache is not
+covered: the store is off there and the phase table says so. A remote store nothing
+answers at is "no store" (said in the phase table); a transfer cut off later is a miss
+or "not stored", never a failed build. The wheel is written before its index record,
+so a reader finds no record whose wheel is not whole.
+
+Records and wheels are read as untrusted (a shared store is written by other
+machines): bounded reads (the record through :mod:`pinwheel.untrusted`'s bounded JSON,
+the wheel up to :data:`MAX_WHEEL`), the wheel name validated, the copy's sha256 checked
+before it is used. The store is as trusted as the compiler cache it lives in: whoever
+can write sccache's objects can write these.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +52,12 @@ from typing import Any
 
 from pinwheel import confine, untrusted, validate
 from pinwheel.checksums import sha256_file
-from pinwheel.compile import compcache
+from pinwheel.compile import compcache, objbackends
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_text, remove_tree
+from pinwheel.fsutil import remove_tree
 
 FORMAT = 1
-SUBDIR = "pinwheel-objects"
+SUBDIR = objbackends.SUBDIR
 KIND = untrusted.Kind(
     "object store record", 64 * untrusted.MiB, 64, PinwheelError,
     "nothing to do: the build compiles instead",
@@ -79,31 +87,44 @@ def identity_key(ident: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(dict(ident), sort_keys=True).encode()).hexdigest()
 
 
+# A default: the largest stored wheel read back (the engine wheels built so far are < 1 GiB).
+MAX_WHEEL = 2 * untrusted.GiB
+
+
+def _index_key(ident: Mapping[str, Any], match_key: str) -> str:
+    return f"v{FORMAT}/index/{identity_key(ident)}/{match_key}.json"
+
+
+def _blob_key(sha256: str) -> str:
+    return f"v{FORMAT}/wheels/{sha256}/wheel"
+
+
+@dataclass(frozen=True)
+class Miss:
+    """No usable entry, and why (shown in the phase table)."""
+
+    why: str
+
+
 @dataclass(frozen=True)
 class Store:
-    """A local-directory store (one per cache backend directory)."""
+    """The store over one backend (:mod:`pinwheel.compile.objbackends`): a local directory
+    beside sccache's, or the Redis or S3 store the compiler cache uses."""
 
-    root: Path
+    backend: objbackends.Backend
 
-    def _index(self, ident: Mapping[str, Any]) -> Path:
-        return self.root / f"v{FORMAT}" / "index" / identity_key(ident)
-
-    def _blob(self, sha256: str) -> Path:
-        return self.root / f"v{FORMAT}" / "wheels" / sha256 / "wheel"
-
-    def put(self, wheel: Path, record: Mapping[str, Any], match: Mapping[str, Any]) -> bool:
+    def put(
+        self, wheel: Path, record: Mapping[str, Any], match: Mapping[str, Any]
+    ) -> tuple[bool, str]:
         """Store ``wheel`` and its compiled-inputs ``record``; ``match``: what else must
-        be equal for a hit (version, date: what reaches the wheel's metadata). False
-        when the record is not reusable (incomplete) and nothing was stored."""
+        be equal for a hit (version, date: what reaches the wheel's metadata). (stored,
+        the line for the phase table): not stored when the record is not reusable
+        (incomplete) or the backend failed; never raises for a backend's failure. The
+        wheel goes first, the index record after: a reader never finds a record whose
+        wheel was not written whole."""
         if not record.get("compiled_members"):
-            return False
+            return False, "not stored in the object store: no compiled member"
         sha = sha256_file(wheel)
-        blob = self._blob(sha)
-        if not (blob.is_file() and not blob.is_symlink() and sha256_file(blob) == sha):
-            confine.mkdirs(self.root, blob.parent)
-            tmp = blob.with_name(f".wheel.{os.getpid()}.tmp")
-            shutil.copyfile(wheel, tmp)
-            os.replace(tmp, blob)
         entry = {
             "format": FORMAT,
             "wheel": Path(wheel).name,
@@ -111,51 +132,72 @@ class Store:
             "match": dict(match),
             "record": dict(record),
         }
-        index = self._index(record["identity"])
-        confine.mkdirs(self.root, index)
         key = identity_key(json.loads(json.dumps(dict(match), sort_keys=True)))
-        atomic_write_text(index / f"{key}.json", json.dumps(entry, sort_keys=True))
-        return True
-
-    def lookup(self, ident: Mapping[str, Any], match: Mapping[str, Any]) -> Hit | None:
-        """The stored build of this identity whose ``match`` facts (the export's digest,
-        version, date, the caller's flags) are equal, verified; None on a miss."""
-        want = json.loads(json.dumps(dict(match), sort_keys=True))
-        path = self._index(ident) / f"{identity_key(want)}.json"
         try:
-            raw = untrusted.read_json(path, KIND)
-        except PinwheelError:
-            return None
+            self.backend.send(_blob_key(sha), Path(wheel), sha)
+            self.backend.write(
+                _index_key(record["identity"], key), json.dumps(entry, sort_keys=True).encode()
+            )
+        except objbackends.Unavailable as exc:
+            return False, f"not stored in the object store: {_said(exc)}"
+        return True, "stored in the object store"
+
+    def lookup(self, ident: Mapping[str, Any], match: Mapping[str, Any]) -> Hit | Miss:
+        """The stored build of this identity whose ``match`` facts (the export's digest,
+        version, date, the caller's flags) are equal, checked; a :class:`Miss` saying why
+        not (no entry, an unusable record, the backend unreachable)."""
+        want = json.loads(json.dumps(dict(match), sort_keys=True))
+        key = _index_key(ident, identity_key(want))
+        try:
+            data = self.backend.read(key, KIND.max_bytes)
+        except objbackends.Unavailable as exc:
+            return Miss(f"miss: {_said(exc)}")
+        if data is None:
+            return Miss("miss")
+        try:
+            raw = untrusted.parse_json(data, KIND, key)
+        except PinwheelError as exc:
+            return Miss(f"miss: an unusable record ({exc.what[:200]})")
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-            return None
+            return Miss("miss: a record of another format")
         rec, sha, name = raw.get("record"), raw.get("sha256"), raw.get("wheel")
         if raw.get("match") != want or not isinstance(rec, dict) or not _is_sha(sha):
-            return None
+            return Miss("miss: a record that does not match")
         if rec.get("identity") != json.loads(json.dumps(dict(ident))):
-            return None
+            return Miss("miss: a record of another identity")
         if not isinstance(name, str) or validate.wheel_name_problem(name):
-            return None
-        blob = self._blob(str(sha))
-        if not blob.is_file() or blob.is_symlink():
-            return None
-        return Hit(blob, name, str(sha), rec)
+            return Miss("miss: a record naming no valid wheel")
+        return Hit(_blob_key(str(sha)), name, str(sha), rec)
 
-    def take(self, hit: Hit, dist: Path) -> Path | None:
-        """The stored wheel copied into ``dist`` under its name, its sha256 checked on the
-        copy (a store entry changed since it was written is a miss); None then."""
+    def take(self, hit: Hit, dist: Path) -> Path | Miss:
+        """The stored wheel copied into ``dist`` under its name (at most
+        :data:`MAX_WHEEL` bytes), its sha256 checked on the copy: a wheel missing, cut
+        off or changed since it was written is a :class:`Miss` and nothing is left."""
         remove_tree(dist, ignore_errors=True)
         dist.mkdir(parents=True)
         target = confine.inside(dist, hit.name, what="wheel")
-        shutil.copyfile(hit.blob, target)
-        if sha256_file(target) != hit.sha256:
-            target.unlink()
-            return None
+        why = None
+        try:
+            with open(target, "xb") as out:
+                if not self.backend.fetch(hit.blob, out, MAX_WHEEL):
+                    why = "miss: the record's wheel is not in the store"
+        except objbackends.Unavailable as exc:
+            why = f"miss: {_said(exc)}"
+        if why is None and sha256_file(target) != hit.sha256:
+            why = "entry changed, a miss (the stored wheel's sha256 is not the record's)"
+        if why is not None:
+            target.unlink(missing_ok=True)
+            return Miss(why)
         return target
+
+
+def _said(exc: PinwheelError) -> str:
+    return f"{exc.where}: {exc.what}" if exc.where else exc.what
 
 
 @dataclass(frozen=True)
 class Hit:
-    blob: Path
+    blob: str  # the wheel's key in the store
     name: str  # the wheel's file name as built
     sha256: str
     record: Mapping[str, Any]  # its compiled inputs
@@ -173,22 +215,45 @@ class Hit:
 
 
 def for_plan(
-    plan: compcache.Plan, *, cold: bool, turned_off: bool = False
+    plan: compcache.Plan,
+    *,
+    cold: bool,
+    turned_off: bool = False,
+    environ: Mapping[str, str] | None = None,
 ) -> tuple[Store | None, str]:
     """The store of the compiler cache's backend, or (None, why not). ``turned_off``:
-    ``[build.cache] enabled = false``. Without an sccache binary the store still works."""
+    ``[build.cache] enabled = false``. Without an sccache binary the store still works.
+    ``environ``: where an S3 store's AWS credentials come from. A remote store is
+    reached once here (Redis ``PING``, an S3 ``GET``): unreachable means no store."""
     if cold:
         return None, "a cold build (--no-cache, verify-build) reuses nothing"
     if turned_off:
         return None, "turned off ([build.cache] enabled = false)"
     if plan.disabled and plan.binary is not None:
         return None, f"the compiler cache is off ({plan.disabled})"
-    if plan.backend != "local":
-        return None, f"the {plan.backend} backend has no object store (local directories only)"
-    directory = plan.server_env.get("SCCACHE_DIR")
-    if not directory:
-        return None, "no local cache directory"
-    return Store(Path(directory) / SUBDIR), f"local ({SUBDIR} in the compiler cache's directory)"
+    env = plan.server_env
+    backend: objbackends.Backend
+    try:
+        if plan.backend == "local":
+            directory = env.get("SCCACHE_DIR")
+            if not directory:
+                return None, "no local cache directory"
+            backend = objbackends.LocalDir(Path(directory) / SUBDIR)
+        elif plan.backend == "redis":
+            backend = objbackends.redis_from(env, env.get("SCCACHE_REDIS_KEY_PREFIX", ""))
+        elif plan.backend == "s3":
+            backend = objbackends.s3_from(
+                env, env.get("SCCACHE_S3_KEY_PREFIX", ""), environ or {}
+            )
+        else:
+            return None, f"the {plan.backend} backend has no object store (local, redis, s3)"
+    except ValueError as exc:
+        return None, f"the {plan.backend} settings cannot be read: {exc}"
+    try:
+        backend.check()
+    except objbackends.Unavailable as exc:
+        return None, f"the {plan.backend} store is unreachable: {_said(exc)}"
+    return Store(backend), backend.describe()
 
 
-__all__ = ["Hit", "Store", "caller_flags", "for_plan", "identity_key"]
+__all__ = ["MAX_WHEEL", "Hit", "Miss", "Store", "caller_flags", "for_plan", "identity_key"]

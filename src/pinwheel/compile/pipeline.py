@@ -254,7 +254,8 @@ def build(
         else:
             cache_note.skip(f"no compiler cache: {cache_plan.disabled}")
         store, why = objstore.for_plan(
-            cache_plan, cold=not request.compiler_cache, turned_off=not config.cache.enabled
+            cache_plan, cold=not request.compiler_cache, turned_off=not config.cache.enabled,
+            environ=request.environ,
         )
         if store is not None:
             cache_note.did(f"object store: {why}")

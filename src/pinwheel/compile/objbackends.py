@@ -1,0 +1,578 @@
+"""Where the object store's entries live: a local directory, Redis or S3.
+
+One small interface under :class:`pinwheel.compile.objstore.Store`: ``read`` (a bounded
+small value, the index record), ``fetch`` (a bounded blob streamed into a file, the
+wheel), ``write`` and ``send`` (the same two ways back). Keys are the store's relative
+names (``v1/index/<identity>/<match>.json``, ``v1/wheels/<sha256>/wheel``).
+
+- :class:`LocalDir`: ``<root>/<key>``, the layout the local store always had;
+- :class:`Redis`: a minimal RESP client over one socket (``GET``/``SET``/``PING`` with
+  binary values), keys ``<prefix>/pinwheel-objects/<key>``; ``AUTH`` from
+  ``SCCACHE_REDIS_USERNAME``/``SCCACHE_REDIS_PASSWORD`` or the URL's user info (sccache's
+  ``SCCACHE_REDIS`` form), ``SELECT`` from ``SCCACHE_REDIS_DB`` or the URL's path;
+- :class:`S3`: HTTP ``GET``/``PUT`` signed with AWS Signature Version 4 from
+  ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``; path-style
+  (``<endpoint>/<bucket>/<key>``) for a custom endpoint, as sccache's ``SCCACHE_ENDPOINT``.
+
+Everything a server answers is untrusted: every answer is read through
+:class:`pinwheel.httpget.Bounds` (a length checked before anything is read, a byte cap,
+a deadline); a reply that is not what the protocol promises, a dead server or a transfer
+cut off raises :class:`Unavailable`, which the store turns into "no store" (a miss, or
+nothing stored), never a failed build. Redis ``SET`` and S3 ``PUT`` replace a value
+whole or not at all: no reader sees half an entry.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import http.client
+import os
+import shutil
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from pinwheel import confine, httpget, untrusted, validate
+from pinwheel.checksums import sha256_file
+from pinwheel.errors import PinwheelError
+from pinwheel.fsutil import atomic_write_text
+from pinwheel.urls import redact
+
+SUBDIR = "pinwheel-objects"
+TIMEOUT = 10.0  # seconds one socket operation may wait
+DEADLINE = 600.0  # seconds one transfer may take (a wheel of a few hundred MB)
+MAX_LINE = 64 * 1024  # a RESP status, error or length line
+_SERVER = "check the server; the build goes on without the object store"
+
+
+class Unavailable(PinwheelError):
+    """The backend could not answer (unreachable, refused, cut off, or an answer that is
+    not what its protocol promises): no store for this step."""
+
+
+def _fail(where: str) -> httpget.Fail:
+    return lambda what, next: Unavailable(what, where=where, next=next)
+
+
+class Backend(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def describe(self) -> str: ...
+
+    def check(self) -> None: ...
+
+    def read(self, key: str, cap: int) -> bytes | None: ...
+
+    def fetch(self, key: str, out: BinaryIO, cap: int) -> bool: ...
+
+    def write(self, key: str, data: bytes) -> None: ...
+
+    def send(self, key: str, path: Path, sha256: str) -> None: ...
+
+
+# --------------------------------------------------------------------------- local
+
+
+@dataclass(frozen=True)
+class LocalDir:
+    """``<root>/<key>``: a directory beside sccache's (``<SCCACHE_DIR>/pinwheel-objects``)."""
+
+    root: Path
+    name: str = "local"
+
+    def describe(self) -> str:
+        return f"local ({SUBDIR} in the compiler cache's directory)"
+
+    def check(self) -> None:
+        return None
+
+    def path(self, key: str) -> Path:
+        return self.root / key
+
+    def read(self, key: str, cap: int) -> bytes | None:
+        kind = untrusted.Kind("object store record", cap, 64, Unavailable, "")
+        try:
+            return untrusted.read_bytes(self.path(key), kind)
+        except PinwheelError:  # absent, a FIFO or device, too large: not an entry
+            return None
+
+    def fetch(self, key: str, out: BinaryIO, cap: int) -> bool:
+        blob = self.path(key)
+        if blob.is_symlink():
+            return False
+        try:
+            fd = untrusted.open_regular(blob)
+        except OSError:
+            return False
+        with os.fdopen(fd, "rb") as src:
+            size = os.fstat(src.fileno()).st_size
+            if size > cap:
+                raise Unavailable(f"a wheel of {size} bytes, more than the {cap} it may have",
+                                  where=str(blob), next=_SERVER)  # fmt: skip
+            shutil.copyfileobj(src, out, 1024 * 1024)
+        return True
+
+    def write(self, key: str, data: bytes) -> None:
+        path = self.path(key)
+        confine.mkdirs(self.root, path.parent)
+        atomic_write_text(path, data.decode())
+
+    def send(self, key: str, path: Path, sha256: str) -> None:
+        blob = self.path(key)
+        if blob.is_file() and not blob.is_symlink() and sha256_file(blob) == sha256:
+            return
+        confine.mkdirs(self.root, blob.parent)
+        tmp = blob.with_name(f".wheel.{os.getpid()}.tmp")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, blob)
+
+
+# --------------------------------------------------------------------------- redis
+
+
+def _key(prefix: str, key: str) -> str:
+    return f"{prefix.strip('/')}/{SUBDIR}/{key}" if prefix.strip("/") else f"{SUBDIR}/{key}"
+
+
+@dataclass(frozen=True)
+class Redis:
+    """A Redis server (``redis://`` or ``rediss://``), one connection per operation."""
+
+    host: str
+    port: int
+    tls: bool = False
+    prefix: str = ""
+    username: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
+    db: int = 0
+    name: str = "redis"
+
+    def describe(self) -> str:
+        where = f"{self.host}:{self.port}"
+        return f"redis ({_key(self.prefix, '')} at {where})"
+
+    @property
+    def where(self) -> str:
+        return f"redis {self.host}:{self.port}"
+
+    def _connect(self) -> _Resp:
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=TIMEOUT)
+        except OSError as exc:
+            raise Unavailable(
+                f"cannot connect: {exc.strerror or exc}",
+                where=self.where,
+                next="check the server is up ([build.cache] endpoint); the build compiles",
+            ) from None
+        if self.tls:
+            try:
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+            except (OSError, ssl.SSLError) as exc:
+                sock.close()
+                raise Unavailable(f"TLS: {exc}", where=self.where, next="check rediss://") from None
+        conn = _Resp(sock, self.where)
+        try:
+            if self.password:
+                auth = [self.username, self.password] if self.username else [self.password]
+                conn.simple("AUTH", *auth)
+            if self.db:
+                conn.simple("SELECT", str(self.db))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def check(self) -> None:
+        conn = self._connect()
+        try:
+            conn.simple("PING")
+        finally:
+            conn.close()
+
+    def read(self, key: str, cap: int) -> bytes | None:
+        conn = self._connect()
+        try:
+            conn.command("GET", _key(self.prefix, key))
+            return conn.bulk(cap)
+        finally:
+            conn.close()
+
+    def fetch(self, key: str, out: BinaryIO, cap: int) -> bool:
+        conn = self._connect()
+        try:
+            conn.command("GET", _key(self.prefix, key))
+            return conn.bulk_into(out, cap)
+        finally:
+            conn.close()
+
+    def write(self, key: str, data: bytes) -> None:
+        conn = self._connect()
+        try:
+            conn.command("SET", _key(self.prefix, key), data)
+            conn.status()
+        finally:
+            conn.close()
+
+    def send(self, key: str, path: Path, sha256: str) -> None:
+        conn = self._connect()
+        try:
+            with open(path, "rb") as src:
+                size = os.fstat(src.fileno()).st_size
+                conn.command_file("SET", _key(self.prefix, key), src, size)
+            conn.status()
+        finally:
+            conn.close()
+
+
+def _encode(*parts: str | bytes) -> bytes:
+    out = [b"*%d\r\n" % len(parts)]
+    for p in parts:
+        b = p.encode() if isinstance(p, str) else p
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+class _Resp:
+    """One RESP2 connection: commands out, replies read bounded (a length checked before
+    anything is read, a byte cap, a deadline)."""
+
+    def __init__(self, sock: socket.socket, where: str):
+        self.sock, self.where = sock, where
+        self.reader = sock.makefile("rb")
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+    def _bounds(self, what: str, cap: int) -> httpget.Bounds:
+        return httpget.Bounds(what, cap, _fail(self.where), time.monotonic() + DEADLINE)
+
+    def _sendall(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            raise Unavailable(
+                f"cut off while sending: {exc}", where=self.where, next=_SERVER
+            ) from None
+
+    def command(self, *parts: str | bytes) -> None:
+        self._sendall(_encode(*parts))
+
+    def command_file(self, verb: str, key: str, src: BinaryIO, size: int) -> None:
+        head = _encode(verb, key)
+        self._sendall(b"*3" + head[2:] + b"$%d\r\n" % size)
+        while block := src.read(1024 * 1024):
+            self._sendall(block)
+        self._sendall(b"\r\n")
+
+    def _line(self, bounds: httpget.Bounds) -> bytes:
+        self.sock.settimeout(min(TIMEOUT, bounds.left() or TIMEOUT))
+        try:
+            line = self.reader.readline(MAX_LINE + 1)
+        except OSError as exc:
+            raise Unavailable(f"cut off: {exc}", where=self.where, next=_SERVER) from None
+        if not line.endswith(b"\r\n") or len(line) > MAX_LINE:
+            raise Unavailable(
+                "the reply is no RESP line (cut off, or longer than "
+                f"{MAX_LINE} bytes)", where=self.where, next="check the endpoint is a Redis server",
+            )  # fmt: skip
+        return line[:-2]
+
+    def _reply_head(self, bounds: httpget.Bounds) -> tuple[bytes, bytes]:
+        line = self._line(bounds)
+        kind, rest = line[:1], line[1:]
+        if kind == b"-":
+            text = rest.decode(errors="replace")[:200]
+            raise Unavailable(f"the server answered an error: {text}", where=self.where,
+                              next="check the credentials (SCCACHE_REDIS_PASSWORD) and "
+                              "the server's limits")  # fmt: skip
+        return kind, rest
+
+    def simple(self, *parts: str | bytes) -> None:
+        self.command(*parts)
+        self.status()
+
+    def status(self) -> None:
+        kind, _ = self._reply_head(self._bounds("redis reply", MAX_LINE))
+        if kind != b"+":
+            raise Unavailable("the reply is not a status", where=self.where,
+                              next="check the endpoint is a Redis server")  # fmt: skip
+
+    def _bulk_len(self, bounds: httpget.Bounds) -> int | None:
+        kind, rest = self._reply_head(bounds)
+        if kind != b"$":
+            raise Unavailable("the reply to GET is not a bulk string", where=self.where,
+                              next="check the endpoint is a Redis server")  # fmt: skip
+        if rest == b"-1":
+            return None
+        try:
+            n = validate.content_length(rest.decode("ascii", errors="replace"))  # digits only
+        except ValueError as exc:
+            raise Unavailable(f"a bad value length: {exc}", where=self.where,
+                              next="check the endpoint is a Redis server") from None  # fmt: skip
+        if n > bounds.cap:
+            raise Unavailable(
+                f"a value of {n} bytes, more than the {bounds.cap} it may have",
+                where=self.where, next=_SERVER,
+            )  # fmt: skip
+        return n
+
+    def _exactly(self, n: int, bounds: httpget.Bounds, out: BinaryIO | None) -> bytes:
+        got: list[bytes] = []
+        while n > 0:
+            self.sock.settimeout(min(TIMEOUT, bounds.left() or TIMEOUT))
+            try:
+                block = self.reader.read1(min(n, 1024 * 1024))
+            except OSError as exc:
+                raise Unavailable(f"cut off: {exc}", where=self.where,
+                                  next="check the server") from None  # fmt: skip
+            if not block:
+                raise Unavailable("cut off before the value's end", where=self.where,
+                                  next="check the server")  # fmt: skip
+            n -= len(block)
+            if out is not None:
+                out.write(block)
+            else:
+                got.append(block)
+        return b"".join(got)
+
+    def bulk(self, cap: int) -> bytes | None:
+        bounds = self._bounds("redis GET", cap)
+        n = self._bulk_len(bounds)
+        if n is None:
+            return None
+        data = self._exactly(n, bounds, None)
+        if self._exactly(2, bounds, None) != b"\r\n":
+            raise Unavailable("the value does not end where its length says", where=self.where,
+                              next="check the endpoint is a Redis server")  # fmt: skip
+        return data
+
+    def bulk_into(self, out: BinaryIO, cap: int) -> bool:
+        bounds = self._bounds("redis GET", cap)
+        n = self._bulk_len(bounds)
+        if n is None:
+            return False
+        self._exactly(n, bounds, out)
+        if self._exactly(2, bounds, None) != b"\r\n":
+            raise Unavailable("the value does not end where its length says", where=self.where,
+                              next="check the endpoint is a Redis server")  # fmt: skip
+        return True
+
+
+def redis_from(env: Mapping[str, str], prefix: str) -> Redis:
+    """The Redis of sccache's settings: ``SCCACHE_REDIS_ENDPOINT`` (or the older
+    ``SCCACHE_REDIS`` URL, which may carry ``user:password@`` and ``/db``),
+    ``SCCACHE_REDIS_USERNAME``/``_PASSWORD``/``_DB``. ValueError when unreadable."""
+    url = env.get("SCCACHE_REDIS_ENDPOINT") or env.get("SCCACHE_REDIS") or ""
+    parts = urllib.parse.urlsplit(url if "//" in url else f"redis://{url}")
+    if parts.scheme not in ("redis", "rediss", "tcp"):
+        raise ValueError(f"a {parts.scheme}: URL (redis:// or rediss://)")
+    host = parts.hostname
+    if not host or validate.line_problem(host):
+        raise ValueError("no host in the endpoint URL")
+    port = validate.port(parts.port or 6379)
+    db_text = env.get("SCCACHE_REDIS_DB") or parts.path.strip("/") or "0"
+    if not db_text.isdigit() or len(db_text) > 4:
+        raise ValueError(f"a database number, not {db_text[:20]!r}")
+    password = env.get("SCCACHE_REDIS_PASSWORD") or (
+        urllib.parse.unquote(parts.password) if parts.password else None
+    )
+    username = env.get("SCCACHE_REDIS_USERNAME") or (
+        urllib.parse.unquote(parts.username) if parts.username else None
+    )
+    return Redis(host, port, parts.scheme == "rediss", prefix, username, password, int(db_text))
+
+
+# --------------------------------------------------------------------------- s3
+
+
+def _quote(text: str) -> str:
+    return urllib.parse.quote(text, safe="/-_.~")
+
+
+def sigv4_headers(
+    method: str, url: str, *, region: str, access_key: str, secret_key: str,
+    token: str | None, payload_sha256: str, now: datetime.datetime,
+) -> dict[str, str]:  # fmt: skip
+    """The headers that sign ``method url`` for S3 (AWS Signature Version 4, header form)."""
+    parts = urllib.parse.urlsplit(url)
+    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+    day = amz_date[:8]
+    headers = {
+        "host": parts.netloc,
+        "x-amz-content-sha256": payload_sha256,
+        "x-amz-date": amz_date,
+    }
+    if token:
+        headers["x-amz-security-token"] = token
+    names = sorted(headers)
+    query = "&".join(
+        f"{_quote(k).replace('/', '%2F')}={_quote(v).replace('/', '%2F')}"
+        for k, v in sorted(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    )
+    canonical = "\n".join([
+        method, parts.path or "/", query,
+        "".join(f"{n}:{headers[n].strip()}\n" for n in names),
+        ";".join(names), payload_sha256,
+    ])  # fmt: skip
+    scope = f"{day}/{region}/s3/aws4_request"
+    to_sign = "\n".join(
+        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
+    )
+    key = ("AWS4" + secret_key).encode()
+    for part in (day, region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    headers["Authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
+        f"SignedHeaders={';'.join(names)}, Signature={signature}"
+    )
+    del headers["host"]  # urllib sends it from the URL
+    return headers
+
+
+_EMPTY_SHA = hashlib.sha256(b"").hexdigest()
+
+
+@dataclass(frozen=True)
+class S3:
+    """An S3 bucket: ``base`` is ``<endpoint>/<bucket>`` (path-style) or the bucket's
+    virtual-hosted URL; credentials from the standard AWS variables (none: unsigned)."""
+
+    base: str
+    region: str
+    prefix: str = ""
+    access_key: str | None = field(default=None, repr=False)
+    secret_key: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    name: str = "s3"
+
+    @property
+    def where(self) -> str:  # the base without user info: messages never carry secrets
+        return redact(self.base)
+
+    def describe(self) -> str:
+        return f"s3 ({_key(self.prefix, '')} in {self.where})"
+
+    def _url(self, key: str) -> str:
+        return f"{self.base}/{_quote(_key(self.prefix, key))}"
+
+    def _request(self, method: str, key: str, payload_sha256: str, body: Any = None,
+                 size: int | None = None) -> Any:  # fmt: skip
+        url = self._url(key)
+        headers = {"User-Agent": httpget.USER_AGENT}
+        if self.access_key and self.secret_key:
+            headers.update(sigv4_headers(
+                method, url, region=self.region, access_key=self.access_key,
+                secret_key=self.secret_key, token=self.token, payload_sha256=payload_sha256,
+                now=datetime.datetime.now(datetime.UTC),
+            ))  # fmt: skip
+        if size is not None:  # a type, or urllib says a form (a server may parse it as one)
+            headers["Content-Length"] = str(size)
+            headers["Content-Type"] = "application/octet-stream"
+        req = urllib.request.Request(url, data=body, headers=headers, method=method)
+        try:
+            return httpget.urlopen(req, timeout=TIMEOUT)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            if exc.code == 404 and method == "GET":
+                return None
+            raise Unavailable(
+                f"{method} answered HTTP {exc.code} {exc.reason}", where=self.where,
+                next="check the bucket, its region and the AWS_* credentials",
+            ) from None  # fmt: skip
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise Unavailable(
+                f"{method} failed: {reason}", where=self.where,
+                next="check [build.cache] endpoint and that the server is up",
+            ) from None  # fmt: skip
+
+    def check(self) -> None:
+        resp = self._request("GET", "v1/ping", _EMPTY_SHA)
+        if resp is not None:
+            resp.close()
+
+    def _body(self, key: str, cap: int, out: BinaryIO | None) -> bytes | None:
+        resp = self._request("GET", key, _EMPTY_SHA)
+        if resp is None:
+            return None
+        bounds = httpget.Bounds(f"GET {key}", cap, _fail(self.where), time.monotonic() + DEADLINE)
+        got: list[bytes] = []
+        size = 0
+        with resp:
+            try:
+                announced = bounds.announced(resp.headers.get("Content-Length"))
+                for block in bounds.blocks(resp):
+                    size += len(block)
+                    if out is not None:
+                        out.write(block)
+                    else:
+                        got.append(block)
+            except (OSError, http.client.HTTPException) as exc:  # IncompleteRead, a reset
+                raise Unavailable(f"GET {key}: cut off: {exc!r}", where=self.where,
+                                  next="check the server") from None  # fmt: skip
+        if announced is not None and size != announced:  # http.client's read1 ends quietly
+            raise Unavailable(f"GET {key}: cut off at {size} of {announced} bytes",
+                              where=self.where, next="check the server")  # fmt: skip
+        return b"".join(got)
+
+    def read(self, key: str, cap: int) -> bytes | None:
+        return self._body(key, cap, None)
+
+    def fetch(self, key: str, out: BinaryIO, cap: int) -> bool:
+        return self._body(key, cap, out) is not None
+
+    def write(self, key: str, data: bytes) -> None:
+        resp = self._request("PUT", key, hashlib.sha256(data).hexdigest(), data, len(data))
+        resp.close()
+
+    def send(self, key: str, path: Path, sha256: str) -> None:
+        with open(path, "rb") as src:
+            size = os.fstat(src.fileno()).st_size
+            resp = self._request("PUT", key, sha256, src, size)
+        resp.close()
+
+
+def s3_from(env: Mapping[str, str], prefix: str, environ: Mapping[str, str]) -> S3:
+    """The S3 of sccache's settings: ``SCCACHE_BUCKET``, ``SCCACHE_REGION``,
+    ``SCCACHE_ENDPOINT`` (path-style; without a scheme, https unless
+    ``SCCACHE_S3_USE_SSL`` is false), credentials from the AWS variables of ``environ``
+    (none when ``SCCACHE_S3_NO_CREDENTIALS`` is true). ValueError when unreadable."""
+    bucket = env.get("SCCACHE_BUCKET") or ""
+    problem = validate.identifier_problem(bucket)
+    if problem:
+        raise ValueError(f"bucket {bucket[:80]!r}: {problem}")
+    region = env.get("SCCACHE_REGION") or "us-east-1"
+    if validate.identifier_problem(region):
+        raise ValueError(f"region {region[:80]!r}: {validate.identifier_problem(region)}")
+    endpoint = env.get("SCCACHE_ENDPOINT")
+    if endpoint:
+        if "://" not in endpoint:
+            ssl_off = env.get("SCCACHE_S3_USE_SSL", "true").lower() in ("false", "0", "off")
+            endpoint = f"{'http' if ssl_off else 'https'}://{endpoint}"
+        validate.http_url(endpoint, schemes=("http", "https"))
+        base = f"{endpoint.rstrip('/')}/{bucket}"
+    else:
+        base = f"https://{bucket}.s3.{region}.amazonaws.com"
+    anonymous = env.get("SCCACHE_S3_NO_CREDENTIALS", "").lower() in ("true", "1", "on")
+    if anonymous:
+        return S3(base, region, prefix)
+    return S3(
+        base, region, prefix, environ.get("AWS_ACCESS_KEY_ID") or None,
+        environ.get("AWS_SECRET_ACCESS_KEY") or None, environ.get("AWS_SESSION_TOKEN") or None,
+    )  # fmt: skip
+
+
+__all__ = ["S3", "Backend", "LocalDir", "Redis", "Unavailable", "redis_from", "s3_from",
+           "sigv4_headers"]  # fmt: skip
