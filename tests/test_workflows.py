@@ -1244,13 +1244,24 @@ def test_the_runtime_lock_qualification_writes_ships_in_the_release_signed_again
     assert result.returncode == 0 and "::warning::no pylock.toml" in result.stdout
     assert "pip" in result.stderr and not (out2 / "pylock.toml").exists()
 
-    # relock: without the lock it stops and says why; with it, the release again, signed.
+    # relock: without the lock it warns and says "found=false" (its signing steps and the
+    # relock-attest/-publish jobs are conditioned on it); with it, the release again, signed.
     jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
     check = step_named(jobs["relock"], "The runtime lock qualification wrote")
-    missing = run_step(check, work, env)
-    assert missing.returncode == 1 and "wrote no pylock.toml" in missing.stdout
+    gh_out = tmp_path / "github-output"
+    gh_out.write_text("")
+    missing = run_step(check, work, {**env, "GITHUB_OUTPUT": str(gh_out)})
+    assert missing.returncode == 0 and "::warning::gpu-qualify wrote no pylock.toml" in missing.stdout
+    assert gh_out.read_text() == "found=false\n"
+    gated = [s.get("name") or s.get("uses") for s in jobs["relock"]["steps"]
+             if s.get("if") == "steps.lock.outputs.found == 'true'"]  # fmt: skip
+    assert len(gated) == 3 and jobs["relock"]["outputs"]["lock"] == "${{ steps.lock.outputs.found }}"
+    assert jobs["relock-attest"]["if"] == "needs.relock.outputs.lock == 'true'"
+    assert "relock-attest" in jobs["relock-publish"]["needs"]
     shutil.copytree(out, work / "qualify-out")
-    assert run_step(check, work, env).returncode == 0
+    gh_out.write_text("")
+    assert run_step(check, work, {**env, "GITHUB_OUTPUT": str(gh_out)}).returncode == 0
+    assert gh_out.read_text() == "found=true\n"
     for name in ("Write the signing key", "The release again", "Remove the signing key"):
         step = step_named(jobs["relock"], name)
         step_env = {**env, "SIGN_KEY": key.read_text()} if "SIGN_KEY" in (
