@@ -3,23 +3,27 @@ lock (``[build.torch_lock]``, else ``[build.requirements]``): a real venv, a rea
 ``pip --require-hashes`` from a wheelhouse holding a torch stand-in wheel made here (its hash
 is that file's sha256); no lock, a lock pinning another torch or a torch of another CUDA, or
 a file other than the hashed one stops with the manifest key and the commands that write
-the lock."""
+the lock. The system manifests' own locks are read against the torch wheels measured on PyPI
+(file, sha256, CUDA runtime) and the card's torch backend."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import shutil
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from pinwheel import manifest
-from pinwheel.compile.buildvenv import BuildVenvError
+from pinwheel.compile.buildvenv import BuildVenvError, parse_requirements
 from pinwheel.compile.kernels import _torch_version, torch_lock, torch_venv
 from pinwheel.errors import ManifestError
 from pinwheel.manifest.build import Requirements
+from pinwheel.manifest.targets import lock_cuda
 from pinwheel.progress import SILENT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,6 +158,78 @@ def test_a_locked_torch_of_another_cuda_or_without_the_arch_is_refused(
         torch_lock(config)
     assert err.value.where == "[build.torch_lock] (torch-lock.txt)"
     assert "lock a torch" in (err.value.next or "")
+
+
+# The torch wheel pip installs from each system manifest's lock on a cp312 x86_64 machine,
+# measured here (`pip install --dry-run --report` and `pip download` against PyPI,
+# pinwheel.wheels.fatbin over torch/lib/libtorch_cuda.so): file, sha256, the CUDA of the
+# runtime it requires, and the arch the card's GPUs need among its SASS.
+MEASURED = {
+    "manifest.toml": (
+        "torch-2.10.0-3-cp312-cp312-manylinux_2_28_x86_64.whl",  # 915,622,781 bytes
+        "98c01b8bb5e3240426dcde1446eed6f40c778091c8544767ef1168fc663a05a6",
+        "12.8",  # nvidia-cuda-runtime-cu12==12.8.90; SASS sm_70 75 80 86 89 90 100 120
+    ),
+    "recipes/sm120-tp2/manifest.toml": (
+        "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl",  # 530,712,279 bytes
+        "0f68f4ac6d95d12e896c3b7a912b5871619542ec54d3649cf48cc1edd4dd2756",
+        "13.0",  # cuda-toolkit==13.0.2; SASS sm_75 80 86 89 90 100 103 120 121
+    ),
+}
+CARD = {"manifest.toml": "v100", "recipes/sm120-tp2/manifest.toml": "sm120"}
+
+
+def _card_facts(card: str) -> dict:
+    return tomllib.loads((ROOT / "tests" / "cards" / f"{card}.toml").read_text())["facts"]
+
+
+@pytest.mark.parametrize("rel", sorted(MEASURED))
+def test_each_system_manifest_locks_the_torch_its_card_builds_with(rel: str) -> None:
+    config = manifest.load(ROOT / rel).build
+    lock = config.torch_lock
+    assert lock is not None and torch_lock(config) == lock  # the kernels' torch is this lock
+    text = lock.path.read_text()
+    pins = parse_requirements(text, lock.path.name)  # every line pinned and hashed
+    version, hashes = pins["torch"]
+    _, digest, cuda = MEASURED[rel]
+    assert version == config.torch
+    assert digest in hashes  # the measured wheel (its CUDA and arches read above) is allowed
+    assert lock_cuda({name: pin[0] for name, pin in pins.items()}) == cuda == config.cuda
+    facts = _card_facts(CARD[rel])
+    if "release.torch_backend" in facts:  # the V100 card: --torch-backend=cu128
+        assert facts["release.torch_backend"] == "cu" + cuda.replace(".", "")
+    if "build.python" in facts:  # the V100 card: cp312
+        assert facts["build.python"] == config.python
+    # Resolved for [build] python on Linux x86_64, written to where the manifest points.
+    assert f"--python-version {config.python} --python-platform x86_64-manylinux_2_28" in text
+    assert f" -o {lock.path.relative_to(ROOT)}\n" in text
+    # Portable: no index URL, no find-links, no path of the machine that wrote it.
+    for bad in ("--index-url", "--find-links", "http://", "https://", "file:", str(ROOT),
+                str(Path.home()), "/tmp/"):  # fmt: skip
+        assert bad not in text, bad
+
+
+def test_a_changed_torch_lock_is_refused_when_the_manifest_loads(tmp_path: Path) -> None:
+    here = tmp_path / "sm120-tp2"
+    shutil.copytree(ROOT / "recipes" / "sm120-tp2", here)
+    (tmp_path / "keys").mkdir()
+    shutil.copy(ROOT / "keys" / "allowed_signers", tmp_path / "keys" / "allowed_signers")
+    lock = here / "torch-2.11.0-cp312-x86_64.txt"
+    manifest.load(here / "manifest.toml")  # as committed: loads
+    lock.write_text(lock.read_text().replace("torch==2.11.0", "torch==2.11.1"))
+    with pytest.raises(ManifestError, match="sha256 of torch-2.11.0-cp312-x86_64.txt") as err:
+        manifest.load(here / "manifest.toml")
+    assert "torch_lock" in (err.value.where or "")
+    assert "[build.torch_lock] sha256" in (err.value.next or "")
+
+
+def test_the_gb10_manifest_names_no_torch_and_its_build_says_so(tmp_path: Path) -> None:
+    config = manifest.load(ROOT / "recipes" / "gb10-k2" / "manifest.toml").build
+    assert config.torch is None and config.torch_lock is None  # FILL IN: not on the card
+    with pytest.raises(ManifestError) as err:
+        torch_venv(config, tmp_path / "cache", SILENT, {})
+    assert err.value.where == "[build] torch" and "[build.torch_lock]" in err.value.what
+    assert not (tmp_path / "cache").exists()
 
 
 @pytest.mark.parametrize("how", ["dotdot", "absolute", "link"])
