@@ -388,6 +388,7 @@ def test_the_engine_workspace_key_does_not_depend_on_the_checkouts_path(tmp_path
     wiped the kept 1Cat-vLLM build tree and exported its build sources again)."""
     from pinwheel.compile import canonical
     from pinwheel.compile.pipeline import engine_key
+    from pinwheel.manifest.build import Requirements
 
     examples = Path(__file__).resolve().parent.parent / "recipes" / "examples"
     keys = []
@@ -401,4 +402,9 @@ def test_the_engine_workspace_key_does_not_depend_on_the_checkouts_path(tmp_path
         keys.append(engine_key(config, None, canon))
         other = dataclasses.replace(config, arches=("8.0",))
         assert engine_key(other, None, canon) != keys[-1]  # a real [build] value still counts
+        # The kernels' torch lock never reaches the engine (nor does its path).
+        kernels_torch = Requirements(dest / "torch-lock.txt", "a" * 64)
+        assert engine_key(dataclasses.replace(config, torch_lock=kernels_torch), None, canon) == (
+            keys[-1]
+        )
     assert keys[0] == keys[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -327,6 +328,8 @@ def _card_copy(tmp_path: Path) -> Path:
     (root / "manifest.toml").write_text((REPO / "manifest.toml").read_text())
     for name in ("kernels", "patches"):  # what the manifest points at
         (root / name).symlink_to(REPO / name)
+    # Its hashed torch lock is copied: a lock must resolve inside the manifest's folder.
+    shutil.copytree(REPO / "locks", root / "locks")
     return root
 
 

@@ -81,5 +81,7 @@ def test_model_mount_that_hides_the_container_root_or_a_system_dir_is_refused(
     assert f'model_mount = "{mount}"' in text
     path = tmp_path / "manifest.toml"
     path.write_text(text)
+    for lock in SM120.parent.glob("torch-*.txt"):  # its [build.torch_lock], beside it
+        (tmp_path / lock.name).write_bytes(lock.read_bytes())
     with pytest.raises(ManifestError, match="model_mount"):
         manifest.load(path)

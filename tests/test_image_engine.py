@@ -97,7 +97,14 @@ def _podman_manifest(tmp_path: Path) -> Path:
     path = tmp_path / "manifest.toml"
     path.write_text(text)
     (tmp_path / "patches").mkdir()
+    _with_torch_lock(tmp_path)
     return path
+
+
+def _with_torch_lock(folder: Path) -> None:
+    """The SM120 manifest's [build.torch_lock], copied beside a copy of it."""
+    for lock in SM120.parent.glob("torch-*.txt"):
+        (folder / lock.name).write_bytes(lock.read_bytes())
 
 
 def test_podman_gets_cdi_devices_and_host_networking(tmp_path):
@@ -131,6 +138,7 @@ def test_bad_image_values_are_refused_with_file_and_line(tmp_path, old, new, key
     assert old in text
     path = tmp_path / "manifest.toml"
     path.write_text(text.replace(old, new, 1))
+    _with_torch_lock(tmp_path)
     with pytest.raises(ManifestError) as err:
         manifest.load(path)
     line = 1 + next(i for i, ln in enumerate(path.read_text().splitlines()) if new in ln)

@@ -134,10 +134,11 @@ def test_no_cuda_is_suggested_when_none_compiles_every_arch(tmp_path):
 
 
 def _v100_copy(tmp_path: Path, extra: str) -> Path:
-    """The V100 manifest with ``extra`` appended, beside the kernels/ and patches/ it names."""
+    """The V100 manifest with ``extra`` appended, beside the kernels/, patches/ and locks/
+    (its torch lock) it names."""
     path = tmp_path / "manifest.toml"
     path.write_text(V100.read_text() + "\n" + extra)
-    for folder in ("kernels", "patches"):
+    for folder in ("kernels", "patches", "locks"):
         if not (tmp_path / folder).exists():
             shutil.copytree(ROOT / folder, tmp_path / folder)
     return path

@@ -31,7 +31,7 @@ from pinwheel.compile.toolchain import (
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import loads
 from pinwheel.manifest.build import BuildConfig
-from pinwheel.manifest.targets import index_cuda, target_problems
+from pinwheel.manifest.targets import index_cuda, lock_cuda, target_problems
 from pinwheel.release import install as install_mod
 from releasekit import make_wheel, write_manifest, write_provenance
 
@@ -97,6 +97,14 @@ def test_index_cuda() -> None:
     assert index_cuda(CU130) == "13.0"
     assert index_cuda("https://torch-index.invalid/whl/cu128/") == "12.8"
     assert index_cuda("https://example.invalid/simple") is None
+
+
+def test_lock_cuda_reads_the_cuda_runtime_a_torch_lock_pins() -> None:
+    # As PyPI's torch 2.10.0 (CUDA 12) and 2.11.0 (CUDA 13, suffix dropped) require them.
+    assert lock_cuda({"torch": "2.10.0", "nvidia-cuda-runtime-cu12": "12.8.90"}) == "12.8"
+    assert lock_cuda({"cuda-toolkit": "13.0.2", "nvidia-cuda-runtime": "13.0.96"}) == "13.0"
+    assert lock_cuda({"torch": "2.11.0", "nvidia-cuda-runtime-fake": "9.9"}) is None
+    assert lock_cuda({"torch": "2.11.0+cpu", "numpy": "2.4.6"}) is None  # a CPU torch
 
 
 def test_toolchain_refuses_before_probing(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 import shlex
 import shutil
 import sys
@@ -62,6 +63,7 @@ from pinwheel.manifest.build import (  # noqa: F401
     parse_kernel_tables,
 )
 from pinwheel.manifest.component import by_name, component_manifest
+from pinwheel.manifest.targets import lock_cuda, locked_torch_problems
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
 from pinwheel.source.cache import mark as mark_cache
@@ -231,20 +233,24 @@ def torch_venv(
     """A Python with ``[build].torch`` installed by hash (a venv made once), or the machine's;
     the build tools come from :func:`locked_build_venv` in front of it.
 
-    torch is installed only from a hashed lock: the manifest's ``[build.requirements]``
-    (a ``pip --require-hashes`` file pinned by its sha256, the same venv the engine builds
-    in) must pin ``torch==[build] torch`` and everything it needs; it is installed with
+    torch is installed only from a hashed lock: the manifest's ``[build.torch_lock]`` (a
+    ``pip --require-hashes`` file pinned by its sha256, for the out-of-tree kernels only),
+    else its ``[build.requirements]`` (the venv the engine builds in), which must pin
+    ``torch==[build] torch`` and everything it needs, built with a CUDA of ``[build] cuda``'s
+    major that carries the arches (:func:`torch_lock`); it is installed with
     ``--require-hashes --no-deps`` from ``[build] torch_index`` when the manifest names one
-    (a cu130 build gets the cu130 torch whose file the lock hashed), or offline from
-    ``PINWHEEL_WHEELHOUSE``. No lock, no install: :func:`torch_lock` says how to write one.
-    ``PINWHEEL_TORCH_PYTHON`` names an interpreter that already holds that torch
-    (an offline build machine): it is checked and used instead.
+    (a cu130 build gets the cu130 torch whose file the lock hashed), else pip's default
+    index, or offline from ``PINWHEEL_WHEELHOUSE``. No lock, no install: :func:`torch_lock`
+    says how to write one. ``PINWHEEL_TORCH_PYTHON`` names an interpreter that already holds
+    that torch (an offline build machine): it is checked and used instead.
     """
     if not config.torch:
         raise ManifestError(
-            'a torch-extension kernel needs [build] torch (e.g. "2.9.1")',
+            "a torch-extension kernel needs [build] torch: the torch its extension compiles "
+            "against, installed from a hashed lock ([build.torch_lock])",
             where="[build] torch",
-            next="set [build] torch in the manifest",
+            next='set [build] torch (e.g. "2.10.0") to the torch the kernel\'s wheels are built '
+            "against, then write its lock (docs/build.md, \"torch by hash\")",
         )
     given = environ.get("PINWHEEL_TORCH_PYTHON")
     if given:
@@ -261,35 +267,56 @@ def torch_venv(
     return venv.python
 
 
-def torch_lock(config: BuildConfig) -> Requirements:
-    """``[build.requirements]`` when it pins ``torch==[build] torch`` with hashes, else a
-    :class:`pinwheel.errors.ManifestError` naming the key and the commands that write it."""
+def how_to_lock_torch(config: BuildConfig, machine: str | None = None) -> str:
+    """The commands that write ``[build.torch_lock]`` for ``[build] torch``, run where its
+    index (``[build] torch_index``, else PyPI) can be reached."""
+    machine = machine or platform.machine()
+    name = f"torch-{config.torch}-cp{config.python.replace('.', '')}-{machine}.txt"
     index = f" --index-url {config.torch_index}" if config.torch_index else ""
-    how = (
-        f"write the lock: printf 'torch=={config.torch}\\n' > torch.in && uv pip compile "
-        f"--generate-hashes --python-version {config.python}{index} --no-emit-index-url "
-        "torch.in -o torch-requirements.txt; then set [build.requirements] path = "
-        '"torch-requirements.txt" and sha256 = the output of `sha256sum torch-requirements.txt` '
+    return (
+        f"write the lock where {config.torch_index or 'PyPI'} can be reached: "
+        f"printf 'torch=={config.torch}\\n' | uv pip compile --generate-hashes "
+        f"--python-version {config.python} --python-platform {machine}-manylinux_2_28{index} "
+        f"--no-emit-index-url --no-emit-find-links - -o {name}; then set [build.torch_lock] "
+        f'path = "{name}" (beside the manifest) and sha256 = the output of `sha256sum {name}` '
         "(docs/build.md, \"torch by hash\"); or point PINWHEEL_TORCH_PYTHON at a Python "
         f"that holds torch {config.torch}"
     )
-    reqs = config.requirements
+
+
+def torch_lock(config: BuildConfig) -> Requirements:
+    """``[build.torch_lock]``, else ``[build.requirements]``, when it pins ``torch==[build]
+    torch`` with hashes and that torch's CUDA (the runtime the lock pins) fits ``[build]
+    cuda`` and the arches; else a :class:`pinwheel.errors.ManifestError` naming the key and
+    the commands that write the lock."""
+    key = "torch_lock" if config.torch_lock is not None else "requirements"
+    reqs = config.torch_lock or config.requirements
     if reqs is None:
         raise ManifestError(
             f"[build] torch = {config.torch} is installed only by hash, and the manifest has no "
             "hashed lock for it",
-            where="[build.requirements]",
-            next=how,
+            where="[build.torch_lock]",
+            next=how_to_lock_torch(config),
         )
+    where = f"[build.{key}] ({reqs.path.name})"
     pins = parse_requirements(reqs.path.read_text(), reqs.path.name)
     version, hashes = pins.get("torch", (None, ()))
     if version is None or version.split("+")[0] != str(config.torch).split("+")[0] or not hashes:
         raise ManifestError(
             f"[build] torch = {config.torch}, but {reqs.path.name} pins torch "
             f"{version or 'not at all'}: torch is installed only by the lock's hash",
-            where=f"[build.requirements] ({reqs.path.name})",
-            next=how,
+            where=where,
+            next=how_to_lock_torch(config),
         )
+    built = lock_cuda({name: pin[0] for name, pin in pins.items()})
+    problems = (
+        locked_torch_problems(config.cuda, config.arches, version, built, reqs.path.name)
+        if built is not None
+        else []
+    )
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ManifestError(problems[0].what + more, where=where, next=problems[0].fix)
     return reqs
 
 

@@ -629,7 +629,12 @@ def engine_workdir(request: BuildRequest) -> Path:
 def engine_key(config: BuildConfig, toolkit: Toolkit | None, canon: canonical.Canonical) -> str:
     """What a kept engine build tree is valid for: every [build] value that can reach the
     compilers (conservatively all but the version label), the toolkit and the path method."""
-    values = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("version", "label")}
+    # [build.torch_lock] is the out-of-tree kernels' torch: it never reaches the engine.
+    values = {
+        k: v
+        for k, v in dataclasses.asdict(config).items()
+        if k not in ("version", "label", "torch_lock")
+    }
     if config.requirements is not None:  # its bytes (pinned by sha256), not the checkout's path
         values["requirements"] = {"sha256": config.requirements.sha256}
     nvcc = None

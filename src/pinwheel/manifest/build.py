@@ -40,6 +40,7 @@ BUILD_KEYS = (
     "max_glibc",
     "gcc",
     "substitute",
+    "torch_lock",
 )
 SOURCE_KEYS = (
     "name", "url", "commit", "ref", "variables", "patches", "submodule", "exclude", "omit",
@@ -211,6 +212,9 @@ class BuildConfig:
     # [build.substitute]: another toolchain than the pinned one, on purpose and said so
     substitute: tuple[tuple[str, str], ...] = ()  # ("cuda", "12.4"), ("gcc", "12")
     substitute_reason: str | None = None
+    # [build.torch_lock]: torch for the out-of-tree torch-extension kernels, by hash (the
+    # engine's own build venv stays [build.requirements])
+    torch_lock: Requirements | None = None
 
     @property
     def targets(self) -> tuple[CudaArch, ...]:
@@ -298,7 +302,8 @@ def parse_build_table(table: Table) -> BuildConfig:
         torch_index=torch_index,
         sources=tuple(_parse_source(s) for s in table.subs("source")),
         exclude=_pathspecs(table, "exclude"),
-        requirements=_requirements(table),
+        requirements=_requirements(table, "requirements"),
+        torch_lock=_requirements(table, "torch_lock"),
         cuda_dev=table.bool("cuda_dev", False),
         network=table.choice("network", NETWORK, "none"),
         max_glibc=_glibc(table),
@@ -356,19 +361,25 @@ def _pathspecs(t: Table, key: str) -> tuple[str, ...]:
     return tuple(specs)
 
 
-def _requirements(t: Table) -> Requirements | None:
-    if not t.has("requirements"):
+def _requirements(t: Table, key: str) -> Requirements | None:
+    """``[build.requirements]`` or ``[build.torch_lock]``: a hashed requirements file beside
+    the manifest, its sha256 pinned."""
+    if not t.has(key):
         return None
-    r = t.sub("requirements")
+    r = t.sub(key)
     r.only("path", "sha256")
     value = r.str("path")
     rel = PurePosixPath(value)
     root = t.source.parent.resolve()
     path = (root / rel).resolve()
     if rel.is_absolute() or ".." in rel.parts or not path.is_relative_to(root):
-        raise r.error("path", "a relative path beside the manifest (no /, no ..)", value)
+        raise r.error(
+            "path", "a relative path beside the manifest (no /, no .., no link out)", value
+        )
     digest = r.sha256("sha256")
-    check_file_sha(r, "path", path, digest, repin="update [build.requirements] sha256")
+    check_file_sha(
+        r, "path", path, digest, repin=f"update [build.{key}] sha256", kind="hashed lock"
+    )
     return Requirements(path=path, sha256=digest)
 
 

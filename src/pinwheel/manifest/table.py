@@ -368,23 +368,25 @@ def check_file_sha(
     *,
     verify: bool = True,
     repin: str = "run `pinwheel lock` to re-pin it",
+    kind: str = "patch",
 ) -> None:
-    """A pinned file (a patch) must exist and match its sha256.
+    """A pinned file (a patch, a hashed lock) must exist and match its sha256.
 
     In lock mode (verify=False) a changed file is re-pinned, not refused.
     """
     if not path.is_file():
+        where = "under patches/ " if kind == "patch" else ""
         raise ManifestError(
-            f"patch file {path.name} does not exist (looked for {path})",
+            f"{kind} file {path.name} does not exist (looked for {path})",
             where=t.where(key),
             next=f"paths in a manifest resolve relative to its own folder ({t.source.parent}): "
-            "restore the file under patches/ there, copy patches/ along with a copied "
-            "manifest, or fix the path",
+            f"restore the file {where}there, copy it along with a copied manifest, or fix "
+            "the path",
         )
     actual = sha256_file(path)
     if verify and actual != expected:
         raise ManifestError(
             f"sha256 of {path.name} is {actual}, manifest pins {expected}",
             where=t.where("sha256"),
-            next=f"if the patch change is intended, {repin}",
+            next=f"if the {kind} change is intended, {repin}",
         )

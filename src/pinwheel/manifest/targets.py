@@ -15,11 +15,16 @@ Facts (NVIDIA's CUDA release notes; PyTorch's wheel indexes):
   keep it. Wheels built with CUDA 13 (cu130, cu132) cannot carry sm_70 at all.
 - A torch CUDA extension is compiled by an nvcc of the same CUDA major as the
   torch build (torch's cpp_extension refuses a major mismatch).
+- A torch wheel names the CUDA it is built with through the CUDA runtime it requires:
+  ``nvidia-cuda-runtime-cu12==12.8.90`` (PyPI's torch 2.10.0), ``nvidia-cuda-runtime==13.0.96``
+  through ``cuda-toolkit[cudart]==13.0.2`` (PyPI's torch 2.11.0); a hashed torch lock
+  (``[build.torch_lock]``) pins that runtime beside torch, so :func:`lock_cuda` reads it there.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pinwheel.cudaarch import parse_arch
@@ -58,6 +63,9 @@ TORCH_DROPPED: dict[tuple[str, int], tuple[int, int]] = {
 }
 
 _INDEX = re.compile(r"/cu(\d{2,3})/?$")
+# The CUDA runtime a torch wheel requires: nvidia-cuda-runtime-cu12 (CUDA 12), nvidia-cuda-runtime
+# (CUDA 13's wheels drop the suffix).
+_RUNTIME = re.compile(r"nvidia-cuda-runtime(-cu\d+)?")
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,18 @@ def index_cuda(url: str) -> str | None:
         return None
     digits = m.group(1)
     return f"{digits[:-1]}.{digits[-1]}"
+
+
+def lock_cuda(pins: Mapping[str, str]) -> str | None:
+    """The CUDA (major.minor) a torch lock's torch is built with, from the CUDA runtime the
+    lock pins (``{"nvidia-cuda-runtime-cu12": "12.8.90"}`` -> ``"12.8"``); None when it pins
+    none (a CPU torch, or a torch whose runtime is not a wheel)."""
+    for name, version in pins.items():
+        if _RUNTIME.fullmatch(name):
+            got = _version(version)[:2]
+            if len(got) == 2:
+                return f"{got[0]}.{got[1]}"
+    return None
 
 
 def compiled_by(cuda: str) -> tuple[int, ...]:
@@ -192,4 +212,47 @@ def _torch_problems(
                             f"take torch from a cu12x index that carries sm_{sm} (cu126)",
                         )
                     )
+    return problems
+
+
+def locked_torch_problems(
+    cuda: str, arches: tuple[str, ...], torch: str, built: str, lock: str
+) -> list[TargetProblem]:
+    """Why the torch a lock pins (``torch``, built with CUDA ``built``) cannot build these
+    arches' extensions with CUDA ``cuda``: another CUDA major, or an arch its wheels lack."""
+    problems: list[TargetProblem] = []
+    have = _version(cuda)[:2]
+    major = _version(built)[0]
+    if major != have[0]:
+        problems.append(
+            TargetProblem(
+                "torch_lock",
+                f"{lock} pins torch {torch} built with CUDA {built}; [build] cuda is {cuda}: "
+                "torch extensions need an nvcc of the same CUDA major",
+                f"lock a torch built with CUDA {have[0]}.x, or set [build] cuda to a CUDA "
+                f"{major}.x toolkit",
+            )
+        )
+    for arch in arches:
+        sm = _sm(arch)
+        cut = TORCH_DROPPED.get((built, sm))
+        too_new = MAX_CUDA_MAJOR.get(sm)
+        if cut and _version(torch)[:2] >= cut:
+            problems.append(
+                TargetProblem(
+                    "torch_lock",
+                    f"{lock} pins torch {torch} built with CUDA {built}, whose wheels carry no "
+                    f"sm_{sm} kernels (dropped from {cut[0]}.{cut[1]} on)",
+                    f"lock a torch < {cut[0]}.{cut[1]}, or a cu126 build (it keeps sm_70)",
+                )
+            )
+        elif too_new is not None and major > too_new:
+            problems.append(
+                TargetProblem(
+                    "torch_lock",
+                    f"{lock} pins torch {torch} built with CUDA {built}, which carries no "
+                    f"sm_{sm} kernels (CUDA {too_new + 1} dropped it)",
+                    f"lock a torch built with CUDA {too_new}.x that carries sm_{sm} (cu126)",
+                )
+            )
     return problems
