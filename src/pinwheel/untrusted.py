@@ -124,6 +124,11 @@ GIT_FILE = Kind(
     "cache repository file", 1 * MiB, 0, VerifyError,
     "remove the repository from the cache (`pinwheel cache clean`) and fetch again",
 )  # fmt: skip
+# A replay's stamp in the cache (pinwheel.source.stamp): a default, over 100 times the
+# stamp of a 6-step, 10-commit stack (4.3 kB). A bad one is ignored, never an error.
+REPLAY_STAMP = Kind(
+    "replay stamp", 1 * MiB, 8, VerifyError, "nothing: the replay runs in full and rewrites it"
+)
 
 
 def fail(kind: Kind, what: str, where: str, *, field: str | None = None) -> PinwheelError:
