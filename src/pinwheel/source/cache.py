@@ -199,12 +199,25 @@ class Cache:
             tmp.rename(path)  # atomic: a half-initialised cache repo never has the final name
         return path
 
+    def fetching(self, url: str, prs: Sequence[int]) -> contextlib.AbstractContextManager[None]:
+        """The one line a network fetch shows, closed by its outcome: "done" only when every
+        ref and pinned commit arrived (a local mirror takes 0.1 s and shows none). Around
+        :meth:`fetch_refs` and the :meth:`fetch` given its answer; :meth:`fetch` alone
+        opens its own."""
+        source = resolve_source(url, self.mirrors)
+        if source.local or self.offline:
+            return contextlib.nullcontext()
+        return self.reporter.status(
+            f"fetching {len(prs) + 1} ref(s) from {redact(source.location)}"
+        )
+
     def fetch_refs(self, url: str, branch: str, prs: Sequence[int]) -> Refs:
         """Fetch ``branch`` and ``refs/pull/N/head`` for ``prs`` (git only, no libgit2).
 
         The first half of :meth:`fetch`, for a caller that looks at the refs before it
         decides to load libgit2 (a replay recalled from its stamp): pass the answer to
-        :meth:`fetch` as ``refs`` and nothing is fetched twice. Call inside :meth:`locked`.
+        :meth:`fetch` as ``refs`` and nothing is fetched twice. Call inside :meth:`locked`
+        (and :meth:`fetching`).
         """
         path = self.repo_path(url)
         source = resolve_source(url, self.mirrors)
@@ -215,16 +228,7 @@ class Cache:
             return Refs(path, source, can_fetch, ())
         refspecs = [f"+refs/heads/{branch}:{UPSTREAM_PREFIX}{branch}"]
         refspecs += [f"+refs/pull/{n}/head:{PULL_PREFIX}{n}/head" for n in prs]
-        # One line for the fetch, closed by its outcome (local mirrors take 0.1 s: none).
-        step: contextlib.AbstractContextManager[None] = (
-            contextlib.nullcontext()
-            if source.local
-            else self.reporter.status(
-                f"fetching {len(prs) + 1} ref(s) from {redact(source.location)}"
-            )
-        )
-        with step:
-            missing = self._fetch(path, source, refspecs, prs, missing_ok=True)
+        missing = self._fetch(path, source, refspecs, prs, missing_ok=True)
         return Refs(path, source, can_fetch, tuple(missing))
 
     def fetch(
@@ -253,13 +257,15 @@ class Cache:
         from pinwheel.source.libgit2 import pygit2
 
         labels = dict(want) if isinstance(want, Mapping) else {sha: "" for sha in want}
-        if refs is None:
-            refs = self.fetch_refs(url, branch, prs)
-        path, source, can_fetch = refs.repo_path, refs.source, refs.can_fetch
-        missing_refs = list(refs.missing_prs)
-        repo = pygit2.Repository(str(path))
-        self._check_fetched(repo, path, source, branch, missing_refs, labels, can_fetch,
-                            missing_ok=missing_ok, where=where)  # fmt: skip
+        step = self.fetching(url, prs) if refs is None else contextlib.nullcontext()
+        with step:
+            if refs is None:
+                refs = self.fetch_refs(url, branch, prs)
+            path, source, can_fetch = refs.repo_path, refs.source, refs.can_fetch
+            missing_refs = list(refs.missing_prs)
+            repo = pygit2.Repository(str(path))
+            self._check_fetched(repo, path, source, branch, missing_refs, labels, can_fetch,
+                                missing_ok=missing_ok, where=where)  # fmt: skip
         pr_heads = {}
         for n in prs:
             ref = f"{PULL_PREFIX}{n}/head"

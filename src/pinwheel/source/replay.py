@@ -645,13 +645,15 @@ def replay(request: ReplayRequest, reporter: Reporter = SILENT) -> ReplayResult:
     manifest = request.manifest
     store = Cache(request.cache, request.mirrors, request.offline, reporter=reporter)
     with store.locked(manifest.upstream.url):
-        refs = store.fetch_refs(manifest.upstream.url, manifest.upstream.branch, manifest.prs)
-        recalled = recall(request, refs)
+        with store.fetching(manifest.upstream.url, manifest.prs):
+            refs = store.fetch_refs(manifest.upstream.url, manifest.upstream.branch, manifest.prs)
+            recalled = recall(request, refs)
+            fetched = None if recalled else fetch_for(manifest, store, refs=refs)
         if recalled is not None:
             if request.check_tree:
                 check_result_tree(recalled)
             return recalled
-        fetched = fetch_for(manifest, store, refs=refs)
+        assert fetched is not None
         result = Replayer(
             manifest, fetched, allow_drift=request.allow_drift, reporter=reporter
         ).run()
