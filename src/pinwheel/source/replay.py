@@ -691,7 +691,7 @@ def _libgit2_identity() -> str | None:
 
 def _file_digest(path: Path) -> str | None:
     try:
-        return checksums.sha256_file(path)
+        return checksums.sha256_file(path, chunk=1 << 16)
     except FileNotFoundError:
         return None
 
