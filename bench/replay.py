@@ -21,13 +21,16 @@ Measured, each as a median over ``--runs``:
     the base, ``git cherry-pick`` per commit, ``git merge --no-ff`` per merge
     step (bench/gitcli.py; the sparse checkout leaves out the blobs a partial
     mirror lacks, found once before timing).
-The cold first pinwheel run (empty cache) is printed too. Every run's tree is
+Warm includes bytecode: this checkout's modules are compiled first (as a run without
+PYTHONDONTWRITEBYTECODE leaves them). The cold first pinwheel run (empty cache) is
+printed too. Every run's tree is
 checked against the others; a difference exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import resource
@@ -78,6 +81,9 @@ def timed(fn: Callable[[], str], runs: int) -> tuple[list[float], list[float], s
 
 
 def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, object]:
+    # Warm means bytecode too: what any run leaves in __pycache__ unless
+    # PYTHONDONTWRITEBYTECODE is set (then every run would compile pinwheel again).
+    compileall.compile_dir(str(SRC), quiet=1)
     mirrors = {manifest.upstream.url: str(mirror)}
     cache = work / "cache"
 
