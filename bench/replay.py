@@ -2,12 +2,16 @@
 
     python bench/replay.py --mirror https://github.com/1CatAI/1Cat-vLLM.git=PATH [--runs 7]
 
-(or set PINWHEEL_MIRRORS instead of --mirror). Default stack:
+(or set PINWHEEL_MIRRORS instead of --mirror). It measures this checkout's pinwheel
+(``src/`` first on the path, in process and for ``python -m pinwheel``). Default stack:
 recipes/examples/1cat-stack.toml (5 picks, 9 commits, then 1 merge).
 
 Measured, each as a median over ``--runs``:
   * pinwheel warm, in process: ``replay_manifest`` on a cache that already
-    holds the refs (fetch from the mirror, replay, tree check, tag);
+    holds the refs (fetch from the mirror, then the replay recalled from its stamp:
+    every input and recorded object checked, tree check);
+  * pinwheel warm, in process, no stamp: the same with the stamp removed before
+    each run (fetch, replay in libgit2, tree check, tag: the engine itself);
   * pinwheel warm, CLI: ``python -m pinwheel run`` as a user runs it
     (adds interpreter start-up and imports);
   * pinwheel warm, ``tools/replay run``: the launcher a fresh clone uses (adds
@@ -17,13 +21,16 @@ Measured, each as a median over ``--runs``:
     the base, ``git cherry-pick`` per commit, ``git merge --no-ff`` per merge
     step (bench/gitcli.py; the sparse checkout leaves out the blobs a partial
     mirror lacks, found once before timing).
-The cold first pinwheel run (empty cache) is printed too. Every run's tree is
+Warm includes bytecode: this checkout's modules are compiled first (as a run without
+PYTHONDONTWRITEBYTECODE leaves them). The cold first pinwheel run (empty cache) is
+printed too. Every run's tree is
 checked against the others; a difference exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import resource
@@ -36,12 +43,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+SRC = HERE.parent / "src"  # this checkout's pinwheel, in process and in `python -m pinwheel`
+sys.path[:0] = [str(HERE), str(SRC)]
 
 from gitcli import absent_paths, replay_with_git_cli, sealed_env  # noqa: E402
 
 from pinwheel.cli import parse_mirrors  # noqa: E402
 from pinwheel.manifest import Manifest, load  # noqa: E402
+from pinwheel.source import stamp  # noqa: E402
 from pinwheel.source.cache import resolve_source  # noqa: E402
 from pinwheel.source.replay import replay_manifest  # noqa: E402
 
@@ -72,6 +81,9 @@ def timed(fn: Callable[[], str], runs: int) -> tuple[list[float], list[float], s
 
 
 def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, object]:
+    # Warm means bytecode too: what any run leaves in __pycache__ unless
+    # PYTHONDONTWRITEBYTECODE is set (then every run would compile pinwheel again).
+    compileall.compile_dir(str(SRC), quiet=1)
     mirrors = {manifest.upstream.url: str(mirror)}
     cache = work / "cache"
 
@@ -80,6 +92,12 @@ def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, 
     cold_s = time.perf_counter() - start
 
     def engine() -> str:
+        return replay_manifest(manifest, cache=cache, mirrors=mirrors).tree
+
+    stamped = stamp.path(cold.repo_path, manifest.name)
+
+    def engine_unstamped() -> str:
+        stamped.unlink(missing_ok=True)
         return replay_manifest(manifest, cache=cache, mirrors=mirrors).tree
 
     cli_argv = [
@@ -96,8 +114,12 @@ def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, 
         "run",
     ]
 
+    cli_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )}
+
     def engine_cli() -> str:
-        proc = subprocess.run(cli_argv, capture_output=True, text=True, check=True)
+        proc = subprocess.run(cli_argv, capture_output=True, text=True, check=True, env=cli_env)
         return str(json.loads(proc.stdout)["tree"])
 
     launcher_argv = [str(LAUNCHER), *cli_argv[3:]]
@@ -115,6 +137,7 @@ def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, 
     def git_cli() -> str:
         return replay_with_git_cli(manifest, mirror, work / f"git-{next(counter)}", absent).tree
 
+    full_s, full_cpu, full_trees = timed(engine_unstamped, runs)
     engine_s, engine_cpu, engine_trees = timed(engine, runs)
     cli_s, cli_cpu, cli_trees = timed(engine_cli, runs)
     launcher_ready = (LAUNCHER.parent.parent / ".venv" / ".pinwheel-stamp").is_file()
@@ -124,7 +147,7 @@ def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, 
     else:
         tool_s, tool_cpu, tool_trees = [], [], set()
     git_s, git_cpu, git_trees = timed(git_cli, runs)
-    trees = engine_trees | cli_trees | tool_trees | git_trees | {cold.tree}
+    trees = engine_trees | full_trees | cli_trees | tool_trees | git_trees | {cold.tree}
     commits = sum(len(s.commits) for s in cold.steps)
     return {
         "manifest": manifest.path.name,
@@ -137,6 +160,8 @@ def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, 
         "absent_scan_s": absent_s,
         "pinwheel_cold_s": cold_s,
         "pinwheel_warm_s": statistics.median(engine_s),
+        "pinwheel_warm_unstamped_s": statistics.median(full_s),
+        "pinwheel_warm_unstamped_cpu_s": statistics.median(full_cpu),
         "pinwheel_cli_warm_s": statistics.median(cli_s),
         "tools_replay_warm_s": statistics.median(tool_s) if tool_s else None,
         "tools_replay_warm_cpu_s": statistics.median(tool_cpu) if tool_cpu else None,
@@ -146,7 +171,8 @@ def bench(manifest: Manifest, mirror: Path, runs: int, work: Path) -> dict[str, 
         "git_cli_cpu_s": statistics.median(git_cpu),
         "load_average_1m": os.getloadavg()[0],
         "all_s": {
-            "pinwheel": engine_s, "pinwheel_cli": cli_s, "tools_replay": tool_s, "git_cli": git_s
+            "pinwheel": engine_s, "pinwheel_unstamped": full_s, "pinwheel_cli": cli_s,
+            "tools_replay": tool_s, "git_cli": git_s,
         },
     }
 
@@ -183,6 +209,8 @@ def main() -> int:
         print("                                      wall      CPU")
         print(f"  pinwheel cold (empty cache)      {f['pinwheel_cold_s']:7.3f} s")
         print(f"  pinwheel warm, in process        {eng:7.3f} s {ceng:7.3f} s")
+        full, cfull = f["pinwheel_warm_unstamped_s"], f["pinwheel_warm_unstamped_cpu_s"]
+        print(f"  pinwheel warm, no stamp (replay) {full:7.3f} s {cfull:7.3f} s")
         print(f"  pinwheel warm, `pinwheel run`    {cli:7.3f} s {ccli:7.3f} s")
         tool, ctool = r["tools_replay_warm_s"], r["tools_replay_warm_cpu_s"]
         if isinstance(tool, float) and isinstance(ctool, float):
@@ -190,6 +218,8 @@ def main() -> int:
         else:
             print("  pinwheel warm, `tools/replay run`  not measured: run `tools/replay --version`")
         print(f"  git CLI (clone, pick, merge)     {git:7.3f} s {cgit:7.3f} s")
+        print(f"  ratio git CLI / replay without its stamp: {git / full:5.1f}x wall, "
+              f"{cgit / cfull:5.1f}x CPU")
         print(
             f"  ratio git CLI / pinwheel, wall:  {git / eng:5.1f}x in process, "
             f"{git / cli:5.1f}x as a command"

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hostile_server import Server, answer
-from pinwheel import untrusted, validate
+from pinwheel import documents, untrusted, validate
 from pinwheel.cli import main
 from pinwheel.errors import PinwheelError
 from pinwheel.serve import stats, tpcheck
@@ -216,7 +216,7 @@ def test_a_good_selftest_passes(tmp_path):
                         max_leaves=12))  # fmt: skip
 def test_fuzz_selftest_answer_decodes_or_is_the_kinds_error(doc):
     try:
-        ans = untrusted.answer_line(json.dumps(doc), untrusted.SelftestAnswer, untrusted.WORKER,
+        ans = untrusted.answer_line(json.dumps(doc), documents.SelftestAnswer, untrusted.WORKER,
                                     "t")  # fmt: skip
     except PinwheelError as exc:
         assert exc.next
@@ -608,7 +608,7 @@ _JSONISH = st.recursive(
 @given(doc=_JSONISH)
 def test_fuzz_engine_probe_decodes_or_is_the_kinds_error(doc):
     try:
-        probe = untrusted.answer_line(json.dumps(doc), untrusted.EngineProbe, untrusted.WORKER, "t")
+        probe = untrusted.answer_line(json.dumps(doc), documents.EngineProbe, untrusted.WORKER, "t")
     except PinwheelError as exc:
         assert exc.next
         return

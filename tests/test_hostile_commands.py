@@ -282,7 +282,7 @@ def test_libgit2_reads_no_global_config(tmp_path, hostile_home):
     """libgit2 fixes its search paths when it starts: a fresh interpreter with that HOME."""
     (hostile_home / ".gitconfig").write_text("[user]\n\tname = Global Mallory\n")
     probe = (
-        "import pinwheel.source, pygit2, sys\n"
+        "import sys\nfrom pinwheel.source.libgit2 import pygit2\n"
         "repo = pygit2.init_repository(sys.argv[1], bare=True)\n"
         "print('user.name' in repo.config)\n"
     )

@@ -130,7 +130,7 @@ def _fake_checkout(tmp_path: Path, stamped: str | None) -> tuple[Path, Path]:
 def test_the_common_path_runs_nothing_before_pinwheel(tmp_path: Path) -> None:
     """A current stamp for this checkout: tools/replay execs pinwheel and spawns no python."""
     root, calls = _fake_checkout(tmp_path, stamped=None)
-    (root / ".venv" / ".pinwheel-stamp").write_text(str(root.resolve()) + "\n")
+    (root / ".venv" / ".pinwheel-stamp").write_text(str(root.resolve()) + "\nbytecode\n")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     proc = subprocess.run(
         [str(root / "tools" / "replay"), "run", "--json"], env=env, capture_output=True, text=True
@@ -150,7 +150,24 @@ def test_a_stamp_for_another_checkout_is_checked_then_rewritten(tmp_path: Path) 
     assert log[-1] == "pinwheel --version" and any(c.startswith("python ") for c in log)
     assert "restamped" in first.stderr
     stamp = root / ".venv" / ".pinwheel-stamp"
-    assert stamp.read_text().strip() == str(root.resolve())
+    assert stamp.read_text().splitlines() == [str(root.resolve()), "bytecode"]
+    assert any(c.startswith("python -m compileall") for c in log)
+    calls.unlink()
+    again = subprocess.run([replay, "--version"], env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and calls.read_text().splitlines() == ["pinwheel --version"]
+
+
+def test_a_stamp_from_before_bytecode_is_compiled_then_rewritten(tmp_path: Path) -> None:
+    """A stamp an older tools/replay wrote (the checkout alone): this checkout's modules are
+    compiled once, the stamp rewritten, and the next call is the common path again."""
+    root, calls = _fake_checkout(tmp_path, stamped=None)
+    (root / ".venv" / ".pinwheel-stamp").write_text(str(root.resolve()) + "\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    replay = str(root / "tools" / "replay")
+    first = subprocess.run([replay, "--version"], env=env, capture_output=True, text=True)
+    assert first.returncode == 0 and "restamped" in first.stderr, first.stderr
+    log = calls.read_text().splitlines()
+    assert f"python -m compileall -q {root.resolve()}/src" in log
     calls.unlink()
     again = subprocess.run([replay, "--version"], env=env, capture_output=True, text=True)
     assert again.returncode == 0 and calls.read_text().splitlines() == ["pinwheel --version"]

@@ -580,3 +580,34 @@ def test_the_request_checks_see_planted_violations(tmp_path: Path) -> None:
     assert sorted(c.split()[-1] for c in found) == [
         "BuildRequest", "ToolkitRequest", "resolve_toolkit"
     ]  # fmt: skip
+
+
+def pygit2_importers(root: Path) -> list[str]:
+    """Modules under ``root`` that import pygit2 themselves (at any depth, aliased or not)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [a.name for a in node.names] if isinstance(node, ast.Import)
+                else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )  # fmt: skip
+            if any(n == "pygit2" or n.startswith("pygit2.") for n in names):
+                found.append(path.relative_to(root).as_posix())
+                break
+    return found
+
+
+def test_only_source_libgit2_imports_pygit2() -> None:
+    """libgit2 runs under the git policy only if every module takes it from
+    `pinwheel.source.libgit2`, which applies the policy on import. wheels.provenance reads
+    pygit2's version attributes for the receipt and never opens a repository (the wheel-set
+    contract imports no stage but the manifest)."""
+    assert pygit2_importers(SRC) == ["source/libgit2.py", "wheels/provenance.py"]
+
+
+def test_the_pygit2_check_sees_a_planted_import(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("def f():\n    import pygit2 as g\n")
+    (tmp_path / "b.py").write_text("from pygit2.enums import SortMode\n")
+    (tmp_path / "c.py").write_text("from pinwheel.source.libgit2 import pygit2\n")
+    assert pygit2_importers(tmp_path) == ["a.py", "b.py"]

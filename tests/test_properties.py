@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pinwheel import archive, confine, markup, untrusted, validate
+from pinwheel import archive, confine, documents, markup, untrusted, validate
 from pinwheel.errors import PinwheelError
 from pinwheel.printable import shown
 
@@ -245,8 +245,8 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
     max_leaves=20,
 )
-ANSWERS = [untrusted.ModelsAnswer, untrusted.CompletionAnswer, untrusted.TokenizeAnswer,
-           untrusted.VersionAnswer]  # fmt: skip
+ANSWERS = [documents.ModelsAnswer, documents.CompletionAnswer, documents.TokenizeAnswer,
+           documents.VersionAnswer]  # fmt: skip
 
 
 @FAST
@@ -257,7 +257,7 @@ def test_server_answers_decode_or_fail_cleanly(value, cls) -> None:
     except PinwheelError:
         pass
     try:
-        untrusted.stream_event(value, "prop")
+        documents.stream_event(value, "prop")
     except PinwheelError:
         pass
     untrusted.parse_metrics(json.dumps(value).encode(), "prop")
@@ -274,7 +274,7 @@ def test_receipts_decode_or_fail_cleanly(value) -> None:
             value = {"schema": "pinwheel.provenance/1", **value}
         path.write_text(json.dumps(value))
         try:
-            doc, _ = untrusted.read_provenance(path, "pinwheel.provenance/1")
+            doc, _ = documents.read_provenance(path, "pinwheel.provenance/1")
         except PinwheelError:
             return
         for c in doc.components:

@@ -335,3 +335,45 @@ def test_missing_branch_is_a_fetch_error(stack, capsys):
     rc = stack.cli(m, "run")[0]
     err = capsys.readouterr().err
     assert rc == 1 and "fetch failed" in err and "nope" in err
+
+
+def test_the_cache_lock_and_filelock_see_each_other(tmp_path):
+    """The cache lock is a plain flock: filelock's FileLock (the lock `cache clean` probes
+    with) finds it held, and a FileLock held elsewhere makes the cache wait, then say so."""
+    import textwrap
+
+    from filelock import FileLock
+
+    from pinwheel.source.cache import Cache, slug
+
+    url = "https://example.invalid/acme/engine.git"
+    root = tmp_path / "cache"
+    lock = root / "locks" / f"{slug(url)}.lock"
+    probe = textwrap.dedent(f"""
+        from filelock import FileLock, Timeout
+        try:
+            with FileLock({str(lock)!r}, timeout=0):
+                print("free")
+        except Timeout:
+            print("held")
+    """)
+    with Cache(root, {}).locked(url):
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        assert out.stdout.strip() == "held", out.stderr
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.stdout.strip() == "free", out.stderr
+    waiter = textwrap.dedent(f"""
+        from pathlib import Path
+        from pinwheel.source import cache
+        cache.LOCK_TIMEOUT_S = 0.2
+        try:
+            with cache.Cache(Path({str(root)!r}), {{}}).locked({url!r}):
+                print("got it")
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+    """)
+    with FileLock(str(lock), timeout=0):
+        out = subprocess.run([sys.executable, "-c", waiter], capture_output=True, text=True)
+        assert out.stdout.startswith("PinwheelError") and "held the cache lock" in out.stdout
+    out = subprocess.run([sys.executable, "-c", waiter], capture_output=True, text=True)
+    assert out.stdout.strip() == "got it", out.stdout + out.stderr

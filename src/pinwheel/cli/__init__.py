@@ -223,8 +223,21 @@ _COMMON = _Parser(add_help=False)
 _global_options(_COMMON, top=False)
 
 
+class _Unbuilt:
+    """A subcommand this command line does not run: every call to build it is a no-op."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kw: self
+
+
 def command(sub: Any, name: str, help: str, func: Any) -> argparse.ArgumentParser:
-    """Add a subcommand that also accepts the global options after its name."""
+    """Add a subcommand that also accepts the global options after its name. When the
+    command line runs another one (``sub.only``), this one is listed by name and help only
+    (for ``--help`` and usage errors) and its options are not built."""
+    only = getattr(sub, "only", None)
+    if only is not None and only != name:
+        sub.add_parser(name, help=help, add_help=False)
+        return _Unbuilt()  # type: ignore[return-value]
     parser = sub.add_parser(name, help=help, description=help, parents=[_COMMON])
     parser.set_defaults(func=func)
     return parser
@@ -258,7 +271,23 @@ def _error_document(
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _subcommand(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` runs, read past the global options before it; None when
+    that cannot be told (then every subcommand is built)."""
+    pre = _Parser(add_help=False)
+    _global_options(pre, top=True)
+    pre.add_argument("command", nargs="?")
+    pre.add_argument("rest", nargs=argparse.REMAINDER)
+    try:
+        known, _ = pre.parse_known_args(list(argv))
+    except SystemExit:
+        return None
+    return str(known.command) if known.command else None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; ``only``: build the options of that subcommand alone (the
+    one ``argv`` runs), listing the others by name and help."""
     parser = _Parser(
         prog="pinwheel",
         description="Pinned, replayable, verified engine builds, driven by manifest.toml.",
@@ -268,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pinwheel {__version__}")
     _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.only = only  # type: ignore[attr-defined]  # read by command()
     # The modules that contribute subcommands, in the order `--help` lists them.
     from pinwheel.cli import (
         attribute_cmds,
@@ -304,10 +334,14 @@ def _wants_json(argv: Sequence[str]) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    only = _subcommand(argv)
+    parser = build_parser(only)
     _Parser.last_error = None
     try:
         args = parser.parse_args(argv)
+        if only is not None and args.command != only:  # told wrong: parse with every one
+            parser = build_parser()
+            args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse printed its usage error (or --help / --version)
         code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
         if code and _wants_json(argv):

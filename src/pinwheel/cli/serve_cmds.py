@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel import confine, validate
+from pinwheel import validate
 from pinwheel.cli import Context, command
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.fsutil import atomic_write_text
@@ -281,6 +281,7 @@ def _no_vllm(python: str) -> str | None:
 
 
 def run_serve(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel import confine  # here: the other commands never load it
     from pinwheel.serve.recipe import launch, render_recipe
 
     config = _serve_config(ctx)

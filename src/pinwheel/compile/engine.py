@@ -122,7 +122,7 @@ class EngineBuildRequest:
 
 def commit_time(repo_path: Path, commit: str) -> int:
     """Committer time of ``commit``: the SOURCE_DATE_EPOCH of a build of its tree."""
-    import pygit2
+    from pinwheel.source.libgit2 import pygit2
 
     return int(pygit2.Repository(str(repo_path))[commit].peel(pygit2.Commit).commit_time)
 

@@ -150,8 +150,7 @@ def kernel_manifest(spec: KernelSpec) -> Manifest:
 
 
 def stage_out_of_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:
-    import pygit2  # the replay engine's dependency; imported here to keep parsing light
-
+    from pinwheel.source.libgit2 import pygit2  # the replay engine's; kept off parsing
     from pinwheel.source.replay import replay_manifest
 
     result = replay_manifest(

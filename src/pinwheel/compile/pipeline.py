@@ -858,9 +858,8 @@ def _check_declared(replayed: Any, config: BuildConfig, work: Path | None) -> bo
     """Refuse a tree that declares sources [build] does not pin. False when skipped:
     ``work`` records the last passing check's (tree, arches, CUDA, pins), and the tree
     (a git tree id: its bytes) and those are the same now."""
-    import pygit2
-
     from pinwheel.source.buildsources import discover
+    from pinwheel.source.libgit2 import pygit2
 
     facts = json.dumps(
         [replayed.tree, list(config.arches), config.cuda,

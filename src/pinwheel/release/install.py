@@ -74,7 +74,7 @@ def torch_pin(wheel_dir: Path, sums: Mapping[str, str]) -> TorchPin | None:
     through the checked receipt reader, and every value passed on to pip or uv is
     validated (a PEP 440 version, an https index).
     """
-    from pinwheel.untrusted import read_provenance
+    from pinwheel.documents import read_provenance
     from pinwheel.wheels.provenance import SCHEMA
 
     path = wheel_dir / FILENAME

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import confine, untrusted, validate
+from pinwheel import confine, documents, untrusted, validate
 from pinwheel.checksums import sha256_files
 from pinwheel.errors import ManifestError, PinwheelError, UsageError, VerifyError
 from pinwheel.manifest.release import ModelConfig
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-MAX_HEADER = untrusted.MAX_HEADER
+MAX_HEADER = documents.MAX_HEADER
 
 
 # --------------------------------------------------------------------------- safetensors
@@ -31,8 +31,8 @@ MAX_HEADER = untrusted.MAX_HEADER
 
 def safetensors_layout(path: Path) -> tuple[int, set[str]]:
     """(file size the header implies, tensor names) for one .safetensors file, its header
-    checked by :func:`pinwheel.untrusted.safetensors_header` (dtypes, shapes, offsets)."""
-    layout = untrusted.safetensors_header(path)
+    checked by :func:`pinwheel.documents.safetensors_header` (dtypes, shapes, offsets)."""
+    layout = documents.safetensors_header(path)
     return layout.file_size, set(layout.tensors)
 
 
@@ -107,7 +107,7 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
         )
     weight_map: dict[str, str] = {}
     if index_path.exists():
-        index = untrusted.load(index_path, untrusted.ModelIndexDoc, untrusted.MODEL_INDEX)
+        index = untrusted.load(index_path, documents.ModelIndexDoc, untrusted.MODEL_INDEX)
         weight_map = dict(index.weight_map)
         shards = sorted(set(weight_map.values()))
     elif (directory / SINGLE).is_file():
@@ -163,7 +163,7 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
     if pack.config:
         config: Mapping[str, Any] | None = None
         try:
-            config = untrusted.model_config(config_path)
+            config = documents.model_config(config_path)
         except PinwheelError as exc:
             problems.append(exc.what)
         if config is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pinwheel import untrusted
+from pinwheel import documents, untrusted
 from pinwheel.errors import PinwheelError
 from pinwheel.serve.ranks import NVLS_OFF, WORKERS, RankRequest, RankResult, run_ranks
 
@@ -64,13 +64,13 @@ def measure(req: AllReduceRequest) -> AllReduceOutcome:
     return outcome_of(results, req.nbytes, "nccl" if req.devices else "gloo")
 
 
-def _typed(r: RankResult) -> tuple[untrusted.AllReduceRank | None, str | None]:
-    """A rank's result line as :class:`~pinwheel.untrusted.AllReduceRank`, or why not."""
+def _typed(r: RankResult) -> tuple[documents.AllReduceRank | None, str | None]:
+    """A rank's result line as :class:`~pinwheel.documents.AllReduceRank`, or why not."""
     if not r.ok or r.payload is None:
         return None, r.why()
     try:
         return untrusted.decode(
-            untrusted.AllReduceRank, r.payload, untrusted.WORKER, f"rank {r.rank}"
+            documents.AllReduceRank, r.payload, untrusted.WORKER, f"rank {r.rank}"
         ), None
     except PinwheelError as exc:
         return None, f"rank {r.rank}: malformed result: {exc.what}"
@@ -83,7 +83,7 @@ def outcome_of(results: tuple[RankResult, ...], nbytes: int, backend: str) -> Al
     wrong = []
     for p in done:
         if not p.sum_ok:
-            at = p.first_wrong or untrusted.AllReduceFirstWrong()
+            at = p.first_wrong or documents.AllReduceFirstWrong()
             wrong.append(
                 f"rank {p.rank}: {p.wrong} wrong, first at {at.index} "
                 f"(got {at.got}, want {at.want})"

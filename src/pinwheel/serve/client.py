@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pinwheel import httpget, untrusted
+from pinwheel import documents, httpget, untrusted
 from pinwheel.errors import PinwheelError
 
 
@@ -227,7 +227,7 @@ class Client:
 
     def models(self) -> list[dict[str, Any]]:
         """``/v1/models`` entries (each with a string ``id``); an empty list is an error."""
-        answer, raw = self._json("GET", "/v1/models", untrusted.ModelsAnswer)
+        answer, raw = self._json("GET", "/v1/models", documents.ModelsAnswer)
         if not answer.data:
             raise PinwheelError(
                 "the server lists no model (GET /v1/models answered an empty data list)",
@@ -239,7 +239,7 @@ class Client:
 
     def version(self) -> str | None:
         try:
-            answer, _ = self._json("GET", "/version", untrusted.VersionAnswer)
+            answer, _ = self._json("GET", "/version", documents.VersionAnswer)
         except ServerRefused:
             return None
         return answer.version
@@ -263,7 +263,7 @@ class Client:
             body |= {"messages": list(messages), "add_generation_prompt": True}
         else:
             body |= {"prompt": prompt, "add_special_tokens": add_special_tokens}
-        answer, _ = self._json("POST", "/tokenize", untrusted.TokenizeAnswer, body)
+        answer, _ = self._json("POST", "/tokenize", documents.TokenizeAnswer, body)
         return list(answer.tokens)
 
     def complete(self, model: str, prompt_ids: Sequence[int], max_tokens: int) -> Completion:
@@ -273,9 +273,9 @@ class Client:
             "max_tokens": max_tokens,
             "temperature": 0.0,
         }
-        out, _ = self._json("POST", "/v1/completions", untrusted.CompletionAnswer, body)
+        out, _ = self._json("POST", "/v1/completions", documents.CompletionAnswer, body)
         choice = out.choices[0]
-        usage = out.usage or untrusted.Usage()
+        usage = out.usage or documents.Usage()
         return Completion(
             text=choice.text or "",
             finish_reason=choice.finish_reason,
@@ -300,7 +300,7 @@ class Client:
             "prompt_logprobs": top_k,
         }
         _, raw = self._json(
-            "POST", "/v1/completions", untrusted.CompletionAnswer, body, untrusted.LOGPROBS
+            "POST", "/v1/completions", documents.CompletionAnswer, body, untrusted.LOGPROBS
         )
         return list(raw["choices"][0].get("prompt_logprobs") or [])
 
@@ -439,7 +439,7 @@ def read_stream(
             if payload == b"[DONE]":
                 done = True
                 break
-            event = untrusted.stream_event(
+            event = documents.stream_event(
                 untrusted.parse_json(payload, untrusted.STREAM_EVENT, budget.where),
                 budget.where,
             )

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import runner
+from pinwheel import documents, runner
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
@@ -110,7 +110,7 @@ def read_panel(
             where=str(path),
             next='write {"schema": "pinwheel.panel/1", "windows": [[token ids...], ...]}',
         )
-    untrusted.decode(untrusted.PanelDoc, data, untrusted.PANEL, str(path))  # types, field by field
+    untrusted.decode(documents.PanelDoc, data, untrusted.PANEL, str(path))  # types, field by field
     windows: list[tuple[int, ...]] = []
     if "windows" in data:
         for w in data["windows"]:
@@ -366,7 +366,7 @@ def load_teacher(data: bytes, source: str, *, limit: int = MAX_TEACHER) -> Teach
             where=source,
             next="capture it with `pinwheel qualify teacher --out FILE`",
         )
-    meta = untrusted.decode(untrusted.TeacherMetaDoc, raw, untrusted.TEACHER_META, source)
+    meta = untrusted.decode(documents.TeacherMetaDoc, raw, untrusted.TEACHER_META, source)
     _teacher_shapes(arrays, source)
     return Teacher(
         meta={**raw, "source": meta.source},
@@ -477,7 +477,7 @@ def read_index(path: Path, sha256: str | None) -> TeacherIndex:
     raw = untrusted.parse_json(bytes(small["meta"]), untrusted.TEACHER_META, str(path))
     if not isinstance(raw, dict) or raw.get("schema") != TEACHER_SCHEMA:
         raise UsageError(f"not a {TEACHER_SCHEMA} file", where=str(path))
-    meta = untrusted.decode(untrusted.TeacherMetaDoc, raw, untrusted.TEACHER_META, str(path))
+    meta = untrusted.decode(documents.TeacherMetaDoc, raw, untrusted.TEACHER_META, str(path))
     offsets, target = small["offsets"], small["target"]
     p = len(target)
     if len(offsets) < 2 or offsets[0] != 0 or np.any(np.diff(offsets) < 1) or offsets[-1] != p:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel import runner, untrusted, validate
+from pinwheel import documents, runner, untrusted, validate
 from pinwheel.cudaarch import CudaArch, parse_dotted
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest.serve import Engine, Image, ServeConfig, ServeProfile
@@ -394,7 +394,7 @@ def probe_engine(opts: Options) -> tuple[dict | None, str | None]:
         return None, res[1].strip().splitlines()[-1] if res[1].strip() else f"exit {res[0]}"
     try:
         probe = untrusted.answer_line(
-            res[1], untrusted.EngineProbe, untrusted.WORKER, f"{opts.python} (engine probe)"
+            res[1], documents.EngineProbe, untrusted.WORKER, f"{opts.python} (engine probe)"
         )
     except PinwheelError as exc:
         return None, f"the engine probe's answer is malformed: {exc.what}"
@@ -568,7 +568,7 @@ def run_selftest(opts: Options, nbytes: int = 64 << 20) -> list[Check]:
         return [Check("p2p self-test", FAIL, f"self-test crashed: {tail}", env_fix)]
     try:
         ans = untrusted.answer_line(
-            p.text, untrusted.SelftestAnswer, untrusted.WORKER, "p2p self-test"
+            p.text, documents.SelftestAnswer, untrusted.WORKER, "p2p self-test"
         )
     except PinwheelError as exc:
         return [Check("p2p self-test", FAIL, f"malformed answer: {exc.what}", env_fix)]

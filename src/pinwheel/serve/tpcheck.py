@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import untrusted
+from pinwheel import documents, untrusted
 from pinwheel.archive import zip_kind
 from pinwheel.errors import PinwheelError
 from pinwheel.serve.preflight import FAIL, OK, SKIP, Check
@@ -239,12 +239,12 @@ def run_tpcheck(req: TpRequest) -> TpOutcome:
 
 
 def _payload(r: RankResult, failures: list[str]) -> Mapping[str, Any] | None:
-    """The rank's report, its shape checked (:class:`pinwheel.untrusted.TpRank`); a report
+    """The rank's report, its shape checked (:class:`pinwheel.documents.TpRank`); a report
     of the wrong shape is that rank's failure, never a traceback."""
     if r.payload is None:
         return None
     try:
-        untrusted.decode(untrusted.TpRank, r.payload, untrusted.WORKER, f"rank {r.rank}")
+        untrusted.decode(documents.TpRank, r.payload, untrusted.WORKER, f"rank {r.rank}")
     except PinwheelError as exc:
         failures.append(f"rank {r.rank}: malformed report: {exc.what}")
         return None

@@ -21,14 +21,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-import pygit2
-
 from pinwheel import saferegex, validate
 from pinwheel.cudaarch import CudaArch, parse_arch
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildSource
 from pinwheel.source.cache import Cache
+from pinwheel.source.libgit2 import pygit2
 from pinwheel.urls import redact
 
 FULL_SHA = re.compile(r"[0-9a-f]{40}")

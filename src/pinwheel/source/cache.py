@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import pygit2
-from filelock import FileLock, Timeout
+from typing import TYPE_CHECKING
 
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
@@ -26,13 +25,12 @@ from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
 from pinwheel.urls import redact
 
+if TYPE_CHECKING:  # libgit2 is loaded where it is called (pinwheel.source.libgit2)
+    from pinwheel.source.libgit2 import pygit2
+
 LOCK_TIMEOUT_S = 600
 UPSTREAM_PREFIX = "refs/pinwheel/upstream/"
 PULL_PREFIX = "refs/pinwheel/pull/"
-
-# Replay writes trees that may name blobs a partial mirror lacks; libgit2's
-# strict creation would refuse them although their ids are known-good.
-pygit2.settings.enable_strict_object_creation(False)
 
 
 def _normalize(url: str) -> str:
@@ -100,7 +98,20 @@ class Fetched:
     missing_prs: tuple[int, ...] = ()  # PRs without refs/pull/N/head (missing_ok fetches)
 
     def open(self) -> pygit2.Repository:
+        from pinwheel.source.libgit2 import pygit2
+
         return pygit2.Repository(str(self.repo_path))
+
+
+@dataclass(frozen=True)
+class Refs:
+    """What :meth:`Cache.fetch_refs` did: the cache repository, the source, whether it
+    could fetch (a mirror, or online) and the PRs the source has no ref for."""
+
+    repo_path: Path
+    source: Source
+    can_fetch: bool
+    missing_prs: tuple[int, ...]
 
 
 # The cache's marker: a CACHEDIR.TAG (https://bford.info/cachedir/: backup tools skip
@@ -136,6 +147,37 @@ def is_marked(root: Path) -> bool:
     )
 
 
+@contextlib.contextmanager
+def _flocked(path: Path, timeout_s: float) -> Iterator[None]:
+    """Hold ``flock(LOCK_EX)`` on ``path`` (created if absent, never followed if a link),
+    waiting up to ``timeout_s``: the lock filelock's ``FileLock`` takes on the same file,
+    so `pinwheel cache clean`'s probe (:mod:`pinwheel.source.cachetool`) sees it held.
+    Taken here without filelock, whose import costs a warm `pinwheel run` a fifth of its
+    time; the lock goes with the descriptor (closed on exit, or by the kernel on a kill)."""
+    import fcntl
+    import time
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise PinwheelError(
+                        f"another pinwheel run has held the cache lock for {timeout_s:g}s",
+                        where=str(path),
+                        next="wait for it to finish, or pass --cache DIR to use a separate "
+                        "cache",
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
 class Cache:
     def __init__(
         self,
@@ -161,15 +203,8 @@ class Cache:
         lock_path = self.root / "locks" / f"{slug(url)}.lock"
         mark(self.root)
         lock_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S):
-                yield self._ensure_repo(url)
-        except Timeout:
-            raise PinwheelError(
-                f"another pinwheel run has held the cache lock for {LOCK_TIMEOUT_S}s",
-                where=str(lock_path),
-                next="wait for it to finish, or pass --cache DIR to use a separate cache",
-            ) from None
+        with _flocked(lock_path, LOCK_TIMEOUT_S):
+            yield self._ensure_repo(url)
 
     def _ensure_repo(self, url: str) -> Path:
         path = self.repo_path(url)
@@ -187,6 +222,38 @@ class Cache:
             tmp.rename(path)  # atomic: a half-initialised cache repo never has the final name
         return path
 
+    def fetching(self, url: str, prs: Sequence[int]) -> contextlib.AbstractContextManager[None]:
+        """The one line a network fetch shows, closed by its outcome: "done" only when every
+        ref and pinned commit arrived (a local mirror takes 0.1 s and shows none). Around
+        :meth:`fetch_refs` and the :meth:`fetch` given its answer; :meth:`fetch` alone
+        opens its own."""
+        source = resolve_source(url, self.mirrors)
+        if source.local or self.offline:
+            return contextlib.nullcontext()
+        return self.reporter.status(
+            f"fetching {len(prs) + 1} ref(s) from {redact(source.location)}"
+        )
+
+    def fetch_refs(self, url: str, branch: str, prs: Sequence[int]) -> Refs:
+        """Fetch ``branch`` and ``refs/pull/N/head`` for ``prs`` (git only, no libgit2).
+
+        The first half of :meth:`fetch`, for a caller that looks at the refs before it
+        decides to load libgit2 (a replay recalled from its stamp): pass the answer to
+        :meth:`fetch` as ``refs`` and nothing is fetched twice. Call inside :meth:`locked`
+        (and :meth:`fetching`).
+        """
+        path = self.repo_path(url)
+        source = resolve_source(url, self.mirrors)
+        if source.local:
+            self._attach_alternate(path, source)
+        can_fetch = source.local or not self.offline
+        if not can_fetch:
+            return Refs(path, source, can_fetch, ())
+        refspecs = [f"+refs/heads/{branch}:{UPSTREAM_PREFIX}{branch}"]
+        refspecs += [f"+refs/pull/{n}/head:{PULL_PREFIX}{n}/head" for n in prs]
+        missing = self._fetch(path, source, refspecs, prs, missing_ok=True)
+        return Refs(path, source, can_fetch, tuple(missing))
+
     def fetch(
         self,
         url: str,
@@ -197,6 +264,7 @@ class Cache:
         progress: object = None,
         missing_ok: bool = False,
         where: str | None = None,
+        refs: Refs | None = None,
     ) -> Fetched:
         """Fetch ``branch`` and ``refs/pull/N/head`` for ``prs``; make sure ``want`` commits exist.
 
@@ -206,25 +274,21 @@ class Cache:
         commit, in one error. With ``missing_ok`` a PR without a ref and a ``want``
         commit that cannot be found are reported in the result (``missing_prs``), not
         raised: drift reports every PR. ``where`` names the stack in the manifest
-        (``manifest.toml:12: [[kernel]] kern``) for errors about it.
+        (``manifest.toml:12: [[kernel]] kern``) for errors about it. ``refs``: what
+        :meth:`fetch_refs` already fetched for the same ``url``, ``branch`` and ``prs``.
         """
+        from pinwheel.source.libgit2 import pygit2
+
         labels = dict(want) if isinstance(want, Mapping) else {sha: "" for sha in want}
-        path = self.repo_path(url)
-        source = resolve_source(url, self.mirrors)
-        if source.local:
-            self._attach_alternate(path, source)
-        can_fetch = source.local or not self.offline
-        # One line for the whole fetch, closed by its outcome: "done" only when every ref
-        # and pinned commit arrived; a failure inside says "failed" before the error.
-        step: contextlib.AbstractContextManager[None] = (
-            self.reporter.status(f"fetching {len(prs) + 1} ref(s) from {redact(source.location)}")
-            if can_fetch and not source.local
-            else contextlib.nullcontext()
-        )
+        step = self.fetching(url, prs) if refs is None else contextlib.nullcontext()
         with step:
-            repo, missing_refs = self._fetch_checked(
-                path, source, branch, prs, labels, can_fetch, missing_ok=missing_ok, where=where
-            )
+            if refs is None:
+                refs = self.fetch_refs(url, branch, prs)
+            path, source, can_fetch = refs.repo_path, refs.source, refs.can_fetch
+            missing_refs = list(refs.missing_prs)
+            repo = pygit2.Repository(str(path))
+            self._check_fetched(repo, path, source, branch, missing_refs, labels, can_fetch,
+                                missing_ok=missing_ok, where=where)  # fmt: skip
         pr_heads = {}
         for n in prs:
             ref = f"{PULL_PREFIX}{n}/head"
@@ -239,25 +303,21 @@ class Cache:
             missing_prs=tuple(n for n in prs if n not in pr_heads),
         )
 
-    def _fetch_checked(
+    def _check_fetched(
         self,
+        repo: pygit2.Repository,
         path: Path,
         source: Source,
         branch: str,
-        prs: Sequence[int],
+        missing_refs: list[int],
         labels: Mapping[str, str],
         can_fetch: bool,
         *,
         missing_ok: bool,
         where: str | None,
-    ) -> tuple[pygit2.Repository, list[int]]:
-        """The fetch itself and its checks: the repo and the PRs without a ref."""
-        missing_refs: list[int] = []
-        if can_fetch:
-            refspecs = [f"+refs/heads/{branch}:{UPSTREAM_PREFIX}{branch}"]
-            refspecs += [f"+refs/pull/{n}/head:{PULL_PREFIX}{n}/head" for n in prs]
-            missing_refs = self._fetch(path, source, refspecs, prs, missing_ok=True)
-        repo = pygit2.Repository(str(path))
+    ) -> None:
+        """The fetch's checks: every ``want`` commit there (fetched by id when missing),
+        every PR ref, the branch."""
         missing = [sha for sha in labels if sha not in repo]
         if missing and can_fetch:
             # Pinned commits no longer reachable from a ref (force-pushed PRs):
@@ -284,7 +344,6 @@ class Cache:
                 if not can_fetch
                 else f"check the branch in {where or '[upstream]'}",
             )
-        return repo, missing_refs
 
     def ensure_commits(self, url: str, commits: Sequence[str]) -> Path:
         """Make ``commits`` (and what they reach) present in the cache repo of ``url``.
@@ -296,6 +355,8 @@ class Cache:
         source = resolve_source(url, self.mirrors)
         if source.local:
             self._attach_alternate(path, source)
+        from pinwheel.source.libgit2 import pygit2
+
         repo = pygit2.Repository(str(path))
         missing = [sha for sha in commits if sha not in repo]
         if missing and (source.local or not self.offline):

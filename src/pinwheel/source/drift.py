@@ -6,12 +6,10 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-import pygit2
-from pygit2.enums import SortMode
-
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest import Manifest, Upstream
 from pinwheel.source.cache import Cache, Fetched
+from pinwheel.source.libgit2 import pygit2
 from pinwheel.source.replay import Replayer
 
 
@@ -43,7 +41,7 @@ def _merged_upstream(
         return f"head is in {fetched.branch}"
     # Squash and rebase merges on GitHub end the subject with "(#N)".
     marker = re.compile(rf"\(#{pr}\)\s*$")
-    walker = repo.walk(tip, SortMode.TOPOLOGICAL)
+    walker = repo.walk(tip, pygit2.enums.SortMode.TOPOLOGICAL)
     walker.hide(base)
     for c in walker:
         first = c.message.strip().splitlines()[0] if c.message.strip() else ""
@@ -73,7 +71,7 @@ def drift_report(manifest: Manifest, cache: Cache) -> DriftReport:
                 next="check that commit against the upstream branch, or point "
                 "--mirror URL=PATH at a complete mirror",
             )
-        walker = repo.walk(fetched.branch_tip, SortMode.NONE)
+        walker = repo.walk(fetched.branch_tip, pygit2.enums.SortMode.NONE)
         walker.hide(base)
         new_commits = sum(1 for _ in walker)
         prs = []

@@ -9,12 +9,11 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import pygit2
-
 from pinwheel import archive, confine
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_dir, atomic_write_bytes, atomic_write_text
 from pinwheel.source import gitcli
+from pinwheel.source.libgit2 import pygit2
 from pinwheel.source.replay import ReplayResult, lock_payload
 
 

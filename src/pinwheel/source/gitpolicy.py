@@ -17,15 +17,15 @@ run a command, read a file or use a transport pinwheel did not choose:
   ``include.path`` and the like can name files or commands, and ``-c`` cannot
   unset an additive key such as ``fsck.skipList``;
 - libgit2 (pygit2): global, XDG, system and program-data search paths emptied
-  (:func:`apply_libgit2`), run once at import by every module that uses pygit2.
+  (:func:`apply_libgit2`), run once by :mod:`pinwheel.source.libgit2`, the one module
+  that imports pygit2 (every other module takes it from there).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import pygit2
+from types import ModuleType
 
 from pinwheel import runner
 from pinwheel.errors import PinwheelError
@@ -257,11 +257,8 @@ def _check_file(path: Path) -> None:
 # --------------------------------------------------------------------------- libgit2
 
 
-def apply_libgit2() -> None:
+def apply_libgit2(pygit2: ModuleType) -> None:
     """libgit2 reads no global, XDG, system or program-data config (idempotent)."""
     levels = pygit2.enums.ConfigLevel
     for level in (levels.GLOBAL, levels.XDG, levels.SYSTEM, levels.PROGRAMDATA):
         pygit2.settings.search_path[level] = ""
-
-
-apply_libgit2()

@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import pygit2
 import tomlkit
 
 from pinwheel.checksums import sha256_file
@@ -27,6 +26,7 @@ from pinwheel.manifest import FULL_SHA, Manifest, load, loads
 from pinwheel.manifest.component import ENGINE, component_manifest
 from pinwheel.source.buildsources import NO, Declared, discover, pin
 from pinwheel.source.cache import Cache
+from pinwheel.source.libgit2 import pygit2
 from pinwheel.source.replay import (
     Replayer,
     check_result_tree,

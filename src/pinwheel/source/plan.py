@@ -11,11 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import pygit2
-from pygit2.enums import SortMode
-
 from pinwheel.manifest import Manifest, Step
 from pinwheel.source.cache import Cache, Fetched
+from pinwheel.source.libgit2 import pygit2
 from pinwheel.source.replay import (
     commits_between,
     fetch_for,
@@ -63,7 +61,7 @@ def hazard_commits(repo: pygit2.Repository, base: str, bases: list[str]) -> list
     """Mainline commits reachable from the merge-bases ``bases`` but not from ``base``."""
     if not bases:
         return []
-    walker = repo.walk(bases[0], SortMode.TOPOLOGICAL | SortMode.REVERSE)
+    walker = repo.walk(bases[0], pygit2.enums.SortMode.TOPOLOGICAL | pygit2.enums.SortMode.REVERSE)
     for extra in bases[1:]:
         walker.push(extra)
     walker.hide(base)

@@ -12,25 +12,24 @@ as it found it (unreferenced objects aside, which git gc removes).
 
 from __future__ import annotations
 
-import email.utils
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from email.header import decode_header, make_header
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pygit2
-from pygit2.enums import MergeFlag, SortMode
-
+from pinwheel import checksums
 from pinwheel.errors import ConflictError, DriftError, ManifestError, MismatchError, PinwheelError
 from pinwheel.manifest import Identity, Manifest, Step
 from pinwheel.manifest.component import Stack
 from pinwheel.progress import SILENT, Reporter
-from pinwheel.source import faults, gitcli
-from pinwheel.source.cache import Cache, Fetched
+from pinwheel.source import faults, gitcli, stamp
+from pinwheel.source.cache import PULL_PREFIX, UPSTREAM_PREFIX, Cache, Fetched, Refs
 from pinwheel.urls import redact
+
+if TYPE_CHECKING:  # libgit2 is loaded where it is called: a recalled replay never loads it
+    from pinwheel.source.libgit2 import pygit2
 
 
 @dataclass(frozen=True)
@@ -91,6 +90,8 @@ def merge_bases(repo_path: Path, a: str, b: str) -> list[str]:
 
 
 def committer_for(identity: Identity, base: pygit2.Commit) -> pygit2.Signature:
+    from pinwheel.source.libgit2 import pygit2
+
     if identity.time is None:  # default: the base commit's committer date, fixed by the manifest
         return pygit2.Signature(
             identity.name, identity.email, base.committer.time, base.committer.offset
@@ -114,7 +115,9 @@ def subject_line(message: str) -> str:
 
 def commits_between(repo: pygit2.Repository, head: str, hide: Sequence[str]) -> list[pygit2.Commit]:
     """Commits reachable from ``head`` and from none of ``hide``, oldest first."""
-    walker = repo.walk(head, SortMode.TOPOLOGICAL | SortMode.REVERSE)
+    from pinwheel.source.libgit2 import pygit2
+
+    walker = repo.walk(head, pygit2.enums.SortMode.TOPOLOGICAL | pygit2.enums.SortMode.REVERSE)
     for sha in hide:
         walker.hide(sha)
     return list(walker)
@@ -134,6 +137,8 @@ def pick_commits(
     upstream branch's merge-bases with the head (main merged into the PR);
     pass ``bases`` when the caller has computed those already.
     """
+    from pinwheel.source.libgit2 import pygit2
+
     assert step.head is not None
     if step.commits:
         picked = []
@@ -225,6 +230,11 @@ class PatchMeta:
 
 def read_patch_meta(patch: Path) -> PatchMeta:
     """Author and message from a ``git format-patch`` mbox; none for a plain diff."""
+    import email.utils
+    from email.header import decode_header, make_header
+
+    from pinwheel.source.libgit2 import pygit2
+
     head = patch.read_bytes().split(b"\ndiff --git ", 1)[0].decode("utf-8", "replace")
     if not head.startswith("From "):
         return PatchMeta(author=None, message=f"Apply {patch.name}\n")
@@ -273,6 +283,8 @@ class Replayer:
         allow_drift: bool = False,
         reporter: Reporter = SILENT,
     ):
+        from pinwheel.source.libgit2 import pygit2
+
         self.manifest = manifest
         self.fetched = fetched
         self.repo = fetched.open()
@@ -318,6 +330,8 @@ class Replayer:
         return current, True
 
     def run(self) -> ReplayResult:
+        from pinwheel.source.libgit2 import pygit2
+
         try:
             return self._run()
         except (pygit2.GitError, OSError, KeyError) as exc:
@@ -336,6 +350,8 @@ class Replayer:
             ) from None
 
     def _run(self) -> ReplayResult:
+        from pinwheel.source.libgit2 import pygit2
+
         current = self.repo[self.base].peel(pygit2.Commit)
         results = []
         for step in self.manifest.steps:
@@ -376,6 +392,8 @@ class Replayer:
         parents: list[str],
         encoding: str | None = None,
     ) -> str:
+        from pinwheel.source.libgit2 import pygit2
+
         args: list[Any] = [
             None,
             author,
@@ -398,6 +416,8 @@ class Replayer:
         return None
 
     def _pick(self, step: Step, current: pygit2.Commit, head: str, drifted: bool) -> StepResult:
+        from pinwheel.source.libgit2 import pygit2
+
         replayed = []
         state = current
         for c in pick_commits(self.repo, step, self.base, self.fetched.branch_tip):
@@ -420,13 +440,16 @@ class Replayer:
         return StepResult(step, head, drifted, tuple(replayed), str(state.id), str(state.tree_id))
 
     def _merge(self, step: Step, current: pygit2.Commit, head: str, drifted: bool) -> StepResult:
+        from pinwheel.source.libgit2 import pygit2
+
         where = f"{step.where} head {head[:12]}"
         fix = self._resolution(step, "merge")
         if fix is not None:
             tree = apply_patch(self.fetched.repo_path, str(current.tree_id), fix, where=where)
         else:
             try:
-                index = self.repo.merge_commits(current, head, flags=MergeFlag.FIND_RENAMES)
+                renames = pygit2.enums.MergeFlag.FIND_RENAMES
+                index = self.repo.merge_commits(current, head, flags=renames)
             except (KeyError, pygit2.GitError) as exc:
                 ours, theirs = current.tree, self.repo[head].peel(pygit2.Commit).tree
                 base_id = self.repo.merge_base(current.id, head)
@@ -454,8 +477,11 @@ class Replayer:
         return StepResult(step, None, False, (commit,), new, tree)
 
     def _merge_trees(self, ancestor: Any, ours: Any, theirs: Any, where: str) -> pygit2.Index:
+        from pinwheel.source.libgit2 import pygit2
+
         try:
-            return self.repo.merge_trees(ancestor, ours, theirs, flags=MergeFlag.FIND_RENAMES)
+            renames = pygit2.enums.MergeFlag.FIND_RENAMES
+            return self.repo.merge_trees(ancestor, ours, theirs, flags=renames)
         except (KeyError, pygit2.GitError) as exc:
             paths = _paths_without_content(self.repo, ancestor, ours, theirs)
             raise _missing_object(exc, where, self.fetched.repo_path, paths) from None
@@ -493,6 +519,8 @@ def _paths_without_content(
     repo: pygit2.Repository, ancestor: Any, ours: Any, theirs: Any
 ) -> list[str]:
     """Files changed on both sides of a merge whose blobs the cache and mirrors lack."""
+    from pinwheel.source.libgit2 import pygit2
+
     try:
         ours_changed = {d.new_file.path for d in repo.diff(ancestor, ours).deltas}
         theirs_changed = {d.new_file.path for d in repo.diff(ancestor, theirs).deltas}
@@ -532,12 +560,14 @@ def _missing_object(
 # --------------------------------------------------------------------------- entry points
 
 
-def fetch_for(manifest: Manifest, cache: Cache, *, extra_want: Sequence[str] = ()) -> Fetched:
+def fetch_for(
+    manifest: Manifest, cache: Cache, *, extra_want: Sequence[str] = (), refs: Refs | None = None
+) -> Fetched:
     """Fetch what the manifest names (call inside ``cache.locked``).
 
     Every commit the manifest pins (the base, each PR head, each pinned pick) is
     resolved here, before anything is built: whatever is missing is reported at
-    once, each SHA with the step that names it.
+    once, each SHA with the step that names it. ``refs``: the refs already fetched.
     """
     return cache.fetch(
         manifest.upstream.url,
@@ -545,6 +575,7 @@ def fetch_for(manifest: Manifest, cache: Cache, *, extra_want: Sequence[str] = (
         manifest.prs,
         wanted_commits(manifest, extra_want),
         where=manifest.stack_where,
+        refs=refs,
     )
 
 
@@ -605,11 +636,24 @@ class ReplayRequest:
 
 
 def replay(request: ReplayRequest, reporter: Reporter = SILENT) -> ReplayResult:
-    """Fetch, replay, check the tree, and tag: the whole of ``pinwheel run``."""
+    """Fetch, replay, check the tree, and tag: the whole of ``pinwheel run``.
+
+    After the fetch, a replay whose stamp (:func:`recall`) holds is given back from it
+    without loading libgit2; otherwise the stack is replayed and, when its refs were
+    written and no head drifted, stamped (:func:`record`).
+    """
     manifest = request.manifest
     store = Cache(request.cache, request.mirrors, request.offline, reporter=reporter)
     with store.locked(manifest.upstream.url):
-        fetched = fetch_for(manifest, store)
+        with store.fetching(manifest.upstream.url, manifest.prs):
+            refs = store.fetch_refs(manifest.upstream.url, manifest.upstream.branch, manifest.prs)
+            recalled = recall(request, refs)
+            fetched = None if recalled else fetch_for(manifest, store, refs=refs)
+        if recalled is not None:
+            if request.check_tree:
+                check_result_tree(recalled)
+            return recalled
+        assert fetched is not None
         result = Replayer(
             manifest, fetched, allow_drift=request.allow_drift, reporter=reporter
         ).run()
@@ -617,7 +661,249 @@ def replay(request: ReplayRequest, reporter: Reporter = SILENT) -> ReplayResult:
             check_result_tree(result)
         if request.write_refs:
             write_result_refs(result)
+            record(request, fetched, result)
     return result
+
+
+# --------------------------------------------------------------------------- stamps
+
+# The engine's version: raise it with any change that makes other commits or trees from
+# the same inputs (it is part of every stamp's key, so older stamps stop matching).
+REPLAY_VERSION = 1
+
+
+def _libgit2_identity() -> str | None:
+    """The installed pygit2, and the libgit2 its wheel carries, without loading it: where
+    it is, its dist-info (name and version) and its RECORD's inode, size and mtime, which
+    every install rewrites. None: not found (then nothing is stamped or recalled)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pygit2")
+    if spec is None or spec.origin is None:
+        return None
+    site = Path(spec.origin).parent.parent
+    records = sorted(site.glob("pygit2-*.dist-info/RECORD"))
+    if len(records) != 1:
+        return None
+    st = records[0].stat()
+    return f"{records[0].parent} {st.st_ino} {st.st_size} {st.st_mtime_ns}"
+
+
+def _file_digest(path: Path) -> str | None:
+    try:
+        return checksums.sha256_file(path, chunk=1 << 16)
+    except FileNotFoundError:
+        return None
+
+
+def stamp_key(
+    request: ReplayRequest, repo_path: Path, refs: Mapping[str, str]
+) -> dict[str, Any] | None:
+    """Every input a replay reads, as data; None when one cannot be named (no stamp).
+
+    A replay is a function of: the manifest's stack (upstream, base, identity, each
+    step's action, PR, pinned head and commits, title, and the bytes of every patch and
+    resolution it applies; the whole manifest's sha256 on top), the refs just fetched
+    (the branch tip, whose merge-bases with each PR head pick a PR's commits, and each
+    PR's head), the objects those ids name (immutable: an id is its content), the
+    options, this engine (:data:`REPLAY_VERSION`, pinwheel's version, the installed
+    libgit2), the cache repository's own ``config`` and ``info/attributes`` (which libgit2
+    reads while merging) and, for patch steps, git (``git apply``).
+    """
+    from pinwheel import __version__
+
+    m = request.manifest
+    libgit2 = _libgit2_identity()
+    if libgit2 is None:
+        return None
+    steps = []
+    patched = False
+    for step in m.steps:
+        fixes = [[r.commit, checksums.sha256_file(r.patch)] for r in step.resolutions]
+        patch = checksums.sha256_file(step.patch) if step.patch else None
+        patched = patched or bool(fixes) or patch is not None
+        steps.append(
+            [step.number, step.action, step.pr, step.head, step.title,
+             list(step.commits) if step.commits is not None else None, patch, fixes]
+        )  # fmt: skip
+    ident = m.identity
+    return {
+        "engine": REPLAY_VERSION,
+        "pinwheel": __version__,
+        "libgit2": libgit2,
+        "git": gitcli.out(["version"]) if patched else None,
+        "repo": [_file_digest(repo_path / "config"), _file_digest(repo_path / "info/attributes")],
+        "options": {"allow_drift": request.allow_drift},
+        "manifest": {
+            "name": m.name,
+            "sha256": m.sha256,
+            "upstream": [m.upstream.url, m.upstream.branch, m.upstream.commit],
+            "identity": [ident.name, ident.email, ident.time, ident.offset],
+            "result": [m.result.tree, m.result.tag],
+            "steps": steps,
+        },
+        "refs": dict(sorted(refs.items())),
+    }
+
+
+def _ref_names(manifest: Manifest) -> list[str]:
+    """The refs a fetch of ``manifest`` writes: the branch, then each PR's head."""
+    return [f"{UPSTREAM_PREFIX}{manifest.upstream.branch}"] + [
+        f"{PULL_PREFIX}{n}/head" for n in manifest.prs
+    ]
+
+
+def record(request: ReplayRequest, fetched: Fetched, result: ReplayResult) -> None:
+    """Stamp ``result`` (its refs written, no head drifted) under the key of its inputs."""
+    if any(s.drifted for s in result.steps) or fetched.missing_prs:
+        return
+    refs = {f"{UPSTREAM_PREFIX}{fetched.branch}": fetched.branch_tip}
+    refs.update({f"{PULL_PREFIX}{n}/head": h for n, h in fetched.pr_heads.items()})
+    key = stamp_key(request, fetched.repo_path, refs)
+    if key is None:
+        return
+    doc = {
+        "base": result.base,
+        "head": result.head,
+        "tree": result.tree,
+        "tag": result.tag,
+        "steps": [
+            {
+                "pr_head": s.pr_head,
+                "head": s.head,
+                "tree": s.tree,
+                "commits": [
+                    [c.original, c.replayed, c.subject, c.author, c.author_email]
+                    for c in s.commits
+                ],
+            }
+            for s in result.steps
+        ],
+    }
+    try:
+        stamp.save(fetched.repo_path, request.manifest.name, key, doc)
+    except OSError:  # a stamp only saves time: without it the next run replays in full
+        return
+
+
+def _sha(value: Any) -> str:
+    if isinstance(value, str) and stamp.SHA.fullmatch(value):
+        return value
+    raise ValueError("not a commit id")
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise ValueError("not text")
+
+
+def _decode(manifest: Manifest, repo_path: Path, doc: Any) -> ReplayResult:
+    """The result a stamp records, every value typed and every id fullmatched."""
+    steps = doc["steps"]
+    if not isinstance(steps, list) or len(steps) != len(manifest.steps):
+        raise ValueError("not one entry per step")
+    decoded = []
+    for step, entry in zip(manifest.steps, steps, strict=True):
+        commits = []
+        for row in entry["commits"]:
+            original, replayed, subject, author, email = row
+            commits.append(
+                ReplayedCommit(
+                    None if original is None else _sha(original),
+                    _sha(replayed), _text(subject), _text(author), _text(email),
+                )  # fmt: skip
+            )
+        pr_head = None if entry["pr_head"] is None else _sha(entry["pr_head"])
+        decoded.append(
+            StepResult(step, pr_head, False, tuple(commits), _sha(entry["head"]),
+                       _sha(entry["tree"]))  # fmt: skip
+        )
+    tag = doc["tag"]
+    if tag != manifest.result.tag:
+        raise ValueError("another tag")
+    return ReplayResult(
+        manifest, repo_path, _sha(doc["base"]), _sha(doc["head"]), _sha(doc["tree"]),
+        tuple(decoded), tag,
+    )  # fmt: skip
+
+
+def recall(request: ReplayRequest, refs: Refs) -> ReplayResult | None:
+    """The replay's recorded result when every input and every object still holds; None
+    (replay in full) at the first doubt. Only a replay that writes its refs is recalled:
+    the tag and the stack ref must already name the recorded head, so writing them again
+    would change nothing.
+
+    What the full replay would check, and why each holds here:
+      - each PR's ref exists and no pinned head drifted: the refs just fetched are read
+        (one ``git cat-file``) and compared; any missing ref or drift replays in full;
+      - the base and every pinned commit exist: looked up, with their types;
+      - the replay itself (which commits, merged how): the stamp's key is
+        :func:`stamp_key` of this run (the manifest's stack, the fetched refs, options,
+        engine, libgit2 and the repository's config), equal or nothing is recalled;
+      - the recorded commits are in the repository as one chain: every step's commits
+        exist, each one's first parent is the one before (the first: the base), a merge
+        step's second parent is its PR head, each step's tree is its head's tree;
+      - the tag (never moved) and the stack ref point at the recorded head;
+      - ``[result].tree``: checked by the caller on the recalled result, as on a replay.
+    """
+    manifest = request.manifest
+    if not request.write_refs or refs.missing_prs:
+        return None
+    repo = refs.repo_path
+    doc = stamp.load(repo, manifest.name)
+    if doc is None:
+        return None
+    try:
+        result = _decode(manifest, repo, doc["result"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    ref_names = _ref_names(manifest)
+    stack_ref = f"refs/pinwheel/stack/{manifest.name}"
+    names = [*ref_names, stack_ref]
+    if result.tag:
+        names.append(f"refs/tags/{result.tag}")
+    want = {result.base: "commit", result.tree: "tree"}
+    for step in manifest.steps:
+        want.update({sha: "commit" for sha in (step.head, *(step.commits or ())) if sha})
+    links: dict[str, str] = {}  # "X^1" / "X^2" / "X^{tree}" -> the id it must resolve to
+    state = result.base
+    for s in result.steps:
+        for c in s.commits:
+            want[c.replayed] = "commit"
+            links[f"{c.replayed}^1"] = state
+            state = c.replayed
+        if s.step.action == "merge" and s.pr_head:
+            links[f"{s.head}^2"] = s.pr_head
+        links[f"{s.head}^{{tree}}"] = s.tree
+        if state != s.head:
+            return None
+    if state != result.head:
+        return None
+    links[f"{result.head}^{{tree}}"] = result.tree
+    found = stamp.look(repo, [*names, *want, *links])
+    if any((hit := found[sha]) is None or hit != (sha, kind) for sha, kind in want.items()):
+        return None
+    if any((hit := found[name]) is None or hit[0] != sha for name, sha in links.items()):
+        return None
+    for name in names[len(ref_names):]:  # the stack ref and the tag: at the recorded head
+        if (hit := found[name]) is None or hit != (result.head, "commit"):
+            return None
+    current: dict[str, str] = {}
+    for name in ref_names:
+        if (hit := found[name]) is None or hit[1] != "commit":
+            return None
+        current[name] = hit[0]
+    for step, s in zip(manifest.steps, result.steps, strict=True):
+        if step.pr is not None:
+            head = current[f"{PULL_PREFIX}{step.pr}/head"]
+            if (step.head or head) != head or s.pr_head != head:
+                return None  # drifted, or recorded from another head: replay decides
+    try:
+        key = stamp_key(request, repo, current)
+    except OSError:  # a patch gone: the replay says so
+        return None
+    return result if key is not None and key == doc["key"] else None
 
 
 def replay_manifest(
@@ -654,6 +940,8 @@ def write_result_refs(result: ReplayResult, *, tag: bool = True) -> None:
     The stack ref follows the latest replay of this manifest name; a tag never
     moves: one that already names another commit is an error, not an overwrite.
     """
+    from pinwheel.source.libgit2 import pygit2
+
     repo = pygit2.Repository(str(result.repo_path))
     lines = ["start", f"update refs/pinwheel/stack/{result.manifest.name} {result.head}"]
     if tag and result.tag:

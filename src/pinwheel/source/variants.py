@@ -19,12 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pygit2
-
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest import Manifest, Step
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
+from pinwheel.source.libgit2 import pygit2
 from pinwheel.source.replay import (
     ReplayConflict,
     Replayer,

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import runner, untrusted
+from pinwheel import documents, runner
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.urls import redact, redact_tree
@@ -310,7 +310,7 @@ class Receipt(Mapping[str, Any]):
     ``check`` copy through)."""
 
     path: Path
-    doc: untrusted.ProvenanceDoc
+    doc: documents.ProvenanceDoc
     raw: Mapping[str, Any]
 
     def __getitem__(self, key: str) -> Any:
@@ -339,7 +339,7 @@ class Receipt(Mapping[str, Any]):
         return self.doc.manifest.sha256 if self.doc.manifest else None
 
     @property
-    def components(self) -> tuple[untrusted.ComponentRecord, ...]:
+    def components(self) -> tuple[documents.ComponentRecord, ...]:
         return tuple(self.doc.components)
 
     @property
@@ -366,5 +366,5 @@ def read_receipt(path: Path) -> Receipt:
             where=str(path),
             next="build first (`tools/replay build`), or pass --wheels DIR of a finished build",
         )
-    doc, raw = untrusted.read_provenance(path, SCHEMA)
+    doc, raw = documents.read_provenance(path, SCHEMA)
     return Receipt(path, doc, raw)
