@@ -17,6 +17,7 @@ from pinwheel.compile.toolchain import choose
 from pinwheel.compile.toolchain.pythons import candidates, find_python
 from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.options import host as host_of
 
 HERE = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
@@ -32,7 +33,7 @@ def test_three_problems_come_in_one_report(tmp_path: Path) -> None:
     names all three with their own ways on, not one per run."""
     env = {"PATH": os.defpath, "HOME": str(tmp_path)}
     with pytest.raises(ToolchainError) as err:
-        choose(_config(gcc="99", python="3.99", cuda="13.0"), env)
+        choose(_config(gcc="99", python="3.99", cuda="13.0"), host_of(env))
     text = err.value.what
     assert text.startswith("3 toolchain problems")
     assert "[build] gcc" in text and "gcc/g++ 99" in text and "--substitute gcc=" in text
@@ -43,7 +44,7 @@ def test_three_problems_come_in_one_report(tmp_path: Path) -> None:
 def test_one_problem_is_raised_as_itself(tmp_path: Path) -> None:
     env = {"PATH": os.defpath, "HOME": str(tmp_path)}
     with pytest.raises(ToolchainError) as err:
-        choose(_config(python="3.99"), env)
+        choose(_config(python="3.99"), host_of(env))
     assert err.value.where == "[build] python" and "pyenv install 3.99" in err.value.next
 
 
@@ -59,21 +60,21 @@ def test_the_pinned_python_is_found_on_path_then_uv_then_pyenv(tmp_path: Path) -
                  f"python{HERE}")  # fmt: skip
     pyenv = _linked(home / ".pyenv/versions" / f"{HERE}.1" / "bin", f"python{HERE}")
     env = {"PATH": str(tmp_path / "empty"), "HOME": str(home)}
-    assert [s for s, _ in candidates(HERE, env)] == ["uv", "pyenv"]
-    found = find_python(HERE, env)
+    assert [s for s, _ in candidates(HERE, host_of(env))] == ["uv", "pyenv"]
+    found = find_python(HERE, host_of(env))
     assert found is not None and (found.source, found.path) == ("uv", str(uv))
     on_path = _linked(tmp_path / "bin", f"python{HERE}")
-    found = find_python(HERE, env | {"PATH": str(tmp_path / "bin")})
+    found = find_python(HERE, host_of(env | {"PATH": str(tmp_path / "bin")}))
     assert found is not None and (found.source, found.path) == ("PATH", str(on_path))
     uv.unlink()
-    found = find_python(HERE, env)
+    found = find_python(HERE, host_of(env))
     assert found is not None and (found.source, found.path) == ("pyenv", str(pyenv))
 
 
 def test_a_name_is_a_claim_the_version_is_checked(tmp_path: Path) -> None:
     """A python3.99 on PATH that is really this interpreter is not Python 3.99."""
     _linked(tmp_path / "bin", "python3.99")
-    assert find_python("3.99", {"PATH": str(tmp_path / "bin")}) is None
+    assert find_python("3.99", host_of({"PATH": str(tmp_path / "bin")})) is None
 
 
 # ------------------------------------------------- `pinwheel toolchain`: everything in one report
@@ -160,7 +161,7 @@ def test_toolchain_with_a_provisioned_cuda_reports_it_and_uses_it(
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("no g++ on this machine")
-    major = (compiler_version(gxx, dict(os.environ)) or "0").split(".")[0]
+    major = (compiler_version(gxx, host_of(os.environ)) or "0").split(".")[0]
     # nvcc's probe needs the host compiler and binutils: the directory g++ is in.
     rc, doc, out, err = _toolchain(
         tmp_path, monkeypatch, capsys,

@@ -73,6 +73,7 @@ from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.manifest.component import Stack, stacks
+from pinwheel.options import HostEnvironment
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
 from pinwheel.source.cache import mark as mark_cache
@@ -92,7 +93,7 @@ class BuildRequest:
     manifest: Manifest
     cache: Path
     out_dir: Path
-    environ: Mapping[str, str] = field(repr=False)
+    host: HostEnvironment = field(repr=False)  # the environment, typed (pinwheel.options.host)
     mirrors: Mapping[str, str] = field(default_factory=dict)
     offline: bool = False
     provision: bool = True
@@ -194,7 +195,7 @@ def build(
     # Before anything else: a bad [build] or a missing gcc fails in a second.
     choice = _choose(request, reporter)
     config = choice.config
-    request = dataclasses.replace(request, environ=choice.environ(request.environ))
+    request = dataclasses.replace(request, host=choice.environment(request.host))
     engine = (
         request.replayed is not None
         or request.replay is not None
@@ -226,9 +227,9 @@ def build(
 
     earlier = reuse.candidates(request.reuse_from, request.cache) if request.reuse_from else {}
     cache_plan = compcache.plan(
-        config.cache, request.cache, request.environ, enabled=request.compiler_cache
+        config.cache, request.cache, request.host, enabled=request.compiler_cache
     )
-    canon = canonical.choose(request.cache, request.environ)
+    canon = canonical.choose(request.cache, request.host)
     canon = canon.with_toolkit(toolkit.root if toolkit is not None else None)
     canon = canon.with_views(request.cache, foreign_header_dirs(request, config, engine, canon))
     if canon.foreign_headers and not canon.views:
@@ -245,7 +246,7 @@ def build(
         else:
             with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
                 session, cache_plan = compcache.start(
-                    cache_plan, request.cache / "sccache-run", request.environ, canon
+                    cache_plan, request.cache / "sccache-run", request.host, canon
                 )
             if cache_plan.disabled:
                 reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
@@ -269,7 +270,7 @@ def build(
             venv = ensure_build_venv(
                 config.requirements,
                 request.cache,
-                environ=request.environ,
+                environ=request.host.child,
                 offline=request.offline,
                 wheelhouse=request.wheelhouse,
                 reporter=reporter,
@@ -307,7 +308,7 @@ def build(
             python,
             toolkit.nvcc if toolkit else None,
             toolkit.version if toolkit else None,
-            request.environ,
+            request.host.cxx,
         )
         note.did("asked the build python and nvcc for their versions")
     payload = receipt(
@@ -357,7 +358,7 @@ def _choose(request: BuildRequest, reporter: Reporter) -> ToolchainChoice:
     """[build] after --substitute / [build.substitute], its gcc found: fails in a second.
     A substitution is said before anything long runs, when this call resolves the toolkit
     (a build handed one, like attribute's variants, was told already)."""
-    choice = choose(request.manifest.require("build"), request.environ, request.substitute)
+    choice = choose(request.manifest.require("build"), request.host, request.substitute)
     if request.toolkit is None and (line := headline(choice.substitutions)):
         reporter.info(line)
     return choice
@@ -370,7 +371,7 @@ def _toolkit(request: BuildRequest, config: BuildConfig, reporter: Reporter) -> 
             ToolkitRequest(
                 config,
                 request.cache,
-                request.environ,
+                request.host,
                 provision=request.provision,
                 reporter=reporter,
             )
@@ -467,7 +468,8 @@ def foreign_header_dirs(
     # times, and a venv it made has fixed header times: neither needs a view.
     if canon.toolkit is not None and not (canon.toolkit / TOOLKIT_MARKER).is_file():
         dirs += headerview.toolkit_include_dirs(canon.toolkit)
-    pythons = [request.environ.get("PINWHEEL_TORCH_PYTHON")]
+    torch_python = request.host.torch_python
+    pythons = [str(torch_python) if torch_python is not None else None]
     if engine and config.requirements is None:
         pythons.append(build_python(request.build_python, check=False))
     for python in dict.fromkeys(p for p in pythons if p):
@@ -542,7 +544,7 @@ def _produce(
     opts = BuildOptions(
         cache=request.cache,
         mirrors=request.mirrors,
-        environ=request.environ,
+        host=request.host,
         offline=request.offline,
         source_date_epoch=request.source_date_epoch,
         reporter=reporter,
@@ -661,7 +663,7 @@ def _engine(
     phases = phases if phases is not None else Phases()
     replayed = request.replayed
     work = engine_workdir(request)
-    canon = canon or canonical.choose(request.cache, request.environ)
+    canon = canon or canonical.choose(request.cache, request.host)
     export_digest: str | None = None
     kept = interrupted = False
     changed: tuple[str, ...] = ()
@@ -717,13 +719,14 @@ def _engine(
     # the caller's. PATH and HOME are recorded (the cache as $CACHE).
     home = confine.inside(request.cache, Path("build") / ".home", what="engine build HOME")
     home.mkdir(parents=True, exist_ok=True)
-    base = engine_base(request.environ, python=python, home=str(home))
+    base = engine_base(request.host, python=python, home=str(home))
     path = base["PATH"]
     if toolkit is not None:
         path = f"{toolkit.root / 'bin'}{os.pathsep}{path}"
     extra_env.update({"PATH": path, "HOME": base["HOME"]})
-    if request.environ.get("CMAKE_ARGS"):  # declared (pinwheel.options): recorded as set
-        extra_env["CMAKE_ARGS"] = request.environ["CMAKE_ARGS"]
+    cmake_args = request.host.cmake_args_text  # declared (pinwheel.options): recorded as set
+    if cmake_args:
+        extra_env["CMAKE_ARGS"] = cmake_args
     # The build Python's include directory and its torch's headers, when outside the cache,
     # reach the objects under canonical names (headerview.prefix_maps), as the cache does.
     canon = canon.with_outside(headerview.prefix_maps(
@@ -759,7 +762,7 @@ def _engine(
     sources_phase.end()
     if supplied:
         extra_env.update(
-            plan_env(supplied, request.environ.get("CMAKE_ARGS"), disconnected=network != "none")
+            plan_env(supplied, cmake_args, disconnected=network != "none")
         )
     record["sources"] = [s.record() for s in supplied]
     record["network"] = network

@@ -32,6 +32,7 @@ from pathlib import Path
 from pinwheel import runner, validate
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_text
+from pinwheel.options import HostEnvironment
 from pinwheel.release import interpreter, pylock, signing
 from pinwheel.release.assemble import verify_release
 from pinwheel.urls import redact
@@ -235,7 +236,7 @@ class InstallRequest:
     python: str | None = None  # --python: the interpreter for the venv (else found by tag)
     offline: bool = False  # --offline: nothing from the network (uv --offline / pip --no-index)
     # PATH, HOME, UV_PYTHON_INSTALL_DIR, PYENV_ROOT: where the wheels' Python is looked for
-    environ: Mapping[str, str] = field(default_factory=dict)
+    host: HostEnvironment = field(default_factory=HostEnvironment)  # PATH, HOME, uv, pyenv
 
 
 def install(request: InstallRequest) -> InstallResult:
@@ -298,7 +299,7 @@ def install(request: InstallRequest) -> InstallResult:
         )
     need = interpreter.wanted(wheels)
     found = interpreter.find(need, given=request.python, uv=uv, offline=request.offline,
-                             fallback=sys.executable, environ=request.environ)  # fmt: skip
+                             fallback=sys.executable, host=request.host)  # fmt: skip
     commands = _ensure_venv(venv, uv, chosen, found, request.offline)
     python = str(venv_python(venv))
     paths = [str((wheel_dir / w).resolve()) for w in wheels]
