@@ -271,7 +271,7 @@ def _problem(name: str, why: str, fix: str) -> UsageError:
     var = declared(name)
     flag = f" (or its flag {var.flag})" if var is not None and var.flag else ""
     return UsageError(
-        f"environment variable {name}: {why}",
+        why,
         where=f"environment variable {name}{flag}",
         next=f"{fix}, or unset {name} (`pinwheel env` lists what pinwheel reads)",
     )
