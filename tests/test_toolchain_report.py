@@ -6,6 +6,7 @@ folders PATH, uv and pyenv use); the compiler probe runs the machine's real gcc.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -176,3 +177,22 @@ def test_toolchain_with_a_provisioned_cuda_reports_it_and_uses_it(
     assert provisioned[0]["root"] == doc["root"] and provisioned[0]["builds"] == ["7.0"]
     assert f"using CUDA 12.4.131 (provisioned) at {doc['root']}" in out and "compiles sm_70" in out
     assert "PROBLEM" not in out and "error:" not in err
+
+
+def test_the_build_stage_takes_the_callers_choice_rather_than_choosing_again(tmp_path) -> None:
+    """`pinwheel toolchain` chooses once (its survey) and hands the choice in
+    ``BuildRequest.chosen``: the stage uses it. Choosing again here would fail, since the
+    manifest pins a Python nobody has."""
+    from pinwheel.compile.pipeline import BuildRequest, _choose
+    from pinwheel.compile.toolchain.choose import ToolchainChoice
+    from pinwheel.manifest import loads
+    from pinwheel.progress import SILENT
+
+    text = MANIFEST_HEAD + '\n[build]\ncuda = "12.4"\narches = ["7.0"]\npython = "3.99"\n'
+    m = loads(text.encode(), tmp_path / "manifest.toml")
+    request = BuildRequest(manifest=m, cache=tmp_path / "c", out_dir=tmp_path / "w",
+                           host=host_of({"PATH": os.defpath, "HOME": str(tmp_path)}))  # fmt: skip
+    with pytest.raises(ToolchainError, match="no Python 3.99"):
+        _choose(request, SILENT)
+    given = ToolchainChoice(_config(python=HERE), (), None)
+    assert _choose(dataclasses.replace(request, chosen=given), SILENT) is given

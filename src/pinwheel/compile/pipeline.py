@@ -278,20 +278,12 @@ def build(
     python = str(venv.python) if venv is not None else build_python(request.build_python, engine)
     try:
         built, twice = _produce(
-            request,
-            config,
-            specs,
-            engine,
-            toolkit,
-            reporter,
-            session,
-            cache_plan,
-            earlier,
-            canon,
-            venv,
-            phases,
-            store,
-        )
+            Production(
+                request=request, config=config, specs=tuple(specs), engine=engine,
+                toolkit=toolkit, reporter=reporter, session=session, cache_plan=cache_plan,
+                earlier=earlier, canon=canon, venv=venv, phases=phases, store=store,
+            )
+        )  # fmt: skip
     finally:
         if session is not None:
             session.stop()
@@ -348,16 +340,19 @@ def toolchain(request: BuildRequest, reporter: Reporter = SILENT) -> ToolkitOutc
     """The toolchain a build of ``request`` would use (``request.chosen`` when the caller
     chose it already), the toolkit found or provisioned (``request.provision``) and probed:
     the same choice and resolution :func:`build` makes."""
-    choice = request.chosen or _choose(request, reporter)
+    choice = _choose(request, reporter)
     started = time.monotonic()
     toolkit = _toolkit(request, choice.config, reporter)
     return ToolkitOutcome(choice.config, toolkit, time.monotonic() - started, choice.substitutions)
 
 
 def _choose(request: BuildRequest, reporter: Reporter) -> ToolchainChoice:
-    """[build] after --substitute / [build.substitute], its gcc found: fails in a second.
+    """``request.chosen`` when the caller chose already (`pinwheel toolchain`'s survey), else
+    [build] after --substitute / [build.substitute], its gcc found: fails in a second.
     A substitution is said before anything long runs, when this call resolves the toolkit
     (a build handed one, like attribute's variants, was told already)."""
+    if request.chosen is not None:
+        return request.chosen
     choice = choose(request.manifest.require("build"), request.host, request.substitute)
     if request.toolkit is None and (line := headline(choice.substitutions)):
         reporter.info(line)
@@ -504,22 +499,33 @@ def torch_pin(
     return {"version": version, "index": config.torch_index, "requested": config.torch}
 
 
-def _produce(
-    request: BuildRequest,
-    config: BuildConfig,
-    specs: list[Any],
-    engine: bool,
-    toolkit: Toolkit | None,
-    reporter: Reporter,
-    session: compcache.Session | None,
-    cache_plan: compcache.Plan,
-    earlier: Mapping[str, Any],
-    canon: canonical.Canonical,
-    venv: BuildVenv | None,
-    phases: Phases,
-    store: objstore.Store | None = None,
-) -> tuple[list[Built], dict[str, float]]:
+@dataclass(frozen=True)
+class Production:
+    """What the producers of one build share, decided by :func:`build` before anything
+    compiles: the request after the toolchain choice, the effective ``[build]``, the
+    kernels and whether the engine builds, the toolkit, the compiler cache (its running
+    server, plan and object store), earlier wheels to reuse, the canonical path method, the
+    engine's build venv and the phase collector."""
+
+    request: BuildRequest
+    config: BuildConfig
+    specs: tuple[Any, ...]
+    engine: bool
+    toolkit: Toolkit | None
+    reporter: Reporter
+    session: compcache.Session | None
+    cache_plan: compcache.Plan
+    earlier: Mapping[str, Any]
+    canon: canonical.Canonical
+    venv: BuildVenv | None
+    phases: Phases
+    store: objstore.Store | None = None
+
+
+def _produce(job: Production) -> tuple[list[Built], dict[str, float]]:
     """Run the producers; each wheel records its compiler-cache numbers."""
+    request, config, toolkit, reporter = job.request, job.config, job.toolkit, job.reporter
+    session, cache_plan, phases = job.session, job.cache_plan, job.phases
     built: list[Built] = []
     twice: dict[str, float] = {}
 
@@ -549,12 +555,12 @@ def _produce(
         source_date_epoch=request.source_date_epoch,
         reporter=reporter,
         launcher=session,
-        canonical=canon,
+        canonical=job.canon,
         cold=not request.compiler_cache,
-        store=store,
+        store=job.store,
         wheelhouse=request.wheelhouse,
     )
-    for spec in specs:
+    for spec in job.specs:
         if toolkit is None:
             raise ManifestError(
                 f"[[kernel]] {spec.name} needs a CUDA toolkit",
@@ -571,19 +577,13 @@ def _produce(
                 twice[spec.name] = round(first.seconds, 1)
                 built.append(measure(lambda _: second))  # noqa: B023
             else:
-                one = dataclasses.replace(opts, reuse=earlier.get(spec.name))
+                one = dataclasses.replace(opts, reuse=job.earlier.get(spec.name))
                 built.append(measure(functools.partial(_kernel, spec, config, toolkit, one)))
             _kernel_note(note, built[-1], begun, spec.builder)
 
-    if engine:
+    if job.engine:
         with _engine_lock(request):
-            built.append(
-                measure(
-                    lambda s: _engine(
-                        request, config, toolkit, reporter, s, earlier, canon, venv, phases, store
-                    )
-                )
-            )
+            built.append(measure(functools.partial(_engine, job)))
     return built, twice
 
 
@@ -647,23 +647,13 @@ def _nvcc_digest(path: Path) -> str | None:
     return sha256_file(path.resolve()) if path.is_file() else None
 
 
-def _engine(
-    request: BuildRequest,
-    config: BuildConfig,
-    toolkit: Toolkit | None,
-    reporter: Reporter,
-    session: compcache.Session | None = None,
-    earlier: Mapping[str, Any] | None = None,
-    canon: canonical.Canonical | None = None,
-    venv: BuildVenv | None = None,
-    phases: Phases | None = None,
-    store: objstore.Store | None = None,
-) -> Built:
-    """The engine wheel (the caller holds the kept workspace: :func:`_engine_lock`)."""
-    phases = phases if phases is not None else Phases()
+def _engine(job: Production, session: compcache.Session | None) -> Built:
+    """The engine wheel, its compilers through ``session`` (None: no compiler cache; the
+    caller holds the kept workspace: :func:`_engine_lock`)."""
+    request, config, toolkit, reporter = job.request, job.config, job.toolkit, job.reporter
+    earlier, canon, venv, phases, store = job.earlier, job.canon, job.venv, job.phases, job.store
     replayed = request.replayed
     work = engine_workdir(request)
-    canon = canon or canonical.choose(request.cache, request.host)
     export_digest: str | None = None
     kept = interrupted = False
     changed: tuple[str, ...] = ()
@@ -786,7 +776,7 @@ def _engine(
                 record=record,
                 supplied=tuple(s.name for s in supplied),
                 launcher=session,
-                reuse_from=(earlier or {}).get("engine"),
+                reuse_from=earlier.get("engine"),
                 placeholders={str(Path(request.cache).absolute()): "$CACHE"},
                 reporter=reporter,
                 canonical=canon,
