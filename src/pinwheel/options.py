@@ -316,7 +316,8 @@ def host(process: Mapping[str, str]) -> HostEnvironment:
     if path is not None and _CONTROL.search(path):
         raise _problem("PATH", "it holds a control character", "export PATH=/usr/bin:/bin")
     canonical = _text(process, "PINWHEEL_CANONICAL")
-    if canonical is not None and canonical not in CANONICAL_MODES:
+    mode = next((m for m in CANONICAL_MODES if m == canonical), None)
+    if canonical is not None and mode is None:
         modes = ", ".join(CANONICAL_MODES)
         raise _problem("PINWHEEL_CANONICAL", f"{canonical!r} is not one of {modes}",
                        "export PINWHEEL_CANONICAL=prefix-map")  # fmt: skip
@@ -350,7 +351,7 @@ def host(process: Mapping[str, str]) -> HostEnvironment:
         wheelhouse=Path(wheelhouse).absolute() if (wheelhouse := _text(
             process, "PINWHEEL_WHEELHOUSE")) else None,
         build_python=_program(process, "PINWHEEL_BUILD_PYTHON"),
-        canonical=canonical,  # type: ignore[arg-type]  # checked against CANONICAL_MODES
+        canonical=mode,
         cuda_home=_absolute(process, "CUDA_HOME"),
         cuda_path=_absolute(process, "CUDA_PATH"),
         cc=_program(process, "CC"),
