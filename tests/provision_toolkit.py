@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.options import host as host_of
 from pinwheel.progress import LineReporter
 
 
@@ -23,7 +24,7 @@ def main(cache: str, out: str) -> int:
         version=None,
     )  # fmt: skip
     toolkit = resolve_toolkit(
-        ToolkitRequest(config, Path(cache), {"PATH": os.defpath}, provision=True,
+        ToolkitRequest(config, Path(cache), host_of({"PATH": os.defpath}), provision=True,
                        reporter=LineReporter(sys.stderr))
     )  # fmt: skip
     Path(out).write_text(str(toolkit.root))

@@ -21,6 +21,7 @@ from pinwheel.cli import main
 from pinwheel.compile.pipeline import BuildRequest
 from pinwheel.errors import UsageError
 from pinwheel.manifest import load
+from pinwheel.options import host as host_of
 from pinwheel.serve import pairstats
 from pinwheel.serve.attribute import AttributeRequest, attribute
 from pinwheel.serve.attribute_report import human_lines, markdown, to_json
@@ -83,7 +84,7 @@ def test_attribution_finds_each_steps_effect_with_its_sign(serving: Serving) -> 
             manifest=m,
             cache=s.tmp / "cache",
             out_dir=s.tmp / "unused",
-            environ=environ,
+            host=host_of(environ),
             mirrors={UPSTREAM_URL: str(s.up.bare)},
             kernels=(),
             cuda=False,

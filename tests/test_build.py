@@ -23,6 +23,7 @@ from pinwheel.compile.pipeline import build as run_build
 from pinwheel.compile.verify import compare_builds
 from pinwheel.errors import VerifyError
 from pinwheel.manifest import load
+from pinwheel.options import host as host_of
 from pinwheel.source.export import export_tree
 from pinwheel.source.replay import replay_manifest
 from pinwheel.wheels.provenance import component, read_receipt
@@ -89,7 +90,7 @@ def request(tiny: Tiny, manifest: Path, out: Path, result, work: str = "work", *
         manifest=load(manifest),
         cache=tiny.tmp / "cache",
         out_dir=out,
-        environ=dict(os.environ),
+        host=host_of(os.environ),
         replayed=result,
         kernels=(),
         cuda=False,  # the stand-in compiler needs no toolkit (tinyproject.py)
@@ -247,7 +248,7 @@ def test_engine_workspace_is_kept_updated_in_place_and_wiped_when_cold(tiny: Tin
         req = dataclasses.replace(request(tiny, manifest, tiny.tmp / out, result, **kw),
                                   engine_workdir=None)  # fmt: skip
         if environ is not None:
-            req = dataclasses.replace(req, environ=environ)
+            req = dataclasses.replace(req, host=host_of(environ))
         return run_build(req)
 
     first = once("w1")

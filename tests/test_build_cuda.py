@@ -16,6 +16,7 @@ import pytest
 
 from gitfixture import UPSTREAM_URL
 from pinwheel.cli import default_cache
+from pinwheel.options import host as host_of
 from test_build import PY, make_tiny
 from tinyproject import NVCC_SETUP
 
@@ -42,7 +43,7 @@ def cuda12():
         python=PY, cuda="12.4", arches=("7.0",), ptx=True, torch=None, label=None, version=None
     )
     # The toolkit cache is shared with the kernels tests: provisioned once per machine.
-    return resolve_toolkit(ToolkitRequest(config, default_cache(), dict(os.environ)))
+    return resolve_toolkit(ToolkitRequest(config, default_cache(), host_of(os.environ)))
 
 
 def cli(tmp: Path, manifest: Path, toolkit, *args: str) -> subprocess.CompletedProcess[str]:

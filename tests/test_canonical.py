@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pinwheel.compile import canonical, workspace
+from pinwheel.options import host as host_of
 
 SOURCE = (
     "#include <stdio.h>\n#include <tk.h>\n"
@@ -45,7 +46,7 @@ def test_file_paths_are_canonical_from_any_cache(tmp_path: Path, method: str) ->
     if method == canonical.PREFIX_MAP:
         env["PINWHEEL_CANONICAL"] = canonical.PREFIX_MAP
     a, b = tmp_path / "home" / "alice" / ".cache" / "pinwheel", tmp_path / "ci" / "cache-b"
-    ca, cb = canonical.choose(a, env), canonical.choose(b, env)
+    ca, cb = canonical.choose(a, host_of(env)), canonical.choose(b, host_of(env))
     if method == canonical.NAMESPACE and ca.method != method:
         pytest.skip(f"no mount namespace here: {ca.why}")
     assert ca.method == cb.method == method
@@ -78,7 +79,7 @@ def test_paths_are_translated_for_the_build_and_recorded_canonically(tmp_path: P
 
 def test_a_cache_under_the_canonical_root_falls_back(tmp_path: Path) -> None:
     inside = canonical.CANONICAL_ROOT / "x"
-    chosen = canonical.choose(inside, {"PATH": os.defpath})
+    chosen = canonical.choose(inside, host_of({"PATH": os.defpath}))
     assert chosen.method == canonical.PREFIX_MAP and "under" in (chosen.why or "")
 
 

@@ -25,6 +25,7 @@ from pinwheel.cli import default_cache
 from pinwheel.compile import canonical
 from pinwheel.compile.toolchain import MARKER, ToolkitRequest, resolve_toolkit
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.options import host as host_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 
@@ -37,7 +38,7 @@ CONFIG = BuildConfig(python="3.11", cuda="12.4", arches=("7.0",), ptx=True, torc
 @pytest.fixture(scope="module")
 def toolkit_root() -> Path:
     env = {"PATH": os.defpath}  # not this machine's nvcc 13
-    return resolve_toolkit(ToolkitRequest(CONFIG, default_cache(), env)).root
+    return resolve_toolkit(ToolkitRequest(CONFIG, default_cache(), host_of(env))).root
 
 
 def make_cache(root: Path, toolkit_root: Path) -> Path:

@@ -15,6 +15,7 @@ from pinwheel.compile.kernels import BuildOptions, stage_out_of_tree
 from pinwheel.errors import ManifestError
 from pinwheel.manifest import load, loads
 from pinwheel.manifest.component import component_manifest, stacks
+from pinwheel.options import host as host_of
 
 KERNEL_URL = "https://example.invalid/acme/kernel.git"
 
@@ -183,7 +184,7 @@ def test_resolve_records_a_component_fix_in_its_own_steps(stack, capsys, tmp_pat
 def test_component_stack_is_what_the_kernel_build_stages(stack, tmp_path):
     m = write(stack, [], with_heads(stack, [{"action": "pick", "pr": 1}]))
     (spec,) = load(m).kernels
-    opts = BuildOptions(cache=tmp_path / "cache", environ={},
+    opts = BuildOptions(cache=tmp_path / "cache", host=host_of({}),
                         mirrors={KERNEL_URL: str(stack.up.bare), UPSTREAM_URL: str(stack.up.bare)})  # fmt: skip
     staged = stage_out_of_tree(spec, opts)
     assert (staged.directory / "new" / "file.txt").read_text() == "hello\n"

@@ -28,6 +28,7 @@ from pinwheel.compile.pipeline import BuildRequest
 from pinwheel.compile.pipeline import build as run_build
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest import load
+from pinwheel.options import host as host_of
 from pinwheel.source.replay import replay_manifest
 from pinwheel.wheels.provenance import component, read_receipt
 from tinyproject import BUILD_TABLE, STANDIN_SETUP, project_files
@@ -90,7 +91,7 @@ def _torch_python(tmp: Path) -> tuple[Path, Path]:
 @pytest.mark.parametrize("method", [canonical.NAMESPACE, canonical.PREFIX_MAP])
 def test_a_stray_variable_never_reaches_the_engine_build(tmp_path: Path, method: str) -> None:
     if method == canonical.NAMESPACE:
-        probe = canonical.choose(tmp_path, {"PATH": os.environ.get("PATH", os.defpath)})
+        probe = canonical.choose(tmp_path, host_of({"PATH": os.environ.get("PATH", os.defpath)}))
         if probe.method != canonical.NAMESPACE:
             pytest.skip(f"no mount namespace here: {probe.why}")
     up = Upstream(tmp_path / "gh")
@@ -115,7 +116,7 @@ def test_a_stray_variable_never_reaches_the_engine_build(tmp_path: Path, method:
         environ["PINWHEEL_CANONICAL"] = canonical.PREFIX_MAP
     outcome = run_build(
         BuildRequest(
-            manifest=load(manifest), cache=cache, out_dir=tmp_path / "wheels", environ=environ,
+            manifest=load(manifest), cache=cache, out_dir=tmp_path / "wheels", host=host_of(environ),
             replayed=result, kernels=(), cuda=False,  # the workspace: under the cache
             build_python=str(python),  # PINWHEEL_BUILD_PYTHON, as the CLI resolves it
         )  # fmt: skip
@@ -163,7 +164,7 @@ def test_engine_base_is_declared_values_and_the_pass_through_list() -> None:
         "PYTHONPATH": "/stray", "CC": "gcc", "SCCACHE_DIR": "/s", "https_proxy": "http://p:3",
         "SSL_CERT_FILE": "/etc/ssl/c.pem", "PINWHEEL_CACHE": "/c",
     }  # fmt: skip
-    base = engine_base(caller, python="/opt/venv/bin/python", home="/cache/build/.home")
+    base = engine_base(host_of(caller), python="/opt/venv/bin/python", home="/cache/build/.home")
     assert base["PATH"].split(os.pathsep)[0] == "/opt/venv/bin"
     assert "/stray/bin" not in base["PATH"]
     assert base["HOME"] == "/cache/build/.home"

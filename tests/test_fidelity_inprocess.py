@@ -136,7 +136,7 @@ def test_the_extension_package_is_self_contained(tmp_path):
     assert names == ["__init__.py", "detkl.py", "kld_ext.py"]
     for f in (d / inprocess.PACKAGE).glob("*.py"):
         assert "import pinwheel" not in f.read_text() and "from pinwheel" not in f.read_text()
-    flags, env = inprocess.server_additions(d, {"PYTHONPATH": "/x"})
+    flags, env = inprocess.server_additions(d, "/x")
     assert flags == ("--worker-extension-cls", "pinwheel_kld.kld_ext.KldExtension")
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["PYTHONPATH"] == f"{d}:/x"
 

@@ -93,7 +93,9 @@ def test_in_process_equals_full_rows_fails_a_degraded_student_and_verifies(
     port = free_port()
     run = launch(m.serve, m.serve.profile("perturbed"), model=str(inputs["degraded"]),
                  python=str(cpu.python), host="127.0.0.1", port=port)  # fmt: skip
-    flags, env = inprocess.server_additions(inprocess.engine_package(tmp_path / "ext"), os.environ)
+    flags, env = inprocess.server_additions(
+        inprocess.engine_package(tmp_path / "ext"), os.environ.get("PYTHONPATH")
+    )
     run = type(run)(argv=run.argv + flags + ("--max-logprobs", "-1"), env={**run.env, **env})
     url = f"http://127.0.0.1:{port}"
     strict = {"max_mean_kld = 0.01": "max_mean_kld = 0.01\nstrict = true"}

@@ -628,7 +628,7 @@ def test_a_kernels_only_release_says_the_stack_was_not_replayed(stack, tmp_path:
 
     path = stack.write([{"action": "pick", "pr": 2, "head": stack.pr[2]}], tag="card-20261010")
     m = load(path)
-    facts = toolchain_facts(sys.executable, None, None, {"PATH": os.defpath})
+    facts = toolchain_facts(sys.executable, None, None, None)
     written = receipt(m, None, toolchain=facts, arches=["7.0"])
     assert written["replayed"] is False and written["tag"] is None
     build = tmp_path / "wheels"

@@ -19,6 +19,7 @@ import pytest
 
 from pinwheel.compile import canonical
 from pinwheel.compile.toolchain import MARKER
+from pinwheel.options import host as host_of
 from test_canonical_build import checkout, kernels, toolkit_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernels]
@@ -53,7 +54,7 @@ def test_a_foreign_toolkits_header_times_do_not_reach_the_bytes(
     toolkit_root: Path,  # noqa: F811 (the fixture)
     tmp_path: Path,
 ) -> None:
-    probe = canonical.choose(tmp_path, {"PATH": os.environ.get("PATH", os.defpath)})
+    probe = canonical.choose(tmp_path, host_of({"PATH": os.environ.get("PATH", os.defpath)}))
     if probe.method != canonical.NAMESPACE:
         pytest.skip(f"views need the mount namespace: {probe.why}")
     tree = checkout(tmp_path / "checkout")

@@ -12,6 +12,7 @@ import pytest
 
 from pinwheel.compile import canonical, headerview
 from pinwheel.compile.workspace import SOURCE_MTIME
+from pinwheel.options import host as host_of
 
 
 def _headers(root: Path, mtime: int) -> Path:
@@ -113,7 +114,7 @@ def test_the_record_says_whether_header_times_were_fixed(tmp_path: Path) -> None
 def test_inside_the_namespace_the_build_reads_the_view(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cache.mkdir()
-    canon = canonical.choose(cache, {"PATH": os.environ.get("PATH", os.defpath)})
+    canon = canonical.choose(cache, host_of({"PATH": os.environ.get("PATH", os.defpath)}))
     if canon.method != canonical.NAMESPACE:
         pytest.skip(f"no mount namespace here: {canon.why}")
     src = _headers(tmp_path / "sys" / "include", 1_750_000_000)

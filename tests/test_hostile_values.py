@@ -20,6 +20,7 @@ import pytest
 
 from pinwheel import validate
 from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.options import host as host_of
 
 ROOT = Path(__file__).parents[1]
 
@@ -201,9 +202,9 @@ def test_sccache_cache_size_from_the_environment_is_checked(value, tmp_path):
     from pinwheel.manifest.build import CacheConfig
 
     with pytest.raises(UsageError, match="SCCACHE_CACHE_SIZE") as err:
-        compcache.plan(CacheConfig(), tmp_path, {"SCCACHE_CACHE_SIZE": value})
+        compcache.plan(CacheConfig(), tmp_path, host_of({"SCCACHE_CACHE_SIZE": value}))
     assert "20G" in (err.value.next or "")
-    ok = compcache.plan(CacheConfig(), tmp_path, {"SCCACHE_CACHE_SIZE": "10G"})
+    ok = compcache.plan(CacheConfig(), tmp_path, host_of({"SCCACHE_CACHE_SIZE": "10G"}))
     assert ok.server_env["SCCACHE_CACHE_SIZE"] == "10G"
 
 

@@ -17,6 +17,7 @@ from pinwheel.compile.kernels import (
 )
 from pinwheel.errors import ManifestError
 from pinwheel.manifest import loads
+from pinwheel.options import host as host_of
 
 pytestmark = pytest.mark.kernels
 
@@ -139,7 +140,7 @@ def test_out_of_tree_kernel_is_replayed_with_its_patch(tmp_path: Path) -> None:
         f'url = "https://x.invalid/fa.git"\ncommit = "{base}"\n'
         f'[[kernel.patch]]\npath = "patches/no-gpu.patch"\nsha256 = "{digest}"\n',
     )
-    opts = BuildOptions(cache=tmp_path / "cache", environ={},
+    opts = BuildOptions(cache=tmp_path / "cache", host=host_of({}),
                         mirrors={"https://x.invalid/fa.git": str(up)})  # fmt: skip
     staged = stage_out_of_tree(fa, opts)
     assert (staged.directory / "setup.py").read_text() == "build()\n"
@@ -155,7 +156,7 @@ def test_in_tree_staging_is_a_clean_copy_at_a_fixed_path(tmp_path: Path) -> None
     (src / "CMakeLists.txt").write_text("project(x)\n")
     (src / "build").mkdir()
     (src / "build" / "junk.o").write_text("old build")
-    opts = BuildOptions(cache=tmp_path / "cache", environ={}, mirrors={},
+    opts = BuildOptions(cache=tmp_path / "cache", host=host_of({}), mirrors={},
                         source_date_epoch=1760054400)  # fmt: skip
     staged = stage_in_tree(spec, opts)
     assert staged.directory == tmp_path / "cache" / "kernels" / "demo" / "src"

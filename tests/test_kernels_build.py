@@ -18,6 +18,7 @@ import pytest
 
 from pinwheel.compile.toolchain import MARKER, ToolkitRequest, resolve_toolkit
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.options import host as host_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 
@@ -38,7 +39,7 @@ def toolkit(cache: Path):
     # No CUDA_HOME and no PATH nvcc: the machine's nvcc 13 must not be picked.
     env = {"PATH": os.defpath}
     started = time.monotonic()
-    tk = resolve_toolkit(ToolkitRequest(CONFIG, cache, env, provision=True))
+    tk = resolve_toolkit(ToolkitRequest(CONFIG, cache, host_of(env), provision=True))
     TIMES["provision_cold"] = time.monotonic() - started
     return tk
 
@@ -55,7 +56,8 @@ def test_provisioned_toolkit_is_pinned_and_relocatable(toolkit, cache: Path) -> 
     assert "$(_HERE_)" in (toolkit.root / "bin" / "nvcc.profile").read_text()
     # Warm: found in the cache, probed again, nothing downloaded.
     started = time.monotonic()
-    again = resolve_toolkit(ToolkitRequest(CONFIG, cache, {"PATH": os.defpath}, provision=False))
+    request = ToolkitRequest(CONFIG, cache, host_of({"PATH": os.defpath}), provision=False)
+    again = resolve_toolkit(request)
     TIMES["provision_warm"] = time.monotonic() - started
     assert again.root == toolkit.root
     print(f"\ntoolchain provision cold {TIMES['provision_cold']:.1f} s, "

@@ -23,6 +23,7 @@ from pinwheel.compile import listing
 from pinwheel.compile.pipeline import BuildRequest
 from pinwheel.compile.pipeline import build as run_build
 from pinwheel.manifest import load
+from pinwheel.options import host as host_of
 from test_build import PY, make_tiny
 from tinyproject import WALK_SETUP, walk_sources
 
@@ -125,7 +126,7 @@ def test_engine_bytes_do_not_depend_on_the_filesystems_listing_order(tmp_path: P
         for cache in (tmp_path / "cache", Path(elsewhere) / "cache"):
             request = BuildRequest(
                 manifest=load(manifest), cache=cache, out_dir=cache.parent / f"out-{len(wheels)}",
-                environ=dict(os.environ), replayed=replayed, kernels=(), cuda=False,
+                host=host_of(os.environ), replayed=replayed, kernels=(), cuda=False,
             )  # fmt: skip
             outcome = run_build(request)
             wheel = outcome.wheels.built[0]

@@ -18,6 +18,7 @@ import pytest
 
 from pinwheel.compile import lockedvenv, toollocks
 from pinwheel.compile.buildvenv import parse_requirements
+from pinwheel.options import host as host_of
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = ROOT / "locks"
@@ -288,7 +289,7 @@ def test_a_kernel_builds_base_environment_is_declared_values_only(tmp_path: Path
         "SCCACHE_DIR": f"{tmp_path}/sccache", "VIRTUAL_ENV": f"{tmp_path}/venv",
         "HOME": f"{tmp_path}/home", "LD_LIBRARY_PATH": "/evil",
     }  # fmt: skip
-    base = declared_base(caller, tool_dirs=("/cache/venvs/torch-build-x/bin",),
+    base = declared_base(host_of(caller), tool_dirs=("/cache/venvs/torch-build-x/bin",),
                          home="/cache/kernels/.home")  # fmt: skip
     assert base["PATH"].split(os.pathsep) == [
         "/cache/venvs/torch-build-x/bin", str(gxx.parent), *SYSTEM_PATH]

@@ -29,6 +29,7 @@ import pytest
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import compcache, objbackends, objstore
 from pinwheel.manifest.build import CacheConfig
+from pinwheel.options import host as host_of
 
 WHEEL = "tiny-1.0-cp311-cp311-linux_x86_64.whl"
 IDENT = {"builder": "engine", "nvcc": "12.4", "python": "3.11"}
@@ -82,16 +83,16 @@ def redis_port() -> Iterator[int]:
 
 def _redis_plan(cache: Path, port: int, **env: str) -> compcache.Plan:
     config = CacheConfig(backend="redis", endpoint=f"redis://127.0.0.1:{port}", prefix="ci/cu124")
-    return compcache.plan(config, cache, {"PATH": "", **env})
+    return compcache.plan(config, cache, host_of({"PATH": "", **env}))
 
 
-def _round_trip(plan_a: compcache.Plan, plan_b: compcache.Plan, tmp: Path, environ=None):
+def _round_trip(plan_a: compcache.Plan, plan_b: compcache.Plan, tmp: Path, aws=None):
     """Put from runner A, look up and take from runner B: (store B, the hit, the copy)."""
-    store_a, why = objstore.for_plan(plan_a, cold=False, environ=environ)
+    store_a, why = objstore.for_plan(plan_a, cold=False, aws=aws)
     assert store_a is not None, why
     wheel = _wheel(tmp)
     assert store_a.put(wheel, RECORD, MATCH) == (True, "stored in the object store")
-    store_b, _ = objstore.for_plan(plan_b, cold=False, environ=environ)
+    store_b, _ = objstore.for_plan(plan_b, cold=False, aws=aws)
     assert store_b is not None
     hit = store_b.lookup(IDENT, MATCH)
     assert isinstance(hit, objstore.Hit), hit
@@ -284,7 +285,7 @@ def _s3_plan(cache: Path, endpoint: str) -> compcache.Plan:
     config = CacheConfig(
         backend="s3", endpoint=endpoint, bucket="pw-cache", region="us-east-1", prefix="cu124"
     )
-    return compcache.plan(config, cache, {"PATH": "", **AWS})
+    return compcache.plan(config, cache, host_of({"PATH": "", **AWS}))
 
 
 def test_s3_a_fresh_runner_hits_and_tampered_or_oversized_is_refused(
@@ -292,7 +293,7 @@ def test_s3_a_fresh_runner_hits_and_tampered_or_oversized_is_refused(
 ) -> None:
     store, hit = _round_trip(
         _s3_plan(tmp_path / "a", moto_endpoint), _s3_plan(tmp_path / "b", moto_endpoint),
-        tmp_path, environ=AWS,
+        tmp_path, aws=host_of(AWS).sccache.aws,
     )  # fmt: skip
     listing = urllib.request.urlopen(f"{moto_endpoint}/pw-cache?list-type=2").read().decode()
     assert f"<Key>cu124/pinwheel-objects/v1/wheels/{hit.sha256}/wheel</Key>" in listing
@@ -333,7 +334,7 @@ def test_a_hostile_s3_answer_is_refused_bounded(reply: bytes, said: str) -> None
 def test_a_dead_s3_endpoint_is_no_store_with_a_message(tmp_path: Path) -> None:
     port = _free_port()
     none, why = objstore.for_plan(
-        _s3_plan(tmp_path, f"http://127.0.0.1:{port}"), cold=False, environ=AWS
+        _s3_plan(tmp_path, f"http://127.0.0.1:{port}"), cold=False, aws=host_of(AWS).sccache.aws
     )
     assert none is None and why.startswith("the s3 store is unreachable: ")
     assert f"http://127.0.0.1:{port}/pw-cache: GET failed" in why

@@ -20,6 +20,7 @@ import pytest
 
 from pinwheel.compile import compcache, objbackends, objstore
 from pinwheel.compile.pipeline import build as run_build
+from pinwheel.options import host as host_of
 from pinwheel.wheels.provenance import component, read_receipt
 from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
 
@@ -27,9 +28,9 @@ from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
 def _build(project: Tiny, manifest: Path, cache: str, out: str, shared: Path, **kw):
     result = project.replay(manifest)
     req = request(project, manifest, project.tmp / out, result, **kw)
-    environ = {**req.environ, "SCCACHE_DIR": str(shared)}
+    environ = {**req.host.child, "SCCACHE_DIR": str(shared)}
     return run_build(
-        dataclasses.replace(req, cache=project.tmp / cache, engine_workdir=None, environ=environ)
+        dataclasses.replace(req, cache=project.tmp / cache, engine_workdir=None, host=host_of(environ))
     )
 
 
@@ -147,14 +148,15 @@ def test_the_selftest_kernel_from_a_fresh_cache_is_the_stored_build(tmp_path: Pa
     (checkout / "manifest.toml").write_text(text)
     m = load(checkout / "manifest.toml")
     m = dataclasses.replace(m, build=dataclasses.replace(m.require("build"), required_members=()))
-    toolkit = resolve_toolkit(ToolkitRequest(m.require("build"), default_cache(), dict(os.environ)))
+    request = ToolkitRequest(m.require("build"), default_cache(), host_of(os.environ))
+    toolkit = resolve_toolkit(request)
     shared = tmp_path / "shared"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_")}
     env["SCCACHE_DIR"] = str(shared)
 
     def once(cache: str):
         return run_build(BuildRequest(
-            manifest=m, cache=tmp_path / cache, out_dir=tmp_path / f"w-{cache}", environ=env,
+            manifest=m, cache=tmp_path / cache, out_dir=tmp_path / f"w-{cache}", host=host_of(env),
             kernels=("pinwheel-selftest",), toolkit=toolkit, source_date_epoch=1700000000,
         ))  # fmt: skip
 
@@ -175,7 +177,7 @@ def test_the_store_follows_the_compiler_cache_backend(tmp_path: Path) -> None:
     from pinwheel.manifest.build import CacheConfig
 
     env = {"PATH": "", "SCCACHE_DIR": str(tmp_path / "shared")}
-    plan = compcache.plan(CacheConfig(), tmp_path, env)
+    plan = compcache.plan(CacheConfig(), tmp_path, host_of(env))
     store, why = objstore.for_plan(plan, cold=False)
     assert store is not None
     assert store.backend == objbackends.LocalDir(tmp_path / "shared" / objstore.SUBDIR)
@@ -186,7 +188,7 @@ def test_the_store_follows_the_compiler_cache_backend(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     dead = {"PATH": "", "SCCACHE_REDIS": f"redis://127.0.0.1:{closed}"}
-    none, why = objstore.for_plan(compcache.plan(CacheConfig(), tmp_path, dead), cold=False)
+    none, why = objstore.for_plan(compcache.plan(CacheConfig(), tmp_path, host_of(dead)), cold=False)
     assert none is None and "redis store is unreachable" in why and str(closed) in why
 
 

@@ -4,12 +4,16 @@ stages get (and children inherit) is the declared variables plus a pass-through 
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
 
+import pytest
+
 from pinwheel import options
 from pinwheel.cli import Context, main
+from pinwheel.errors import UsageError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "pinwheel"
 # environ.get("X"), environ["X"], ctx.environ.get("X", ...), .startswith("X_") on a key
@@ -93,3 +97,147 @@ def test_pinwheel_env_lists_every_variable_with_its_flag(capsys, monkeypatch) ->
     assert main(["env"]) == 0
     human = capsys.readouterr().out
     assert "PINWHEEL_TORCH_PYTHON" in human and "(--mirror)" in human and "t0ken" not in human
+
+
+# -- stages get typed values, never a mapping to search ------------------------------------
+
+
+def _declared_names() -> frozenset[str]:
+    return frozenset(v.name for v in options.VARIABLES if v.prefix is None and v.name.isupper())
+
+
+def _is_environment(node: ast.AST) -> bool:
+    """The caller's environment as stages spell it: ``environ``, ``opts.environ``,
+    ``request.environ``, ``host.child``. (A build environment pinwheel wrote itself, read
+    back, is not searched for the caller's values.)"""
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return name.endswith("environ") or name == "child"
+
+
+def searches(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of every ``environ["NAME"]`` read, ``environ.get("NAME"...)`` and
+    ``"NAME" in environ`` whose NAME is a declared environment variable: a stage searching
+    the caller's environment for a variable by name."""
+    names = _declared_names()
+    found = []
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            key = node.slice if _is_environment(node.value) else None
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("get", "pop", "setdefault")
+            and node.args
+            and _is_environment(node.func.value)
+        ):
+            key = node.args[0]
+        elif (
+            isinstance(node, ast.Compare)
+            and isinstance(node.ops[0], (ast.In, ast.NotIn))
+            and _is_environment(node.comparators[0])
+        ):
+            key = node.left
+        if isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value in names:
+            found.append((node.lineno, key.value))
+    return found
+
+
+def _stage_modules() -> list[Path]:
+    return [
+        p for p in sorted(SRC.rglob("*.py"))
+        if p.relative_to(SRC).parts[0] != "cli" and p.name != "options.py"
+        and "workers" not in p.parts  # programs of other interpreters: their own environment
+    ]  # fmt: skip
+
+
+def test_no_stage_searches_a_mapping_for_a_declared_variable() -> None:
+    offenders = [
+        f"{path.relative_to(SRC)}:{line}: {name}"
+        for path in _stage_modules()
+        for line, name in searches(ast.parse(path.read_text()))
+    ]
+    assert not offenders, (
+        "stages get typed values resolved in pinwheel.options (HostEnvironment), never an "
+        "environment to search by name: " + "; ".join(offenders)
+    )
+
+
+def test_the_search_check_sees_planted_reads() -> None:
+    planted = (
+        'a = environ.get("CUDA_HOME")\nb = host.child["PATH"]\nc = "CXX" in environ\n'
+        'd = req.environ.get("PINWHEEL_CANONICAL", "")\nenviron["PATH"] = "/bin"\n'
+        'e = environ.get("CPATH")\nf = set_env["PATH"]\n'
+    )
+    assert sorted(n for _, n in searches(ast.parse(planted))) == [
+        "CUDA_HOME", "CXX", "PATH", "PINWHEEL_CANONICAL",
+    ]  # fmt: skip
+
+
+# -- the resolver: typed values, hostile ones refused naming the variable and its flag --------
+
+
+def test_the_resolver_types_what_stages_read(tmp_path: Path) -> None:
+    process = {
+        "PATH": "/opt/bin:/usr/bin", "HOME": "/home/u", "CUDA_HOME": "/opt/cuda",
+        "CXX": "g++-13", "CMAKE_ARGS": "-DA=1 '-DB=two words'", "PINWHEEL_CANONICAL":
+        "prefix-map", "PINWHEEL_WHEELHOUSE": "house", "SCCACHE_DIR": "/s", "SCCACHE_PATH":
+        "/usr/bin/sccache", "ACTIONS_RESULTS_URL": "https://results.invalid/",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3t",
+    }  # fmt: skip
+    host = options.host(process)
+    assert host.search_path == ("/opt/bin", "/usr/bin") and host.path == "/opt/bin:/usr/bin"
+    assert (host.cuda_home, host.cuda_path) == (Path("/opt/cuda"), None)
+    assert (host.cc, host.cxx, host.canonical) == (None, "g++-13", "prefix-map")
+    assert host.cmake_args == ("-DA=1", "-DB=two words")
+    assert host.cmake_args_text == "-DA=1 '-DB=two words'"
+    assert host.wheelhouse == Path("house").absolute()
+    assert host.sccache.binary == Path("/usr/bin/sccache")
+    assert host.sccache.settings == {"SCCACHE_DIR": "/s", "SCCACHE_PATH": "/usr/bin/sccache"}
+    assert host.sccache.actions_cache_url == "https://results.invalid/"
+    assert "AWS_SECRET_ACCESS_KEY" not in host.child and host.child["HOME"] == "/home/u"
+    bare = options.host({})
+    assert bare.path is None and bare.cmake_args == () and bare.cmake_args_text is None
+    moved = host.with_child(CC="/usr/bin/gcc-13", CXX="/usr/bin/g++-13", CUDAHOSTCXX="x")
+    assert (moved.cc, moved.cxx, moved.child["CUDAHOSTCXX"]) == (
+        "/usr/bin/gcc-13", "/usr/bin/g++-13", "x")  # fmt: skip
+
+
+HOSTILE = [
+    ("SCCACHE_CACHE_SIZE", "١٠G", "not a size"),  # Arabic-Indic digits: not ASCII
+    ("SCCACHE_CACHE_SIZE", "10G\n", "not a size"),
+    ("CUDA_HOME", "cuda-12.8", "not an absolute path"),
+    ("CUDA_PATH", "/opt/cuda\x1b[2J", "control character"),
+    ("PINWHEEL_TORCH_PYTHON", "venv/bin/python", "not an absolute path"),
+    ("SCCACHE_PATH", "sccache", "not an absolute path"),
+    ("PINWHEEL_WHEELHOUSE", "/w\nx", "control character"),
+    ("CMAKE_ARGS", "-DNAME='unclosed", "cannot be split"),
+    ("CMAKE_ARGS", "-DA=1\x00", "control character"),
+    ("PINWHEEL_CANONICAL", "prefix_map", "not one of mount-namespace, prefix-map"),
+    ("CXX", "--version", "an option, not a program"),
+    ("CC", "gcc\r", "control character"),
+    ("PATH", "/usr/bin\n/bin", "control character"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "value", "why"), HOSTILE)
+def test_a_hostile_value_is_refused_by_the_resolver_naming_it(name, value, why) -> None:
+    with pytest.raises(UsageError) as err:
+        options.host({"PATH": "/usr/bin", name: value})
+    text = f"{err.value.what} {err.value.where} {err.value.next}"
+    assert name in (err.value.where or "") and why in err.value.what, text
+    assert err.value.next and "pinwheel env" in err.value.next
+    flag = options.declared(name).flag  # type: ignore[union-attr]
+    assert flag is None or flag in (err.value.where or "")
+
+
+def test_a_hostile_value_stops_the_command_with_exit_2(tmp_path, monkeypatch, capsys) -> None:
+    """Through the CLI: the resolver runs before the stage, the error names the variable."""
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text('[upstream]\nurl = "https://example.invalid/up.git"\ncommit = "'
+                        + "0" * 40 + '"\n[build]\ncuda = "12.8"\narches = ["7.0"]\n')  # fmt: skip
+    monkeypatch.setenv("CUDA_HOME", "relative/cuda")
+    rc = main(["--manifest", str(manifest), "--cache", str(tmp_path / "c"), "toolchain",
+               "--no-provision"])  # fmt: skip
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 2 and "environment variable CUDA_HOME" in err and "not an absolute path" in err

@@ -350,14 +350,14 @@ def _stand_in_nvcc(root: Path, release: str) -> Path:
 
 
 def test_nvcc_is_looked_up_in_the_environment_the_caller_gives(tmp_path):
-    """CUDA_HOME and PATH come from Options.environ (the CLI's resolved environment),
+    """CUDA_HOME and PATH come from Options (the CLI's typed environment, options.host),
     never from this process's os.environ."""
     good = _stand_in_nvcc(tmp_path / "cuda-12.9", "12.9")
     wrong = _stand_in_nvcc(tmp_path / "cuda-13.0", "13.0")
     base = _opts(tmp_path)
-    check = check_nvcc(dataclasses.replace(base, environ={"CUDA_HOME": str(good.parent.parent)}))
+    check = check_nvcc(dataclasses.replace(base, cuda_home=good.parent.parent))
     assert (check.status, check.detail) == (OK, f"nvcc 12.9 at {good}")
-    check = check_nvcc(dataclasses.replace(base, environ={"PATH": str(wrong.parent)}))
+    check = check_nvcc(dataclasses.replace(base, search_path=str(wrong.parent)))
     assert check.status != OK and str(wrong) in check.detail and "13.0" in check.detail
 
 
@@ -375,7 +375,7 @@ def test_the_runtime_cuda_is_the_cards_minor_or_later_within_its_major(tmp_path,
     base = _opts(tmp_path)
     opts = dataclasses.replace(
         base, profile=dataclasses.replace(base.profile, cuda=want),
-        environ={"CUDA_HOME": str(nvcc.parent.parent)},
+        cuda_home=nvcc.parent.parent,
     )  # fmt: skip
     check = check_nvcc(opts)
     assert (check.status == OK) is ok, check
@@ -436,7 +436,7 @@ def test_a_toolkit_already_in_the_cache_is_pointed_at_not_provisioned_again(tmp_
     # an older 12.x in the cache is no answer to the card's 12.8: never pointed at
     older = _stand_in_nvcc(tmp_path / "cache" / "toolchains" / "cuda-12.4.131", "12.4")
     (older.parent.parent / ".pinwheel-toolkit.json").write_text("{}\n")
-    base = dataclasses.replace(_opts(tmp_path), environ={"PATH": str(wrong.parent)})
+    base = dataclasses.replace(_opts(tmp_path), search_path=str(wrong.parent))
     check = check_nvcc(dataclasses.replace(base, cache=tmp_path / "cache"))
     assert check.status != OK
     assert check.next is not None and f"export CUDA_HOME={root}" in check.next

@@ -21,6 +21,7 @@ from pinwheel.checksums import sha256_file, write_sums
 from pinwheel.cli import main
 from pinwheel.compile.toolchain.pythons import find_python
 from pinwheel.errors import EXIT_VERIFY
+from pinwheel.options import host as host_of
 from pinwheel.release.interpreter import version_of, wanted
 from releasekit import ReleaseServer, make_wheel, write_manifest, write_provenance
 
@@ -46,7 +47,7 @@ def _python312() -> str | None:
     for candidate in (given, shutil.which("python3.12")):
         if candidate and version_of(candidate) == "3.12":
             return candidate
-    found = find_python("3.12", os.environ)  # uv-managed or pyenv's versions, run to confirm
+    found = find_python("3.12", host_of(os.environ))  # uv-managed or pyenv's versions, run to confirm
     return found.path if found else None
 
 

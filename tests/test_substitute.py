@@ -24,6 +24,7 @@ from pinwheel.compile.toolchain import ToolchainError, choose, find_host_compile
 from pinwheel.errors import EXIT_VERIFY, ManifestError, UsageError
 from pinwheel.manifest import model as manifest
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.options import host as host_of
 from pinwheel.wheels.substitute import apply, cuda_advice, from_receipt, headline, undeclared
 from releasekit import make_wheel, write_manifest, write_provenance
 
@@ -36,7 +37,7 @@ needs_gxx = pytest.mark.skipif(GXX is None, reason="no g++ on this machine")
 def _gxx_major() -> str:
     from pinwheel.compile.toolchain.hostcc import compiler_version
 
-    version = compiler_version("g++", dict(os.environ))
+    version = compiler_version("g++", host_of(os.environ))
     assert version
     return version.split(".")[0]
 
@@ -128,7 +129,7 @@ def test_no_cuda_is_suggested_when_none_compiles_every_arch(tmp_path):
     env = {"PATH": str(tmp_path)}  # no nvcc on it
     with pytest.raises(ToolchainError) as found:
         resolve_toolkit(ToolkitRequest(_build(arches=("11.0",), cuda="12.9"), tmp_path / "c",
-                                       env, provision=False))  # fmt: skip
+                                       host_of(env), provision=False))  # fmt: skip
     assert "--substitute cuda=13.0, the provisionable CUDA that compiles 11.0" in found.value.next
     assert "12.4" not in found.value.next
 
@@ -168,7 +169,7 @@ def test_a_bad_manifest_substitution_names_its_line(tmp_path):
 @needs_gxx
 def test_the_pinned_gcc_is_found_and_handed_to_the_build():
     major = _gxx_major()
-    host = find_host_compiler(major, dict(os.environ))
+    host = find_host_compiler(major, host_of(os.environ))
     assert host is not None and host.version.startswith(major + ".")
     assert host.env()["CUDAHOSTCXX"] == host.cxx and Path(host.cxx).is_file()
 
@@ -178,7 +179,7 @@ def test_a_missing_gcc_names_what_was_found_and_the_substitution():
     major = _gxx_major()
     other = "14" if major != "14" else "13"
     with pytest.raises(ToolchainError) as err:
-        find_host_compiler(other, dict(os.environ))
+        find_host_compiler(other, host_of(os.environ))
     assert f"no gcc/g++ {other}" in err.value.what and f"g++ {major}." in err.value.what
     assert f"--substitute gcc={major}" in (err.value.next or "")
 
@@ -211,9 +212,9 @@ def test_the_v100_build_stops_in_seconds_without_gcc_14_then_without_cuda_12_8(
 
 def test_choose_applies_then_finds(tmp_path):
     config = manifest.load(V100).build
-    choice = choose(config, dict(os.environ), {"gcc": _gxx_major()} if GXX else None)
+    choice = choose(config, host_of(os.environ), {"gcc": _gxx_major()} if GXX else None)
     assert choice.config.gcc == (_gxx_major() if GXX else "14")
-    assert choice.environ({"A": "1"})["A"] == "1"
+    assert choice.environment(host_of({"HOME": "/h"})).child["HOME"] == "/h"
 
 
 # --------------------------------------------------------------------------- stated downstream
@@ -299,14 +300,14 @@ def test_the_torch_extension_venv_is_made_from_the_pinned_python():
     from pinwheel.compile.kernels import KernelBuildError, build_interpreter
 
     here = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    assert build_interpreter(_config(here), dict(os.environ)) == sys.executable
+    assert build_interpreter(_config(here), host_of(os.environ)) == sys.executable
     other = "3.12" if here != "3.12" else "3.11"
     found = shutil.which(f"python{other}")
     if found is None:
         pytest.skip(f"no python{other} on this machine")
     try:  # a PATH name that does not run (a pyenv shim of a version not selected) is
         # passed over for uv's and pyenv's own interpreters (compile.toolchain.pythons)
-        got = build_interpreter(_config(other), dict(os.environ))
+        got = build_interpreter(_config(other), host_of(os.environ))
     except KernelBuildError as exc:
         assert subprocess.run([found, "-c", ""], capture_output=True).returncode != 0
         assert f"no Python {other}" in exc.what
@@ -320,7 +321,7 @@ def test_no_python_of_the_pinned_version_stops_with_the_fix():
     from pinwheel.compile.kernels import KernelBuildError, build_interpreter
 
     with pytest.raises(KernelBuildError) as err:
-        build_interpreter(_config("3.99"), dict(os.environ))
+        build_interpreter(_config("3.99"), host_of(os.environ))
     assert "no Python 3.99" in err.value.what and "cp399" in (err.value.next or "")
 
 
@@ -332,7 +333,7 @@ def test_a_given_torch_python_of_another_version_is_refused():
 
     with pytest.raises(ManifestError, match=r"is Python 3\.\d+, \[build\] python pins 3.99"):
         torch_venv(_config("3.99"), Path("/nonexistent"), SILENT,
-                   {"PINWHEEL_TORCH_PYTHON": sys.executable})  # fmt: skip
+                   host_of({"PINWHEEL_TORCH_PYTHON": sys.executable}))  # fmt: skip
 
 
 def test_a_pinned_cuda_the_arches_refuse_offers_only_a_substitute_that_fits(tmp_path):
@@ -344,9 +345,9 @@ def test_a_pinned_cuda_the_arches_refuse_offers_only_a_substitute_that_fits(tmp_
     config = _build(cuda="12.4", arches=("11.0",), python=here)
     env = {"PATH": os.defpath, "HOME": str(tmp_path)}
     with pytest.raises(ToolchainError) as chosen:
-        choose(config, env)
+        choose(config, host_of(env))
     with pytest.raises(ToolchainError) as found:
-        resolve_toolkit(ToolkitRequest(config, tmp_path / "c", env, provision=False))
+        resolve_toolkit(ToolkitRequest(config, tmp_path / "c", host_of(env), provision=False))
     for err in (chosen.value, found.value):
         assert err.where == "[build] cuda" and "cannot compile for arch 11.0" in err.what
         assert "--substitute cuda=13.0, the provisionable CUDA that compiles 11.0" in err.next

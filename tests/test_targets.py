@@ -32,6 +32,7 @@ from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.manifest import loads
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.manifest.targets import index_cuda, lock_cuda, target_problems
+from pinwheel.options import host as host_of
 from pinwheel.release import install as install_mod
 from releasekit import make_wheel, write_manifest, write_provenance
 
@@ -112,7 +113,7 @@ def test_toolchain_refuses_before_probing(tmp_path: Path) -> None:
     cfg = BuildConfig(python="3.11", cuda="13.0", arches=("7.0",), ptx=True, torch=None,
                       label=None, version=None)  # fmt: skip
     with pytest.raises(ToolchainError) as exc:
-        resolve_toolkit(ToolkitRequest(cfg, tmp_path, {"PATH": "/nonexistent"}, provision=False))
+        resolve_toolkit(ToolkitRequest(cfg, tmp_path, host_of({"PATH": "/nonexistent"}), provision=False))
     assert "cannot compile for arch 7.0" in str(exc.value) and "12.4" in str(exc.value)
     assert target_problems("13.0", ("12.0", "12.1"), None, None) == []
 
@@ -132,7 +133,7 @@ def test_cuda_12_8_without_an_install_says_why_it_is_not_provisioned(tmp_path: P
     cfg = BuildConfig(python="3.11", cuda="12.8", arches=("12.0",), ptx=True, torch=None,
                       label=None, version=None)  # fmt: skip
     with pytest.raises(ToolchainError) as exc:
-        resolve_toolkit(ToolkitRequest(cfg, tmp_path, {"PATH": "/nonexistent"}, provision=True))
+        resolve_toolkit(ToolkitRequest(cfg, tmp_path, host_of({"PATH": "/nonexistent"}), provision=True))
     if "12.8" in str(exc.value) and "only ptxas" not in str(exc.value):
         pytest.skip("this machine has a CUDA 12.8 install")  # pragma: no cover
     assert "install CUDA 12.8 (NVIDIA's CUDA repository" in str(exc.value)

@@ -25,6 +25,7 @@ from pinwheel.compile.toolchain.unpack import unpack_deb
 from pinwheel.errors import ManifestError
 from pinwheel.manifest import loads
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.options import host as host_of
 
 pytestmark = pytest.mark.kernels
 
@@ -170,7 +171,7 @@ def test_resolve_refuses_cuda13_even_when_the_manifest_asks_for_it(tmp_path: Pat
                       label=None, version=None)  # fmt: skip
     env = {"CUDA_HOME": str(CUDA13.parent.parent), "PATH": os.defpath}
     with pytest.raises(ToolchainError, match="cannot compile for arch 7.0"):
-        resolve_toolkit(ToolkitRequest(cfg, tmp_path / "cache", env, provision=False))
+        resolve_toolkit(ToolkitRequest(cfg, tmp_path / "cache", host_of(env), provision=False))
 
 
 @needs_cuda13
@@ -179,7 +180,7 @@ def test_resolve_without_provisioning_lists_what_it_rejected(tmp_path: Path) -> 
                       label=None, version=None)  # fmt: skip
     env = {"CUDA_HOME": str(CUDA13.parent.parent), "PATH": os.defpath}
     with pytest.raises(ToolchainError) as exc:
-        resolve_toolkit(ToolkitRequest(cfg, tmp_path / "cache", env, provision=False))
+        resolve_toolkit(ToolkitRequest(cfg, tmp_path / "cache", host_of(env), provision=False))
     text = str(exc.value)
     assert "CUDA 13.0" in text and "[build] cuda pins 12.4" in text
     assert "pinwheel toolchain" in text
@@ -201,7 +202,7 @@ def test_resolve_searches_the_requests_environment_not_the_process(
                       label=None, version=None)  # fmt: skip
     env = {"CUDA_PATH": str(tmp_path / "request"), "PATH": "/usr/bin:/bin"}
     with pytest.raises(ToolchainError) as exc:
-        resolve_toolkit(ToolkitRequest(cfg, tmp_path / "cache", env, provision=False))
+        resolve_toolkit(ToolkitRequest(cfg, tmp_path / "cache", host_of(env), provision=False))
     text = str(exc.value)
     assert f"CUDA_PATH {tmp_path / 'request'}: CUDA 11.8.89" in text
     assert str(tmp_path / "process") not in text

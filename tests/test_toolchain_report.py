@@ -6,6 +6,7 @@ folders PATH, uv and pyenv use); the compiler probe runs the machine's real gcc.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ from pinwheel.compile.toolchain import choose
 from pinwheel.compile.toolchain.pythons import candidates, find_python
 from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.options import host as host_of
 
 HERE = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
@@ -32,7 +34,7 @@ def test_three_problems_come_in_one_report(tmp_path: Path) -> None:
     names all three with their own ways on, not one per run."""
     env = {"PATH": os.defpath, "HOME": str(tmp_path)}
     with pytest.raises(ToolchainError) as err:
-        choose(_config(gcc="99", python="3.99", cuda="13.0"), env)
+        choose(_config(gcc="99", python="3.99", cuda="13.0"), host_of(env))
     text = err.value.what
     assert text.startswith("3 toolchain problems")
     assert "[build] gcc" in text and "gcc/g++ 99" in text and "--substitute gcc=" in text
@@ -43,7 +45,7 @@ def test_three_problems_come_in_one_report(tmp_path: Path) -> None:
 def test_one_problem_is_raised_as_itself(tmp_path: Path) -> None:
     env = {"PATH": os.defpath, "HOME": str(tmp_path)}
     with pytest.raises(ToolchainError) as err:
-        choose(_config(python="3.99"), env)
+        choose(_config(python="3.99"), host_of(env))
     assert err.value.where == "[build] python" and "pyenv install 3.99" in err.value.next
 
 
@@ -59,21 +61,21 @@ def test_the_pinned_python_is_found_on_path_then_uv_then_pyenv(tmp_path: Path) -
                  f"python{HERE}")  # fmt: skip
     pyenv = _linked(home / ".pyenv/versions" / f"{HERE}.1" / "bin", f"python{HERE}")
     env = {"PATH": str(tmp_path / "empty"), "HOME": str(home)}
-    assert [s for s, _ in candidates(HERE, env)] == ["uv", "pyenv"]
-    found = find_python(HERE, env)
+    assert [s for s, _ in candidates(HERE, host_of(env))] == ["uv", "pyenv"]
+    found = find_python(HERE, host_of(env))
     assert found is not None and (found.source, found.path) == ("uv", str(uv))
     on_path = _linked(tmp_path / "bin", f"python{HERE}")
-    found = find_python(HERE, env | {"PATH": str(tmp_path / "bin")})
+    found = find_python(HERE, host_of(env | {"PATH": str(tmp_path / "bin")}))
     assert found is not None and (found.source, found.path) == ("PATH", str(on_path))
     uv.unlink()
-    found = find_python(HERE, env)
+    found = find_python(HERE, host_of(env))
     assert found is not None and (found.source, found.path) == ("pyenv", str(pyenv))
 
 
 def test_a_name_is_a_claim_the_version_is_checked(tmp_path: Path) -> None:
     """A python3.99 on PATH that is really this interpreter is not Python 3.99."""
     _linked(tmp_path / "bin", "python3.99")
-    assert find_python("3.99", {"PATH": str(tmp_path / "bin")}) is None
+    assert find_python("3.99", host_of({"PATH": str(tmp_path / "bin")})) is None
 
 
 # ------------------------------------------------- `pinwheel toolchain`: everything in one report
@@ -160,7 +162,7 @@ def test_toolchain_with_a_provisioned_cuda_reports_it_and_uses_it(
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("no g++ on this machine")
-    major = (compiler_version(gxx, dict(os.environ)) or "0").split(".")[0]
+    major = (compiler_version(gxx, host_of(os.environ)) or "0").split(".")[0]
     # nvcc's probe needs the host compiler and binutils: the directory g++ is in.
     rc, doc, out, err = _toolchain(
         tmp_path, monkeypatch, capsys,
@@ -175,3 +177,22 @@ def test_toolchain_with_a_provisioned_cuda_reports_it_and_uses_it(
     assert provisioned[0]["root"] == doc["root"] and provisioned[0]["builds"] == ["7.0"]
     assert f"using CUDA 12.4.131 (provisioned) at {doc['root']}" in out and "compiles sm_70" in out
     assert "PROBLEM" not in out and "error:" not in err
+
+
+def test_the_build_stage_takes_the_callers_choice_rather_than_choosing_again(tmp_path) -> None:
+    """`pinwheel toolchain` chooses once (its survey) and hands the choice in
+    ``BuildRequest.chosen``: the stage uses it. Choosing again here would fail, since the
+    manifest pins a Python nobody has."""
+    from pinwheel.compile.pipeline import BuildRequest, _choose
+    from pinwheel.compile.toolchain.choose import ToolchainChoice
+    from pinwheel.manifest import loads
+    from pinwheel.progress import SILENT
+
+    text = MANIFEST_HEAD + '\n[build]\ncuda = "12.4"\narches = ["7.0"]\npython = "3.99"\n'
+    m = loads(text.encode(), tmp_path / "manifest.toml")
+    request = BuildRequest(manifest=m, cache=tmp_path / "c", out_dir=tmp_path / "w",
+                           host=host_of({"PATH": os.defpath, "HOME": str(tmp_path)}))  # fmt: skip
+    with pytest.raises(ToolchainError, match="no Python 3.99"):
+        _choose(request, SILENT)
+    given = ToolchainChoice(_config(python=HERE), (), None)
+    assert _choose(dataclasses.replace(request, chosen=given), SILENT) is given

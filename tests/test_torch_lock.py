@@ -24,6 +24,7 @@ from pinwheel.compile.kernels import _torch_version, torch_lock, torch_venv
 from pinwheel.errors import ManifestError
 from pinwheel.manifest.build import Requirements
 from pinwheel.manifest.targets import lock_cuda
+from pinwheel.options import host as host_of
 from pinwheel.progress import SILENT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +73,7 @@ def _lock_for(whl: Path) -> str:
 def test_no_hashed_lock_names_the_key_and_how_to_write_it(tmp_path: Path) -> None:
     config = _config(tmp_path, None, torch_index="https://torch-index.invalid/whl/cu128")
     with pytest.raises(ManifestError) as err:
-        torch_venv(config, tmp_path / "cache", SILENT, {})
+        torch_venv(config, tmp_path / "cache", SILENT, host_of({}))
     assert err.value.where == "[build.torch_lock]"
     assert f"torch = {TORCH}" in err.value.what and "only by hash" in err.value.what
     nxt = err.value.next or ""
@@ -100,16 +101,16 @@ def test_torch_is_installed_by_the_locks_hash(tmp_path: Path) -> None:
     whl = _wheel(house)
     config = _config(tmp_path, _lock_for(whl))
     env = {"PINWHEEL_WHEELHOUSE": str(house)}
-    python = torch_venv(config, tmp_path / "cache", SILENT, env)
+    python = torch_venv(config, tmp_path / "cache", SILENT, host_of(env))
     assert _torch_version(python) == TORCH
     assert (tmp_path / "cache") in python.parents
     # Made once: the second call reuses it.
-    assert torch_venv(config, tmp_path / "cache", SILENT, env) == python
+    assert torch_venv(config, tmp_path / "cache", SILENT, host_of(env)) == python
     # Another file under the same name (what an index serving another build would give):
     # pip's --require-hashes refuses it, nothing is installed.
     _wheel(house, body="# another build\n")
     with pytest.raises(BuildVenvError) as err:
-        torch_venv(config, tmp_path / "other-cache", SILENT, env)
+        torch_venv(config, tmp_path / "other-cache", SILENT, host_of(env))
     assert "hash" in (err.value.next or "")
 
 
@@ -227,7 +228,7 @@ def test_the_gb10_manifest_names_no_torch_and_its_build_says_so(tmp_path: Path) 
     config = manifest.load(ROOT / "recipes" / "gb10-k2" / "manifest.toml").build
     assert config.torch is None and config.torch_lock is None  # FILL IN: not on the card
     with pytest.raises(ManifestError) as err:
-        torch_venv(config, tmp_path / "cache", SILENT, {})
+        torch_venv(config, tmp_path / "cache", SILENT, host_of({}))
     assert err.value.where == "[build] torch" and "[build.torch_lock]" in err.value.what
     assert not (tmp_path / "cache").exists()
 

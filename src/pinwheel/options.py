@@ -3,19 +3,30 @@
 Modelled on twine's ``EnvironmentDefault`` (a flag whose default is a variable) and
 cibuildwheel's ``OptionsReader`` (one table of options, each with where its value came
 from). The CLI reads the process environment through :func:`environment` (declared
-variables plus :data:`PASS_THROUGH`, never all of it) and hands stages that mapping;
-``pinwheel env`` lists :data:`VARIABLES` with each value's source (flag, environment,
+variables plus :data:`PASS_THROUGH`, never all of it) and types it once with :func:`host`:
+stages get a :class:`HostEnvironment` (``torch_python``, ``cuda_home``, ``cmake_args``,
+``sccache``, ...) whose ``child`` mapping is only handed on to children, never searched.
+A bad value (a relative path where an absolute one is needed, a control character, a size
+in other than ASCII digits, unclosed quotes) is a usage error naming the variable and its
+flag. ``pinwheel env`` lists :data:`VARIABLES` with each value's source (flag, environment,
 default) through :func:`resolve`.
 
-A stage never searches an environment for a name this table does not declare
-(``tests/test_options.py`` checks every name read against it).
+A stage never searches an environment for a variable by name (``tests/test_options.py``
+walks every stage's syntax tree for it) nor reads a name this table does not declare.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from pinwheel import validate
+from pinwheel.errors import UsageError
 
 Source = Literal["flag", "environment", "default", "unset"]
 
@@ -48,7 +59,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("PINWHEEL_WHEELHOUSE", "a directory of wheels the build commands install their "
         "hash-pinned build venvs from offline (the engine's requirements, the kernels' build "
         "tools)", "cli.replay_cmds", "--wheelhouse", "none"),
-    Var("PINWHEEL_TORCH_PYTHON", "the Python whose torch out-of-tree kernels build against",
+    Var("PINWHEEL_TORCH_PYTHON", "the Python whose torch out-of-tree kernels build against "
+        "(absolute)",
         "compile.kernels, compile.pipeline", None, "the build venv's or the build Python"),
     Var("PINWHEEL_BUILD_PYTHON", "the Python that runs `python -m build` for the engine",
         "cli.replay_cmds", None, "the Python running pinwheel"),
@@ -56,14 +68,15 @@ VARIABLES: tuple[Var, ...] = (
         "compiler prefix maps instead of a mount namespace", "compile.canonical", None,
         "mount-namespace where the kernel allows it"),
     # -- the toolchain a build uses
-    Var("CUDA_HOME", "an installed CUDA toolkit, tried first", "compile.toolchain.find"),
-    Var("CUDA_PATH", "an installed CUDA toolkit, tried after CUDA_HOME",
+    Var("CUDA_HOME", "an installed CUDA toolkit, tried first (absolute)", "compile.toolchain.find"),
+    Var("CUDA_PATH", "an installed CUDA toolkit, tried after CUDA_HOME (absolute)",
         "compile.toolchain.find"),
     Var("CC", "the host C compiler beside CXX", "compile.toolchain.hostcc", None,
         "gcc-<[build] gcc>"),
     Var("CXX", "the host C++ compiler, tried first when [build] gcc is pinned",
         "compile.toolchain.hostcc, wheels.provenance", None, "g++-<[build] gcc>, then g++"),
-    Var("CMAKE_ARGS", "extra CMake arguments for in-tree kernel builds (after pinwheel's)",
+    Var("CMAKE_ARGS", "extra CMake arguments for in-tree kernel builds (after pinwheel's; split "
+        "as a shell would)",
         "compile.pipeline", None, "none"),
     Var("LDFLAGS", "linker flags: a build gets only [build] env's (pinwheel appends "
         "-Wl,--strip-all); the caller's never reach a build", "compile.buildenv", None, "none"),
@@ -83,7 +96,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("PYENV_ROOT", "pyenv's interpreters ([build] python, install)", "compile.toolchain.pythons",
         None, "~/.pyenv"),
     # -- the compiler cache
-    Var("SCCACHE_PATH", "the sccache binary", "compile.compcache", None,
+    Var("SCCACHE_PATH", "the sccache binary (absolute)", "compile.compcache", None,
         "the installed sccache package's, else PATH"),
     Var("SCCACHE_CACHE_SIZE", "the local compiler cache's size (digits and K, M, G or T)",
         "compile.compcache", None, "[build.cache] size"),
@@ -198,3 +211,177 @@ def resolve(
         else:
             out.append(Resolved(var, var.default, "default" if var.default else "unset"))
     return tuple(out)
+
+
+# -- the typed values stages get ------------------------------------------------------------
+
+CanonicalMode = Literal["mount-namespace", "prefix-map"]
+CANONICAL_MODES: tuple[CanonicalMode, ...] = ("mount-namespace", "prefix-map")
+
+
+@dataclass(frozen=True)
+class AwsCredentials:
+    """``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``: what an S3
+    object store signs with (sccache's server gets them through ``child``). Never shown."""
+
+    access_key_id: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class CompilerCacheSettings:
+    """sccache's part of the environment: typed where pinwheel decides on it, and the
+    ``SCCACHE_*``/``ACTIONS_*`` values handed to sccache's server as they are."""
+
+    binary: Path | None = None  # SCCACHE_PATH (absolute)
+    size: str | None = None  # SCCACHE_CACHE_SIZE, checked (digits and K, M, G or T)
+    settings: Mapping[str, str] = field(default_factory=dict, repr=False)  # every SCCACHE_*
+    actions: Mapping[str, str] = field(default_factory=dict, repr=False)  # every ACTIONS_*
+    actions_cache_url: str | None = None  # ACTIONS_CACHE_URL, else ACTIONS_RESULTS_URL
+    aws: AwsCredentials = field(default_factory=AwsCredentials, repr=False)  # AWS_*
+
+
+@dataclass(frozen=True)
+class HostEnvironment:
+    """What this run's environment says, resolved once by the CLI (:func:`host`).
+
+    Stages read these fields, never a variable by name; ``child`` is the base every child
+    process inherits (:func:`environment`: declared variables plus the pass-through list),
+    handed to :mod:`pinwheel.runner` as it is and never searched.
+    """
+
+    child: Mapping[str, str] = field(default_factory=dict, repr=False)
+    search_path: tuple[str, ...] | None = None  # PATH, split; None: unset
+    home: Path | None = None  # HOME
+    torch_python: Path | None = None  # PINWHEEL_TORCH_PYTHON
+    wheelhouse: Path | None = None  # PINWHEEL_WHEELHOUSE
+    build_python: str | None = None  # PINWHEEL_BUILD_PYTHON
+    canonical: CanonicalMode | None = None  # PINWHEEL_CANONICAL; None: the stage chooses
+    cuda_home: Path | None = None  # CUDA_HOME
+    cuda_path: Path | None = None  # CUDA_PATH
+    cc: str | None = None  # CC
+    cxx: str | None = None  # CXX
+    cmake_args: tuple[str, ...] = ()  # CMAKE_ARGS, split as a shell would
+    pythonpath: str | None = None  # PYTHONPATH
+    uv_python_install_dir: Path | None = None  # UV_PYTHON_INSTALL_DIR
+    pyenv_root: Path | None = None  # PYENV_ROOT
+    sccache: CompilerCacheSettings = field(default_factory=CompilerCacheSettings)
+
+    @property
+    def path(self) -> str | None:
+        """PATH as one string (``shutil.which``'s ``path``); None when it is unset."""
+        return None if self.search_path is None else os.pathsep.join(self.search_path)
+
+    @property
+    def cmake_args_text(self) -> str | None:
+        """CMAKE_ARGS as a child gets it (quoted again), or None when there are none."""
+        return shlex.join(self.cmake_args) if self.cmake_args else None
+
+    def with_child(self, **changes: str) -> HostEnvironment:
+        """This environment with ``changes`` set in the children's base; the typed fields
+        that mirror a changed variable (CC, CXX) follow it."""
+        typed: dict[str, Any] = {k.lower(): v for k, v in changes.items() if k in ("CC", "CXX")}
+        return replace(self, child={**self.child, **changes}, **typed)
+
+
+def _problem(name: str, why: str, fix: str) -> UsageError:
+    var = declared(name)
+    flag = f" (or its flag {var.flag})" if var is not None and var.flag else ""
+    return UsageError(
+        why,
+        where=f"environment variable {name}{flag}",
+        next=f"{fix}, or unset {name} (`pinwheel env` lists what pinwheel reads)",
+    )
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _text(process: Mapping[str, str], name: str) -> str | None:
+    value = process.get(name)
+    if not value:
+        return None
+    if _CONTROL.search(value):
+        raise _problem(name, f"{value!r} holds a control character", f"export {name}=<value>")
+    return value
+
+
+def _absolute(process: Mapping[str, str], name: str) -> Path | None:
+    value = _text(process, name)
+    if value is None:
+        return None
+    if not os.path.isabs(value):
+        raise _problem(name, f"{value!r} is not an absolute path",
+                       f"export {name}=$(realpath {shlex.quote(value)})")  # fmt: skip
+    return Path(value)
+
+
+def _program(process: Mapping[str, str], name: str) -> str | None:
+    """A program: a name found on PATH or an absolute path (words after it are its flags)."""
+    value = _text(process, name)
+    if value is not None and value.startswith("-"):
+        raise _problem(name, f"{value!r} is an option, not a program", f"export {name}=g++-13")
+    return value
+
+
+def host(process: Mapping[str, str]) -> HostEnvironment:
+    """Every variable a stage needs, typed and checked once. A bad value is a
+    :class:`UsageError` naming the variable and its flag (``--wheelhouse`` wins over
+    PINWHEEL_WHEELHOUSE in the CLI)."""
+    child = environment(process)
+    path = process.get("PATH")
+    if path is not None and _CONTROL.search(path):
+        raise _problem("PATH", "it holds a control character", "export PATH=/usr/bin:/bin")
+    canonical = _text(process, "PINWHEEL_CANONICAL")
+    mode = next((m for m in CANONICAL_MODES if m == canonical), None)
+    if canonical is not None and mode is None:
+        modes = ", ".join(CANONICAL_MODES)
+        raise _problem("PINWHEEL_CANONICAL", f"{canonical!r} is not one of {modes}",
+                       "export PINWHEEL_CANONICAL=prefix-map")  # fmt: skip
+    cmake_text = _text(process, "CMAKE_ARGS")
+    try:
+        cmake_args = tuple(shlex.split(cmake_text)) if cmake_text else ()
+    except ValueError as exc:  # an unclosed quote
+        raise _problem("CMAKE_ARGS", f"{cmake_text!r} cannot be split into arguments ({exc})",
+                       "close its quotes: export CMAKE_ARGS='-DX=\"a b\"'") from None  # fmt: skip
+    if "SCCACHE_CACHE_SIZE" in process:  # sccache would read it raw: ASCII digits, a unit
+        try:
+            validate.size(process["SCCACHE_CACHE_SIZE"])
+        except ValueError as exc:
+            fix = "export SCCACHE_CACHE_SIZE=20G (digits and K, M, G or T; unset: [build.cache])"
+            raise _problem("SCCACHE_CACHE_SIZE", str(exc), fix) from None
+    size = _text(process, "SCCACHE_CACHE_SIZE")
+    sccache = CompilerCacheSettings(
+        binary=_absolute(process, "SCCACHE_PATH"),
+        size=size,
+        settings={k: v for k, v in child.items() if k.startswith("SCCACHE_")},
+        actions={k: v for k, v in child.items() if k.startswith("ACTIONS_")},
+        actions_cache_url=_text(process, "ACTIONS_CACHE_URL")
+        or _text(process, "ACTIONS_RESULTS_URL"),
+        aws=AwsCredentials(
+            _text(process, "AWS_ACCESS_KEY_ID"),
+            _text(process, "AWS_SECRET_ACCESS_KEY"),
+            _text(process, "AWS_SESSION_TOKEN"),
+        ),
+    )
+    home = _text(process, "HOME")
+    return HostEnvironment(
+        child=child,
+        search_path=None if path is None else tuple(path.split(os.pathsep)),
+        home=Path(home) if home else None,
+        torch_python=_absolute(process, "PINWHEEL_TORCH_PYTHON"),
+        wheelhouse=Path(wheelhouse).absolute() if (wheelhouse := _text(
+            process, "PINWHEEL_WHEELHOUSE")) else None,
+        build_python=_program(process, "PINWHEEL_BUILD_PYTHON"),
+        canonical=mode,
+        cuda_home=_absolute(process, "CUDA_HOME"),
+        cuda_path=_absolute(process, "CUDA_PATH"),
+        cc=_program(process, "CC"),
+        cxx=_program(process, "CXX"),
+        cmake_args=cmake_args,
+        pythonpath=_text(process, "PYTHONPATH"),
+        uv_python_install_dir=_absolute(process, "UV_PYTHON_INSTALL_DIR"),
+        pyenv_root=_absolute(process, "PYENV_ROOT"),
+        sccache=sccache,
+    )

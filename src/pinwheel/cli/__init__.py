@@ -120,6 +120,7 @@ class Context:
     _manifest: Manifest | None = None
     _console: Console | None = None
     _reporter: Reporter | None = None
+    _host: options.HostEnvironment | None = None
 
     @property
     def console(self) -> Console:
@@ -129,6 +130,14 @@ class Context:
 
             self._console = console()
         return self._console
+
+    @property
+    def host(self) -> options.HostEnvironment:
+        """The declared variables typed and checked (:func:`pinwheel.options.host`), once;
+        a bad value is a usage error naming the variable and its flag."""
+        if self._host is None:
+            self._host = options.host(self.environ)
+        return self._host
 
     def variable(self, name: str) -> str | None:
         """A variable the manifest names (``[serve] env_prefix``, ``model_var``), read here."""

@@ -51,7 +51,7 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.wheels.substitute import to_json
 
     found = survey(
-        ctx.manifest().require("build"), ctx.environ, ctx.cache, parse_flags(args.substitute)
+        ctx.manifest().require("build"), ctx.host, ctx.cache, parse_flags(args.substitute)
     )
     config = found.config
     problems = list(found.problems)

@@ -348,7 +348,7 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
         allow_unsigned=args.allow_unsigned,
         python=args.python,
         offline=ctx.offline,
-        environ=ctx.environ,
+        host=ctx.host,
     )
     result = install(request)
     if result.fell_back:

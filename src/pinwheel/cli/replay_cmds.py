@@ -130,7 +130,7 @@ def build_request(
         "manifest": manifest,
         "cache": ctx.cache,
         "out_dir": (Path(out) if out is not None else manifest.root / "wheels").absolute(),
-        "environ": ctx.environ,
+        "host": ctx.host,
         "mirrors": ctx.mirrors,
         "offline": ctx.offline,
         # `kernels` and `toolchain` say --no-provision; the others provision unless offline
@@ -139,15 +139,15 @@ def build_request(
         "reuse_from": getattr(args, "reuse_from", None),
         "substitute": parse_flags(getattr(args, "substitute", ())),
         "wheelhouse": _wheelhouse(ctx, args),
-        "build_python": ctx.environ.get("PINWHEEL_BUILD_PYTHON") or None,
+        "build_python": ctx.host.build_python,
     }
     return BuildRequest(**(fields | kw))
 
 
 def _wheelhouse(ctx: Context, args: argparse.Namespace) -> Path | None:
     """--wheelhouse (`build`, `attribute`), else $PINWHEEL_WHEELHOUSE (every build command)."""
-    chosen = getattr(args, "wheelhouse", None) or ctx.environ.get("PINWHEEL_WHEELHOUSE")
-    return Path(chosen).absolute() if chosen else None
+    chosen = getattr(args, "wheelhouse", None)
+    return Path(chosen).absolute() if chosen else ctx.host.wheelhouse
 
 
 def cmd_plan(ctx: Context, args: argparse.Namespace) -> int:
@@ -212,7 +212,7 @@ def _lock_tools(ctx: Context, args: argparse.Namespace) -> int:
             next="run it from the pinwheel checkout (tools/replay lock --tools, nox -s lock)",
         )
     here = Path(sys.executable).parent / "uv"
-    uv = str(here) if here.is_file() else shutil.which("uv", path=ctx.environ.get("PATH"))
+    uv = str(here) if here.is_file() else shutil.which("uv", path=ctx.host.path)
     if uv is None:
         raise LockError(
             "uv is needed to regenerate the locks and is not installed here",

@@ -193,6 +193,8 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
         selftest=args.selftest,
         nvidia_smi=args.nvidia_smi,
         environ=ctx.environ,
+        cuda_home=ctx.host.cuda_home,
+        search_path=ctx.host.path,
         container_runtime=args.container_runtime,
         torch_python=args.python or ctx.environ.get("PYTHON"),
         cache=ctx.cache,
@@ -418,7 +420,7 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
         if fid.scorer == "in-process":  # exact KLD in the engine: the worker extension
             from pinwheel.serve.inprocess import engine_package, server_additions
 
-            flags, env = server_additions(engine_package(out / "engine-ext"), ctx.environ)
+            flags, env = server_additions(engine_package(out / "engine-ext"), ctx.host.pythonpath)
             run = replace(run, argv=run.argv + flags, env={**run.env, **env})
     url = f"http://127.0.0.1:{port}"
     with started_server(run, out, environ=ctx.environ, url=url, reporter=ctx.reporter) as target:

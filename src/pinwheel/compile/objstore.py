@@ -55,6 +55,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.compile import compcache, objbackends
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import remove_tree
+from pinwheel.options import AwsCredentials
 
 FORMAT = 1
 SUBDIR = objbackends.SUBDIR
@@ -219,12 +220,13 @@ def for_plan(
     *,
     cold: bool,
     turned_off: bool = False,
-    environ: Mapping[str, str] | None = None,
+    aws: AwsCredentials | None = None,
 ) -> tuple[Store | None, str]:
     """The store of the compiler cache's backend, or (None, why not). ``turned_off``:
     ``[build.cache] enabled = false``. Without an sccache binary the store still works.
-    ``environ``: where an S3 store's AWS credentials come from. A remote store is
-    reached once here (Redis ``PING``, an S3 ``GET``): unreachable means no store."""
+    ``aws``: what an S3 store signs with (:class:`pinwheel.options.AwsCredentials`).
+    A remote store is reached once here (Redis ``PING``, an S3 ``GET``): unreachable
+    means no store."""
     if cold:
         return None, "a cold build (--no-cache, verify-build) reuses nothing"
     if turned_off:
@@ -243,7 +245,7 @@ def for_plan(
             backend = objbackends.redis_from(env, env.get("SCCACHE_REDIS_KEY_PREFIX", ""))
         elif plan.backend == "s3":
             backend = objbackends.s3_from(
-                env, env.get("SCCACHE_S3_KEY_PREFIX", ""), environ or {}
+                env, env.get("SCCACHE_S3_KEY_PREFIX", ""), aws or AwsCredentials()
             )
         else:
             return None, f"the {plan.backend} backend has no object store (local, redis, s3)"

@@ -73,6 +73,7 @@ from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.manifest.component import Stack, stacks
+from pinwheel.options import HostEnvironment
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
 from pinwheel.source.cache import mark as mark_cache
@@ -92,7 +93,7 @@ class BuildRequest:
     manifest: Manifest
     cache: Path
     out_dir: Path
-    environ: Mapping[str, str] = field(repr=False)
+    host: HostEnvironment = field(repr=False)  # the environment, typed (pinwheel.options.host)
     mirrors: Mapping[str, str] = field(default_factory=dict)
     offline: bool = False
     provision: bool = True
@@ -194,7 +195,7 @@ def build(
     # Before anything else: a bad [build] or a missing gcc fails in a second.
     choice = _choose(request, reporter)
     config = choice.config
-    request = dataclasses.replace(request, environ=choice.environ(request.environ))
+    request = dataclasses.replace(request, host=choice.environment(request.host))
     engine = (
         request.replayed is not None
         or request.replay is not None
@@ -226,9 +227,9 @@ def build(
 
     earlier = reuse.candidates(request.reuse_from, request.cache) if request.reuse_from else {}
     cache_plan = compcache.plan(
-        config.cache, request.cache, request.environ, enabled=request.compiler_cache
+        config.cache, request.cache, request.host, enabled=request.compiler_cache
     )
-    canon = canonical.choose(request.cache, request.environ)
+    canon = canonical.choose(request.cache, request.host)
     canon = canon.with_toolkit(toolkit.root if toolkit is not None else None)
     canon = canon.with_views(request.cache, foreign_header_dirs(request, config, engine, canon))
     if canon.foreign_headers and not canon.views:
@@ -245,7 +246,7 @@ def build(
         else:
             with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
                 session, cache_plan = compcache.start(
-                    cache_plan, request.cache / "sccache-run", request.environ, canon
+                    cache_plan, request.cache / "sccache-run", request.host, canon
                 )
             if cache_plan.disabled:
                 reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
@@ -255,7 +256,7 @@ def build(
             cache_note.skip(f"no compiler cache: {cache_plan.disabled}")
         store, why = objstore.for_plan(
             cache_plan, cold=not request.compiler_cache, turned_off=not config.cache.enabled,
-            environ=request.environ,
+            aws=request.host.sccache.aws,
         )
         if store is not None:
             cache_note.did(f"object store: {why}")
@@ -270,7 +271,7 @@ def build(
             venv = ensure_build_venv(
                 config.requirements,
                 request.cache,
-                environ=request.environ,
+                environ=request.host.child,
                 offline=request.offline,
                 wheelhouse=request.wheelhouse,
                 reporter=reporter,
@@ -278,20 +279,12 @@ def build(
     python = str(venv.python) if venv is not None else build_python(request.build_python, engine)
     try:
         built, twice = _produce(
-            request,
-            config,
-            specs,
-            engine,
-            toolkit,
-            reporter,
-            session,
-            cache_plan,
-            earlier,
-            canon,
-            venv,
-            phases,
-            store,
-        )
+            Production(
+                request=request, config=config, specs=tuple(specs), engine=engine,
+                toolkit=toolkit, reporter=reporter, session=session, cache_plan=cache_plan,
+                earlier=earlier, canon=canon, venv=venv, phases=phases, store=store,
+            )
+        )  # fmt: skip
     finally:
         if session is not None:
             session.stop()
@@ -308,7 +301,7 @@ def build(
             python,
             toolkit.nvcc if toolkit else None,
             toolkit.version if toolkit else None,
-            request.environ,
+            request.host.cxx,
         )
         note.did("asked the build python and nvcc for their versions")
     payload = receipt(
@@ -348,17 +341,20 @@ def toolchain(request: BuildRequest, reporter: Reporter = SILENT) -> ToolkitOutc
     """The toolchain a build of ``request`` would use (``request.chosen`` when the caller
     chose it already), the toolkit found or provisioned (``request.provision``) and probed:
     the same choice and resolution :func:`build` makes."""
-    choice = request.chosen or _choose(request, reporter)
+    choice = _choose(request, reporter)
     started = time.monotonic()
     toolkit = _toolkit(request, choice.config, reporter)
     return ToolkitOutcome(choice.config, toolkit, time.monotonic() - started, choice.substitutions)
 
 
 def _choose(request: BuildRequest, reporter: Reporter) -> ToolchainChoice:
-    """[build] after --substitute / [build.substitute], its gcc found: fails in a second.
+    """``request.chosen`` when the caller chose already (`pinwheel toolchain`'s survey), else
+    [build] after --substitute / [build.substitute], its gcc found: fails in a second.
     A substitution is said before anything long runs, when this call resolves the toolkit
     (a build handed one, like attribute's variants, was told already)."""
-    choice = choose(request.manifest.require("build"), request.environ, request.substitute)
+    if request.chosen is not None:
+        return request.chosen
+    choice = choose(request.manifest.require("build"), request.host, request.substitute)
     if request.toolkit is None and (line := headline(choice.substitutions)):
         reporter.info(line)
     return choice
@@ -371,7 +367,7 @@ def _toolkit(request: BuildRequest, config: BuildConfig, reporter: Reporter) -> 
             ToolkitRequest(
                 config,
                 request.cache,
-                request.environ,
+                request.host,
                 provision=request.provision,
                 reporter=reporter,
             )
@@ -468,7 +464,8 @@ def foreign_header_dirs(
     # times, and a venv it made has fixed header times: neither needs a view.
     if canon.toolkit is not None and not (canon.toolkit / TOOLKIT_MARKER).is_file():
         dirs += headerview.toolkit_include_dirs(canon.toolkit)
-    pythons = [request.environ.get("PINWHEEL_TORCH_PYTHON")]
+    torch_python = request.host.torch_python
+    pythons = [str(torch_python) if torch_python is not None else None]
     if engine and config.requirements is None:
         pythons.append(build_python(request.build_python, check=False))
     for python in dict.fromkeys(p for p in pythons if p):
@@ -503,22 +500,33 @@ def torch_pin(
     return {"version": version, "index": config.torch_index, "requested": config.torch}
 
 
-def _produce(
-    request: BuildRequest,
-    config: BuildConfig,
-    specs: list[Any],
-    engine: bool,
-    toolkit: Toolkit | None,
-    reporter: Reporter,
-    session: compcache.Session | None,
-    cache_plan: compcache.Plan,
-    earlier: Mapping[str, Any],
-    canon: canonical.Canonical,
-    venv: BuildVenv | None,
-    phases: Phases,
-    store: objstore.Store | None = None,
-) -> tuple[list[Built], dict[str, float]]:
+@dataclass(frozen=True)
+class Production:
+    """What the producers of one build share, decided by :func:`build` before anything
+    compiles: the request after the toolchain choice, the effective ``[build]``, the
+    kernels and whether the engine builds, the toolkit, the compiler cache (its running
+    server, plan and object store), earlier wheels to reuse, the canonical path method, the
+    engine's build venv and the phase collector."""
+
+    request: BuildRequest
+    config: BuildConfig
+    specs: tuple[Any, ...]
+    engine: bool
+    toolkit: Toolkit | None
+    reporter: Reporter
+    session: compcache.Session | None
+    cache_plan: compcache.Plan
+    earlier: Mapping[str, Any]
+    canon: canonical.Canonical
+    venv: BuildVenv | None
+    phases: Phases
+    store: objstore.Store | None = None
+
+
+def _produce(job: Production) -> tuple[list[Built], dict[str, float]]:
     """Run the producers; each wheel records its compiler-cache numbers."""
+    request, config, toolkit, reporter = job.request, job.config, job.toolkit, job.reporter
+    session, cache_plan, phases = job.session, job.cache_plan, job.phases
     built: list[Built] = []
     twice: dict[str, float] = {}
 
@@ -543,17 +551,17 @@ def _produce(
     opts = BuildOptions(
         cache=request.cache,
         mirrors=request.mirrors,
-        environ=request.environ,
+        host=request.host,
         offline=request.offline,
         source_date_epoch=request.source_date_epoch,
         reporter=reporter,
         launcher=session,
-        canonical=canon,
+        canonical=job.canon,
         cold=not request.compiler_cache,
-        store=store,
+        store=job.store,
         wheelhouse=request.wheelhouse,
     )
-    for spec in specs:
+    for spec in job.specs:
         if toolkit is None:
             raise ManifestError(
                 f"[[kernel]] {spec.name} needs a CUDA toolkit",
@@ -570,19 +578,13 @@ def _produce(
                 twice[spec.name] = round(first.seconds, 1)
                 built.append(measure(lambda _: second))  # noqa: B023
             else:
-                one = dataclasses.replace(opts, reuse=earlier.get(spec.name))
+                one = dataclasses.replace(opts, reuse=job.earlier.get(spec.name))
                 built.append(measure(functools.partial(_kernel, spec, config, toolkit, one)))
             _kernel_note(note, built[-1], begun, spec.builder)
 
-    if engine:
+    if job.engine:
         with _engine_lock(request):
-            built.append(
-                measure(
-                    lambda s: _engine(
-                        request, config, toolkit, reporter, s, earlier, canon, venv, phases, store
-                    )
-                )
-            )
+            built.append(measure(functools.partial(_engine, job)))
     return built, twice
 
 
@@ -651,23 +653,13 @@ def _nvcc_digest(path: Path) -> str | None:
     return sha256_file(path.resolve()) if path.is_file() else None
 
 
-def _engine(
-    request: BuildRequest,
-    config: BuildConfig,
-    toolkit: Toolkit | None,
-    reporter: Reporter,
-    session: compcache.Session | None = None,
-    earlier: Mapping[str, Any] | None = None,
-    canon: canonical.Canonical | None = None,
-    venv: BuildVenv | None = None,
-    phases: Phases | None = None,
-    store: objstore.Store | None = None,
-) -> Built:
-    """The engine wheel (the caller holds the kept workspace: :func:`_engine_lock`)."""
-    phases = phases if phases is not None else Phases()
+def _engine(job: Production, session: compcache.Session | None) -> Built:
+    """The engine wheel, its compilers through ``session`` (None: no compiler cache; the
+    caller holds the kept workspace: :func:`_engine_lock`)."""
+    request, config, toolkit, reporter = job.request, job.config, job.toolkit, job.reporter
+    earlier, canon, venv, phases, store = job.earlier, job.canon, job.venv, job.phases, job.store
     replayed = request.replayed
     work = engine_workdir(request)
-    canon = canon or canonical.choose(request.cache, request.environ)
     export_digest: str | None = None
     kept = interrupted = False
     changed: tuple[str, ...] = ()
@@ -723,13 +715,14 @@ def _engine(
     # the caller's. PATH and HOME are recorded (the cache as $CACHE).
     home = confine.inside(request.cache, Path("build") / ".home", what="engine build HOME")
     home.mkdir(parents=True, exist_ok=True)
-    base = engine_base(request.environ, python=python, home=str(home))
+    base = engine_base(request.host, python=python, home=str(home))
     path = base["PATH"]
     if toolkit is not None:
         path = f"{toolkit.root / 'bin'}{os.pathsep}{path}"
     extra_env.update({"PATH": path, "HOME": base["HOME"]})
-    if request.environ.get("CMAKE_ARGS"):  # declared (pinwheel.options): recorded as set
-        extra_env["CMAKE_ARGS"] = request.environ["CMAKE_ARGS"]
+    cmake_args = request.host.cmake_args_text  # declared (pinwheel.options): recorded as set
+    if cmake_args:
+        extra_env["CMAKE_ARGS"] = cmake_args
     # The build Python's include directory and its torch's headers, when outside the cache,
     # reach the objects under canonical names (headerview.prefix_maps), as the cache does.
     canon = canon.with_outside(headerview.prefix_maps(
@@ -765,7 +758,7 @@ def _engine(
     sources_phase.end()
     if supplied:
         extra_env.update(
-            plan_env(supplied, request.environ.get("CMAKE_ARGS"), disconnected=network != "none")
+            plan_env(supplied, cmake_args, disconnected=network != "none")
         )
     record["sources"] = [s.record() for s in supplied]
     record["network"] = network
@@ -789,7 +782,7 @@ def _engine(
                 record=record,
                 supplied=tuple(s.name for s in supplied),
                 launcher=session,
-                reuse_from=(earlier or {}).get("engine"),
+                reuse_from=earlier.get("engine"),
                 placeholders={str(Path(request.cache).absolute()): "$CACHE"},
                 reporter=reporter,
                 canonical=canon,

@@ -32,6 +32,7 @@ from pathlib import Path
 from pinwheel import runner, validate
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_text
+from pinwheel.options import HostEnvironment
 from pinwheel.release import interpreter, pylock, signing
 from pinwheel.release.assemble import verify_release
 from pinwheel.urls import redact
@@ -235,7 +236,7 @@ class InstallRequest:
     python: str | None = None  # --python: the interpreter for the venv (else found by tag)
     offline: bool = False  # --offline: nothing from the network (uv --offline / pip --no-index)
     # PATH, HOME, UV_PYTHON_INSTALL_DIR, PYENV_ROOT: where the wheels' Python is looked for
-    environ: Mapping[str, str] = field(default_factory=dict)
+    host: HostEnvironment = field(default_factory=HostEnvironment)  # PATH, HOME, uv, pyenv
 
 
 def install(request: InstallRequest) -> InstallResult:
@@ -298,7 +299,7 @@ def install(request: InstallRequest) -> InstallResult:
         )
     need = interpreter.wanted(wheels)
     found = interpreter.find(need, given=request.python, uv=uv, offline=request.offline,
-                             fallback=sys.executable, environ=request.environ)  # fmt: skip
+                             fallback=sys.executable, host=request.host)  # fmt: skip
     commands = _ensure_venv(venv, uv, chosen, found, request.offline)
     python = str(venv_python(venv))
     paths = [str((wheel_dir / w).resolve()) for w in wheels]
@@ -329,8 +330,13 @@ def install(request: InstallRequest) -> InstallResult:
                 first += ["--index-url", pin.index, "--", f"torch=={pin.version}"]
                 commands.append(_run(first, f"install torch=={pin.version}", venv))
                 torch_backend = None  # the pinned index decides, not a backend name
-        _install(chosen, uv, python, paths, wheels, verified.sums, torch_backend, no_deps,
-                 [*constraint, *offline], commands, venv, Path(tmp))  # fmt: skip
+        commands += _install(
+            WheelInstall(
+                installer=chosen, uv=uv, python=python, paths=tuple(paths), wheels=tuple(wheels),
+                sums=verified.sums, torch_backend=torch_backend, no_deps=no_deps,
+                constraint=(*constraint, *offline), venv=venv, scratch=Path(tmp),
+            )
+        )  # fmt: skip
     result = InstallResult(
         venv=venv,
         installer=chosen,
@@ -373,28 +379,39 @@ def write_receipt(result: InstallResult, hashes: Mapping[str, str]) -> Path:
     return path
 
 
-def _install(
-    chosen: str,
-    uv: str | None,
-    python: str,
-    paths: list[str],
-    wheels: list[str],
-    sums: Mapping[str, str],
-    torch_backend: str | None,
-    no_deps: bool,
-    constraint: list[str],
-    commands: list[tuple[str, ...]],
-    venv: Path,
-    tmp: Path,
-) -> None:
-    if chosen == "uv":
+@dataclass(frozen=True)
+class WheelInstall:
+    """The release wheels' own install into a made venv: which installer, the venv's
+    python, the wheels (paths and the names SHA256SUMS lists them by, in the same order)
+    with their hashes, how torch and dependencies come, and a scratch folder."""
+
+    installer: str  # "uv" or "pip"
+    uv: str | None
+    python: str
+    paths: tuple[str, ...]
+    wheels: tuple[str, ...]
+    sums: Mapping[str, str]
+    torch_backend: str | None
+    no_deps: bool
+    constraint: tuple[str, ...]  # -c FILE (the torch pin) and the offline flags
+    venv: Path
+    scratch: Path  # for pip's requirements file
+
+
+def _install(job: WheelInstall) -> list[tuple[str, ...]]:
+    """The commands run, in order (each run through :func:`_run`)."""
+    uv, python, paths, wheels, sums = job.uv, job.python, job.paths, job.wheels, job.sums
+    torch_backend, no_deps, constraint = job.torch_backend, job.no_deps, job.constraint
+    venv = job.venv
+    commands: list[tuple[str, ...]] = []
+    if job.installer == "uv":
         assert uv is not None
         cmd = [uv, "pip", "install", "--python", python]
         cmd += [f"--torch-backend={torch_backend}"] if torch_backend else []
         cmd += ["--no-deps"] if no_deps else []
         commands.append(_run([*cmd, *constraint, "--", *paths], "uv pip install", venv))
     else:
-        req = tmp / "requirements.txt"
+        req = job.scratch / "requirements.txt"
         req.write_text(
             "".join(f"{p} --hash=sha256:{sums[w]}\n" for p, w in zip(paths, wheels, strict=True))
         )
@@ -424,3 +441,4 @@ def _install(
                     venv,
                 )
             )
+    return commands

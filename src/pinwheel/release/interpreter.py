@@ -15,7 +15,7 @@ to get one; online, uv may provision it (``uv venv --python 3.12``).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from packaging.utils import parse_wheel_filename
 from pinwheel import runner
 from pinwheel.compile.toolchain import pythons
 from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.options import HostEnvironment
 
 _CP = re.compile(r"cp(\d)(\d+)")
 _PROBE = "import sys; print('%d.%d' % sys.version_info[:2])"
@@ -80,7 +81,7 @@ def find(
     uv: str | None,
     offline: bool,
     fallback: str,
-    environ: Mapping[str, str] | None = None,
+    host: HostEnvironment | None = None,
 ) -> Interpreter:
     """The interpreter for ``version`` (see the module doc for the order)."""
     if given is not None:
@@ -99,7 +100,7 @@ def find(
     # versions), then uv's own search; every one is run below, a name alone is a claim.
     candidates: list[tuple[str | None, str]] = [
         (path, _SOURCES.get(source, source).format(version=version))
-        for source, path in pythons.candidates(version, environ if environ is not None else {})
+        for source, path in pythons.candidates(version, host or HostEnvironment())
     ]
     if uv is not None:
         found = runner.run(

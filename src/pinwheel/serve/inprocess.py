@@ -55,9 +55,10 @@ def engine_package(dest: Path) -> Path:
     return dest
 
 
-def server_additions(ext_dir: Path, environ: Mapping[str, str]) -> tuple[tuple[str, ...], dict]:
-    """(flags, environment) a vLLM server needs for the in-process scorer."""
-    path = str(ext_dir) + (":" + environ["PYTHONPATH"] if environ.get("PYTHONPATH") else "")
+def server_additions(ext_dir: Path, pythonpath: str | None) -> tuple[tuple[str, ...], dict]:
+    """(flags, environment) a vLLM server needs for the in-process scorer; ``pythonpath``:
+    the caller's PYTHONPATH (pinwheel.options.host), kept after the extension's package."""
+    path = str(ext_dir) + (":" + pythonpath if pythonpath else "")
     return ("--worker-extension-cls", EXTENSION), {
         "VLLM_SERVER_DEV_MODE": "1",
         "PYTHONPATH": path,

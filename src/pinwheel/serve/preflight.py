@@ -183,7 +183,9 @@ class Options:
     allreduce_bytes: int = 256 << 20  # --selftest's NCCL all-reduce
     nvidia_smi: str = "nvidia-smi"
     timeout_s: float = 10.0
-    environ: Mapping[str, str] = field(default_factory=dict)  # CUDA_HOME, PATH
+    environ: Mapping[str, str] = field(default_factory=dict)  # the children's base
+    cuda_home: Path | None = None  # CUDA_HOME (pinwheel.options.host)
+    search_path: str | None = None  # PATH (pinwheel.options.host); None: unset
     container_runtime: str | None = None  # the runtime program; default [serve.engine] runtime
     # a host Python with CUDA torch named by the user (--python / $PYTHON): under an image
     # engine the engine's torch is inside the image, so the all-reduce runs with this one
@@ -350,9 +352,9 @@ def check_nvcc(opts: Options) -> Check:
         else f"provision {_wanted(want)} (`pinwheel toolchain`) and export CUDA_HOME to it"
     )
     candidates = []
-    if opts.environ.get("CUDA_HOME"):
-        candidates.append(str(Path(opts.environ["CUDA_HOME"]) / "bin" / "nvcc"))
-    candidates += [shutil.which("nvcc", path=opts.environ.get("PATH")) or ""]
+    if opts.cuda_home is not None:
+        candidates.append(str(opts.cuda_home / "bin" / "nvcc"))
+    candidates += [shutil.which("nvcc", path=opts.search_path) or ""]
     candidates += ["/usr/local/cuda/bin/nvcc"]
     for nvcc in [c for c in candidates if c and Path(c).is_file()]:
         res = _run([nvcc, "--version"], opts.timeout_s)

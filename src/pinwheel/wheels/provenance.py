@@ -50,9 +50,10 @@ def _first_line(cmd: list[str], pattern: str | None = None) -> str | None:
 
 
 def toolchain_facts(
-    python: str, nvcc: Path | None, cuda: str | None, environ: Mapping[str, str]
+    python: str, nvcc: Path | None, cuda: str | None, cxx: str | None
 ) -> ToolchainFacts:
-    """Versions as the build saw them: ask each tool, never assume."""
+    """Versions as the build saw them: ask each tool, never assume (``cxx``: the build's C++
+    compiler, CXX as the toolchain choice set it; None: ``g++``)."""
     # torch's version from its distribution metadata (what torch.__version__ says, for
     # PyPI's and source builds alike): importing torch to ask cost seconds on every build,
     # a no-change one included.
@@ -73,7 +74,7 @@ def toolchain_facts(
     return ToolchainFacts(
         cuda=cuda,
         nvcc=_first_line([str(nvcc), "--version"], r"release") if nvcc else None,
-        gcc=_first_line([environ.get("CXX") or "g++", "--version"]),  # the build's C++ compiler
+        gcc=_first_line([cxx or "g++", "--version"]),  # the build's C++ compiler
         torch=torch,
         python=py,
     )

@@ -19,6 +19,7 @@ from pinwheel.compile.toolchain.pythons import FoundPython, find_python, how_to_
 from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.manifest.targets import target_problems
+from pinwheel.options import HostEnvironment
 from pinwheel.wheels.substitute import Substitution, apply
 
 
@@ -29,30 +30,30 @@ class ToolchainChoice:
     host: HostCompiler | None  # None: [build] pins no gcc; the build's default compiler
     python: FoundPython | None = None  # the interpreter of [build] python
 
-    def environ(self, base: Mapping[str, str]) -> dict[str, str]:
+    def environment(self, host: HostEnvironment) -> HostEnvironment:
         """The build's environment with CC/CXX/CUDAHOSTCXX at the chosen compiler."""
-        return dict(base) | (self.host.env() if self.host else {})
+        return host.with_child(**self.host.env()) if self.host else host
 
 
 def choose(
-    config: BuildConfig, environ: Mapping[str, str], substitute: Mapping[str, str] | None = None
+    config: BuildConfig, machine: HostEnvironment, substitute: Mapping[str, str] | None = None
 ) -> ToolchainChoice:
     effective, subs = apply(config, substitute, provisionable=tuple(LOCKS))
-    host, python, problems = check(effective, environ)
+    host, python, problems = check(effective, machine)
     if problems:
         raise one_report(problems)
     return ToolchainChoice(effective, subs, host, python)
 
 
 def check(
-    effective: BuildConfig, environ: Mapping[str, str]
+    effective: BuildConfig, machine: HostEnvironment
 ) -> tuple[HostCompiler | None, FoundPython | None, list[ToolchainError]]:
     """The gcc, the CUDA/arch table and the Python of ``effective``: what was found, and
     every problem (each with its own way on), none raised."""
     problems: list[ToolchainError] = []
     host = None
     try:
-        host = find_host_compiler(effective.gcc, environ)
+        host = find_host_compiler(effective.gcc, machine)
     except ToolchainError as exc:
         problems.append(exc)
     for p in target_problems(
@@ -61,7 +62,7 @@ def check(
         problems.append(
             ToolchainError(p.what, where=f"[build] {p.key}", next=target_fix(p, effective))
         )
-    python = find_python(effective.python, environ)
+    python = find_python(effective.python, machine)
     if python is None:
         problems.append(
             ToolchainError(

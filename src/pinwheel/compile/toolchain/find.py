@@ -17,17 +17,18 @@ from pinwheel.compile.toolchain.provision import provision_toolkit
 from pinwheel.compile.toolchain.toolkit import ToolchainError, Toolkit, nvcc_version, probe_arches
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.manifest.targets import TargetProblem, target_problems
+from pinwheel.options import HostEnvironment
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.wheels.substitute import cuda_advice, no_cuda_fits
 
 
-def candidates(environ: Mapping[str, str]) -> list[tuple[str, Path]]:
+def candidates(host: HostEnvironment) -> list[tuple[str, Path]]:
     """(source, root) for toolkits installed on this machine, most explicit first."""
     found: list[tuple[str, Path]] = []
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if environ.get(var):
-            found.append((var, Path(environ[var])))
-    on_path = shutil.which("nvcc", path=environ.get("PATH"))
+    for var, given in (("CUDA_HOME", host.cuda_home), ("CUDA_PATH", host.cuda_path)):
+        if given is not None:
+            found.append((var, given))
+    on_path = shutil.which("nvcc", path=host.path)
     if on_path:
         found.append(("PATH", Path(on_path).resolve().parent.parent))
     found.append(("/usr/local/cuda", Path("/usr/local/cuda")))
@@ -46,25 +47,25 @@ def _named(source: str, root: Path) -> str:
 @dataclass(frozen=True)
 class ToolkitRequest:
     """What to find: ``[build]``, where the cache is, and the environment to search and probe
-    with (``CUDA_HOME``, ``CUDA_PATH``, ``PATH``; the caller's, never read from this process)."""
+    with (``CUDA_HOME``, ``CUDA_PATH``, ``PATH``: typed by :func:`pinwheel.options.host`)."""
 
     config: BuildConfig
     cache: Path
-    environ: Mapping[str, str]
+    host: HostEnvironment
     provision: bool = True
     reporter: Reporter = SILENT  # download plan, bytes, phases
 
 
-def installed(environ: Mapping[str, str]) -> list[tuple[str, Path, str | ToolchainError]]:
+def installed(host: HostEnvironment) -> list[tuple[str, Path, str | ToolchainError]]:
     """(source, root, version) for each :func:`candidates` root holding an nvcc, its nvcc
     asked for its version; the error in place of the version where nvcc cannot say."""
     out: list[tuple[str, Path, str | ToolchainError]] = []
-    for source, root in candidates(environ):
+    for source, root in candidates(host):
         nvcc = root / "bin" / "nvcc"
         if not nvcc.is_file():
             continue
         try:
-            out.append((source, root, nvcc_version(nvcc, env=environ)))
+            out.append((source, root, nvcc_version(nvcc, env=host.child)))
         except ToolchainError as exc:
             out.append((source, root, exc))
     return out
@@ -73,10 +74,10 @@ def installed(environ: Mapping[str, str]) -> list[tuple[str, Path, str | Toolcha
 def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
     """The first toolkit matching ``config.cuda`` that compiles every arch; provision if none."""
     config, cache, provision = request.config, request.cache, request.provision
-    environ = dict(request.environ)
+    environ = dict(request.host.child)
     _refuse_impossible(config)
     rejected: list[str] = []
-    for source, root, version in installed(environ):
+    for source, root, version in installed(request.host):
         if isinstance(version, ToolchainError):
             rejected.append(f"{_named(source, root)}: {version.what}")
             continue

@@ -9,12 +9,12 @@ what was found and the two ways on: install it, or an explicit ``--substitute gc
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pinwheel import runner
 from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.errors import PinwheelError
+from pinwheel.options import HostEnvironment
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,9 @@ class HostCompiler:
         return {"CC": self.cc, "CXX": self.cxx, "CUDAHOSTCXX": self.cxx}
 
 
-def compiler_version(program: str, environ: Mapping[str, str]) -> str | None:
+def compiler_version(program: str, host: HostEnvironment) -> str | None:
     """``-dumpfullversion`` of a gcc/g++ found on the caller's PATH, or None."""
-    path = shutil.which(program, path=environ.get("PATH")) if "/" not in program else program
+    path = shutil.which(program, path=host.path) if "/" not in program else program
     if not path:
         return None
     try:
@@ -40,7 +40,7 @@ def compiler_version(program: str, environ: Mapping[str, str]) -> str | None:
                 what=f"{program} -dumpfullversion",
                 timeout=60,
                 check=False,
-                env=dict(environ),
+                env=dict(host.child),
             )  # fmt: skip
         )
     except PinwheelError:
@@ -53,29 +53,29 @@ def _major(version: str | None) -> str | None:
     return version.split(".")[0] if version else None
 
 
-def find_host_compiler(major: str | None, environ: Mapping[str, str]) -> HostCompiler | None:
+def find_host_compiler(major: str | None, host: HostEnvironment) -> HostCompiler | None:
     """The gcc/g++ of ``major`` (None: no pin, the build's default compiler)."""
     if major is None:
         return None
     candidates: list[tuple[str, str, str]] = []
-    if environ.get("CXX"):
-        candidates.append(("CXX", environ.get("CC") or f"gcc-{major}", environ["CXX"]))
+    if host.cxx:
+        candidates.append(("CXX", host.cc or f"gcc-{major}", host.cxx))
     candidates += [
         (f"PATH g++-{major}", f"gcc-{major}", f"g++-{major}"),
         ("PATH g++", "gcc", "g++"),
     ]
     seen: list[str] = []
     for source, cc, cxx in candidates:
-        version = compiler_version(cxx, environ)
+        version = compiler_version(cxx, host)
         if version is None:
             continue
         seen.append(f"{cxx} {version} ({source})")
-        if _major(version) != major or _major(compiler_version(cc, environ)) != major:
+        if _major(version) != major or _major(compiler_version(cc, host)) != major:
             continue
         resolve = shutil.which
         return HostCompiler(
-            cc=resolve(cc, path=environ.get("PATH")) or cc,
-            cxx=resolve(cxx, path=environ.get("PATH")) or cxx,
+            cc=resolve(cc, path=host.path) or cc,
+            cxx=resolve(cxx, path=host.path) or cxx,
             version=version,
             source=source,
         )

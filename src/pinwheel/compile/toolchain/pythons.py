@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pinwheel import runner
 from pinwheel.errors import PinwheelError
+from pinwheel.options import HostEnvironment
 
 
 @dataclass(frozen=True)
@@ -46,19 +47,20 @@ def _managed(root: Path, pattern: str, version: str) -> list[Path]:
     )
 
 
-def candidates(version: str, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+def candidates(version: str, host: HostEnvironment) -> list[tuple[str, str]]:
     """(source, path) to try, in order."""
     found: list[tuple[str, str]] = []
-    on_path = shutil.which(f"python{version}", path=environ.get("PATH", os.defpath))
+    path = host.path if host.path is not None else os.defpath
+    on_path = shutil.which(f"python{version}", path=path)
     if on_path:
         found.append(("PATH", on_path))
-    home = Path(environ["HOME"]) if environ.get("HOME") else None
-    uv_root = environ.get("UV_PYTHON_INSTALL_DIR") or (
+    home = host.home
+    uv_root = host.uv_python_install_dir or (
         str(home / ".local" / "share" / "uv" / "python") if home else None
     )
     if uv_root:
         found += [("uv", str(p)) for p in _managed(Path(uv_root), f"cpython-{version}.*", version)]
-    pyenv_root = environ.get("PYENV_ROOT") or (str(home / ".pyenv") if home else None)
+    pyenv_root = host.pyenv_root or (str(home / ".pyenv") if home else None)
     if pyenv_root:
         found += [
             ("pyenv", str(p))
@@ -67,8 +69,8 @@ def candidates(version: str, environ: Mapping[str, str]) -> list[tuple[str, str]
     return found
 
 
-def find_python(version: str, environ: Mapping[str, str]) -> FoundPython | None:
-    for source, path in candidates(version, environ):
+def find_python(version: str, host: HostEnvironment) -> FoundPython | None:
+    for source, path in candidates(version, host):
         if Path(path).is_file() and python_version(path) == version:
             return FoundPython(path, version, source)
     return None

@@ -25,6 +25,7 @@ from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.cudaarch import names, parse_arch
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.manifest.targets import compiled_by
+from pinwheel.options import HostEnvironment
 from pinwheel.wheels.substitute import Substitution, apply
 
 
@@ -100,11 +101,11 @@ def _seen(
     )
 
 
-def cudas_here(config: BuildConfig, cache: Path, environ: Mapping[str, str]) -> list[CudaSeen]:
+def cudas_here(config: BuildConfig, cache: Path, machine: HostEnvironment) -> list[CudaSeen]:
     """Every CUDA toolkit seen: installed ones (their nvcc run for its version), the ones
     provisioned in ``cache``, then the pinned ones that can be provisioned."""
     seen: list[CudaSeen] = []
-    for source, root, version in installed(environ):
+    for source, root, version in installed(machine):
         if isinstance(version, ToolchainError):
             seen.append(_seen("unusable", source, root, None, config, version.what))
         else:
@@ -126,15 +127,15 @@ def cudas_here(config: BuildConfig, cache: Path, environ: Mapping[str, str]) -> 
 
 def survey(
     config: BuildConfig,
-    environ: Mapping[str, str],
+    machine: HostEnvironment,
     cache: Path,
     substitute: Mapping[str, str] | None = None,
 ) -> Survey:
     """The whole toolchain report; a bad ``--substitute`` is still a usage error."""
     effective, subs = apply(config, substitute, provisionable=tuple(LOCKS))
-    host, python, problems = check(effective, environ)
+    host, python, problems = check(effective, machine)
     return Survey(
-        effective, subs, host, python, tuple(cudas_here(effective, cache, environ)),
+        effective, subs, host, python, tuple(cudas_here(effective, cache, machine)),
         tuple(problems),
     )  # fmt: skip
 
