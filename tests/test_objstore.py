@@ -218,9 +218,9 @@ def test_a_fresh_cache_hits_through_a_shared_redis(tiny: Tiny) -> None:  # noqa:
 
         def once(cache: str, out: str):
             req = request(tiny, manifest, tiny.tmp / out, result)
-            environ = {k: v for k, v in req.environ.items() if not k.startswith("SCCACHE_")}
+            child = {k: v for k, v in req.host.child.items() if not k.startswith("SCCACHE_")}
             return run_build(dataclasses.replace(
-                req, cache=tiny.tmp / cache, engine_workdir=None, environ=environ
+                req, cache=tiny.tmp / cache, engine_workdir=None, host=host_of(child)
             ))  # fmt: skip
 
         cold = once("cache-a", "w-a")

@@ -183,7 +183,7 @@ def test_the_resolver_types_what_stages_read(tmp_path: Path) -> None:
         "CXX": "g++-13", "CMAKE_ARGS": "-DA=1 '-DB=two words'", "PINWHEEL_CANONICAL":
         "prefix-map", "PINWHEEL_WHEELHOUSE": "house", "SCCACHE_DIR": "/s", "SCCACHE_PATH":
         "/usr/bin/sccache", "ACTIONS_RESULTS_URL": "https://results.invalid/",
-        "AWS_SECRET_ACCESS_KEY": "s3cr3t",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3t", "NPM_TOKEN": "n0pe",
     }  # fmt: skip
     host = options.host(process)
     assert host.search_path == ("/opt/bin", "/usr/bin") and host.path == "/opt/bin:/usr/bin"
@@ -195,7 +195,9 @@ def test_the_resolver_types_what_stages_read(tmp_path: Path) -> None:
     assert host.sccache.binary == Path("/usr/bin/sccache")
     assert host.sccache.settings == {"SCCACHE_DIR": "/s", "SCCACHE_PATH": "/usr/bin/sccache"}
     assert host.sccache.actions_cache_url == "https://results.invalid/"
-    assert "AWS_SECRET_ACCESS_KEY" not in host.child and host.child["HOME"] == "/home/u"
+    assert "NPM_TOKEN" not in host.child and host.child["HOME"] == "/home/u"
+    assert host.child["AWS_SECRET_ACCESS_KEY"] == "s3cr3t"  # declared: the S3 store signs
+    assert host.sccache.aws.secret_access_key == "s3cr3t" and "s3cr3t" not in repr(host)
     bare = options.host({})
     assert bare.path is None and bare.cmake_args == () and bare.cmake_args_text is None
     moved = host.with_child(CC="/usr/bin/gcc-13", CXX="/usr/bin/g++-13", CUDAHOSTCXX="x")
