@@ -189,11 +189,8 @@ def _torch_problems(
                 )
             )
         if built and torch:
-            for arch in arches:
-                sm = _sm(arch)
-                cut = TORCH_DROPPED.get((built, sm))
-                too_new = MAX_CUDA_MAJOR.get(sm)
-                if cut and _version(torch)[:2] >= cut:
+            for sm, cut, last in _torch_gaps(torch, built, arches):
+                if cut is not None:
                     problems.append(
                         TargetProblem(
                             "torch",
@@ -203,16 +200,34 @@ def _torch_problems(
                             "(it keeps sm_70)",
                         )
                     )
-                elif too_new is not None and _version(built)[0] > too_new:
+                else:
                     problems.append(
                         TargetProblem(
                             "torch_index",
                             f"torch built with CUDA {built} carries no sm_{sm} kernels "
-                            f"(CUDA {too_new + 1} dropped it)",
+                            f"(CUDA {last + 1} dropped it)",
                             f"take torch from a cu12x index that carries sm_{sm} (cu126)",
                         )
                     )
     return problems
+
+
+def _torch_gaps(
+    torch: str, built: str, arches: tuple[str, ...]
+) -> list[tuple[int, tuple[int, int] | None, int]]:
+    """The arches a torch (``torch``, built with CUDA ``built``) has no kernels for: each as
+    (sm, the torch release that dropped it from that CUDA's wheels, None when it is the CUDA
+    itself, and the last CUDA major that compiles it)."""
+    gaps: list[tuple[int, tuple[int, int] | None, int]] = []
+    for arch in arches:
+        sm = _sm(arch)
+        cut = TORCH_DROPPED.get((built, sm))
+        last = MAX_CUDA_MAJOR.get(sm)
+        if cut and _version(torch)[:2] >= cut:
+            gaps.append((sm, cut, last if last is not None else _version(built)[0]))
+        elif last is not None and _version(built)[0] > last:
+            gaps.append((sm, None, last))
+    return gaps
 
 
 def locked_torch_problems(
@@ -233,11 +248,8 @@ def locked_torch_problems(
                 f"{major}.x toolkit",
             )
         )
-    for arch in arches:
-        sm = _sm(arch)
-        cut = TORCH_DROPPED.get((built, sm))
-        too_new = MAX_CUDA_MAJOR.get(sm)
-        if cut and _version(torch)[:2] >= cut:
+    for sm, cut, last in _torch_gaps(torch, built, arches):
+        if cut is not None:
             problems.append(
                 TargetProblem(
                     "torch_lock",
@@ -246,13 +258,13 @@ def locked_torch_problems(
                     f"lock a torch < {cut[0]}.{cut[1]}, or a cu126 build (it keeps sm_70)",
                 )
             )
-        elif too_new is not None and major > too_new:
+        else:
             problems.append(
                 TargetProblem(
                     "torch_lock",
                     f"{lock} pins torch {torch} built with CUDA {built}, which carries no "
-                    f"sm_{sm} kernels (CUDA {too_new + 1} dropped it)",
-                    f"lock a torch built with CUDA {too_new}.x that carries sm_{sm} (cu126)",
+                    f"sm_{sm} kernels (CUDA {last + 1} dropped it)",
+                    f"lock a torch built with CUDA {last}.x that carries sm_{sm} (cu126)",
                 )
             )
     return problems
