@@ -87,8 +87,17 @@ def test_each_value_says_where_it_came_from() -> None:
 
 def test_pinwheel_env_lists_every_variable_with_its_flag(capsys, monkeypatch) -> None:
     monkeypatch.setenv("PINWHEEL_MIRRORS", "https://u:t0ken@x.example/a.git=/m")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-k3y")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "s3ss10n")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
     assert main(["env", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
+    text = json.dumps(doc)
+    assert "s3cr3t-k3y" not in text and "s3ss10n" not in text  # a secret is said set, never shown
+    shown = {v["name"]: v for v in doc["variables"]}
+    assert shown["AWS_SECRET_ACCESS_KEY"]["value"] == options.HIDDEN
+    assert shown["AWS_SECRET_ACCESS_KEY"]["source"] == "environment"
+    assert shown["AWS_ACCESS_KEY_ID"]["value"] == "AKIDEXAMPLE"  # a key id is not a secret
     listed = {v["name"]: v for v in doc["variables"]}
     assert set(listed) == {v.name for v in options.VARIABLES}
     assert listed["PINWHEEL_CACHE"]["flag"] == "--cache"
@@ -97,6 +106,7 @@ def test_pinwheel_env_lists_every_variable_with_its_flag(capsys, monkeypatch) ->
     assert main(["env"]) == 0
     human = capsys.readouterr().out
     assert "PINWHEEL_TORCH_PYTHON" in human and "(--mirror)" in human and "t0ken" not in human
+    assert "s3cr3t-k3y" not in human and "s3ss10n" not in human
 
 
 # -- stages get typed values, never a mapping to search ------------------------------------

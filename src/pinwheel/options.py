@@ -40,6 +40,7 @@ class Var:
     read_by: str  # the module that reads it
     flag: str | None = None  # the flag that wins over it, if any
     default: str | None = None  # what applies when it is unset (as shown to a person)
+    secret: bool = False  # its value is never shown (`pinwheel env` says it is set)
 
     @property
     def prefix(self) -> str | None:
@@ -106,9 +107,9 @@ VARIABLES: tuple[Var, ...] = (
         "([build.cache] backend = s3)", "compile.objbackends, compile.compcache", None,
         "none: unsigned requests"),
     Var("AWS_SECRET_ACCESS_KEY", "the S3 secret key beside AWS_ACCESS_KEY_ID",
-        "compile.objbackends, compile.compcache", None, "none"),
+        "compile.objbackends, compile.compcache", None, "none", secret=True),
     Var("AWS_SESSION_TOKEN", "the S3 session token of temporary credentials",
-        "compile.objbackends, compile.compcache", None, "none"),
+        "compile.objbackends, compile.compcache", None, "none", secret=True),
     Var("ACTIONS_CACHE_URL", "the GitHub Actions cache service ([build.cache] backend = gha)",
         "compile.compcache"),
     Var("ACTIONS_RESULTS_URL", "the GitHub Actions cache service, newer runners",
@@ -192,6 +193,9 @@ class Resolved:
         }
 
 
+HIDDEN = "(set; a secret, not shown)"
+
+
 def resolve(
     process: Mapping[str, str], flags: Mapping[str, str | None] | None = None
 ) -> tuple[Resolved, ...]:
@@ -207,7 +211,8 @@ def resolve(
             value = " ".join(keys) if keys else None
             out.append(Resolved(var, value, "environment" if keys else "unset"))
         elif process.get(var.name):
-            out.append(Resolved(var, process[var.name], "environment"))
+            shown = HIDDEN if var.secret else process[var.name]
+            out.append(Resolved(var, shown, "environment"))
         else:
             out.append(Resolved(var, var.default, "default" if var.default else "unset"))
     return tuple(out)
