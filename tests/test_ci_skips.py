@@ -56,6 +56,9 @@ def test_every_declared_tool_is_named_by_its_skip_reason() -> None:
     assert declared_in("auditwheel not installed") == ["auditwheel"]
     assert declared_in("pypiserver is not installed (pip install '.[test]')") == ["pypiserver"]
     assert declared_in("cibuildwheel is not installed") == ["cibuildwheel"]
+    assert declared_in("sigstore-python is not installed (the sigstore extra, in locks/tests.txt)") == [
+        "sigstore-python"
+    ]
     assert declared_in("no mount namespace here") == []
     assert set(DECLARED) == {"auditwheel", "pypiserver", "moto", "sccache", "cibuildwheel",
-                             "redis-server"}  # fmt: skip
+                             "redis-server", "sigstore-python"}  # fmt: skip
