@@ -196,3 +196,55 @@ def test_the_build_stage_takes_the_callers_choice_rather_than_choosing_again(tmp
         _choose(request, SILENT)
     given = ToolchainChoice(_config(python=HERE), (), None)
     assert _choose(dataclasses.replace(request, chosen=given), SILENT) is given
+
+
+# ------------------------------------------------------- `pinwheel build`: the same report, first
+
+
+def _build(tmp_path: Path, monkeypatch, capsys, build: str) -> tuple[int, dict]:
+    """`pinwheel build --offline --json` in the bare environment of :func:`_toolchain`; the
+    manifest's upstream commit is in no cache, so reaching it would fail on that."""
+    from pinwheel.cli import main
+
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(MANIFEST_HEAD + "\n[build]\n" + build)
+    if not (tmp_path / "bin").exists():
+        _linked(tmp_path / "bin", f"python{HERE}")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for var in ("CUDA_HOME", "CUDA_PATH", "CC", "CXX"):
+        monkeypatch.delenv(var, raising=False)
+    rc = main(["--manifest", str(manifest), "--cache", str(tmp_path / "cache"), "--offline",
+               "build", "--out", str(tmp_path / "wheels"), "--json"])  # fmt: skip
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_build_says_the_toolkit_problem_with_gcc_in_one_report_before_any_fetch(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """gcc 99 and a CUDA 12.8 nothing here has and nothing provisions: `build` names both
+    at once (as `pinwheel toolchain` does), before it reaches the upstream or downloads."""
+    rc, doc = _build(tmp_path, monkeypatch, capsys,
+                     f'python = "{HERE}"\ncuda = "12.8"\narches = ["7.0"]\ngcc = "99"\n')  # fmt: skip
+    what = doc["error"]["what"]
+    assert rc != 0 and what.startswith("2 toolchain problems"), doc
+    assert "[build] gcc" in what and "gcc/g++ 99" in what
+    assert "[build] cuda" in what and "no usable CUDA 12.8" in what and "cuda=12.4" in what
+    assert "0123456789abcdef" not in what  # the upstream was never reached
+    assert not (tmp_path / "cache" / "toolchains").exists()  # nothing downloaded
+
+
+def test_build_says_a_toolkit_it_cannot_find_or_provision_before_any_fetch(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """No other problem: the toolkit's alone, still before the upstream; a CUDA that can be
+    provisioned (12.4 for sm_70) is no problem here (the build provisions it later)."""
+    rc, doc = _build(tmp_path, monkeypatch, capsys,
+                     f'python = "{HERE}"\ncuda = "12.8"\narches = ["7.0"]\n')  # fmt: skip
+    assert rc != 0 and doc["error"]["where"] == "[build] cuda", doc
+    assert "no usable CUDA 12.8" in doc["error"]["what"]
+    rc, doc = _build(tmp_path, monkeypatch, capsys,
+                     f'python = "{HERE}"\ncuda = "12.4"\narches = ["7.0"]\n')  # fmt: skip
+    assert rc != 0 and "CUDA" not in doc["error"]["what"], doc
+    assert "git" in doc["error"]["what"]  # it went on to the upstream (no git on this PATH)
+    assert not (tmp_path / "cache" / "toolchains").exists()

@@ -67,12 +67,17 @@ from pinwheel.compile.toolchain import (
     choose,
     resolve_toolkit,
 )
+from pinwheel.compile.toolchain.choose import ToolchainReport, one_report
+from pinwheel.compile.toolchain.pins import LOCKS
 from pinwheel.compile.toolchain.pins import MARKER as TOOLKIT_MARKER
+from pinwheel.compile.toolchain.survey import cudas_here
+from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.errors import ManifestError, PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.manifest.component import Stack, stacks
+from pinwheel.manifest.targets import target_problems
 from pinwheel.options import HostEnvironment
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
@@ -81,7 +86,7 @@ from pinwheel.source.replay import ReplayRequest, reach_all, replay, replaying
 from pinwheel.wheels.check import check_wheels, find_tools, spec_from_build
 from pinwheel.wheels.provenance import receipt, toolchain_facts
 from pinwheel.wheels.relabel import variant_label
-from pinwheel.wheels.substitute import Substitution, headline
+from pinwheel.wheels.substitute import Substitution, apply, headline
 from pinwheel.wheels.substitute import to_json as substitutions_json
 from pinwheel.wheels.wheelset import Built, WheelSet, publish
 
@@ -354,10 +359,41 @@ def _choose(request: BuildRequest, reporter: Reporter) -> ToolchainChoice:
     (a build handed one, like attribute's variants, was told already)."""
     if request.chosen is not None:
         return request.chosen
-    choice = choose(request.manifest.require("build"), request.host, request.substitute)
+    config = request.manifest.require("build")
+    # No usable toolkit, nothing to provision: said now, with gcc's, Python's and the arch
+    # table's problems in one report (as `pinwheel toolchain` does), before any fetch.
+    more = [] if request.toolkit is not None else _toolkit_problem(request, config)
+    try:
+        choice = choose(config, request.host, request.substitute)
+    except ToolchainError as exc:
+        raise one_report([*_problems(exc), *more]) from None
     if request.toolkit is None and (line := headline(choice.substitutions)):
         reporter.info(line)
+    if more:
+        raise one_report(more)
     return choice
+
+
+def _problems(exc: ToolchainError) -> list[ToolchainError]:
+    """The problems one error reports (a :class:`ToolchainReport` holds several)."""
+    return list(exc.parts) if isinstance(exc, ToolchainReport) else [exc]
+
+
+def _toolkit_problem(request: BuildRequest, config: BuildConfig) -> list[ToolchainError]:
+    """Why no toolkit of ``config`` (substitutions applied) would be found or provisioned,
+    as resolving it would say; none when one is installed, in the cache or provisionable
+    (or when the arch table is wrong: resolving would only repeat that). Runs no download."""
+    effective, _ = apply(config, request.substitute, provisionable=tuple(LOCKS))
+    if target_problems(effective.cuda, effective.arches, effective.torch, effective.torch_index):
+        return []
+    seen = cudas_here(effective, request.cache, request.host)
+    if any(c.pinned and c.builds and not c.refuses for c in seen if c.state != "unusable"):
+        return []
+    try:
+        _toolkit(dataclasses.replace(request, provision=False), effective, SILENT)
+    except ToolchainError as exc:
+        return [exc]
+    return []
 
 
 def _toolkit(request: BuildRequest, config: BuildConfig, reporter: Reporter) -> Toolkit:

@@ -80,9 +80,18 @@ def one_report(problems: list[ToolchainError]) -> ToolchainError:
     """One problem as itself; several in one error, each with its where and next."""
     if len(problems) == 1:
         return problems[0]
-    return ToolchainError(
-        f"{len(problems)} toolchain problems:\n"
-        + "\n".join(f"  - {p.where}: {p.what}\n    next: {p.next}" for p in problems),
-        where="[build]",
-        next="fix each one above (or substitute where offered), then run the build again",
-    )
+    return ToolchainReport(problems)
+
+
+class ToolchainReport(ToolchainError):
+    """Several toolchain problems in one error, each with its where and next; ``parts``
+    keeps them, so a caller can add one and report them all again."""
+
+    def __init__(self, problems: list[ToolchainError]) -> None:
+        super().__init__(
+            f"{len(problems)} toolchain problems:\n"
+            + "\n".join(f"  - {p.where}: {p.what}\n    next: {p.next}" for p in problems),
+            where="[build]",
+            next="fix each one above (or substitute where offered), then run the build again",
+        )
+        self.parts = tuple(problems)

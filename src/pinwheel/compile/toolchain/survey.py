@@ -62,6 +62,11 @@ class CudaSeen:
         }
 
 
+# The wheres of the CUDA/arch/torch table's problems (choose.check): with one of them,
+# resolving the toolkit would only repeat it.
+TABLE_KEYS = ("[build] cuda", "[build] torch", "[build] torch_index")
+
+
 @dataclass(frozen=True)
 class Survey:
     config: BuildConfig  # the effective [build] (substitutions applied)
@@ -74,8 +79,7 @@ class Survey:
     @property
     def table_ok(self) -> bool:
         """No CUDA/arch/torch table problem (resolving the toolkit would repeat it)."""
-        keys = ("[build] cuda", "[build] torch", "[build] torch_index")
-        return not any(p.where in keys for p in self.problems)
+        return not any(p.where in TABLE_KEYS for p in self.problems)
 
 
 def _seen(
