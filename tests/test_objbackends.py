@@ -30,6 +30,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.compile import compcache, objbackends, objstore
 from pinwheel.manifest.build import CacheConfig
 from pinwheel.options import host as host_of
+from redisserver import running_redis
 
 WHEEL = "tiny-1.0-cp311-cp311-linux_x86_64.whl"
 IDENT = {"builder": "engine", "nvcc": "12.4", "python": "3.11"}
@@ -64,21 +65,8 @@ def _wheel(tmp: Path, payload: bytes = b"\x7fELF" + bytes(range(256)) * 64) -> P
 
 @pytest.fixture
 def redis_port() -> Iterator[int]:
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("no redis-server binary (Debian: apt-get install redis-server)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        _wait(port, 10)
+    with running_redis() as port:
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def _redis_plan(cache: Path, port: int, **env: str) -> compcache.Plan:
@@ -154,24 +142,11 @@ def test_redis_tampered_oversized_and_missing_blobs_are_misses(
 
 
 def test_redis_password_from_sccache_s_variable_authenticates(tmp_path: Path) -> None:
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("no redis-server binary (Debian: apt-get install redis-server)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--requirepass", "hunter2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        _wait(port, 10)
+    with running_redis("--requirepass", "hunter2") as port:
         none, why = objstore.for_plan(_redis_plan(tmp_path / "a", port), cold=False)
         assert none is None and ("NOAUTH" in why or "Authentication required" in why), why
         with_pw = _redis_plan(tmp_path / "a", port, SCCACHE_REDIS_PASSWORD="hunter2")
         _round_trip(with_pw, with_pw, tmp_path)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_a_dead_redis_is_no_store_and_a_miss_with_a_message(redis_port, tmp_path) -> None:

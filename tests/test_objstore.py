@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import time
 import zipfile
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from pinwheel.compile import compcache, objbackends, objstore
 from pinwheel.compile.pipeline import build as run_build
 from pinwheel.options import host as host_of
 from pinwheel.wheels.provenance import component, read_receipt
+from redisserver import running_redis
 from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
 
 
@@ -173,7 +172,6 @@ def test_the_selftest_kernel_from_a_fresh_cache_is_the_stored_build(tmp_path: Pa
 def test_the_store_follows_the_compiler_cache_backend(tmp_path: Path) -> None:
     """Local directory: the store beside sccache's objects; gha, or a redis store nothing
     answers at: no store, said; a cold build or [build.cache] enabled = false: none either."""
-    from pinwheel.compile import compcache
     from pinwheel.manifest.build import CacheConfig
 
     env = {"PATH": "", "SCCACHE_DIR": str(tmp_path / "shared")}
@@ -196,21 +194,7 @@ def test_a_fresh_cache_hits_through_a_shared_redis(tiny: Tiny) -> None:  # noqa:
     """``[build.cache] backend = "redis"``, a real redis-server on 127.0.0.1, two caches
     that share nothing local (two ephemeral runners): the cold build stores, the fresh one
     compiles nothing and gives the cold sha256."""
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("no redis-server binary (Debian: apt-get install redis-server)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    redis = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while compcache._tcp(f"redis://127.0.0.1:{port}", 6379) and time.monotonic() < deadline:
-            time.sleep(0.1)
+    with running_redis() as port:
         manifest = tiny.manifest(name="redis.toml")
         manifest.write_text(manifest.read_text() + '\n[build.cache]\nbackend = "redis"\n'
                             f'endpoint = "redis://127.0.0.1:{port}"\nprefix = "ci"\n')  # fmt: skip
@@ -228,9 +212,6 @@ def test_a_fresh_cache_hits_through_a_shared_redis(tiny: Tiny) -> None:  # noqa:
         assert any(d.startswith("object store: redis (ci/pinwheel-objects/") for d in cache_row.did)
         assert any("stored in the object store" in d for d in _phase(cold, "builder").did)
         fresh = once("cache-b", "w-b")
-    finally:
-        redis.terminate()
-        redis.wait(timeout=10)
     assert fresh.wheels.wheels[WHEEL] == cold.wheels.wheels[WHEEL]
     (engine,) = fresh.to_json()["components"]
     assert engine["reused"] == ["tiny/_C.so"]
