@@ -193,6 +193,45 @@ def test_locked_venv_is_the_lock_first_and_the_machine_after(tmp_path: Path) -> 
     assert (venv.python.parent.parent / lockedvenv.READY).stat().st_mtime_ns == stamp
 
 
+def test_a_torch_venv_made_from_a_lock_is_listed_as_that_lock_not_the_machine(
+    tmp_path: Path,
+) -> None:
+    """The overlay is a Python pinwheel made from a hashed torch lock: its packages are
+    ``torch-lock``, provenance names that lock, and nothing says "machine packages"; the
+    digest of what comes from outside the tool lock follows the overlay's files, not
+    their label or where the venv lies."""
+    lock = _lock_of({"packaging"}, tmp_path)
+    machine = _machine_python(tmp_path)
+
+    def make(cache: Path, overlay_lock: tuple[str, str] | None) -> lockedvenv.LockedVenv:
+        return lockedvenv.ensure(lockedvenv.LockedVenvRequest(
+            lock=lock, lock_name="locks/test.txt", interpreter=str(machine), cache=cache,
+            environ=dict(os.environ), kind="test-build", overlay_from=str(machine),
+            overlay_lock=overlay_lock))  # fmt: skip
+
+    torch_lock = ("torch-9.9.9-cp311-x86_64.txt", "e" * 64)
+    venv = make(tmp_path / "a", torch_lock)
+    record = lockedvenv.checked(venv, "test")
+    froms = {(p["name"], p["from"]) for p in record["packages"]}
+    assert ("machinepkg", "torch-lock") in froms and ("packaging", "lock") in froms
+    assert not any(f == "machine" for _, f in froms), froms
+    assert record["machine_packages"] is False
+    assert record["torch_lock"] == {"lock": torch_lock[0], "sha256": torch_lock[1]}
+    plain = lockedvenv.checked(make(tmp_path / "elsewhere" / "b", None), "test")
+    assert plain["machine_packages"] is True and "torch_lock" not in plain
+    assert {(p["name"], p["from"]) for p in plain["packages"]} >= {("machinepkg", "machine")}
+    digest = lockedvenv.outside_lock(record)
+    assert digest == lockedvenv.outside_lock(plain)  # the same files, labelled otherwise
+    (site,) = machine.parent.parent.glob("lib/python3*/site-packages")
+    shutil.rmtree(site / "machinepkg-2.0.dist-info")
+    _dist(site, "machinepkg", "2.0")  # same version, other files: another input
+    (site / "machinepkg-2.0.dist-info" / "RECORD").write_text("machinepkg/rebuilt.py,,\n")
+    assert lockedvenv.outside_lock(lockedvenv.checked(venv, "test")) != digest
+    # the tool lock's own packages are not part of it
+    assert lockedvenv.outside_lock({"packages": [
+        p for p in record["packages"] if p["from"] != "lock"]}) == digest
+
+
 def test_the_callers_pythonpath_cannot_stand_in_for_a_locked_package(tmp_path: Path) -> None:
     """A PYTHONPATH folder holding the locked version of a name (packaging 26.4): pip, run
     in the new venv with the caller's environment, took it as installed and left it out,

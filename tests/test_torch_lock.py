@@ -101,11 +101,14 @@ def test_torch_is_installed_by_the_locks_hash(tmp_path: Path) -> None:
     whl = _wheel(house)
     config = _config(tmp_path, _lock_for(whl))
     env = {"PINWHEEL_WHEELHOUSE": str(house)}
-    python = torch_venv(config, tmp_path / "cache", SILENT, host_of(env))
+    made = torch_venv(config, tmp_path / "cache", SILENT, host_of(env))
+    python = made.python
     assert _torch_version(python) == TORCH
     assert (tmp_path / "cache") in python.parents
+    # Provenance names the lock it came from, by name and sha256.
+    assert made.lock == (config.requirements.path.name, config.requirements.sha256)
     # Made once: the second call reuses it.
-    assert torch_venv(config, tmp_path / "cache", SILENT, host_of(env)) == python
+    assert torch_venv(config, tmp_path / "cache", SILENT, host_of(env)) == made
     # Another file under the same name (what an index serving another build would give):
     # pip's --require-hashes refuses it, nothing is installed.
     _wheel(house, body="# another build\n")

@@ -214,22 +214,38 @@ CMAKE_BUILD_LOCK = "cmake-build"
 
 
 def locked_build_venv(
-    lock: str, interpreter: str, opts: BuildOptions, *, overlay_from: str | None = None
+    lock: str,
+    interpreter: str,
+    opts: BuildOptions,
+    *,
+    overlay_from: str | None = None,
+    overlay_lock: tuple[str, str] | None = None,
 ) -> lockedvenv.LockedVenv:
     """The build tools' venv from ``locks/<lock>.txt`` on ``interpreter`` (made once)."""
     path = toollocks.lock_path(lock)
     req = lockedvenv.LockedVenvRequest(
         lock=path, lock_name=f"{toollocks.LOCK_DIR}/{path.name}", interpreter=interpreter,
         cache=opts.cache, environ=opts.host.child, kind=lock, overlay_from=overlay_from,
+        overlay_lock=overlay_lock,
         # offline machines: the locked wheels from a folder (hashes still required)
         wheelhouse=opts.wheelhouse,
     )  # fmt: skip
     return lockedvenv.ensure(req, opts.reporter)
 
 
+@dataclass(frozen=True)
+class TorchPython:
+    """The Python a torch extension compiles against."""
+
+    python: Path
+    # (the lock's name as provenance says it, its sha256) when pinwheel made this Python from
+    # a hashed lock; None for a machine's (PINWHEEL_TORCH_PYTHON)
+    lock: tuple[str, str] | None
+
+
 def torch_venv(
     config: BuildConfig, cache: Path, reporter: Reporter, host: HostEnvironment
-) -> Path:
+) -> TorchPython:
     """A Python with ``[build].torch`` installed by hash (a venv made once), or the machine's;
     the build tools come from :func:`locked_build_venv` in front of it.
 
@@ -253,7 +269,7 @@ def torch_venv(
             "against, then write its lock (docs/build.md, \"torch by hash\")",
         )
     if host.torch_python is not None:
-        return _given_torch_python(host.torch_python, config)
+        return TorchPython(_given_torch_python(host.torch_python, config), None)
     reqs = torch_lock(config)
     base = build_interpreter(config, host)
     # its size before and its progress during: ensure_build_venv (pinwheel.compile.pipwatch)
@@ -261,7 +277,8 @@ def torch_venv(
         reqs, cache, environ=host.child, offline=False, reporter=reporter,
         wheelhouse=host.wheelhouse, interpreter=base, index_url=config.torch_index,
     )  # fmt: skip
-    return venv.python
+    return TorchPython(venv.python, (reqs.path.name, reqs.sha256))  # beside the manifest
+
 
 
 def how_to_lock_torch(config: BuildConfig, machine: str | None = None) -> str:
@@ -454,9 +471,11 @@ def _build_kernel(
         venv = locked_build_venv(CMAKE_BUILD_LOCK, sys.executable, opts)
         torch_python = None
     else:
-        torch_python = torch_venv(config, opts.cache, opts.reporter, opts.host)
+        torch = torch_venv(config, opts.cache, opts.reporter, opts.host)
+        torch_python = torch.python
         venv = locked_build_venv(
-            TORCH_BUILD_LOCK, str(torch_python), opts, overlay_from=str(torch_python)
+            TORCH_BUILD_LOCK, str(torch_python), opts, overlay_from=str(torch_python),
+            overlay_lock=torch.lock,
         )
     python = venv.python
     # The base interpreter's include directory and a machine torch's headers keep no machine
@@ -486,7 +505,10 @@ def _build_kernel(
         {k: canon.recorded(v) for k, v in set_env.items()}, toolkit=toolkit, python=str(python),
         builder=spec.builder, placeholders=placeholders,
         inputs={"build_env": venv.lock_sha256,  # the locked backend writes the wheel
-                **({"torch": torch_version} if torch_version else {})},  # its headers compile in
+                **({"torch": torch_version,  # its headers compile in: the version and
+                    # every file of torch and its dependencies (the torch lock's venv or
+                    # the machine's), so a rebuilt torch of the same version is another build
+                    "torch_env": lockedvenv.outside_lock(environment)} if torch_version else {})},
     )  # fmt: skip
     key = workspace.key_of({"identity": identity, "canonical": canon.record()})
     kept = workspace.prepare(work, key, cold=opts.cold)

@@ -64,6 +64,9 @@ class LockedVenvRequest:
     kind: str  # folder prefix: "cmake-build", "torch-build"
     overlay_from: str | None = None  # a machine Python whose packages follow the venv's own
     wheelhouse: Path | None = None  # offline: the locked wheels from this folder, no index
+    # overlay_from is a torch venv pinwheel made from this hashed lock: (its name, sha256);
+    # its packages are listed as "torch-lock", not "machine"
+    overlay_lock: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,15 +85,20 @@ class LockedVenv:
     pins: Mapping[str, tuple[str, tuple[str, ...]]]  # name -> (version, sha256s)
     key: str
     overlay: tuple[str, ...] = field(default=())
+    overlay_lock: tuple[str, str] | None = None  # the overlay's own lock, when pinwheel made it
 
     def record(self, packages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """For provenance: the lock and every package the build's Python imports."""
-        return {
+        out: dict[str, Any] = {
             "lock": self.lock_name,
             "lock_sha256": self.lock_sha256,
-            "machine_packages": bool(self.overlay),
-            "packages": [dict(p) for p in packages],
+            # packages of a Python pinwheel did not make from a lock (PINWHEEL_TORCH_PYTHON)
+            "machine_packages": bool(self.overlay) and self.overlay_lock is None,
         }
+        if self.overlay_lock is not None:
+            out["torch_lock"] = {"lock": self.overlay_lock[0], "sha256": self.overlay_lock[1]}
+        out["packages"] = [dict(p) for p in packages]
+        return out
 
 
 def interpreter(python: str) -> Interpreter:
@@ -150,7 +158,9 @@ def ensure(req: LockedVenvRequest, reporter: Reporter = SILENT) -> LockedVenv:
                 ok = False
         if not ok:
             _make(final, req, base, overlay, lock_sha, pins, reporter)
-    return LockedVenv(final / "bin" / "python", req.lock_name, lock_sha, pins, key, overlay)
+    return LockedVenv(
+        final / "bin" / "python", req.lock_name, lock_sha, pins, key, overlay, req.overlay_lock
+    )
 
 
 _LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)\s*(?:;\s*(.*?))?\s*(?:--hash|$)")
@@ -243,16 +253,32 @@ def _own_site(python: Path) -> Path:
 
 def listing(venv: LockedVenv) -> list[dict[str, Any]]:
     """Every distribution the venv's Python imports from its site-packages and the
-    machine's (``-I``: no PYTHONPATH, no user site), in ``sys.path`` order."""
+    machine's (``-I``: no PYTHONPATH, no user site), in ``sys.path`` order; the overlay's
+    packages are ``torch-lock`` when pinwheel made that Python from a hashed lock."""
     site = _own_site(venv.python)
+    labels = {d: "torch-lock" for d in venv.overlay} if venv.overlay_lock is not None else {}
     out = runner.run(
         runner.Command(
-            (str(venv.python), "-I", "-c", workers.source("dist_listing"), str(site)),
+            (str(venv.python), "-I", "-c", workers.source("dist_listing"), str(site),
+             json.dumps(labels)),
             what="listing the build env",
             timeout=300, error=LockedVenvError, where=str(venv.python),
         )
     )  # fmt: skip
     return list(json.loads(out.text.splitlines()[-1]))
+
+
+def outside_lock(record: Mapping[str, Any]) -> str:
+    """One sha256 over the packages a recorded environment takes from outside its tool lock
+    (a torch lock's venv or the machine): name, version and RECORD digest of each one the
+    build imports (shadowed copies left out). Where each comes from is not part of it: the
+    same files are the same input."""
+    rows = sorted(
+        (str(p.get("name")), str(p.get("version")), str(p.get("record_sha256")))
+        for p in record.get("packages") or []
+        if isinstance(p, Mapping) and p.get("from") != "lock" and not p.get("shadowed")
+    )
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
 def differences(venv: LockedVenv, packages: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -277,7 +303,8 @@ def pin_differences(
         if got is None:
             problems.append(f"{name}=={version} is locked but not installed")
         elif got["from"] != "lock":
-            problems.append(f"{name} comes from the machine ({got['version']}), not the lock")
+            where = "the torch lock" if got["from"] == "torch-lock" else "the machine"
+            problems.append(f"{name} comes from {where} ({got['version']}), not the lock")
         elif got["version"] != version:
             problems.append(f"{name} is {got['version']}, the lock says {version}")
     return problems

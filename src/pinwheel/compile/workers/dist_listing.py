@@ -1,8 +1,11 @@
 """Runs in the build's Python: every distribution it can import, first on sys.path first.
 
-Argument: the locked venv's site-packages. Prints one JSON list: name, version, the sha256
-of its RECORD lines less what an installer writes for its own machine, lock or machine, and
-whether an earlier entry shadows it (compile.lockedvenv records it in provenance).
+Arguments: the locked venv's site-packages, then optionally a JSON object naming where
+other directories' packages come from ({directory: "torch-lock"}: a torch venv pinwheel made
+from a hashed lock). Prints one JSON list: name, version, the sha256 of its RECORD lines less
+what an installer writes for its own machine, where it comes from ("lock", a label given for
+its directory, else "machine"), and whether an earlier entry shadows it (compile.lockedvenv
+records it in provenance).
 """
 
 import hashlib
@@ -13,6 +16,8 @@ from importlib.metadata import distributions
 
 SKIP = {"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"}
 own = os.path.realpath(sys.argv[1])
+labels = {os.path.realpath(k): str(v) for k, v in
+          (json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}).items()}
 seen, out = set(), []
 for entry in sys.path:
     if not entry or not os.path.isdir(entry):
@@ -29,7 +34,8 @@ for entry in sys.path:
             lines.append(line)
         digest = hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
         out.append({"name": name, "version": dist.version, "record_sha256": digest,
-                    "from": "lock" if os.path.realpath(entry) == own else "machine",
+                    "from": "lock" if os.path.realpath(entry) == own
+                    else labels.get(os.path.realpath(entry), "machine"),
                     "shadowed": name in seen})
         seen.add(name)
 print(json.dumps(out))
