@@ -11,7 +11,16 @@ one run, each against the cold build of the same run as the baseline:
 4. other-path: the same manifest from another pinwheel cache (``--other-cache``,
    at another path: its own workspace, toolchain and build venv) sharing cold's
    compiler cache: the canonical build path makes every object a hit there, and
-   the wheel must be cold's sha256.
+   the wheel must be cold's sha256;
+5. fresh: what an ephemeral CI runner sees: the other cache with everything deleted
+   but its toolkit and build venv (what a runner restores from its own cache, keyed
+   by the lock), so its git repositories, workspace, exports, stamps and memos are
+   gone, and cold's shared cache (compiler cache and object store) warm. When the
+   other cache has no toolkit or build venv yet, a first build makes them (printed
+   as ``fresh-setup``, not a measurement).
+
+Every build's output is kept in ``WORK/<phase>.log``; its phase table (where the
+time went, what each phase did and skipped) is printed under its line.
 
 Prints each build's seconds (the wheel build as provenance records it; the whole
 ``pinwheel build`` beside it), its ratio to cold, the wheel's sha256, the compiler
@@ -50,7 +59,9 @@ import time
 import zipfile
 from pathlib import Path
 
-PHASES = ("cold", "warm", "reuse", "other-path")
+PHASES = ("cold", "warm", "reuse", "other-path", "fresh")
+# What a fresh runner keeps of a pinwheel cache (restored from the runner's own cache).
+RUNNER_KEEPS = ("toolchains", "venvs", "CACHEDIR.TAG")
 
 
 def sha256(path: Path) -> str:
@@ -74,18 +85,40 @@ def differing_members(a: Path, b: Path) -> list[tuple[str, int, int]]:
     return out
 
 
-def run_build(manifest: Path, cache: Path, out: Path, env: dict[str, str], *extra: str) -> dict:
-    """One ``pinwheel build``: wall seconds and the engine's provenance entry."""
+def run_build(
+    manifest: Path, cache: Path, out: Path, env: dict[str, str], *extra: str, log: Path
+) -> dict:
+    """One ``pinwheel build``: wall seconds, its phase table and the engine's provenance
+    entry; its whole output in ``log``."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "pinwheel", "--manifest", str(manifest), "--cache", str(cache)]
     cmd += ["build", "--out", str(out), *extra]
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, text=True, capture_output=True)
     seconds = time.monotonic() - start
+    log.write_text(f"$ {' '.join(cmd)}\n{proc.stdout}\n--- stderr ---\n{proc.stderr}")
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        raise SystemExit(f"pinwheel build exited {proc.returncode} ({manifest.name})")
-    return {**from_receipt(out), "wall": round(seconds, 1)}
+        raise SystemExit(f"pinwheel build exited {proc.returncode} ({manifest.name}; {log})")
+    return {**from_receipt(out), "wall": round(seconds, 1), "phases": phase_table(proc.stdout)}
+
+
+def phase_table(stdout: str) -> list[str]:
+    """The ``phases:`` block ``pinwheel build`` prints last (its rows, then the total)."""
+    lines = stdout.splitlines()
+    if "phases:" not in lines:
+        return []
+    return [line.strip() for line in lines[lines.index("phases:") + 1 :] if line.startswith("  ")]
+
+
+def runner_restart(cache: Path) -> list[str]:
+    """Empty ``cache`` as a fresh CI runner finds it: all but RUNNER_KEEPS removed."""
+    gone = []
+    for entry in sorted(cache.iterdir()) if cache.is_dir() else []:
+        if entry.name not in RUNNER_KEEPS:
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            gone.append(entry.name)
+    return gone
 
 
 def from_receipt(out: Path) -> dict:
@@ -114,6 +147,8 @@ def show(phase: str, r: dict) -> None:
     line += f"  cache {r['compiler_cache']}  reused {len(r['reused'])}"
     line += f"  compiled inputs {r['compiled_inputs']}"
     print(line, flush=True)
+    for row in r.get("phases") or []:
+        print(f"      {row}", flush=True)
 
 
 def main() -> int:
@@ -151,8 +186,9 @@ def main() -> int:
     if "reuse" in phases and args.pyonly is None:
         ap.error("the reuse phase needs --pyonly MANIFEST")
 
-    if "other-path" in phases and args.other_cache is None:
-        ap.error("the other-path phase needs --other-cache DIR")
+    for needs in ("other-path", "fresh"):
+        if needs in phases and args.other_cache is None:
+            ap.error(f"the {needs} phase needs --other-cache DIR")
     if args.other_cache is not None and args.other_cache.absolute() == args.cache.absolute():
         ap.error("--other-cache must be another path than --cache")
     if args.cold_from is not None and "cold" in phases:
@@ -177,11 +213,24 @@ def main() -> int:
                 raise SystemExit("the reuse phase needs the cold phase's output (run it first)")
             reuse_from = work / "warm" if "warm" in results else cold_out
             extra = ("--reuse-from", str(reuse_from))
-            r = run_build(args.pyonly, args.cache, work / phase, env, *extra)
+            r = run_build(args.pyonly, args.cache, work / phase, env, *extra,
+                          log=work / f"{phase}.log")  # fmt: skip
         elif phase == "other-path":
-            r = run_build(args.manifest, args.other_cache.absolute(), work / phase, env)
+            r = run_build(args.manifest, args.other_cache.absolute(), work / phase, env,
+                          log=work / f"{phase}.log")  # fmt: skip
+        elif phase == "fresh":
+            other = args.other_cache.absolute()
+            if not all((other / keep).is_dir() for keep in RUNNER_KEEPS[:2]):
+                setup = run_build(args.manifest, other, work / "fresh-setup", env,
+                                  log=work / "fresh-setup.log")  # fmt: skip
+                results["fresh-setup"] = {**setup, "baseline": "not a measurement"}
+                show("fresh-setup", setup)
+            gone = runner_restart(other)
+            print(f"fresh: removed {', '.join(gone) or 'nothing'} from the other cache; "
+                  f"kept {', '.join(RUNNER_KEEPS)}", flush=True)
+            r = run_build(args.manifest, other, work / phase, env, log=work / f"{phase}.log")
         else:
-            r = run_build(args.manifest, args.cache, work / phase, env)
+            r = run_build(args.manifest, args.cache, work / phase, env, log=work / f"{phase}.log")
         results[phase] = r
         show(phase, r)
         if args.json:
@@ -193,7 +242,7 @@ def main() -> int:
     if cold:
         if cold.get("baseline"):
             print(f"baseline: the cold build is from an {cold['baseline']}, not this run")
-        for phase in ("warm", "reuse", "other-path"):
+        for phase in ("warm", "reuse", "other-path", "fresh"):
             if phase in results:
                 r = results[phase]
                 ratio = cold["seconds"] / r["seconds"]
@@ -201,7 +250,7 @@ def main() -> int:
                 if r.get("wall") is not None:  # the whole `pinwheel build`: what a user waits
                     took += f"; the whole pinwheel build {r['wall']:.1f} s"
                 print(f"{phase} vs cold: {ratio:.1f}x faster ({took})")
-        for phase in ("warm", "other-path"):
+        for phase in ("warm", "other-path", "fresh"):
             if phase in results:
                 same = results[phase]["sha256"] == cold["sha256"]
                 print(f"cold == {phase} sha256: {same}")

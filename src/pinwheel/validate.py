@@ -442,6 +442,14 @@ def sha_problem(value: object) -> str | None:
     return None
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def is_sha256(value: object) -> bool:
+    """A sha256 as pinwheel writes one: 64 lowercase ASCII hex digits, nothing else."""
+    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
+
+
 _DRIVE = re.compile(r"[A-Za-z]:")
 
 

@@ -63,11 +63,7 @@ KIND = untrusted.Kind(
     "object store record", 64 * untrusted.MiB, 64, PinwheelError,
     "nothing to do: the build compiles instead",
 )  # fmt: skip
-_HEX64 = frozenset("0123456789abcdef")
-
-
-def _is_sha(value: object) -> bool:
-    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX64
+_is_sha = validate.is_sha256
 
 
 # Search paths hold machine paths (the cache, a venv): they stay out of a match, which

@@ -218,10 +218,89 @@ def _listed(rel: object) -> bool:
 
 def sync_tree(result: Any, dest: Path, listing: Path, exclude: Sequence[str] = ()) -> Synced:
     """Update ``dest`` in place to a replayed tree (a ``ReplayResult``): only files whose
-    bytes changed are written; ``exclude``: pathspecs left out (``[build] exclude``)."""
+    bytes changed are written; ``exclude``: pathspecs left out (``[build] exclude``).
+
+    When the last export was of the same tree id with the same excludes and every file it
+    wrote still carries the stamp recorded after it (:func:`held_export`), nothing is read
+    or written: the tree id names the bytes, the stamps say nobody touched them."""
     from pinwheel.source.export import tree_archive  # pygit2: only when a tree is synced
 
-    return sync(dest, tar_entries(tree_archive(result, exclude)), listing)
+    of = {"tree": str(result.tree), "exclude": list(exclude)}
+    held = held_export(dest, listing, of)
+    if held is not None:
+        return held
+    export_stamp(listing).unlink(missing_ok=True)  # gone until the files are as recorded
+    synced = sync(dest, tar_entries(tree_archive(result, exclude)), listing)
+    _stamp_export(dest, listing, of, synced.digest)
+    return synced
+
+
+EXPORT_STAMP_FORMAT = 1
+
+
+def export_stamp(listing: Path) -> Path:
+    """Where the stamp of the export ``listing`` describes lives (beside it)."""
+    return listing.with_name(listing.stem + ".stamp.json")
+
+
+def _file_stamps(dest: Path, rels: Iterable[str]) -> dict[str, list[int]] | None:
+    """rel -> [mode, size, mtime_ns, ctime_ns, inode, device] by ``lstat``; None when a
+    name is not one an export writes or a file is gone."""
+    out: dict[str, list[int]] = {}
+    for rel in rels:
+        if not _listed(rel):
+            return None
+        try:
+            st = os.lstat(dest / rel)
+        except OSError:
+            return None
+        out[rel] = [st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                    st.st_dev]  # fmt: skip
+    return out
+
+
+def _stamp_export(dest: Path, listing: Path, of: Mapping[str, Any], digest: str) -> None:
+    try:
+        rels = json.loads(listing.read_text())
+    except (OSError, ValueError):
+        return
+    files = _file_stamps(dest, rels) if isinstance(rels, list) else None
+    if files is None:
+        return
+    doc = {"format": EXPORT_STAMP_FORMAT, "of": dict(of), "digest": digest, "files": files}
+    atomic_write_text(export_stamp(listing), json.dumps(doc, sort_keys=True) + "\n")
+
+
+def held_export(dest: Path, listing: Path, of: Mapping[str, Any]) -> Synced | None:
+    """The last export of ``of`` (tree id and excludes) as :class:`Synced` with nothing
+    written, when its stamp (read bounded, never through a link, through
+    :mod:`pinwheel.untrusted`) is for the
+    same ``of`` and every file it lists still has the recorded mode, size, mtime, ctime,
+    inode and device (a rewrite changes ctime, which ``utime`` cannot set back; a
+    replacement the inode). Anything else, a malformed stamp included: None (a full sync)."""
+    from pinwheel import untrusted
+    from pinwheel.errors import PinwheelError as Bad
+
+    stamp, kind = export_stamp(listing), untrusted.EXPORT_STAMP
+    try:  # no link followed, no FIFO waited on
+        doc = untrusted.parse_json(untrusted.read_beneath(stamp.parent, stamp.name, kind),
+                                   kind, str(stamp))  # fmt: skip
+    except Bad:
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != EXPORT_STAMP_FORMAT:
+        return None
+    files, digest = doc.get("files"), doc.get("digest")
+    if doc.get("of") != dict(of) or not isinstance(files, dict) or not validate.is_sha256(digest):
+        return None
+    try:
+        listed = json.loads(listing.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(listed, list) or sorted(listed) != sorted(files):
+        return None
+    if _file_stamps(dest, files) != files:
+        return None
+    return Synced((), (), len(files), str(digest))
 
 
 def inputs_digest(*, key: str, sources: Sequence[str], env: Mapping[str, str], **facts: Any) -> str:
