@@ -206,3 +206,68 @@ def test_resolve_searches_the_requests_environment_not_the_process(
     text = str(exc.value)
     assert f"CUDA_PATH {tmp_path / 'request'}: CUDA 11.8.89" in text
     assert str(tmp_path / "process") not in text
+
+
+def _logging_host_compilers(folder: Path, log: Path) -> dict[str, str]:
+    """gcc and g++ that log each run and then run the machine's: the probe's PATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("gcc", "g++"):
+        real = shutil.which(name)
+        assert real is not None
+        (folder / name).write_text(f'#!/bin/sh\necho "{name}" >> "{log}"\nexec {real} "$@"\n')
+        (folder / name).chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.defpath}"}
+
+
+@needs_cuda13
+def test_a_passing_probe_is_remembered_per_cache_and_redone_when_its_inputs_move(
+    tmp_path: Path,
+) -> None:
+    """The real nvcc 13 probing sm_90 through logging gcc/g++: the second probe in the same
+    cache runs no compiler; a touched host compiler, another arch or another cache probes
+    again; a failing probe (sm_70 on CUDA 13) is never remembered."""
+    log = tmp_path / "host-compiler.log"
+    env = _logging_host_compilers(tmp_path / "bin", log)
+    cache = tmp_path / "cache"
+
+    def runs() -> int:
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    probe_arches(CUDA13, ("9.0",), env=env, cache=cache)
+    first = runs()
+    assert first > 0
+    probe_arches(CUDA13, ("9.0",), env=env, cache=cache)
+    assert runs() == first  # remembered: nothing compiled
+    probe_arches(CUDA13, ("9.0",), env=env, cache=tmp_path / "other-cache")
+    assert runs() > first  # per cache
+    second = runs()
+    (tmp_path / "bin" / "g++").write_text((tmp_path / "bin" / "g++").read_text())  # ctime moves
+    probe_arches(CUDA13, ("9.0",), env=env, cache=cache)
+    assert runs() > second
+    for _ in range(2):
+        with pytest.raises(ToolchainError, match="cannot compile for arch 7.0"):
+            probe_arches(CUDA13, ("7.0",), env=env, cache=cache)
+
+
+def test_a_probe_record_through_a_link_a_fifo_or_malformed_is_no_record(tmp_path: Path) -> None:
+    from pinwheel.compile.toolchain import probememo
+
+    cache, key = tmp_path / "cache", "a" * 64
+    probememo.remember(cache, key, ("9.0",))
+    record = cache / probememo.SUBDIR / f"{key}.json"
+    assert probememo.passed(cache, key) and not probememo.passed(cache, "b" * 64)
+    good = record.read_bytes()
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(good)
+    record.unlink()
+    record.symlink_to(elsewhere)
+    assert not probememo.passed(cache, key)
+    record.unlink()
+    os.mkfifo(record)  # no writer: opening it to read would block
+    assert not probememo.passed(cache, key)
+    record.unlink()
+    for bad in (b"\xff\xfe", b'{"format": 1, "key": "' + b"a" * 63 + b'\x1b"}', b"[" * 100,
+                b'{"format": 1e999, "key": "' + b"a" * 64 + b'"}', b"{}" + b" " * 70000):  # fmt: skip
+        record.write_bytes(bad)
+        assert not probememo.passed(cache, key), bad
+    assert not probememo.passed(None, key)

@@ -90,7 +90,7 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
             rejected.append(f"{_named(source, root)}: no {', '.join(lacks)} ([build] cuda_dev)")
             continue
         nvcc = root / "bin" / "nvcc"
-        probe_arches(nvcc, config.arches, env=environ)
+        probe_arches(nvcc, config.arches, env=environ, cache=cache)
         return Toolkit(root, nvcc, version, config.arches, source)
 
     lock = LOCKS.get(config.cuda)
@@ -98,7 +98,7 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
         lock = lock.with_dev()
     cached = cache / "toolchains" / lock.dirname if lock else None
     if lock and cached and (cached / MARKER).is_file():
-        return _checked(cached, config, "provisioned", environ)
+        return _checked(cached, config, "provisioned", environ, cache)
     if not provision or lock is None:
         tried = "; ".join(rejected) or "no nvcc found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda)"
         advice = cuda_advice(config, tuple(LOCKS))
@@ -124,7 +124,7 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
             ),
         )
     root = provision_toolkit(lock, cache, environ, request.reporter)
-    return _checked(root, config, "provisioned", environ)
+    return _checked(root, config, "provisioned", environ, cache)
 
 
 def target_fix(problem: TargetProblem, config: BuildConfig) -> str:
@@ -145,10 +145,12 @@ def _refuse_impossible(config: BuildConfig) -> None:
         )
 
 
-def _checked(root: Path, config: BuildConfig, source: str, environ: Mapping[str, str]) -> Toolkit:
+def _checked(
+    root: Path, config: BuildConfig, source: str, environ: Mapping[str, str], cache: Path
+) -> Toolkit:
     nvcc = root / "bin" / "nvcc"
     version = nvcc_version(nvcc, env=environ)
-    probe_arches(nvcc, config.arches, env=environ)
+    probe_arches(nvcc, config.arches, env=environ, cache=cache)
     return Toolkit(root, nvcc, version, config.arches, source)
 
 

@@ -94,9 +94,22 @@ _DIAGNOSES = (
 )
 
 
-def probe_arches(nvcc: Path, arches: tuple[str, ...], *, env: Mapping[str, str]) -> None:
+def probe_arches(
+    nvcc: Path, arches: tuple[str, ...], *, env: Mapping[str, str], cache: Path | None = None
+) -> None:
     """Compile a tiny kernel for each arch in ``env``; raise saying why and what to do if one
-    fails."""
+    fails. With ``cache``: a probe that passed with the same toolkit files, host compiler and
+    arches is not compiled again (:mod:`.probememo`)."""
+    from pinwheel.compile.toolchain import probememo
+
+    probe_key = probememo.key(nvcc, arches, env, _PROBE)
+    if probememo.passed(cache, probe_key):
+        return
+    _probe(nvcc, arches, env=env)
+    probememo.remember(cache, probe_key, arches)
+
+
+def _probe(nvcc: Path, arches: tuple[str, ...], *, env: Mapping[str, str]) -> None:
     with tempfile.TemporaryDirectory(prefix="pinwheel-probe-") as tmp:
         src = Path(tmp) / "probe.cu"
         src.write_text(_PROBE)
