@@ -48,6 +48,15 @@ def test_a_no_change_rebuild_skips_each_phase_it_may_and_says_so(tiny: Tiny) -> 
     assert not check.did  # neither auditwheel's tag analysis nor the check ran again
     assert any(s.startswith("tag of ") for s in check.skipped)
     assert any(s.startswith("check of ") for s in check.skipped)
+    assert any(s.startswith("member digests of ") for s in check.skipped)
+    # the looked-up member digests are the wheel's own
+    from pinwheel.wheels.provenance import member_digests
+
+    (engine,) = [c for c in second.wheels.components if c.kind == "engine"]
+    published = second.wheels.out_dir / second.wheels.built[0].name
+    recorded = json.loads(second.wheels.provenance.read_text())["components"]
+    assert [c["members"] for c in recorded if c["kind"] == "engine"] == [
+        member_digests(published)]  # fmt: skip
     assert _phase(second, "build sources").skipped
     export = _phase(second, "export")
     assert "0 file(s) written" in export.did[0]
@@ -148,6 +157,34 @@ def test_a_hostile_memo_is_a_miss(tmp_path: Path) -> None:
         record.unlink(missing_ok=True)
     os.mkfifo(record)
     assert memo.sha(f).sha256 == first.sha256  # the FIFO is not read (no hang)
+
+
+def test_a_hostile_member_digest_memo_is_a_miss(tmp_path: Path) -> None:
+    """A member-digest record that is not the wheel's own shape (control characters, a
+    non-hex digest, a FIFO, a link): the members are read from the wheel again."""
+    import zipfile
+
+    from pinwheel.wheels.provenance import member_digests
+
+    wheel = tmp_path / "w-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("w/__init__.py", "x = 1\n")
+    sha = "c" * 64
+    memo = Memo(tmp_path / "memo")
+    truth = member_digests(wheel)
+    assert memo.members(wheel, sha) == truth
+    record = tmp_path / "memo" / "members" / f"{sha}.json"
+    assert record.is_file()
+    assert memo.members(wheel, sha) == truth and memo.note.skipped  # looked up
+    for members in ({"w/__init__.py": "\x1b[2J" + "0" * 60}, {"w/__init__.py": "Z" * 64},
+                    {"w/__init__.py": 7}, {}):  # fmt: skip
+        record.write_text(json.dumps({"format": 1, "members": members}))
+        assert memo.members(wheel, sha) == truth, members
+    record.unlink()
+    os.mkfifo(record)
+    assert memo.members(wheel, sha) == truth  # the FIFO is not read (no hang)
+    assert memo.members(wheel, "../../x") == truth  # no such key is looked up or written
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_the_cli_prints_and_emits_the_phase_table(tiny: Tiny) -> None:  # noqa: F811

@@ -99,6 +99,29 @@ class Memo:
             self._write(side, {"stamp": got.stamp.to_json()})
         return got
 
+    # ------------------------------------------------------------------ member digests
+
+    def members(self, wheel: Path, sha256: str) -> dict[str, str]:
+        """:func:`pinwheel.wheels.provenance.member_digests` of ``wheel`` (whose bytes have
+        ``sha256``), looked up by that sha256 first: a no-change build of the engine read
+        and hashed every member of its 55 MB wheel again."""
+        from pinwheel import validate
+        from pinwheel.wheels.provenance import member_digests
+
+        path = self.root / "members" / f"{sha256}.json" if validate.is_sha256(sha256) else None
+        memo = self._read(path) if path is not None else None
+        got = memo.get("members") if memo is not None else None
+        if (
+            isinstance(got, dict) and got
+            and all(isinstance(k, str) and validate.is_sha256(v) for k, v in got.items())
+        ):  # fmt: skip
+            self.note.skip(f"member digests of {wheel.name}: its sha256 was listed before")
+            return dict(got)
+        digests = member_digests(wheel)
+        if path is not None:
+            self._write(path, {"members": digests})
+        return digests
+
     # ------------------------------------------------------------------ tagging
 
     def tagged(self, built: Sequence[Built]) -> tuple[list[Built], dict[str, TagDecision]]:

@@ -457,6 +457,7 @@ def _publish(
             built, request.out_dir, spec=spec, receipt=payload, label=label,
             checker=timed(memo.checker() if memo else check_wheels),
             tagger=timed(memo.tagged) if memo else timed(_plain_tagger),
+            members=memo.members if memo else None,
         )  # fmt: skip
         total = time.monotonic() - started
         if memo is None:

@@ -139,6 +139,7 @@ def publish(
     label: str | Callable[[Built], str] | None = None,
     checker: Callable[..., CheckReport] = check_wheels,
     tagger: Callable[[Sequence[Built]], tuple[list[Built], dict[str, Any]]] | None = None,
+    members: Callable[[Path, str], dict[str, str]] | None = None,
 ) -> WheelSet:
     """Check ``built``, then make ``out_dir`` hold them plus the earlier wheels they don't replace.
 
@@ -149,7 +150,8 @@ def publish(
     its local label; a wheel built without it (an out-of-tree kernel keeps upstream's
     version) is relabelled, and its record says from what. ``checker``/``tagger``: the
     check and the tagging step (a caller may pass ones that look up work already done
-    for the same bytes, :mod:`pinwheel.compile.checkmemo`).
+    for the same bytes, :mod:`pinwheel.compile.checkmemo`); ``members``: each member's
+    sha256 of a wheel given with its own sha256 (default: read from the wheel).
     """
     out_dir = Path(out_dir).absolute()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -200,7 +202,7 @@ def publish(
             checked = next(w for w in report.wheels if w.wheel == target.name)
             record["floor"] = checked.floor.to_json()
             # Two builders compare member by member without exchanging wheels.
-            record["members"] = member_digests(target)
+            record["members"] = (members or _member_digests)(target, digests[target.name])
             if target.name in tags:
                 record["platform_tag"] = tags[target.name].to_json()
             if label is not None:
@@ -239,6 +241,10 @@ def publish(
         report=report,
         components=tuple(built),
     )
+
+
+def _member_digests(wheel: Path, _sha256: str) -> dict[str, str]:
+    return member_digests(wheel)
 
 
 def _labelled(
