@@ -173,7 +173,8 @@ def upstream(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS)
 def lock(session: nox.Session) -> None:
-    """Regenerate every hashed lock in locks/ (uv pip compile) and show the diff; after
-    merging a branch that adds a dependency, run this and commit locks/."""
+    """Regenerate every hashed lock in locks/ and the manifests' torch locks (uv pip compile)
+    and show the diff; after merging a branch that adds a dependency, run this and commit
+    locks/ (and a rewritten torch lock with its manifest)."""
     _install_locked(session, "tests")  # uv comes with the test extra
     session.run("pinwheel", "lock", "--tools", *session.posargs)

@@ -21,6 +21,8 @@ a shell, pip or a file system:
 - :func:`identifier_problem`: names that become file names, shell words or CLI values.
 - :func:`env_key_problem`: environment variable names.
 - :func:`version_problem`: PEP 440 versions (with a local label).
+- :func:`python_minor_problem` / :func:`python_platform_problem`: the ``3.12`` and the
+  ``x86_64-manylinux_2_28`` a resolver (uv) is asked to resolve for.
 - :func:`rel_path_problem`: relative paths that stay inside their root.
 - :func:`line_problem`: free text that must stay one printable line.
 """
@@ -430,6 +432,27 @@ def version_problem(value: object) -> str | None:
         Version(value)
     except (InvalidVersion, ValueError):
         return why
+    return None
+
+
+_PYTHON_MINOR = re.compile(r"3\.[0-9]{1,2}")
+# uv's --python-platform targets: a machine, then an optional libc/OS tag
+# (x86_64-manylinux_2_28, aarch64-manylinux_2_28, x86_64-unknown-linux-gnu, linux).
+_PYTHON_PLATFORM = re.compile(r"[a-z0-9_]{1,32}(?:-[a-z0-9_.]{1,32}){0,3}")
+
+
+def python_minor_problem(value: object) -> str | None:
+    """A Python minor version as a resolver takes it: ``3.12`` (no patch, no spaces)."""
+    if not isinstance(value, str) or not _PYTHON_MINOR.fullmatch(value):
+        return 'a Python minor version like "3.12"'
+    return None
+
+
+def python_platform_problem(value: object) -> str | None:
+    """A platform a resolver targets, like ``x86_64-manylinux_2_28``: lowercase letters,
+    digits, ``_`` and ``.`` in at most four ``-``-joined parts, never option-shaped."""
+    if not isinstance(value, str) or not _PYTHON_PLATFORM.fullmatch(value):
+        return "a platform like x86_64-manylinux_2_28 (letters, digits, _ . and -, no leading -)"
     return None
 
 

@@ -198,10 +198,12 @@ def cmd_lock(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _lock_tools(ctx: Context, args: argparse.Namespace) -> int:
-    """``lock --tools``: regenerate the hashed locks in locks/ and show what moved."""
+    """``lock --tools``: regenerate the hashed locks in locks/ and the torch locks the
+    repository's manifests pin, and show what moved."""
     import shutil
     import sys
 
+    from pinwheel.compile import torchlocks
     from pinwheel.compile.toollocks import LockError, refresh, repo_root
 
     root = repo_root()
@@ -219,6 +221,11 @@ def _lock_tools(ctx: Context, args: argparse.Namespace) -> int:
             where="lock --tools",
             next="run it through tools/replay (its venv has uv) or `nox -s lock`",
         )
+    # The torch locks first: one that no longer fits its manifest stops before anything is
+    # written.
+    torch = torchlocks.refresh(
+        torchlocks.TorchLockRequest(root, uv, ctx.environ, check=args.check)
+    )
     done = refresh(root, uv, ctx.environ, check=args.check)
     lines = []
     for r in done:
@@ -227,11 +234,27 @@ def _lock_tools(ctx: Context, args: argparse.Namespace) -> int:
         if r.changed and not r.diff:
             lines.append("  same versions, new hashes (a file was added or removed upstream)")
         lines += ["  " + d for d in r.diff.splitlines()]
+    for t in torch:
+        state = "unchanged" if not t.changed else ("would change" if args.check else "rewritten")
+        lines.append(f"{t.path}: sha256 {t.new_sha256} ({state}; torch {t.torch} for "
+                     f"{t.platform}, [build.torch_lock] of {t.manifest})")  # fmt: skip
+        if t.changed:
+            if not t.diff:
+                lines.append("  same versions: new hashes or a new header")
+            lines += ["  " + d for d in t.diff.splitlines()]
+            verb = "would be" if args.check else "is"
+            lines.append(f"  {t.manifest} [build.torch_lock] sha256 {verb} {t.new_sha256} "
+                         f"(was {t.old_sha256})")  # fmt: skip
     ctx.emit(
-        {"locks": [{**r.__dict__, "changed": r.changed} for r in done], "check": args.check},
+        {
+            "locks": [{**r.__dict__, "changed": r.changed} for r in done],
+            "torch_locks": [{**t.__dict__, "changed": t.changed} for t in torch],
+            "check": args.check,
+        },
         "\n".join(lines),
     )
-    return 1 if args.check and any(r.changed for r in done) else 0
+    changed = any(r.changed for r in done) or any(t.changed for t in torch)
+    return 1 if args.check and changed else 0
 
 
 def _lock_value(value: Any) -> str:
@@ -364,7 +387,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--tools", action="store_true",
         help="instead: regenerate the hashed locks in locks/ (pinwheel's own environments, nox, "
-        "the build tools) with uv and show the diff",
+        "the build tools) and the torch locks of manifest.toml and recipes/*/manifest.toml "
+        "([build.torch_lock], its sha256 with it) with uv and show the diff",
     )  # fmt: skip
     p.add_argument("--check", action="store_true",
                    help="with --tools: write nothing; exit 1 when a lock would change")

@@ -43,10 +43,11 @@ from pinwheel.compile import (
     objstore,
     reuse,
     toollocks,
+    torchlocks,
     workspace,
 )
 from pinwheel.compile.buildenv import build_env, declared_base
-from pinwheel.compile.buildvenv import ensure_build_venv, parse_requirements
+from pinwheel.compile.buildvenv import ensure_build_venv
 from pinwheel.compile.canonical import CANONICAL_ROOT, Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
 from pinwheel.compile.invalidate import after_update
@@ -63,7 +64,6 @@ from pinwheel.manifest.build import (  # noqa: F401
     parse_kernel_tables,
 )
 from pinwheel.manifest.component import by_name, component_manifest
-from pinwheel.manifest.targets import lock_cuda, locked_torch_problems
 from pinwheel.options import HostEnvironment
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
@@ -286,12 +286,13 @@ def how_to_lock_torch(config: BuildConfig, machine: str | None = None) -> str:
     index (``[build] torch_index``, else PyPI) can be reached."""
     machine = machine or platform.machine()
     name = f"torch-{config.torch}-cp{config.python.replace('.', '')}-{machine}.txt"
-    index = f" --index-url {config.torch_index}" if config.torch_index else ""
+    command = torchlocks.by_hand(
+        str(config.torch), config.python, f"{machine}-{torchlocks.PLATFORM_TAIL}",
+        config.torch_index, name,
+    )  # fmt: skip
     return (
         f"write the lock where {config.torch_index or 'PyPI'} can be reached: "
-        f"printf 'torch=={config.torch}\\n' | uv pip compile --generate-hashes "
-        f"--python-version {config.python} --python-platform {machine}-manylinux_2_28{index} "
-        f"--no-emit-index-url --no-emit-find-links - -o {name}; then set [build.torch_lock] "
+        f"{command}; then set [build.torch_lock] "
         f'path = "{name}" (beside the manifest) and sha256 = the output of `sha256sum {name}` '
         "(docs/build.md, \"torch by hash\"); or point PINWHEEL_TORCH_PYTHON at a Python "
         f"that holds torch {config.torch}"
@@ -313,24 +314,9 @@ def torch_lock(config: BuildConfig) -> Requirements:
             next=how_to_lock_torch(config),
         )
     where = f"[build.{key}] ({reqs.path.name})"
-    pins = parse_requirements(reqs.path.read_text(), reqs.path.name)
-    version, hashes = pins.get("torch", (None, ()))
-    if version is None or version.split("+")[0] != str(config.torch).split("+")[0] or not hashes:
-        raise ManifestError(
-            f"[build] torch = {config.torch}, but {reqs.path.name} pins torch "
-            f"{version or 'not at all'}: torch is installed only by the lock's hash",
-            where=where,
-            next=how_to_lock_torch(config),
-        )
-    built = lock_cuda({name: pin[0] for name, pin in pins.items()})
-    problems = (
-        locked_torch_problems(config.cuda, config.arches, version, built, reqs.path.name)
-        if built is not None
-        else []
-    )
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ManifestError(problems[0].what + more, where=where, next=problems[0].fix)
+    bad = torchlocks.misfit(config, reqs.path.read_text(), reqs.path.name)
+    if bad is not None:
+        raise ManifestError(bad.what, where=where, next=bad.fix or how_to_lock_torch(config))
     return reqs
 
 

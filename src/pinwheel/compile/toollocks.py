@@ -14,7 +14,8 @@ Python, no index URL, no machine path), committed to the repository:
   scikit-build-core, cmake, ninja).
 
 ``pinwheel lock --tools`` (and ``nox -s lock``) regenerates them all with
-:func:`refresh` and shows the diff. In: the repository root and a uv binary.
+:func:`refresh` and shows the diff (and, with :mod:`pinwheel.compile.torchlocks`, the
+torch locks the repository's manifests pin). In: the repository root and a uv binary.
 Out: :class:`Refreshed` per lock (old and new digest, the unified diff).
 """
 
@@ -127,9 +128,10 @@ class Refreshed:
 
 
 def _compile_cmd(uv: str, spec: LockSpec, out: Path, constraints: Path | None) -> list[str]:
-    cmd = [uv, "pip", "compile", "--quiet", "--generate-hashes", "--universal",
-           "--python-version", PYTHON_FLOOR, "--no-emit-index-url", "--no-emit-find-links",
-           "--output-file", str(out)]  # fmt: skip
+    # --no-python-downloads: uv never fetches an interpreter (the lock needs none of its own)
+    cmd = [uv, "pip", "compile", "--quiet", "--no-python-downloads", "--generate-hashes",
+           "--universal", "--python-version", PYTHON_FLOOR, "--no-emit-index-url",
+           "--no-emit-find-links", "--output-file", str(out)]  # fmt: skip
     if spec.project:
         cmd += ["pyproject.toml", f"{LOCK_DIR}/{BUILD_SYSTEM_IN}"]
         for extra in spec.extras:
@@ -141,11 +143,12 @@ def _compile_cmd(uv: str, spec: LockSpec, out: Path, constraints: Path | None) -
     return cmd
 
 
-def _env(environ: Mapping[str, str]) -> dict[str, str]:
+def uv_environment(environ: Mapping[str, str], command: str = COMMAND) -> dict[str, str]:
     """uv's environment: the caller's minus every UV_/PIP_ setting (an extra index or a
-    find-links folder of this machine must not decide the pins), plus the header command."""
+    find-links folder of this machine must not decide the pins), plus the header command
+    (what the lock's header says made it)."""
     env = {k: v for k, v in environ.items() if not k.startswith(("UV_", "PIP_"))}
-    env["UV_CUSTOM_COMPILE_COMMAND"] = COMMAND
+    env["UV_CUSTOM_COMPILE_COMMAND"] = command
     env["UV_NO_CONFIG"] = "1"
     return env
 
@@ -165,7 +168,7 @@ def refresh(
     ``check``: write nothing, only report what would change.
     """
     specs = [by_name(n) for n in names] if names else list(LOCKS)
-    env = _env(environ)
+    env = uv_environment(environ)
     done: list[Refreshed] = []
     with tempfile.TemporaryDirectory(prefix="pinwheel-lock-") as tmp:
         # uv runs in a copy of the inputs and names them relatively: the locks' comments
@@ -178,19 +181,15 @@ def refresh(
         for src in (root / LOCK_DIR).glob("*.in"):
             (stage / LOCK_DIR / src.name).write_bytes(src.read_bytes())
         joint = Path(LOCK_DIR) / JOINT.filename
-        _uv(_compile_cmd(uv, JOINT, joint, None), stage, env)
+        run_uv(_compile_cmd(uv, JOINT, joint, None), stage, env)
         for spec in (JOINT, *specs):
             out = Path(LOCK_DIR) / spec.filename
             if spec is not JOINT:
-                _uv(_compile_cmd(uv, spec, out, joint if spec.project else None), stage, env)
+                run_uv(_compile_cmd(uv, spec, out, joint if spec.project else None), stage, env)
             new = (stage / out).read_text()
             target = root / out
             old = target.read_text() if target.is_file() else None
-            diff = "".join(
-                difflib.unified_diff(
-                    _pins(old or ""), _pins(new), f"a/{out}", f"b/{out}", n=0
-                )
-            )  # fmt: skip
+            diff = pins_diff(old, new, str(out))
             if not check and new != old:
                 atomic_write_text(target, new)
             done.append(
@@ -203,6 +202,13 @@ def refresh(
     return done
 
 
+def pins_diff(old: str | None, new: str, path: str) -> str:
+    """The unified diff of two locks' pins (``path`` relative to the repository root)."""
+    return "".join(
+        difflib.unified_diff(_pins(old or ""), _pins(new), f"a/{path}", f"b/{path}", n=0)
+    )
+
+
 def _pins(text: str) -> list[str]:
     """The ``name==version`` lines of a lock (hash lines and comments left out of the diff)."""
     lines = []
@@ -213,10 +219,13 @@ def _pins(text: str) -> list[str]:
     return lines
 
 
-def _uv(cmd: list[str], root: Path, env: Mapping[str, str]) -> None:
+def run_uv(
+    cmd: Sequence[str], root: Path, env: Mapping[str, str], *, stdin: bytes | None = None
+) -> None:
+    """``uv pip compile`` in ``root`` (the staged folder), its failure a :class:`LockError`."""
     runner.run(
         runner.Command(
-            tuple(cmd), what="uv pip compile", cwd=root, env=env, error=LockError,
+            tuple(cmd), what="uv pip compile", cwd=root, env=env, error=LockError, input=stdin,
             where=" ".join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd[:4])),
             next="check the network (uv asks the package index), then run it again",
         )
