@@ -2,8 +2,9 @@
 ([build.torch_lock]) on a real uv: against a real HTTPS package index on 127.0.0.1 (a
 PEP 503 folder of torch and CUDA-runtime wheels made here, under a certificate authority
 made here) named by the manifest's [build] torch_index, in checkouts made in tmp_path. The
-opt-in test at the end (`pytest -m network`) refreshes a system manifest's lock against
-the real index and compares it with the committed one.
+opt-in tests at the end (`pytest -m network`, skipped when the index cannot be reached)
+refresh a system manifest's lock against the real index and compare it with the committed
+bytes, and run `pinwheel --json lock --tools --check` on this checkout.
 """
 
 from __future__ import annotations
@@ -397,3 +398,36 @@ def test_a_system_manifests_torch_lock_refreshes_to_the_committed_bytes(tmp_path
         "the index moved: `pinwheel lock --tools` would rewrite it\n" + diff
     )
     assert manifest.load(repo / "recipes" / "sm120-tp2" / "manifest.toml").build.torch_lock
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_lock_tools_check_reports_each_manifests_torch_lock_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command on this checkout: every tool lock and both system torch locks resolved,
+    nothing written (git's view of the files before and after is the same)."""
+    import json
+
+    from pinwheel.cli import main
+
+    if not _index_reachable(_uv(), tmp_path):
+        pytest.skip("the package index cannot be reached from here")
+    watched = [ROOT / "manifest.toml", ROOT / "recipes" / "sm120-tp2" / "manifest.toml",
+               *sorted((ROOT / "locks").glob("*.txt")), *sorted(ROOT.glob("recipes/*/*.txt"))]  # fmt: skip
+    before = {p: p.read_bytes() for p in watched}
+    code = main(["--json", "lock", "--tools", "--check"])
+    doc = json.loads(capsys.readouterr().out)
+    assert {p: p.read_bytes() for p in watched} == before
+    assert doc["check"] is True
+    torch = {t["manifest"]: t for t in doc["torch_locks"]}
+    assert set(torch) == {"manifest.toml", "recipes/sm120-tp2/manifest.toml"}
+    assert torch["manifest.toml"]["path"] == "locks/torch-2.10.0-cp312-x86_64.txt"
+    assert torch["recipes/sm120-tp2/manifest.toml"]["torch"] == "2.11.0"
+    for t in torch.values():
+        # the sha256 the manifest pins now is the one --check compared against
+        loaded = manifest.load(ROOT / t["manifest"]).build.torch_lock
+        assert t["old_sha256"] == loaded.sha256
+        assert t["platform"] == "x86_64-manylinux_2_28"
+    changed = any(lock["changed"] for lock in doc["locks"] + doc["torch_locks"])
+    assert code == (1 if changed else 0)
