@@ -5,13 +5,13 @@ test dependency: under ``PINWHEEL_CI=1`` the skip fails, tests/conftest.py)."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+
+from tcpport import free_port, wait_listening
 
 
 @contextmanager
@@ -20,24 +20,14 @@ def running_redis(*extra: str) -> Iterator[int]:
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("no redis-server binary (Debian: apt-get install redis-server)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     proc = subprocess.Popen(
         [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
          "no", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError(f"redis-server: nothing listens on 127.0.0.1:{port}")
+        wait_listening(port, 10, "redis-server")
         yield port
     finally:
         proc.terminate()

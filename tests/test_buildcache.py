@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import socket
 import subprocess
-import sys
-import time
 import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from motoserver import CREDENTIALS as moto_credentials
+from motoserver import running_moto
 from pinwheel.compile import compcache, reuse
 from pinwheel.compile.pipeline import build as run_build
 from pinwheel.errors import ManifestError, VerifyError
@@ -28,6 +27,7 @@ from pinwheel.options import host as host_of
 from pinwheel.source.export import export_tree
 from pinwheel.wheels.provenance import component, read_receipt
 from redisserver import running_redis
+from tcpport import free_port
 from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
 
 SCCACHE = compcache.find_sccache(host_of({"PATH": ""}))
@@ -76,15 +76,9 @@ def test_environment_overrides_the_manifest(tmp_path: Path) -> None:
     assert off.record() == {"backend": "local", "enabled": False, "reason": off.disabled}
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @needs_sccache
 def test_unreachable_redis_builds_without_the_cache_and_says_so(tiny: Tiny) -> None:  # noqa: F811
-    port = _closed_port()
+    port = free_port()
     manifest = tiny.manifest(name="redis.toml")
     manifest.write_text(
         manifest.read_text()
@@ -188,47 +182,21 @@ def test_redis_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> No
         assert objects[0] == objects[1]
 
 
-def _moto_server() -> str | None:
-    beside = Path(sys.executable).parent / "moto_server"
-    return str(beside) if beside.is_file() else shutil.which("moto_server")
-
-
 @needs_sccache
 def test_s3_backend_serves_a_hit_to_a_fresh_local_state(tmp_path: Path) -> None:
     """sccache's real S3 client against moto's S3-compatible HTTP server on 127.0.0.1:
     a stand-in for S3 (no S3 store is reachable here); the bucket, keys and objects
     go over real HTTP."""
-    server = _moto_server()
-    if server is None:
-        pytest.skip("no moto_server (pip install 'moto[s3]' flask flask-cors)")
-    port = _closed_port()
-    moto = subprocess.Popen(
-        [server, "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while compcache._tcp(endpoint, 80) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/pw-cache", method="PUT"))
+    with running_moto("pw-cache") as endpoint:
         src = tmp_path / "k.c"
         src.write_text("int k(int x) { return 7 * x + 3; }\n")
         config = CacheConfig(
             backend="s3", endpoint=endpoint, bucket="pw-cache", region="us-east-1", prefix="cu124"
         )
-        environ = {
-            "PATH": "/usr/bin:/bin",
-            "HOME": str(tmp_path),
-            "AWS_ACCESS_KEY_ID": "testing",  # moto accepts any key; none is in the manifest
-            "AWS_SECRET_ACCESS_KEY": "testing",
-        }
+        # moto accepts any key (motoserver.CREDENTIALS); none is in the manifest
+        environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **moto_credentials}
         stats, objects = _twice_through_a_remote(config, environ, src, tmp_path)
         listing = urllib.request.urlopen(f"{endpoint}/pw-cache?list-type=2").read().decode()
-    finally:
-        moto.terminate()
-        moto.wait(timeout=10)
     assert (stats[0]["hits"], stats[0]["misses"]) == (0, 1)
     assert (stats[1]["hits"], stats[1]["misses"]) == (1, 0)
     assert stats[1]["backend"] == "s3"

@@ -16,9 +16,7 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
 import threading
-import time
 import urllib.request
 import zipfile
 from collections.abc import Iterator
@@ -26,33 +24,19 @@ from pathlib import Path
 
 import pytest
 
+from motoserver import CREDENTIALS as AWS
+from motoserver import running_moto
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import compcache, objbackends, objstore
 from pinwheel.manifest.build import CacheConfig
 from pinwheel.options import host as host_of
 from redisserver import running_redis
+from tcpport import free_port
 
 WHEEL = "tiny-1.0-cp311-cp311-linux_x86_64.whl"
 IDENT = {"builder": "engine", "nvcc": "12.4", "python": "3.11"}
 MATCH = {"tree": "ab" * 32, "version": "1.0", "source_date_epoch": 1700000000, "flags": {}}
 RECORD = {"identity": IDENT, "tree": "t", "compiled_members": {"tiny/_C.so": "cd" * 32}}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(port: int, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
 
 
 def _wheel(tmp: Path, payload: bytes = b"\x7fELF" + bytes(range(256)) * 64) -> Path:
@@ -153,7 +137,7 @@ def test_a_dead_redis_is_no_store_and_a_miss_with_a_message(redis_port, tmp_path
     plan = _redis_plan(tmp_path / "a", redis_port)
     store, _ = objstore.for_plan(plan, cold=False)
     assert store is not None
-    port = _free_port()
+    port = free_port()
     dead = _redis_plan(tmp_path / "b", port)
     none, why = objstore.for_plan(dead, cold=False)
     assert none is None and why.startswith("the redis store is unreachable: ")
@@ -227,33 +211,10 @@ def test_a_hostile_redis_reply_is_refused_bounded(reply: bytes, said: str) -> No
 # --------------------------------------------------------------------------- s3
 
 
-def _moto_server() -> str | None:
-    beside = Path(sys.executable).parent / "moto_server"
-    return str(beside) if beside.is_file() else shutil.which("moto_server")
-
-
 @pytest.fixture
 def moto_endpoint() -> Iterator[str]:
-    server = _moto_server()
-    if server is None:
-        pytest.skip("no moto_server (pip install 'moto[s3]' flask flask-cors)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [server, "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        _wait(port, 30)
-        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/pw-cache", method="PUT"))
+    with running_moto("pw-cache") as endpoint:
         yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
 def _s3_plan(cache: Path, endpoint: str) -> compcache.Plan:
@@ -307,7 +268,7 @@ def test_a_hostile_s3_answer_is_refused_bounded(reply: bytes, said: str) -> None
 
 
 def test_a_dead_s3_endpoint_is_no_store_with_a_message(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     none, why = objstore.for_plan(
         _s3_plan(tmp_path, f"http://127.0.0.1:{port}"), cold=False, aws=host_of(AWS).sccache.aws
     )

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import zipfile
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from pinwheel.compile.pipeline import build as run_build
 from pinwheel.options import host as host_of
 from pinwheel.wheels.provenance import component, read_receipt
 from redisserver import running_redis
+from tcpport import free_port
 from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
 
 
@@ -182,9 +182,7 @@ def test_the_store_follows_the_compiler_cache_backend(tmp_path: Path) -> None:
     assert objstore.for_plan(plan, cold=True)[0] is None
     off, why = objstore.for_plan(plan, cold=False, turned_off=True)
     assert off is None and "enabled = false" in why
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = free_port()  # a port nothing listens on
     dead = {"PATH": "", "SCCACHE_REDIS": f"redis://127.0.0.1:{closed}"}
     none, why = objstore.for_plan(compcache.plan(CacheConfig(), tmp_path, host_of(dead)), cold=False)
     assert none is None and "redis store is unreachable" in why and str(closed) in why
