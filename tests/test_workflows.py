@@ -14,6 +14,7 @@ sessions and pinwheel commands that exist, with options the CLI accepts.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import re
@@ -1113,11 +1114,24 @@ def run_step(
     )
 
 
-def test_release_steps_sign_and_upload_exactly_the_release(tmp_path: Path) -> None:
-    # The assemble and publish steps' own scripts, on a real build output, with the
-    # real pinwheel release/publish and ssh-keygen. Stand-ins: `gh` (needs GitHub)
-    # records its arguments; tools/replay is the installed pinwheel (its venv
-    # bootstrap is tested in test_launcher.py).
+@dataclasses.dataclass(frozen=True)
+class ReleaseCheckout:
+    """A runner's checkout for release.yml's steps: a pinned build of one engine wheel
+    (``wheel``), a manifest naming the signers and ``acme/engine``, the signing key,
+    tools/replay (the installed pinwheel: its venv bootstrap is tested in
+    test_launcher.py), and `gh` first on PATH: a stand-in (it needs GitHub) that records
+    its arguments in ``gh_log``."""
+
+    work: Path
+    temp: Path  # RUNNER_TEMP
+    launcher: Path
+    key: Path
+    wheel: Path
+    gh_log: Path
+    env: dict[str, str]
+
+
+def release_checkout(tmp_path: Path, requires_dist: tuple[str, ...] = ()) -> ReleaseCheckout:
     from pinwheel.checksums import sha256_file
     from releasekit import make_key, make_wheel, write_manifest, write_provenance
 
@@ -1132,26 +1146,51 @@ def test_release_steps_sign_and_upload_exactly_the_release(tmp_path: Path) -> No
     gh = bin_dir / "gh"
     gh.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{gh_log}"\n')
     gh.chmod(0o755)
-    made = make_wheel(work / "wheels", "engine", "1.0", payload=1000)
+    made = make_wheel(work / "wheels", "engine", "1.0", payload=1000, requires_dist=requires_dist)
     write_provenance(work / "wheels", {made.name: sha256_file(made)})  # a pinned build
     key, _ = make_key(work / "keys")
-    write_manifest(
-        work,
-        release='[release]\nallowed_signers = "keys/allowed_signers"\n'
-        '[release.github]\nrepo = "acme/engine"\n',
-    )
+    write_manifest(work, release='[release]\nallowed_signers = "keys/allowed_signers"\n'
+                   '[release.github]\nrepo = "acme/engine"\n')  # fmt: skip
     env = {**os.environ, "RUNNER_TEMP": str(temp), "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "MANIFEST": "manifest.toml"}  # fmt: skip
-    jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
-    secret = key.read_text()
+    return ReleaseCheckout(work, temp, launcher, key, made, gh_log, env)
+
+
+def run_signing_steps(job: dict[str, Any], signs: str, checkout: ReleaseCheckout) -> str:
+    """``job``'s key steps around the one named ``signs``: the key written from SIGN_KEY
+    (given only to a step whose env names it), used, removed; each must pass. Their output."""
     outputs = ""
-    for name in ("Write the signing key", "SHA256SUMS, signature", "Remove the signing key"):
-        step = step_named(jobs["assemble"], name)
-        step_env = {**env, "SIGN_KEY": secret} if "SIGN_KEY" in (step.get("env") or {}) else env
-        result = run_step({**step, "env": {}}, work, step_env)
+    for name in ("Write the signing key", signs, "Remove the signing key"):
+        step = step_named(job, name)
+        step_env = checkout.env
+        if "SIGN_KEY" in (step.get("env") or {}):
+            step_env = {**step_env, "SIGN_KEY": checkout.key.read_text()}
+        result = run_step({**step, "env": {}}, checkout.work, step_env)
         assert result.returncode == 0, result.stderr
         outputs += result.stdout + result.stderr
-    assert not (temp / "sign_key").exists(), "the signing key outlived the job"
+    assert not (checkout.temp / "sign_key").exists(), "the signing key outlived the job"
+    return outputs
+
+
+def run_upload(
+    step: dict[str, Any], checkout: ReleaseCheckout, repo: str = "acme/engine"
+) -> tuple[list[str] | None, subprocess.CompletedProcess[str]]:
+    """An upload step run with GH_REPO ``repo`` and the tag kit-20261010; the stand-in
+    gh's arguments (none when it was not called) and the step's result."""
+    checkout.gh_log.unlink(missing_ok=True)
+    env_gh = {"GH_TOKEN": "t", "GH_REPO": repo, "TAG": "kit-20261010"}
+    result = run_step({**step, "env": env_gh}, checkout.work, checkout.env)
+    called = checkout.gh_log.exists()
+    return (checkout.gh_log.read_text().splitlines() if called else None), result
+
+
+def test_release_steps_sign_and_upload_exactly_the_release(tmp_path: Path) -> None:
+    # The assemble and publish steps' own scripts, on a real build output, with the
+    # real pinwheel release/publish and ssh-keygen; stand-ins: release_checkout's.
+    checkout = release_checkout(tmp_path)
+    work, env = checkout.work, checkout.env
+    jobs = load_workflow(WORKFLOWS / "release.yml")["jobs"]
+    outputs = run_signing_steps(jobs["assemble"], "SHA256SUMS, signature", checkout)
     assert "PRIVATE KEY" not in outputs
     release = work / "release"
     assert (release / "SHA256SUMS.sig").is_file() and (release / "RELEASE_NOTES.md").is_file()
@@ -1159,10 +1198,8 @@ def test_release_steps_sign_and_upload_exactly_the_release(tmp_path: Path) -> No
     verify = step_named(jobs["publish"], "Verify the release")
     assert run_step(verify, work, env).returncode == 0
     upload = step_named(jobs["publish"], "GitHub release")
-    env_gh = {"GH_TOKEN": "t", "GH_REPO": "acme/engine", "TAG": "kit-20261010"}
-    result = run_step({**upload, "env": env_gh}, work, env)
-    assert result.returncode == 0, result.stderr
-    args = gh_log.read_text().splitlines()
+    args, result = run_upload(upload, checkout)
+    assert result.returncode == 0 and args is not None, result.stderr
     assert args[:6] == [
         "release",
         "create",
@@ -1175,10 +1212,9 @@ def test_release_steps_sign_and_upload_exactly_the_release(tmp_path: Path) -> No
     assert args[6] == "release/RELEASE_NOTES.md" and args[7:9] == ["--", "kit-20261010"]
     assert sorted(Path(a).name for a in args[9:]) == sorted(p.name for p in release.iterdir())
 
-    gh_log.unlink()
-    wrong = run_step({**upload, "env": {**env_gh, "GH_REPO": "other/fork"}}, work, env)
+    args, wrong = run_upload(upload, checkout, repo="other/fork")
     assert wrong.returncode == 2 and "not other/fork@kit-20261010" in wrong.stdout
-    assert not gh_log.exists(), "uploaded to a repository the manifest does not name"
+    assert args is None, "uploaded to a repository the manifest does not name"
 
 
 def test_the_runtime_lock_qualification_writes_ships_in_the_release_signed_again(
@@ -1191,29 +1227,13 @@ def test_the_runtime_lock_qualification_writes_ships_in_the_release_signed_again
     installed pinwheel; the Sigstore bundle the attest action makes is the real one from
     tests/fixtures/sigstore (relock-publish only moves and uploads it)."""
     from pinwheel.checksums import sha256_file
-    from releasekit import ReleaseServer, make_key, make_wheel, write_manifest, write_provenance
+    from releasekit import ReleaseServer, make_wheel
 
-    work, bin_dir, temp = tmp_path / "work", tmp_path / "bin", tmp_path / "runner-temp"
-    for d in (work / "tools", bin_dir, temp):
-        d.mkdir(parents=True)
-    pinwheel = Path(sys.executable).parent / "pinwheel"
-    launcher = work / "tools" / "replay"
-    launcher.write_text(f'#!/bin/sh\nexec "{pinwheel}" "$@"\n')
-    launcher.chmod(0o755)
-    gh_log = tmp_path / "gh.log"
-    (bin_dir / "gh").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{gh_log}"\n')
-    (bin_dir / "gh").chmod(0o755)
-    made = make_wheel(work / "wheels", "engine", "1.0", payload=1000,
-                      requires_dist=("pwdep==2.0",))  # fmt: skip
+    checkout = release_checkout(tmp_path, requires_dist=("pwdep==2.0",))
+    work, env, made = checkout.work, checkout.env, checkout.wheel
     dep = make_wheel(tmp_path / "served", "pwdep", "2.0", payload=500)
-    write_provenance(work / "wheels", {made.name: sha256_file(made)})
-    key, _ = make_key(work / "keys")
-    write_manifest(work, release='[release]\nallowed_signers = "keys/allowed_signers"\n'
-                   '[release.github]\nrepo = "acme/engine"\n')  # fmt: skip
-    env = {**os.environ, "RUNNER_TEMP": str(temp), "PATH": f"{bin_dir}:{os.environ['PATH']}",
-           "MANIFEST": "manifest.toml"}  # fmt: skip
-    assert subprocess.run([str(launcher), "--manifest", "manifest.toml", "release", "--key",
-                           str(key), "--out", str(tmp_path / "published")], cwd=work,
+    assert subprocess.run([str(checkout.launcher), "--manifest", "manifest.toml", "release",
+                           "--key", str(checkout.key), "--out", str(tmp_path / "published")], cwd=work,
                           env=env, capture_output=True).returncode == 0  # fmt: skip
 
     # gpu-qualify: the venv qualification ran in, then its runtime-lock step.
@@ -1262,13 +1282,7 @@ def test_the_runtime_lock_qualification_writes_ships_in_the_release_signed_again
     gh_out.write_text("")
     assert run_step(check, work, {**env, "GITHUB_OUTPUT": str(gh_out)}).returncode == 0
     assert gh_out.read_text() == "found=true\n"
-    for name in ("Write the signing key", "The release again", "Remove the signing key"):
-        step = step_named(jobs["relock"], name)
-        step_env = {**env, "SIGN_KEY": key.read_text()} if "SIGN_KEY" in (
-            step.get("env") or {}) else env  # fmt: skip
-        result = run_step({**step, "env": {}}, work, step_env)
-        assert result.returncode == 0, result.stderr
-    assert not (temp / "sign_key").exists()
+    run_signing_steps(jobs["relock"], "The release again", checkout)
     release = work / "release"
     sums = (release / "SHA256SUMS").read_text()
     assert f"{sha256_file(release / 'pylock.toml')}  pylock.toml" in sums
@@ -1281,11 +1295,8 @@ def test_the_runtime_lock_qualification_writes_ships_in_the_release_signed_again
     for name in ("The Sigstore bundle beside", "Verify the release"):
         result = run_step(step_named(pub, name), work, env)
         assert result.returncode == 0, result.stderr
-    upload = step_named(pub, "Replace the GitHub release")
-    env_gh = {"GH_TOKEN": "t", "GH_REPO": "acme/engine", "TAG": "kit-20261010"}
-    result = run_step({**upload, "env": env_gh}, work, env)
-    assert result.returncode == 0, result.stderr
-    args = gh_log.read_text().splitlines()
+    args, result = run_upload(step_named(pub, "Replace the GitHub release"), checkout)
+    assert result.returncode == 0 and args is not None, result.stderr
     assert args[:5] == ["release", "upload", "--clobber", "--", "kit-20261010"]
     uploaded = sorted(Path(a).name for a in args[5:])
     assert uploaded == sorted(p.name for p in release.iterdir())
