@@ -374,6 +374,6 @@ def test_the_cache_lock_and_filelock_see_each_other(tmp_path):
     """)
     with FileLock(str(lock), timeout=0):
         out = subprocess.run([sys.executable, "-c", waiter], capture_output=True, text=True)
-        assert out.stdout.startswith("PinwheelError") and "held the cache lock" in out.stdout
+        assert out.stdout.startswith("LockBusy") and "held the cache lock" in out.stdout
     out = subprocess.run([sys.executable, "-c", waiter], capture_output=True, text=True)
     assert out.stdout.strip() == "got it", out.stdout + out.stderr

@@ -163,7 +163,7 @@ def open_regular(path: Path) -> int:
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
         if not stat.S_ISREG(mode):
-            raise NotRegular(_file_type(mode))
+            raise NotRegular(file_type(mode))
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -175,8 +175,11 @@ class NotRegular(OSError):
     """The path is a FIFO, a device or a socket: nothing pinwheel reads as a document."""
 
 
-def _file_type(mode: int) -> str:
+def file_type(mode: int) -> str:
+    """What a file of ``mode`` is, in words ("a FIFO", "a symbolic link", ...)."""
     for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
         (stat.S_ISFIFO, "a FIFO"),
         (stat.S_ISCHR, "a character device"),
         (stat.S_ISBLK, "a block device"),
@@ -286,7 +289,7 @@ def read_beneath(root: Path, rel: str, kind: Kind, *, cap: int | None = None) ->
                 if stat.S_ISDIR(mode):
                     raise fail(kind, "is a directory, not a file", where)
                 if not stat.S_ISREG(mode):
-                    raise fail(kind, f"is {_file_type(mode)}, not a regular file", where)
+                    raise fail(kind, f"is {file_type(mode)}, not a regular file", where)
                 os.set_blocking(fd, True)
             except BaseException:
                 os.close(fd)

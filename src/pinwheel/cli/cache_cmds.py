@@ -14,7 +14,7 @@ from pinwheel.manifest import load
 from pinwheel.printable import shown
 from pinwheel.progress import human_bytes
 
-if TYPE_CHECKING:  # imported where used: `pinwheel --help` loads no libgit2 or filelock
+if TYPE_CHECKING:  # imported where used: `pinwheel --help` loads no libgit2
     from pinwheel.source.cachetool import DiskUsage, Removal, RepoCheck, Usage
 
 

@@ -19,10 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
 from packaging.utils import canonicalize_name
 
-from pinwheel import runner
+from pinwheel import locking, runner
 from pinwheel.compile import pipwatch, workspace
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
@@ -98,7 +97,7 @@ def ensure_build_venv(
         name += "-" + hashlib.sha256(interpreter.encode()).hexdigest()[:8]
     final = base / name
     base.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(base / f".{final.name}.lock")):
+    with locking.held(base / f".{final.name}.lock"):
         marker = final / READY
         if not (marker.is_file() and json.loads(marker.read_text()).get("sha256") == reqs.sha256):
             if offline and wheelhouse is None:

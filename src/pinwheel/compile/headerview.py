@@ -34,8 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
-
+from pinwheel import locking
 from pinwheel.compile import workers
 from pinwheel.compile.workspace import SOURCE_MTIME
 from pinwheel.fsutil import remove_tree
@@ -97,7 +96,7 @@ def make(root: Path, cache: Path, mtime: int = SOURCE_MTIME) -> View:
     key = key_of(root)
     final = cache / "headers" / key
     final.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(final.parent / f".{key}.lock")):  # another build may be making it
+    with locking.held(final.parent / f".{key}.lock"):  # another build may be making it
         if not (final / READY).is_file():
             tmp = final.with_name(f".{key}.part-{os.getpid()}")
             remove_tree(tmp, ignore_errors=True)

@@ -36,10 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
 from packaging.utils import canonicalize_name
 
-from pinwheel import runner
+from pinwheel import locking, runner
 from pinwheel.compile import pipwatch, workers, workspace
 from pinwheel.compile.buildvenv import parse_requirements
 from pinwheel.errors import PinwheelError
@@ -148,7 +147,7 @@ def ensure(req: LockedVenvRequest, reporter: Reporter = SILENT) -> LockedVenv:
     root = Path(req.cache) / "venvs"
     final = root / f"{req.kind}-{key}"
     root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f".{final.name}.lock")):
+    with locking.held(root / f".{final.name}.lock"):
         marker = final / READY
         ok = False
         if marker.is_file():

@@ -35,12 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
-from pinwheel import archive, confine, validate
+from pinwheel import archive, confine, locking, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import stamps
-from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 
 STAMP = ".pinwheel-workspace.json"
@@ -102,15 +99,13 @@ def locked(root: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[Path]:
     root = Path(root)
     root.parent.mkdir(parents=True, exist_ok=True)
     lock_path = root.parent / f".{root.name}.lock"
-    try:
-        with FileLock(str(lock_path), timeout=timeout_s):
-            yield root
-    except Timeout:
-        raise PinwheelError(
-            f"another pinwheel build has held the workspace {root} for {timeout_s:g}s",
-            where=str(lock_path),
-            next="wait for it to finish, or pass --cache DIR to build in a separate cache",
-        ) from None
+    with locking.held(
+        lock_path,
+        timeout_s=timeout_s,
+        what=f"another pinwheel build has held the workspace {root}",
+        next="wait for it to finish, or pass --cache DIR to build in a separate cache",
+    ):
+        yield root
 
 
 def key_of(identity: Mapping[str, Any]) -> str:

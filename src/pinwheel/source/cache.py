@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pinwheel import locking
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.progress import SILENT, Reporter
@@ -147,37 +147,6 @@ def is_marked(root: Path) -> bool:
     )
 
 
-@contextlib.contextmanager
-def _flocked(path: Path, timeout_s: float) -> Iterator[None]:
-    """Hold ``flock(LOCK_EX)`` on ``path`` (created if absent, never followed if a link),
-    waiting up to ``timeout_s``: the lock filelock's ``FileLock`` takes on the same file,
-    so `pinwheel cache clean`'s probe (:mod:`pinwheel.source.cachetool`) sees it held.
-    Taken here without filelock, whose import costs a warm `pinwheel run` a fifth of its
-    time; the lock goes with the descriptor (closed on exit, or by the kernel on a kill)."""
-    import fcntl
-    import time
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise PinwheelError(
-                        f"another pinwheel run has held the cache lock for {timeout_s:g}s",
-                        where=str(path),
-                        next="wait for it to finish, or pass --cache DIR to use a separate "
-                        "cache",
-                    ) from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)
-
-
 class Cache:
     def __init__(
         self,
@@ -203,7 +172,12 @@ class Cache:
         lock_path = self.root / "locks" / f"{slug(url)}.lock"
         mark(self.root)
         lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with _flocked(lock_path, LOCK_TIMEOUT_S):
+        with locking.held(
+            lock_path,
+            timeout_s=LOCK_TIMEOUT_S,
+            what="another pinwheel run has held the cache lock",
+            next="wait for it to finish, or pass --cache DIR to use a separate cache",
+        ):
             yield self._ensure_repo(url)
 
     def _ensure_repo(self, url: str) -> Path:

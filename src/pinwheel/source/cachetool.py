@@ -17,9 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
-from pinwheel import confine, untrusted
+from pinwheel import confine, locking, untrusted
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest import Manifest
 from pinwheel.source import cache, gitcli
@@ -323,13 +321,13 @@ def _paths_of(repo: Path, objects: set[str]) -> dict[str, str]:
     return found
 
 
-def _repo_lock(root: Path, repo: Path) -> FileLock | None:
-    """The lock a run holds while it uses ``repo`` (``locks/<slug>.lock``), or None."""
+def _repo_lock(root: Path, repo: Path) -> Path | None:
+    """The lock file a run holds while it uses ``repo`` (``locks/<slug>.lock``), or None."""
     if repo.parent.name != "repos" or not repo.name.endswith(".git"):
         return None
     lock = confine.inside(root, Path("locks") / (repo.name[: -len(".git")] + ".lock"))
     confine.mkdirs(root, lock.parent)
-    return FileLock(str(lock), timeout=0)
+    return lock
 
 
 def _remove(root: Path, paths: Sequence[Path], apply: bool) -> Removal:
@@ -349,10 +347,10 @@ def _remove(root: Path, paths: Sequence[Path], apply: bool) -> Removal:
             continue
         # The same lock a run holds while it fetches, replays or exports from the repo.
         try:
-            with lock:
+            with locking.held(lock, timeout_s=0):
                 confine.remove(root, p)
             removed.append(p)
-        except Timeout:
+        except locking.LockBusy:
             busy.append(p)
     if busy:
         size -= sum(_size(p)[0] for p in busy)

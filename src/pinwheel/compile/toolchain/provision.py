@@ -16,9 +16,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from filelock import FileLock
-
-from pinwheel import confine, untrusted
+from pinwheel import confine, locking, untrusted
 from pinwheel.compile.toolchain.apt import fetch_debs
 from pinwheel.compile.toolchain.download import fetch_wheel
 from pinwheel.compile.toolchain.pins import MARKER, ToolkitLock
@@ -90,11 +88,11 @@ def provision_toolkit(
     base = cache / "toolchains"
     final = base / lock.dirname
     base.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(base / f".{lock.dirname}.lock")):
+    with locking.held(base / f".{lock.dirname}.lock"):
         if (final / MARKER).is_file():
             return final
         # One provision at a time uses downloads/: another variant's removes the files.
-        with FileLock(str(base / ".downloads.lock")):
+        with locking.held(base / ".downloads.lock"):
             _provision(lock, base, final, environ, reporter)
         reporter.info(f"CUDA {lock.version}: ready at {final}")
         return final
