@@ -306,7 +306,7 @@ def _repack(dist_name: str, directory: Path) -> Path:
     with zipfile.ZipFile(target, "w") as zf:
         for f in dist.files or ():
             rel = str(f)
-            if rel.endswith(".dist-info/RECORD"):
+            if rel.endswith(".dist-info/RECORD") and rel.count("/") == 1:  # not a vendored one
                 record = rel
                 continue
             src = Path(str(f.locate()))
@@ -329,7 +329,9 @@ def test_provenance_records_the_build_venv_not_pinwheels_interpreter(tiny: Tiny)
 
     wheelhouse = tiny.tmp / "wheelhouse"
     lines = []
-    for dist in ("wheel", "packaging"):  # setup.py bdist_wheel needs them in the venv
+    # setup.py bdist_wheel needs them in the venv, setuptools too: the venv holds nothing
+    # the lock does not (no ensurepip setuptools)
+    for dist in ("setuptools", "wheel", "packaging"):
         made = _repack(dist, wheelhouse)
         digest = hashlib.sha256(made.read_bytes()).hexdigest()
         lines.append(f"{dist}=={made.name.split('-')[1]} --hash=sha256:{digest}\n")
@@ -352,10 +354,36 @@ def test_provenance_records_the_build_venv_not_pinwheels_interpreter(tiny: Tiny)
     out = tiny.tmp / "wheels"
     req = request(tiny, manifest, out, result, wheelhouse=wheelhouse, offline=True)
     req = dataclasses.replace(req, build_python=str(wrapper))  # $PINWHEEL_BUILD_PYTHON
-    run_build(req)
+    outcome = run_build(req)
     receipt = read_receipt(out / "provenance.json")
     assert receipt["toolchain"]["torch"] is None, receipt["toolchain"]
     assert receipt["torch"]["version"] is None
+    # The venv, listed package by package before the builder ran, is the lock's.
+    (engine,) = [c for c in receipt["components"] if c["kind"] == "engine"]
+    env = engine["environment"]
+    assert env["lock"] == f"[build.requirements] {reqs.name}" and env["lock_sha256"] == sha
+    listed = {p["name"]: p for p in env["packages"]}
+    assert {n: listed[n]["version"] for n in ("setuptools", "wheel", "packaging")} == env["pins"]
+    assert set(listed) == set(env["pins"])  # no pip, no setuptools of ensurepip's
+    assert all(len(p["record_sha256"]) == 64 and p["from"] == "lock" for p in listed.values())
+    assert any(p.name == "build venv check" and p.did for p in outcome.phases)
+    from pinwheel.compile.lockedvenv import recorded_against_lock
+
+    assert recorded_against_lock(env, tiny.tmp) == ([], [])
+    moved = {**env, "pins": {**env["pins"], "wheel": "0.0.1"}}
+    assert recorded_against_lock(moved, tiny.tmp)[0] == ["wheel is " + listed["wheel"]["version"]
+                                                         + ", the lock says 0.0.1"]  # fmt: skip
+    # A package installed into the venv by hand stops the next build before the builder.
+    from pinwheel.compile.lockedvenv import LockedVenvError
+
+    (venv,) = (tiny.tmp / "cache" / "venvs").glob("build-*[!g]")
+    (site,) = venv.glob("lib/python3*/site-packages")
+    info = site / "stowaway-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: stowaway\nVersion: 0.1\n")
+    (info / "RECORD").write_text("stowaway-0.1.dist-info/METADATA,,\n")
+    with pytest.raises(LockedVenvError, match="stowaway 0.1 is in the venv but not in the lock"):
+        run_build(dataclasses.replace(req, out_dir=tiny.tmp / "wheels-2"))
 
 
 def test_an_update_stopped_before_invalidation_rebuilds_the_tree(tiny: Tiny) -> None:

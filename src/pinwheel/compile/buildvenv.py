@@ -126,18 +126,23 @@ def _make(
     (``<name>.pip.log``); its size and progress go to ``reporter`` (:mod:`pipwatch`)."""
     remove_tree(final, ignore_errors=True)
     try:
+        # No pip, no setuptools of the interpreter's ensurepip (Python 3.11 puts setuptools
+        # 65.5.0 there, and a project that does not lock it built with that one): the
+        # venv holds the lock and nothing else; pinwheel's own pip installs into it.
         runner.run(
             runner.Command(
-                (interpreter or sys.executable, "-m", "venv", str(final)),
+                (interpreter or sys.executable, "-I", "-m", "venv", "--without-pip", str(final)),
                 what="python -m venv",
                 error=BuildVenvError,
             )
         )
-        # pip's own config (extra indexes, find-links) must not add anything.
-        env = {k: v for k, v in environ.items() if not k.startswith("PIP_")}
+        # pip's own config (extra indexes, find-links) must not add anything, nor may the
+        # caller's PYTHONPATH or user site stand in for a locked package.
+        env = {k: v for k, v in environ.items() if not k.startswith(("PIP_", "PYTHON"))}
         env["PIP_CONFIG_FILE"] = os.devnull
+        env["PYTHONNOUSERSITE"] = "1"
         cmd = [
-            str(final / "bin" / "python"), "-m", "pip", "install",
+            sys.executable, "-m", "pip", "--python", str(final / "bin" / "python"), "install",
             "--disable-pip-version-check", "--require-hashes", "--no-deps",
             "--only-binary=:all:",
         ]  # fmt: skip

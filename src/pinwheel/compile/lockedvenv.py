@@ -254,14 +254,19 @@ def listing(venv: LockedVenv) -> list[dict[str, Any]]:
     """Every distribution the venv's Python imports from its site-packages and the
     machine's (``-I``: no PYTHONPATH, no user site), in ``sys.path`` order; the overlay's
     packages are ``torch-lock`` when pinwheel made that Python from a hashed lock."""
-    site = _own_site(venv.python)
     labels = {d: "torch-lock" for d in venv.overlay} if venv.overlay_lock is not None else {}
+    return python_listing(venv.python, labels)
+
+
+def python_listing(python: Path, labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """:func:`listing` of any venv's ``python`` (its own site-packages are ``lock``)."""
+    site = _own_site(python)
     out = runner.run(
         runner.Command(
-            (str(venv.python), "-I", "-c", workers.source("dist_listing"), str(site),
-             json.dumps(labels)),
+            (str(python), "-I", "-c", workers.source("dist_listing"), str(site),
+             json.dumps(dict(labels or {}))),
             what="listing the build env",
-            timeout=300, error=LockedVenvError, where=str(venv.python),
+            timeout=300, error=LockedVenvError, where=str(python),
         )
     )  # fmt: skip
     return list(json.loads(out.text.splitlines()[-1]))
@@ -323,12 +328,54 @@ def checked(venv: LockedVenv, where: str) -> dict[str, Any]:
     return venv.record(packages)
 
 
+def engine_environment(python: Path, lock_name: str, lock_sha256: str,
+                       pins: Mapping[str, tuple[str, tuple[str, ...]]]) -> dict[str, Any]:
+    """The engine's ``[build.requirements]`` venv listed package by package and held to its
+    lock before anything compiles (a package installed into it by hand, one missing or of
+    another version stops the build); its provenance record (``environment``), which names
+    the manifest's lock and carries its pins, so ``check`` can compare without the manifest."""
+    packages = python_listing(python)
+    # The venv's own installer (the interpreter's ensurepip copy of pip) is listed with the
+    # rest but not held to the lock: `python -m build --no-isolation` does not import it.
+    held = [p for p in packages if p.get("name") != INSTALLER or "pip" in pins]
+    problems = pin_differences(pins, held)
+    if problems:
+        raise LockedVenvError(
+            f"the engine's build environment differs from {lock_name}: " + "; ".join(problems),
+            where=f"[build.requirements] ({python.parent.parent})",
+            next="delete that venv (pinwheel makes it again from the lock)",
+        )
+    return {
+        "lock": f"{MANIFEST_LOCK}{lock_name}",
+        "lock_sha256": lock_sha256,
+        "machine_packages": False,
+        "pins": {name: version for name, (version, _h) in sorted(pins.items())},
+        "packages": packages,
+    }
+
+
+# How an environment record names a lock that lives beside a manifest, not in locks/.
+MANIFEST_LOCK = "[build.requirements] "
+INSTALLER = "pip"  # the engine venv's own installer (python -m venv puts it there)
+
+
 def recorded_against_lock(record: Mapping[str, Any], root: Path) -> tuple[list[str], list[str]]:
     """A build's recorded environment (a provenance component's ``environment``) against the lock
     it names in the checkout ``root``: (problems, notes). Same lock digest: every locked
     package must have been there, from the lock, at the lock's version (problems). Another
     digest (the lock moved since): a note, the packages are compared by version only."""
     name = str(record.get("lock") or "")
+    if name.startswith(MANIFEST_LOCK):
+        # the engine's lock lives beside its manifest: held to the pins the record carries
+        recorded = record.get("pins")
+        if not isinstance(recorded, Mapping):
+            return [f"{name[:80]!r} records no pins"], []
+        packages = [p for p in record.get("packages") or [] if isinstance(p, Mapping)]
+        wanted: dict[str, tuple[str, tuple[str, ...]]] = {
+            str(canonicalize_name(str(k))): (str(v), ()) for k, v in recorded.items()
+        }
+        held = [p for p in packages if p.get("name") != INSTALLER or INSTALLER in wanted]
+        return pin_differences(wanted, held), []
     path = root / name
     if not name.startswith("locks/") or "/" in name[len("locks/"):] or not path.is_file():
         return [f"the recorded lock {name[:80]!r} is not in this checkout"], []

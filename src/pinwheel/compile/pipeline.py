@@ -36,6 +36,7 @@ from pinwheel.compile import (
     invalidate,
     keptsources,
     listing,
+    lockedvenv,
     objstore,
     reuse,
     workspace,
@@ -802,6 +803,13 @@ def _engine(job: Production, session: compcache.Session | None) -> Built:
     record["canonical"] = canon.record()
     if network != "none" and config.network == "none":
         reporter.info("no network namespace here (unshare -rn failed): building with network")
+    environment = None
+    if venv is not None and config.requirements is not None:
+        with phases.phase("build venv check") as venv_note:
+            environment = lockedvenv.engine_environment(
+                venv.python, config.requirements.path.name, venv.digest, venv.requirements
+            )
+            venv_note.did(f"listed {len(environment['packages'])} package(s): the lock's")
     with phases.phase("builder") as note, reporter.status(f"building the engine wheel {version}"):
         built = build_engine(
             EngineBuildRequest(
@@ -833,7 +841,12 @@ def _engine(job: Production, session: compcache.Session | None) -> Built:
         )
     # Recorded without this machine's cache path: provenance travels with the release.
     env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build.env.items()}
-    return dataclasses.replace(built, build=dataclasses.replace(built.build, env=env))
+    # The venv as listed for this build (a no-change build's record is the last build's,
+    # its environment listed again now); outside the inputs digest: the lock's sha256 is in.
+    made = dataclasses.replace(built.build, env=env)
+    if environment is not None:
+        made = dataclasses.replace(made, environment=environment)
+    return dataclasses.replace(built, build=made)
 
 
 def _supply_in_place(
