@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
 from gitfixture import UPSTREAM_URL, manifest_text  # noqa: E402
+from pinwheel import options  # noqa: E402
 from pinwheel.compile.pipeline import BuildRequest, build  # noqa: E402
 from pinwheel.manifest import load  # noqa: E402
 from pinwheel.serve.attribute import AttributeRequest, build_variants  # noqa: E402
@@ -56,7 +57,8 @@ def main() -> int:
     variants = [v for v in plan.variants if v.result is not None]
     environ = dict(os.environ)
     template = BuildRequest(manifest=manifest, cache=work / "cache", out_dir=work / "unused",
-                            environ=environ, mirrors=mirrors, kernels=(), cuda=False)  # fmt: skip
+                            host=options.host(environ), mirrors=mirrors, kernels=(),
+                            cuda=False)  # fmt: skip
     request = AttributeRequest(VariantRequest(replay), template, work / "inc", "model", environ)
     incremental = build_variants(request, variants, work / "inc")
     cold = {}

@@ -48,13 +48,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from pinwheel import options  # noqa: E402
 from pinwheel.cli import parse_mirrors  # noqa: E402
 from pinwheel.compile import compcache  # noqa: E402
 from pinwheel.compile.buildenv import build_env  # noqa: E402
@@ -89,10 +90,10 @@ def bench_environ() -> dict[str, str]:
     }
 
 
-def cache_counts(name: str, cc: dict[str, object]) -> tuple[int | None, ...]:
+def cache_counts(name: str, cc: Mapping[str, Any]) -> tuple[int | None, int | None, int | None]:
     if "hits" not in cc:  # the cache was off: every figure would be a plain build's
         raise SystemExit(f"{name}: the compiler cache was off: {cc.get('reason', cc)}")
-    return cc.get("hits"), cc.get("misses"), cc.get("errors")  # type: ignore[return-value]
+    return cc.get("hits"), cc.get("misses"), cc.get("errors")
 
 
 @dataclasses.dataclass
@@ -202,7 +203,7 @@ def build_kernel(
             manifest=manifest,
             cache=cache,
             out_dir=out,
-            environ=environ,
+            host=options.host(environ),
             kernels=(name,),
             toolkit=toolkit,
             source_date_epoch=1700000000,
@@ -270,6 +271,7 @@ def bench_bnb(
     build_dir = work / "bnb" / "build"
     cache = work / "bnb" / "cache"
     environ = bench_environ()
+    host = options.host(environ)  # what the compiler cache's plan and server get
 
     def stage() -> None:
         shutil.rmtree(fixed, ignore_errors=True)
@@ -323,8 +325,8 @@ def bench_bnb(
         )
 
     def with_cache(name: str, fn: Callable[[compcache.Session], Run]) -> Run:
-        plan = compcache.plan(CacheConfig(size="5G"), cache, environ)
-        session, plan = compcache.start(plan, cache / "run", environ)
+        plan = compcache.plan(CacheConfig(size="5G"), cache, host)
+        session, plan = compcache.start(plan, cache / "run", host)
         if session is None:
             raise SystemExit(f"sccache did not start: {plan.disabled}")
         try:
@@ -424,7 +426,8 @@ def bench_kernel(
     from pinwheel.compile.kernels import BuildOptions, stage_out_of_tree
 
     (spec,) = [k for k in base.kernels if k.name == name]
-    opts = BuildOptions(cache=probe, mirrors=mirrors, environ=bench_environ(), offline=True)
+    caller = options.host(bench_environ())
+    opts = BuildOptions(cache=probe, mirrors=mirrors, host=caller, offline=True)
     staged = stage_out_of_tree(spec, opts).directory / touch
     if not staged.is_file():
         raise SystemExit(f"--touch {touch}: not a file of the replayed {name} tree")
@@ -500,11 +503,12 @@ def main() -> int:
         config = dataclasses.replace(
             config, cuda=args.cuda or config.cuda, arches=tuple(args.arch or config.arches)
         )
-    print(f"sccache {compcache.find_sccache(os.environ)}")
+    caller = options.host(os.environ)
+    print(f"sccache {compcache.find_sccache(caller)}")
     results = []
     if args.only in (None, "selftest", "bnb"):  # the kernel bench takes its manifest's
         toolkit = resolve_toolkit(
-            ToolkitRequest(config, args.toolchain_cache, os.environ, provision=False)
+            ToolkitRequest(config, args.toolchain_cache, caller, provision=False)
         )
         print(f"CUDA {toolkit.version} at {toolkit.root}")
     if args.only in (None, "selftest"):
@@ -520,7 +524,7 @@ def main() -> int:
         if args.kernel_manifest:
             kconfig = load(args.kernel_manifest).require("build")
             ktoolkit = resolve_toolkit(
-                ToolkitRequest(kconfig, args.toolchain_cache, os.environ, provision=False)
+                ToolkitRequest(kconfig, args.toolchain_cache, caller, provision=False)
             )
             print(f"{args.kernel}: CUDA {ktoolkit.version} at {ktoolkit.root}")
             mirrors = parse_mirrors(args.mirror, os.environ.get("PINWHEEL_MIRRORS"))

@@ -25,9 +25,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from pinwheel import options
 from pinwheel.manifest import model as manifest
 from pinwheel.serve import fidelity, inprocess
 from pinwheel.serve.client import Client
@@ -44,7 +46,7 @@ def rows_path(client: Client, model: str, windows: list, t: fidelity.Teacher) ->
     """The reference: full rows as JSON, scored in pinwheel; (records, seconds, bytes)."""
     t0 = time.perf_counter()
     nbytes = 0
-    student = []
+    student: list[tuple[Any, Any, int]] = []
     for w in windows:
         body = {
             "model": model,
@@ -78,15 +80,17 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     m = manifest.load(FIXTURE)
     port = free_port()
+    serve = m.require("serve")
     run = launch(
-        m.serve,
-        m.serve.profile("perturbed"),
+        serve,
+        serve.profile("perturbed"),
         model=args.model,
         python=args.python,
         host="127.0.0.1",
         port=port,
     )
-    flags, env = inprocess.server_additions(inprocess.engine_package(work / "ext"), os.environ)
+    pythonpath = options.host(os.environ).pythonpath  # kept after the extension's package
+    flags, env = inprocess.server_additions(inprocess.engine_package(work / "ext"), pythonpath)
     run = type(run)(argv=run.argv + flags + ("--max-logprobs", "-1"), env={**run.env, **env})
     url = f"http://127.0.0.1:{port}"
     with started_server(run, work / "server", environ=os.environ, url=url) as target:

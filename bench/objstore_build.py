@@ -40,6 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
+from pinwheel import options  # noqa: E402
 from pinwheel.compile import objstore, pipeline  # noqa: E402
 from pinwheel.compile.phases import human_lines  # noqa: E402
 from pinwheel.compile.pipeline import BuildOutcome, BuildRequest, build  # noqa: E402
@@ -120,7 +121,7 @@ def toolkit_of(cache: Path | None, cuda: str = "12.4") -> Any:
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     config = BuildConfig(python=py, cuda=cuda, arches=("7.0",), ptx=True, torch=None,
                          label=None, version=None)  # fmt: skip
-    return resolve_toolkit(ToolkitRequest(config, cache, dict(os.environ)))
+    return resolve_toolkit(ToolkitRequest(config, cache, options.host(os.environ)))
 
 
 def bench_tiny(work: Path, toolkit: Any) -> None:
@@ -144,7 +145,7 @@ def bench_tiny(work: Path, toolkit: Any) -> None:
                 env["CUDA_HOME"] = str(toolkit.root)
             return build(BuildRequest(
                 manifest=m, cache=work / cache, out_dir=work / f"wheels-tiny-{name}",
-                environ=env, replayed=replayed, kernels=(), toolkit=toolkit,
+                host=options.host(env), replayed=replayed, kernels=(), toolkit=toolkit,
                 cuda=toolkit is not None,
             ))  # fmt: skip
 
@@ -175,8 +176,8 @@ def bench_selftest(work: Path, toolkit: Any) -> None:
     def one(name: str, cache: str, store: bool = True) -> Run:
         return timed(name, lambda: build(BuildRequest(
             manifest=m, cache=work / cache, out_dir=work / f"wheels-selftest-{name}",
-            environ=environ(shared), kernels=("pinwheel-selftest",), toolkit=toolkit,
-            source_date_epoch=1700000000,
+            host=options.host(environ(shared)), kernels=("pinwheel-selftest",),
+            toolkit=toolkit, source_date_epoch=1700000000,
         )), store)  # fmt: skip
 
     print("selftest kernel:")

@@ -93,7 +93,8 @@ def main() -> int:
     fixture = Path(__file__).resolve().parent.parent / "tests/fixtures/qualify-fidelity-cpu.toml"
     m = manifest.load(fixture)
     port = free_port()
-    run = launch(m.serve, m.serve.profile("fp32"), model=args.model, python=args.python,
+    serve = m.require("serve")
+    run = launch(serve, serve.profile("fp32"), model=args.model, python=args.python,
                  host="127.0.0.1", port=port)  # fmt: skip
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"pinwheel-bench-logprobs-{port}"
     url = f"http://127.0.0.1:{port}"
