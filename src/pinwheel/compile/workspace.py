@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import archive, confine, locking, validate
+from pinwheel import archive, confine, locking, untrusted, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import stamps
+from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 
 STAMP = ".pinwheel-workspace.json"
@@ -268,19 +269,16 @@ def _stamp_export(dest: Path, listing: Path, of: Mapping[str, Any], digest: str)
 
 def held_export(dest: Path, listing: Path, of: Mapping[str, Any]) -> Synced | None:
     """The last export of ``of`` (tree id and excludes) as :class:`Synced` with nothing
-    written, when its stamp (read bounded, never through a link, through
-    :mod:`pinwheel.untrusted`) is for the
-    same ``of`` and every file it lists still has the recorded mode, size, mtime, ctime,
-    inode and device (a rewrite changes ctime, which ``utime`` cannot set back; a
-    replacement the inode). Anything else, a malformed stamp included: None (a full sync)."""
-    from pinwheel import untrusted
-    from pinwheel.errors import PinwheelError as Bad
-
+    written, when its stamp (read bounded and never through a link, by
+    :mod:`pinwheel.untrusted`) is for the same ``of`` and every file it lists still has the
+    recorded mode, size, mtime, ctime, inode and device (a rewrite changes ctime, which
+    ``utime`` cannot set back; a replacement the inode). Anything else, a malformed stamp
+    included: None (a full sync)."""
     stamp, kind = export_stamp(listing), untrusted.EXPORT_STAMP
     try:  # no link followed, no FIFO waited on
         doc = untrusted.parse_json(untrusted.read_beneath(stamp.parent, stamp.name, kind),
                                    kind, str(stamp))  # fmt: skip
-    except Bad:
+    except PinwheelError:
         return None
     if not isinstance(doc, dict) or doc.get("format") != EXPORT_STAMP_FORMAT:
         return None
