@@ -299,7 +299,9 @@ def test_a_kept_workspace_keeps_an_unchanged_build_source_and_restores_a_touched
     up, dep, base, _ = make(tmp_path)
     m = manifest(tmp_path, base)
     assert cli(tmp_path, up, dep, m, "lock").returncode == 0
-    build(tmp_path, up, dep, m)
+    first = build(tmp_path, up, dep, m)  # a fresh workspace: the export is moved into place
+    (first_wheel,) = first.wheels.built
+    first_bytes = first_wheel.read_bytes()
     (value,) = (tmp_path / "c" / "build").glob("*/deps/demodep/VALUE.txt")
     assert value.read_text() == "one, patched\n"
     touched = value.stat().st_ctime_ns
@@ -322,6 +324,8 @@ def test_a_kept_workspace_keeps_an_unchanged_build_source_and_restores_a_touched
     (wheel,) = outcome.wheels.built
     with zipfile.ZipFile(wheel) as zf:
         assert zf.read("tiny/dep_value.txt") == b"one, patched\n"
+    # restored file by file into the kept workspace: the bytes of the fresh, moved export
+    assert wheel.read_bytes() == first_bytes
     assert json.loads(record.read_text())["files"]["VALUE.txt"][0] == len("one, patched\n")
 
     record.write_text("{not json")  # a damaged record is no reason to fail: export again

@@ -162,3 +162,45 @@ def test_a_stamp_that_is_a_fifo_or_a_link_is_not_followed(exported, tmp_path: Pa
     thread.start()
     thread.join(30)
     assert done.is_set(), "a FIFO stamp was opened and blocked the export"
+
+
+# --------------------------------------------------------------------------- adopt
+
+
+def test_a_fresh_export_is_moved_into_place_with_syncs_modes_and_times(tmp_path: Path) -> None:
+    staged, dest, listing = tmp_path / "staged", tmp_path / "work" / "deps" / "x", tmp_path / "x.json"
+    (staged / "sub").mkdir(parents=True)
+    (staged / "sub" / "a.h").write_text("a\n")
+    (staged / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(staged / "sub" / "a.h", 0o664)  # git archive's tar.umask leaves group write
+    os.chmod(staged / "run.sh", 0o775)
+    (staged / "link.h").symlink_to("sub/a.h")
+    synced = workspace.adopt(staged, dest, listing)
+    assert not staged.exists() and synced.written == ("link.h", "run.sh", "sub/a.h")
+    assert json.loads(listing.read_text()) == ["link.h", "run.sh", "sub/a.h"]
+    assert (dest / "sub" / "a.h").stat().st_mode & 0o777 == 0o644
+    assert (dest / "run.sh").stat().st_mode & 0o777 == 0o755
+    for rel in synced.written:
+        assert os.lstat(dest / rel).st_mtime_ns == workspace.SOURCE_MTIME * 10**9
+    # what a later sync of the same files finds: nothing to write
+    again = workspace.sync(dest, workspace.dir_entries(dest, skip=()), listing)
+    assert again.written == () and again.kept == 3
+
+
+@pytest.mark.parametrize("hostile", ["fifo", "link out"])
+def test_adopt_refuses_a_fifo_or_a_link_leading_out_and_moves_nothing(tmp_path, hostile) -> None:
+    from pinwheel import confine
+
+    staged, dest = tmp_path / "staged", tmp_path / "dest"
+    staged.mkdir()
+    (staged / "ok.h").write_text("ok\n")
+    if hostile == "fifo":
+        os.mkfifo(staged / "pipe")
+    else:
+        (staged / "out").symlink_to(tmp_path / "outside")
+    with pytest.raises(confine.Escape):
+        workspace.adopt(staged, dest, tmp_path / "listing.json")
+    assert staged.is_dir() and not dest.exists() and not (tmp_path / "listing.json").exists()
+    with pytest.raises(FileExistsError):  # never over an existing export
+        dest.mkdir()
+        workspace.adopt(staged, dest, tmp_path / "listing.json")

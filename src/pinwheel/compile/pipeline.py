@@ -884,7 +884,11 @@ def _supply_in_place(
         final = work / "deps" / s.name
         exported = work / f"deps-{s.name}.json"
         fresh = not exported.is_file()
-        synced = workspace.sync(final, workspace.dir_entries(s.path, skip=()), exported)
+        if fresh or not final.is_dir():  # nothing kept to compare with: one rename
+            remove_tree(final, ignore_errors=True)
+            synced = workspace.adopt(s.path, final, exported)
+        else:
+            synced = workspace.sync(final, workspace.dir_entries(s.path, skip=()), exported)
         if synced.changed and not fresh:
             changed.append(s.name)
         found[s.name] = dataclasses.replace(s, path=final)

@@ -207,6 +207,31 @@ def sync(
     return Synced(tuple(written), tuple(removed), kept, digest.hexdigest())
 
 
+def adopt(staged: Path, dest: Path, listing: Path, *, mtime: int = SOURCE_MTIME) -> Synced:
+    """A fresh export: the directory ``staged`` (pinwheel's own export, beside ``dest`` on
+    the same file system) becomes ``dest`` by one rename, its files given what :func:`sync`
+    gives them (mode 0755 or 0644, ``mtime``) first and ``listing`` written after, instead
+    of every file read, compared and written again one path walk at a time (the two build
+    sources of the 1Cat-vLLM engine, 13,600 files and 309 MB, took 49 s that way in a fresh
+    workspace on two busy cores). ``dest`` must not exist. Walked by :func:`confine.walk`:
+    a link leading out, a FIFO or a device in ``staged`` is refused, never adopted."""
+    if os.path.lexists(dest):
+        raise FileExistsError(dest)
+    rels: list[str] = []
+    for node in confine.walk(staged):
+        if node.kind == "dir":
+            continue
+        path = staged / node.rel
+        if node.kind == "file":
+            os.chmod(path, 0o755 if node.mode & stat.S_IXUSR else 0o644)  # a regular file (walk)
+        os.utime(path, (mtime, mtime), follow_symlinks=False)
+        rels.append(node.rel)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(staged, dest)
+    atomic_write_text(listing, json.dumps(sorted(rels)) + "\n")
+    return Synced(tuple(sorted(rels)), (), 0)
+
+
 def _listed(rel: object) -> bool:
     """A name from the listing (a file pinwheel wrote) that stays inside the export."""
     return isinstance(rel, str) and validate.member_problem(rel) is None
