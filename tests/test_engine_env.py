@@ -24,13 +24,14 @@ import pytest
 from gitfixture import UPSTREAM_URL, Upstream, manifest_text
 from pinwheel.compile import canonical, headerview
 from pinwheel.compile.buildenv import ENGINE_PASS_THROUGH, SYSTEM_PATH, engine_base
-from pinwheel.compile.pipeline import BuildRequest
+from pinwheel.compile.pipeline import BuildRequest, machine_placeholders
 from pinwheel.compile.pipeline import build as run_build
+from pinwheel.compile.reuse import portable
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest import load
 from pinwheel.options import host as host_of
 from pinwheel.source.replay import replay_manifest
-from pinwheel.wheels.provenance import component, read_receipt
+from pinwheel.wheels.provenance import component
 from tinyproject import BUILD_TABLE, STANDIN_SETUP, project_files
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -152,10 +153,17 @@ def test_a_stray_variable_never_reaches_the_engine_build(tmp_path: Path, method:
     assert str(tmp_path).encode() not in so
     assert str(canonical.CANONICAL_ROOT / "python" / "include").encode() in so
     assert str(canonical.CANONICAL_ROOT / "site-packages" / "torch" / "include").encode() in so
-    # Provenance records the declared PATH and HOME (the cache as $CACHE).
-    env = component(read_receipt(tmp_path / "wheels" / "provenance.json"), "engine")["env"]
+    # Provenance records the declared PATH and HOME (the cache as $CACHE) and the command
+    # (the build Python by its folder's placeholder): no path of this machine anywhere in it.
+    text = (tmp_path / "wheels" / "provenance.json").read_text()
+    engine = component(json.loads(text), "engine")
+    env = engine["env"]
     assert env.get("HOME") == "$CACHE/build/.home"
     assert "FOO" not in env and str(stray_bin) not in env.get("PATH", "")
+    assert f"$BUILD_PYTHON_DIR/{python.name}" in engine["command"]  # after a wrapper, if any
+    assert "$BUILD_PYTHON_DIR" in env["PATH"].split(os.pathsep)
+    for spelling in {str(tmp_path), os.path.realpath(tmp_path), str(python.parent)}:
+        assert spelling not in text, spelling
 
 
 def test_engine_base_is_declared_values_and_the_pass_through_list() -> None:
@@ -186,3 +194,26 @@ def test_hostile_header_directories_are_refused_by_name(tmp_path: Path) -> None:
             headerview.prefix_maps([fake], canonical.CANONICAL_ROOT, tmp_path / "cache")
         assert str(fake) in str(info.value.where)
         assert info.value.next
+
+
+def test_machine_placeholders_name_the_cache_and_an_outside_build_python(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (tmp_path / "link").symlink_to(cache)
+    outside = tmp_path / "py" / "bin" / "python"
+    got = machine_placeholders(tmp_path / "link", str(outside))
+    assert got == {
+        str(tmp_path / "link"): "$CACHE", str(cache): "$CACHE",
+        str(outside.parent): "$BUILD_PYTHON_DIR",
+    }  # fmt: skip
+    # A Python inside the cache is named by the cache; a system directory is no machine path.
+    assert machine_placeholders(cache, str(cache / "venvs" / "v" / "bin" / "python")) == {
+        str(cache): "$CACHE"
+    }
+    assert machine_placeholders(cache, "/usr/bin/python3") == {str(cache): "$CACHE"}
+    path = os.pathsep.join([f"{outside.parent}", f"{outside.parent}2", "/usr/bin"])
+    # Only where the path ends or a "/" follows: its namesake folder keeps its name.
+    assert portable(path, got) == os.pathsep.join(["$BUILD_PYTHON_DIR", f"{outside.parent}2", "/usr/bin"])
+    assert portable(f"-I{cache}/include", got) == "-I$CACHE/include"
+    assert portable(str(cache) + "-old/x", got) == str(cache) + "-old/x"
+    assert portable("a\\b", {"a": "$X\\1"}) == "$X\\1\\b"  # a name is taken as written

@@ -41,7 +41,7 @@ from pinwheel.compile import (
     reuse,
     workspace,
 )
-from pinwheel.compile.buildenv import engine_base
+from pinwheel.compile.buildenv import SYSTEM_PATH, engine_base
 from pinwheel.compile.buildvenv import READY as BUILD_VENV_READY
 from pinwheel.compile.buildvenv import BuildVenv, ensure_build_venv
 from pinwheel.compile.engine import (
@@ -751,6 +751,7 @@ def _engine(job: Production, session: compcache.Session | None) -> Built:
     # Declared values only (buildenv.engine_base): a PATH of the toolkit, the build Python's
     # folder, the chosen compiler's and the system's; a HOME under the cache; nothing else of
     # the caller's. PATH and HOME are recorded (the cache as $CACHE).
+    placeholders = machine_placeholders(request.cache, python)
     home = confine.inside(request.cache, Path("build") / ".home", what="engine build HOME")
     home.mkdir(parents=True, exist_ok=True)
     base = engine_base(request.host, python=python, home=str(home))
@@ -828,7 +829,7 @@ def _engine(job: Production, session: compcache.Session | None) -> Built:
                 supplied=tuple(s.name for s in supplied),
                 launcher=session,
                 reuse_from=earlier.get("engine"),
-                placeholders={str(Path(request.cache).absolute()): "$CACHE"},
+                placeholders=placeholders,
                 reporter=reporter,
                 canonical=canon,
                 no_network=netns,
@@ -839,14 +840,31 @@ def _engine(job: Production, session: compcache.Session | None) -> Built:
                 store=store,
             )
         )
-    # Recorded without this machine's cache path: provenance travels with the release.
-    env = {k: v.replace(str(request.cache), "$CACHE") for k, v in built.build.env.items()}
+    # Recorded without this machine's paths, as the identity is: provenance travels with
+    # the release.
+    env = {k: reuse.portable(v, placeholders) for k, v in built.build.env.items()}
+    made = dataclasses.replace(built.build, env=env)
+    if built.build.command is not None:
+        command = tuple(reuse.portable(c, placeholders) for c in built.build.command)
+        made = dataclasses.replace(made, command=command)
     # The venv as listed for this build (a no-change build's record is the last build's,
     # its environment listed again now); outside the inputs digest: the lock's sha256 is in.
-    made = dataclasses.replace(built.build, env=env)
     if environment is not None:
         made = dataclasses.replace(made, environment=environment)
     return dataclasses.replace(built, build=made)
+
+
+def machine_placeholders(cache: Path, python: str) -> dict[str, str]:
+    """This machine's paths in what the engine build records, and their names: the cache
+    (as given and resolved) ``$CACHE``; the folder of a build Python outside it
+    (``PINWHEEL_BUILD_PYTHON``, a declared input: its version is recorded)
+    ``$BUILD_PYTHON_DIR``, unless it is one of the system's directories."""
+    caches = {str(Path(cache).absolute()), os.path.realpath(cache)}
+    out = dict.fromkeys(caches, "$CACHE")
+    folder = str(Path(python).parent)
+    if folder not in SYSTEM_PATH and not any(Path(folder).is_relative_to(c) for c in caches):
+        out[folder] = "$BUILD_PYTHON_DIR"
+    return out
 
 
 def _supply_in_place(

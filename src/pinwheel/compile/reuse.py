@@ -106,20 +106,27 @@ def identity(
     """
     nvcc = Path(toolkit.nvcc).resolve() if toolkit is not None else None
     cc = shutil.which("gcc") or shutil.which("cc")
-
-    def portable(value: str) -> str:
-        for path, name in sorted((placeholders or {}).items(), key=lambda kv: -len(kv[0])):
-            value = value.replace(path, name)
-        return value
-
     return {
         "builder": builder,
         "nvcc": [toolkit.version, sha256_file(nvcc)] if nvcc and nvcc.is_file() else None,
         "host_cc": (_run_text([cc, "--version"]).splitlines() or [""])[0] if cc else None,
         "python": _run_text([python, "-c", "import sys; print(sys.version.split()[0])"]).strip(),
-        "env": {k: portable(v) for k, v in sorted(set_env.items()) if k not in _NOT_COMPILED},
+        "env": {
+            k: portable(v, placeholders or {})
+            for k, v in sorted(set_env.items())
+            if k not in _NOT_COMPILED
+        },
         **({"inputs": dict(inputs)} if inputs else {}),
     }
+
+
+def portable(value: str, placeholders: Mapping[str, str]) -> str:
+    """``value`` with each machine path of ``placeholders`` (longest first) replaced by its
+    name, where the path ends there or a ``/`` follows (``/opt/py`` is not a part of
+    ``/opt/python``): what an identity or provenance records instead of this machine's paths."""
+    for path, name in sorted(placeholders.items(), key=lambda kv: -len(kv[0])):
+        value = re.sub(re.escape(path) + r"(?![\w.-])", name.replace("\\", r"\\"), value)
+    return value
 
 
 def parse_depfile(text: str) -> list[str]:
