@@ -151,6 +151,24 @@ def show(phase: str, r: dict) -> None:
         print(f"      {row}", flush=True)
 
 
+def against_cold(cold: dict, r: dict) -> str:
+    """A build against the cold one: its wheel build (a fast path may run no builder at
+    all: 0.0 s, no ratio) and its whole ``pinwheel build`` (what a user waits) against cold's
+    whole command, or against cold's wheel build when cold's whole time is not known (an
+    earlier run's: a lower bound of it, so the ratio is too)."""
+    if r["seconds"] >= 0.05:
+        out = f"{cold['seconds'] / r['seconds']:.1f}x faster wheel build "
+        out += f"({r['seconds']:.1f} s vs {cold['seconds']:.1f} s)"
+    else:
+        out = f"no wheel build ({r['seconds']:.1f} s: the builder did not compile)"
+    if r.get("wall"):
+        whole = bool(cold.get("wall"))
+        base, what = (cold["wall"], "whole") if whole else (cold["seconds"], "wheel build")
+        out += f"; the whole pinwheel build {r['wall']:.1f} s, {base / r['wall']:.1f}x "
+        out += f"faster than cold's {what} {base:.1f} s"
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--manifest", type=Path, required=True)
@@ -244,12 +262,7 @@ def main() -> int:
             print(f"baseline: the cold build is from an {cold['baseline']}, not this run")
         for phase in ("warm", "reuse", "other-path", "fresh"):
             if phase in results:
-                r = results[phase]
-                ratio = cold["seconds"] / r["seconds"]
-                took = f"{r['seconds']:.1f} s vs {cold['seconds']:.1f} s of wheel build"
-                if r.get("wall") is not None:  # the whole `pinwheel build`: what a user waits
-                    took += f"; the whole pinwheel build {r['wall']:.1f} s"
-                print(f"{phase} vs cold: {ratio:.1f}x faster ({took})")
+                print(f"{phase} vs cold: {against_cold(cold, results[phase])}")
         for phase in ("warm", "other-path", "fresh"):
             if phase in results:
                 same = results[phase]["sha256"] == cold["sha256"]

@@ -62,3 +62,21 @@ def test_a_bench_file_without_a_main_is_imported_by_a_script() -> None:
     ]
     assert SCRIPTS, f"no bench script with a __main__ block under {BENCH}"
     assert not orphans, f"bench files no script imports and none runs: {orphans}"
+
+
+def test_engine_build_compares_a_build_that_ran_no_builder() -> None:
+    """A no-change or object-store build records 0.0 s of wheel build: the comparison with
+    cold says so and compares the whole command instead of dividing by zero (it did, after
+    the real engine's runs)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import engine_build  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(BENCH))
+    cold = {"seconds": 4239.2, "wall": None}
+    line = engine_build.against_cold(cold, {"seconds": 0.0, "wall": 2.0})
+    assert line.startswith("no wheel build")
+    assert "2119.6x faster than cold's wheel build 4239.2 s" in line
+    line = engine_build.against_cold({**cold, "wall": 4396.1}, {"seconds": 571.4, "wall": 654.3})
+    assert line.startswith("7.4x faster wheel build (571.4 s vs 4239.2 s)")
+    assert "6.7x faster than cold's whole 4396.1 s" in line
