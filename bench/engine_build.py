@@ -42,8 +42,9 @@ build): the members whose bytes differ are listed, with sizes.
 
 The cache (``--cache``) keeps the toolchain, the hashed build venv and the git
 repositories between runs: they are not what is measured here. The real 1Cat-vLLM
-build for arch 7.0 takes about 2.5 hours cold on two cores (warm, no change: 30.9 s for
-the whole `pinwheel build`; the Python-only reuse: 20.4 s of wheel build; docs/build.md).
+build for arch 7.0 took 70.7 min of wheel build cold on two idle cores (2026-12-03; no
+change: 1.4 s for the whole `pinwheel build`; fresh workspace with the shared store warm:
+30.1 s; docs/build.md).
 """
 
 from __future__ import annotations
