@@ -479,7 +479,8 @@ def _outside_inputs(record: Mapping[str, Any]) -> dict[str, Any]:
 
 def _portable(command: Sequence[str], plan: BuildPlan) -> list[str]:
     """The command as recorded: scratch paths replaced by placeholders."""
-    return [c.replace(str(plan.work), "$WORK").replace(str(plan.source), "$SRC") for c in command]
+    scratch = {str(plan.work): "$WORK", str(plan.source): "$SRC"}
+    return [reuse.portable(c, scratch) for c in command]
 
 
 def _raise_if_downloads(plan: BuildPlan, supplied: Sequence[str]) -> None:
