@@ -77,7 +77,11 @@ def _strict() -> list[str]:
         doc = f.read()
     table = doc.split("Foundation (any stage may import these):", 1)[1].split("\nStage 0", 1)[0]
     modules = re.findall(r"^\| `(\w+)` \|", table, re.M)
-    foundation = [f"src/pinwheel/{m}.py" for m in modules]
+    here = os.path.dirname(os.path.abspath(__file__))
+    foundation = [  # a foundation package (net/) is checked as a folder
+        f"src/pinwheel/{m}" if os.path.isdir(os.path.join(here, "src", "pinwheel", m))
+        else f"src/pinwheel/{m}.py" for m in modules
+    ]
     return [*foundation, "src/pinwheel/manifest", "src/pinwheel/wheels"]
 
 

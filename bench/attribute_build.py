@@ -4,7 +4,7 @@ Makes the attribution tests' upstream (tests/servingproject.py: a compiled C mem
 Python modules; PR 11 changes the compiled file, PRs 12-14 only Python), replays the full
 stack and each leave-one-out variant, then builds them twice:
 
-- as `pinwheel attribute` does (`serve.attribute.build_variants`): the full stack first,
+- as `pinwheel attribute` does (`flows.attribute.build_variants`): the full stack first,
   then each variant in the same kept engine workspace, with the full stack's wheels as
   `reuse_from`;
 - cold: each variant alone, in a fresh workspace, without the compiler cache or reuse.
@@ -31,8 +31,8 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 from gitfixture import UPSTREAM_URL, manifest_text  # noqa: E402
 from pinwheel import options  # noqa: E402
 from pinwheel.compile.pipeline import BuildRequest, build  # noqa: E402
+from pinwheel.flows.attribute import AttributeRequest, build_variants  # noqa: E402
 from pinwheel.manifest import load  # noqa: E402
-from pinwheel.serve.attribute import AttributeRequest, build_variants  # noqa: E402
 from pinwheel.source.replay import ReplayRequest  # noqa: E402
 from pinwheel.source.variants import VariantRequest, replay_variants  # noqa: E402
 from servingproject import BUILD_TABLE, make_serving_upstream  # noqa: E402

@@ -20,11 +20,11 @@ from pinwheel.checksums import sha256_file
 from pinwheel.cli import main
 from pinwheel.compile.pipeline import BuildRequest
 from pinwheel.errors import UsageError
+from pinwheel.flows.attribute import AttributeRequest, attribute
+from pinwheel.flows.attribute_report import human_lines, markdown, to_json
 from pinwheel.manifest import load
 from pinwheel.options import host as host_of
 from pinwheel.serve import pairstats
-from pinwheel.serve.attribute import AttributeRequest, attribute
-from pinwheel.serve.attribute_report import human_lines, markdown, to_json
 from pinwheel.source.replay import ReplayRequest, replay_manifest
 from pinwheel.source.variants import PREFIXES, VariantRequest, replay_variants
 from servingproject import BUILD_TABLE, Serving, make_serving_upstream

@@ -26,9 +26,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hostile_server import Server, raw_headers
-from pinwheel import httpget
 from pinwheel.cli import main
 from pinwheel.errors import PinwheelError
+from pinwheel.net import httpget
 from pinwheel.source import cache as source_cache
 from pinwheel.source import cachetool
 

@@ -15,7 +15,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "pinwheel"
 DOC = SRC.parents[1] / "docs" / "ARCHITECTURE.md"
 # Stage order: a module may import its own stage, the foundation, and earlier stages.
-STAGES = ("manifest", "source", "wheels", "compile", "release", "serve")
+STAGES = ("manifest", "source", "wheels", "compile", "release", "serve", "flows")
 
 
 def foundation_of(doc: str) -> set[str]:
@@ -403,7 +403,7 @@ def test_the_frozen_check_sees_a_planted_mutable_request(tmp_path: Path) -> None
 
 def test_the_foundation_is_read_from_the_architecture_doc() -> None:
     doc = DOC.read_text()
-    assert {"errors", "runner", "validate", "httpget", "markup"} <= foundation_of(doc)
+    assert {"errors", "runner", "validate", "net", "markup"} <= foundation_of(doc)
     assert not {"manifest", "compile", "wheels"} & foundation_of(doc)
     planted = doc.replace("| `markup` |", "| `markdown` |")
     assert "markdown" in foundation_of(planted) and "markup" not in foundation_of(planted)

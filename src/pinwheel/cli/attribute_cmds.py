@@ -79,8 +79,8 @@ def register(sub: Any) -> None:
 
 def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.cli.replay_cmds import build_request
-    from pinwheel.serve.attribute import AttributeRequest, attribute
-    from pinwheel.serve.attribute_report import human_lines, to_json
+    from pinwheel.flows.attribute import AttributeRequest, attribute
+    from pinwheel.flows.attribute_report import human_lines, to_json
     from pinwheel.source.replay import ReplayRequest
     from pinwheel.source.variants import LEAVE_ONE_OUT, PREFIXES, VariantRequest
 

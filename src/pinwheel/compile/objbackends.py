@@ -15,7 +15,7 @@ names (``v1/index/<identity>/<match>.json``, ``v1/wheels/<sha256>/wheel``).
   (``<endpoint>/<bucket>/<key>``) for a custom endpoint, as sccache's ``SCCACHE_ENDPOINT``.
 
 Everything a server answers is untrusted: every answer is read through
-:class:`pinwheel.httpget.Bounds` (a length checked before anything is read, a byte cap,
+:class:`pinwheel.net.httpget.Bounds` (a length checked before anything is read, a byte cap,
 a deadline); a reply that is not what the protocol promises, a dead server or a transfer
 cut off raises :class:`Unavailable`, which the store turns into "no store" (a miss, or
 nothing stored), never a failed build. Redis ``SET`` and S3 ``PUT`` replace a value
@@ -41,10 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from pinwheel import confine, httpget, untrusted, validate
+from pinwheel import confine, untrusted, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
+from pinwheel.net import httpget
 from pinwheel.options import AwsCredentials
 from pinwheel.urls import redact
 

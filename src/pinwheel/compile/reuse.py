@@ -40,10 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import archive, confine, httpget, runner, untrusted, validate
+from pinwheel import archive, confine, runner, untrusted, validate
 from pinwheel.checksums import SUMS, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes, remove_tree
+from pinwheel.net import httpget
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.urls import redact
 from pinwheel.wheels.provenance import FILENAME, read_receipt

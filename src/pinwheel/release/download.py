@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pinwheel import confine, httpget
+from pinwheel import confine
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.heartbeat import human_seconds
+from pinwheel.net import httpget
 from pinwheel.progress import SILENT, Advance, Reporter
 from pinwheel.release import signing
 from pinwheel.urls import redact

@@ -21,8 +21,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pinwheel import documents, httpget, untrusted
+from pinwheel import documents, untrusted
 from pinwheel.errors import PinwheelError
+from pinwheel.net import httpget
 
 
 class ServerGone(PinwheelError):

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import markup as md
+from pinwheel.flows.attribution import SCHEMA, AttributeOutcome, StepEffect
 from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
-from pinwheel.serve.attribution import SCHEMA, AttributeOutcome, StepEffect
 from pinwheel.serve.pairstats import NOISE, Effect
 
 JSON_FILE = "attribution.json"

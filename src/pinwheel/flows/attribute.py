@@ -3,7 +3,7 @@
 In: an :class:`AttributeRequest` (the variants to replay, the build request of the full
 stack as ``pinwheel build`` would make it, the model, rounds and samples). Out: an
 :class:`AttributeOutcome`, written to ``--out`` as ``attribution.json``, ``attribution.md``
-and a plot (:mod:`pinwheel.serve.attribute_report`).
+and a plot (:mod:`pinwheel.flows.attribute_report`).
 
 1. **Variants** (:mod:`pinwheel.source.variants`): the full stack and, per attributed
    step, the stack without it (or the prefixes), replayed in memory; a step that cannot
@@ -46,13 +46,13 @@ from pinwheel.compile.pipeline import (
     toolchain,
 )
 from pinwheel.errors import PinwheelError, UsageError
+from pinwheel.flows.attribution import AttributeOutcome, Built, Serving, StepEffect
 from pinwheel.fsutil import remove_tree
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.serve import QualifyConfig, QualifyProfile, ServeConfig, ServeProfile
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.release.install import InstallRequest, install, venv_python
 from pinwheel.serve import fidelity, pairstats
-from pinwheel.serve.attribution import AttributeOutcome, Built, Serving, StepEffect
 from pinwheel.serve.client import Client, Stream
 from pinwheel.serve.qualify import decode_sample, run_needles, wait_healthy, wait_idle
 from pinwheel.serve.receipt import DecodeSample, NeedleResult
@@ -90,7 +90,7 @@ class AttributeRequest:
 
 def attribute(request: AttributeRequest, reporter: Reporter = SILENT) -> AttributeOutcome:
     """Replay, build, install, serve interleaved, compare; write the report; return it."""
-    from pinwheel.serve.attribute_report import write_outputs
+    from pinwheel.flows.attribute_report import write_outputs
 
     manifest = request.variants.replay.manifest
     scfg, sprof, qcfg, qprof = _configs(manifest, request.profile)

@@ -1,6 +1,6 @@
 """What an attribution measured, as data: the servings, the builds, the per-step effects
-and the outcome :func:`pinwheel.serve.attribute.attribute` returns
-(:mod:`pinwheel.serve.attribute_report` writes it)."""
+and the outcome :func:`pinwheel.flows.attribute.attribute` returns
+(:mod:`pinwheel.flows.attribute_report` writes it)."""
 
 from __future__ import annotations
 
