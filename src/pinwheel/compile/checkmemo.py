@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import untrusted
-from pinwheel.compile import stamps
+from pinwheel.compile import derivation, stamps
 from pinwheel.compile.phases import Note
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
@@ -233,7 +233,7 @@ class Memo:
             "tools": [_tool_identity(spec.cuobjdump), _tool_identity(spec.auditwheel)],
             "rules": self._rules,
         }
-        return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+        return derivation.digest(facts)
 
 
 __all__ = ["Memo"]

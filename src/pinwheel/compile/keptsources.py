@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import confine, untrusted, validate
+from pinwheel.compile import derivation
 from pinwheel.compile.sources import Supplied
 from pinwheel.compile.workspace import SOURCE_MTIME
 from pinwheel.errors import PinwheelError
@@ -53,7 +54,7 @@ def key_of(src: BuildSource, project: Path) -> str:
         "source": {k: v for k, v in dataclasses.asdict(src).items() if k != "used"},
         "patches": patches,
     }
-    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+    return derivation.digest(facts)
 
 
 def _files(root: Path) -> dict[str, list[Any]] | None:

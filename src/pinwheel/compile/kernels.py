@@ -50,6 +50,7 @@ from pinwheel.compile.buildenv import build_env, declared_base
 from pinwheel.compile.buildvenv import ensure_build_venv
 from pinwheel.compile.canonical import CANONICAL_ROOT, Canonical
 from pinwheel.compile.canonical import choose as canonical_paths
+from pinwheel.compile.derivation import Derivation
 from pinwheel.compile.invalidate import after_update
 from pinwheel.compile.toolchain import Toolkit
 from pinwheel.compile.toolchain.pythons import find_python, how_to_get, python_version
@@ -496,9 +497,11 @@ def _build_kernel(
                     # the machine's), so a rebuilt torch of the same version is another build
                     "torch_env": lockedvenv.outside_lock(environment)} if torch_version else {})},
     )  # fmt: skip
-    key = workspace.key_of({"identity": identity, "canonical": canon.record()})
-    kept = workspace.prepare(work, key, cold=opts.cold)
-    state = "kept workspace (incremental)" if kept else "fresh workspace (cold)"
+    derivation = Derivation.of(spec.name, identity=identity, canonical=canon.record())
+    key = derivation.key
+    why = workspace.rebuild_reason(work, derivation, cold=opts.cold)
+    kept = workspace.prepare(work, derivation, cold=opts.cold)
+    state = "kept workspace (incremental)" if kept else f"fresh workspace (cold; {why})"
     opts.reporter.info(f"{spec.name}: {state}, canonical path by {canon.method}")
     interrupted = workspace.begin_update(work)
     staged = stage_in_tree(spec, opts) if spec.in_tree else stage_out_of_tree(spec, opts)

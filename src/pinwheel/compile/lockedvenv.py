@@ -39,7 +39,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from pinwheel import locking, runner
-from pinwheel.compile import pipwatch, workers, workspace
+from pinwheel.compile import derivation, pipwatch, workers, workspace
 from pinwheel.compile.buildvenv import parse_requirements
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
@@ -282,7 +282,7 @@ def outside_lock(record: Mapping[str, Any]) -> str:
         for p in record.get("packages") or []
         if isinstance(p, Mapping) and p.get("from") != "lock" and not p.get("shadowed")
     )
-    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+    return derivation.digest(rows)
 
 
 def differences(venv: LockedVenv, packages: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -43,7 +43,6 @@ can write sccache's objects can write these.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from typing import Any
 
 from pinwheel import confine, untrusted, validate
 from pinwheel.checksums import sha256_file
-from pinwheel.compile import compcache, objbackends
+from pinwheel.compile import compcache, derivation, objbackends
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import remove_tree
 from pinwheel.options import AwsCredentials
@@ -81,7 +80,7 @@ def caller_flags(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def identity_key(ident: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(dict(ident), sort_keys=True).encode()).hexdigest()
+    return derivation.digest(dict(ident))
 
 
 # A default: the largest stored wheel read back (the engine wheels built so far are < 1 GiB).

@@ -44,6 +44,7 @@ from pinwheel.compile import (
 from pinwheel.compile.buildenv import SYSTEM_PATH, engine_base
 from pinwheel.compile.buildvenv import READY as BUILD_VENV_READY
 from pinwheel.compile.buildvenv import BuildVenv, ensure_build_venv
+from pinwheel.compile.derivation import Derivation
 from pinwheel.compile.engine import (
     EngineBuildRequest,
     build_engine,
@@ -667,6 +668,13 @@ def engine_workdir(request: BuildRequest) -> Path:
 
 
 def engine_key(config: BuildConfig, toolkit: Toolkit | None, canon: canonical.Canonical) -> str:
+    """The key of :func:`engine_derivation`."""
+    return engine_derivation(config, toolkit, canon).key
+
+
+def engine_derivation(
+    config: BuildConfig, toolkit: Toolkit | None, canon: canonical.Canonical
+) -> Derivation:
     """What a kept engine build tree is valid for: every [build] value that can reach the
     compilers (conservatively all but the version label), the toolkit and the path method."""
     # [build.torch_lock] is the out-of-tree kernels' torch: it never reaches the engine.
@@ -680,11 +688,7 @@ def engine_key(config: BuildConfig, toolkit: Toolkit | None, canon: canonical.Ca
     nvcc = None
     if toolkit is not None:
         nvcc = [toolkit.version, _nvcc_digest(Path(toolkit.nvcc))]
-    return workspace.key_of(
-        json.loads(
-            json.dumps({"config": values, "nvcc": nvcc, "canonical": canon.record()}, default=str)
-        )
-    )
+    return Derivation.of("engine", config=values, nvcc=nvcc, canonical=canon.record())
 
 
 def _nvcc_digest(path: Path) -> str | None:
@@ -705,10 +709,12 @@ def _engine(job: Production, session: compcache.Session | None) -> Built:
         source = request.engine_source
     else:
         with phases.phase("export") as note:
-            key = engine_key(config, toolkit, canon)
-            kept = workspace.prepare(work, key, cold=not request.compiler_cache)
+            derivation = engine_derivation(config, toolkit, canon)
+            cold = not request.compiler_cache
+            why = workspace.rebuild_reason(work, derivation, cold=cold)
+            kept = workspace.prepare(work, derivation, cold=cold)
             interrupted = workspace.begin_update(work)
-            state = "kept workspace (incremental)" if kept else "fresh workspace (cold)"
+            state = "kept workspace (incremental)" if kept else f"fresh workspace (cold; {why})"
             reporter.info(f"engine: {state}, canonical path by {canon.method}")
             with reporter.status(f"exporting tree {replayed.tree[:12]}"):
                 synced = workspace.sync_tree(

@@ -29,7 +29,6 @@ came from. ``verify-build`` still rebuilds from source and compares.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -42,6 +41,7 @@ from typing import Any
 
 from pinwheel import archive, confine, runner, untrusted, validate
 from pinwheel.checksums import SUMS, parse_sums, sha256_file
+from pinwheel.compile import derivation
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes, remove_tree
 from pinwheel.net import httpget
@@ -243,9 +243,7 @@ class Recorder:
         paths = sorted(inside | {p for p in self.before if is_build_file(p)})  # no second walk
         files = {p: blob_id(self.source / p) for p in paths}
         compiled, from_tree = members_of(wheel, self.source)
-        digest = hashlib.sha256(
-            json.dumps({"identity": ident, "files": files}, sort_keys=True).encode()
-        ).hexdigest()
+        digest = derivation.digest({"identity": ident, "files": files})
         return {
             "digest": digest,
             "tree": tree,

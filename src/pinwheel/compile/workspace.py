@@ -38,6 +38,7 @@ from typing import Any
 from pinwheel import archive, confine, locking, untrusted, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import stamps
+from pinwheel.compile.derivation import Derivation, because, changed, digest
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 
@@ -110,25 +111,52 @@ def locked(root: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[Path]:
 
 
 def key_of(identity: Mapping[str, Any]) -> str:
-    """The workspace key of a compiled-input identity."""
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    """The workspace key of a compiled-input identity (:func:`derivation.digest`)."""
+    return digest(dict(identity))
 
 
-def prepare(root: Path, key: str, *, cold: bool) -> bool:
-    """Make ``root`` ready for a build keyed ``key``; True when earlier work is kept."""
-    stamp = root / STAMP
-    kept = False
-    if not cold and stamp.is_file():
-        try:
-            kept = json.loads(stamp.read_text()).get("key") == key
-        except (OSError, ValueError):
-            kept = False
+def prepare(root: Path, key: str | Derivation, *, cold: bool) -> bool:
+    """Make ``root`` ready for a build keyed ``key`` (a derivation's key, the record kept in
+    the stamp for :func:`rebuild_reason`); True when earlier work is kept."""
+    derivation = key if isinstance(key, Derivation) else None
+    key = key.key if isinstance(key, Derivation) else key
+    kept = not cold and _stamped(root).get("key") == key
     if not kept and root.exists():
         remove_tree(root)
     root.mkdir(parents=True, exist_ok=True)
     if not kept:  # stamped now: a build that dies half-way is resumed, not trusted blindly
-        atomic_write_text(stamp, json.dumps({"key": key}) + "\n")
+        doc: dict[str, Any] = {"key": key}
+        if derivation is not None:
+            doc["derivation"] = derivation.to_json()
+        atomic_write_text(root / STAMP, json.dumps(doc, sort_keys=True) + "\n")
     return kept
+
+
+def rebuild_reason(root: Path, derivation: Derivation, *, cold: bool) -> str | None:
+    """Why a build keyed by ``derivation`` cannot keep ``root`` (None: it can): the fields
+    that differ from the derivation the kept workspace was built from, by
+    :func:`pinwheel.compile.derivation.changed`. Call it before :func:`prepare`."""
+    if cold:
+        return "rebuilt because: a cold build was asked for (no compiler cache, no kept tree)"
+    doc = _stamped(root)
+    if not doc:
+        return "rebuilt because: no earlier build in this workspace"
+    if doc.get("key") == derivation.key:
+        return None
+    earlier = doc.get("derivation")
+    if not isinstance(earlier, Mapping) or not isinstance(earlier.get("inputs"), Mapping):
+        return "rebuilt because: the earlier build recorded no derivation (an older pinwheel)"
+    return because(changed(earlier["inputs"], dict(derivation.inputs)))
+
+
+def _stamped(root: Path) -> dict[str, Any]:
+    """The workspace stamp, read bounded as a regular file ({} when missing or unreadable:
+    then nothing is kept)."""
+    try:
+        doc = untrusted.read_json(root / STAMP, untrusted.EXPORT_STAMP)
+    except (PinwheelError, OSError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def dir_entries(source: Path, skip: Iterable[str] = SKIP_DIRS) -> Iterator[Entry]:

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pinwheel import untrusted
+from pinwheel.compile import derivation
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
 
@@ -69,7 +70,7 @@ def key(nvcc: Path, arches: tuple[str, ...], env: Mapping[str, str], probe_sourc
                   else None] for name in HOST_COMPILERS],  # fmt: skip
         "host_env": {k: env.get(k) for k in HOST_ENV},
     }
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+    return derivation.digest(facts)
 
 
 def passed(cache: Path | None, probe_key: str) -> bool:
