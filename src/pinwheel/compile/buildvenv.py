@@ -21,7 +21,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from pinwheel import locking, runner
+from pinwheel import cachelayout, locking, runner
 from pinwheel.compile import pipwatch, workspace
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
@@ -91,7 +91,7 @@ def ensure_build_venv(
     ``index_url``: where the hashed files come from (``[build] torch_index``, checked as an
     https URL when the manifest is read), else pip's default index."""
     pins = parse_requirements(reqs.path.read_text(), reqs.path.name)
-    base = cache / "venvs"
+    base = cachelayout.bucket(cache, "venvs")
     name = f"build-{reqs.sha256[:16]}"
     if interpreter is not None and interpreter != sys.executable:
         name += "-" + hashlib.sha256(interpreter.encode()).hexdigest()[:8]

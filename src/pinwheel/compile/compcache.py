@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pinwheel import runner, validate
+from pinwheel import cachelayout, runner, validate
 from pinwheel.compile.canonical import Canonical
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import remove_tree
@@ -100,7 +100,7 @@ def plan(
             break
     env: dict[str, str] = {}
     if config.backend == "local" or backend == "local":
-        env["SCCACHE_DIR"] = str(cache / "sccache")
+        env["SCCACHE_DIR"] = str(cachelayout.bucket(cache, "sccache"))
         env["SCCACHE_CACHE_SIZE"] = config.size
     if config.backend == "redis":
         env["SCCACHE_REDIS_ENDPOINT"] = config.endpoint or ""

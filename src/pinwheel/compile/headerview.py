@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pinwheel import locking
+from pinwheel import cachelayout, locking
 from pinwheel.compile import workers
 from pinwheel.compile.workspace import SOURCE_MTIME
 from pinwheel.fsutil import remove_tree
@@ -94,7 +94,7 @@ def make(root: Path, cache: Path, mtime: int = SOURCE_MTIME) -> View:
     """The fixed-time copy of ``root`` in ``cache`` (made once; a half-made one is redone)."""
     root = Path(root)
     key = key_of(root)
-    final = cache / "headers" / key
+    final = cachelayout.bucket(cache, "headers") / key
     final.parent.mkdir(parents=True, exist_ok=True)
     with locking.held(final.parent / f".{key}.lock"):  # another build may be making it
         if not (final / READY).is_file():

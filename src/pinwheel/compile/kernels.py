@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import confine, runner
+from pinwheel import cachelayout, confine, runner
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import (
     frontend,
@@ -120,7 +120,7 @@ class BuildOptions:
 
 def workdir(spec: KernelSpec, opts: BuildOptions) -> Path:
     """The kernel's kept workspace: ``src/`` (the export), ``build/``, ``dist/``, the log."""
-    return opts.cache / "kernels" / spec.name
+    return cachelayout.bucket(opts.cache, "kernels") / spec.name
 
 
 def stage_in_tree(spec: KernelSpec, opts: BuildOptions) -> SourceTree:

@@ -38,7 +38,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from pinwheel import locking, runner
+from pinwheel import cachelayout, locking, runner
 from pinwheel.compile import derivation, pipwatch, workers, workspace
 from pinwheel.compile.buildvenv import parse_requirements
 from pinwheel.errors import PinwheelError
@@ -144,7 +144,7 @@ def ensure(req: LockedVenvRequest, reporter: Reporter = SILENT) -> LockedVenv:
     key = hashlib.sha256(
         json.dumps([base.base, base.version, lock_sha, list(overlay)]).encode()
     ).hexdigest()[:16]
-    root = Path(req.cache) / "venvs"
+    root = cachelayout.bucket(Path(req.cache), "venvs")
     final = root / f"{req.kind}-{key}"
     root.mkdir(parents=True, exist_ok=True)
     with locking.held(root / f".{final.name}.lock"):

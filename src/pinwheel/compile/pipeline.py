@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import confine, runner, untrusted
+from pinwheel import cachelayout, confine, runner, untrusted
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import (
     canonical,
@@ -253,7 +253,10 @@ def build(
         else:
             with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
                 session, cache_plan = compcache.start(
-                    cache_plan, request.cache / "sccache-run", request.host, canon
+                    cache_plan,
+                    cachelayout.bucket(request.cache, "sccache-run"),
+                    request.host,
+                    canon,
                 )
             if cache_plan.disabled:
                 reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
@@ -442,7 +445,8 @@ def _publish(
     check = Phases()
     with check.phase("check") as note:
         spent = [0.0]
-        memo = checkmemo.Memo(request.cache / "memo", note) if request.compiler_cache else None
+        memo_dir = cachelayout.bucket(request.cache, "memo")
+        memo = checkmemo.Memo(memo_dir, note) if request.compiler_cache else None
 
         def timed(step: Callable[..., Any]) -> Callable[..., Any]:
             def run(*args: Any, **kw: Any) -> Any:
@@ -664,7 +668,7 @@ def engine_workdir(request: BuildRequest) -> Path:
     the canonical path, so its location does not reach the bytes)."""
     if request.engine_workdir is not None:
         return request.engine_workdir
-    return request.cache / "build" / request.manifest.name
+    return cachelayout.bucket(request.cache, "build") / request.manifest.name
 
 
 def engine_key(config: BuildConfig, toolkit: Toolkit | None, canon: canonical.Canonical) -> str:

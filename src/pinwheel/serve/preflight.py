@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel import documents, runner, untrusted, validate
+from pinwheel import cachelayout, documents, runner, untrusted, validate
 from pinwheel.cudaarch import CudaArch, parse_dotted
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest.serve import Engine, Image, ServeConfig, ServeProfile
@@ -315,7 +315,8 @@ def cached_toolkits(cache: Path | None, major: str) -> list[Path]:
     """Toolkits of CUDA ``major`` that pinwheel provisioned into the cache (complete ones)."""
     if cache is None:
         return []
-    found = sorted((Path(cache) / "toolchains").glob(f"cuda-{major}.*"), reverse=True)
+    toolchains = cachelayout.bucket(Path(cache), "toolchains")
+    found = sorted(toolchains.glob(f"cuda-{major}.*"), reverse=True)
     return [
         root
         for root in found

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pinwheel import locking
+from pinwheel import cachelayout, locking
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.progress import SILENT, Reporter
@@ -164,12 +164,12 @@ class Cache:
         self.reporter = reporter
 
     def repo_path(self, url: str) -> Path:
-        return self.root / "repos" / f"{slug(url)}.git"
+        return cachelayout.bucket(self.root, "repos") / f"{slug(url)}.git"
 
     @contextlib.contextmanager
     def locked(self, url: str) -> Iterator[Path]:
         """Hold the cache lock for ``url``: two runs never write one repo at once."""
-        lock_path = self.root / "locks" / f"{slug(url)}.lock"
+        lock_path = cachelayout.bucket(self.root, "locks") / f"{slug(url)}.lock"
         mark(self.root)
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         with locking.held(

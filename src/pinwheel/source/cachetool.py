@@ -17,13 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pinwheel import confine, locking, untrusted
+from pinwheel import cachelayout, confine, locking, untrusted
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest import Manifest
 from pinwheel.source import cache, gitcli
 from pinwheel.source.cache import slug
 
-KEEP = ("locks", cache.TAG)  # another run may hold a lock; the marker says what this is
+# Never removed by `cache clean` (another run may hold a lock; the marker says what this
+# is): the cache layout's own table says which.
+KEEP = cachelayout.kept_by_clean()
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pinwheel import cachelayout
 from pinwheel.compile.toolchain.pins import DEV_PROBES, LOCKS, MARKER, NOT_PROVISIONABLE
 from pinwheel.compile.toolchain.provision import provision_toolkit
 from pinwheel.compile.toolchain.toolkit import ToolchainError, Toolkit, nvcc_version, probe_arches
@@ -96,7 +97,7 @@ def resolve_toolkit(request: ToolkitRequest) -> Toolkit:
     lock = LOCKS.get(config.cuda)
     if lock is not None and config.cuda_dev:
         lock = lock.with_dev()
-    cached = cache / "toolchains" / lock.dirname if lock else None
+    cached = cachelayout.bucket(cache, "toolchains") / lock.dirname if lock else None
     if lock and cached and (cached / MARKER).is_file():
         return _checked(cached, config, "provisioned", environ, cache)
     if not provision or lock is None:

@@ -16,7 +16,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from pinwheel import confine, locking, untrusted
+from pinwheel import cachelayout, confine, locking, untrusted
 from pinwheel.compile.toolchain.apt import fetch_debs
 from pinwheel.compile.toolchain.download import fetch_wheel
 from pinwheel.compile.toolchain.pins import MARKER, ToolkitLock
@@ -85,7 +85,7 @@ def provision_toolkit(
     are removed (their sha256 and sizes stay in the tree's marker), and files identical
     to an already provisioned variant's (``-dev``) are hard links to them.
     """
-    base = cache / "toolchains"
+    base = cachelayout.bucket(cache, "toolchains")
     final = base / lock.dirname
     base.mkdir(parents=True, exist_ok=True)
     with locking.held(base / f".{lock.dirname}.lock"):

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pinwheel import cachelayout
 from pinwheel.compile.toolchain.choose import check
 from pinwheel.compile.toolchain.find import installed
 from pinwheel.compile.toolchain.hostcc import HostCompiler
@@ -116,7 +117,7 @@ def cudas_here(config: BuildConfig, cache: Path, machine: HostEnvironment) -> li
             seen.append(_seen("installed", source, root, version, config))
     for _, base in sorted(LOCKS.items()):
         lock = base.with_dev() if config.cuda_dev else base
-        tree = cache / "toolchains" / lock.dirname
+        tree = cachelayout.bucket(cache, "toolchains") / lock.dirname
         if (tree / MARKER).is_file():
             seen.append(_seen("provisioned", "cache", tree, lock.version, config, kept(tree)))
             continue
