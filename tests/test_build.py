@@ -416,7 +416,7 @@ def test_the_engine_workspace_key_does_not_depend_on_the_checkouts_path(tmp_path
     file counts by its pinned sha256, not by where the checkout put it (a clone elsewhere
     wiped the kept 1Cat-vLLM build tree and exported its build sources again)."""
     from pinwheel.compile import canonical
-    from pinwheel.compile.pipeline import engine_key
+    from pinwheel.compile.produce import engine_key
     from pinwheel.manifest.build import Requirements
 
     examples = Path(__file__).resolve().parent.parent / "recipes" / "examples"

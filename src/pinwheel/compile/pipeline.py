@@ -13,55 +13,34 @@ replayed tree and build the engine wheel, then hand every wheel to
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
-import hashlib
-import json
-import os
-import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import cachelayout, confine, runner, untrusted
-from pinwheel.checksums import sha256_file
+from pinwheel import cachelayout
 from pinwheel.compile import (
     canonical,
     checkmemo,
     compcache,
     headerview,
-    invalidate,
-    keptsources,
-    listing,
-    lockedvenv,
     objstore,
     reuse,
-    workspace,
 )
-from pinwheel.compile.buildenv import SYSTEM_PATH, engine_base
 from pinwheel.compile.buildvenv import READY as BUILD_VENV_READY
-from pinwheel.compile.buildvenv import BuildVenv, ensure_build_venv
-from pinwheel.compile.derivation import Derivation
+from pinwheel.compile.buildvenv import ensure_build_venv
 from pinwheel.compile.engine import (
-    EngineBuildRequest,
-    build_engine,
     build_python,
-    commit_time,
-    engine_version,
 )
 from pinwheel.compile.kernels import (
     TORCH_VENV_READY,
-    BuildOptions,
-    build_kernel,
-    build_twice,
     select,
 )
 from pinwheel.compile.phases import Phase, Phases
-from pinwheel.compile.phases import human_lines as phase_lines
-from pinwheel.compile.sources import plan_env, supply, unpinned
+from pinwheel.compile.produce import Production, build_variant, engine_workdir, produce
+from pinwheel.compile.request import BuildOutcome, BuildRequest
 from pinwheel.compile.toolchain import (
     ToolchainChoice,
     Toolkit,
@@ -74,118 +53,19 @@ from pinwheel.compile.toolchain.pins import LOCKS
 from pinwheel.compile.toolchain.pins import MARKER as TOOLKIT_MARKER
 from pinwheel.compile.toolchain.survey import cudas_here
 from pinwheel.compile.toolchain.toolkit import ToolchainError
-from pinwheel.errors import ManifestError, PinwheelError
-from pinwheel.fsutil import atomic_write_text, remove_tree
-from pinwheel.manifest import Manifest
+from pinwheel.errors import ManifestError
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.manifest.component import Stack, stacks
 from pinwheel.manifest.targets import target_problems
-from pinwheel.options import HostEnvironment
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
 from pinwheel.source.cache import mark as mark_cache
-from pinwheel.source.replay import ReplayRequest, reach_all, replay, replaying
+from pinwheel.source.replay import reach_all, replay, replaying
 from pinwheel.wheels.check import check_wheels, find_tools, spec_from_build
 from pinwheel.wheels.provenance import receipt, toolchain_facts
-from pinwheel.wheels.relabel import variant_label
 from pinwheel.wheels.substitute import Substitution, apply, headline
 from pinwheel.wheels.substitute import to_json as substitutions_json
 from pinwheel.wheels.wheelset import Built, WheelSet, publish
-
-
-@dataclass(frozen=True)
-class BuildRequest:
-    """Everything a build needs, resolved once from flags, environment and manifest."""
-
-    manifest: Manifest
-    cache: Path
-    out_dir: Path
-    host: HostEnvironment = field(repr=False)  # the environment, typed (pinwheel.options.host)
-    mirrors: Mapping[str, str] = field(default_factory=dict)
-    offline: bool = False
-    provision: bool = True
-    reach: bool = False  # fetch every upstream the build reads first: one error for all
-    replay: ReplayRequest | None = None  # engine: replay this stack, then build its tree
-    replayed: Any = None  # ReplayResult of the manifest: build the engine from it
-    kernels: tuple[str, ...] | None = None  # names; None = the default ones; () = none
-    all_kernels: bool = False
-    twice: bool = False  # kernels: build twice, fail unless identical
-    source_date_epoch: int | None = None  # kernels: override the source's date
-    version: str | None = None  # engine: override (verify-build replays the recorded one)
-    engine_epoch: int | None = None  # engine: override SOURCE_DATE_EPOCH (verify-build)
-    engine_source: Path | None = None  # engine: build this directory instead of exporting
-    wheelhouse: Path | None = None  # offline source of the pinned build requirements
-    build_python: str | None = None  # the engine's interpreter without [build.requirements]
-    engine_workdir: Path | None = None  # engine: scratch path (default: by manifest and tree)
-    toolkit: Toolkit | None = None  # resolved already by this stage (attribute's variants)
-    cuda: bool = True  # False: no CUDA toolkit at all (CPU-only projects, stand-in builds)
-    compiler_cache: bool = True  # sccache per [build.cache]; False: --no-cache (verify-build)
-    reuse_from: str | None = None  # release dir | URL | wheel: reuse unchanged compiled members
-    # --substitute: build with this CUDA / gcc instead of [build]'s (recorded, never silent)
-    substitute: Mapping[str, str] = field(default_factory=dict)
-    # a toolchain choice made already (`pinwheel toolchain`'s survey, which reports a missing
-    # gcc or Python beside the toolkit rather than stopping at them); None: the stage chooses
-    chosen: ToolchainChoice | None = None
-
-
-@dataclass(frozen=True)
-class BuildOutcome:
-    toolkit: Toolkit | None
-    built: tuple[Built, ...]
-    wheels: WheelSet
-    twice: Mapping[str, float] = field(default_factory=dict)  # kernel -> first build seconds
-    substitutions: tuple[Substitution, ...] = ()  # the toolchain [build] pins, replaced on purpose
-    phases: tuple[Phase, ...] = ()  # each step timed, with what it did and skipped
-    replayed: Any = None  # the ReplayResult the engine was built from (None: no replay)
-
-    def to_json(self) -> dict[str, Any]:
-        floors = {w.wheel: w.floor.to_json() for w in self.wheels.report.wheels}
-        return {
-            "phases": [p.to_json() for p in self.phases],
-            "toolkit": self.toolkit.facts() if self.toolkit else None,
-            "substitutions": substitutions_json(self.substitutions),
-            **self.wheels.to_json(),
-            "components": [
-                {
-                    "name": b.component,
-                    "kind": b.kind,
-                    "wheel": b.wheel.name,
-                    "sha256": self.wheels.wheels[b.wheel.name],
-                    "seconds": round(b.seconds, 1),
-                    "first_build_seconds": self.twice.get(b.component),
-                    "reproduced": b.component in self.twice,
-                    "compiler_cache": b.build.compiler_cache,
-                    "reused": sorted((b.build.reused or {}).get("members", {})),
-                    "floor": floors.get(b.wheel.name),
-                    **dict(b.source),
-                }
-                for b in self.built
-            ],
-        }
-
-    def human_lines(self) -> list[str]:
-        tk = self.toolkit
-        lines = [line] if (line := headline(self.substitutions)) else []
-        lines.append(f"CUDA {tk.version} ({tk.source}) at {tk.root}" if tk else "no CUDA toolkit")
-        for b in self.built:
-            first = self.twice.get(b.component)
-            extra = f", first build {first:.1f} s, identical" if first is not None else ""
-            lines.append(f"{b.kind} {b.component}: {b.seconds:.1f} s{extra}{_cache_note(b)}")
-        return lines + self.wheels.human_lines() + phase_lines(self.phases)
-
-
-def _cache_note(b: Built) -> str:
-    cc = b.build.compiler_cache or {}
-    note = ""
-    if cc.get("enabled"):
-        note = f", compiler cache ({cc.get('backend')}): {cc.get('hits')} hits, "
-        note += f"{cc.get('misses')} misses"
-    elif cc:
-        note = f", no compiler cache: {cc.get('reason')}"
-    reused = (b.build.reused or {}).get("members") or {}
-    if reused and b.build.reused:
-        note += f", reused {len(reused)} compiled member(s) from {b.build.reused['wheel']}"
-    return note
 
 
 def build(
@@ -288,7 +168,7 @@ def build(
             )
     python = str(venv.python) if venv is not None else build_python(request.build_python, engine)
     try:
-        built, twice = _produce(
+        built, twice = produce(
             Production(
                 request=request, config=config, specs=tuple(specs), engine=engine,
                 toolkit=toolkit, reporter=reporter, session=session, cache_plan=cache_plan,
@@ -518,19 +398,6 @@ def foreign_header_dirs(
     return dirs
 
 
-def build_variant(
-    manifest: Any, config: BuildConfig, toolkit: Toolkit | None, built: Built | None = None
-) -> str:
-    """The label a wheel of this build carries: the system ([build] label, else the
-    manifest's name), the CUDA that compiled it (after --substitute) and the torch it
-    compiled against: the pinned torch for the engine, the torch a kernel's record names
-    (none for a CMake kernel, which links no torch: its name must not claim one)."""
-    torch = config.torch if built is None or built.kind == "engine" else built.build.torch
-    return variant_label(
-        config.label or manifest.name, toolkit.version if toolkit else None, torch
-    )
-
-
 def torch_pin(
     config: BuildConfig, build_python_torch: str | None, built: list[Built]
 ) -> dict[str, Any]:
@@ -543,437 +410,12 @@ def torch_pin(
     return {"version": version, "index": config.torch_index, "requested": config.torch}
 
 
-@dataclass(frozen=True)
-class Production:
-    """What the producers of one build share, decided by :func:`build` before anything
-    compiles: the request after the toolchain choice, the effective ``[build]``, the
-    kernels and whether the engine builds, the toolkit, the compiler cache (its running
-    server, plan and object store), earlier wheels to reuse, the canonical path method, the
-    engine's build venv and the phase collector."""
-
-    request: BuildRequest
-    config: BuildConfig
-    specs: tuple[Any, ...]
-    engine: bool
-    toolkit: Toolkit | None
-    reporter: Reporter
-    session: compcache.Session | None
-    cache_plan: compcache.Plan
-    earlier: Mapping[str, Any]
-    canon: canonical.Canonical
-    venv: BuildVenv | None
-    phases: Phases
-    store: objstore.Store | None = None
-
-
-def _produce(job: Production) -> tuple[list[Built], dict[str, float]]:
-    """Run the producers; each wheel records its compiler-cache numbers."""
-    request, config, toolkit, reporter = job.request, job.config, job.toolkit, job.reporter
-    session, cache_plan, phases = job.session, job.cache_plan, job.phases
-    built: list[Built] = []
-    twice: dict[str, float] = {}
-
-    def measure(produce: Callable[[Any], Built]) -> Built:
-        if session is None:
-            b = produce(None)
-            return _with_cache(b, cache_plan.record())
-        session.zero()
-        try:
-            b = produce(session)
-        except PinwheelError as err:
-            failed = compcache.cache_failure(err)
-            if failed is None:
-                raise  # the build itself is broken: no second, uncached attempt
-            reporter.info(f"the compiler cache failed ({failed}); building again without it")
-            b = produce(None)
-            why = f"failed during the build ({failed}); rebuilt without it"
-            off = dataclasses.replace(cache_plan, disabled=why)
-            return _with_cache(b, off.record())
-        return _with_cache(b, session.stats())
-
-    opts = BuildOptions(
-        cache=request.cache,
-        mirrors=request.mirrors,
-        host=request.host,
-        offline=request.offline,
-        source_date_epoch=request.source_date_epoch,
-        reporter=reporter,
-        launcher=session,
-        canonical=job.canon,
-        cold=not request.compiler_cache,
-        store=job.store,
-        wheelhouse=request.wheelhouse,
-    )
-    for spec in job.specs:
-        if toolkit is None:
-            raise ManifestError(
-                f"[[kernel]] {spec.name} needs a CUDA toolkit",
-                where=spec.where,
-                next="build it with the toolkit (drop cuda=False from the request)",
-            )
-        with (
-            phases.phase(f"builder {spec.name}") as note,
-            reporter.status(f"building kernel {spec.name} ({spec.builder})"),
-        ):
-            begun = time.time()
-            if request.twice:
-                first, second = build_twice(spec, config, toolkit, opts)
-                twice[spec.name] = round(first.seconds, 1)
-                built.append(measure(lambda _: second))  # noqa: B023
-            else:
-                one = dataclasses.replace(opts, reuse=job.earlier.get(spec.name))
-                built.append(measure(functools.partial(_kernel, spec, config, toolkit, one)))
-            _kernel_note(note, built[-1], begun, spec.builder)
-
-    if job.engine:
-        with _engine_lock(request):
-            built.append(measure(functools.partial(_engine, job)))
-    return built, twice
-
-
-def _engine_lock(request: BuildRequest) -> contextlib.AbstractContextManager[object]:
-    """The kept engine workspace held for the whole engine build (workspace.locked); a
-    plain source tree has no workspace to share."""
-    if request.engine_source is not None:
-        return contextlib.nullcontext()
-    return workspace.locked(engine_workdir(request))
-
-
-def _kernel_note(note: Any, b: Built, begun: float, builder: str) -> None:
-    """What the kernel's builder phase did: stored build, last build, or a build."""
-    if (b.build.reused or {}).get("from") == "the object store":
-        n = len(b.build.reused.get("members") or {}) if b.build.reused else 0
-        note.skip(f"compiling: the object store holds this build ({n} compiled member(s)): "
-                  "nothing configured, compiled or linked")  # fmt: skip
-    elif b.wheel.stat().st_mtime < begun:  # written before this phase: not built by it
-        note.skip("the builder: nothing changed since the last build; its wheel is the build")
-    else:
-        note.did(f"built by {builder}")
-
-
-def _with_cache(b: Built, numbers: Mapping[str, Any]) -> Built:
-    """``b`` with the compiler cache's numbers (or why it was off) in its record."""
-    return dataclasses.replace(b, build=dataclasses.replace(b.build, compiler_cache=numbers))
-
-
-def _kernel(
-    spec: Any, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions, launcher: Any
-) -> Built:
-    return build_kernel(spec, config, toolkit, dataclasses.replace(opts, launcher=launcher))
-
-
-def engine_workdir(request: BuildRequest) -> Path:
-    """The engine's kept workspace, one per manifest: each new tree updates its export in
-    place, so a rebuild compiles only what the new tree changed (the compilers see it at
-    the canonical path, so its location does not reach the bytes)."""
-    if request.engine_workdir is not None:
-        return request.engine_workdir
-    return cachelayout.bucket(request.cache, "build") / request.manifest.name
-
-
-def engine_key(config: BuildConfig, toolkit: Toolkit | None, canon: canonical.Canonical) -> str:
-    """The key of :func:`engine_derivation`."""
-    return engine_derivation(config, toolkit, canon).key
-
-
-def engine_derivation(
-    config: BuildConfig, toolkit: Toolkit | None, canon: canonical.Canonical
-) -> Derivation:
-    """What a kept engine build tree is valid for: every [build] value that can reach the
-    compilers (conservatively all but the version label), the toolkit and the path method."""
-    # [build.torch_lock] is the out-of-tree kernels' torch: it never reaches the engine.
-    values = {
-        k: v
-        for k, v in dataclasses.asdict(config).items()
-        if k not in ("version", "label", "torch_lock")
-    }
-    if config.requirements is not None:  # its bytes (pinned by sha256), not the checkout's path
-        values["requirements"] = {"sha256": config.requirements.sha256}
-    nvcc = None
-    if toolkit is not None:
-        nvcc = [toolkit.version, _nvcc_digest(Path(toolkit.nvcc))]
-    return Derivation.of("engine", config=values, nvcc=nvcc, canonical=canon.record())
-
-
-def _nvcc_digest(path: Path) -> str | None:
-    return sha256_file(path.resolve()) if path.is_file() else None
-
-
-def _engine(job: Production, session: compcache.Session | None) -> Built:
-    """The engine wheel, its compilers through ``session`` (None: no compiler cache; the
-    caller holds the kept workspace: :func:`_engine_lock`)."""
-    request, config, toolkit, reporter = job.request, job.config, job.toolkit, job.reporter
-    earlier, canon, venv, phases, store = job.earlier, job.canon, job.venv, job.phases, job.store
-    replayed = request.replayed
-    work = engine_workdir(request)
-    export_digest: str | None = None
-    kept = interrupted = False
-    changed: tuple[str, ...] = ()
-    if request.engine_source is not None:
-        source = request.engine_source
-    else:
-        with phases.phase("export") as note:
-            derivation = engine_derivation(config, toolkit, canon)
-            cold = not request.compiler_cache
-            why = workspace.rebuild_reason(work, derivation, cold=cold)
-            kept = workspace.prepare(work, derivation, cold=cold)
-            interrupted = workspace.begin_update(work)
-            state = "kept workspace (incremental)" if kept else f"fresh workspace (cold; {why})"
-            reporter.info(f"engine: {state}, canonical path by {canon.method}")
-            with reporter.status(f"exporting tree {replayed.tree[:12]}"):
-                synced = workspace.sync_tree(
-                    replayed, work / "src", work / "export.json", exclude=config.exclude
-                )
-            note.did(f"{state}: {len(synced.written)} file(s) written, "
-                     f"{len(synced.removed)} removed")  # fmt: skip
-            if synced.kept:
-                note.skip(f"rewriting {synced.kept} unchanged file(s) (bytes compared)")
-            if kept:
-                reporter.info(f"engine export: {len(synced.written)} file(s) changed, "
-                              f"{len(synced.removed)} removed, {synced.kept} kept")  # fmt: skip
-            export_digest, changed = synced.digest, synced.changed
-        source = work / "src"
-    version = request.version or engine_version(
-        config, replayed, build_variant(request.manifest, config, toolkit)
-    )
-    if request.engine_epoch is not None:
-        epoch = request.engine_epoch
-    elif replayed is not None:
-        epoch = commit_time(replayed.repo_path, replayed.base)
-    else:
-        raise ManifestError(
-            "SOURCE_DATE_EPOCH unknown for a plain source tree",
-            where=str(source),
-            next="pass the base commit's date",
-        )
-    origin = {
-        "url": request.manifest.upstream.url,
-        "commit": replayed.base if replayed is not None else request.manifest.upstream.commit,
-        "head": replayed.head if replayed is not None else None,
-        "tree": replayed.tree if replayed is not None else None,
-        "origin": "replayed stack" if replayed is not None else str(source),
-    }
-    extra_env: dict[str, str] = {}
-    record: dict[str, Any] = {"excluded": list(config.exclude)}
-    python = str(venv.python) if venv is not None else build_python(request.build_python)
-    if venv is not None:
-        record["requirements"] = venv.record()
-    # Declared values only (buildenv.engine_base): a PATH of the toolkit, the build Python's
-    # folder, the chosen compiler's and the system's; a HOME under the cache; nothing else of
-    # the caller's. PATH and HOME are recorded (the cache as $CACHE).
-    placeholders = machine_placeholders(request.cache, python)
-    home = confine.inside(request.cache, Path("build") / ".home", what="engine build HOME")
-    home.mkdir(parents=True, exist_ok=True)
-    base = engine_base(request.host, python=python, home=str(home))
-    path = base["PATH"]
-    if toolkit is not None:
-        path = f"{toolkit.root / 'bin'}{os.pathsep}{path}"
-    extra_env.update({"PATH": path, "HOME": base["HOME"]})
-    cmake_args = request.host.cmake_args_text  # declared (pinwheel.options): recorded as set
-    if cmake_args:
-        extra_env["CMAKE_ARGS"] = cmake_args
-    # The build Python's include directory and its torch's headers, when outside the cache,
-    # reach the objects under canonical names (headerview.prefix_maps), as the cache does.
-    canon = canon.with_outside(headerview.prefix_maps(
-        [Path(python)], canonical.CANONICAL_ROOT, request.cache
-    ))
-    sources_phase = phases.start("build sources")
-    sources_note = sources_phase.note
-    if replayed is not None:  # every source the tree declares for these arches must be pinned
-        if _check_declared(replayed, config, work if request.engine_source is None else None):
-            sources_note.did("checked the sources the tree declares are pinned")
-        else:
-            sources_note.skip("declared-sources check: same tree, arches and pins as the "
-                              "last build that passed it")  # fmt: skip
-    wrapper: tuple[str, ...] = ()
-    if canon.method == canonical.NAMESPACE and config.network == "none":
-        # The canonical namespace gets a network namespace too (one unshare).
-        network, netns = "none", True
-    else:
-        (wrapper, network), netns = network_wrapper(config.network), False
-    supplied, deps_changed = _supply_in_place(config, source, work, request, reporter, sources_note)
-    if kept and (changed or deps_changed or interrupted):
-        # File times are fixed (workspace.SOURCE_MTIME): pinwheel tells the tree what changed.
-        gone = invalidate.after_update(
-            (source / "build",), changed, roots=(source, canon.to_build(source)),
-            path=extra_env["PATH"],
-            build_dir_spellings=((work, canon.to_build(work)),), interrupted=interrupted,
-            changed_sources=deps_changed,
-        )  # fmt: skip
-        reporter.info(f"engine: {len(changed)} file(s) changed: {gone.summary()}")
-        sources_note.did(f"invalidated what {len(changed)} changed file(s) reached")
-    if request.engine_source is None:
-        workspace.end_update(work)
-    sources_phase.end()
-    if supplied:
-        extra_env.update(
-            plan_env(supplied, cmake_args, disconnected=network != "none")
-        )
-    record["sources"] = [s.record() for s in supplied]
-    record["network"] = network
-    record["canonical"] = canon.record()
-    if network != "none" and config.network == "none":
-        reporter.info("no network namespace here (unshare -rn failed): building with network")
-    environment = None
-    if venv is not None and config.requirements is not None:
-        with phases.phase("build venv check") as venv_note:
-            environment = lockedvenv.engine_environment(
-                venv.python, config.requirements.path.name, venv.digest, venv.requirements
-            )
-            venv_note.did(f"listed {len(environment['packages'])} package(s): the lock's")
-    with phases.phase("builder") as note, reporter.status(f"building the engine wheel {version}"):
-        built = build_engine(
-            EngineBuildRequest(
-                config=config,
-                source=source,
-                work=work,
-                toolkit=toolkit,
-                version=version,
-                source_date_epoch=epoch,
-                environ=base,
-                origin=origin,
-                python=python,
-                extra_env=extra_env,
-                wrapper=wrapper,
-                record=record,
-                supplied=tuple(s.name for s in supplied),
-                launcher=session,
-                reuse_from=earlier.get("engine"),
-                placeholders=placeholders,
-                reporter=reporter,
-                canonical=canon,
-                no_network=netns,
-                listing_hook=str(listing.install(request.cache)),
-                export_digest=export_digest,
-                kept=kept,
-                note=note,
-                store=store,
-            )
-        )
-    # Recorded without this machine's paths, as the identity is: provenance travels with
-    # the release.
-    env = {k: reuse.portable(v, placeholders) for k, v in built.build.env.items()}
-    made = dataclasses.replace(built.build, env=env)
-    if built.build.command is not None:
-        command = tuple(reuse.portable(c, placeholders) for c in built.build.command)
-        made = dataclasses.replace(made, command=command)
-    # The venv as listed for this build (a no-change build's record is the last build's,
-    # its environment listed again now); outside the inputs digest: the lock's sha256 is in.
-    if environment is not None:
-        made = dataclasses.replace(made, environment=environment)
-    return dataclasses.replace(built, build=made)
-
-
-def machine_placeholders(cache: Path, python: str) -> dict[str, str]:
-    """This machine's paths in what the engine build records, and their names: the cache
-    (as given and resolved) ``$CACHE``; the folder of a build Python outside it
-    (``PINWHEEL_BUILD_PYTHON``, a declared input: its version is recorded)
-    ``$BUILD_PYTHON_DIR``, unless it is one of the system's directories."""
-    caches = {str(Path(cache).absolute()), os.path.realpath(cache)}
-    out = dict.fromkeys(caches, "$CACHE")
-    folder = str(Path(python).parent)
-    if folder not in SYSTEM_PATH and not any(Path(folder).is_relative_to(c) for c in caches):
-        out[folder] = "$BUILD_PYTHON_DIR"
-    return out
-
-
-def _supply_in_place(
-    config: BuildConfig,
-    source: Path,
-    work: Path,
-    request: BuildRequest,
-    reporter: Reporter,
-    note: Any = None,
-) -> tuple[tuple[Any, ...], tuple[str, ...]]:
-    """The build sources under ``work/deps``, updated in place: a source whose pins and
-    files still hold is kept as it is (:mod:`pinwheel.compile.keptsources`); the others are
-    exported into a staging directory, then only changed files are written (a kept build
-    tree sees the others unchanged). Also: the names of the sources that changed."""
-    found: dict[str, Any] = {}
-    for src in config.sources:
-        last = keptsources.kept(work, src, source)
-        if last is not None:
-            found[src.name] = last
-            reporter.info(f"build source {src.name}: unchanged since the last build, kept")
-            if note is not None:
-                note.skip(f"export of build source {src.name}: its pins and files hold")
-    todo = tuple(src for src in config.sources if src.name not in found)
-    staged = work / ".deps-staged"
-    remove_tree(staged, ignore_errors=True)
-    supplied = supply(
-        todo,
-        project=source,
-        dest=staged,
-        cache=Cache(request.cache, request.mirrors, request.offline),
-        reporter=reporter,
-    )
-    changed = []
-    for src, s in zip(todo, supplied, strict=True):
-        final = work / "deps" / s.name
-        exported = work / f"deps-{s.name}.json"
-        fresh = not exported.is_file()
-        if fresh or not final.is_dir():  # nothing kept to compare with: one rename
-            remove_tree(final, ignore_errors=True)
-            synced = workspace.adopt(s.path, final, exported)
-        else:
-            synced = workspace.sync(final, workspace.dir_entries(s.path, skip=()), exported)
-        if synced.changed and not fresh:
-            changed.append(s.name)
-        found[s.name] = dataclasses.replace(s, path=final)
-        keptsources.remember(work, keptsources.key_of(src, source), found[s.name])
-    remove_tree(staged, ignore_errors=True)
-    out = [found[src.name] for src in config.sources]
-    return tuple(out), tuple(changed)
-
-
-DECLARED = "declared-sources.json"
-
-
-def _check_declared(replayed: Any, config: BuildConfig, work: Path | None) -> bool:
-    """Refuse a tree that declares sources [build] does not pin. False when skipped:
-    ``work`` records the last passing check's (tree, arches, CUDA, pins), and the tree
-    (a git tree id: its bytes) and those are the same now."""
-    from pinwheel.source.buildsources import discover
-    from pinwheel.source.libgit2 import pygit2
-
-    facts = json.dumps(
-        [replayed.tree, list(config.arches), config.cuda,
-         [dataclasses.asdict(s) for s in config.sources]],
-        sort_keys=True, default=str,
-    )  # fmt: skip
-    key = hashlib.sha256(facts.encode()).hexdigest()
-    if work is not None:
-        try:
-            if untrusted.read_json(work / DECLARED, checkmemo.KIND).get("key") == key:
-                return False
-        except (PinwheelError, AttributeError):
-            pass
-    repo = pygit2.Repository(str(replayed.repo_path))
-    missing = unpinned(discover(repo, replayed.tree, config.arches, config.cuda), config.sources)
-    if missing:
-        names = "; ".join(
-            f"{d.name} ({d.url} @ {d.ref}, used: {d.used}, {d.where})" for d in missing
-        )
-        raise ManifestError(
-            f"the tree declares build-time sources [build] does not pin: {names}",
-            where="[[build.source]]",
-            next="run `pinwheel lock` to pin them (or add them with omit = true and a reason); "
-            "`pinwheel plan` lists them",
-        )
-    if work is not None:
-        atomic_write_text(work / DECLARED, json.dumps({"key": key}) + "\n")
-    return True
-
-
-def network_wrapper(mode: str) -> tuple[tuple[str, ...], str]:
-    """(command prefix, what provenance records): a user+network namespace when asked and
-    possible, so an undeclared download fails loudly instead of fetching."""
-    if mode != "none":
-        return (), "allowed"
-    unshare = shutil.which("unshare")
-    if unshare and runner.run(runner.Command((unshare, "-rn", "true"), check=False)).ok:
-        return (unshare, "-rn"), "none"
-    return (), "host (no network namespace available)"
-
-
-__all__ = ["BuildOutcome", "BuildRequest", "ToolkitOutcome", "build", "toolchain"]
+__all__ = [
+    "BuildOutcome",
+    "BuildRequest",
+    "ToolkitOutcome",
+    "build",
+    "build_variant",
+    "engine_workdir",
+    "toolchain",
+]
