@@ -196,7 +196,7 @@ class _Parser(argparse.ArgumentParser):
 
     last_error: str | None = None
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         _Parser.last_error = message
         return super().error(message)
 
@@ -247,7 +247,9 @@ def command(sub: Any, name: str, help: str, func: Any) -> argparse.ArgumentParse
     if only is not None and only != name:
         sub.add_parser(name, help=help, add_help=False)
         return _Unbuilt()  # type: ignore[return-value]
-    parser = sub.add_parser(name, help=help, description=help, parents=[_COMMON])
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=help, parents=[_COMMON]
+    )
     parser.set_defaults(func=func)
     return parser
 

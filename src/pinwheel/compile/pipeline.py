@@ -113,45 +113,8 @@ def build(
             toolkit = _toolkit(request, config, reporter)
 
     earlier = reuse.candidates(request.reuse_from, request.cache) if request.reuse_from else {}
-    cache_plan = compcache.plan(
-        config.cache, request.cache, request.host, enabled=request.compiler_cache
-    )
-    canon = canonical.choose(request.cache, request.host)
-    canon = canon.with_toolkit(toolkit.root if toolkit is not None else None)
-    canon = canon.with_views(request.cache, foreign_header_dirs(request, config, engine, canon))
-    if canon.foreign_headers and not canon.views:
-        reporter.info(
-            f"{canon.foreign_headers} header directories outside the cache keep this machine's "
-            "file times (no mount namespace): their cubins' line tables can differ elsewhere"
-        )
-    if canon.why:
-        reporter.info(f"canonical build path by prefix maps: {canon.why}")
-    with phases.phase("compiler cache") as cache_note:
-        if cache_plan.disabled:  # off before it starts (--no-cache, config, no binary)
-            session = None
-            reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
-        else:
-            with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
-                session, cache_plan = compcache.start(
-                    cache_plan,
-                    cachelayout.bucket(request.cache, "sccache-run"),
-                    request.host,
-                    canon,
-                )
-            if cache_plan.disabled:
-                reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
-        if session is not None:
-            cache_note.did(f"sccache server started ({cache_plan.backend})")
-        else:
-            cache_note.skip(f"no compiler cache: {cache_plan.disabled}")
-        store, why = objstore.for_plan(
-            cache_plan, cold=not request.compiler_cache, turned_off=not config.cache.enabled,
-            aws=request.host.sccache.aws,
-        )
-        if store is not None:
-            cache_note.did(f"object store: {why}")
-        else:
-            cache_note.skip(f"object store: {why}")
+    canon = _canonical(request, config, engine, toolkit, reporter)
+    session, cache_plan, store = _compiler_cache(request, config, canon, phases, reporter)
     # The interpreter the engine builds in: the [build.requirements] venv when there is
     # one, else $PINWHEEL_BUILD_PYTHON or this one. Provenance (python, torch) and the
     # torch pin `install` reads come from it, not from the interpreter running pinwheel.
@@ -179,6 +142,24 @@ def build(
         if session is not None:
             session.stop()
 
+    wheels = _checked_set(request, choice, toolkit, python, built, phases, reporter)
+    return BuildOutcome(
+        toolkit=toolkit,
+        built=wheels.components,
+        wheels=wheels,
+        twice=twice,
+        substitutions=choice.substitutions,
+        phases=phases.rows(),
+        replayed=request.replayed,
+    )
+
+
+def _checked_set(
+    request: BuildRequest, choice: ToolchainChoice, toolkit: Toolkit | None, python: str,
+    built: list[Built], phases: Phases, reporter: Reporter,
+) -> WheelSet:
+    """The wheels tagged, checked and published as one set with their provenance."""
+    manifest, config = request.manifest, choice.config
     cuobjdump, auditwheel = find_tools(toolkit.root if toolkit else None)
     check_spec = spec_from_build(
         config,
@@ -206,15 +187,62 @@ def build(
     with reporter.status(f"checking {len(built)} wheel(s)"):
         wheels = _publish(request, built, check_spec, payload, phases,
                           label=lambda b: build_variant(manifest, config, toolkit, b))  # fmt: skip
-    return BuildOutcome(
-        toolkit=toolkit,
-        built=wheels.components,
-        wheels=wheels,
-        twice=twice,
-        substitutions=choice.substitutions,
-        phases=phases.rows(),
-        replayed=request.replayed,
+    return wheels
+
+
+def _canonical(
+    request: BuildRequest, config: BuildConfig, engine: bool, toolkit: Toolkit | None,
+    reporter: Reporter,
+) -> canonical.Canonical:
+    """How the compilers see fixed paths: the cache, the toolkit and header views."""
+    canon = canonical.choose(request.cache, request.host)
+    canon = canon.with_toolkit(toolkit.root if toolkit is not None else None)
+    canon = canon.with_views(request.cache, foreign_header_dirs(request, config, engine, canon))
+    if canon.foreign_headers and not canon.views:
+        reporter.info(
+            f"{canon.foreign_headers} header directories outside the cache keep this machine's "
+            "file times (no mount namespace): their cubins' line tables can differ elsewhere"
+        )
+    if canon.why:
+        reporter.info(f"canonical build path by prefix maps: {canon.why}")
+    return canon
+
+
+def _compiler_cache(
+    request: BuildRequest, config: BuildConfig, canon: canonical.Canonical, phases: Phases,
+    reporter: Reporter,
+) -> tuple[compcache.Session | None, compcache.Plan, objstore.Store | None]:
+    """The compiler cache's server started (or why not) and the object store it names."""
+    cache_plan = compcache.plan(
+        config.cache, request.cache, request.host, enabled=request.compiler_cache
     )
+    with phases.phase("compiler cache") as cache_note:
+        if cache_plan.disabled:  # off before it starts (--no-cache, config, no binary)
+            session = None
+            reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
+        else:
+            with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
+                session, cache_plan = compcache.start(
+                    cache_plan,
+                    cachelayout.bucket(request.cache, "sccache-run"),
+                    request.host,
+                    canon,
+                )
+            if cache_plan.disabled:
+                reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
+        if session is not None:
+            cache_note.did(f"sccache server started ({cache_plan.backend})")
+        else:
+            cache_note.skip(f"no compiler cache: {cache_plan.disabled}")
+        store, why = objstore.for_plan(
+            cache_plan, cold=not request.compiler_cache, turned_off=not config.cache.enabled,
+            aws=request.host.sccache.aws,
+        )
+        if store is not None:
+            cache_note.did(f"object store: {why}")
+        else:
+            cache_note.skip(f"object store: {why}")
+    return session, cache_plan, store
 
 
 @dataclass(frozen=True)

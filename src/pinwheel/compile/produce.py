@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ from pinwheel.compile import (
     canonical,
     checkmemo,
     compcache,
+    derivation,
     headerview,
     invalidate,
     keptsources,
@@ -236,166 +236,216 @@ def _nvcc_digest(path: Path) -> str | None:
     return sha256_file(path.resolve()) if path.is_file() else None
 
 
-def _engine(job: Production, session: compcache.Session | None) -> Built:
-    """The engine wheel, its compilers through ``session`` (None: no compiler cache; the
-    caller holds the kept workspace: :func:`_engine_lock`)."""
-    request, config, toolkit, reporter = job.request, job.config, job.toolkit, job.reporter
-    earlier, canon, venv, phases, store = job.earlier, job.canon, job.venv, job.phases, job.store
-    replayed = request.replayed
-    work = engine_workdir(request)
-    export_digest: str | None = None
-    kept = interrupted = False
+@dataclass(frozen=True)
+class _Export:
+    """The engine's tree as the builder will see it: where, and what changed since the
+    kept workspace's last build (nothing kept: a plain ``engine_source``)."""
+
+    source: Path
+    kept: bool = False
+    interrupted: bool = False
     changed: tuple[str, ...] = ()
+    digest: str | None = None
+
+
+def _export(job: Production, work: Path) -> _Export:
+    """The kept workspace keyed by the engine's derivation (a rebuild says which field
+    made it), the replayed tree synced into ``work/src`` in place."""
+    request, reporter = job.request, job.reporter
     if request.engine_source is not None:
-        source = request.engine_source
-    else:
-        with phases.phase("export") as note:
-            derivation = engine_derivation(config, toolkit, canon)
-            cold = not request.compiler_cache
-            why = workspace.rebuild_reason(work, derivation, cold=cold)
-            kept = workspace.prepare(work, derivation, cold=cold)
-            interrupted = workspace.begin_update(work)
-            state = "kept workspace (incremental)" if kept else f"fresh workspace (cold; {why})"
-            reporter.info(f"engine: {state}, canonical path by {canon.method}")
-            with reporter.status(f"exporting tree {replayed.tree[:12]}"):
-                synced = workspace.sync_tree(
-                    replayed, work / "src", work / "export.json", exclude=config.exclude
-                )
-            note.did(f"{state}: {len(synced.written)} file(s) written, "
-                     f"{len(synced.removed)} removed")  # fmt: skip
-            if synced.kept:
-                note.skip(f"rewriting {synced.kept} unchanged file(s) (bytes compared)")
-            if kept:
-                reporter.info(f"engine export: {len(synced.written)} file(s) changed, "
-                              f"{len(synced.removed)} removed, {synced.kept} kept")  # fmt: skip
-            export_digest, changed = synced.digest, synced.changed
-        source = work / "src"
-    version = request.version or engine_version(
-        config, replayed, build_variant(request.manifest, config, toolkit)
-    )
+        return _Export(request.engine_source)
+    replayed = request.replayed
+    with job.phases.phase("export") as note:
+        derivation = engine_derivation(job.config, job.toolkit, job.canon)
+        cold = not request.compiler_cache
+        why = workspace.rebuild_reason(work, derivation, cold=cold)
+        kept = workspace.prepare(work, derivation, cold=cold)
+        interrupted = workspace.begin_update(work)
+        state = "kept workspace (incremental)" if kept else f"fresh workspace (cold; {why})"
+        reporter.info(f"engine: {state}, canonical path by {job.canon.method}")
+        with reporter.status(f"exporting tree {replayed.tree[:12]}"):
+            synced = workspace.sync_tree(
+                replayed, work / "src", work / "export.json", exclude=job.config.exclude
+            )
+        note.did(f"{state}: {len(synced.written)} file(s) written, "
+                 f"{len(synced.removed)} removed")  # fmt: skip
+        if synced.kept:
+            note.skip(f"rewriting {synced.kept} unchanged file(s) (bytes compared)")
+        if kept:
+            reporter.info(f"engine export: {len(synced.written)} file(s) changed, "
+                          f"{len(synced.removed)} removed, {synced.kept} kept")  # fmt: skip
+    return _Export(work / "src", kept, interrupted, synced.changed, synced.digest)
+
+
+def _epoch(request: BuildRequest, source: Path) -> int:
+    """SOURCE_DATE_EPOCH: asked for (verify-build), else the replayed base commit's date."""
     if request.engine_epoch is not None:
-        epoch = request.engine_epoch
-    elif replayed is not None:
-        epoch = commit_time(replayed.repo_path, replayed.base)
-    else:
-        raise ManifestError(
-            "SOURCE_DATE_EPOCH unknown for a plain source tree",
-            where=str(source),
-            next="pass the base commit's date",
-        )
-    origin = {
+        return request.engine_epoch
+    if request.replayed is not None:
+        return commit_time(request.replayed.repo_path, request.replayed.base)
+    raise ManifestError(
+        "SOURCE_DATE_EPOCH unknown for a plain source tree",
+        where=str(source),
+        next="pass the base commit's date",
+    )
+
+
+def _origin(request: BuildRequest, source: Path) -> dict[str, Any]:
+    replayed = request.replayed
+    return {
         "url": request.manifest.upstream.url,
         "commit": replayed.base if replayed is not None else request.manifest.upstream.commit,
         "head": replayed.head if replayed is not None else None,
         "tree": replayed.tree if replayed is not None else None,
         "origin": "replayed stack" if replayed is not None else str(source),
     }
-    extra_env: dict[str, str] = {}
-    record: dict[str, Any] = {"excluded": list(config.exclude)}
+
+
+@dataclass(frozen=True)
+class _Declared:
+    """What the engine's builder is given from outside the tree: the environment pinwheel
+    declares (PATH, HOME, CMAKE_ARGS), the Python, the paths provenance names by
+    placeholder, and the network it may use."""
+
+    python: str
+    base: Mapping[str, str]
+    extra_env: Mapping[str, str]
+    placeholders: Mapping[str, str]
+    canon: canonical.Canonical
+    wrapper: tuple[str, ...]
+    network: str
+    netns: bool
+
+
+def _declared(job: Production) -> _Declared:
+    """Declared values only (buildenv.engine_base): a PATH of the toolkit, the build
+    Python's folder, the chosen compiler's and the system's; a HOME under the cache;
+    nothing else of the caller's. PATH and HOME are recorded (the cache as $CACHE)."""
+    request, toolkit, venv = job.request, job.toolkit, job.venv
     python = str(venv.python) if venv is not None else build_python(request.build_python)
-    if venv is not None:
-        record["requirements"] = venv.record()
-    # Declared values only (buildenv.engine_base): a PATH of the toolkit, the build Python's
-    # folder, the chosen compiler's and the system's; a HOME under the cache; nothing else of
-    # the caller's. PATH and HOME are recorded (the cache as $CACHE).
-    placeholders = machine_placeholders(request.cache, python)
     home = confine.inside(request.cache, Path("build") / ".home", what="engine build HOME")
     home.mkdir(parents=True, exist_ok=True)
     base = engine_base(request.host, python=python, home=str(home))
     path = base["PATH"]
     if toolkit is not None:
         path = f"{toolkit.root / 'bin'}{os.pathsep}{path}"
-    extra_env.update({"PATH": path, "HOME": base["HOME"]})
-    cmake_args = request.host.cmake_args_text  # declared (pinwheel.options): recorded as set
-    if cmake_args:
-        extra_env["CMAKE_ARGS"] = cmake_args
+    extra_env = {"PATH": path, "HOME": base["HOME"]}
+    if request.host.cmake_args_text:  # declared (pinwheel.options): recorded as set
+        extra_env["CMAKE_ARGS"] = request.host.cmake_args_text
     # The build Python's include directory and its torch's headers, when outside the cache,
     # reach the objects under canonical names (headerview.prefix_maps), as the cache does.
-    canon = canon.with_outside(headerview.prefix_maps(
-        [Path(python)], canonical.CANONICAL_ROOT, request.cache
-    ))
-    sources_phase = phases.start("build sources")
-    sources_note = sources_phase.note
-    if replayed is not None:  # every source the tree declares for these arches must be pinned
-        if _check_declared(replayed, config, work if request.engine_source is None else None):
-            sources_note.did("checked the sources the tree declares are pinned")
-        else:
-            sources_note.skip("declared-sources check: same tree, arches and pins as the "
-                              "last build that passed it")  # fmt: skip
+    canon = job.canon.with_outside(
+        headerview.prefix_maps([Path(python)], canonical.CANONICAL_ROOT, request.cache)
+    )
     wrapper: tuple[str, ...] = ()
-    if canon.method == canonical.NAMESPACE and config.network == "none":
+    if canon.method == canonical.NAMESPACE and job.config.network == "none":
         # The canonical namespace gets a network namespace too (one unshare).
         network, netns = "none", True
     else:
-        (wrapper, network), netns = network_wrapper(config.network), False
-    supplied, deps_changed = _supply_in_place(config, source, work, request, reporter, sources_note)
-    if kept and (changed or deps_changed or interrupted):
-        # File times are fixed (workspace.SOURCE_MTIME): pinwheel tells the tree what changed.
-        gone = invalidate.after_update(
-            (source / "build",), changed, roots=(source, canon.to_build(source)),
-            path=extra_env["PATH"],
-            build_dir_spellings=((work, canon.to_build(work)),), interrupted=interrupted,
-            changed_sources=deps_changed,
-        )  # fmt: skip
-        reporter.info(f"engine: {len(changed)} file(s) changed: {gone.summary()}")
-        sources_note.did(f"invalidated what {len(changed)} changed file(s) reached")
-    if request.engine_source is None:
-        workspace.end_update(work)
-    sources_phase.end()
-    if supplied:
-        extra_env.update(
-            plan_env(supplied, cmake_args, disconnected=network != "none")
+        (wrapper, network), netns = network_wrapper(job.config.network), False
+    return _Declared(python, base, extra_env, machine_placeholders(request.cache, python),
+                     canon, wrapper, network, netns)  # fmt: skip
+
+
+def _sources(
+    job: Production, work: Path, exported: _Export, declared: _Declared
+) -> tuple[tuple[Any, ...], dict[str, str]]:
+    """The build sources supplied in place (the tree's declared ones checked pinned), a kept
+    build tree told what changed; their variables for the builder."""
+    request, reporter, config = job.request, job.reporter, job.config
+    extra_env: dict[str, str] = {}
+    with job.phases.phase("build sources") as note:
+        if request.replayed is not None:  # every source the tree declares must be pinned
+            if _check_declared(request.replayed, config,
+                               work if request.engine_source is None else None):  # fmt: skip
+                note.did("checked the sources the tree declares are pinned")
+            else:
+                note.skip("declared-sources check: same tree, arches and pins as the "
+                          "last build that passed it")  # fmt: skip
+        supplied, deps_changed = _supply_in_place(
+            config, exported.source, work, request, reporter, note
         )
+        changed = exported.changed
+        if exported.kept and (changed or deps_changed or exported.interrupted):
+            # File times are fixed (workspace.SOURCE_MTIME): pinwheel says what changed.
+            source, canon = exported.source, declared.canon
+            gone = invalidate.after_update(
+                (source / "build",), changed, roots=(source, canon.to_build(source)),
+                path=declared.extra_env["PATH"],
+                build_dir_spellings=((work, canon.to_build(work)),),
+                interrupted=exported.interrupted, changed_sources=deps_changed,
+            )  # fmt: skip
+            reporter.info(f"engine: {len(changed)} file(s) changed: {gone.summary()}")
+            note.did(f"invalidated what {len(changed)} changed file(s) reached")
+        if request.engine_source is None:
+            workspace.end_update(work)
+    if supplied:
+        disconnected = declared.network != "none"
+        extra_env.update(
+            plan_env(supplied, request.host.cmake_args_text, disconnected=disconnected)
+        )
+    return supplied, extra_env
+
+
+def _engine(job: Production, session: compcache.Session | None) -> Built:
+    """The engine wheel, its compilers through ``session`` (None: no compiler cache; the
+    caller holds the kept workspace: :func:`_engine_lock`)."""
+    request, config, reporter, venv = job.request, job.config, job.reporter, job.venv
+    work = engine_workdir(request)
+    exported = _export(job, work)
+    version = request.version or engine_version(
+        config, request.replayed, build_variant(request.manifest, config, job.toolkit)
+    )
+    epoch = _epoch(request, exported.source)  # before anything is supplied
+    declared = _declared(job)
+    supplied, sources_env = _sources(job, work, exported, declared)
+    record: dict[str, Any] = {"excluded": list(config.exclude)}
+    if venv is not None:
+        record["requirements"] = venv.record()
     record["sources"] = [s.record() for s in supplied]
-    record["network"] = network
-    record["canonical"] = canon.record()
-    if network != "none" and config.network == "none":
+    record["network"] = declared.network
+    record["canonical"] = declared.canon.record()
+    if declared.network != "none" and config.network == "none":
         reporter.info("no network namespace here (unshare -rn failed): building with network")
     environment = None
     if venv is not None and config.requirements is not None:
-        with phases.phase("build venv check") as venv_note:
+        with job.phases.phase("build venv check") as venv_note:
             environment = lockedvenv.engine_environment(
                 venv.python, config.requirements.path.name, venv.digest, venv.requirements
             )
             venv_note.did(f"listed {len(environment['packages'])} package(s): the lock's")
-    with phases.phase("builder") as note, reporter.status(f"building the engine wheel {version}"):
+    with job.phases.phase("builder") as note, reporter.status(
+        f"building the engine wheel {version}"
+    ):
         built = build_engine(
             EngineBuildRequest(
-                config=config,
-                source=source,
-                work=work,
-                toolkit=toolkit,
-                version=version,
-                source_date_epoch=epoch,
-                environ=base,
-                origin=origin,
-                python=python,
-                extra_env=extra_env,
-                wrapper=wrapper,
-                record=record,
-                supplied=tuple(s.name for s in supplied),
-                launcher=session,
-                reuse_from=earlier.get("engine"),
-                placeholders=placeholders,
-                reporter=reporter,
-                canonical=canon,
-                no_network=netns,
+                config=config, source=exported.source, work=work, toolkit=job.toolkit,
+                version=version, source_date_epoch=epoch,
+                environ=declared.base, origin=_origin(request, exported.source),
+                python=declared.python, extra_env={**declared.extra_env, **sources_env},
+                wrapper=declared.wrapper, record=record,
+                supplied=tuple(s.name for s in supplied), launcher=session,
+                reuse_from=job.earlier.get("engine"), placeholders=declared.placeholders,
+                reporter=reporter, canonical=declared.canon, no_network=declared.netns,
                 listing_hook=str(listing.install(request.cache)),
-                export_digest=export_digest,
-                kept=kept,
-                note=note,
-                store=store,
+                export_digest=exported.digest, kept=exported.kept, note=note, store=job.store,
             )
-        )
-    # Recorded without this machine's paths, as the identity is: provenance travels with
-    # the release.
+        )  # fmt: skip
+    return _portable(built, declared.placeholders, environment)
+
+
+def _portable(
+    built: Built, placeholders: Mapping[str, str], environment: Mapping[str, Any] | None
+) -> Built:
+    """``built`` recorded without this machine's paths, as the identity is (provenance
+    travels with the release); the venv as listed for this build (a no-change build's
+    record is the last build's, its environment listed again now; outside the inputs
+    digest: the lock's sha256 is in)."""
     env = {k: reuse.portable(v, placeholders) for k, v in built.build.env.items()}
     made = dataclasses.replace(built.build, env=env)
     if built.build.command is not None:
         command = tuple(reuse.portable(c, placeholders) for c in built.build.command)
         made = dataclasses.replace(made, command=command)
-    # The venv as listed for this build (a no-change build's record is the last build's,
-    # its environment listed again now); outside the inputs digest: the lock's sha256 is in.
     if environment is not None:
         made = dataclasses.replace(made, environment=environment)
     return dataclasses.replace(built, build=made)
@@ -473,12 +523,10 @@ def _check_declared(replayed: Any, config: BuildConfig, work: Path | None) -> bo
     from pinwheel.source.buildsources import discover
     from pinwheel.source.libgit2 import pygit2
 
-    facts = json.dumps(
+    key = derivation.digest(
         [replayed.tree, list(config.arches), config.cuda,
-         [dataclasses.asdict(s) for s in config.sources]],
-        sort_keys=True, default=str,
+         [dataclasses.asdict(s) for s in config.sources]]
     )  # fmt: skip
-    key = hashlib.sha256(facts.encode()).hexdigest()
     if work is not None:
         try:
             if untrusted.read_json(work / DECLARED, checkmemo.KIND).get("key") == key:

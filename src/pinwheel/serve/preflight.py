@@ -386,7 +386,7 @@ def check_program(name: str, argv: Sequence[str], fix: str, timeout: float) -> C
     return Check(name, OK, res[1].strip().splitlines()[0] if res[1].strip() else "present")
 
 
-def probe_engine(opts: Options) -> tuple[dict | None, str | None]:
+def probe_engine(opts: Options) -> tuple[dict[str, Any] | None, str | None]:
     res = _run(
         [opts.python, "-c", workers.source("engine_probe"), opts.config.engine.module],
         opts.timeout_s,
@@ -404,7 +404,7 @@ def probe_engine(opts: Options) -> tuple[dict | None, str | None]:
     return {"python": list(probe.python), "path": probe.path, "version": probe.version}, None
 
 
-def check_python(opts: Options, info: dict | None, error: str | None) -> Check:
+def check_python(opts: Options, info: dict[str, Any] | None, error: str | None) -> Check:
     if info is None:
         return Check(
             "python",
@@ -437,7 +437,7 @@ def check_python(opts: Options, info: dict | None, error: str | None) -> Check:
     return Check("python", OK, f"engine Python {text} ({opts.python}){pin}")
 
 
-def check_engine(engine: Engine, info: dict | None) -> Check:
+def check_engine(engine: Engine, info: dict[str, Any] | None) -> Check:
     fix = "install this build's wheel: `pinwheel install` (stock vLLM lacks the fork's kernels)"
     if info is None or not info.get("path"):
         return Check(

@@ -47,7 +47,8 @@ def _install():
         return _Listing(entries)
 
     for new, old in ((sorted_listdir, listdir), (sorted_scandir, scandir)):
-        new.__name__, new.__doc__, new.__pinwheel__ = old.__name__, old.__doc__, MARKER
+        new.__name__, new.__doc__ = old.__name__, old.__doc__
+        new.__dict__["__pinwheel__"] = MARKER
     _os.listdir, _os.scandir = sorted_listdir, sorted_scandir
 
 

@@ -181,8 +181,9 @@ class Pg:
 
     def close(self):
         torch.cuda.synchronize(self.dev)
-        if getattr(self, "reducer", None) is not None and self.reducer.is_alive():
-            self.reducer.terminate()
+        reducer = getattr(self, "reducer", None)
+        if reducer is not None and reducer.is_alive():
+            reducer.terminate()
         for ptr in getattr(self, "registered", ()):
             host_unregister(ptr)
         self.g = None
@@ -446,6 +447,7 @@ def run_cases(pg, out):
                     torch.cuda.synchronize(dev)
                     if rank != dst:
                         return {"match": True, "detail": "sender"}
+                    assert got is not None  # the destination rank allocated it
                     res = compare(got, want)
                     cols, start = [], 0
                     for r, w in enumerate(ldims):
