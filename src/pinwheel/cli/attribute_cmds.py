@@ -15,7 +15,8 @@ def register(sub: Any) -> None:
         sub,
         "attribute",
         "per-step attribution: replay, build and serve the stack with and without each "
-        "step, interleaved; Δ ms/pass, acceptance, KLD and needles with bootstrap CIs",
+        "step, in a balanced order; Δ ms/pass, acceptance, KLD and needles, t intervals over "
+        "server starts, Holm over steps",
         run_attribute,
     )
     p.add_argument(
@@ -40,8 +41,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--rounds",
         type=int,
-        default=3,
-        help="interleaved rounds; each serves every variant once (default 3)",
+        default=None,
+        help="rounds; each starts every variant once, in a balanced order, so a multiple of "
+        "the number of variants (default: the smallest such number >= 4)",
     )
     p.add_argument(
         "--samples",
@@ -56,9 +58,12 @@ def register(sub: Any) -> None:
     p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     p.add_argument("--torch-backend", default=None, help="uv's --torch-backend for the venvs")
     p.add_argument("--no-deps", action="store_true", help="install each variant's wheels only")
-    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--confidence", type=float, default=0.95, help="CI level (default 0.95)")
+    p.add_argument(
+        "--confidence",
+        type=float,
+        default=0.95,
+        help="interval level; verdicts at 1 - this, family-wise over the steps (default 0.95)",
+    )
     p.add_argument(
         "--min-effect-ms",
         type=float,
@@ -109,8 +114,6 @@ def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
         installer=args.installer,
         torch_backend=args.torch_backend,
         no_deps=args.no_deps,
-        resamples=args.resamples,
-        seed=args.seed,
         confidence=args.confidence,
         min_effect_ms=args.min_effect_ms,
         needles=not args.no_needles,
@@ -119,3 +122,4 @@ def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
     outcome = attribute(request, ctx.reporter)
     ctx.emit(to_json(outcome), "\n".join(human_lines(outcome)))
     return 0
+
