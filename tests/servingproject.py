@@ -15,9 +15,9 @@ pass included), ``vllm:num_requests_running/waiting`` and the spec-decode totals
 
 The PR steps (see :func:`make_serving_upstream`):
 
-- PR 11 (compiled): the pass cost 6000 -> 3000 us: about -3 ms/pass;
+- PR 11 (compiled): the pass cost 20000 -> 10000 us: about -10 ms/pass;
 - PR 12 (Python): one more accepted draft per pass: acceptance length 2 -> 3;
-- PR 13 (Python): 2 ms more per pass and another greedy text: about +2 ms/pass;
+- PR 13 (Python): 10 ms more per pass and another greedy text: about +10 ms/pass;
 - PR 14 (Python): a comment: no effect;
 - PR 15 (Python, branched from PR 13): edits PR 13's line, so it cannot stay without it.
 """
@@ -259,7 +259,7 @@ def make_serving_upstream(tmp: Path) -> Serving:
     base = up.commit(
         {
             "setup.py": SETUP,
-            "csrc/cost.c": COST_C % 6000,
+            "csrc/cost.c": COST_C % 20000,
             "vllm/__init__.py": INIT_PY,
             "vllm/spec.py": SPEC_PY % 1,
             "vllm/sampler.py": SAMPLER_PY % ("0.0", "words[i % len(words)]"),
@@ -272,11 +272,11 @@ def make_serving_upstream(tmp: Path) -> Serving:
     heads: dict[int, str] = {}
     commits: dict[int, list[str]] = {}
     edits = {
-        11: ({"csrc/cost.c": COST_C % 3000}, "kernel: halve the pass cost"),
+        11: ({"csrc/cost.c": COST_C % 10000}, "kernel: halve the pass cost"),
         12: ({"vllm/spec.py": SPEC_PY % 2}, "spec: accept one more draft per pass"),
         13: (
-            {"vllm/sampler.py": SAMPLER_PY % ("0.002", "words[i % len(words)].upper()")},
-            "sampler: upper-case text, 2 ms more per pass",
+            {"vllm/sampler.py": SAMPLER_PY % ("0.010", "words[i % len(words)].upper()")},
+            "sampler: upper-case text, 10 ms more per pass",
         ),
         14: ({"vllm/__init__.py": INIT_PY + "# a comment, nothing else\n"}, "docs: a comment"),
     }
@@ -288,8 +288,8 @@ def make_serving_upstream(tmp: Path) -> Serving:
     up.checkout("pr13")
     up.checkout("pr13", "pr15")
     heads[15] = up.commit(
-        {"vllm/sampler.py": SAMPLER_PY % ("0.001", "words[i % len(words)].upper()")},
-        "sampler: 1 ms is enough",
+        {"vllm/sampler.py": SAMPLER_PY % ("0.005", "words[i % len(words)].upper()")},
+        "sampler: 5 ms is enough",
     )
     commits[15] = [heads[15]]
     up.checkout("main")

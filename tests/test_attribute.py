@@ -92,10 +92,9 @@ def test_attribution_finds_each_steps_effect_with_its_sign(serving: Serving) -> 
         out=out,
         model=str(s.tmp / "model"),
         environ=environ,
-        rounds=3,
-        samples=4,
+        samples=4,  # rounds: the default, one Williams block of the 5 variants
         no_deps=True,
-        min_effect_ms=1.0,  # the steps' effects are 2-3 ms; a 2-core CI box jitters below 1
+        min_effect_ms=1.0,  # the steps' effects are 10 ms; a 2-core CI box jitters below 1
     )
     outcome = attribute(request)
     by_pr = {e.label.split("#")[1].rstrip(")"): e for e in outcome.effects}
@@ -103,9 +102,9 @@ def test_attribution_finds_each_steps_effect_with_its_sign(serving: Serving) -> 
 
     faster, more, slower, noop = by_pr["11"], by_pr["12"], by_pr["13"], by_pr["14"]
     assert faster.ms_per_pass is not None and faster.ms_per_pass.verdict == "lower"
-    assert faster.ms_per_pass.ci_high < 0 and -4.5 < faster.ms_per_pass.delta < -1.5
+    assert faster.ms_per_pass.ci_high < 0 and -13 < faster.ms_per_pass.delta < -7
     assert slower.ms_per_pass is not None and slower.ms_per_pass.verdict == "higher"
-    assert slower.ms_per_pass.ci_low > 0 and 0.5 < slower.ms_per_pass.delta < 3.5
+    assert slower.ms_per_pass.ci_low > 0 and 7 < slower.ms_per_pass.delta < 13
     assert slower.text == "differs"
     assert more.acceptance is not None and more.acceptance.verdict == "higher"
     assert more.acceptance.delta == pytest.approx(1.0)  # 1 + 2/1 with it, 1 + 1/1 without
@@ -113,7 +112,12 @@ def test_attribution_finds_each_steps_effect_with_its_sign(serving: Serving) -> 
     assert noop.ms_per_pass is not None and noop.ms_per_pass.verdict == pairstats.NOISE
     assert noop.acceptance is not None and noop.acceptance.verdict == pairstats.NOISE
     assert noop.text == "same" and faster.text == "same"
-    assert all(e.ms_per_pass is not None and e.ms_per_pass.n == 12 for e in outcome.effects)
+    # The unit is the server start: one difference per round, Holm over the four steps.
+    assert outcome.rounds == 5
+    for e in outcome.effects:
+        ms = e.ms_per_pass
+        assert ms is not None and ms.n == 5 and ms.samples == 20 and ms.family == 4
+        assert ms.mde is not None and 0 < ms.mde < 7, ms  # the design detects the 10 ms
 
     # Builds: one kept workspace, the full stack first; a Python-only step's variant takes the
     # compiled member from the full stack's wheel, the compiled step's variant compiles it.
@@ -141,9 +145,10 @@ def test_attribution_finds_each_steps_effect_with_its_sign(serving: Serving) -> 
         assert cmd[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", request.model]
     rounds = [(x["variant"], x["round"]) for x in doc["servings"]]
     names = ["full", "without-1", "without-2", "without-3", "without-4"]
-    assert rounds == [(n, 1) for n in names] + [(n, 2) for n in reversed(names)] + [
-        (n, 3) for n in names
-    ]
+    williams = [[0, 1, 4, 2, 3], [1, 2, 0, 3, 4], [2, 3, 1, 4, 0], [3, 4, 2, 0, 1], [4, 0, 3, 1, 2]]
+    assert rounds == [(names[i], r + 1) for r, row in enumerate(williams) for i in row]
+    for name in names:  # every variant started once in every place
+        assert sorted(row.index(names.index(name)) for row in williams) == [0, 1, 2, 3, 4]
     step14 = next(x for x in doc["steps"] if x["number"] == 4)
     assert step14["title"] == hostile and step14["ms_per_pass"]["verdict"] == pairstats.NOISE
 
@@ -220,22 +225,99 @@ def test_an_unknown_step_is_a_usage_error_before_any_work(serving: Serving, caps
 # --------------------------------------------------------------------------- statistics
 
 
-def test_the_paired_bootstrap_is_seeded_and_tells_noise_from_an_effect() -> None:
+def starts(means: list[float], spread: float = 0.0) -> list[list[float]]:
+    return [[m - spread, m + spread] for m in means]
+
+
+def test_the_unit_is_the_start_and_an_effect_is_told_from_noise() -> None:
     base = [10.0, 10.4, 9.8, 10.1, 10.3, 9.9, 10.2, 10.0]
     jitter = [0.05, -0.04, 0.02, -0.03, 0.01, -0.02, 0.04, -0.05]
     same = [b + j for b, j in zip(base, jitter, strict=True)]
-    a = pairstats.paired(same, base, resamples=500, seed=7)
-    b = pairstats.paired(same, base, resamples=500, seed=7)
-    assert a == b and a is not None
+    a = pairstats.by_starts(starts(same, 0.5), starts(base, 0.5))
+    assert a is not None and a == pairstats.by_starts(starts(same, 0.5), starts(base, 0.5))
+    assert a.n == 8 and a.samples == 16  # eight starts a side, two samples each
     assert a.ci_low <= 0 <= a.ci_high and a.verdict == pairstats.NOISE
-    slower = pairstats.paired([x + 0.3 for x in same], base, resamples=500, seed=7)
+    slower = pairstats.by_starts(starts([x + 0.3 for x in same], 0.5), starts(base, 0.5))
     assert slower is not None and slower.verdict == "higher" and slower.ci_low > 0
     assert slower.delta == pytest.approx(0.3 + sum(jitter) / len(jitter))
-    faster = pairstats.paired([x - 0.3 for x in same], base, resamples=500, seed=7)
+    # t over the 8 round differences (df 7: t(0.975) = 2.3646), not over 16 samples
+    d = [0.3 + j for j in jitter]
+    mean = sum(d) / 8
+    sd = (sum((x - mean) ** 2 for x in d) / 7) ** 0.5
+    assert slower.ci_high - slower.ci_low == pytest.approx(2 * 2.364624 * sd / 8**0.5, rel=1e-5)
+    faster = pairstats.by_starts(starts([x - 0.3 for x in same]), starts(base))
     assert faster is not None and faster.verdict == "lower" and faster.ci_high < 0
-    small = pairstats.paired([x + 0.3 for x in same], base, resamples=500, min_effect=0.5)
+    small = pairstats.by_starts(starts([x + 0.3 for x in same]), starts(base), min_effect=0.5)
     assert small is not None and small.verdict == pairstats.NOISE
-    assert pairstats.paired([], []) is None
+    assert pairstats.by_starts([], []) is None
+    assert pairstats.by_starts([[], [1.0]], [[2.0], []]) is None  # no round has both
+
+
+def test_samples_of_one_start_do_not_make_a_verdict() -> None:
+    """Two starts a side, a thousand samples each: still two round differences."""
+    many = pairstats.by_starts([[11.0] * 1000, [10.0] * 1000], [[10.0] * 1000, [10.5] * 1000])
+    assert many is not None and many.n == 2 and many.verdict == pairstats.NOISE
+    one = pairstats.by_starts([[11.0] * 1000], [[10.0] * 1000])
+    assert one is not None and one.verdict.startswith("not enough starts: 2 needed")
+
+
+def test_student_t_quantiles_match_the_tables() -> None:
+    # Two-sided 95% critical values (any statistics table) and the 80% one-sided ones.
+    for df, q975, q80 in [(1, 12.7062, 1.3764), (2, 4.3027, 1.0607), (4, 2.7764, 0.9410),
+                          (10, 2.2281, 0.8791), (30, 2.0423, 0.8538)]:  # fmt: skip
+        assert pairstats.t_quantile(0.975, df) == pytest.approx(q975, abs=1e-4)
+        assert pairstats.t_quantile(0.8, df) == pytest.approx(q80, abs=1e-4)
+        assert pairstats.t_cdf(q975, df) == pytest.approx(0.975, abs=2e-5)
+        assert pairstats.t_cdf(pairstats.t_quantile(0.975, df), df) == pytest.approx(0.975)
+
+
+def test_holm_adjusts_in_step_down_order_and_states_the_family() -> None:
+    # p-values 0.01, 0.02, 0.04 over three steps: Holm's 0.03, 0.04, 0.04: all below 0.05
+    # with Holm's step-down; Bonferroni (x3) would have kept the last within noise.
+    raw = [_with_p(0.04, 1.0), _with_p(0.01, 1.0), _with_p(0.02, -1.0), None]
+    out = pairstats.holm(raw)
+    assert [e.p_holm if e else None for e in out] == pytest.approx([0.04, 0.03, 0.04, None])
+    assert [e.verdict if e else None for e in out] == ["higher", "higher", "lower", None]
+    assert all(e is None or e.family == 3 for e in out)
+    out = pairstats.holm([_with_p(0.04, 1.0), _with_p(0.03, 1.0)])
+    assert [e.verdict for e in out if e] == [pairstats.NOISE, pairstats.NOISE]  # 0.06, 0.06
+
+
+def _with_p(p: float, delta: float) -> pairstats.Effect:
+    return pairstats.Effect(
+        n=5, samples=20, mean_with=1.0, mean_without=1.0, delta=delta, sd=1.0, ci_low=-1.0,
+        ci_high=1.0, confidence=0.95, p=p, verdict=pairstats.NOISE,
+    )  # fmt: skip
+
+
+def test_the_minimum_detectable_effect_is_the_design_s() -> None:
+    e = pairstats.by_starts(
+        starts([1.0, 2.0, 3.0, 2.0, 1.5]), starts([1.2, 1.0, 2.5, 2.2, 1.0]), confidence=0.96
+    )
+    assert e is not None
+    e4 = pairstats.holm([e, e, e, e])[0]
+    assert e4 is not None and e4.family == 4
+    # (t(1 - 0.04/8, 4) + t(0.8, 4)) * sd / sqrt(5); the tables' t(0.995, 4) = 4.6041
+    assert e4.mde == pytest.approx((4.6041 + 0.9410) * e.sd / 5**0.5, rel=1e-3)
+    alone = pairstats.holm([e])[0]
+    assert alone is not None and alone.mde is not None and alone.mde < e4.mde
+
+
+def test_the_order_is_balanced_by_construction() -> None:
+    for n in range(1, 9):
+        rows = pairstats.balanced_order(n, 2 * n)
+        for block in (rows[:n], rows[n:]):
+            assert all(sorted(r) == list(range(n)) for r in block)
+            for place in range(n):  # every variant in every place once per block
+                assert sorted(r[place] for r in block) == list(range(n))
+        pairs = [(r[i], r[i + 1]) for r in rows for i in range(n - 1)]
+        if n > 1:  # every ordered pair follows once per 2n rounds (odd n), twice (even n)
+            assert len(set(pairs)) == n * (n - 1) and len(pairs) == 2 * n * (n - 1)
+    assert pairstats.balanced_order(2, 4) == [[0, 1], [1, 0], [0, 1], [1, 0]]  # ABBA
+    with pytest.raises(UsageError, match="--rounds 3 does not balance") as err:
+        pairstats.check_rounds(3, 2)
+    assert "--rounds 2 or --rounds 4" in err.value.next
+    pairstats.check_rounds(1, 5)  # less than a block: run, and reported as too small
 
 
 @pytest.mark.parametrize(
@@ -245,13 +327,11 @@ def test_the_paired_bootstrap_is_seeded_and_tells_noise_from_an_effect() -> None
 )
 def test_a_measurement_that_is_not_a_finite_number_is_refused(values) -> None:
     with pytest.raises(ValueError, match="finite"):
-        pairstats.paired(values, [1.0, 1.0])
+        pairstats.by_starts([values], [[1.0, 1.0]])
 
 
-def test_a_bootstrap_too_large_to_run_is_a_usage_error() -> None:
-    with pytest.raises(UsageError, match="resamples"):
-        pairstats.paired([1.0] * 10, [1.0] * 10, resamples=10**9)
+def test_a_bad_level_or_unpaired_starts_are_refused() -> None:
     with pytest.raises(UsageError, match="confidence"):
-        pairstats.paired([1.0], [1.0], confidence=1.0)
+        pairstats.by_starts([[1.0]], [[1.0]], confidence=1.0)
     with pytest.raises(ValueError, match="unpaired"):
-        pairstats.paired([1.0], [1.0, 2.0])
+        pairstats.by_starts([[1.0]], [[1.0], [2.0]])

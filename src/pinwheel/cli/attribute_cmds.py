@@ -15,7 +15,8 @@ def register(sub: Any) -> None:
         sub,
         "attribute",
         "per-step attribution: replay, build and serve the stack with and without each "
-        "step, interleaved; Δ ms/pass, acceptance, KLD and needles with bootstrap CIs",
+        "step, in a balanced order; Δ ms/pass, acceptance, KLD and needles, t intervals over "
+        "server starts, Holm over steps",
         run_attribute,
     )
     p.add_argument(
@@ -40,8 +41,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--rounds",
         type=int,
-        default=3,
-        help="interleaved rounds; each serves every variant once (default 3)",
+        default=None,
+        help="rounds; each starts every variant once, in a balanced order, so a multiple of "
+        "the number of variants (default: the smallest such number >= 4)",
     )
     p.add_argument(
         "--samples",
@@ -56,9 +58,12 @@ def register(sub: Any) -> None:
     p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     p.add_argument("--torch-backend", default=None, help="uv's --torch-backend for the venvs")
     p.add_argument("--no-deps", action="store_true", help="install each variant's wheels only")
-    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--confidence", type=float, default=0.95, help="CI level (default 0.95)")
+    p.add_argument(
+        "--confidence",
+        type=float,
+        default=0.95,
+        help="interval level; verdicts at 1 - this, family-wise over the steps (default 0.95)",
+    )
     p.add_argument(
         "--min-effect-ms",
         type=float,
@@ -69,6 +74,26 @@ def register(sub: Any) -> None:
     p.add_argument("--no-kld", action="store_true", help="skip the pinned panel's KLD")
     p.add_argument("--allow-drift", action="store_true", help="replay pinned heads that moved")
     p.add_argument("--no-cache", action="store_true", help="build without the compiler cache")
+    k = p.add_argument_group(
+        "kernel steps", "attribute a [[kernel]]'s [[kernel.step]]s instead of the engine's"
+    )
+    k.add_argument("--kernel", default=None, metavar="NAME", help="the [[kernel]] to attribute")
+    k.add_argument(
+        "--timing",
+        type=Path,
+        default=None,
+        metavar="PROGRAM",
+        help="the program that times the kernel: run as PYTHON PROGRAM --samples S --iters I "
+        "with the variant's directory as PYTHONPATH; prints "
+        'RESULT {"times": {case: [ms, ...]}}',
+    )
+    k.add_argument(
+        "--python",
+        type=Path,
+        default=None,
+        help="the Python that runs --timing (default: $PINWHEEL_TORCH_PYTHON)",
+    )
+    k.add_argument("--iters", type=int, default=50, help="calls per timed sample (default 50)")
     p.add_argument(
         "--wheelhouse",
         type=Path,
@@ -78,6 +103,15 @@ def register(sub: Any) -> None:
 
 
 def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
+    if args.kernel is not None:
+        return run_kernel_attribute(ctx, args)
+    for flag, value in (("--timing", args.timing), ("--python", args.python)):
+        if value is not None:
+            raise UsageError(
+                f"{flag} times a kernel: it needs --kernel NAME",
+                where=flag,
+                next="pass --kernel NAME with it, or leave it out",
+            )
     from pinwheel.cli.replay_cmds import build_request
     from pinwheel.flows.attribute import AttributeRequest, attribute
     from pinwheel.flows.attribute_report import human_lines, to_json
@@ -109,13 +143,54 @@ def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
         installer=args.installer,
         torch_backend=args.torch_backend,
         no_deps=args.no_deps,
-        resamples=args.resamples,
-        seed=args.seed,
         confidence=args.confidence,
         min_effect_ms=args.min_effect_ms,
         needles=not args.no_needles,
         kld=not args.no_kld,
     )
     outcome = attribute(request, ctx.reporter)
+    ctx.emit(to_json(outcome), "\n".join(human_lines(outcome)))
+    return 0
+
+
+def run_kernel_attribute(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.cli.replay_cmds import build_request
+    from pinwheel.flows.kernel_attribute import KernelAttributeRequest, attribute_kernel
+    from pinwheel.flows.kernel_report import human_lines, to_json
+
+    python = args.python or ctx.host.torch_python
+    if python is None:
+        raise UsageError(
+            "no Python to run the timing program with",
+            where="--python / $PINWHEEL_TORCH_PYTHON",
+            next="pass --python PATH (a Python with CUDA torch) or export PINWHEEL_TORCH_PYTHON",
+        )
+    if args.timing is None:
+        raise UsageError(
+            "--kernel needs --timing PROGRAM: what to time in each variant",
+            where="--timing",
+            next="pass e.g. --timing bench/kernel_times_exllamav3.py",
+        )
+    if args.prefixes:
+        raise UsageError(
+            "--prefixes is for the engine's steps; a kernel's steps are left out one at a time",
+            where="--prefixes",
+            next="leave --prefixes out with --kernel",
+        )
+    request = KernelAttributeRequest(
+        build=build_request(ctx, args, Path(args.out), reach=True, kernels=(args.kernel,)),
+        kernel=args.kernel,
+        out=Path(args.out).absolute(),
+        timing=args.timing.absolute(),
+        python=Path(python).absolute(),
+        environ=ctx.environ,
+        steps=tuple(args.step) if args.step else None,
+        rounds=args.rounds,
+        samples=args.samples,
+        iters=args.iters,
+        confidence=args.confidence,
+        min_effect_ms=args.min_effect_ms,
+    )
+    outcome = attribute_kernel(request, ctx.reporter)
     ctx.emit(to_json(outcome), "\n".join(human_lines(outcome)))
     return 0

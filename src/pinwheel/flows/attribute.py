@@ -15,16 +15,20 @@ and a plot (:mod:`pinwheel.flows.attribute_report`).
    members from the full stack's wheel). Each variant's build seconds are recorded.
 3. **Install**: each wheel set into its own venv (:func:`pinwheel.release.install.install`).
 4. **Serve**, interleaved: per round every variant is started in turn from its venv with
-   the ``[serve]`` profile's launch command (forward order on even rounds, reversed on odd
-   ones), measured, stopped. Per serving: ``[qualify]`` warm-up, then ``samples`` greedy
-   decodes of ``[qualify].max_tokens`` tokens, each measured as ``pinwheel qualify``
-   measures it (:func:`pinwheel.serve.qualify.decode_sample`: ms per forward pass from the
-   engine-step counter, acceptance length from the spec-decode counters); in the first
-   round also the needles of the ``[qualify.profile]`` and the KLD on the pinned panel.
-5. **Statistics** (:mod:`pinwheel.serve.pairstats`): per step, the paired differences
-   (with - without; pairs: the same round and sample) of ms per pass, acceptance length
-   and tok/s, with seeded bootstrap intervals; an interval that contains 0 is "within
-   noise". The greedy text of each prompt is compared too (same or differs).
+   the ``[serve]`` profile's launch command, in the round's row of a Williams design
+   (:func:`pinwheel.serve.pairstats.balanced_order`: every variant in every place once per
+   block of rounds, so an effect of the place cancels), measured, stopped. Per serving:
+   ``[qualify]`` warm-up, then ``samples`` greedy decodes of ``[qualify].max_tokens``
+   tokens, each measured as ``pinwheel qualify`` measures it
+   (:func:`pinwheel.serve.qualify.decode_sample`: ms per forward pass from the engine-step
+   counter, acceptance length from the spec-decode counters); in the first round also the
+   needles of the ``[qualify.profile]`` and the KLD on the pinned panel.
+5. **Statistics** (:mod:`pinwheel.serve.pairstats`): the unit is the server start. Per
+   step and metric (ms per pass, acceptance length, tok/s), one difference per round (the
+   with-start's mean minus the without-start's), a t interval over rounds, verdicts by
+   Holm over the steps, and the smallest effect the design could detect; fewer rounds
+   than a verdict needs are reported as "not enough starts". The greedy text of each
+   prompt is compared too (same or differs).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from pinwheel.source.variants import FULL, Variant, VariantPlan, VariantRequest,
 
 MAX_ROUNDS = 1000
 MAX_SAMPLES = 1000
+DEFAULT_ROUNDS = 4  # at least: rounded up to a whole block of the balanced order
 
 
 @dataclass(frozen=True)
@@ -75,13 +80,11 @@ class AttributeRequest:
     model: str  # what the [serve] profile's --model gets
     environ: Mapping[str, str] = field(repr=False)  # the servers' environment
     profile: str | None = None  # [serve.profile.NAME]; None: [serve].default
-    rounds: int = 3
+    rounds: int | None = None  # None: the smallest balanced number >= DEFAULT_ROUNDS
     samples: int = 4  # decodes per serving
     installer: str = "auto"
     torch_backend: str | None = None
     no_deps: bool = False
-    resamples: int = 2000
-    seed: int = 0
     confidence: float = 0.95
     min_effect_ms: float = 0.0  # a |delta ms/pass| below this is within noise (0: CI only)
     needles: bool = True  # the [qualify.profile]'s needles, first round
@@ -101,15 +104,17 @@ def attribute(request: AttributeRequest, reporter: Reporter = SILENT) -> Attribu
     for step, why in plan.blocked:
         reporter.info(f"{step.label} cannot be left out: {why.label}: {why.what}")
     needed = [v for v in plan.variants if v.result is not None and _used(plan, v.name)]
+    rounds = design_rounds(request.rounds, len(needed))
+    request = dataclasses.replace(request, rounds=rounds)
     builds = install_variants(
         request, build_variants(request, needed, out, reporter), out, reporter
     )
     servings = _serve_all(request, builds, out, scfg, sprof, qcfg, qprof, reporter)
-    effects = tuple(_effect(request, plan, c, servings) for c in plan.comparisons)
+    effects = step_effects(request, plan, servings, len(builds))
     outcome = AttributeOutcome(
         manifest={"name": manifest.name, "path": manifest.path.name, "sha256": manifest.sha256},
         mode=plan.mode,
-        rounds=request.rounds,
+        rounds=rounds,
         samples=request.samples,
         plan=plan,
         builds=tuple(builds),
@@ -121,12 +126,12 @@ def attribute(request: AttributeRequest, reporter: Reporter = SILENT) -> Attribu
             "max_tokens": qcfg.max_tokens,
             "warmup": qcfg.warmup,
             "prompts": len(qcfg.prompts),
-            "resamples": request.resamples,
-            "seed": request.seed,
             "confidence": request.confidence,
             "min_effect_ms": request.min_effect_ms,
-            "order": "each round serves every variant in turn; odd rounds in reverse order",
-            "pairs": "ms/pass, acceptance and tok/s paired by round and sample",
+            "order": ORDER,
+            "unit": UNIT,
+            "method": pairstats.METHOD,
+            "rounds_needed": pairstats.rounds_needed(len(builds)),
         },
     )
     files = write_outputs(outcome, out)
@@ -153,8 +158,24 @@ def _configs(
     return scfg, sprof, qcfg, qprof
 
 
+ORDER = (
+    "each round starts every variant once, in the round's row of a Williams design: every "
+    "variant takes every place once per block of rounds"
+)
+UNIT = "the server start: one difference per round (mean of its samples, with - without)"
+
+
+def design_rounds(rounds: int | None, variants: int) -> int:
+    """``rounds``, checked to balance the order of ``variants``; None: the default."""
+    if rounds is None:
+        b = pairstats.block(variants)
+        return b * -(-DEFAULT_ROUNDS // b)
+    pairstats.check_rounds(rounds, variants)
+    return rounds
+
+
 def _check(request: AttributeRequest) -> None:
-    if not 1 <= request.rounds <= MAX_ROUNDS:
+    if request.rounds is not None and not 1 <= request.rounds <= MAX_ROUNDS:
         raise UsageError(
             f"--rounds {request.rounds} is outside 1..{MAX_ROUNDS}",
             where="--rounds",
@@ -172,7 +193,7 @@ def _check(request: AttributeRequest) -> None:
             where="--min-effect-ms",
             next="pass e.g. --min-effect-ms 0.05, or leave it out",
         )
-    pairstats.paired([], [], resamples=request.resamples, confidence=request.confidence)
+    pairstats.check_confidence(request.confidence)
     if not request.variants.replay.manifest.has_engine:
         raise UsageError(
             "the manifest pins no engine stack ([upstream] + [[step]]): nothing to attribute",
@@ -291,9 +312,9 @@ def _serve_all(
     reporter: Reporter,
 ) -> list[Serving]:
     servings = []
-    for r in range(request.rounds):
-        order = list(builds) if r % 2 == 0 else list(reversed(builds))
-        for b in order:
+    assert request.rounds is not None
+    for r, order in enumerate(pairstats.balanced_order(len(builds), request.rounds)):
+        for b in (builds[i] for i in order):
             reporter.info(f"round {r + 1}/{request.rounds}: serving {b.variant}")
             servings.append(_serve(request, b, r, out, scfg, sprof, qcfg, qprof, reporter))
     return servings
@@ -375,35 +396,51 @@ def _serve(
 # --------------------------------------------------------------------------- effects
 
 
-def _series(servings: Sequence[Serving], name: str, metric: str) -> dict[tuple[int, int], float]:
-    out: dict[tuple[int, int], float] = {}
+def _starts(servings: Sequence[Serving], name: str, metric: str) -> dict[int, list[float]]:
+    """Per round, the ``metric`` of each sample of ``name``'s start."""
+    out: dict[int, list[float]] = {}
     for s in servings:
         if s.variant != name:
             continue
-        for i, d in enumerate(s.samples):
-            value = getattr(d, metric)
-            if value is not None:
-                out[(s.round, i)] = float(value)
+        values = [getattr(d, metric) for d in s.samples]
+        out[s.round] = [float(v) for v in values if v is not None]
     return out
 
 
 def _pair(
-    request: AttributeRequest,
     servings: Sequence[Serving],
     with_: str,
     without: str,
     metric: str,
-    min_effect: float = 0.0,
+    confidence: float,
+    needed: int,
 ) -> pairstats.Effect | None:
-    a, b = _series(servings, with_, metric), _series(servings, without, metric)
-    keys = sorted(set(a) & set(b))
-    return pairstats.paired(
-        [a[k] for k in keys],
-        [b[k] for k in keys],
-        resamples=request.resamples,
-        seed=request.seed,
-        confidence=request.confidence,
-        min_effect=min_effect,
+    a, b = _starts(servings, with_, metric), _starts(servings, without, metric)
+    rounds = sorted(set(a) & set(b))
+    return pairstats.by_starts(
+        [a[r] for r in rounds], [b[r] for r in rounds], confidence=confidence, needed=needed
+    )
+
+
+METRICS = ("ms_per_pass", "acceptance_length", "tok_s")
+
+
+def step_effects(
+    request: AttributeRequest, plan: VariantPlan, servings: Sequence[Serving], variants: int
+) -> tuple[StepEffect, ...]:
+    """Every comparison's effects, each metric corrected by Holm over the steps."""
+    needed = pairstats.rounds_needed(variants)
+    by_metric = {}
+    for metric in METRICS:
+        raw = [
+            _pair(servings, c.with_, c.without, metric, request.confidence, needed)
+            for c in plan.comparisons
+        ]
+        floor = request.min_effect_ms if metric == "ms_per_pass" else 0.0
+        by_metric[metric] = pairstats.holm(raw, min_effect=floor)
+    return tuple(
+        _effect(c, servings, *(by_metric[m][i] for m in METRICS))
+        for i, c in enumerate(plan.comparisons)
     )
 
 
@@ -428,7 +465,11 @@ def _texts(servings: Sequence[Serving], with_: str, without: str) -> str:
 
 
 def _effect(
-    request: AttributeRequest, plan: VariantPlan, c: Any, servings: Sequence[Serving]
+    c: Any,
+    servings: Sequence[Serving],
+    ms: pairstats.Effect | None,
+    acceptance: pairstats.Effect | None,
+    tok_s: pairstats.Effect | None,
 ) -> StepEffect:
     fa, fb = _first(servings, c.with_), _first(servings, c.without)
     return StepEffect(
@@ -437,11 +478,9 @@ def _effect(
         title=c.step.title,
         with_=c.with_,
         without=c.without,
-        ms_per_pass=_pair(
-            request, servings, c.with_, c.without, "ms_per_pass", request.min_effect_ms
-        ),
-        acceptance=_pair(request, servings, c.with_, c.without, "acceptance_length"),
-        tok_s=_pair(request, servings, c.with_, c.without, "tok_s"),
+        ms_per_pass=ms,
+        acceptance=acceptance,
+        tok_s=tok_s,
         kld=(
             fa.fidelity.mean_kld if fa is not None and fa.fidelity is not None else None,
             fb.fidelity.mean_kld if fb is not None and fb.fidelity is not None else None,

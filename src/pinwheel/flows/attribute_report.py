@@ -16,7 +16,7 @@ from typing import Any
 from pinwheel import markup as md
 from pinwheel.flows.attribution import SCHEMA, AttributeOutcome, StepEffect
 from pinwheel.fsutil import atomic_write_bytes, atomic_write_text
-from pinwheel.serve.pairstats import NOISE, Effect
+from pinwheel.serve.pairstats import NOISE, POWER, Effect
 
 JSON_FILE = "attribution.json"
 MD_FILE = "attribution.md"
@@ -122,20 +122,33 @@ def ms_cell(e: Effect | None) -> str:
     if e is None:
         return "not measurable"
     pct = f" ({e.relative * 100:+.1f}%)" if e.relative is not None else ""
+    if not e.decided:
+        return f"{e.delta:+.3f}{pct} [no interval]"
     return f"{e.delta:+.3f}{pct} [{e.ci_low:+.3f}, {e.ci_high:+.3f}]"
 
 
 def ms_verdict(e: Effect | None) -> str:
     if e is None:
         return "not measured"
-    if e.verdict == NOISE:
-        return NOISE
+    if e.verdict == NOISE or not e.decided:
+        return e.verdict
     return "faster" if e.delta < 0 else "slower"
+
+
+def mde_cell(e: Effect | None, digits: int = 3) -> str:
+    """The smallest |effect| the design detects with POWER, and the Holm p-value."""
+    if e is None or e.mde is None:
+        return "n/a"
+    p = f"; p {e.p_holm:.3g}" if e.p_holm is not None else ""
+    holm = f" (Holm over {e.family})" if e.family > 1 else ""
+    return f"{e.mde:.{digits}f}{p}{holm}"
 
 
 def _plain(e: Effect | None, digits: int = 3) -> str:
     if e is None:
         return "n/a"
+    if not e.decided:
+        return f"{e.delta:+.{digits}f} ({e.verdict})"
     tag = f" ({NOISE})" if e.verdict == NOISE else ""
     return f"{e.delta:+.{digits}f} [{e.ci_low:+.{digits}f}, {e.ci_high:+.{digits}f}]{tag}"
 
@@ -147,17 +160,15 @@ def _kld(e: StepEffect) -> str:
 
 def human_lines(o: AttributeOutcome) -> list[str]:
     """The table as plain lines (the CLI prints these)."""
-    conf = int(round(float(o.settings.get("confidence", 0.95)) * 100))
     lines = [
         f"attribution of {o.manifest.get('name')} ({o.mode}, {o.rounds} round(s) x "
-        f"{o.samples} sample(s) per variant; deltas are with the step minus without it, "
-        f"{conf}% bootstrap CI)",
+        f"{o.samples} sample(s) per variant; {level_line(o)})",
     ]
     for e in o.effects:
         lines.append(
-            f"  {e.label}: ms/pass {ms_cell(e.ms_per_pass)} -> {ms_verdict(e.ms_per_pass)}; "
-            f"acceptance {_plain(e.acceptance)}; KLD {_kld(e)}; needle {e.needles[0]} vs "
-            f"{e.needles[1]}; text {e.text}"
+            f"  {e.label}: ms/pass {ms_cell(e.ms_per_pass)} -> {ms_verdict(e.ms_per_pass)} "
+            f"(detectable: {mde_cell(e.ms_per_pass)}); acceptance {_plain(e.acceptance)}; "
+            f"KLD {_kld(e)}; needle {e.needles[0]} vs {e.needles[1]}; text {e.text}"
         )
     for step, why in o.plan.blocked:
         files = f" in {', '.join(why.files)}" if why.files else ""
@@ -171,8 +182,20 @@ def human_lines(o: AttributeOutcome) -> list[str]:
     return lines
 
 
+def level_line(o: AttributeOutcome) -> str:
+    """What the intervals and verdicts mean, in one line."""
+    conf = float(o.settings.get("confidence", 0.95))
+    steps = len(o.effects)
+    holm = f", Holm over {steps} steps" if steps > 1 else ""
+    return (
+        f"deltas are with the step minus without it; unit: the server start, one difference "
+        f"per round; {conf * 100:g}% t intervals over rounds; verdicts at "
+        f"{(1 - conf) * 100:g}% family-wise{holm}; detectable: the smallest |effect| found "
+        f"{POWER * 100:g}% of the time"
+    )
+
+
 def markdown(o: AttributeOutcome) -> str:
-    conf = int(round(float(o.settings.get("confidence", 0.95)) * 100))
     t = md.text
     out = [
         f"# Attribution: {t(o.manifest.get('name'))}",
@@ -182,18 +205,18 @@ def markdown(o: AttributeOutcome) -> str:
         f"mode {t(o.mode)}; {o.rounds} round(s) x {o.samples} sample(s) per variant, served "
         f"interleaved; profile {t(o.settings.get('profile'))}.",
         "",
-        f"Every delta is *with the step minus without it*, mean of paired differences with a "
-        f"{conf}% bootstrap CI ({t(o.settings.get('resamples'))} resamples, seed "
-        f"{t(o.settings.get('seed'))}); an interval that contains 0 is {NOISE}.",
+        f"{t(level_line(o))}. Order: {t(o.settings.get('order'))}. A verdict needs "
+        f"{t(o.settings.get('rounds_needed'))} rounds.",
         "",
-        "| step | title | Δ ms/pass [CI] | verdict | Δ acceptance [CI] | Δ tok/s (info) | Δ KLD "
-        "| needle with / without | greedy text |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| step | title | Δ ms/pass [CI] | verdict | detectable Δ ms/pass; p | Δ acceptance "
+        "[CI] | Δ tok/s (info) | Δ KLD | needle with / without | greedy text |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in o.effects:
         out.append(
             f"| {t(e.label)} | {t(e.title or '')} | {t(ms_cell(e.ms_per_pass))} | "
-            f"{t(ms_verdict(e.ms_per_pass))} | {t(_plain(e.acceptance))} | "
+            f"{t(ms_verdict(e.ms_per_pass))} | {t(mde_cell(e.ms_per_pass))} | "
+            f"{t(_plain(e.acceptance))} | "
             f"{t(_plain(e.tok_s, 2))} | {t(_kld(e))} | {t(e.needles[0])} / {t(e.needles[1])} "
             f"| {t(e.text)} |"
         )
@@ -237,7 +260,11 @@ def markdown(o: AttributeOutcome) -> str:
 
 def render_plot(o: AttributeOutcome, out: Path) -> str | None:
     """A horizontal interval plot of Δ ms/pass per step; None without matplotlib."""
-    rows = [(e.label, e.ms_per_pass) for e in o.effects if e.ms_per_pass is not None]
+    rows = [
+        (e.label, e.ms_per_pass)
+        for e in o.effects
+        if e.ms_per_pass is not None and e.ms_per_pass.decided
+    ]
     if not rows:
         return None
     try:
