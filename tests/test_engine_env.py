@@ -25,8 +25,8 @@ from gitfixture import UPSTREAM_URL, Upstream, manifest_text
 from pinwheel.compile import canonical, headerview
 from pinwheel.compile.buildenv import ENGINE_PASS_THROUGH, SYSTEM_PATH, engine_base
 from pinwheel.compile.pipeline import BuildRequest
-from pinwheel.compile.produce import machine_placeholders
 from pinwheel.compile.pipeline import build as run_build
+from pinwheel.compile.produce import machine_placeholders
 from pinwheel.compile.reuse import portable
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest import load
