@@ -23,8 +23,10 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--device", default="cuda:0")
     args = ap.parse_args()
+    import torch  # first: it loads libc10 and the CUDA libraries the extension links against
+
+    # isort: split
     import exllamav3_ext as ext  # the variant's wheel, on PYTHONPATH
-    import torch
 
     dev = args.device
     torch.manual_seed(0)
