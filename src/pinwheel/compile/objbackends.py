@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import hmac
 import http.client
 import os
 import shutil
@@ -45,20 +44,16 @@ from pinwheel import confine, untrusted, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
-from pinwheel.net import httpget
+from pinwheel.net import Unavailable, httpget
+from pinwheel.net.resp import _Resp
+from pinwheel.net.s3 import _EMPTY_SHA, _quote, sigv4_headers
 from pinwheel.options import AwsCredentials
 from pinwheel.urls import redact
 
 SUBDIR = "pinwheel-objects"
 TIMEOUT = 10.0  # seconds one socket operation may wait
 DEADLINE = 600.0  # seconds one transfer may take (a wheel of a few hundred MB)
-MAX_LINE = 64 * 1024  # a RESP status, error or length line
 _SERVER = "check the server; the build goes on without the object store"
-
-
-class Unavailable(PinwheelError):
-    """The backend could not answer (unreachable, refused, cut off, or an answer that is
-    not what its protocol promises): no store for this step."""
 
 
 def _fail(where: str) -> httpget.Fail:
@@ -236,141 +231,6 @@ class Redis:
             conn.close()
 
 
-def _encode(*parts: str | bytes) -> bytes:
-    out = [b"*%d\r\n" % len(parts)]
-    for p in parts:
-        b = p.encode() if isinstance(p, str) else p
-        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
-    return b"".join(out)
-
-
-class _Resp:
-    """One RESP2 connection: commands out, replies read bounded (a length checked before
-    anything is read, a byte cap, a deadline)."""
-
-    def __init__(self, sock: socket.socket, where: str):
-        self.sock, self.where = sock, where
-        self.reader = sock.makefile("rb")
-
-    def close(self) -> None:
-        self.reader.close()
-        self.sock.close()
-
-    def _bounds(self, what: str, cap: int) -> httpget.Bounds:
-        return httpget.Bounds(what, cap, _fail(self.where), time.monotonic() + DEADLINE)
-
-    def _sendall(self, data: bytes) -> None:
-        try:
-            self.sock.sendall(data)
-        except OSError as exc:
-            raise Unavailable(
-                f"cut off while sending: {exc}", where=self.where, next=_SERVER
-            ) from None
-
-    def command(self, *parts: str | bytes) -> None:
-        self._sendall(_encode(*parts))
-
-    def command_file(self, verb: str, key: str, src: BinaryIO, size: int) -> None:
-        head = _encode(verb, key)
-        self._sendall(b"*3" + head[2:] + b"$%d\r\n" % size)
-        while block := src.read(1024 * 1024):
-            self._sendall(block)
-        self._sendall(b"\r\n")
-
-    def _line(self, bounds: httpget.Bounds) -> bytes:
-        self.sock.settimeout(min(TIMEOUT, bounds.left() or TIMEOUT))
-        try:
-            line = self.reader.readline(MAX_LINE + 1)
-        except OSError as exc:
-            raise Unavailable(f"cut off: {exc}", where=self.where, next=_SERVER) from None
-        if not line.endswith(b"\r\n") or len(line) > MAX_LINE:
-            raise Unavailable(
-                "the reply is no RESP line (cut off, or longer than "
-                f"{MAX_LINE} bytes)", where=self.where, next="check the endpoint is a Redis server",
-            )  # fmt: skip
-        return line[:-2]
-
-    def _reply_head(self, bounds: httpget.Bounds) -> tuple[bytes, bytes]:
-        line = self._line(bounds)
-        kind, rest = line[:1], line[1:]
-        if kind == b"-":
-            text = rest.decode(errors="replace")[:200]
-            raise Unavailable(f"the server answered an error: {text}", where=self.where,
-                              next="check the credentials (SCCACHE_REDIS_PASSWORD) and "
-                              "the server's limits")  # fmt: skip
-        return kind, rest
-
-    def simple(self, *parts: str | bytes) -> None:
-        self.command(*parts)
-        self.status()
-
-    def status(self) -> None:
-        kind, _ = self._reply_head(self._bounds("redis reply", MAX_LINE))
-        if kind != b"+":
-            raise Unavailable("the reply is not a status", where=self.where,
-                              next="check the endpoint is a Redis server")  # fmt: skip
-
-    def _bulk_len(self, bounds: httpget.Bounds) -> int | None:
-        kind, rest = self._reply_head(bounds)
-        if kind != b"$":
-            raise Unavailable("the reply to GET is not a bulk string", where=self.where,
-                              next="check the endpoint is a Redis server")  # fmt: skip
-        if rest == b"-1":
-            return None
-        try:
-            n = validate.content_length(rest.decode("ascii", errors="replace"))  # digits only
-        except ValueError as exc:
-            raise Unavailable(f"a bad value length: {exc}", where=self.where,
-                              next="check the endpoint is a Redis server") from None  # fmt: skip
-        if n > bounds.cap:
-            raise Unavailable(
-                f"a value of {n} bytes, more than the {bounds.cap} it may have",
-                where=self.where, next=_SERVER,
-            )  # fmt: skip
-        return n
-
-    def _exactly(self, n: int, bounds: httpget.Bounds, out: BinaryIO | None) -> bytes:
-        got: list[bytes] = []
-        while n > 0:
-            self.sock.settimeout(min(TIMEOUT, bounds.left() or TIMEOUT))
-            try:
-                block = self.reader.read1(min(n, 1024 * 1024))
-            except OSError as exc:
-                raise Unavailable(f"cut off: {exc}", where=self.where,
-                                  next="check the server") from None  # fmt: skip
-            if not block:
-                raise Unavailable("cut off before the value's end", where=self.where,
-                                  next="check the server")  # fmt: skip
-            n -= len(block)
-            if out is not None:
-                out.write(block)
-            else:
-                got.append(block)
-        return b"".join(got)
-
-    def bulk(self, cap: int) -> bytes | None:
-        bounds = self._bounds("redis GET", cap)
-        n = self._bulk_len(bounds)
-        if n is None:
-            return None
-        data = self._exactly(n, bounds, None)
-        if self._exactly(2, bounds, None) != b"\r\n":
-            raise Unavailable("the value does not end where its length says", where=self.where,
-                              next="check the endpoint is a Redis server")  # fmt: skip
-        return data
-
-    def bulk_into(self, out: BinaryIO, cap: int) -> bool:
-        bounds = self._bounds("redis GET", cap)
-        n = self._bulk_len(bounds)
-        if n is None:
-            return False
-        self._exactly(n, bounds, out)
-        if self._exactly(2, bounds, None) != b"\r\n":
-            raise Unavailable("the value does not end where its length says", where=self.where,
-                              next="check the endpoint is a Redis server")  # fmt: skip
-        return True
-
-
 def redis_from(env: Mapping[str, str], prefix: str) -> Redis:
     """The Redis of sccache's settings: ``SCCACHE_REDIS_ENDPOINT`` (or the older
     ``SCCACHE_REDIS`` URL, which may carry ``user:password@`` and ``/db``),
@@ -396,54 +256,6 @@ def redis_from(env: Mapping[str, str], prefix: str) -> Redis:
 
 
 # --------------------------------------------------------------------------- s3
-
-
-def _quote(text: str) -> str:
-    return urllib.parse.quote(text, safe="/-_.~")
-
-
-def sigv4_headers(
-    method: str, url: str, *, region: str, access_key: str, secret_key: str,
-    token: str | None, payload_sha256: str, now: datetime.datetime,
-) -> dict[str, str]:  # fmt: skip
-    """The headers that sign ``method url`` for S3 (AWS Signature Version 4, header form)."""
-    parts = urllib.parse.urlsplit(url)
-    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
-    day = amz_date[:8]
-    headers = {
-        "host": parts.netloc,
-        "x-amz-content-sha256": payload_sha256,
-        "x-amz-date": amz_date,
-    }
-    if token:
-        headers["x-amz-security-token"] = token
-    names = sorted(headers)
-    query = "&".join(
-        f"{_quote(k).replace('/', '%2F')}={_quote(v).replace('/', '%2F')}"
-        for k, v in sorted(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
-    )
-    canonical = "\n".join([
-        method, parts.path or "/", query,
-        "".join(f"{n}:{headers[n].strip()}\n" for n in names),
-        ";".join(names), payload_sha256,
-    ])  # fmt: skip
-    scope = f"{day}/{region}/s3/aws4_request"
-    to_sign = "\n".join(
-        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
-    )
-    key = ("AWS4" + secret_key).encode()
-    for part in (day, region, "s3", "aws4_request"):
-        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    headers["Authorization"] = (
-        f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
-        f"SignedHeaders={';'.join(names)}, Signature={signature}"
-    )
-    del headers["host"]  # urllib sends it from the URL
-    return headers
-
-
-_EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 
 
 @dataclass(frozen=True)
