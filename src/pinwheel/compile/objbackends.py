@@ -24,31 +24,22 @@ whole or not at all: no reader sees half an entry.
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import http.client
 import os
 import shutil
-import socket
-import ssl
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO, Protocol
 
 from pinwheel import confine, untrusted, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
-from pinwheel.net import Unavailable, httpget
-from pinwheel.net.resp import _Resp
-from pinwheel.net.s3 import _EMPTY_SHA, _quote, sigv4_headers
+from pinwheel.net import Unavailable, httpget, resp, s3
 from pinwheel.options import AwsCredentials
-from pinwheel.urls import redact
 
 SUBDIR = "pinwheel-objects"
 TIMEOUT = 10.0  # seconds one socket operation may wait
@@ -153,6 +144,7 @@ class Redis:
     password: str | None = field(default=None, repr=False)
     db: int = 0
     name: str = "redis"
+    line_deadline: float = resp.LINE_DEADLINE  # a reply's status or length line, whole
 
     def describe(self) -> str:
         where = f"{self.host}:{self.port}"
@@ -162,32 +154,13 @@ class Redis:
     def where(self) -> str:
         return f"redis {self.host}:{self.port}"
 
-    def _connect(self) -> _Resp:
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=TIMEOUT)
-        except OSError as exc:
-            raise Unavailable(
-                f"cannot connect: {exc.strerror or exc}",
-                where=self.where,
-                next="check the server is up ([build.cache] endpoint); the build compiles",
-            ) from None
-        if self.tls:
-            try:
-                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
-            except (OSError, ssl.SSLError) as exc:
-                sock.close()
-                raise Unavailable(f"TLS: {exc}", where=self.where, next="check rediss://") from None
-        conn = _Resp(sock, self.where)
-        try:
-            if self.password:
-                auth = [self.username, self.password] if self.username else [self.password]
-                conn.simple("AUTH", *auth)
-            if self.db:
-                conn.simple("SELECT", str(self.db))
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+    def _connect(self) -> resp.Connection:
+        return resp.open_connection(
+            resp.Endpoint(
+                self.host, self.port, self.tls, self.username, self.password, self.db,
+                line_deadline=self.line_deadline,
+            )
+        )  # fmt: skip
 
     def check(self) -> None:
         conn = self._connect()
@@ -260,133 +233,73 @@ def redis_from(env: Mapping[str, str], prefix: str) -> Redis:
 
 @dataclass(frozen=True)
 class S3:
-    """An S3 bucket: ``base`` is ``<endpoint>/<bucket>`` (path-style) or the bucket's
-    virtual-hosted URL; credentials from the standard AWS variables (none: unsigned)."""
+    """An S3 bucket through :class:`pinwheel.net.s3.Client` (botocore: the standard AWS
+    credential chain, SigV4, SSE; no redirect followed, every answer bounded)."""
 
-    base: str
-    region: str
+    client: s3.Client
     prefix: str = ""
-    access_key: str | None = field(default=None, repr=False)
-    secret_key: str | None = field(default=None, repr=False)
-    token: str | None = field(default=None, repr=False)
     name: str = "s3"
 
     @property
-    def where(self) -> str:  # the base without user info: messages never carry secrets
-        return redact(self.base)
+    def where(self) -> str:  # the endpoint and bucket, never a secret
+        return self.client.where
 
     def describe(self) -> str:
         return f"s3 ({_key(self.prefix, '')} in {self.where})"
 
-    def _url(self, key: str) -> str:
-        return f"{self.base}/{_quote(_key(self.prefix, key))}"
-
-    def _request(self, method: str, key: str, payload_sha256: str, body: Any = None,
-                 size: int | None = None) -> Any:  # fmt: skip
-        url = self._url(key)
-        headers = {"User-Agent": httpget.USER_AGENT}
-        if self.access_key and self.secret_key:
-            headers.update(sigv4_headers(
-                method, url, region=self.region, access_key=self.access_key,
-                secret_key=self.secret_key, token=self.token, payload_sha256=payload_sha256,
-                now=datetime.datetime.now(datetime.UTC),
-            ))  # fmt: skip
-        if size is not None:  # a type, or urllib says a form (a server may parse it as one)
-            headers["Content-Length"] = str(size)
-            headers["Content-Type"] = "application/octet-stream"
-        req = urllib.request.Request(url, data=body, headers=headers, method=method)
-        try:
-            return httpget.urlopen(req, timeout=TIMEOUT)
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            if exc.code == 404 and method == "GET":
-                return None
-            raise Unavailable(
-                f"{method} answered HTTP {exc.code} {exc.reason}", where=self.where,
-                next="check the bucket, its region and the AWS_* credentials",
-            ) from None  # fmt: skip
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise Unavailable(
-                f"{method} failed: {reason}", where=self.where,
-                next="check [build.cache] endpoint and that the server is up",
-            ) from None  # fmt: skip
-
     def check(self) -> None:
-        resp = self._request("GET", "v1/ping", _EMPTY_SHA)
-        if resp is not None:
-            resp.close()
-
-    def _body(self, key: str, cap: int, out: BinaryIO | None) -> bytes | None:
-        resp = self._request("GET", key, _EMPTY_SHA)
-        if resp is None:
-            return None
-        bounds = httpget.Bounds(f"GET {key}", cap, _fail(self.where), time.monotonic() + DEADLINE)
-        got: list[bytes] = []
-        size = 0
-        with resp:
-            try:
-                announced = bounds.announced(resp.headers.get("Content-Length"))
-                for block in bounds.blocks(resp):
-                    size += len(block)
-                    if out is not None:
-                        out.write(block)
-                    else:
-                        got.append(block)
-            except (OSError, http.client.HTTPException) as exc:  # IncompleteRead, a reset
-                raise Unavailable(f"GET {key}: cut off: {exc!r}", where=self.where,
-                                  next="check the server") from None  # fmt: skip
-        if announced is not None and size != announced:  # http.client's read1 ends quietly
-            raise Unavailable(f"GET {key}: cut off at {size} of {announced} bytes",
-                              where=self.where, next="check the server")  # fmt: skip
-        return b"".join(got)
+        self.client.check(_key(self.prefix, "v1/ping"))
 
     def read(self, key: str, cap: int) -> bytes | None:
-        return self._body(key, cap, None)
+        return self.client.get(_key(self.prefix, key), cap, None)
 
     def fetch(self, key: str, out: BinaryIO, cap: int) -> bool:
-        return self._body(key, cap, out) is not None
+        return self.client.get(_key(self.prefix, key), cap, out) is not None
 
     def write(self, key: str, data: bytes) -> None:
-        resp = self._request("PUT", key, hashlib.sha256(data).hexdigest(), data, len(data))
-        resp.close()
+        self.client.put(_key(self.prefix, key), data, len(data))
 
     def send(self, key: str, path: Path, sha256: str) -> None:
         with open(path, "rb") as src:
-            size = os.fstat(src.fileno()).st_size
-            resp = self._request("PUT", key, sha256, src, size)
-        resp.close()
+            self.client.put(_key(self.prefix, key), src, os.fstat(src.fileno()).st_size)
+
+
+def _true(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").lower() in ("true", "1", "on")
 
 
 def s3_from(env: Mapping[str, str], prefix: str, aws: AwsCredentials) -> S3:
-    """The S3 of sccache's settings: ``SCCACHE_BUCKET``, ``SCCACHE_REGION``,
-    ``SCCACHE_ENDPOINT`` (path-style; without a scheme, https unless
-    ``SCCACHE_S3_USE_SSL`` is false), credentials from ``aws`` (the AWS variables, typed
-    by :func:`pinwheel.options.host`; none when ``SCCACHE_S3_NO_CREDENTIALS`` is true).
-    ValueError when unreadable."""
+    """The S3 of sccache's settings: ``SCCACHE_BUCKET``, ``SCCACHE_REGION`` (else the AWS
+    configuration's, else us-east-1), ``SCCACHE_ENDPOINT`` (path-style; without a scheme,
+    https unless ``SCCACHE_S3_USE_SSL`` is false), server-side encryption as sccache reads
+    it (``SCCACHE_S3_SERVER_SIDE_ENCRYPTION_KMS_KEY_ID``, else
+    ``SCCACHE_S3_SERVER_SIDE_ENCRYPTION_AWS_KMS`` for aws:kms, else
+    ``SCCACHE_S3_SERVER_SIDE_ENCRYPTION`` for AES256). Credentials: ``aws`` (the AWS
+    variables typed by :func:`pinwheel.options.host`) when set, else the standard AWS
+    chain; none when ``SCCACHE_S3_NO_CREDENTIALS`` is true. ValueError when unreadable."""
     bucket = env.get("SCCACHE_BUCKET") or ""
     problem = validate.identifier_problem(bucket)
     if problem:
         raise ValueError(f"bucket {bucket[:80]!r}: {problem}")
-    region = env.get("SCCACHE_REGION") or "us-east-1"
-    if validate.identifier_problem(region):
+    region = env.get("SCCACHE_REGION") or None
+    if region is not None and validate.identifier_problem(region):
         raise ValueError(f"region {region[:80]!r}: {validate.identifier_problem(region)}")
-    endpoint = env.get("SCCACHE_ENDPOINT")
+    endpoint = env.get("SCCACHE_ENDPOINT") or None
     if endpoint:
         if "://" not in endpoint:
             ssl_off = env.get("SCCACHE_S3_USE_SSL", "true").lower() in ("false", "0", "off")
             endpoint = f"{'http' if ssl_off else 'https'}://{endpoint}"
         validate.http_url(endpoint, schemes=("http", "https"))
-        base = f"{endpoint.rstrip('/')}/{bucket}"
-    else:
-        base = f"https://{bucket}.s3.{region}.amazonaws.com"
-    anonymous = env.get("SCCACHE_S3_NO_CREDENTIALS", "").lower() in ("true", "1", "on")
-    if anonymous:
-        return S3(base, region, prefix)
-    return S3(
-        base, region, prefix, aws.access_key_id, aws.secret_access_key, aws.session_token,
+        region = "us-east-1" if region in (None, "auto") else region
+    kms_key = env.get("SCCACHE_S3_SERVER_SIDE_ENCRYPTION_KMS_KEY_ID") or None
+    sse = ("aws:kms" if kms_key or _true(env, "SCCACHE_S3_SERVER_SIDE_ENCRYPTION_AWS_KMS")
+           else "AES256" if _true(env, "SCCACHE_S3_SERVER_SIDE_ENCRYPTION") else None)  # fmt: skip
+    settings = s3.Settings(
+        bucket, region, endpoint, anonymous=_true(env, "SCCACHE_S3_NO_CREDENTIALS"), sse=sse,
+        kms_key_id=kms_key, access_key_id=aws.access_key_id,
+        secret_access_key=aws.secret_access_key, session_token=aws.session_token,
     )  # fmt: skip
+    return S3(s3.Client(settings), prefix)
 
 
-__all__ = ["S3", "Backend", "LocalDir", "Redis", "Unavailable", "redis_from", "s3_from",
-           "sigv4_headers"]  # fmt: skip
+__all__ = ["S3", "Backend", "LocalDir", "Redis", "Unavailable", "redis_from", "s3_from"]
