@@ -285,6 +285,7 @@ def test_s3_authenticated_by_a_shared_config_profile(
         iam.create_user(UserName="ci")
         key = iam.create_access_key(UserName="ci")["AccessKey"]
         iam.put_user_policy(UserName="ci", PolicyName="all", PolicyDocument=ALLOW_ALL)
+        iam.close()
         # No credentials anywhere: the store says it cannot authenticate (never unsigned).
         none, why = objstore.for_plan(_plan(tmp_path / "a", endpoint), cold=False)
         assert none is None and "cannot authenticate: no AWS credentials found" in why, why
@@ -331,6 +332,7 @@ def test_s3_authenticated_by_web_identity(
         }
         iam.create_role(RoleName="ci-runner", AssumeRolePolicyDocument=json.dumps(trust))
         iam.put_role_policy(RoleName="ci-runner", PolicyName="all", PolicyDocument=ALLOW_ALL)
+        iam.close()
         token = aws_home / "token"
         token.write_text("the-runner-s-oidc-token")
         monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
@@ -357,6 +359,7 @@ def test_s3_server_side_encryption_as_sccache_asks(
         assert len(keys) == 2
         for key in keys:
             assert s3.head_object(Bucket=BUCKET, Key=key).get("ServerSideEncryption") == "AES256"
+        s3.close()
 
 
 def test_an_s3_answer_trickled_without_end_ends_at_the_deadline(tmp_path: Path) -> None:

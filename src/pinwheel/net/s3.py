@@ -219,6 +219,7 @@ class Client:
             ) from None
         if 300 <= resp.status < 400:
             to = urllib.parse.urlsplit(resp.headers.get("Location") or "").netloc
+            resp.close()
             conn.close()
             raise self._fail(
                 f"{request.method} answered a redirect (HTTP {resp.status}"
@@ -230,19 +231,20 @@ class Client:
             f"{request.method} {parts.path[-80:]}", sys.maxsize if streaming else ERROR_CAP,
             lambda what, next: self._fail(what, next), time.monotonic() + s.deadline,
         )  # fmt: skip
-        bounds.announced(resp.headers.get("Content-Length") if not streaming else None)
         answer_headers = HeadersDict()
         for name, value in resp.getheaders():
             answer_headers[name] = value
         answer: _Answer | _Read = _Answer(conn, resp, bounds)
         if not streaming:  # read whole (bounded) and the connection closed here
             try:
+                bounds.announced(resp.headers.get("Content-Length"))
                 answer = _Read(b"".join(answer.stream()))
             except (OSError, http.client.HTTPException) as exc:
                 raise self._fail(
                     f"{request.method}: cut off: {exc!r}", "check the server"
                 ) from None
             finally:
+                resp.close()
                 conn.close()
         return AWSResponse(request.url, resp.status, answer_headers, answer)
 
