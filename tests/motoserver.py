@@ -6,6 +6,7 @@ waited for, stopped. A missing ``moto_server`` is a skip (a declared test depend
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -29,8 +30,12 @@ def _moto_server() -> str | None:
 
 
 @contextmanager
-def running_moto(bucket: str) -> Iterator[str]:
-    """A moto_server holding the empty ``bucket``; its endpoint, ``http://127.0.0.1:PORT``."""
+def running_moto(bucket: str, *, free_actions: int | None = None) -> Iterator[str]:
+    """A moto_server holding the empty ``bucket``; its endpoint, ``http://127.0.0.1:PORT``.
+
+    ``free_actions``: moto checks every request's signature against the IAM users, keys
+    and roles made in it (``INITIAL_NO_AUTH_ACTION_COUNT``) after that many requests
+    (making the bucket is the first); None: moto checks none."""
     server = _moto_server()
     if server is None:
         pytest.skip("no moto_server (pip install 'moto[s3]' flask flask-cors)")
@@ -38,6 +43,8 @@ def running_moto(bucket: str) -> Iterator[str]:
     proc = subprocess.Popen(
         [server, "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=None if free_actions is None else {
+            **os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(free_actions)},
     )  # fmt: skip
     endpoint = f"http://127.0.0.1:{port}"
     try:

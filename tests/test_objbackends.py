@@ -10,7 +10,6 @@ line) is a real TCP server here that answers what a hostile one would.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import shutil
@@ -224,6 +223,12 @@ def _s3_plan(cache: Path, endpoint: str) -> compcache.Plan:
     return compcache.plan(config, cache, host_of({"PATH": "", **AWS}))
 
 
+def _s3_backend(endpoint: str, **env: str) -> objbackends.S3:
+    """The S3 backend of bucket ``b`` at ``endpoint``, signed with the stand-in keys."""
+    settings = {"SCCACHE_BUCKET": "b", "SCCACHE_ENDPOINT": endpoint, **env}
+    return objbackends.s3_from(settings, "p", host_of(AWS).sccache.aws)
+
+
 def test_s3_a_fresh_runner_hits_and_tampered_or_oversized_is_refused(
     moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -246,7 +251,7 @@ def test_s3_a_fresh_runner_hits_and_tampered_or_oversized_is_refused(
 @pytest.mark.parametrize(
     ("reply", "said"),
     [
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc", "cut off at 3 of 100 bytes"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc", "cut off"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\n", "more than the 1024"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad Content-Length"),
         (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"x" * 5000, "more than the 1024"),
@@ -257,7 +262,7 @@ def test_s3_a_fresh_runner_hits_and_tampered_or_oversized_is_refused(
 def test_a_hostile_s3_answer_is_refused_bounded(reply: bytes, said: str) -> None:
     server = _Hostile(reply)
     try:
-        backend = objbackends.S3(f"http://127.0.0.1:{server.port}/b", "us-east-1", "p", "k", "s")
+        backend = _s3_backend(f"http://127.0.0.1:{server.port}")
         with pytest.raises(objbackends.Unavailable, match=said):
             backend.read("v1/index/x.json", 1024)
         # The record's cap is larger (64 MiB): what is under it is no JSON record.
@@ -274,29 +279,6 @@ def test_a_dead_s3_endpoint_is_no_store_with_a_message(tmp_path: Path) -> None:
     )
     assert none is None and why.startswith("the s3 store is unreachable: ")
     assert f"http://127.0.0.1:{port}/pw-cache: GET failed" in why
-
-
-def test_the_s3_signature_is_botocore_s() -> None:
-    """The SigV4 headers of a PUT and a GET (with a session token) equal botocore's."""
-    botocore = pytest.importorskip("botocore")
-    from botocore.auth import S3SigV4Auth
-    from botocore.awsrequest import AWSRequest
-    from botocore.credentials import Credentials
-
-    assert botocore.__version__
-    url = "http://127.0.0.1:9000/pw-cache/cu124/pinwheel-objects/v1/wheels/ab%2Bc/wheel"
-    for method, body, token in (("PUT", b"wheel bytes", None), ("GET", b"", "tok/en=")):
-        req = AWSRequest(method=method, url=url, data=body)
-        S3SigV4Auth(Credentials("AKIDEXAMPLE", "wJalr/SECRET", token), "s3", "eu-west-1").add_auth(
-            req
-        )
-        now = datetime.datetime.strptime(req.headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ")
-        ours = objbackends.sigv4_headers(
-            method, url, region="eu-west-1", access_key="AKIDEXAMPLE", secret_key="wJalr/SECRET",
-            token=token, payload_sha256=hashlib.sha256(body).hexdigest(),
-            now=now.replace(tzinfo=datetime.UTC),
-        )  # fmt: skip
-        assert ours["Authorization"] == req.headers["Authorization"], method
 
 
 def test_the_local_backend_writes_the_layout_it_always_had(

@@ -104,12 +104,16 @@ VARIABLES: tuple[Var, ...] = (
     Var("SCCACHE_*", "sccache's own settings; they win over [build.cache]",
         "compile.compcache"),
     Var("AWS_ACCESS_KEY_ID", "the S3 key id sccache and pinwheel's object store sign with "
-        "([build.cache] backend = s3)", "compile.objbackends, compile.compcache", None,
-        "none: unsigned requests"),
+        "([build.cache] backend = s3)", "net.s3, compile.compcache", None,
+        "none: the standard AWS chain (AWS_*)"),
     Var("AWS_SECRET_ACCESS_KEY", "the S3 secret key beside AWS_ACCESS_KEY_ID",
-        "compile.objbackends, compile.compcache", None, "none", secret=True),
+        "net.s3, compile.compcache", None, "none", secret=True),
     Var("AWS_SESSION_TOKEN", "the S3 session token of temporary credentials",
-        "compile.objbackends, compile.compcache", None, "none", secret=True),
+        "net.s3, compile.compcache", None, "none", secret=True),
+    Var("AWS_*", "the standard AWS credential chain the S3 object store (botocore) and "
+        "sccache resolve when no key is set: AWS_PROFILE, AWS_CONFIG_FILE, "
+        "AWS_SHARED_CREDENTIALS_FILE, AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN, the "
+        "container and instance roles, AWS_ENDPOINT_URL_STS", "net.s3, compile.compcache"),
     Var("ACTIONS_CACHE_URL", "the GitHub Actions cache service ([build.cache] backend = gha)",
         "compile.compcache"),
     Var("ACTIONS_RESULTS_URL", "the GitHub Actions cache service, newer runners",

@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -47,6 +46,7 @@ from pinwheel.compile.canonical import Canonical
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import remove_tree
 from pinwheel.manifest.build import CacheConfig
+from pinwheel.net import tcp
 from pinwheel.options import HostEnvironment
 
 START_TIMEOUT = 60
@@ -87,9 +87,7 @@ def find_sccache(host: HostEnvironment) -> Path | None:
     return Path(found) if found else None
 
 
-def plan(
-    config: CacheConfig, cache: Path, host: HostEnvironment, *, enabled: bool = True
-) -> Plan:
+def plan(config: CacheConfig, cache: Path, host: HostEnvironment, *, enabled: bool = True) -> Plan:
     """Resolve backend + server environment; the environment's SCCACHE_* win
     (``host.sccache.settings``: SCCACHE_CACHE_SIZE checked by :func:`pinwheel.options.host`)."""
     backend = config.backend
@@ -157,11 +155,8 @@ def _tcp(url: str, default_port: int) -> str | None:
         return f"cannot read a port from {url!r}: {exc}"
     if not host:
         return f"cannot read a host from {url!r}"
-    try:
-        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT):
-            return None
-    except OSError as exc:
-        return f"{host}:{port} unreachable ({exc.strerror or exc})"
+    seen = tcp.probe(host, port, PROBE_TIMEOUT)
+    return None if seen.open else f"{host}:{port} unreachable ({seen.reason})"
 
 
 def _socket_path() -> Path:

@@ -24,41 +24,27 @@ whole or not at all: no reader sees half an entry.
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import hmac
-import http.client
 import os
 import shutil
-import socket
-import ssl
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO, Protocol
 
 from pinwheel import confine, untrusted, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text
-from pinwheel.net import httpget
+from pinwheel.net import Unavailable, httpget, resp, s3
 from pinwheel.options import AwsCredentials
-from pinwheel.urls import redact
 
 SUBDIR = "pinwheel-objects"
 TIMEOUT = 10.0  # seconds one socket operation may wait
 DEADLINE = 600.0  # seconds one transfer may take (a wheel of a few hundred MB)
-MAX_LINE = 64 * 1024  # a RESP status, error or length line
 _SERVER = "check the server; the build goes on without the object store"
-
-
-class Unavailable(PinwheelError):
-    """The backend could not answer (unreachable, refused, cut off, or an answer that is
-    not what its protocol promises): no store for this step."""
 
 
 def _fail(where: str) -> httpget.Fail:
@@ -158,6 +144,7 @@ class Redis:
     password: str | None = field(default=None, repr=False)
     db: int = 0
     name: str = "redis"
+    line_deadline: float = resp.LINE_DEADLINE  # a reply's status or length line, whole
 
     def describe(self) -> str:
         where = f"{self.host}:{self.port}"
@@ -167,32 +154,13 @@ class Redis:
     def where(self) -> str:
         return f"redis {self.host}:{self.port}"
 
-    def _connect(self) -> _Resp:
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=TIMEOUT)
-        except OSError as exc:
-            raise Unavailable(
-                f"cannot connect: {exc.strerror or exc}",
-                where=self.where,
-                next="check the server is up ([build.cache] endpoint); the build compiles",
-            ) from None
-        if self.tls:
-            try:
-                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
-            except (OSError, ssl.SSLError) as exc:
-                sock.close()
-                raise Unavailable(f"TLS: {exc}", where=self.where, next="check rediss://") from None
-        conn = _Resp(sock, self.where)
-        try:
-            if self.password:
-                auth = [self.username, self.password] if self.username else [self.password]
-                conn.simple("AUTH", *auth)
-            if self.db:
-                conn.simple("SELECT", str(self.db))
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+    def _connect(self) -> resp.Connection:
+        return resp.open_connection(
+            resp.Endpoint(
+                self.host, self.port, self.tls, self.username, self.password, self.db,
+                line_deadline=self.line_deadline,
+            )
+        )  # fmt: skip
 
     def check(self) -> None:
         conn = self._connect()
@@ -236,141 +204,6 @@ class Redis:
             conn.close()
 
 
-def _encode(*parts: str | bytes) -> bytes:
-    out = [b"*%d\r\n" % len(parts)]
-    for p in parts:
-        b = p.encode() if isinstance(p, str) else p
-        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
-    return b"".join(out)
-
-
-class _Resp:
-    """One RESP2 connection: commands out, replies read bounded (a length checked before
-    anything is read, a byte cap, a deadline)."""
-
-    def __init__(self, sock: socket.socket, where: str):
-        self.sock, self.where = sock, where
-        self.reader = sock.makefile("rb")
-
-    def close(self) -> None:
-        self.reader.close()
-        self.sock.close()
-
-    def _bounds(self, what: str, cap: int) -> httpget.Bounds:
-        return httpget.Bounds(what, cap, _fail(self.where), time.monotonic() + DEADLINE)
-
-    def _sendall(self, data: bytes) -> None:
-        try:
-            self.sock.sendall(data)
-        except OSError as exc:
-            raise Unavailable(
-                f"cut off while sending: {exc}", where=self.where, next=_SERVER
-            ) from None
-
-    def command(self, *parts: str | bytes) -> None:
-        self._sendall(_encode(*parts))
-
-    def command_file(self, verb: str, key: str, src: BinaryIO, size: int) -> None:
-        head = _encode(verb, key)
-        self._sendall(b"*3" + head[2:] + b"$%d\r\n" % size)
-        while block := src.read(1024 * 1024):
-            self._sendall(block)
-        self._sendall(b"\r\n")
-
-    def _line(self, bounds: httpget.Bounds) -> bytes:
-        self.sock.settimeout(min(TIMEOUT, bounds.left() or TIMEOUT))
-        try:
-            line = self.reader.readline(MAX_LINE + 1)
-        except OSError as exc:
-            raise Unavailable(f"cut off: {exc}", where=self.where, next=_SERVER) from None
-        if not line.endswith(b"\r\n") or len(line) > MAX_LINE:
-            raise Unavailable(
-                "the reply is no RESP line (cut off, or longer than "
-                f"{MAX_LINE} bytes)", where=self.where, next="check the endpoint is a Redis server",
-            )  # fmt: skip
-        return line[:-2]
-
-    def _reply_head(self, bounds: httpget.Bounds) -> tuple[bytes, bytes]:
-        line = self._line(bounds)
-        kind, rest = line[:1], line[1:]
-        if kind == b"-":
-            text = rest.decode(errors="replace")[:200]
-            raise Unavailable(f"the server answered an error: {text}", where=self.where,
-                              next="check the credentials (SCCACHE_REDIS_PASSWORD) and "
-                              "the server's limits")  # fmt: skip
-        return kind, rest
-
-    def simple(self, *parts: str | bytes) -> None:
-        self.command(*parts)
-        self.status()
-
-    def status(self) -> None:
-        kind, _ = self._reply_head(self._bounds("redis reply", MAX_LINE))
-        if kind != b"+":
-            raise Unavailable("the reply is not a status", where=self.where,
-                              next="check the endpoint is a Redis server")  # fmt: skip
-
-    def _bulk_len(self, bounds: httpget.Bounds) -> int | None:
-        kind, rest = self._reply_head(bounds)
-        if kind != b"$":
-            raise Unavailable("the reply to GET is not a bulk string", where=self.where,
-                              next="check the endpoint is a Redis server")  # fmt: skip
-        if rest == b"-1":
-            return None
-        try:
-            n = validate.content_length(rest.decode("ascii", errors="replace"))  # digits only
-        except ValueError as exc:
-            raise Unavailable(f"a bad value length: {exc}", where=self.where,
-                              next="check the endpoint is a Redis server") from None  # fmt: skip
-        if n > bounds.cap:
-            raise Unavailable(
-                f"a value of {n} bytes, more than the {bounds.cap} it may have",
-                where=self.where, next=_SERVER,
-            )  # fmt: skip
-        return n
-
-    def _exactly(self, n: int, bounds: httpget.Bounds, out: BinaryIO | None) -> bytes:
-        got: list[bytes] = []
-        while n > 0:
-            self.sock.settimeout(min(TIMEOUT, bounds.left() or TIMEOUT))
-            try:
-                block = self.reader.read1(min(n, 1024 * 1024))
-            except OSError as exc:
-                raise Unavailable(f"cut off: {exc}", where=self.where,
-                                  next="check the server") from None  # fmt: skip
-            if not block:
-                raise Unavailable("cut off before the value's end", where=self.where,
-                                  next="check the server")  # fmt: skip
-            n -= len(block)
-            if out is not None:
-                out.write(block)
-            else:
-                got.append(block)
-        return b"".join(got)
-
-    def bulk(self, cap: int) -> bytes | None:
-        bounds = self._bounds("redis GET", cap)
-        n = self._bulk_len(bounds)
-        if n is None:
-            return None
-        data = self._exactly(n, bounds, None)
-        if self._exactly(2, bounds, None) != b"\r\n":
-            raise Unavailable("the value does not end where its length says", where=self.where,
-                              next="check the endpoint is a Redis server")  # fmt: skip
-        return data
-
-    def bulk_into(self, out: BinaryIO, cap: int) -> bool:
-        bounds = self._bounds("redis GET", cap)
-        n = self._bulk_len(bounds)
-        if n is None:
-            return False
-        self._exactly(n, bounds, out)
-        if self._exactly(2, bounds, None) != b"\r\n":
-            raise Unavailable("the value does not end where its length says", where=self.where,
-                              next="check the endpoint is a Redis server")  # fmt: skip
-        return True
-
-
 def redis_from(env: Mapping[str, str], prefix: str) -> Redis:
     """The Redis of sccache's settings: ``SCCACHE_REDIS_ENDPOINT`` (or the older
     ``SCCACHE_REDIS`` URL, which may carry ``user:password@`` and ``/db``),
@@ -398,183 +231,75 @@ def redis_from(env: Mapping[str, str], prefix: str) -> Redis:
 # --------------------------------------------------------------------------- s3
 
 
-def _quote(text: str) -> str:
-    return urllib.parse.quote(text, safe="/-_.~")
-
-
-def sigv4_headers(
-    method: str, url: str, *, region: str, access_key: str, secret_key: str,
-    token: str | None, payload_sha256: str, now: datetime.datetime,
-) -> dict[str, str]:  # fmt: skip
-    """The headers that sign ``method url`` for S3 (AWS Signature Version 4, header form)."""
-    parts = urllib.parse.urlsplit(url)
-    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
-    day = amz_date[:8]
-    headers = {
-        "host": parts.netloc,
-        "x-amz-content-sha256": payload_sha256,
-        "x-amz-date": amz_date,
-    }
-    if token:
-        headers["x-amz-security-token"] = token
-    names = sorted(headers)
-    query = "&".join(
-        f"{_quote(k).replace('/', '%2F')}={_quote(v).replace('/', '%2F')}"
-        for k, v in sorted(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
-    )
-    canonical = "\n".join([
-        method, parts.path or "/", query,
-        "".join(f"{n}:{headers[n].strip()}\n" for n in names),
-        ";".join(names), payload_sha256,
-    ])  # fmt: skip
-    scope = f"{day}/{region}/s3/aws4_request"
-    to_sign = "\n".join(
-        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
-    )
-    key = ("AWS4" + secret_key).encode()
-    for part in (day, region, "s3", "aws4_request"):
-        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    headers["Authorization"] = (
-        f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
-        f"SignedHeaders={';'.join(names)}, Signature={signature}"
-    )
-    del headers["host"]  # urllib sends it from the URL
-    return headers
-
-
-_EMPTY_SHA = hashlib.sha256(b"").hexdigest()
-
-
 @dataclass(frozen=True)
 class S3:
-    """An S3 bucket: ``base`` is ``<endpoint>/<bucket>`` (path-style) or the bucket's
-    virtual-hosted URL; credentials from the standard AWS variables (none: unsigned)."""
+    """An S3 bucket through :class:`pinwheel.net.s3.Client` (botocore: the standard AWS
+    credential chain, SigV4, SSE; no redirect followed, every answer bounded)."""
 
-    base: str
-    region: str
+    client: s3.Client
     prefix: str = ""
-    access_key: str | None = field(default=None, repr=False)
-    secret_key: str | None = field(default=None, repr=False)
-    token: str | None = field(default=None, repr=False)
     name: str = "s3"
 
     @property
-    def where(self) -> str:  # the base without user info: messages never carry secrets
-        return redact(self.base)
+    def where(self) -> str:  # the endpoint and bucket, never a secret
+        return self.client.where
 
     def describe(self) -> str:
         return f"s3 ({_key(self.prefix, '')} in {self.where})"
 
-    def _url(self, key: str) -> str:
-        return f"{self.base}/{_quote(_key(self.prefix, key))}"
-
-    def _request(self, method: str, key: str, payload_sha256: str, body: Any = None,
-                 size: int | None = None) -> Any:  # fmt: skip
-        url = self._url(key)
-        headers = {"User-Agent": httpget.USER_AGENT}
-        if self.access_key and self.secret_key:
-            headers.update(sigv4_headers(
-                method, url, region=self.region, access_key=self.access_key,
-                secret_key=self.secret_key, token=self.token, payload_sha256=payload_sha256,
-                now=datetime.datetime.now(datetime.UTC),
-            ))  # fmt: skip
-        if size is not None:  # a type, or urllib says a form (a server may parse it as one)
-            headers["Content-Length"] = str(size)
-            headers["Content-Type"] = "application/octet-stream"
-        req = urllib.request.Request(url, data=body, headers=headers, method=method)
-        try:
-            return httpget.urlopen(req, timeout=TIMEOUT)
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            if exc.code == 404 and method == "GET":
-                return None
-            raise Unavailable(
-                f"{method} answered HTTP {exc.code} {exc.reason}", where=self.where,
-                next="check the bucket, its region and the AWS_* credentials",
-            ) from None  # fmt: skip
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise Unavailable(
-                f"{method} failed: {reason}", where=self.where,
-                next="check [build.cache] endpoint and that the server is up",
-            ) from None  # fmt: skip
-
     def check(self) -> None:
-        resp = self._request("GET", "v1/ping", _EMPTY_SHA)
-        if resp is not None:
-            resp.close()
-
-    def _body(self, key: str, cap: int, out: BinaryIO | None) -> bytes | None:
-        resp = self._request("GET", key, _EMPTY_SHA)
-        if resp is None:
-            return None
-        bounds = httpget.Bounds(f"GET {key}", cap, _fail(self.where), time.monotonic() + DEADLINE)
-        got: list[bytes] = []
-        size = 0
-        with resp:
-            try:
-                announced = bounds.announced(resp.headers.get("Content-Length"))
-                for block in bounds.blocks(resp):
-                    size += len(block)
-                    if out is not None:
-                        out.write(block)
-                    else:
-                        got.append(block)
-            except (OSError, http.client.HTTPException) as exc:  # IncompleteRead, a reset
-                raise Unavailable(f"GET {key}: cut off: {exc!r}", where=self.where,
-                                  next="check the server") from None  # fmt: skip
-        if announced is not None and size != announced:  # http.client's read1 ends quietly
-            raise Unavailable(f"GET {key}: cut off at {size} of {announced} bytes",
-                              where=self.where, next="check the server")  # fmt: skip
-        return b"".join(got)
+        self.client.check(_key(self.prefix, "v1/ping"))
 
     def read(self, key: str, cap: int) -> bytes | None:
-        return self._body(key, cap, None)
+        return self.client.get(_key(self.prefix, key), cap, None)
 
     def fetch(self, key: str, out: BinaryIO, cap: int) -> bool:
-        return self._body(key, cap, out) is not None
+        return self.client.get(_key(self.prefix, key), cap, out) is not None
 
     def write(self, key: str, data: bytes) -> None:
-        resp = self._request("PUT", key, hashlib.sha256(data).hexdigest(), data, len(data))
-        resp.close()
+        self.client.put(_key(self.prefix, key), data, len(data))
 
     def send(self, key: str, path: Path, sha256: str) -> None:
         with open(path, "rb") as src:
-            size = os.fstat(src.fileno()).st_size
-            resp = self._request("PUT", key, sha256, src, size)
-        resp.close()
+            self.client.put(_key(self.prefix, key), src, os.fstat(src.fileno()).st_size)
+
+
+def _true(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").lower() in ("true", "1", "on")
 
 
 def s3_from(env: Mapping[str, str], prefix: str, aws: AwsCredentials) -> S3:
-    """The S3 of sccache's settings: ``SCCACHE_BUCKET``, ``SCCACHE_REGION``,
-    ``SCCACHE_ENDPOINT`` (path-style; without a scheme, https unless
-    ``SCCACHE_S3_USE_SSL`` is false), credentials from ``aws`` (the AWS variables, typed
-    by :func:`pinwheel.options.host`; none when ``SCCACHE_S3_NO_CREDENTIALS`` is true).
-    ValueError when unreadable."""
+    """The S3 of sccache's settings: ``SCCACHE_BUCKET``, ``SCCACHE_REGION`` (else the AWS
+    configuration's, else us-east-1), ``SCCACHE_ENDPOINT`` (path-style; without a scheme,
+    https unless ``SCCACHE_S3_USE_SSL`` is false), server-side encryption as sccache reads
+    it (``SCCACHE_S3_SERVER_SIDE_ENCRYPTION_KMS_KEY_ID``, else
+    ``SCCACHE_S3_SERVER_SIDE_ENCRYPTION_AWS_KMS`` for aws:kms, else
+    ``SCCACHE_S3_SERVER_SIDE_ENCRYPTION`` for AES256). Credentials: ``aws`` (the AWS
+    variables typed by :func:`pinwheel.options.host`) when set, else the standard AWS
+    chain; none when ``SCCACHE_S3_NO_CREDENTIALS`` is true. ValueError when unreadable."""
     bucket = env.get("SCCACHE_BUCKET") or ""
     problem = validate.identifier_problem(bucket)
     if problem:
         raise ValueError(f"bucket {bucket[:80]!r}: {problem}")
-    region = env.get("SCCACHE_REGION") or "us-east-1"
-    if validate.identifier_problem(region):
+    region = env.get("SCCACHE_REGION") or None
+    if region is not None and validate.identifier_problem(region):
         raise ValueError(f"region {region[:80]!r}: {validate.identifier_problem(region)}")
-    endpoint = env.get("SCCACHE_ENDPOINT")
+    endpoint = env.get("SCCACHE_ENDPOINT") or None
     if endpoint:
         if "://" not in endpoint:
             ssl_off = env.get("SCCACHE_S3_USE_SSL", "true").lower() in ("false", "0", "off")
             endpoint = f"{'http' if ssl_off else 'https'}://{endpoint}"
         validate.http_url(endpoint, schemes=("http", "https"))
-        base = f"{endpoint.rstrip('/')}/{bucket}"
-    else:
-        base = f"https://{bucket}.s3.{region}.amazonaws.com"
-    anonymous = env.get("SCCACHE_S3_NO_CREDENTIALS", "").lower() in ("true", "1", "on")
-    if anonymous:
-        return S3(base, region, prefix)
-    return S3(
-        base, region, prefix, aws.access_key_id, aws.secret_access_key, aws.session_token,
+        region = "us-east-1" if region in (None, "auto") else region
+    kms_key = env.get("SCCACHE_S3_SERVER_SIDE_ENCRYPTION_KMS_KEY_ID") or None
+    sse = ("aws:kms" if kms_key or _true(env, "SCCACHE_S3_SERVER_SIDE_ENCRYPTION_AWS_KMS")
+           else "AES256" if _true(env, "SCCACHE_S3_SERVER_SIDE_ENCRYPTION") else None)  # fmt: skip
+    settings = s3.Settings(
+        bucket, region, endpoint, anonymous=_true(env, "SCCACHE_S3_NO_CREDENTIALS"), sse=sse,
+        kms_key_id=kms_key, access_key_id=aws.access_key_id,
+        secret_access_key=aws.secret_access_key, session_token=aws.session_token,
     )  # fmt: skip
+    return S3(s3.Client(settings), prefix)
 
 
-__all__ = ["S3", "Backend", "LocalDir", "Redis", "Unavailable", "redis_from", "s3_from",
-           "sigv4_headers"]  # fmt: skip
+__all__ = ["S3", "Backend", "LocalDir", "Redis", "Unavailable", "redis_from", "s3_from"]

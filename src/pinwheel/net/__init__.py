@@ -5,3 +5,10 @@ stages' clients (``release.download``, ``serve.client``, the object store's back
 are profiles over it. docs/SECURITY.md names this package as the enforcer of the
 network boundary.
 """
+
+from pinwheel.errors import PinwheelError
+
+
+class Unavailable(PinwheelError):
+    """The peer could not answer (unreachable, refused, cut off, or an answer that is
+    not what its protocol promises): for a store, no store for this step."""

@@ -131,8 +131,31 @@ class RedirectRefused(urllib.error.URLError):
         self.url, self.problem = new, problem
 
 
+#: Request headers that carry a credential: never sent on to another origin.
+CREDENTIAL_HEADERS = ("Authorization", "Proxy-Authorization", "Cookie", "X-Amz-Security-Token")
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) as a browser compares origins; the scheme's port filled in."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port or {"https": 443, "http": 80}.get(scheme)
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower(), port
+
+
 class _Redirects(urllib.request.HTTPRedirectHandler):
-    """urllib's redirect handler with the rule checked first, on the Location as sent."""
+    """urllib's redirect handler with the rule checked first, on the Location as sent;
+    a redirect to another origin carries none of :data:`CREDENTIAL_HEADERS`."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and origin(newurl) != origin(req.full_url):
+            for name in CREDENTIAL_HEADERS:
+                new.remove_header(name.capitalize())
+        return new
 
     def http_error_302(self, req, fp, code, msg, headers):  # type: ignore[no-untyped-def]
         location = headers.get("location") or headers.get("uri")

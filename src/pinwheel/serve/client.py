@@ -12,6 +12,7 @@ and decoded through :mod:`pinwheel.untrusted` into the fields its API promises.
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import math
@@ -301,8 +302,9 @@ class Client:
             "prompt_logprobs": top_k,
         }
         _, raw = self._json(
-            "POST", "/v1/completions", documents.CompletionAnswer, body, untrusted.LOGPROBS
-        )
+            "POST", "/v1/completions", documents.CompletionAnswer, body,
+            logprobs_kind(len(prompt_ids), top_k),
+        )  # fmt: skip
         return list(raw["choices"][0].get("prompt_logprobs") or [])
 
     # -- streaming -----------------------------------------------------------
@@ -342,6 +344,24 @@ class Client:
 
 
 _T = TypeVar("_T")
+# One prompt_logprobs entry, ``"ID": {"logprob": X, "rank": N, "decoded_token": "..."}``,
+# at most this many bytes (a default, generous: a token's text escaped 6 bytes a character)
+LOGPROB_ENTRY_BYTES = 1024
+LOGPROB_OVERHEAD = 64 * 1024  # the answer's other fields
+
+
+def logprobs_kind(positions: int, top_k: int) -> untrusted.Kind:
+    """The cap of a prompt_logprobs answer: what ``positions`` rows of ``top_k`` + 1
+    entries can take (the answer is refused past it, before it is parsed); the whole
+    vocabulary (``top_k`` -1) keeps :data:`pinwheel.untrusted.LOGPROBS`' cap."""
+    if top_k < 0:
+        return untrusted.LOGPROBS
+    need = LOGPROB_OVERHEAD + positions * (top_k + 1) * LOGPROB_ENTRY_BYTES
+    return dataclasses.replace(
+        untrusted.LOGPROBS, max_bytes=min(need, untrusted.LOGPROBS.max_bytes)
+    )
+
+
 MAX_STREAM = 256 * 1024 * 1024  # a whole streamed reply; a server that never stops ends here
 MAX_LINE = untrusted.STREAM_EVENT.max_bytes  # one event line
 MAX_DRAIN = 64 * 1024  # bytes after [DONE] read to keep the connection; more: close it

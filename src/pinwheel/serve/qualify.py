@@ -101,10 +101,10 @@ def wait_healthy(
     ``refused_grace_s`` fails at once with that reason: nothing is listening, and waiting
     ``timeout_s`` for it would only hide that. A host name that does not resolve fails at once.
     """
-    import socket  # local: this module's imports are being reworked elsewhere
     import urllib.parse
 
     from pinwheel.errors import UsageError
+    from pinwheel.net import tcp  # local: this module's imports are being reworked elsewhere
 
     parts = urllib.parse.urlsplit(target.url)
     host = parts.hostname or "127.0.0.1"
@@ -128,16 +128,14 @@ def wait_healthy(
         beat.tick(client.last_health)
         _check_alive(target, "before it became healthy")
         if target.alive is None:  # attached with --url: is anything listening at all?
-            try:
-                socket.create_connection((host, port), timeout=min(poll_s * 2, 5.0)).close()
-                refused_since = None
-            except socket.gaierror as exc:
+            seen = tcp.probe(host, port, min(poll_s * 2, 5.0))
+            if seen.state == "unresolved":
                 raise PinwheelError(
-                    f"cannot resolve {host!r}: {exc.strerror}",
+                    f"cannot resolve {host!r}: {seen.reason}",
                     where=target.url,
                     next="fix --url (host and port of the running server)",
-                ) from None
-            except ConnectionRefusedError:
+                )
+            if seen.state == "refused":
                 now = time.monotonic()
                 refused_since = now if refused_since is None else refused_since
                 if now - refused_since >= refused_grace_s:
@@ -147,8 +145,8 @@ def wait_healthy(
                         where=target.url,
                         next="start the server first (recipes/ or `pinwheel serve`) and rerun "
                         "once it listens, fix --url, or drop --url so qualify starts one",
-                    ) from None
-            except OSError:
+                    )
+            else:
                 refused_since = None  # timeouts, unreachable: the deadline below decides
         if time.monotonic() - start > timeout_s:
             raise PinwheelError(
