@@ -29,11 +29,10 @@ live apart; their names are re-exported here for callers.
 from __future__ import annotations
 
 import hashlib
-import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pinwheel.errors import UsageError, VerifyError
+from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.manifest.serve import FidelityConfig
 from pinwheel.serve.capture import (  # noqa: F401 (re-exported: callers say fidelity.X)
     VLLM_DEFAULT_MAX_LOGPROBS,
@@ -48,7 +47,13 @@ from pinwheel.serve.capture import (  # noqa: F401 (re-exported: callers say fid
     server_flags,
 )
 from pinwheel.serve.panel import PANEL_SCHEMA, Panel, read_panel, write_panel  # noqa: F401
-from pinwheel.serve.receipt import FidelityResult, Gate
+from pinwheel.serve.receipt import (
+    NOT_PROVEN_STATUS,
+    FidelityResult,
+    Gate,
+    fidelity_status,
+    spot_status,
+)
 from pinwheel.serve.teacherfile import (  # noqa: F401 (re-exported: callers say fidelity.X)
     MAX_TEACHER,
     MAX_TEACHER_STORE,
@@ -69,7 +74,7 @@ from pinwheel.serve.teacherfile import (  # noqa: F401 (re-exported: callers say
 )
 
 MAX_BOOTSTRAP_DRAWS = 2_000_000_000  # resamples x windows: ~1 min of numpy, never more
-BOOTSTRAP_BLOCK = 4_000_000  # indices drawn at once (32 MB of int64)
+BOOTSTRAP_BLOCK = 2_000_000  # indices drawn at once (16 MB of int64, a few arrays of it)
 
 
 # --------------------------------------------------------------------------- KLD
@@ -77,14 +82,15 @@ BOOTSTRAP_BLOCK = 4_000_000  # indices drawn at once (32 MB of int64)
 
 def score_positions(
     teacher: Teacher, student: Sequence[tuple[Any, Any, int]]
-) -> tuple[Any, Any, bool, int]:
-    """Per-position KLD (float64), top-1 agreement, whether every value is exact, top-1 ties.
+) -> tuple[Any, Any, bool, Any]:
+    """Per-position KLD (float64), top-1 agreement, whether every value is exact, and per
+    position whether either side's maximum was tied (bool arrays).
 
     Exact where both sides gave the whole vocabulary (:mod:`pinwheel.serve.workers.detkl`:
     the same bits on every CPU, the in-process scorer's code); a proven
     lower bound (:func:`kld.lower_bound`) elsewhere. Top-1 on both sides: the highest
     log-probability, ties to the lowest token id; a position where either side's
-    maximum is tied counts in ``ties``.
+    maximum is tied is True in the last array.
     """
     np = _np()
     from pinwheel.serve import kld as K
@@ -95,7 +101,7 @@ def score_positions(
     scorer = None if teacher.full is None else detkl.Scorer(teacher.full.shape[1])
     agree = np.empty(n, bool)
     exact = True
-    ties = 0
+    tied = np.zeros(n, bool)
     vocab = None if teacher.full is None else teacher.full.shape[1]
     for p, (ids, lps, _) in enumerate(student):
         target = int(teacher.target[p])
@@ -135,8 +141,8 @@ def score_positions(
         t_top, t_tie = K.top1(t_side.ids, t_side.lps)
         s_top, s_tie = K.top1(ids, lps)
         agree[p] = t_top == s_top
-        ties += int(t_tie or s_tie)
-    return out, agree, exact, ties
+        tied[p] = t_tie or s_tie
+    return out, agree, exact, tied
 
 
 def kld_sha256(kld: Any) -> str:
@@ -172,14 +178,29 @@ def served_rows_sha256(student: Sequence[tuple[Any, Any, int]], vocab: int) -> s
     return h.hexdigest()
 
 
+def _splitmix(seed: int, k: Any) -> Any:
+    """:func:`kldsummary.splitmix64` of ``seed + (k + 1) * GOLDEN`` over a uint64 array."""
+    np = _np()
+    from pinwheel.serve import kldsummary as S
+
+    u = np.uint64
+    z = u(seed & S.MASK) + (k + u(1)) * u(S.GOLDEN)  # uint64 arrays wrap modulo 2**64
+    z = (z ^ (z >> u(30))) * u(S.MIX1)
+    z = (z ^ (z >> u(27))) * u(S.MIX2)
+    return z ^ (z >> u(31))
+
+
 def bootstrap_ci(
     kld: Any, offsets: Any, resamples: int, seed: int
 ) -> tuple[tuple[float, float], str]:
-    """95% percentile CI of the token-mean, resampling windows (or positions if one window)."""
+    """95% CI of the token-mean, resampling windows (or positions if one window), exactly
+    as :mod:`pinwheel.serve.kldsummary` defines it (the same bits; numpy for speed)."""
     np = _np()
-    rng = np.random.default_rng(seed)
+    from pinwheel.serve import kldsummary as S
+
     windows = len(offsets) - 1
-    units = windows if windows >= 2 else len(kld)
+    sums, counts = S.units_of([float(x) for x in kld], [int(n) for n in np.diff(offsets)])
+    units = len(sums)
     if resamples * units > MAX_BOOTSTRAP_DRAWS:
         raise UsageError(
             f"the bootstrap would draw {resamples} x {units} = {resamples * units} indices, "
@@ -187,24 +208,30 @@ def bootstrap_ci(
             where="[qualify.fidelity] bootstrap",
             next=f"lower bootstrap to at most {max(MAX_BOOTSTRAP_DRAWS // max(units, 1), 1)}",
         )
-    # Drawn in blocks of at most BOOTSTRAP_BLOCK indices: memory stays bounded, and the
-    # generator yields the same stream as one (resamples, units) draw would.
-    rows = max(1, BOOTSTRAP_BLOCK // max(units, 1))
+    s = np.array(sums, np.float64)
+    c = np.array(counts, np.int64)
+    rows = max(1, BOOTSTRAP_BLOCK // max(units, 1))  # memory stays bounded
     means = np.empty(resamples, np.float64)
-    if windows >= 2:
-        sums = np.add.reduceat(kld, offsets[:-1]) if len(kld) else np.zeros(windows)
-        counts = np.diff(offsets).astype(np.float64)
+    with np.errstate(over="ignore"):  # an overflowing sum is +inf, as in pure Python
         for at in range(0, resamples, rows):
-            idx = rng.integers(0, windows, size=(min(rows, resamples - at), windows))
-            means[at : at + len(idx)] = sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
-        how = f"bootstrap over {windows} windows, {resamples} resamples, seed {seed}"
-    else:
-        for at in range(0, resamples, rows):
-            idx = rng.integers(0, len(kld), size=(min(rows, resamples - at), len(kld)))
-            means[at : at + len(idx)] = kld[idx].mean(axis=1)
-        how = f"bootstrap over {len(kld)} positions, {resamples} resamples, seed {seed}"
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return (float(lo), float(hi)), how
+            n = min(rows, resamples - at)
+            k = np.arange(at * units, (at + n) * units, dtype=np.uint64)
+            idx = (_splitmix(seed, k) % np.uint64(units)).astype(np.intp).reshape(n, units)
+            # cumsum adds left to right (each element to the previous sum): the
+            # definition's order, not numpy's pairwise sum
+            means[at : at + n] = np.cumsum(s[idx], axis=1)[:, -1] / c[idx].sum(axis=1)
+    ci = S.rank_ci(np.sort(means).tolist())
+    unit = f"{windows} windows" if windows >= 2 else f"{units} positions"
+    return ci, f"{S.METHOD} bootstrap over {unit}, {resamples} resamples, seed {seed}"
+
+
+def flag_bytes(agree: Any, tied: Any) -> bytes:
+    """One byte a position: bit 1 top-1 agreement, bit 2 a tied maximum
+    (``fidelity_flags.u8``, hashed as ``flags_sha256``)."""
+    np = _np()
+    a = np.asarray(agree, bool).astype(np.uint8)
+    b = np.asarray(tied, bool).astype(np.uint8) * np.uint8(2)
+    return (a | b).tobytes()
 
 
 def summarize(
@@ -217,23 +244,36 @@ def summarize(
     top_k: int,
     resamples: int,
     seed: int,
-    ties: int = 0,
+    tied: Any = None,
 ) -> FidelityResult:
+    """The figures of :mod:`pinwheel.serve.kldsummary` (what verify-receipt recomputes);
+    a NaN value is refused here (never a number in the receipt)."""
     np = _np()
-    with np.errstate(invalid="ignore"):  # +inf positions: inf - inf inside percentiles
-        ci, how = bootstrap_ci(kld, teacher.offsets, resamples, seed)
-        median, p99 = float(np.median(kld)), float(np.percentile(kld, 99))
-    if np.isinf(kld).any():  # an infinite position makes the figures above it infinite
-        ci = tuple(math.inf if x != x else x for x in ci)  # type: ignore[assignment]
-        median, p99 = (math.inf if x != x else x for x in (median, p99))
+    from pinwheel.serve import kldsummary as S
+
+    kld = np.asarray(kld, np.float64)
+    if not len(kld):
+        raise PinwheelError("no position was scored", where=teacher.source)
+    if np.isnan(kld).any() or (kld < 0).any():
+        raise PinwheelError(
+            f"position {int(np.flatnonzero(np.isnan(kld) | (kld < 0))[0])}: the KLD is NaN "
+            "or negative (not a divergence)",
+            where=teacher.source,
+            next="the rows are not distributions: recapture the teacher, or report it to the "
+            "engine",
+        )
+    flags = flag_bytes(agree, np.zeros(len(kld), bool) if tied is None else tied)
+    ci, how = bootstrap_ci(kld, teacher.offsets, resamples, seed)
+    values = [float(x) + 0.0 for x in kld]
+    ordered = sorted(values)
     return FidelityResult(
-        mean_kld=float(kld.mean()),
+        mean_kld=S.mean(values),
         ci95=ci,
-        median=median,
-        p99=p99,
-        max=float(kld.max()),
-        top1=float(agree.mean()),
-        positions=int(len(kld)),
+        median=S.median(ordered),
+        p99=S.p99(ordered),
+        max=ordered[-1],
+        top1=sum(1 for f in flags if f & S.AGREE) / len(flags),
+        positions=len(values),
         windows=len(panel.windows),
         method="full" if exact else f"top-{top_k}+tail",
         kld_sha256=kld_sha256(kld),
@@ -244,9 +284,16 @@ def summarize(
         teacher_source=str(teacher.meta.get("source", "")),
         top_k=top_k,
         ci_method=how,
-        kld=tuple(float(x) for x in kld),
+        kld=tuple(values),
         bound="exact" if exact else "lower",
-        top1_ties=ties,
+        top1_ties=sum(1 for f in flags if f & S.TIED),
+        flags=flags,
+        flags_sha256=hashlib.sha256(flags).hexdigest(),
+        stats=S.METHOD,
+        window_positions=tuple(int(n) for n in np.diff(teacher.offsets)),
+        panel_positions=panel.positions,
+        bootstrap_resamples=resamples,
+        bootstrap_seed=seed,
     )
 
 
@@ -291,7 +338,7 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
             next="recapture with `pinwheel qualify teacher --top-k -1`, or set top_k",
         )
     student = _server_rows(client, model, panel, cfg.top_k)
-    kld, agree, exact, ties = score_positions(teacher, student)
+    kld, agree, exact, tied = score_positions(teacher, student)
     rows_sha = None
     if exact and teacher.full is not None:
         rows_sha = served_rows_sha256(student, teacher.full.shape[1])
@@ -299,7 +346,7 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
         kld,
         agree,
         exact,
-        ties=ties,
+        tied=tied,
         panel=panel,
         teacher=teacher,
         top_k=cfg.top_k,
@@ -314,7 +361,10 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
 # --------------------------------------------------------------------------- gates
 
 
-NOT_PROVEN = "NOT PROVEN"  # a gate failure: the figure cannot show the limit is met
+NOT_PROVEN = NOT_PROVEN_STATUS  # a gate failure: the figure cannot show the limit is met
+MEAN_GATE = "fidelity mean KLD (nats)"
+TOP1_GATE = "fidelity top-1 agreement"
+SPOT_GATE = "fidelity spot-check (engine values vs its full rows)"
 
 
 def judge(cfg: FidelityConfig | None, result: FidelityResult | None) -> tuple[Gate, ...]:
@@ -323,63 +373,84 @@ def judge(cfg: FidelityConfig | None, result: FidelityResult | None) -> tuple[Ga
     ``max_mean_kld`` PASSes only on the exact KLD: a lower bound FAILs it when the bound
     already breaks the limit and leaves it NOT PROVEN (a failure) otherwise.
     ``tolerance`` widens a gate that is a card's own measurement (never a strict gate);
-    without a pinned panel (FILL IN) the gates SKIP with the reason: never PASS.
+    without a pinned panel (FILL IN) the gates SKIP with the reason: never PASS. No
+    measurement, a NaN, or fewer positions than the panel holds: FAIL
+    (:func:`pinwheel.serve.receipt.fidelity_status`, which verify-receipt also runs).
+    The in-process scorer adds the spot-check gate (:mod:`pinwheel.serve.inprocess`).
     """
     if cfg is None:
         return ()
     gates: list[Gate] = []
-    unpinned = cfg.panel is None
     why = "FILL IN: the card's panel and teacher are not pinned in [qualify.fidelity]"
     if cfg.max_mean_kld is not None:
-        name = "fidelity mean KLD (nats)"
         t = cfg.max_mean_kld if cfg.strict else cfg.max_mean_kld * (1 + cfg.tolerance)
         op = "<" if cfg.strict else "<="
         needs = f"{op} {t:.6g}" + _card(cfg.max_mean_kld, cfg.tolerance, cfg.strict)
-        if unpinned:
-            gates.append(Gate(name, "SKIP", "not measured", needs, why))
-        elif result is None:
-            gates.append(Gate(name, "FAIL", "not measured", needs))
-        else:
-            ok = result.mean_kld < t if cfg.strict else result.mean_kld <= t
-            detail = (
-                f"{result.method}, {result.positions} positions, 95% CI "
-                f"{result.ci95[0]:.3e}-{result.ci95[1]:.3e}"
-            )
-            if result.bound == "exact":
-                status, measured = ("PASS" if ok else "FAIL"), repr(result.mean_kld)  # raw
-            else:
-                measured = f">= {result.mean_kld!r} (lower bound)"
-                if not ok:
-                    status = "FAIL"
-                    detail = "the lower bound already breaks the limit; " + detail
-                else:
-                    status = NOT_PROVEN
-                    detail = (
-                        "a top-K figure is only a lower bound of the KLD: it can prove a "
-                        "FAIL, never a PASS; score full-vocabulary rows (top_k = -1, a "
-                        "teacher with full rows; qualify starts vLLM with --max-logprobs "
-                        "-1); " + detail
-                    )
-            gates.append(Gate(name, status, measured, needs, detail))
+        gates.append(_gate(MEAN_GATE, cfg, result, op, t, needs, why))
     if cfg.min_top1 is not None:
         t = cfg.min_top1 * (1 - cfg.tolerance)
         needs = f">= {t:.6g}" + _card(cfg.min_top1, cfg.tolerance, False)
-        if unpinned:
-            gates.append(Gate("fidelity top-1 agreement", "SKIP", "not measured", needs, why))
-        elif result is None:
-            gates.append(Gate("fidelity top-1 agreement", "FAIL", "not measured", needs))
-        else:
-            gates.append(
-                Gate(
-                    "fidelity top-1 agreement",
-                    "PASS" if result.top1 >= t else "FAIL",
-                    repr(result.top1),
-                    needs,
-                    f"{round(result.top1 * result.positions)}/{result.positions} positions; "
-                    f"{result.top1_ties} with a tied maximum (ties go to the lowest token id)",
-                )
-            )
+        gates.append(_gate(TOP1_GATE, cfg, result, ">=", t, needs, why))
+    if cfg.scorer == "in-process" and cfg.panel is not None:
+        gates.append(spot_gate(result.spot_check if result is not None else None))
     return tuple(gates)
+
+
+def _gate(name: str, cfg: FidelityConfig, result: FidelityResult | None, op: str,
+          limit: float, needs: str, why: str) -> Gate:  # fmt: skip
+    if cfg.panel is None:
+        return Gate(name, "SKIP", "not measured", needs, why, None, op, limit)
+    if result is None:
+        return Gate(name, "FAIL", "not measured", needs, "", None, op, limit)
+    mean = name == MEAN_GATE
+    value = result.mean_kld if mean else result.top1
+    status = fidelity_status(value, op, limit, result.bound if mean else "exact",
+                             result.positions, result.panel_positions)  # fmt: skip
+    detail = (
+        f"{result.method}, {result.positions} positions, 95% CI "
+        f"{result.ci95[0]:.3e}-{result.ci95[1]:.3e}"
+        if mean
+        else f"{_agreeing(result)}/{result.positions} positions; "
+        f"{result.top1_ties} with a tied maximum (ties go to the lowest token id)"
+    )
+    if result.positions < result.panel_positions:
+        detail = f"{result.positions} of the panel's {result.panel_positions} positions; " + detail
+    measured = repr(value)
+    if mean and result.bound != "exact":
+        measured = f">= {value!r} (lower bound)"
+        if status == "FAIL":
+            detail = "the lower bound already breaks the limit; " + detail
+        else:
+            detail = (
+                "a top-K figure is only a lower bound of the KLD: it can prove a "
+                "FAIL, never a PASS; score full-vocabulary rows (top_k = -1, a "
+                "teacher with full rows; qualify starts vLLM with --max-logprobs "
+                "-1); " + detail
+            )
+    return Gate(name, status, measured, needs, detail, value, op, limit)
+
+
+def _agreeing(result: FidelityResult) -> str:
+    n = result.top1 * result.positions
+    return str(round(n)) if n == n and abs(n) != float("inf") else repr(n)
+
+
+def spot_gate(spot: Mapping[str, Any] | None) -> Gate:
+    """PASS only when the engine's records equal detkl on the engine's own full rows at
+    every sampled position (and at least one position was sampled)."""
+    status = spot_status(spot)
+    if spot is None:
+        return Gate(SPOT_GATE, status, "not measured", "0 differences", "no spot-check ran")
+    bad = spot.get("differ")
+    size = spot.get("size")
+    detail = (
+        f"{size} positions sampled after the engine answered (seed {spot.get('seed')}); an "
+        f"engine wrong at a fraction f of positions escapes with probability <= (1-f)^{size}"
+    )
+    if isinstance(bad, list) and bad:
+        detail = f"differ at positions {bad[:10]}: tampering or a scorer bug; " + detail
+    return Gate(SPOT_GATE, status, f"{len(bad) if isinstance(bad, list) else '?'} differences",
+                "0 differences", detail)  # fmt: skip
 
 
 def _card(figure: float, tolerance: float, strict: bool) -> str:

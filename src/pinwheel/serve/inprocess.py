@@ -226,9 +226,9 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
     rec = got.records
     kl = np.array(rec["kl"], np.float64)
     agree = (rec["flags"] & detkl.AGREE) > 0
-    ties = int(((rec["flags"] & detkl.TIED) > 0).sum())
+    tied = (rec["flags"] & detkl.TIED) > 0
     result = fidelity.summarize(
-        kl, agree, True, ties=ties, panel=panel, teacher=teacher, top_k=-1,
+        kl, agree, True, tied=tied, panel=panel, teacher=teacher, top_k=-1,
         resamples=cfg.bootstrap, seed=cfg.seed,
     )  # fmt: skip
     return replace(
