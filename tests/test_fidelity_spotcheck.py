@@ -20,9 +20,10 @@ import pytest
 from engine_standin import Engine, SelfGrading, Server, log_softmax, model_row
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest.serve import FidelityConfig
-from pinwheel.serve import fidelity, inprocess
+from pinwheel.serve import fidelity, inprocess, verify
 from pinwheel.serve.client import Client
-from pinwheel.serve.receipt import FAILING, spot_status
+from pinwheel.serve.receipt import FAILING, SCHEMA, Receipt, spot_status
+from pinwheel.serve.report import write_outputs
 from pinwheel.serve.workers import detkl, kld_ext
 
 VOCAB = 24
@@ -114,3 +115,49 @@ def test_rows_the_engine_sends_back_are_checked(tmp_path):
         inprocess.decode_rows({"rows": {"2": "AAAA"}}, [1], VOCAB, "srv")
     with pytest.raises(PinwheelError, match="base64"):
         inprocess.decode_rows({"rows": {"1": "!!"}}, [1], VOCAB, "srv")
+
+
+def _receipt(tmp: Path, cfg: FidelityConfig, result) -> Path:
+    gates = fidelity.judge(cfg, result)
+    receipt = Receipt(
+        schema=SCHEMA, verdict="FAIL" if any(g.status in FAILING for g in gates) else "PASS",
+        profile="p", manifest={"name": "m", "path": "m.toml", "sha256": "ab" * 32},
+        provenance=None, server={}, started="x", seconds=1.0, markers=(), decode=(),
+        summary={}, concurrency=(), needles=(), gates=gates, reference={}, fidelity=result,
+    )  # fmt: skip
+    write_outputs(receipt, tmp / "out")
+    return tmp / "out" / "receipt.json"
+
+
+def test_an_in_process_receipt_verifies_and_its_spot_check_recomputes(tmp_path):
+    cfg, _, _ = _inputs(tmp_path)
+    path = _receipt(tmp_path, cfg, _measure(kld_ext.KldExtension, cfg))
+    assert (path.parent / verify.SPOT_ROWS).stat().st_size == 27 * VOCAB * 4
+    got = verify.verify(verify.VerifyRequest(path))
+    assert got.ok, [c for c in got.checks if c.status == "mismatch"]
+    got = verify.verify(verify.VerifyRequest(path, cfg.teacher))
+    done = {c.name: c.status for c in got.checks}
+    assert got.ok and done["fidelity.spot_check.differ (from the rows)"] == "match"
+
+
+def test_a_self_grading_receipt_edited_to_pass_is_caught_from_the_rows(tmp_path):
+    """The engine's claim, the spot-check's FAIL edited away (differ emptied, the gate and
+    the verdict set to PASS): consistent on its face, but the rows it kept, scored again
+    against the teacher, differ from the engine's values."""
+    cfg, _, _ = _inputs(tmp_path, noise=0.5)
+    path = _receipt(tmp_path, cfg, _measure(SelfGrading, cfg))
+    data = json.loads(path.read_text())
+    assert data["verdict"] == "FAIL"
+    data["verdict"] = "PASS"
+    data["fidelity"]["spot_check"]["differ"] = []
+    for g in data["gates"]:
+        g["status"] = "PASS"
+    path.write_text(json.dumps(data))
+    got = verify.verify(verify.VerifyRequest(path, cfg.teacher))
+    bad = {c.name for c in got.checks if c.status == "mismatch"}
+    assert bad == {"fidelity.spot_check.differ (from the rows)"}, bad
+    data["fidelity"]["spot_check"]["positions"][0] += 1  # another sample than the seed draws
+    path.write_text(json.dumps(data))
+    bad = {c.name for c in verify.verify(verify.VerifyRequest(path)).checks
+           if c.status == "mismatch"}  # fmt: skip
+    assert "fidelity.spot_check.positions" in bad

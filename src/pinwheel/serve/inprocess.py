@@ -264,9 +264,11 @@ def spot_check(
     scorer = detkl.Scorer(index.vocab)
     h = hashlib.sha256()
     differ = []
+    kept = bytearray()
     for p in sample:
         row = got.rows[p]
         h.update(row.tobytes())
+        kept += row.tobytes()
         try:
             kl, flags, top, _ = scorer.one(store.full[p], row)
         except ValueError:  # NaN/+inf rows: not what a faithful engine scored
@@ -281,7 +283,9 @@ def spot_check(
         "size": n,
         "positions": sample,
         "differ": differ,
-        "rows_sha256": h.hexdigest(),
+        "rows_sha256": h.hexdigest(),  # of fidelity_spot_rows.f32, written beside the receipt
+        "rows": bytes(kept),  # popped by measure into FidelityResult.spot_rows
+        "vocab": index.vocab,
         "sample": "sorted(random.Random(seed).sample(range(positions), size)); the seed drawn "
         "(secrets) after the engine's records arrived",
         "miss": f"an engine wrong at a fraction f of positions passes with probability <= "
@@ -318,6 +322,7 @@ def measure(
     got = score_in_engine(client, model, panel.windows, index)
     rec = got.records
     spot = spot_check(client, model, panel.windows, index, rec, seed=spot_seed)
+    spot_rows = spot.pop("rows")
     kl = np.array(rec["kl"], np.float64)
     agree = (rec["flags"] & detkl.AGREE) > 0
     tied = (rec["flags"] & detkl.TIED) > 0
@@ -331,4 +336,5 @@ def measure(
         boundary_bytes_per_position=(got.rpc_bytes + got.request_bytes) / index.positions,
         engine_seconds=got.engine_seconds,
         spot_check=spot,
+        spot_rows=spot_rows,
     )

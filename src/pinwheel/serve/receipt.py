@@ -130,6 +130,9 @@ class FidelityResult:
     bootstrap_seed: int = 0
     # in-process: full rows of sampled positions recomputed by detkl (inprocess.spot_check)
     spot_check: Mapping[str, Any] | None = None
+    # the spot-check's rows as the engine sent them (float32 LE [size, V], sample order):
+    # fidelity_spot_rows.f32, hashed as spot_check.rows_sha256; not in the JSON
+    spot_rows: bytes = field(default=b"", repr=False, compare=False)
 
 
 NOT_MEASURABLE = "not measurable"
@@ -449,6 +452,7 @@ class Receipt:
         if data.get("fidelity"):
             data["fidelity"].pop("kld", None)  # written beside it as fidelity_kld.f64
             data["fidelity"].pop("flags", None)  # and fidelity_flags.u8
+            data["fidelity"].pop("spot_rows", None)  # and fidelity_spot_rows.f32
         return json.dumps(strict(data), indent=2, sort_keys=True, default=str,
                           allow_nan=False) + "\n"  # fmt: skip
 
@@ -457,10 +461,13 @@ class Receipt:
         if self.fidelity is None or not self.fidelity.kld:
             return {}
         kld = self.fidelity.kld
-        return {
+        out = {
             "fidelity_kld.f64": struct.pack(f"<{len(kld)}d", *kld),
             "fidelity_flags.u8": bytes(self.fidelity.flags),
         }
+        if self.fidelity.spot_check is not None:
+            out["fidelity_spot_rows.f32"] = bytes(self.fidelity.spot_rows)
+        return out
 
 
 def strict(value: Any) -> Any:

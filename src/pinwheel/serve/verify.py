@@ -12,10 +12,13 @@ Re-derived from the files: every hash (``kld_f64_sha256``, ``kld_sha256``,
 ``flags_sha256``), every summary figure (mean, CI, median, p99, max, top-1, ties:
 :mod:`pinwheel.serve.kldsummary`, bit for bit), the spot-check's sample, each gate's
 status from its raw value and limit (or from the receipt's needles, smoke replies and
-markers), and the verdict from the gates. With the teacher and the served rows: the
-teacher's sha256, the served rows' digest and every per-position value and flag, bit
-for bit, by :mod:`pinwheel.serve.workers.detkl` (that part needs numpy: the
-``qualify`` extra). The rest is the standard library: it runs from the plain install.
+markers), and the verdict from the gates. In-process receipts: the spot-check's rows
+(``fidelity_spot_rows.f32``) against their hash, and with ``--teacher`` each sampled
+row scored again, so its ``differ`` list is re-derived too. With the teacher and the
+served rows: the teacher's sha256, the served rows' digest and every per-position
+value and flag, bit for bit, by :mod:`pinwheel.serve.workers.detkl` (the parts that
+read rows need numpy: the ``qualify`` extra). The rest is the standard library: it
+runs from the plain install.
 
 What it cannot re-derive: an INFO status (the manifest marks a card figure
 informational; the receipt pins the manifest's sha256, not its text).
@@ -48,6 +51,7 @@ from pinwheel.serve.receipt import (
 
 F64 = "fidelity_kld.f64"
 FLAGS = "fidelity_flags.u8"
+SPOT_ROWS = "fidelity_spot_rows.f32"  # the in-process spot-check's rows (float32 [size, V])
 MEAN_GATE = "fidelity mean KLD (nats)"  # fidelity.MEAN_GATE (fidelity needs numpy)
 TOP1_GATE = "fidelity top-1 agreement"
 SPOT_GATE = "fidelity spot-check (engine values vs its full rows)"
@@ -258,34 +262,80 @@ def _fidelity(req: VerifyRequest, doc: _Doc, fid: Mapping[str, Any], positions: 
             )
         )
     if scorer == "in-process":
-        checks.append(_spot(doc, fid, positions))
+        checks += _spot(req, doc, fid, raw, flags)
     checks += _rows(req, doc, fid, raw, flags, positions)
     return checks
 
 
-def _spot(doc: _Doc, fid: Mapping[str, Any], positions: int) -> Check:
+def _spot(
+    req: VerifyRequest, doc: _Doc, fid: Mapping[str, Any], raw: bytes, flags: bytes
+) -> list[Check]:
     """The spot-check's sample is the one its seed gives (drawn after the engine
-    answered); its positions and differences are in range."""
+    answered), its rows file is the one it hashed; with ``--teacher``, each sampled row
+    is scored again (detkl) against the engine's recorded value and flags."""
+    f = "fidelity.spot_check."
+    positions = len(flags)
     spot = doc.obj(fid, "spot_check", "fidelity.spot_check")
-    seed = doc.integer(spot, "seed", "fidelity.spot_check.seed", 0, 2**63 - 1)
-    size = doc.integer(spot, "size", "fidelity.spot_check.size", 0, positions)
-    doc.digest(spot, "rows_sha256", "fidelity.spot_check.rows_sha256")
+    seed = doc.integer(spot, "seed", f + "seed", 0, 2**63 - 1)
+    size = doc.integer(spot, "size", f + "size", 0, positions)
+    vocab = doc.integer(spot, "vocab", f + "vocab", 1, 2**24)
+    doc.digest(spot, "rows_sha256", f + "rows_sha256")
     sample = spot.get("positions")
     differ = spot.get("differ")
     if not isinstance(differ, list) or not all(type(p) is int for p in differ):
-        raise doc.refuse("not a list of positions", "fidelity.spot_check.differ")
+        raise doc.refuse("not a list of positions", f + "differ")
     want = sorted(random.Random(seed).sample(range(positions), size))
     if sample != want or not set(differ) <= set(want):
-        return Check(
-            "fidelity.spot_check.positions",
-            "mismatch",
-            f"seed {seed} draws {want[:8]}..., the receipt lists {str(sample)[:80]}",
-        )
-    return Check(
-        "fidelity.spot_check.positions",
-        "match",
-        f"{size} positions drawn by seed {seed}; {len(differ)} differ",
-    )
+        return [
+            Check(f + "positions", "mismatch",
+                  f"seed {seed} draws {want[:8]}..., the receipt lists {str(sample)[:80]}")
+        ]  # fmt: skip
+    checks = [Check(f + "positions", "match", f"{size} drawn by seed {seed}; {len(differ)} differ")]
+    path = req.receipt.parent / SPOT_ROWS
+    rows = untrusted.read_bytes(path, KIND, cap=size * vocab * 4)
+    if len(rows) != size * vocab * 4:
+        raise doc.refuse(f"{len(rows)} bytes, {size} rows of {vocab} float32 need "
+                         f"{size * vocab * 4}", SPOT_ROWS)  # fmt: skip
+    checks.append(_same(f + "rows_sha256", hashlib.sha256(rows).hexdigest(), spot["rows_sha256"]))
+    if req.teacher is None:
+        checks.append(Check(f + "differ (from the rows)", "skipped",
+                            "pass --teacher FILE to score the sampled rows again"))  # fmt: skip
+        return checks
+    np = _numpy()
+    from pinwheel.serve import fidelity
+    from pinwheel.serve.workers import detkl
+
+    teacher = fidelity.read_teacher(req.teacher, None)
+    if teacher.full is None or teacher.positions != positions or teacher.full.shape[1] != vocab:
+        raise UsageError("the teacher is not this receipt's (full rows, same positions and "
+                         "vocabulary)", where=str(req.teacher))  # fmt: skip
+    scorer = detkl.Scorer(vocab)
+    found = []
+    for i, p in enumerate(sample):
+        row = np.frombuffer(rows, "<f4", vocab, i * vocab * 4)
+        try:
+            kl, fl, _, _ = scorer.one(teacher.full[p], row)
+        except ValueError:
+            found.append(p)
+            continue
+        mine = struct.pack("<d", kl + 0.0) + bytes([fl & 3])
+        if mine != raw[p * 8 : p * 8 + 8] + flags[p : p + 1]:
+            found.append(p)
+    checks.append(_same(f + "differ (from the rows)", found, differ))
+    return checks
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:
+        raise UsageError(
+            "recomputing values from rows needs numpy",
+            where="--teacher/--served",
+            next="install the qualify extra (pip install 'pinwheel[qualify]'), or drop "
+            "--teacher/--served",
+        ) from None
+    return numpy
 
 
 def _rows(
@@ -300,15 +350,7 @@ def _rows(
                 "pass --teacher FILE and --served FILE to recompute them",
             )
         ]
-    try:
-        import numpy as np
-    except ImportError:
-        raise UsageError(
-            "recomputing the values from the rows needs numpy",
-            where="--teacher/--served",
-            next="install the qualify extra (pip install 'pinwheel[qualify]'), or drop "
-            "--teacher/--served",
-        ) from None
+    np = _numpy()
     from pinwheel.serve import fidelity
     from pinwheel.serve.workers import detkl
 
