@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine_standin import Engine, SelfGrading, Server, log_softmax, model_row
+from engine_standin import Engine, SelfGrading, Server, Tensor, log_softmax, model_row
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest.serve import FidelityConfig
 from pinwheel.serve import fidelity, inprocess, verify
@@ -161,3 +161,17 @@ def test_a_self_grading_receipt_edited_to_pass_is_caught_from_the_rows(tmp_path)
     bad = {c.name for c in verify.verify(verify.VerifyRequest(path)).checks
            if c.status == "mismatch"}  # fmt: skip
     assert "fidelity.spot_check.positions" in bad
+
+
+def test_the_extension_scores_each_row_against_its_own_teacher_position(tmp_path):
+    """One window's rows, handed to the extension's session directly: row i of window 0
+    is scored against teacher row i (its records equal detkl's, bit for bit)."""
+    cfg, teacher, engine_rows = _inputs(tmp_path)
+    store = kld_ext.TeacherStore(str(cfg.teacher), str(cfg.teacher_sha256))
+    window = list(json.loads(cfg.panel.read_text())["windows"][0])
+    n = len(window) - 1
+    session = kld_ext._Session(store)
+    session.score(0, 0, Tensor(engine_rows[:n]), window)
+    assert session.errors == [] and session.seen[:n].all() and not session.seen[n:].any()
+    want = detkl.batch(teacher[:n], engine_rows[:n])
+    assert session.records[:n].tobytes() == want.tobytes()
