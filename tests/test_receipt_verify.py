@@ -336,3 +336,13 @@ def test_hostile_bytes_give_a_refusal(written, capsys):
         assert "Traceback" not in capsys.readouterr().err
     written.write_bytes(hashlib.sha256(b"x").digest())
     assert main(["qualify", "verify-receipt", str(written)]) != 0
+
+
+def test_a_large_bootstrap_is_checked_with_numpy_when_it_is_there(written, monkeypatch):
+    """Above FAST_CI_DRAWS the CI comes from fidelity.bootstrap_ci (the same bits as the
+    pure-Python definition; without numpy the pure loop runs, only slower)."""
+    values = [float(x) for x in np.random.default_rng(2).exponential(0.02, 500)]
+    pure = kldsummary.figures(values, [1] * 500, [500], 300, 9).ci95
+    monkeypatch.setattr(verify, "FAST_CI_DRAWS", 0)
+    assert verify._numpy_ci(values, [500], 300, 9) == pure
+    assert verify.verify(verify.VerifyRequest(written)).ok

@@ -129,11 +129,14 @@ def figures(
     lengths: Sequence[int],
     resamples: int,
     seed: int,
+    ci: tuple[float, float] | None = None,
 ) -> Figures:
-    """Every summary figure from the per-position values and flags (pure Python)."""
+    """Every summary figure from the per-position values and flags (pure Python; ``ci``:
+    the bootstrap's interval when the caller computed it already, with numpy)."""
     ordered = sorted(values)
-    sums, counts = units_of(values, lengths)
-    ci = rank_ci(sorted(bootstrap_means(sums, counts, resamples, seed)))
+    if ci is None:
+        sums, counts = units_of(values, lengths)
+        ci = rank_ci(sorted(bootstrap_means(sums, counts, resamples, seed)))
     return Figures(
         mean=mean(values),
         ci95=ci,
