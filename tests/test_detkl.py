@@ -143,3 +143,15 @@ def test_score_positions_gives_detkl_bits_for_full_rows() -> None:
     assert detkl.f64_sha256(kl) == hashlib.sha256(kl.astype("<f8").tobytes()).hexdigest()
     with pytest.raises(ValueError, match="NaN"):
         detkl.canonical_bytes([0.1, float("nan")])
+
+
+def test_top1_ties_go_to_the_lowest_token_id_on_both_sides() -> None:
+    """The one tie rule (docs/qualify.md): a tied maximum goes to the lowest token id."""
+    t = [0.0, 2.0, 2.0, 1.0]  # tied at ids 1 and 2: top-1 is 1
+    s = [0.0, 1.0, 3.0, 3.0]  # tied at ids 2 and 3: top-1 is 2
+    _, agree, top, tied = detkl.position(t, s)
+    assert top == 2 and tied and not agree
+    _, agree, top, tied = detkl.position(s, s)
+    assert top == 2 and agree and tied
+    _, agree, top, tied = detkl.position([5.0, 0.0, 5.0, 5.0], [1.0, 0.0, 1.0, 0.0])
+    assert top == 0 and agree and tied

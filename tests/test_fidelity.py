@@ -315,3 +315,41 @@ def test_qualify_starts_the_server_with_the_log_probabilities_it_asks_for(tmp_pa
     argv = argv_file.read_text().splitlines()
     i = argv.index("--max-logprobs")
     assert argv[i + 1] == "-1"
+
+
+def test_a_gate_with_a_nan_or_fewer_positions_than_its_panel_fails(tmp_path):
+    """Issue 50: a NaN mean must never PASS (NaN compares false both ways), nor a result
+    that scored fewer positions than the panel holds."""
+    panel, teacher, student, *_ = _case(tmp_path, top_k=-1, teacher_k=-1)
+    kld, agree, full, _ = fidelity.score_positions(teacher, student)
+    r = fidelity.summarize(kld, agree, full, panel=panel, teacher=teacher, top_k=-1,
+                           resamples=100, seed=0)  # fmt: skip
+    good = replace(r, mean_kld=1e-5, top1=0.99)
+    for cfg in (_cfg(), _cfg(strict=True), _cfg(tolerance=0.05)):
+        assert {g.status for g in fidelity.judge(cfg, good)} == {"PASS"}
+        for bad in (replace(good, mean_kld=math.nan), replace(good, top1=math.nan)):
+            statuses = {g.name: g.status for g in fidelity.judge(cfg, bad)}
+            assert "FAIL" in statuses.values(), (cfg, statuses)
+        short = replace(good, positions=good.panel_positions - 1)
+        assert {g.status for g in fidelity.judge(cfg, short)} == {"FAIL"}
+    with pytest.raises(fidelity.PinwheelError, match="NaN"):  # never summarized as a number
+        fidelity.summarize(np.array([0.1, math.nan]), np.ones(2, bool), True, panel=panel,
+                           teacher=teacher, top_k=-1, resamples=100, seed=0)  # fmt: skip
+
+
+def test_the_tolerance_widens_a_non_strict_gate_by_exactly_its_margin(tmp_path):
+    panel, teacher, student, *_ = _case(tmp_path, top_k=-1, teacher_k=-1)
+    kld, agree, full, _ = fidelity.score_positions(teacher, student)
+    r = fidelity.summarize(kld, agree, full, panel=panel, teacher=teacher, top_k=-1,
+                           resamples=100, seed=0)  # fmt: skip
+    cfg = _cfg(max_mean_kld=0.01, min_top1=0.8, tolerance=0.05)
+    bound = 0.01 * (1 + 0.05)
+
+    def statuses(mean, top1):
+        return [g.status for g in fidelity.judge(cfg, replace(r, mean_kld=mean, top1=top1))]
+
+    assert statuses(bound, 0.8 * 0.95) == ["PASS", "PASS"]
+    assert statuses(math.nextafter(bound, 1.0), 0.99) == ["FAIL", "PASS"]
+    assert statuses(0.0106, 0.7599) == ["FAIL", "FAIL"]  # 6% over, 5% margin: a FAIL
+    gate = fidelity.judge(cfg, replace(r, mean_kld=0.001, top1=0.9))[0]
+    assert gate.threshold.startswith("<= 0.0105") and gate.limit == bound and gate.op == "<="

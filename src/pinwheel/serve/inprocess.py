@@ -22,7 +22,7 @@ import base64
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,10 @@ EXTENSION = f"{PACKAGE}.kld_ext.KldExtension"
 XARG = "pinwheel_kld_window"
 RECORD_BYTES = 13
 RPC = untrusted.LOGPROBS  # the collect answer: base64 records, 17.3 bytes a position
+# Positions whose full rows the engine is asked for again after it answered (spot_check):
+# an engine wrong at a fraction f of the positions passes with probability <= (1-f)^32
+# (f = 10%: 3.4%; 25%: 1.0e-4); one wrong everywhere never passes.
+SPOT_SAMPLE = 32
 
 
 def engine_package(dest: Path) -> Path:
@@ -153,24 +157,35 @@ class EngineScore:
     request_bytes: int  # the completion answers of the scoring requests
     engine_seconds: float  # time the engine spent in detkl
     wall_seconds: float
+    rows: Mapping[int, Any] = field(default_factory=dict)  # spot-check: float32 [V] rows
 
 
 def score_in_engine(
-    client: Any, model: str, windows: Any, index: fidelity.TeacherIndex
+    client: Any,
+    model: str,
+    windows: Any,
+    index: fidelity.TeacherIndex,
+    keep: Any = (),
+    only: Any = None,
 ) -> EngineScore:
-    """Open the teacher in the engine, send each window flagged, collect the records."""
+    """Open the teacher in the engine, send each window flagged (those in ``only``, when
+    given), collect the records (and the full rows of the ``keep`` positions: the
+    spot-check)."""
     import time
 
     from pinwheel.serve.client import ServerRefused
 
     t0 = time.perf_counter()
     opened, _ = rpc(client, "pinwheel_kld_open", {"teacher": str(index.path.resolve()),
-                                                   "sha256": index.sha256})  # fmt: skip
+                                                   "sha256": index.sha256,
+                                                   "keep": [int(k) for k in keep]})  # fmt: skip
     if opened.get("positions") != index.positions or opened.get("vocab") != index.vocab:
         raise untrusted.fail(RPC, f"pinwheel_kld_open answered {opened!r}", client.url)
     request_bytes = 0
     try:
         for w, ids in enumerate(windows):
+            if only is not None and w not in only:
+                continue
             body = {"model": model, "prompt": list(ids), "max_tokens": 1, "temperature": 0.0,
                     "prompt_logprobs": 0, "vllm_xargs": {XARG: w}}  # fmt: skip
             try:
@@ -188,6 +203,9 @@ def score_in_engine(
             rpc(client, "pinwheel_kld_close", {})
         except PinwheelError:
             pass
+    if keep:
+        return EngineScore(None, rpc_bytes, request_bytes, math.nan, 0.0,
+                           decode_rows(answer, keep, index.vocab, client.url))  # fmt: skip
     records = decode_records(answer, index.positions, client.url)
     secs = answer.get("score_seconds")
     return EngineScore(
@@ -199,8 +217,87 @@ def score_in_engine(
     )
 
 
-def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
-    """``[qualify.fidelity] scorer = "in-process"``: exact KLD computed in the engine."""
+def decode_rows(answer: Mapping[str, Any], keep: Any, vocab: int, where: str) -> dict[int, Any]:
+    """The spot-check's full rows (float32 [V] per kept position), checked."""
+    import numpy as np
+
+    rows = answer.get("rows")
+    if not isinstance(rows, dict) or sorted(rows) != sorted(str(k) for k in keep):
+        raise untrusted.fail(RPC, "rows do not hold exactly the positions asked for", where)
+    out = {}
+    for k in keep:
+        text = rows[str(k)]
+        if not isinstance(text, str) or len(text) > 4 * (vocab * 4 + 2) // 3 + 4:
+            raise untrusted.fail(RPC, f"row {k} is not base64 of the expected size", where)
+        try:
+            data = base64.b64decode(text, validate=True)
+        except ValueError:
+            raise untrusted.fail(RPC, f"row {k} is not base64", where) from None
+        if len(data) != vocab * 4:
+            raise untrusted.fail(RPC, f"row {k} holds {len(data)} bytes, not {vocab} x 4", where)
+        out[int(k)] = np.frombuffer(data, "<f4")
+    return out
+
+
+def spot_check(
+    client: Any, model: str, windows: Any, index: fidelity.TeacherIndex, records: Any,
+    size: int = SPOT_SAMPLE, seed: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Ask the engine again, for positions drawn now (after it answered), for the very
+    full rows it scores; recompute each with detkl against the teacher's row and compare
+    with the engine's first answer, bit for bit. Returns the receipt's ``spot_check``."""
+    import hashlib
+    import random
+    import secrets
+
+    import numpy as np
+
+    from pinwheel.serve.workers import detkl, kld_ext
+
+    seed = secrets.randbits(63) if seed is None else seed
+    n = min(size, index.positions)
+    sample = sorted(random.Random(seed).sample(range(index.positions), n))
+    offsets = np.asarray(index.offsets)
+    wins = sorted({int(np.searchsorted(offsets, p, "right")) - 1 for p in sample})
+    got = score_in_engine(client, model, windows, index, sample, set(wins))
+    store = kld_ext.TeacherStore(str(index.path), index.sha256, hashed=True)
+    scorer = detkl.Scorer(index.vocab)
+    h = hashlib.sha256()
+    differ = []
+    kept = bytearray()
+    for p in sample:
+        row = got.rows[p]
+        h.update(row.tobytes())
+        kept += row.tobytes()
+        try:
+            kl, flags, top, _ = scorer.one(store.full[p], row)
+        except ValueError:  # NaN/+inf rows: not what a faithful engine scored
+            differ.append(p)
+            continue
+        want = np.zeros(1, detkl.RECORD)
+        want[0] = (kl + 0.0, flags, top)
+        if want.tobytes() != records[p : p + 1].tobytes():
+            differ.append(p)
+    return {
+        "seed": seed,
+        "size": n,
+        "positions": sample,
+        "differ": differ,
+        "rows_sha256": h.hexdigest(),  # of fidelity_spot_rows.f32, written beside the receipt
+        "rows": bytes(kept),  # popped by measure into FidelityResult.spot_rows
+        "vocab": index.vocab,
+        "sample": "sorted(random.Random(seed).sample(range(positions), size)); the seed drawn "
+        "(secrets) after the engine's records arrived",
+        "miss": f"an engine wrong at a fraction f of positions passes with probability <= "
+        f"(1-f)^{n}",
+    }
+
+
+def measure(
+    client: Any, model: str, cfg: FidelityConfig, spot_seed: int | None = None
+) -> FidelityResult:
+    """``[qualify.fidelity] scorer = "in-process"``: exact KLD computed in the engine, then
+    the spot-check (:func:`spot_check`; ``spot_seed`` None: drawn after the answer)."""
     import numpy as np
 
     from pinwheel.serve.workers import detkl
@@ -224,11 +321,13 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
     fidelity.check_panel(teacher, panel)
     got = score_in_engine(client, model, panel.windows, index)
     rec = got.records
+    spot = spot_check(client, model, panel.windows, index, rec, seed=spot_seed)
+    spot_rows = spot.pop("rows")
     kl = np.array(rec["kl"], np.float64)
     agree = (rec["flags"] & detkl.AGREE) > 0
-    ties = int(((rec["flags"] & detkl.TIED) > 0).sum())
+    tied = (rec["flags"] & detkl.TIED) > 0
     result = fidelity.summarize(
-        kl, agree, True, ties=ties, panel=panel, teacher=teacher, top_k=-1,
+        kl, agree, True, tied=tied, panel=panel, teacher=teacher, top_k=-1,
         resamples=cfg.bootstrap, seed=cfg.seed,
     )  # fmt: skip
     return replace(
@@ -236,4 +335,6 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
         scorer="in-process",
         boundary_bytes_per_position=(got.rpc_bytes + got.request_bytes) / index.positions,
         engine_seconds=got.engine_seconds,
+        spot_check=spot,
+        spot_rows=spot_rows,
     )

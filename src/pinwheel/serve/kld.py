@@ -50,7 +50,8 @@ def _lse(row: Any) -> float:
     m = float(row.max())
     if m == -math.inf:
         raise KldInputError("a row with no mass (every log-probability is -inf)")
-    return m + math.log(math.fsum(np.exp(row - m).tolist()))
+    with np.errstate(over="ignore"):  # x - max below -1.8e308 is -inf: exp gives 0
+        return m + math.log(math.fsum(np.exp(row - m).tolist()))
 
 
 def exact_kl(teacher: Any, student: Any) -> float:
@@ -64,13 +65,17 @@ def exact_kl(teacher: Any, student: Any) -> float:
     s = np.asarray(student, np.float64)
     _check("teacher", t)
     _check("student", s)
-    tn = t - _lse(t)
-    sn = s - _lse(s)
+    with np.errstate(over="ignore"):  # an overflow to -inf is a probability of 0
+        tn = t - _lse(t)
+        sn = s - _lse(s)
     support = tn > -math.inf
     if (sn[support] == -math.inf).any():
         return math.inf
     terms = np.exp(tn[support]) * (tn[support] - sn[support])
-    return max(0.0, math.fsum(terms.tolist()))
+    total = math.fsum(terms.tolist())
+    if total != total:
+        raise KldInputError("the KLD sum is NaN (the rows are not distributions)")
+    return max(0.0, total)
 
 
 # --------------------------------------------------------------------------- lower bound

@@ -8,7 +8,9 @@ gates judged on raw numbers (a miss is FAIL, never rounded), and the
 from __future__ import annotations
 
 import json
+import math
 import statistics
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -118,10 +120,49 @@ class FidelityResult:
     served_rows_sha256: str | None = None  # rows path, full rows: float64 LE [P, V] by token id
     boundary_bytes_per_position: float | None = None  # in-process: bytes out of the engine
     engine_seconds: float | None = None  # in-process: time the engine spent scoring
+    # per position, one byte: 1 top-1 agreement, 2 a tied maximum (fidelity_flags.u8)
+    flags: bytes = field(default=b"", repr=False, compare=False)  # not in the JSON
+    flags_sha256: str = ""
+    stats: str = ""  # the definition of every figure above (pinwheel.serve.kldsummary)
+    window_positions: tuple[int, ...] = ()  # the bootstrap's units
+    panel_positions: int = 0  # the positions the panel holds: fewer scored fails the gate
+    bootstrap_resamples: int = 0
+    bootstrap_seed: int = 0
+    # in-process: full rows of sampled positions recomputed by detkl (inprocess.spot_check)
+    spot_check: Mapping[str, Any] | None = None
+    # the spot-check's rows as the engine sent them (float32 LE [size, V], sample order):
+    # fidelity_spot_rows.f32, hashed as spot_check.rows_sha256; not in the JSON
+    spot_rows: bytes = field(default=b"", repr=False, compare=False)
 
 
 NOT_MEASURABLE = "not measurable"
-FAILING = ("FAIL", "NOT PROVEN")  # gate statuses that fail the qualification
+NOT_PROVEN_STATUS = "NOT PROVEN"
+FAILING = ("FAIL", NOT_PROVEN_STATUS)  # gate statuses that fail the qualification
+
+
+def fidelity_status(
+    value: float | None, op: str, limit: float, bound: str, positions: int, panel: int
+) -> str:
+    """A fidelity gate's status from its raw figures (the writer and verify-receipt):
+    fewer positions than the panel, no value or NaN: FAIL; a lower bound that meets the
+    limit: NOT PROVEN (it can prove a FAIL, never a PASS)."""
+    if positions < max(panel, 1) or not holds(value, op, limit):
+        return "FAIL"
+    return "PASS" if bound == "exact" else NOT_PROVEN_STATUS
+
+
+def spot_status(spot: Mapping[str, Any] | None) -> str:
+    """The in-process spot-check gate: PASS when at least one sampled position was
+    recomputed from the engine's full rows and none differed."""
+    if not isinstance(spot, Mapping):
+        return "FAIL"
+    size, differ, sampled = spot.get("size"), spot.get("differ"), spot.get("positions")
+    ok = (
+        isinstance(size, int) and not isinstance(size, bool) and size >= 1
+        and isinstance(sampled, list) and len(sampled) == size
+        and isinstance(differ, list) and not differ
+    )  # fmt: skip
+    return "PASS" if ok else "FAIL"
 
 
 @dataclass(frozen=True)
@@ -133,6 +174,24 @@ class Gate:
     measured: str
     threshold: str
     detail: str = ""
+    # the raw comparison the status was judged on: ``value op limit`` (op "<", "<=", ">=")
+    value: float | None = None
+    op: str = ""
+    limit: float | None = None
+
+
+OPS = {
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">=": lambda a, b: a >= b,
+}
+
+
+def holds(value: float | None, op: str, limit: float | None) -> bool:
+    """``value op limit`` on raw numbers; a missing or NaN value never holds."""
+    if value is None or limit is None or value != value or op not in OPS:
+        return False
+    return bool(OPS[op](value, limit))
 
 
 def shown(value: float, threshold: float) -> str:
@@ -191,16 +250,18 @@ def _card_gate(
     op = ">=" if higher_is_better else "<="
     needs = f"{op} {bound:.6g}" + (f" (card {figure:g}, {tol:.0%} margin)" if tol else "")
     why = prof.is_informational(metric)
-    if measured is None:
+    if measured is None or measured != measured:  # not measured, or NaN: never a PASS
         status = "INFO" if why else "FAIL"
-        return Gate(name, status, missing, needs, "; ".join(x for x in (missing_detail, why) if x))
-    ok = measured >= bound if higher_is_better else measured <= bound
+        text = missing if measured is None else "NaN"
+        return Gate(name, status, text, needs, "; ".join(x for x in (missing_detail, why) if x),
+                    None, op, bound)  # fmt: skip
+    ok = holds(measured, op, bound)
     status = "INFO" if why else ("PASS" if ok else "FAIL")
     if why:
         detail = f"informational ({'within' if ok else 'outside'} the card's figure): {why}" + (
             f"; {detail}" if detail else ""
         )
-    return Gate(name, status, shown(measured, bound), needs, detail)
+    return Gate(name, status, shown(measured, bound), needs, detail, measured, op, bound)
 
 
 def judge(
@@ -385,7 +446,52 @@ class Receipt:
     known_issues: tuple[str, ...] = ()  # the card's warnings, carried into the report
 
     def to_json(self) -> str:
+        """Strict JSON: a non-finite float is written as the string "inf", "-inf" or
+        "nan" (never a bare Infinity/NaN token); :func:`number` reads them back."""
         data = asdict(self)
         if data.get("fidelity"):
             data["fidelity"].pop("kld", None)  # written beside it as fidelity_kld.f64
-        return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+            data["fidelity"].pop("flags", None)  # and fidelity_flags.u8
+            data["fidelity"].pop("spot_rows", None)  # and fidelity_spot_rows.f32
+        return json.dumps(strict(data), indent=2, sort_keys=True, default=str,
+                          allow_nan=False) + "\n"  # fmt: skip
+
+    def files(self) -> dict[str, bytes]:
+        """The per-position files written beside receipt.json (what its hashes cover)."""
+        if self.fidelity is None or not self.fidelity.kld:
+            return {}
+        kld = self.fidelity.kld
+        out = {
+            "fidelity_kld.f64": struct.pack(f"<{len(kld)}d", *kld),
+            "fidelity_flags.u8": bytes(self.fidelity.flags),
+        }
+        if self.fidelity.spot_check is not None:
+            out["fidelity_spot_rows.f32"] = bytes(self.fidelity.spot_rows)
+        return out
+
+
+def strict(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its string ("inf", "-inf", "nan")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
+
+
+def number(value: Any) -> float | None:
+    """A figure as :meth:`Receipt.to_json` wrote it: an int or float, or "inf"/"-inf";
+    None for anything else (NaN included: never a number)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return float(value) if abs(value) < 2**1023 else None
+    if isinstance(value, float):
+        return value if value == value else None
+    if value == "inf":
+        return math.inf
+    if value == "-inf":
+        return -math.inf
+    return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -327,7 +326,8 @@ def write_outputs(receipt: Receipt, out: Path) -> None:
     plots = render_plots(receipt, out)
     if receipt.fidelity is not None:
         kld = receipt.fidelity.kld
-        atomic_write_bytes(out / "fidelity_kld.f64", struct.pack(f"<{len(kld)}d", *kld))
+        for name, data in receipt.files().items():  # fidelity_kld.f64, fidelity_flags.u8
+            atomic_write_bytes(out / name, data)
         from pinwheel.serve.kld import canonical_text  # numpy: fidelity ran, so it is there
 
         atomic_write_bytes(out / "fidelity_kld.txt", canonical_text(kld))

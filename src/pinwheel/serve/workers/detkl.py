@@ -172,7 +172,9 @@ class Scorer:
         np.less(self.buf.w, _TINY, out=self.mask)
         np.copyto(a, 0.0, where=self.mask)
 
-    @np.errstate(invalid="ignore")  # -inf - -inf off the support: masked to 0 below
+    # -inf - -inf off the support, and x - max overflowing to -inf (1e308 - -1e308): both
+    # only where p_t is 0, masked to 0 below
+    @np.errstate(invalid="ignore", over="ignore")
     def one(self, teacher: Any, student: Any) -> tuple[float, int, int, bool]:
         """(KL, flags, student top-1, tied) of one pair of rows (any float dtype)."""
         t, s = self.t, self.s
@@ -193,9 +195,17 @@ class Scorer:
             if t_holes:  # off the teacher's support: 0 * log 0 = 0
                 np.equal(t, -math.inf, out=self.mask)
                 np.copyto(d, 0.0, where=self.mask)
+            # p_t = 0 (below 2**-900, or exp underflowed): no term. Where t - LSE(t)
+            # overflowed to -inf (rows spanning more than the float range), 0 * -inf
+            # would be NaN; the term is 0 (p_t log p_t -> 0).
+            np.equal(p, 0.0, out=self.mask)
+            np.copyto(d, 0.0, where=self.mask)
             np.multiply(p, d, out=d)
             self._flush(d)
-            kl = max(0.0, tree_sum(d, self.buf)) + 0.0
+            total = tree_sum(d, self.buf)
+            if total != total:  # never max(0.0, nan) = 0.0: a NaN is an error, not a value
+                raise ValueError("the KLD sum is NaN (the rows are not distributions)")
+            kl = max(0.0, total) + 0.0
         t_top, t_tie = _top1(t, mt)
         s_top, s_tie = _top1(s, ms)
         flags = (AGREE if t_top == s_top else 0) | (TIED if t_tie or s_tie else 0)

@@ -24,8 +24,10 @@ on full rows served as JSON (the reference path), so both paths give the same bi
 for the same rows.
 
 RPC methods (``POST /collective_rpc {"method": ..., "args": [JSON text]}``):
-``pinwheel_kld_open({"teacher": path, "sha256": hex})`` -> positions, vocabulary;
-``pinwheel_kld_collect({})`` -> records of every position scored since open;
+``pinwheel_kld_open({"teacher": path, "sha256": hex, "keep": [positions]})`` ->
+positions, vocabulary; ``pinwheel_kld_collect({})`` -> records of every position scored
+since open, and the full float32 rows of the ``keep`` positions (pinwheel's spot-check:
+positions chosen after the engine answered, recomputed outside it);
 ``pinwheel_kld_close({})``.
 """
 
@@ -45,18 +47,21 @@ from . import detkl
 
 XARG = "pinwheel_kld_window"
 MAX_ERRORS = 20
+MAX_KEEP = 4096  # full rows one spot-check may ask back
 
 
 class TeacherStore:
     """A teacher file's ``full`` rows, memory-mapped (the file is never read whole)."""
 
-    def __init__(self, path: str, sha256: str) -> None:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                h.update(block)
-        if h.hexdigest() != sha256:
-            raise ValueError(f"teacher sha256 is {h.hexdigest()}, pinned {sha256}")
+    def __init__(self, path: str, sha256: str, *, hashed: bool = False) -> None:
+        """``hashed``: the caller already checked the file's sha256 (pinwheel's index)."""
+        if not hashed:
+            h = hashlib.sha256()
+            with open(path, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(block)
+            if h.hexdigest() != sha256:
+                raise ValueError(f"teacher sha256 is {h.hexdigest()}, pinned {sha256}")
         self.path, self.sha256 = path, sha256
         with zipfile.ZipFile(path) as zf, open(path, "rb") as raw:
             arrays = {}
@@ -95,8 +100,10 @@ class TeacherStore:
 
 
 class _Session:
-    def __init__(self, store: TeacherStore) -> None:
+    def __init__(self, store: TeacherStore, keep: Any = ()) -> None:
         self.store = store
+        self.keep = frozenset(int(k) for k in keep)  # positions whose full rows go back
+        self.kept: dict[int, Any] = {}
         self.records = np.zeros(store.positions, detkl.RECORD)
         self.seen = np.zeros(store.positions, bool)
         self.scorer = detkl.Scorer(store.vocab)
@@ -129,6 +136,8 @@ class _Session:
             kl, flags, top, _ = self.scorer.one(st.full[at], rows[i])
             self.records[at] = (kl, flags, top)
             self.seen[at] = True
+            if at in self.keep:  # the spot-check: the very row scored, as float32
+                self.kept[at] = np.array(rows[i], "<f4")
         self.rows += len(rows)
         self.seconds += time.perf_counter() - t0
 
@@ -139,8 +148,15 @@ class KldExtension:
     def pinwheel_kld_open(self, spec: str) -> dict[str, Any]:
         args = json.loads(spec)
         store = TeacherStore(str(args["teacher"]), str(args["sha256"]))
+        keep = args.get("keep", [])
+        if (
+            not isinstance(keep, list)
+            or len(keep) > MAX_KEEP
+            or not all(type(k) is int and 0 <= k < store.positions for k in keep)
+        ):
+            raise ValueError(f"keep is not a list of at most {MAX_KEEP} positions")
         runner = self.model_runner  # type: ignore[attr-defined]
-        self.pinwheel_kld_session: _Session | None = _Session(store)
+        self.pinwheel_kld_session: _Session | None = _Session(store, keep)
         if not getattr(runner, "_pinwheel_kld_wrapped", False):
             original = runner._get_prompt_logprobs_dict
 
@@ -169,6 +185,8 @@ class KldExtension:
             "record": "<f8 kl, u1 flags (1 agree, 2 tie), <i4 student top-1",
             "records": base64.b64encode(s.records.tobytes()).decode(),
             "score_seconds": s.seconds,
+            # the spot-check's rows: float32 little-endian, the vocabulary's width
+            "rows": {str(k): base64.b64encode(v.tobytes()).decode() for k, v in s.kept.items()},
         }
 
     def pinwheel_kld_close(self, spec: str = "{}") -> dict[str, Any]:
