@@ -126,3 +126,34 @@ def test_prepare_keeps_a_workspace_only_for_the_same_key_and_never_when_cold(
     assert workspace.prepare(root, "k2", cold=True) is False  # --no-cache: truly cold
     assert not (root / "build.ninja").exists()
     assert workspace.key_of({"a": 1}) != workspace.key_of({"a": 2})
+
+
+def test_the_toolkit_front_end_runs_at_one_fixed_pid(tmp_path: Path) -> None:
+    """nvcc's front end writes its getpid() into internal names (cudafe++'s module id): under
+    the namespace every run of it, from any parent, is process 1 of its own PID namespace."""
+    env = {"PATH": os.environ.get("PATH", os.defpath)}
+    cache = tmp_path / "cache"
+    toolkit = cache / "toolchains" / "cuda-x"
+    (toolkit / "bin").mkdir(parents=True)
+    front = toolkit / "bin" / "cudafe++"  # a stand-in that reports the pid it runs at
+    front.write_text('#!/bin/sh\necho "pid=$$ args=$*"\n')
+    front.chmod(0o755)
+    canon = canonical.choose(cache, host_of(env))
+    if canon.method != canonical.NAMESPACE:
+        pytest.skip(f"no mount namespace here: {canon.why}")
+    canon = canon.with_toolkit(toolkit)
+    assert canon.front_ends == (f"{canonical.CANONICAL_CACHE}/toolchains/cuda-x/bin/cudafe++",)
+    assert canon.record()["front_end_pid"] == canonical.FIXED_PID
+    seen = set()
+    for _ in range(3):  # directly, and from a shell that spent pids first (as nvcc does)
+        script = f'true; true; "{canon.to_build(front)}" a "b c"'
+        cmd, cwd = canon.wrap(["sh", "-c", script], cache)
+        out = subprocess.run(cmd, cwd=cwd, env=canon.env(env), capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        seen.add(out.stdout.strip())
+    assert seen == {"pid=1 args=a b c"}
+    outside = subprocess.run([str(front)], capture_output=True, text=True).stdout
+    assert outside.startswith("pid=") and outside != "pid=1 args=\n"  # the file is untouched
+    fallback = canonical.Canonical(cache.resolve(), canonical.PREFIX_MAP).with_toolkit(toolkit)
+    assert fallback.front_ends == ()
+    assert fallback.record()["front_end_pid"] == "the machine's (no PID namespace)"

@@ -19,6 +19,16 @@ cache at one fixed path, whatever the cache location, user, host or checkout:
   method built a wheel. ``PINWHEEL_CANONICAL=prefix-map`` in the environment
   chooses it even where the namespace works (to compare the two).
 
+Process ids, the same way: nvcc before 12.9 names a unit's internal-linkage entities
+after its front end's process id (cudafe++ appends its ``getpid()`` to
+``_INTERNAL_<hash>_<len>_<file>_cu_<hash>``; the names reach the host side's
+registration strings, the dynamic string table and the cubin). Under the namespace,
+:meth:`Canonical.with_toolkit` names the toolkit's front end and the namespace covers it
+with a launcher that runs it as process 1 of a PID namespace of its own
+(``unshare --pid --fork``): every run of it, by nvcc or by the compiler cache's server,
+concurrent or not, on any machine, has the same pid. Under prefix maps (no user
+namespace) the machine's pids stay and :meth:`Canonical.record` says so.
+
 In: the cache and the caller's environment. Out: a :class:`Canonical` that
 translates paths, wraps commands and records ``{"path", "method"}``.
 """
@@ -46,6 +56,11 @@ CANONICAL_TOOLKIT = CANONICAL_ROOT / "toolkit"  # a CUDA toolkit installed outsi
 
 NAMESPACE = "mount-namespace"
 PREFIX_MAP = "prefix-map"
+# The toolkit programs whose process id reaches the bytes (relative to the toolkit root):
+# cudafe++ writes its getpid() into internal-linkage names (nvcc 12.0-12.8; 12.9 and later
+# use a fixed seed, and the launcher changes nothing there).
+FRONT_ENDS = ("bin/cudafe++",)
+FIXED_PID = "1 (each front end in a PID namespace of its own)"
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,9 @@ class Canonical:
     # (directory, canonical name) the compilers write instead, whatever the method: the build
     # Python's include directory, a machine torch's headers (headerview.prefix_maps)
     outside: tuple[tuple[str, str], ...] = ()
+    # the toolkit's front ends (FRONT_ENDS) as the build names them: run at a fixed pid (NAMESPACE)
+    front_ends: tuple[str, ...] = ()
+    cuda: bool = False  # a toolkit was given: the record says how its front ends' pid is set
 
     @property
     def path(self) -> Path:
@@ -79,12 +97,23 @@ class Canonical:
             return self
         given = Path(root).absolute()
         resolved = given.resolve()
-        for inside in (self.real, CANONICAL_ROOT):
-            if resolved == inside or inside in resolved.parents:
-                return self
-        return dataclasses.replace(
-            self, toolkit=resolved, toolkit_spellings=tuple(sorted({str(given), str(resolved)}))
-        )
+        moved = self
+        if not any(resolved == d or d in resolved.parents for d in (self.real, CANONICAL_ROOT)):
+            moved = dataclasses.replace(
+                self, toolkit=resolved, toolkit_spellings=tuple(sorted({str(given), str(resolved)}))
+            )
+        return moved._with_front_ends(resolved)
+
+    def _with_front_ends(self, toolkit: Path) -> Canonical:
+        """Name the toolkit's front ends (:data:`FRONT_ENDS`) for :meth:`wrap` to run at a
+        fixed pid: resolved (a toolkit's ``bin`` may hold links), as the build reaches them."""
+        fronts: list[str] = []
+        if self.method == NAMESPACE:
+            for rel in FRONT_ENDS:
+                found = (toolkit / rel).resolve()
+                if found.is_file() and os.access(found, os.X_OK):
+                    fronts.append(self.to_build(self.to_build_path(found)))
+        return dataclasses.replace(self, front_ends=tuple(fronts), cuda=True)
 
     def with_views(self, cache: Path, dirs: Sequence[Path]) -> Canonical:
         """Also give the header directories ``dirs`` (outside pinwheel's making: a system
@@ -130,6 +159,10 @@ class Canonical:
         out = {"path": str(CANONICAL_CACHE), "method": self.method}
         if self.toolkit is not None:
             out["toolkit"] = str(CANONICAL_TOOLKIT)
+        if self.cuda:  # nvcc < 12.9 writes the front end's pid into internal names
+            out["front_end_pid"] = (
+                FIXED_PID if self.front_ends else "the machine's (no PID namespace)"
+            )
         if self.foreign_headers:  # header directories pinwheel did not install
             fixed = len(self.views) == self.foreign_headers
             out["header_times"] = (
@@ -184,6 +217,7 @@ class Canonical:
         args = [str(CANONICAL_ROOT), self.to_build(cwd), str(len(binds))]
         args += [part for pair in binds for part in pair]
         args += [str(len(self.views)), *(part for view in self.views for part in view)]
+        args += [str(len(self.front_ends)), *self.front_ends]
         return [*enter, *args, "--", *(self.to_build(c) for c in cmd)], self.real
 
 
