@@ -4,6 +4,7 @@ either method), and the kept workspace's in-place export (only changed files wri
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -157,3 +158,18 @@ def test_the_toolkit_front_end_runs_at_one_fixed_pid(tmp_path: Path) -> None:
     fallback = canonical.Canonical(cache.resolve(), canonical.PREFIX_MAP).with_toolkit(toolkit)
     assert fallback.front_ends == ()
     assert fallback.record()["front_end_pid"] == "the machine's (no PID namespace)"
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc (the kernels session has it)")
+def test_a_prefix_map_with_a_space_reaches_gcc_as_one_argument(tmp_path: Path) -> None:
+    """nvcc splits NVCC_APPEND_FLAGS and -Xcompiler values at blanks, honouring only double
+    quotes: a cache path with a space must reach the host compiler whole, by both routes."""
+    pm = canonical.Canonical(tmp_path / "my cache", canonical.PREFIX_MAP)
+    env = pm.env({"PATH": os.environ["PATH"]})
+    want = f'"-ffile-prefix-map={tmp_path}/my cache={canonical.CANONICAL_CACHE}"'
+    (tmp_path / "k.cu").write_text("__global__ void k() {}\n")
+    base = ["nvcc", "-dryrun", "-c", str(tmp_path / "k.cu"), "-o", str(tmp_path / "k.o")]
+    for extra, nvcc_env in (([], env), (shlex.split(env["CUDAFLAGS"]), {"PATH": env["PATH"]})):
+        out = subprocess.run([*base, *extra], env=nvcc_env, capture_output=True, text=True)
+        host = [ln for ln in out.stderr.splitlines() if " -E " in ln or " -c " in ln]
+        assert host and all(want in ln for ln in host), out.stderr[-2000:]

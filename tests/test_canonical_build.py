@@ -93,10 +93,11 @@ def so_bytes(wheel: Path) -> bytes:
 
 def test_selftest_bytes_do_not_depend_on_cache_or_home(toolkit_root: Path, tmp_path: Path) -> None:
     a = make_cache(tmp_path / "alice" / ".cache" / "pinwheel", toolkit_root)
-    b = make_cache(tmp_path / "ci" / "data" / "pw-cache-b", toolkit_root)
+    # a space in the path (a real user's "My Cache"): the prefix maps must stay one argument
+    b = make_cache(tmp_path / "ci" / "data" / "pw cache b", toolkit_root)
     one, other = checkout(tmp_path / "alice" / "src"), checkout(tmp_path / "ci" / "checkout")
     first = kernels(one, a, tmp_path / "alice", tmp_path / "out-a", "--no-cache")
-    # Another checkout, cache and HOME, and the fallback method (prefix maps).
+    # Another checkout, cache (with a space) and HOME, and the fallback method (prefix maps).
     second = kernels(other, b, tmp_path / "ci", tmp_path / "out-b", "--no-cache",
                      PINWHEEL_CANONICAL="prefix-map")  # fmt: skip
     so = so_bytes(first["path"])

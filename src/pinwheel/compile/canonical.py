@@ -48,6 +48,7 @@ from pathlib import Path
 
 from pinwheel import runner
 from pinwheel.compile import workers
+from pinwheel.errors import UsageError
 from pinwheel.options import HostEnvironment
 
 CANONICAL_ROOT = Path("/tmp/pinwheel-canonical")
@@ -226,13 +227,18 @@ def prefix_map_env(env: Mapping[str, str], maps: Sequence[tuple[str, str]]) -> d
     canonical one (``-ffile-prefix-map``: ``__FILE__`` and debug paths; ``-Xcompiler`` for
     nvcc's host and device preprocessing).
 
-    The variables are split into arguments the way a shell splits them (CMake puts them
-    into command lines a shell runs; setuptools splits them with quotes honoured), so a
-    path with a space or a quote is shell-quoted: it stays one argument. A plain path is
-    left as it was (the same flags, the same build identity)."""
+    CFLAGS, CXXFLAGS and CUDAFLAGS are split into arguments the way a shell splits them
+    (CMake puts them into command lines a shell runs; setuptools splits them with quotes
+    honoured), so a path with a space or a quote is shell-quoted: it stays one argument.
+    nvcc splits NVCC_APPEND_FLAGS at every blank, and an ``-Xcompiler`` value at every
+    blank too, honouring only double quotes around the value
+    (``-Xcompiler="-ffile-prefix-map=/my cache=..."``): a shell-quoted flag reached gcc
+    cut at the space (``'-ffile-prefix-map=/tmp/my``) and every build from such a cache
+    failed. A plain path is left as it was (the same flags, the same build identity)."""
     raw = [f"-ffile-prefix-map={real}={canon}" for real, canon in maps]
     flags = [shlex.quote(f) for f in raw]
-    nvcc = [shlex.quote(f"-Xcompiler={f}") for f in raw]
+    nvcc = [_nvcc_value("-Xcompiler", f) for f in raw]
+    cuda = [shlex.quote(f) for f in nvcc]  # nvcc's own quotes inside, the shell's around
 
     def add(key: str, items: list[str]) -> str:
         return " ".join([env.get(key, ""), *items]).strip()
@@ -240,9 +246,24 @@ def prefix_map_env(env: Mapping[str, str], maps: Sequence[tuple[str, str]]) -> d
     return {
         "CFLAGS": add("CFLAGS", flags),
         "CXXFLAGS": add("CXXFLAGS", flags),
-        "CUDAFLAGS": add("CUDAFLAGS", nvcc),
+        "CUDAFLAGS": add("CUDAFLAGS", cuda),
         "NVCC_APPEND_FLAGS": add("NVCC_APPEND_FLAGS", nvcc),
     }
+
+
+def _nvcc_value(option: str, value: str) -> str:
+    """``option=value`` as one word of NVCC_APPEND_FLAGS: double-quoted when it holds a
+    blank (nvcc's only quoting there; a value with a double quote in it cannot be said)."""
+    if not any(c.isspace() for c in value) and '"' not in value:
+        return f"{option}={value}"
+    if '"' in value:
+        raise UsageError(
+            "a build path with a double quote in it cannot reach nvcc's host compiler "
+            "(NVCC_APPEND_FLAGS has no way to say it)",
+            where=value,
+            next="build from a cache path without '\"' (--cache DIR)",
+        )
+    return f'{option}="{value}"'
 
 
 def choose(cache: Path, host: HostEnvironment, *, allow_namespace: bool = True) -> Canonical:
