@@ -86,6 +86,7 @@ class Canonical:
     # the toolkit's front ends (FRONT_ENDS) as the build names them: run at a fixed pid (NAMESPACE)
     front_ends: tuple[str, ...] = ()
     cuda: bool = False  # a toolkit was given: the record says how its front ends' pid is set
+    pid_refused: str | None = None  # why the namespace cannot make a PID namespace, or None
 
     @property
     def path(self) -> Path:
@@ -109,11 +110,13 @@ class Canonical:
         """Name the toolkit's front ends (:data:`FRONT_ENDS`) for :meth:`wrap` to run at a
         fixed pid: resolved (a toolkit's ``bin`` may hold links), as the build reaches them."""
         fronts: list[str] = []
-        if self.method == NAMESPACE:
+        if self.method == NAMESPACE and self.pid_refused is None:
             for rel in FRONT_ENDS:
                 found = (toolkit / rel).resolve()
                 if found.is_file() and os.access(found, os.X_OK):
-                    fronts.append(self.to_build(self.to_build_path(found)))
+                    # the build reaches it at its canonical path; covered at the real one too
+                    spellings = (self.to_build(self.to_build_path(found)), str(found))
+                    fronts.extend(dict.fromkeys(spellings))
         return dataclasses.replace(self, front_ends=tuple(fronts), cuda=True)
 
     def with_views(self, cache: Path, dirs: Sequence[Path]) -> Canonical:
@@ -160,7 +163,7 @@ class Canonical:
         out = {"path": str(CANONICAL_CACHE), "method": self.method}
         if self.toolkit is not None:
             out["toolkit"] = str(CANONICAL_TOOLKIT)
-        if self.cuda:  # nvcc < 12.9 writes the front end's pid into internal names
+        if self.cuda:  # nvcc writes the front end's pid into some units' internal names
             out["front_end_pid"] = (
                 FIXED_PID if self.front_ends else "the machine's (no PID namespace)"
             )
@@ -273,10 +276,12 @@ def choose(cache: Path, host: HostEnvironment, *, allow_namespace: bool = True) 
         return Canonical(real, PREFIX_MAP, why="mount namespace turned off")
     if real == CANONICAL_ROOT or CANONICAL_ROOT in real.parents:
         return Canonical(real, PREFIX_MAP, why=f"the cache is under {CANONICAL_ROOT}")
-    why = _namespace_refused(host.path if host.path is not None else os.defpath)
+    path = host.path if host.path is not None else os.defpath
+    why = _namespace_refused(path)
     if why:
         return Canonical(real, PREFIX_MAP, why=why)
-    return Canonical(real, NAMESPACE, unshare=shutil.which("unshare", path=host.path))
+    unshare = shutil.which("unshare", path=host.path)
+    return Canonical(real, NAMESPACE, unshare=unshare, pid_refused=_pid_refused(path))
 
 
 @functools.lru_cache(maxsize=4)
@@ -308,6 +313,30 @@ def _namespace_refused(path: str) -> str | None:
         err = out.stderr.decode(errors="replace").strip().splitlines()
         tail = (err or [f"exit {out.returncode}"])[-1]
         return f"unshare -rm refused here ({tail[:200]})"
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _pid_refused(path: str) -> str | None:
+    """Why a front end cannot run at pid 1 inside the namespace (a nested PID namespace
+    refused, an ``unshare`` without ``--kill-child``), or None: probed with a stand-in."""
+    unshare = shutil.which("unshare", path=path)
+    with tempfile.TemporaryDirectory(prefix="pinwheel-canonical-probe-") as tmp:
+        real = Path(tmp).resolve()
+        front = real / "cudafe++"
+        front.write_text('#!/bin/sh\ntest "$$" = 1\n')
+        front.chmod(0o755)
+        probe = Canonical(real, NAMESPACE, unshare=unshare)
+        probe = dataclasses.replace(probe, front_ends=(probe.to_build(front), str(front)))
+        cmd, cwd = probe.wrap(["sh", "-c", f'"{front}" && "$0"', probe.to_build(front)], tmp)
+        out = runner.run(
+            runner.Command(tuple(cmd), what="unshare --pid probe", cwd=cwd,
+                           env={"PATH": path}, timeout=60, check=False)  # fmt: skip
+        )
+    if out.returncode != 0:
+        err = out.stderr.decode(errors="replace").strip().splitlines()
+        tail = (err or [f"exit {out.returncode}"])[-1]
+        return f"no PID namespace inside the build's ({tail[:200]})"
     return None
 
 
