@@ -137,7 +137,7 @@ def test_the_toolkit_front_end_runs_at_one_fixed_pid(tmp_path: Path) -> None:
     toolkit = cache / "toolchains" / "cuda-x"
     (toolkit / "bin").mkdir(parents=True)
     front = toolkit / "bin" / "cudafe++"  # a stand-in that reports the pid it runs at
-    front.write_text('#!/bin/sh\necho "pid=$$ args=$*"\n')
+    front.write_text('#!/bin/sh\necho "pid=$$ args=$* cwd=$(pwd -P)"; ls\n')
     front.chmod(0o755)
     canon = canonical.choose(cache, host_of(env))
     if canon.method != canonical.NAMESPACE:
@@ -147,15 +147,19 @@ def test_the_toolkit_front_end_runs_at_one_fixed_pid(tmp_path: Path) -> None:
         f"{canonical.CANONICAL_CACHE}/toolchains/cuda-x/bin/cudafe++", str(front.resolve()))
     assert canon.record()["front_end_pid"] == canonical.FIXED_PID
     seen = set()
-    for _ in range(3):  # directly, and from a shell that spent pids first (as nvcc does)
-        script = f'true; true; "{canon.to_build(front)}" a "b c"'
+    for i in range(3):  # from a shell that spent pids first (as nvcc does), in other folders
+        where = cache / f"work-{i}"  # (sccache runs it in a new temporary folder each time)
+        where.mkdir()
+        (where / "input.ii").write_text("")
+        script = f'true; true; cd "{canon.to_build(where)}" && "{canon.to_build(front)}" a "b c"'
         cmd, cwd = canon.wrap(["sh", "-c", script], cache)
         out = subprocess.run(cmd, cwd=cwd, env=canon.env(env), capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         seen.add(out.stdout.strip())
-    assert seen == {"pid=1 args=a b c"}
+    fixed = canonical.CANONICAL_ROOT / ".pid" / "cwd"
+    assert seen == {f"pid=1 args=a b c cwd={fixed}\ninput.ii"}  # its folder's files, seen there
     outside = subprocess.run([str(front)], capture_output=True, text=True).stdout
-    assert outside.startswith("pid=") and outside != "pid=1 args=\n"  # the file is untouched
+    assert outside.startswith("pid=") and not outside.startswith("pid=1 ")  # file untouched
     fallback = canonical.Canonical(cache.resolve(), canonical.PREFIX_MAP).with_toolkit(toolkit)
     assert fallback.front_ends == ()
     assert fallback.record()["front_end_pid"] == "the machine's (no PID namespace)"
