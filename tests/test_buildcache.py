@@ -18,7 +18,7 @@ import pytest
 
 from motoserver import CREDENTIALS as moto_credentials
 from motoserver import running_moto
-from pinwheel.compile import compcache, reuse
+from pinwheel.compile import canonical, compcache, reuse
 from pinwheel.compile.pipeline import build as run_build
 from pinwheel.errors import ManifestError, VerifyError
 from pinwheel.manifest import loads
@@ -397,3 +397,37 @@ def test_the_dependency_resolver_agrees_with_path_resolve(tmp_path: Path) -> Non
     resolver = reuse._Resolver()
     for p in paths * 2:  # the second pass answers from the directory cache
         assert resolver(str(p)) == str(p.resolve()), p
+
+
+@needs_sccache
+def test_entries_made_at_the_machines_pids_never_hit_a_fixed_pid_build(tmp_path: Path) -> None:
+    """A server started in the canonical namespace with the toolkit's front end covered: its
+    compiles' keys carry pinwheel's cache buster, so an entry an older build wrote (its
+    front end at the machine's pid) is a miss, and the fixed-pid builds hit each other."""
+    src, environ, plain = _local_session(tmp_path, "int k(int x) { return 7 * x + 3; }\n")
+    try:
+        plain.zero()
+        _compile_through(plain, src, tmp_path / "old.o")  # an entry without the fixed pid
+        assert compcache.BUSTER not in plain.launch_env(environ["PATH"])
+    finally:
+        plain.stop()
+    toolkit = tmp_path / "cache" / "toolchains" / "cuda-x" / "bin"
+    toolkit.mkdir(parents=True)
+    (toolkit / "cudafe++").write_text("#!/bin/sh\n")
+    (toolkit / "cudafe++").chmod(0o755)
+    canon = canonical.choose(tmp_path / "cache", host_of(environ))
+    if canon.method != canonical.NAMESPACE:
+        pytest.skip(f"no mount namespace here: {canon.why}")
+    canon = canon.with_toolkit(toolkit.parent)
+    plan = compcache.plan(CacheConfig(), tmp_path / "cache", host_of(environ))
+    session, plan = compcache.start(plan, tmp_path / "cache" / "run2", host_of(environ), canon)
+    assert session is not None, plan.disabled
+    try:
+        assert session.launch_env(environ["PATH"])[compcache.BUSTER] == compcache.FIXED_PID_KEY
+        session.zero()
+        _compile_through(session, src, tmp_path / "new.o")
+        _compile_through(session, src, tmp_path / "again.o")
+        stats = session.stats()
+    finally:
+        session.stop()
+    assert (stats["hits"], stats["misses"]) == (1, 1)

@@ -4,6 +4,7 @@ either method), and the kept workspace's in-place export (only changed files wri
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -126,3 +127,54 @@ def test_prepare_keeps_a_workspace_only_for_the_same_key_and_never_when_cold(
     assert workspace.prepare(root, "k2", cold=True) is False  # --no-cache: truly cold
     assert not (root / "build.ninja").exists()
     assert workspace.key_of({"a": 1}) != workspace.key_of({"a": 2})
+
+
+def test_the_toolkit_front_end_runs_at_one_fixed_pid(tmp_path: Path) -> None:
+    """nvcc's front end writes its getpid() into internal names (cudafe++'s module id): under
+    the namespace every run of it, from any parent, is process 1 of its own PID namespace."""
+    env = {"PATH": os.environ.get("PATH", os.defpath)}
+    cache = tmp_path / "cache"
+    toolkit = cache / "toolchains" / "cuda-x"
+    (toolkit / "bin").mkdir(parents=True)
+    front = toolkit / "bin" / "cudafe++"  # a stand-in that reports the pid it runs at
+    front.write_text('#!/bin/sh\necho "pid=$$ args=$* cwd=$(pwd -P)"; ls\n')
+    front.chmod(0o755)
+    canon = canonical.choose(cache, host_of(env))
+    if canon.method != canonical.NAMESPACE:
+        pytest.skip(f"no mount namespace here: {canon.why}")
+    canon = canon.with_toolkit(toolkit)
+    assert canon.front_ends == (  # covered where the build reaches it, and where it is
+        f"{canonical.CANONICAL_CACHE}/toolchains/cuda-x/bin/cudafe++", str(front.resolve()))
+    assert canon.record()["front_end_pid"] == canonical.FIXED_PID
+    seen = set()
+    for i in range(3):  # from a shell that spent pids first (as nvcc does), in other folders
+        where = cache / f"work-{i}"  # (sccache runs it in a new temporary folder each time)
+        where.mkdir()
+        (where / "input.ii").write_text("")
+        script = f'true; true; cd "{canon.to_build(where)}" && "{canon.to_build(front)}" a "b c"'
+        cmd, cwd = canon.wrap(["sh", "-c", script], cache)
+        out = subprocess.run(cmd, cwd=cwd, env=canon.env(env), capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        seen.add(out.stdout.strip())
+    fixed = canonical.CANONICAL_ROOT / ".pid" / "cwd"
+    assert seen == {f"pid=1 args=a b c cwd={fixed}\ninput.ii"}  # its folder's files, seen there
+    outside = subprocess.run([str(front)], capture_output=True, text=True).stdout
+    assert outside.startswith("pid=") and not outside.startswith("pid=1 ")  # file untouched
+    fallback = canonical.Canonical(cache.resolve(), canonical.PREFIX_MAP).with_toolkit(toolkit)
+    assert fallback.front_ends == ()
+    assert fallback.record()["front_end_pid"] == "the machine's (no PID namespace)"
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc (the kernels session has it)")
+def test_a_prefix_map_with_a_space_reaches_gcc_as_one_argument(tmp_path: Path) -> None:
+    """nvcc splits NVCC_APPEND_FLAGS and -Xcompiler values at blanks, honouring only double
+    quotes: a cache path with a space must reach the host compiler whole, by both routes."""
+    pm = canonical.Canonical(tmp_path / "my cache", canonical.PREFIX_MAP)
+    env = pm.env({"PATH": os.environ["PATH"]})
+    want = f'"-ffile-prefix-map={tmp_path}/my cache={canonical.CANONICAL_CACHE}"'
+    (tmp_path / "k.cu").write_text("__global__ void k() {}\n")
+    base = ["nvcc", "-dryrun", "-c", str(tmp_path / "k.cu"), "-o", str(tmp_path / "k.o")]
+    for extra, nvcc_env in (([], env), (shlex.split(env["CUDAFLAGS"]), {"PATH": env["PATH"]})):
+        out = subprocess.run([*base, *extra], env=nvcc_env, capture_output=True, text=True)
+        host = [ln for ln in out.stderr.splitlines() if " -E " in ln or " -c " in ln]
+        assert host and all(want in ln for ln in host), out.stderr[-2000:]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pinwheel.compile import canonical
 from pinwheel.compile.toolchain import MARKER, ToolkitRequest, resolve_toolkit
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.options import host as host_of
+from pinwheel.wheels.wheeldiff import diff_members
 
 pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 
@@ -93,23 +95,43 @@ def so_bytes(wheel: Path) -> bytes:
 
 def test_selftest_bytes_do_not_depend_on_cache_or_home(toolkit_root: Path, tmp_path: Path) -> None:
     a = make_cache(tmp_path / "alice" / ".cache" / "pinwheel", toolkit_root)
-    b = make_cache(tmp_path / "ci" / "data" / "pw-cache-b", toolkit_root)
+    # a space in the path (a real user's "My Cache"): the prefix maps must stay one argument
+    b = make_cache(tmp_path / "ci" / "data" / "pw cache b", toolkit_root)
     one, other = checkout(tmp_path / "alice" / "src"), checkout(tmp_path / "ci" / "checkout")
     first = kernels(one, a, tmp_path / "alice", tmp_path / "out-a", "--no-cache")
-    # Another checkout, cache and HOME, and the fallback method (prefix maps).
+    # Another checkout, cache (with a space) and HOME, and the fallback method (prefix maps).
     second = kernels(other, b, tmp_path / "ci", tmp_path / "out-b", "--no-cache",
                      PINWHEEL_CANONICAL="prefix-map")  # fmt: skip
-    so = so_bytes(first["path"])
-    for cache in (a, b, tmp_path):
-        assert str(cache).encode() not in so, cache
-    # __FILE__ in the selftest's error messages is the canonical path.
+    # __FILE__ in the selftest's error messages is the canonical path, by either method.
     where = f"{canonical.CANONICAL_CACHE}/kernels/pinwheel-selftest/src/csrc/selftest.cu"
-    assert where.encode() in so
+    for built in (first, second):
+        so = so_bytes(built["path"])
+        for cache in (a, b, tmp_path):
+            assert str(cache).encode() not in so, cache
+        assert where.encode() in so
     assert second["provenance"]["canonical"] == {
-        "path": str(canonical.CANONICAL_CACHE), "method": "prefix-map"}  # fmt: skip
+        "path": str(canonical.CANONICAL_CACHE), "method": "prefix-map",
+        "front_end_pid": "the machine's (no PID namespace)"}  # fmt: skip
     assert first["provenance"]["canonical"]["path"] == str(canonical.CANONICAL_CACHE)
     assert str(a) not in json.dumps(first["provenance"]["env"])
-    assert first["sha256"] == second["sha256"], (first["sha256"], second["sha256"])
+    # Under prefix maps (no user namespace) nvcc's front end keeps the machine's pid, and
+    # csrc/launches.cu (no plain external definition) names its internal entities after
+    # it: the library differs there, and nothing else does.
+    assert launches_suffix(so_bytes(first["path"])) == b"1"
+    assert launches_suffix(so_bytes(second["path"])) not in (b"1", None)
+    diffs = {d.member for d in diff_members(first["path"], second["path"])}
+    assert diffs == {SO, f"{first['wheel'].split('-py3')[0]}.dist-info/RECORD"}, diffs
+
+
+def launches_suffix(so: bytes) -> bytes | None:
+    """What ends csrc/launches.cu's anonymous-namespace name in the library: the module id's
+    pid part (the name is length-prefixed in its mangled form)."""
+    found = re.search(rb"N(\d+)(_GLOBAL__N__[0-9a-f]{8}_\d+_launches_cu_[0-9a-f]{8})", so)
+    if found is None:
+        return None
+    name = so[found.start(2) : found.start(2) + int(found.group(1))]
+    tail = name[len(found.group(2)) :]
+    return tail.lstrip(b"_") if tail else b""
 
 
 def test_incremental_rebuild_equals_the_cold_bytes(toolkit_root: Path, tmp_path: Path) -> None:

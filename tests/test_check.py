@@ -119,6 +119,53 @@ def test_rpath_rules(entry: str, reason: str | None) -> None:
     assert unsafe_rpath_reason(entry, ["/srv/tree"]) == reason
 
 
+@pytest.mark.parametrize(
+    ("member", "entry", "reason"),
+    [
+        ("demo/_C.abi3.so", "$ORIGIN/..", None),  # site-packages: the wheel's own root
+        ("torch/lib/x.so", "$ORIGIN/../../nvidia/cublas/lib", None),
+        ("demo/_C.abi3.so", "$ORIGIN/../..", "climbs out of the folder the wheel installs into"),
+        ("demo/_C.abi3.so", "${ORIGIN}/../../..", "climbs out of the folder the wheel installs into"),
+        ("demo/lib/x.so", "$ORIGIN/../../../etc/../lib", "climbs out of the folder the wheel installs into"),
+        ("demo-1.0.data/data/lib/x.so", "$ORIGIN/..", None),
+        ("demo-1.0.data/data/lib/x.so", "$ORIGIN/../..", "climbs out of the folder the wheel installs into"),
+    ],
+)  # fmt: skip
+def test_origin_rpath_may_not_climb_out_of_the_install_root(
+    member: str, entry: str, reason: str | None
+) -> None:
+    assert unsafe_rpath_reason(entry, (), member) == reason
+
+
+def test_origin_rpath_climbing_out_of_the_wheel_fails_the_check(tmp_path: Path) -> None:
+    so = cuda_so(tmp_path, "climb", section(fatbin(SM70)), rpath="$ORIGIN/../../..")
+    report = check_wheels([wheel_with(tmp_path, so)], SPEC)
+    (finding,) = report.errors
+    assert finding.rule == "rpath" and finding.member == "demo/_C.abi3.so"
+    assert "RPATH '$ORIGIN/../../..': climbs out of the folder the wheel installs into" in (
+        finding.line()
+    )
+
+
+def test_two_spellings_of_one_file_fail(tmp_path: Path) -> None:
+    so = cuda_so(tmp_path, "dup", section(fatbin(SM70)))
+    whl = wheel_with(tmp_path, so, extra={"demo/x.py": b"good = 1\n", "./demo/x.py": b"evil\n"})
+    report = check_wheels([whl], SPEC)
+    found = [(f.rule, f.member, f.message) for f in report.errors]
+    assert ("zip", "./demo/x.py", "names the same file as 'demo/x.py' (installers disagree on "
+            "which wins)") in found, found  # fmt: skip
+
+
+def test_a_member_that_is_a_file_and_a_folder_fails(tmp_path: Path) -> None:
+    so = cuda_so(tmp_path, "clash", section(fatbin(SM70)))
+    whl = wheel_with(tmp_path, so, extra={"demo/util": b"a file\n", "demo/util/x.py": b"x\n"})
+    report = check_wheels([whl], SPEC)
+    found = [(f.rule, f.member, f.message) for f in report.errors]
+    assert found == [
+        ("zip", "demo/util", "is a file and a folder at once (one of them cannot be installed)")
+    ]
+
+
 def test_tampered_record_fails_naming_the_member(tmp_path: Path) -> None:
     so = cuda_so(tmp_path, "rec", section(fatbin(SM70)))
     whl = wheel_with(tmp_path, so)

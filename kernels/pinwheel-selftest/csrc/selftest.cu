@@ -7,6 +7,8 @@
 //  * pwst_p2p: fill a buffer on one GPU, copy it to another (cudaMemcpyPeer and
 //    a kernel reading peer memory directly), checksum all copies on the GPUs and
 //    on the host, so silent P2P corruption shows up as a checksum mismatch.
+//  * pwst_launch_count: launches a kernel of csrc/launches.cu (internal linkage) and
+//    returns how many runs the device counted.
 //
 // The C API below is all the Python side uses (ctypes): no torch needed. The
 // CUDA runtime is linked statically, so only the driver (libcuda.so.1) is
@@ -223,6 +225,20 @@ static int device_sum(const uint32_t* buf, uint64_t words, uint64_t* out, char* 
   CHECK(cudaGetLastError());
   CHECK(cudaMemcpy(out, d, sizeof *d, cudaMemcpyDeviceToHost));
   CHECK(cudaFree(d));
+  return 0;
+}
+
+// csrc/launches.cu: a unit whose only external definition is this instantiation.
+template <int Threads>
+cudaError_t pwst_count_launches(int runs, unsigned int* count);
+extern template cudaError_t pwst_count_launches<1>(int runs, unsigned int* count);
+
+// *count: how many of `runs` one-thread launches of a kernel in another unit the device
+// counted (`runs` when the driver loaded and ran that unit's module).
+PWST_API int pwst_launch_count(int device, int runs, unsigned int* count, char* err,
+                               size_t errlen) {
+  CHECK(cudaSetDevice(device));
+  CHECK(pwst_count_launches<1>(runs, count));
   return 0;
 }
 

@@ -1,5 +1,5 @@
-"""Build-stage commands: kernels and toolchain (``register_kernels``), check and verify-build
-(``register_check``)."""
+"""Build-stage commands: kernels and toolchain (``register_kernels``), check, verify-build
+and wheeldiff (``register_check``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel.cli import Context, command
-from pinwheel.errors import EXIT_VERIFY
+from pinwheel.errors import EXIT_MISMATCH, EXIT_VERIFY
 from pinwheel.printable import shown
 
 
@@ -83,6 +83,30 @@ def register_check(sub: Any) -> None:
         action="store_true",
         help="rebuild through the compiler cache (default: none, so the rebuild is cold)",
     )
+
+
+    d = command(
+        sub, "wheeldiff", "name each member two wheels differ in (ELF: first symbol or section)",
+        _wheeldiff,
+    )  # fmt: skip
+    d.add_argument("first", type=Path, metavar="A.whl")
+    d.add_argument("second", type=Path, metavar="B.whl")
+
+
+def _wheeldiff(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.errors import VerifyError
+    from pinwheel.wheels.wheeldiff import UnreadableWheel, diff_members
+
+    try:
+        diffs = diff_members(args.first, args.second)
+    except UnreadableWheel as exc:
+        raise VerifyError(
+            str(exc), where=f"{args.first} / {args.second}", next="pass two wheel files"
+        ) from None
+    lines = [d.line() for d in diffs] or ["same: every member has the same bytes, time and mode"]
+    doc = {"same": not diffs, "members": [d.to_json() for d in diffs]}
+    ctx.emit(doc, "\n".join(shown(line) for line in lines))
+    return 0 if not diffs else EXIT_MISMATCH
 
 
 def _check(ctx: Context, args: argparse.Namespace) -> int:

@@ -19,6 +19,16 @@ cache at one fixed path, whatever the cache location, user, host or checkout:
   method built a wheel. ``PINWHEEL_CANONICAL=prefix-map`` in the environment
   chooses it even where the namespace works (to compare the two).
 
+Process ids, the same way: nvcc before 12.9 names a unit's internal-linkage entities
+after its front end's process id (cudafe++ appends its ``getpid()`` to
+``_INTERNAL_<hash>_<len>_<file>_cu_<hash>``; the names reach the host side's
+registration strings, the dynamic string table and the cubin). Under the namespace,
+:meth:`Canonical.with_toolkit` names the toolkit's front end and the namespace covers it
+with a launcher that runs it as process 1 of a PID namespace of its own
+(``unshare --pid --fork``): every run of it, by nvcc or by the compiler cache's server,
+concurrent or not, on any machine, has the same pid. Under prefix maps (no user
+namespace) the machine's pids stay and :meth:`Canonical.record` says so.
+
 In: the cache and the caller's environment. Out: a :class:`Canonical` that
 translates paths, wraps commands and records ``{"path", "method"}``.
 """
@@ -38,6 +48,7 @@ from pathlib import Path
 
 from pinwheel import runner
 from pinwheel.compile import workers
+from pinwheel.errors import UsageError
 from pinwheel.options import HostEnvironment
 
 CANONICAL_ROOT = Path("/tmp/pinwheel-canonical")
@@ -46,6 +57,11 @@ CANONICAL_TOOLKIT = CANONICAL_ROOT / "toolkit"  # a CUDA toolkit installed outsi
 
 NAMESPACE = "mount-namespace"
 PREFIX_MAP = "prefix-map"
+# The toolkit programs whose process id reaches the bytes (relative to the toolkit root):
+# cudafe++ writes its getpid() into internal-linkage names (nvcc 12.0-12.8; 12.9 and later
+# use a fixed seed, and the launcher changes nothing there).
+FRONT_ENDS = ("bin/cudafe++",)
+FIXED_PID = "1 (each front end in a PID namespace of its own)"
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,10 @@ class Canonical:
     # (directory, canonical name) the compilers write instead, whatever the method: the build
     # Python's include directory, a machine torch's headers (headerview.prefix_maps)
     outside: tuple[tuple[str, str], ...] = ()
+    # the toolkit's front ends (FRONT_ENDS) as the build names them: run at a fixed pid (NAMESPACE)
+    front_ends: tuple[str, ...] = ()
+    cuda: bool = False  # a toolkit was given: the record says how its front ends' pid is set
+    pid_refused: str | None = None  # why the namespace cannot make a PID namespace, or None
 
     @property
     def path(self) -> Path:
@@ -79,12 +99,25 @@ class Canonical:
             return self
         given = Path(root).absolute()
         resolved = given.resolve()
-        for inside in (self.real, CANONICAL_ROOT):
-            if resolved == inside or inside in resolved.parents:
-                return self
-        return dataclasses.replace(
-            self, toolkit=resolved, toolkit_spellings=tuple(sorted({str(given), str(resolved)}))
-        )
+        moved = self
+        if not any(resolved == d or d in resolved.parents for d in (self.real, CANONICAL_ROOT)):
+            moved = dataclasses.replace(
+                self, toolkit=resolved, toolkit_spellings=tuple(sorted({str(given), str(resolved)}))
+            )
+        return moved._with_front_ends(resolved)
+
+    def _with_front_ends(self, toolkit: Path) -> Canonical:
+        """Name the toolkit's front ends (:data:`FRONT_ENDS`) for :meth:`wrap` to run at a
+        fixed pid: resolved (a toolkit's ``bin`` may hold links), as the build reaches them."""
+        fronts: list[str] = []
+        if self.method == NAMESPACE and self.pid_refused is None:
+            for rel in FRONT_ENDS:
+                found = (toolkit / rel).resolve()
+                if found.is_file() and os.access(found, os.X_OK):
+                    # the build reaches it at its canonical path; covered at the real one too
+                    spellings = (self.to_build(self.to_build_path(found)), str(found))
+                    fronts.extend(dict.fromkeys(spellings))
+        return dataclasses.replace(self, front_ends=tuple(fronts), cuda=True)
 
     def with_views(self, cache: Path, dirs: Sequence[Path]) -> Canonical:
         """Also give the header directories ``dirs`` (outside pinwheel's making: a system
@@ -130,6 +163,10 @@ class Canonical:
         out = {"path": str(CANONICAL_CACHE), "method": self.method}
         if self.toolkit is not None:
             out["toolkit"] = str(CANONICAL_TOOLKIT)
+        if self.cuda:  # nvcc writes the front end's pid into some units' internal names
+            out["front_end_pid"] = (
+                FIXED_PID if self.front_ends else "the machine's (no PID namespace)"
+            )
         if self.foreign_headers:  # header directories pinwheel did not install
             fixed = len(self.views) == self.foreign_headers
             out["header_times"] = (
@@ -184,6 +221,7 @@ class Canonical:
         args = [str(CANONICAL_ROOT), self.to_build(cwd), str(len(binds))]
         args += [part for pair in binds for part in pair]
         args += [str(len(self.views)), *(part for view in self.views for part in view)]
+        args += [str(len(self.front_ends)), *self.front_ends]
         return [*enter, *args, "--", *(self.to_build(c) for c in cmd)], self.real
 
 
@@ -192,13 +230,18 @@ def prefix_map_env(env: Mapping[str, str], maps: Sequence[tuple[str, str]]) -> d
     canonical one (``-ffile-prefix-map``: ``__FILE__`` and debug paths; ``-Xcompiler`` for
     nvcc's host and device preprocessing).
 
-    The variables are split into arguments the way a shell splits them (CMake puts them
-    into command lines a shell runs; setuptools splits them with quotes honoured), so a
-    path with a space or a quote is shell-quoted: it stays one argument. A plain path is
-    left as it was (the same flags, the same build identity)."""
+    CFLAGS, CXXFLAGS and CUDAFLAGS are split into arguments the way a shell splits them
+    (CMake puts them into command lines a shell runs; setuptools splits them with quotes
+    honoured), so a path with a space or a quote is shell-quoted: it stays one argument.
+    nvcc splits NVCC_APPEND_FLAGS at every blank, and an ``-Xcompiler`` value at every
+    blank too, honouring only double quotes around the value
+    (``-Xcompiler="-ffile-prefix-map=/my cache=..."``): a shell-quoted flag reached gcc
+    cut at the space (``'-ffile-prefix-map=/tmp/my``) and every build from such a cache
+    failed. A plain path is left as it was (the same flags, the same build identity)."""
     raw = [f"-ffile-prefix-map={real}={canon}" for real, canon in maps]
     flags = [shlex.quote(f) for f in raw]
-    nvcc = [shlex.quote(f"-Xcompiler={f}") for f in raw]
+    nvcc = [_nvcc_value("-Xcompiler", f) for f in raw]
+    cuda = [shlex.quote(f) for f in nvcc]  # nvcc's own quotes inside, the shell's around
 
     def add(key: str, items: list[str]) -> str:
         return " ".join([env.get(key, ""), *items]).strip()
@@ -206,9 +249,24 @@ def prefix_map_env(env: Mapping[str, str], maps: Sequence[tuple[str, str]]) -> d
     return {
         "CFLAGS": add("CFLAGS", flags),
         "CXXFLAGS": add("CXXFLAGS", flags),
-        "CUDAFLAGS": add("CUDAFLAGS", nvcc),
+        "CUDAFLAGS": add("CUDAFLAGS", cuda),
         "NVCC_APPEND_FLAGS": add("NVCC_APPEND_FLAGS", nvcc),
     }
+
+
+def _nvcc_value(option: str, value: str) -> str:
+    """``option=value`` as one word of NVCC_APPEND_FLAGS: double-quoted when it holds a
+    blank (nvcc's only quoting there; a value with a double quote in it cannot be said)."""
+    if not any(c.isspace() for c in value) and '"' not in value:
+        return f"{option}={value}"
+    if '"' in value:
+        raise UsageError(
+            "a build path with a double quote in it cannot reach nvcc's host compiler "
+            "(NVCC_APPEND_FLAGS has no way to say it)",
+            where=value,
+            next="build from a cache path without '\"' (--cache DIR)",
+        )
+    return f'{option}="{value}"'
 
 
 def choose(cache: Path, host: HostEnvironment, *, allow_namespace: bool = True) -> Canonical:
@@ -218,10 +276,12 @@ def choose(cache: Path, host: HostEnvironment, *, allow_namespace: bool = True) 
         return Canonical(real, PREFIX_MAP, why="mount namespace turned off")
     if real == CANONICAL_ROOT or CANONICAL_ROOT in real.parents:
         return Canonical(real, PREFIX_MAP, why=f"the cache is under {CANONICAL_ROOT}")
-    why = _namespace_refused(host.path if host.path is not None else os.defpath)
+    path = host.path if host.path is not None else os.defpath
+    why = _namespace_refused(path)
     if why:
         return Canonical(real, PREFIX_MAP, why=why)
-    return Canonical(real, NAMESPACE, unshare=shutil.which("unshare", path=host.path))
+    unshare = shutil.which("unshare", path=host.path)
+    return Canonical(real, NAMESPACE, unshare=unshare, pid_refused=_pid_refused(path))
 
 
 @functools.lru_cache(maxsize=4)
@@ -253,6 +313,30 @@ def _namespace_refused(path: str) -> str | None:
         err = out.stderr.decode(errors="replace").strip().splitlines()
         tail = (err or [f"exit {out.returncode}"])[-1]
         return f"unshare -rm refused here ({tail[:200]})"
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _pid_refused(path: str) -> str | None:
+    """Why a front end cannot run at pid 1 inside the namespace (a nested PID namespace
+    refused, an ``unshare`` without ``--kill-child``), or None: probed with a stand-in."""
+    unshare = shutil.which("unshare", path=path)
+    with tempfile.TemporaryDirectory(prefix="pinwheel-canonical-probe-") as tmp:
+        real = Path(tmp).resolve()
+        front = real / "cudafe++"
+        front.write_text('#!/bin/sh\ntest "$$" = 1\n')
+        front.chmod(0o755)
+        probe = Canonical(real, NAMESPACE, unshare=unshare)
+        probe = dataclasses.replace(probe, front_ends=(probe.to_build(front), str(front)))
+        cmd, cwd = probe.wrap(["sh", "-c", f'"{front}" && "$0"', probe.to_build(front)], tmp)
+        out = runner.run(
+            runner.Command(tuple(cmd), what="unshare --pid probe", cwd=cwd,
+                           env={"PATH": path}, timeout=60, check=False)  # fmt: skip
+        )
+    if out.returncode != 0:
+        err = out.stderr.decode(errors="replace").strip().splitlines()
+        tail = (err or [f"exit {out.returncode}"])[-1]
+        return f"no PID namespace inside the build's ({tail[:200]})"
     return None
 
 

@@ -24,6 +24,12 @@ and per-wheel numbers (``compiler_cache`` in provenance).
   (:mod:`pinwheel.compile.canonical`), so entries hit across cache directories and
   machines. sccache hashes the compiler binaries themselves, so another nvcc never
   hits.
+- Hits give a cold compile's bytes: nvcc's front end writes its process id into the
+  internal names of a unit that has no plain external definition; under the canonical
+  namespace it runs at pid 1 (canonical.FRONT_ENDS) in the server too, so no entry holds
+  a pid. Entries written before that (by an older pinwheel, or a build without the
+  namespace) may hold one: those builds' keys differ by ``SCCACHE_C_CUSTOM_CACHE_BUSTER``
+  (:data:`FIXED_PID_KEY`, which sccache hashes into every C, C++ and CUDA key).
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ from pinwheel.net import tcp
 from pinwheel.options import HostEnvironment
 
 START_TIMEOUT = 60
+# In every compile's key while the front ends run at a fixed pid: no entry made at the
+# machine's pids (before, or without the namespace) is a hit for such a build.
+BUSTER = "SCCACHE_C_CUSTOM_CACHE_BUSTER"
+FIXED_PID_KEY = "pinwheel-front-end-pid-1"
 PROBE_TIMEOUT = 3.0
 _BACKEND_VARS = (  # an environment variable that selects a backend, in sccache's order
     ("SCCACHE_REDIS_ENDPOINT", "redis"),
@@ -177,6 +187,7 @@ class Session:
     socket: Path  # the server's Unix socket (in a private temp dir)
     workdir: Path  # launcher symlinks + server log
     environ: Mapping[str, str] = field(repr=False)
+    fixed_pid: bool = False  # the compiles' front ends run at pid 1 (canonical.front_ends)
 
     @property
     def binary(self) -> Path:
@@ -211,6 +222,9 @@ class Session:
             "SCCACHE_SERVER_UDS": str(self.socket),
             "PATH": os.pathsep.join([str(self.workdir / "bin"), path]),
         }
+        if self.fixed_pid:  # sccache hashes the client's value into each key
+            given = env.get(BUSTER)
+            env[BUSTER] = f"{given}+{FIXED_PID_KEY}" if given else FIXED_PID_KEY
         if nvcc:
             env["PYTORCH_NVCC"] = f"{self.binary} {nvcc}"
         if cxx:
@@ -307,7 +321,8 @@ def start(
             link.unlink()
         assert plan_.binary is not None
         link.symlink_to(plan_.binary)
-    session = Session(plan_, _socket_path(), workdir, host.child)
+    fixed = canonical is not None and bool(canonical.front_ends)
+    session = Session(plan_, _socket_path(), workdir, host.child, fixed_pid=fixed)
     env = session._env()
     env["SCCACHE_ERROR_LOG"] = str(workdir / "sccache-server.log")
     argv, cwd = [str(session.binary), "--start-server"], workdir

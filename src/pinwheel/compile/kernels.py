@@ -639,7 +639,7 @@ def build_twice(
         second = build_kernel(spec, config, toolkit, opts)
         a, b = sha256_file(kept), sha256_file(second.wheel)
         if a != b:
-            members = [f"{m.member} ({m.change})" for m in diff_members(kept, second.wheel)]
+            members = [m.line() for m in diff_members(kept, second.wheel)]
             raise MismatchError(
                 f"two builds of {spec.name} differ: {a[:16]} vs {b[:16]}; "
                 f"members: {', '.join(members)}",

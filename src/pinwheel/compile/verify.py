@@ -30,7 +30,7 @@ from pinwheel.wheels.provenance import (
     read_receipt,
 )
 from pinwheel.wheels.substitute import from_receipt
-from pinwheel.wheels.wheeldiff import MemberDiff, diff_members
+from pinwheel.wheels.wheeldiff import MemberDiff, UnreadableWheel, diff_members
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class RebuildComparison:
                     "recorded": w.recorded,
                     "rebuilt": w.rebuilt,
                     "same": w.same,
-                    "members": [{"member": m.member, "change": m.change} for m in w.members],
+                    "members": [m.to_json() for m in w.members],
                     "diffoscope": w.diffoscope,
                     "environment": list(w.environment),
                 }
@@ -83,7 +83,7 @@ class RebuildComparison:
                 continue
             lines += env
             lines.append(f"DIFFERS  {w.wheel}: recorded {w.recorded}, rebuilt {w.rebuilt}")
-            lines += [f"    {m.change}: {m.member}" for m in w.members]
+            lines += [f"    {m.line()}" for m in w.members]
             if w.diffoscope:
                 lines += ["    diffoscope:"] + [f"      {ln}" for ln in w.diffoscope.splitlines()]
         verdict = "reproducible" if self.same else "NOT reproducible"
@@ -145,7 +145,10 @@ def compare_builds(recorded_dir: Path, rebuilt_dir: Path) -> RebuildComparison:
         members: tuple[MemberDiff, ...] = ()
         diffo = None
         if got is not None and ours.is_file():
-            members = diff_members(ours, theirs)
+            try:
+                members = diff_members(ours, theirs)
+            except UnreadableWheel as exc:  # a wheel past the zip limits: no member to name
+                members = (MemberDiff("(wheel)", f"unreadable: {exc}"),)
             diffo = _diffoscope(ours, theirs)
         elif a.get("members") and b.get("members"):  # the recorded wheel is not here
             members = tuple(MemberDiff(m, c) for m, c in member_differences(a["members"],

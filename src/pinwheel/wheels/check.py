@@ -262,10 +262,13 @@ def _tool_version(tool: str) -> str:
 # --------------------------------------------------------------------------- rules
 
 
-def unsafe_rpath_reason(entry: str, build_dirs: Sequence[str] = ()) -> str | None:
-    """Why an RPATH/RUNPATH entry would make the installed library load from the build machine."""
+def unsafe_rpath_reason(
+    entry: str, build_dirs: Sequence[str] = (), member: str | None = None
+) -> str | None:
+    """Why an RPATH/RUNPATH entry would make the installed library load from the build machine,
+    or (``$ORIGIN`` entries of ``member``) from outside the folder the wheel installs into."""
     if entry.startswith(("$ORIGIN", "${ORIGIN}")):
-        return None
+        return _origin_reason(entry, member) if member is not None else None
     if not entry.startswith("/"):
         return "relative path resolves against the process's working directory"
     for prefix in build_dirs:
@@ -280,6 +283,24 @@ def unsafe_rpath_reason(entry: str, build_dirs: Sequence[str] = ()) -> str | Non
     for part in PurePosixPath(entry).parts[1:]:
         if _BUILDISH.match(part):
             return f"looks like a build directory (component {part!r})"
+    return None
+
+
+def _origin_reason(entry: str, member: str) -> str | None:
+    """An ``$ORIGIN`` entry that climbs above the install root (site-packages, or a
+    ``.data`` scheme's folder): the library would load whatever lies there on the machine."""
+    rest = entry.split("}", 1)[1] if entry.startswith("${") else entry[len("$ORIGIN") :]
+    parts = [p for p in member.split("/")[:-1] if p not in ("", ".")]
+    if parts and parts[0].endswith(".data") and len(parts) >= 2:
+        parts = parts[2:]  # <name>.data/<scheme>/...: the scheme's folder is the root
+    depth = len(parts)
+    for part in rest.split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return "climbs out of the folder the wheel installs into"
+        elif part not in ("", "."):
+            depth += 1
     return None
 
 
@@ -532,7 +553,7 @@ def check_wheel(path: Path, spec: CheckSpec) -> tuple[WheelCheck, list[Finding],
                 continue
             for kind, entries in (("RPATH", so.rpath), ("RUNPATH", so.runpath)):
                 for entry in entries:
-                    reason = unsafe_rpath_reason(entry, spec.build_dirs)
+                    reason = unsafe_rpath_reason(entry, spec.build_dirs, so.member)
                     if reason:
                         findings.append(
                             Finding(ERROR, "rpath", name, so.member, f"{kind} {entry!r}: {reason}")

@@ -86,12 +86,19 @@ def header_issues(zf: zipfile.ZipFile, limits: Limits) -> tuple[list[Issue], set
     issues: list[Issue] = []
     unreadable: set[str] = set()
     seen: set[str] = set()
+    spelled: dict[str, str] = {}  # installed path -> the first member that spells it
     total = 0
     for info in zf.infolist():
         name = info.filename
         if name in seen:
             issues.append(Issue(name, "duplicate zip member (installers disagree on which wins)"))
             unreadable.add(name)
+        else:
+            path = installed_path(name)
+            other = spelled.setdefault(path, name)
+            if other != name:
+                why = f"names the same file as {other!r} (installers disagree on which wins)"
+                issues.append(Issue(name, why))
         seen.add(name)
         reason = validate.member_problem(name)
         if reason:
@@ -132,6 +139,7 @@ def header_issues(zf: zipfile.ZipFile, limits: Limits) -> tuple[list[Issue], set
                 )
             )
             unreadable.add(name)
+    issues.extend(_file_and_folder(zf))
     if total > limits.total:
         issues.append(
             Issue(
@@ -142,6 +150,33 @@ def header_issues(zf: zipfile.ZipFile, limits: Limits) -> tuple[list[Issue], set
         )
         unreadable.update(i.filename for i in zf.infolist())
     return issues, unreadable
+
+
+def installed_path(name: str) -> str:
+    """The path a member installs to: ``./x.py``, ``a//x.py`` and ``a/./x.py`` are one file."""
+    parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
+    return "/".join(parts)
+
+
+def _file_and_folder(zf: zipfile.ZipFile) -> list[Issue]:
+    """Members that are a file and a folder at once (``a`` and ``a/b``; ``a`` and ``a/``):
+    one of them cannot be installed."""
+    files: dict[str, str] = {}
+    folders: set[str] = set()
+    for info in zf.infolist():
+        path = installed_path(info.filename)
+        if not path:
+            continue
+        if info.is_dir():
+            folders.add(path)
+        else:
+            files.setdefault(path, info.filename)
+        parts = path.split("/")
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    return [
+        Issue(files[path], "is a file and a folder at once (one of them cannot be installed)")
+        for path in sorted(files.keys() & folders)
+    ]
 
 
 def stream_member(
