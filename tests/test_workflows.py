@@ -166,7 +166,7 @@ def actionlint() -> str:
         "actionlint"
     )
     if exe is None:
-        pytest.fail("actionlint is not installed: pip install -e '.[test]'")
+        pytest.fail("actionlint is not installed: pip install --group test (locks/tests.txt)")
     return exe
 
 
@@ -236,7 +236,7 @@ ACCEPTED_ZIZMOR = {
 def zizmor() -> str:
     exe = shutil.which("zizmor", path=str(Path(sys.executable).parent)) or shutil.which("zizmor")
     if exe is None:
-        pytest.fail("zizmor is not installed: pip install -e '.[test]' (pyproject pins it)")
+        pytest.fail("zizmor is not installed: pip install --group test (locks/tests.txt) (pyproject pins it)")
     return exe
 
 
@@ -262,7 +262,7 @@ def where(finding: dict[str, Any]) -> list[str]:
 
 
 def test_zizmor_is_the_pinned_version() -> None:
-    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
     (pin,) = [r for r in pins["test"] if r.startswith("zizmor")]
     out = subprocess.run([zizmor(), "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["zizmor", pin.removeprefix("zizmor==")]
