@@ -189,6 +189,9 @@ def test_an_index_install_says_the_bytes_pip_downloaded(tmp_path: Path) -> None:
     assert raw[0] == raw[1] and raw[0] >= 2 << 20  # the 2 MiB wheel, whole
     assert closing.startswith("tools: 3/3 packages collected, "), closing
     assert f"{human_bytes(raw[0])} of {human_bytes(raw[1])} downloaded" in closing, closing
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("pip.log")) == [
+        "pip.log"
+    ]  # the report is read, then removed
 
 
 def test_an_error_names_the_log_for_the_engine_venv_too(tmp_path: Path) -> None:

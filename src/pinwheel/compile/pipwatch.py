@@ -188,8 +188,10 @@ def run(
         proc.stop(grace_s=5)
         reporter.info(f"{req.what}: {ended(exc) or 'stopped'} after "
                       f"{human_seconds(beat.elapsed)}; pip's log: {req.log}")  # fmt: skip
+        report.unlink(missing_ok=True)
         raise
     code = proc.returncode
     assert code is not None
     reporter.info(f"{req.what}: {status()} in {human_seconds(beat.elapsed)}")
+    report.unlink(missing_ok=True)  # read for the counts only: nothing is left beside the venv
     return code, runner.tail_of(req.log)
