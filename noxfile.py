@@ -199,5 +199,5 @@ def lock(session: nox.Session) -> None:
     """Regenerate every hashed lock in locks/ and the manifests' torch locks (uv pip compile)
     and show the diff; after merging a branch that adds a dependency, run this and commit
     locks/ (and a rewritten torch lock with its manifest)."""
-    _install_locked(session, "tests")  # uv comes with the test extra
+    _install_locked(session, "tests")  # uv comes with the test dependency group
     session.run("pinwheel", "lock", "--tools", *session.posargs)

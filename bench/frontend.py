@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
@@ -70,15 +71,22 @@ def main() -> int:
         return [args.python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                 "--no-cache-dir", "-q", "-w", str(out), str(tree)]  # fmt: skip
 
-    def by_hook(out: Path) -> list[str]:
-        return frontend.command(args.python, tree, out, {})
+    def by_pip_run(out: Path) -> None:
+        subprocess.run(by_pip(out), cwd=tree, env=env, check=True, capture_output=True)
 
-    def run(name: str, make, i: int) -> tuple[float, str]:
+    def by_hook(out: Path) -> None:
+        def hook(cmd: Sequence[str], cwd: str, added: Mapping[str, str]) -> None:
+            subprocess.run(list(cmd), cwd=cwd, env={**env, **added}, check=True,
+                           capture_output=True)  # fmt: skip
+
+        frontend.build_wheel(args.python, tree, str(out), {}, hook)
+
+    def run(name: str, make: Callable[[Path], None], i: int) -> tuple[float, str]:
         out = work / f"dist-{name}-{i}"
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir()
         started = time.monotonic()
-        subprocess.run(make(out), cwd=tree, env=env, check=True, capture_output=True)
+        make(out)
         seconds = time.monotonic() - started
         (wheel,) = out.glob("*.whl")
         return seconds, sha(wheel)
@@ -88,7 +96,7 @@ def main() -> int:
     times: dict[str, list[float]] = {"pip": [], "hook": []}
     digests: set[str] = {digest}
     for i in range(1, args.repeat + 1):
-        for name, make in (("pip", by_pip), ("hook", by_hook)):  # interleaved: same load
+        for name, make in (("pip", by_pip_run), ("hook", by_hook)):  # interleaved: same load
             seconds, d = run(name, make, i)
             times[name].append(seconds)
             digests.add(d)

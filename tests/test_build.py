@@ -329,9 +329,10 @@ def test_provenance_records_the_build_venv_not_pinwheels_interpreter(tiny: Tiny)
 
     wheelhouse = tiny.tmp / "wheelhouse"
     lines = []
-    # setup.py bdist_wheel needs them in the venv, setuptools too: the venv holds nothing
-    # the lock does not (no ensurepip setuptools)
-    for dist in ("setuptools", "wheel", "packaging"):
+    # `python -m build --wheel --no-isolation` needs them in the venv (build, its
+    # pyproject_hooks, setuptools): the venv holds nothing the lock does not (no ensurepip
+    # setuptools)
+    for dist in ("setuptools", "wheel", "packaging", "build", "pyproject_hooks"):
         made = _repack(dist, wheelhouse)
         digest = hashlib.sha256(made.read_bytes()).hexdigest()
         lines.append(f"{dist}=={made.name.split('-')[1]} --hash=sha256:{digest}\n")
@@ -363,7 +364,8 @@ def test_provenance_records_the_build_venv_not_pinwheels_interpreter(tiny: Tiny)
     env = engine["environment"]
     assert env["lock"] == f"[build.requirements] {reqs.name}" and env["lock_sha256"] == sha
     listed = {p["name"]: p for p in env["packages"]}
-    assert {n: listed[n]["version"] for n in ("setuptools", "wheel", "packaging")} == env["pins"]
+    names = ("setuptools", "wheel", "packaging", "build", "pyproject-hooks")
+    assert {n: listed[n]["version"] for n in names} == env["pins"]
     assert set(listed) == set(env["pins"])  # no pip, no setuptools of ensurepip's
     assert all(len(p["record_sha256"]) == 64 and p["from"] == "lock" for p in listed.values())
     assert any(p.name == "build venv check" and p.did for p in outcome.phases)
@@ -437,3 +439,25 @@ def test_the_engine_workspace_key_does_not_depend_on_the_checkouts_path(tmp_path
             keys[-1]
         )
     assert keys[0] == keys[1]
+
+
+def test_an_engine_python_without_build_is_an_error_not_a_setup_py_fallback(
+    tmp_path: Path,
+) -> None:
+    """Issue 52: no direct `setup.py bdist_wheel` (deprecated, another route to other
+    bytes) where the build's Python lacks `build`: an error naming the requirements."""
+    import venv
+
+    from pinwheel.compile.engine import wheel_command
+    from pinwheel.errors import PinwheelError
+
+    bare = tmp_path / "bare"
+    venv.create(bare, with_pip=False)  # no build module in it
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "setup.py").write_text("from setuptools import setup\nsetup()\n")
+    with pytest.raises(PinwheelError) as err:
+        wheel_command(str(bare / "bin" / "python"), tree, tmp_path / "out")
+    assert "no `build` module" in err.value.what
+    assert "[build.requirements]" in (err.value.next or "")
+    assert wheel_command(sys.executable, tree, tmp_path / "out")[1:3] == ("-m", "build")

@@ -54,7 +54,7 @@ def test_a_declared_dependency_skip_fails_under_ci_and_skips_elsewhere(tmp_path:
 def test_every_declared_tool_is_named_by_its_skip_reason() -> None:
     assert declared_in("no moto_server (pip install 'moto[s3]' flask flask-cors)") == ["moto"]
     assert declared_in("auditwheel not installed") == ["auditwheel"]
-    assert declared_in("pypiserver is not installed (pip install '.[test]')") == ["pypiserver"]
+    assert declared_in("pypiserver is not installed (pip install --group test (locks/tests.txt))") == ["pypiserver"]
     assert declared_in("cibuildwheel is not installed") == ["cibuildwheel"]
     assert declared_in("sigstore-python is not installed (the sigstore extra, in locks/tests.txt)") == [
         "sigstore-python"

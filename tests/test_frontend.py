@@ -39,6 +39,18 @@ def _env(runs: Path) -> dict[str, str]:
     return {**os.environ, "RUNS_FILE": str(runs), "SOURCE_DATE_EPOCH": "1700000000"}
 
 
+def _runner(env: dict[str, str] | None = None, seen: list | None = None):  # type: ignore[no-untyped-def]
+    """The runner pinwheel hands the hook caller, as a real subprocess (output kept)."""
+
+    def run(cmd, cwd, added):  # type: ignore[no-untyped-def]
+        if seen is not None:
+            seen.append((list(cmd), cwd, dict(added)))
+        subprocess.run(list(cmd), cwd=cwd, env={**(env or os.environ), **added}, check=True,
+                       capture_output=True)
+
+    return run
+
+
 def test_the_hook_alone_gives_pips_wheel_and_runs_setup_py_once(tmp_path: Path) -> None:
     pytest.importorskip("setuptools", reason="the build Python needs setuptools")
     pytest.importorskip("wheel", reason="older setuptools need wheel for bdist_wheel")
@@ -51,11 +63,11 @@ def test_the_hook_alone_gives_pips_wheel_and_runs_setup_py_once(tmp_path: Path) 
         env=_env(runs_pip), check=True, capture_output=True,
     )  # fmt: skip
     out_hook.mkdir()
-    cmd = frontend.command(sys.executable, by_hook, out_hook, {})
-    done = subprocess.run(
-        cmd, cwd=by_hook, env=_env(runs_hook), check=True, capture_output=True, text=True
+    seen: list = []
+    name = frontend.build_wheel(
+        sys.executable, by_hook, str(out_hook), {}, _runner(_env(runs_hook), seen)
     )
-    name = done.stdout.strip().splitlines()[-1].removeprefix(frontend.MARK)
+    assert len(seen) == 1 and seen[0][1] == str(by_hook)  # one process, in the tree
     (wheel_pip,) = out_pip.glob("*.whl")
     assert name == wheel_pip.name
     assert (out_hook / name).read_bytes() == wheel_pip.read_bytes()
@@ -89,9 +101,8 @@ def test_an_in_tree_backend_gets_the_config_settings(tmp_path: Path) -> None:
     ]
     settings = frontend.config_settings(flags)
     assert settings == {"cmake.define.A": ["1", "2"], "build-dir": "/b"}
-    cmd = frontend.command(sys.executable, tree, out, settings)
-    done = subprocess.run(cmd, cwd=tree, check=True, capture_output=True, text=True)
-    assert done.stdout.strip().endswith(frontend.MARK + "x-1-py3-none-any.whl")
+    name = frontend.build_wheel(sys.executable, tree, str(out), settings, _runner())
+    assert name == "x-1-py3-none-any.whl"
     seen = json.loads((out / "seen.json").read_text())
     assert seen == {"settings": settings, "cwd": str(tree)}
 
@@ -130,3 +141,35 @@ def test_a_flag_that_is_not_a_config_setting_is_a_bug_not_a_guess() -> None:
         frontend.config_settings(["--config-settings=novalue"])
     with pytest.raises(ValueError):
         frontend.config_settings(["-Cx=1"])
+
+
+def test_a_backend_that_cannot_be_imported_is_named_with_the_lock_to_check(
+    tmp_path: Path,
+) -> None:
+    """pyproject_hooks' BackendUnavailable, from the build's Python, as pinwheel's error."""
+    tree = tmp_path / "src"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "no_such_backend_pkg"\n'
+    )
+    (tmp_path / "dist").mkdir()
+    with pytest.raises(frontend.BackendError) as err:
+        frontend.build_wheel(sys.executable, tree, str(tmp_path / "dist"), {}, _runner())
+    assert "no_such_backend_pkg" in err.value.what and "cannot be imported" in err.value.what
+    assert "locks/cmake-build.txt" in (err.value.next or "")
+
+
+def test_a_failing_build_is_the_runners_error_not_a_wrapped_one(tmp_path: Path) -> None:
+    """The hook's process fails: the runner's own error (pinwheel's names the log)."""
+    tree = tmp_path / "src"
+    (tree / "_b").mkdir(parents=True)
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nbuild-backend = "boom"\nbackend-path = ["_b"]\n'
+    )
+    (tree / "_b" / "boom.py").write_text(
+        "def build_wheel(out, settings=None, metadata_directory=None):\n"
+        "    raise SystemExit(3)\n"
+    )
+    (tmp_path / "dist").mkdir()
+    with pytest.raises(subprocess.CalledProcessError):
+        frontend.build_wheel(sys.executable, tree, str(tmp_path / "dist"), {}, _runner())

@@ -250,6 +250,27 @@ def test_publish_records_floor_and_tag_and_the_notes_state_them(tmp_path: Path) 
     assert "GLIBC 2.34 (pthread_create in demo/new.so)" in notes
 
 
+def test_without_the_locked_auditwheel_the_build_stops_instead_of_renaming_the_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 52: where pinwheel's Python lacked auditwheel, publish kept `linux_x86_64` (a
+    second name and sha256 for the same member). Now nothing is published and the error
+    names the lock. auditwheel is made unimportable the way Python marks a module absent."""
+    import sys
+
+    old = wheel_of(tmp_path, "oldlib", {"old.so": compile_so(tmp_path, "old", OLD_C)})
+    record = BuildRecord(source_date_epoch=0, env={}, arches=(), compiled_inputs={}, version="1.0")
+    b = Built("oldlib", "kernel", old, 1.0, {"origin": "test"}, record)
+    out = tmp_path / "wheels"
+    for name in [m for m in sys.modules if m == "auditwheel" or m.startswith("auditwheel.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "auditwheel", None)
+    with pytest.raises(platformtag.LockedToolMissing) as err:
+        publish([b], out, spec=CheckSpec(arches=(), require_cuda=False), receipt={})
+    assert "auditwheel" in err.value.what and "locks/replay.txt" in (err.value.next or "")
+    assert not list(out.glob("*.whl")) if out.exists() else True
+
+
 @needs_glibc_234
 def test_install_refuses_a_wheel_above_the_machines_glibc_before_installing(
     tmp_path: Path,

@@ -41,7 +41,11 @@ def test_every_lock_is_pinned_hashed_and_portable(spec: toollocks.LockSpec) -> N
                 "file:", *machine):  # fmt: skip
         assert bad not in text, (spec.filename, bad)
     if spec.project:  # pinwheel's backend is locked too: -e . --no-build-isolation
-        assert {"setuptools", "wheel"} <= set(pins)
+        from packaging.requirements import Requirement
+        from packaging.utils import canonicalize_name
+
+        backend = _pyproject()["build-system"]["requires"]
+        assert {canonicalize_name(Requirement(r).name) for r in backend} <= set(pins)
 
 
 def _pyproject() -> dict:
@@ -59,6 +63,8 @@ def test_each_pinwheel_lock_holds_its_extras(spec: toollocks.LockSpec) -> None:
     wanted = list(project["dependencies"])
     for extra in spec.extras:
         wanted += project["optional-dependencies"][extra]
+    for group in spec.groups:  # PEP 735 dependency groups (the developers' tools)
+        wanted += _pyproject()["dependency-groups"][group]
     pins = parse_requirements((LOCKS / spec.filename).read_text(), spec.filename)
     for req in map(Requirement, wanted):
         assert canonicalize_name(req.name) in pins, (spec.filename, req.name)
@@ -463,3 +469,45 @@ def test_setuptools_links_without_the_interpreter_prefix(tmp_path: Path) -> None
     real = python_link_env(Path(sys.executable), {})
     assert sys.base_prefix not in real.get("LDSHARED", "")
     assert real.get("LDSHARED", "").split()[0] == str(sysconfig.get_config_var("LDSHARED")).split()[0]
+
+
+def test_the_locked_backend_is_what_pyproject_builds_with() -> None:
+    """locks/build-system.in is pyproject's [build-system] requires (setuptools >= 70.1 has
+    its own bdist_wheel: no `wheel`)."""
+    from packaging.requirements import Requirement
+
+    backend = {str(Requirement(r)) for r in _pyproject()["build-system"]["requires"]}
+    text = (LOCKS / "build-system.in").read_text()
+    lines = {ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")}
+    assert lines == backend
+    assert "wheel" not in {Requirement(r).name for r in backend}
+
+
+def test_runtime_dependencies_are_what_src_imports() -> None:
+    """Each of pyproject's runtime dependencies is imported somewhere in src/ (issue 52:
+    filelock was declared and never imported); the developers' tools are dependency groups,
+    not published extras."""
+    import re
+
+    from packaging.requirements import Requirement
+
+    project = _pyproject()["project"]
+    source = "\n".join(p.read_text() for p in (ROOT / "src").rglob("*.py"))
+    modules = {"pygit2": "pygit2", "tomlkit": "tomlkit", "rich": "rich",
+               "packaging": "packaging", "pyproject-hooks": "pyproject_hooks"}  # fmt: skip
+    for dep in project["dependencies"]:
+        name = Requirement(dep).name.lower().replace("_", "-")
+        module = modules.get(name, name.replace("-", "_"))
+        assert re.search(rf"(?m)^\s*(?:from|import) {module}\b", source), (dep, module)
+    assert not {"test", "lint"} & set(project["optional-dependencies"])
+    assert {"test", "lint"} <= set(_pyproject()["dependency-groups"])
+
+
+def test_every_pyproject_here_states_its_license_as_an_spdx_expression() -> None:
+    """PEP 639: `license = "Apache-2.0"` (Metadata 2.4 License-Expression), not the
+    deprecated `license = {text = ...}` table (the selftest kernel had it)."""
+    import tomllib
+
+    for path in [ROOT / "pyproject.toml", *sorted((ROOT / "kernels").glob("*/pyproject.toml"))]:
+        license_ = tomllib.loads(path.read_text())["project"]["license"]
+        assert isinstance(license_, str) and license_ == "Apache-2.0", path

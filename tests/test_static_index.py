@@ -114,7 +114,7 @@ def _env(tmp: Path) -> dict[str, str]:
 def _uv() -> str:
     exe = shutil.which("uv", path=os.path.dirname(sys.executable)) or shutil.which("uv")
     if exe is None:
-        pytest.skip("uv is not installed (pip install '.[test]')")
+        pytest.skip("uv is not installed (pip install --group test (locks/tests.txt))")
     return exe
 
 

@@ -256,3 +256,21 @@ def test_a_provenance_file_that_is_not_a_receipt_pins_nothing(tmp_path: Path) ->
     path.write_text(json.dumps({**json.loads(path.read_text()), "torch": {"version": "6.6.6"}}))
     pin = install_mod.torch_pin(build, {path.name: sha256_file(path)})
     assert pin is not None and pin.version == "6.6.6" and pin.index is None
+
+
+@pytest.mark.parametrize(
+    ("torch", "dropped"),
+    [
+        ("2.11.0", True),
+        ("2.11.0rc1", True),  # a release candidate of 2.11 is 2.11's wheels
+        ("2.11.0.dev20260101", True),  # so is a nightly
+        ("2.12.0+cu128", True),  # a local label is not part of the order
+        ("2.10.0", False),
+        ("2.10.1.post1", False),
+        ("2.9.1", False),
+    ],
+)
+def test_the_torch_that_dropped_an_arch_is_compared_by_pep_440(torch: str, dropped: bool) -> None:
+    cu128 = "https://torch-index.invalid/whl/cu128"
+    problems = target_problems("12.8", ("7.0",), torch, cu128)
+    assert any("no sm_70 kernels" in p.what for p in problems) is dropped

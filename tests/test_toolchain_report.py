@@ -190,8 +190,10 @@ def test_the_build_stage_takes_the_callers_choice_rather_than_choosing_again(tmp
 
     text = MANIFEST_HEAD + '\n[build]\ncuda = "12.4"\narches = ["7.0"]\npython = "3.99"\n'
     m = loads(text.encode(), tmp_path / "manifest.toml")
+    # an engine build: its wheel is cp399, so the Python is needed (a py3 kernel's is not)
     request = BuildRequest(manifest=m, cache=tmp_path / "c", out_dir=tmp_path / "w",
-                           host=host_of({"PATH": os.defpath, "HOME": str(tmp_path)}))  # fmt: skip
+                           host=host_of({"PATH": os.defpath, "HOME": str(tmp_path)}),
+                           engine_source=tmp_path / "engine")  # fmt: skip
     with pytest.raises(ToolchainError, match="no Python 3.99"):
         _choose(request, SILENT)
     given = ToolchainChoice(_config(python=HERE), (), None)
@@ -248,3 +250,57 @@ def test_build_says_a_toolkit_it_cannot_find_or_provision_before_any_fetch(
     assert rc != 0 and "CUDA" not in doc["error"]["what"], doc
     assert "git" in doc["error"]["what"]  # it went on to the upstream (no git on this PATH)
     assert not (tmp_path / "cache" / "toolchains").exists()
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _kernels_run(tmp_path: Path, *flags: str) -> str:
+    """`pinwheel kernels` on a copy of the repository's manifest whose [build] python is one
+    nobody has (3.99), offline (--no-provision): what it says about the toolchain."""
+    import shutil
+    import subprocess
+
+    root = tmp_path / "checkout"
+    for part in ("kernels", "patches"):
+        shutil.copytree(REPO / part, root / part)
+    (root / "locks").mkdir()
+    for lock in (REPO / "locks").glob("torch-*.txt"):
+        shutil.copy(lock, root / "locks" / lock.name)
+    text = (REPO / "manifest.toml").read_text()
+    assert '\npython = "3.12"' in text
+    (root / "manifest.toml").write_text(text.replace('\npython = "3.12"', '\npython = "3.99"'))
+    env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(tmp_path / "home"),
+           "PINWHEEL_CACHE": str(tmp_path / "cache")}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pinwheel", "--manifest", str(root / "manifest.toml"), "kernels",
+         "--no-provision", *flags],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    return done.stdout + done.stderr
+
+
+def test_a_py3_kernel_builds_without_the_pinned_python(tmp_path: Path) -> None:
+    """Issue 53: the selftest wheel is py3-none, built with pinwheel's own interpreter; a
+    machine without [build] python (Debian 12 has no 3.12) must not be stopped for it."""
+    said = _kernels_run(tmp_path, "--name", "pinwheel-selftest")
+    assert "[build] python" not in said and "Python 3.99" not in said
+
+
+def test_a_torch_extension_still_needs_the_pinned_python(tmp_path: Path) -> None:
+    said = _kernels_run(tmp_path, "--name", "flash-attention-v100")
+    assert "[build] python" in said and "no Python 3.99" in said
+    assert "conda-forge" in said and "uv python install 3.99" in said  # ways on, per distribution
+
+
+def test_which_builds_need_the_pinned_python() -> None:
+    from pinwheel.compile.toolchain.choose import python_free, python_needed
+    from pinwheel.manifest import load
+
+    manifest = load(REPO / "manifest.toml")
+    by_name = {k.name: k for k in manifest.kernels}
+    assert python_free(by_name["pinwheel-selftest"])  # wheel.py-api = "py3"
+    assert not python_free(by_name["flash-attention-v100"])  # a torch extension: cp312
+    assert not python_needed([by_name["pinwheel-selftest"]], engine=False)
+    assert python_needed([by_name["pinwheel-selftest"]], engine=True)
+    assert python_needed([by_name["flash-attention-v100"]], engine=False)

@@ -63,6 +63,10 @@ class RichReporter:
 
     @contextlib.contextmanager
     def transfer(self, name: str, total: int | None, done: int = 0) -> Iterator[Advance]:
+        """A byte bar; inside a spinner (``status``) too: rich draws a live display started
+        inside another one under it (nested live displays). A rich that refuses the second
+        display (``LiveError``) gets the name as a line instead."""
+        from rich.errors import LiveError
         from rich.progress import (
             BarColumn,
             DownloadColumn,
@@ -72,23 +76,44 @@ class RichReporter:
             TransferSpeedColumn,
         )
 
-        if self.depth:  # a live display is up already: no second one
-            self.info(name)
-            yield lambda n: None
-            return
         bars = Progress(
             TextColumn("{task.description}", markup=False),
-            BarColumn(),
+            BarColumn(bar_width=BAR_WIDTH),
             DownloadColumn(),
             TransferSpeedColumn(),
             TimeRemainingColumn(),
             console=self.console,
             transient=False,
         )
+        label = fit(shown(name), self.console.width - FIGURES_WIDTH)
         self.depth += 1
         try:
-            with bars:
-                task = bars.add_task(shown(name), total=total, completed=done)
+            try:
+                bars.start()
+            except LiveError:
+                self.info(name)
+                yield lambda n: None
+                return
+            try:
+                task = bars.add_task(label, total=total, completed=done)
                 yield lambda n: bars.advance(task, n)
+            finally:
+                bars.stop()
         finally:
             self.depth -= 1
+
+
+# The bar and the byte figures of a transfer line ("123.4/890.6 MB 110.1 MB/s 0:00:04"):
+# what the name leaves room for, so the figures stay on an 80-column line.
+BAR_WIDTH = 10
+FIGURES_WIDTH = BAR_WIDTH + 36  # "933.9/933.9 MB" 14, "110.1 MB/s" 10, "0:00:00" 7, 5 gaps
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` at most ``width`` characters (at least 16): the middle gives way to "…", so
+    a wheel's name keeps its project and its tags."""
+    width = max(width, 16)
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[: keep - keep // 2] + "…" + text[len(text) - keep // 2 :]

@@ -1,7 +1,7 @@
 """The engine producer: an exported, replayed tree in, one engine wheel (in scratch) out.
 
-:func:`build_engine` runs ``python -m build --wheel --no-isolation`` (or
-``setup.py bdist_wheel``) in the exported tree with the environment from
+:func:`build_engine` runs ``python -m build --wheel --no-isolation`` (never a
+direct ``setup.py bdist_wheel``) in the exported tree with the environment from
 :mod:`pinwheel.compile.buildenv`: TORCH_CUDA_ARCH_LIST / CUDAARCHS from ``[build]
 arches``, the version ``<version>+<label>`` in SETUPTOOLS_SCM_PRETEND_VERSION
 and VLLM_VERSION_OVERRIDE, MAX_JOBS / NVCC_THREADS, CUDA_HOME from the toolkit,
@@ -168,16 +168,21 @@ def build_python(given: str | None, check: bool = True) -> str:
 
 
 def wheel_command(python: str, source: Path, outdir: Path) -> tuple[str, ...]:
-    """`python -m build --wheel --no-isolation`, or `setup.py bdist_wheel` without `build`."""
+    """`python -m build --wheel --no-isolation`: PyPA's build frontend, in the build's Python.
+
+    No fallback to ``setup.py bdist_wheel``: calling setup.py directly is deprecated by
+    setuptools, skips the tree's [build-system] backend, and would make a wheel by another
+    route (other metadata, other bytes) on a machine that only lacks ``build``; the engine's
+    locked build requirements hold ``build``, so its absence is an error with its fix."""
     has_build = runner.run(runner.Command((python, "-c", "import build"), check=False)).ok
     if has_build:
         return (python, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(outdir), ".")
-    if (source / "setup.py").is_file():
-        return (python, "setup.py", "bdist_wheel", "--dist-dir", str(outdir))
     raise BuildError(
-        f"{python} has no `build` module and {source} has no setup.py",
+        f"{python} has no `build` module (the engine wheel is built with "
+        "`python -m build --wheel --no-isolation`)",
         where=str(source),
-        next=f"{python} -m pip install build",
+        next="add build to the engine's hashed build requirements ([build.requirements]) and "
+        "build again, or point PINWHEEL_BUILD_PYTHON at a Python that has it",
     )
 
 

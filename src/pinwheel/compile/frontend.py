@@ -7,29 +7,43 @@ pip's own start-up. The backend's ``build_wheel`` writes the metadata it ships
 either way (setuptools and scikit-build-core ignore a ``metadata_directory``), so
 calling it alone gives the same wheel and saves seconds on every rebuild.
 
+The hook is called through ``pyproject_hooks`` (the PyPA hook caller pip and build
+use): its in-process script runs in the build's Python (standard library only), its
+answers come back as its error types (:class:`BackendUnavailable`, :class:`HookMissing`),
+and pinwheel supplies the runner (the build's environment, log and mount namespace).
+
 In: the tree, its ``[build-system]`` (read here, on pinwheel's side) and the
-config settings pinwheel chose. Out: the command that runs the hook in the build's
-Python; the wheel's file name is the last line it prints.
+config settings pinwheel chose. Out: the wheel's file name.
 """
 
 from __future__ import annotations
 
-import json
 import tomllib
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pinwheel.compile import workers
-from pinwheel.errors import ManifestError
+from pyproject_hooks import (
+    BackendUnavailable,
+    BuildBackendHookCaller,
+    BuildBackendWarning,
+    HookMissing,
+    UnsupportedOperation,
+)
+
+from pinwheel.errors import ManifestError, PinwheelError
 
 # PEP 517: a tree without [build-system] build-backend builds with setuptools' legacy backend.
 LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
 
-# Runs in the build's Python, in the source tree (its setup.py may read relative paths).
-# argv: OUT BACKEND BACKEND_PATH_JSON CONFIG_SETTINGS_JSON. The hook's wheel name is
-# printed last, marked, so the caller need not guess it from the directory.
-MARK = "pinwheel-frontend-wheel: "
+#: Runs a hook's command: (argv, the directory to run it in, variables to add to the
+#: build's environment). It raises when the command fails.
+Run = Callable[[Sequence[str], str, Mapping[str, str]], None]
+
+
+class BackendError(PinwheelError):
+    """The tree's build backend could not be called (not importable, no such hook)."""
 
 
 @dataclass(frozen=True)
@@ -73,15 +87,53 @@ def backend_of(tree: Path) -> Backend:
     return Backend(name, tuple(paths))
 
 
-def command(
-    python: str, tree: Path, out: Path, settings: Mapping[str, str | Sequence[str]]
-) -> list[str]:
-    """The build's Python calling ``tree``'s ``build_wheel`` into ``out`` (run it in ``tree``)."""
+def build_wheel(
+    python: str,
+    tree: Path,
+    out: str,
+    settings: Mapping[str, str | Sequence[str]],
+    run: Run,
+    warn: Callable[[str], None] = lambda line: None,
+) -> str:
+    """Call ``tree``'s ``build_wheel`` in ``python`` (run by ``run``, in ``tree``), the wheel
+    written to ``out`` as the build spells it; the wheel's file name. The backend's own
+    warnings (``BuildBackendWarning``) go to ``warn``."""
     backend = backend_of(tree)
-    return [
-        python, "-c", workers.source("build_wheel"), str(out), backend.name,
-        json.dumps(list(backend.path)), json.dumps(dict(settings), sort_keys=True),
-    ]  # fmt: skip
+    caller = BuildBackendHookCaller(
+        str(tree), backend.name, list(backend.path) or None,
+        runner=lambda cmd, cwd=None, extra_environ=None: run(
+            cmd, cwd or str(tree), dict(extra_environ or {})),
+        python_executable=python,
+    )  # fmt: skip
+    where = f"[build-system] of {tree.name}"
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always", BuildBackendWarning)
+            name = caller.build_wheel(out, dict(settings) or None)
+    except BackendUnavailable as exc:
+        raise BackendError(
+            f"the build backend {backend.name!r} cannot be imported by {python}: "
+            f"{(exc.traceback or str(exc)).strip().splitlines()[-1][-300:]}",
+            where=where,
+            next="the build's Python must hold the backend: check the kernel's build lock "
+            "(locks/cmake-build.txt or locks/torch-build.txt) or fix build-backend with a patch",
+        ) from None
+    except (HookMissing, UnsupportedOperation) as exc:
+        raise BackendError(
+            f"the build backend {backend.name!r} has no usable build_wheel hook "
+            f"({type(exc).__name__}: {str(exc)[-200:]})",
+            where=where,
+            next="fix build-backend with a patch step, or build the source as its upstream does",
+        ) from None
+    for w in seen:
+        warn(f"{tree.name}: the build backend warns: {w.message}")
+    if not isinstance(name, str) or "/" in name or not name.endswith(".whl"):
+        raise BackendError(
+            f"the build backend {backend.name!r} returned {name!r}, not a wheel's file name",
+            where=where,
+            next="fix build-backend with a patch step, or build the source as its upstream does",
+        )
+    return name
 
 
 def config_settings(flags: Sequence[str]) -> dict[str, str | list[str]]:

@@ -28,7 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -598,14 +598,20 @@ def _build_kernel(
             )  # fmt: skip
     # The backend's build_wheel alone, in the tree (what `pip wheel --no-build-isolation`
     # ends in, without pip and its second setup.py run for metadata).
-    cmd = frontend.command(str(python), staged.directory, dist, frontend.config_settings(extra))
     opts.reporter.info(f"building {spec.name} ({spec.builder}) from {staged.origin}")
-    _run(cmd, cwd=staged.directory, env=env, what=f"building kernel {spec.name}",
-         log_file=work / "build.log", canonical=canon)  # fmt: skip
+
+    def run_hook(cmd: Sequence[str], cwd: str, added: Mapping[str, str]) -> None:
+        _run(list(cmd), cwd=Path(cwd), env={**env, **added}, what=f"building kernel {spec.name}",
+             log_file=work / "build.log", canonical=canon)  # fmt: skip
+
+    name = frontend.build_wheel(
+        str(python), staged.directory, canon.to_build(dist),
+        frontend.config_settings(extra), run_hook, opts.reporter.info,
+    )  # fmt: skip
     built = sorted(dist.glob("*.whl"))
-    if len(built) != 1:
+    if [p.name for p in built] != [name]:
         raise KernelBuildError(
-            f"expected one wheel, found {[p.name for p in built]}",
+            f"expected the one wheel the backend named ({name}), found {[p.name for p in built]}",
             where=f"{spec.where} ({dist})",
         )
     recorded = inputs.collect(built[0], identity, tree=staged.tree)

@@ -48,7 +48,7 @@ from pinwheel.compile.toolchain import (
     choose,
     resolve_toolkit,
 )
-from pinwheel.compile.toolchain.choose import ToolchainReport, one_report
+from pinwheel.compile.toolchain.choose import ToolchainReport, one_report, python_needed
 from pinwheel.compile.toolchain.pins import LOCKS
 from pinwheel.compile.toolchain.pins import MARKER as TOOLKIT_MARKER
 from pinwheel.compile.toolchain.survey import cudas_here
@@ -276,8 +276,15 @@ def _choose(request: BuildRequest, reporter: Reporter) -> ToolchainChoice:
     # No usable toolkit, nothing to provision: said now, with gcc's, Python's and the arch
     # table's problems in one report (as `pinwheel toolchain` does), before any fetch.
     more = [] if request.toolkit is not None else _toolkit_problem(request, config)
+    # The Python [build] pins is needed only where a wheel is for it (issue 53: the
+    # selftest's py3-none wheel builds on a Debian 12 without Python 3.12).
+    engine = any(x is not None for x in (request.replayed, request.replay, request.engine_source))
+    specs = [] if request.kernels == () else select(
+        request.manifest.kernels, list(request.kernels or []), all_=request.all_kernels
+    )  # fmt: skip
     try:
-        choice = choose(config, request.host, request.substitute)
+        choice = choose(config, request.host, request.substitute,
+                        python_needed=python_needed(specs, engine))  # fmt: skip
     except ToolchainError as exc:
         raise one_report([*_problems(exc), *more]) from None
     if request.toolkit is None and (line := headline(choice.substitutions)):

@@ -4,7 +4,8 @@ Each lock is a ``pip --require-hashes`` requirements file written by
 ``uv pip compile --generate-hashes --universal`` (markers for every supported
 Python, no index URL, no machine path), committed to the repository:
 
-- pinwheel's own environments (its dependencies and the extras a tool uses):
+- pinwheel's own environments (its dependencies, the extras a tool uses and the
+  developers' dependency groups, PEP 735):
   ``replay`` (tools/replay), ``tests``, ``kernels``, ``lint``, ``qualify``,
   ``release``; each also holds pinwheel's build backend (``[build-system]``),
   so ``pip install --no-deps --no-build-isolation -e .`` needs nothing else;
@@ -47,12 +48,14 @@ class LockError(PinwheelError):
 
 @dataclass(frozen=True)
 class LockSpec:
-    """One lock: pinwheel with ``extras`` (``project``) and/or the ``.in`` file beside it."""
+    """One lock: pinwheel with ``extras`` and dependency ``groups`` (PEP 735: the
+    developers' tools, not published) (``project``), or the ``.in`` file beside it."""
 
     name: str
     extras: tuple[str, ...] = ()
     project: bool = False  # pinwheel's own dependencies (pyproject.toml) plus its backend
     uses: str = ""  # who installs it
+    groups: tuple[str, ...] = ()  # [dependency-groups] of pyproject.toml
 
     @property
     def filename(self) -> str:
@@ -61,10 +64,11 @@ class LockSpec:
 
 LOCKS: tuple[LockSpec, ...] = (
     LockSpec("replay", ("kernels", "build", "install", "sigstore"), True, "tools/replay (.venv)"),
-    LockSpec("tests", ("test", "build", "sigstore"), True, "nox: tests, bootstrap, upstream, lock"),
-    LockSpec("kernels", ("test", "kernels", "build"), True, "nox: kernels, flash-attn"),
-    LockSpec("lint", ("lint",), True, "nox: lint"),
-    LockSpec("qualify", ("test", "qualify"), True, "nox: qualify-cpu"),
+    LockSpec("tests", ("build", "sigstore"), True, "nox: tests, bootstrap, upstream, lock",
+             ("test",)),
+    LockSpec("kernels", ("kernels", "build"), True, "nox: kernels, flash-attn", ("test",)),
+    LockSpec("lint", (), True, "nox: lint", ("lint",)),
+    LockSpec("qualify", ("qualify",), True, "nox: qualify-cpu", ("test",)),
     LockSpec("release", ("release",), True, "pinwheel release (publishing)"),
     LockSpec("nox", (), False, ".ci/run and the README's test command"),
     LockSpec("torch-build", (), False, "torch-extension kernel builds (compile.kernels)"),
@@ -72,9 +76,8 @@ LOCKS: tuple[LockSpec, ...] = (
 )
 # pinwheel with every extra, resolved jointly: the constraint every pinwheel lock is
 # resolved against, so they all hold the same version of a shared package.
-JOINT = LockSpec("all", ("install", "kernels", "build", "lint", "qualify", "release", "sigstore",
-                         "test"),
-                 True, "the constraint of the other pinwheel locks")  # fmt: skip
+JOINT = LockSpec("all", ("install", "kernels", "build", "qualify", "release", "sigstore"),
+                 True, "the constraint of the other pinwheel locks", ("test", "lint"))  # fmt: skip
 BUILD_SYSTEM_IN = "build-system.in"  # pinwheel's own [build-system] requires, locked
 
 
@@ -136,6 +139,8 @@ def _compile_cmd(uv: str, spec: LockSpec, out: Path, constraints: Path | None) -
         cmd += ["pyproject.toml", f"{LOCK_DIR}/{BUILD_SYSTEM_IN}"]
         for extra in spec.extras:
             cmd += ["--extra", extra]
+        for group in spec.groups:
+            cmd += ["--group", f"pyproject.toml:{group}"]
     else:
         cmd += [f"{LOCK_DIR}/{spec.name}.in"]
     if constraints is not None:

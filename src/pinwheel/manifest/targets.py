@@ -27,6 +27,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from packaging.version import InvalidVersion, Version
+
 from pinwheel.cudaarch import parse_arch
 
 # First CUDA release whose nvcc targets the arch (SASS).
@@ -79,6 +81,17 @@ class TargetProblem:
 
 def _version(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def _torch_from(torch: str, cut: tuple[int, int]) -> bool:
+    """Whether torch ``torch`` is release ``cut`` or later, by PEP 440 (packaging.version):
+    its nightlies and release candidates (``2.11.0.dev20260101``, ``2.11.0rc1``) count as
+    ``cut``, a local label (``+cu128``) is ignored. A version PEP 440 cannot read is not
+    assumed to be later (the manifest's own check names it)."""
+    try:
+        return Version(torch) >= Version(f"{cut[0]}.{cut[1]}.dev0")
+    except InvalidVersion:
+        return False
 
 
 def _sm(arch: str) -> int:
@@ -223,7 +236,7 @@ def _torch_gaps(
         sm = _sm(arch)
         cut = TORCH_DROPPED.get((built, sm))
         last = MAX_CUDA_MAJOR.get(sm)
-        if cut and _version(torch)[:2] >= cut:
+        if cut and _torch_from(torch, cut):
             gaps.append((sm, cut, last if last is not None else _version(built)[0]))
         elif last is not None and _version(built)[0] > last:
             gaps.append((sm, None, last))

@@ -30,6 +30,7 @@ is a ``VerifyError`` naming the bundle, what failed and what to do.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -122,7 +123,13 @@ def _sigstore() -> Any:
 
 
 def _trusted_root(models: Any) -> tuple[Any, str]:
-    """The public-good trusted root embedded in the pinned sigstore package."""
+    """The public-good trusted root embedded in the pinned sigstore package.
+
+    The one private name kept (``sigstore._store``, its resource folder): the public
+    ``ClientTrustConfig.production(offline=True)`` reads whatever the user's TUF cache in
+    HOME holds (seeding it from this same file on first use), so the root, and the sha256
+    said, would follow that cache instead of the hash-locked package.
+    tests/test_sigstore_bundle.py fails the day the embedded file moves."""
     from importlib import resources
 
     try:
@@ -139,6 +146,20 @@ def _trusted_root(models: Any) -> tuple[Any, str]:
             where="sigstore._store",
             next="install the locked sigstore (`pip install --require-hashes -r "
             "locks/replay.txt`) and run `pinwheel verify-release` again",
+        ) from None
+
+
+def _log_index(bundle: Any, path: Path) -> int:
+    """The bundle's Rekor log index, from its public serialization (``Bundle.to_json``: the
+    protobuf-specs bundle format), not from sigstore-python's private ``_inner`` objects."""
+    try:
+        doc = json.loads(bundle.to_json())
+        return int(doc["verificationMaterial"]["tlogEntries"][0]["logIndex"])
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise VerifyError(
+            f"{path.name} verified but names no Rekor log index ({type(exc).__name__})",
+            where=str(path),
+            next=AGAIN,
         ) from None
 
 
@@ -286,7 +307,7 @@ def check(
                 identity=want.seen,
                 subjects=tuple(sorted(subjects)),
                 covers_sums=SUMS in subjects,
-                log_index=int(bundle.log_entry._inner.log_index),
+                log_index=_log_index(bundle, path),
                 trusted_root_sha256=root_sha256,
             )
         )

@@ -5,7 +5,9 @@ the highest manylinux policy a wheel satisfies: symbol versions, the libraries i
 links (only the policy's allowed set, nothing to graft), ISA extensions. The CUDA
 and torch libraries a torch extension links are excluded explicitly, as
 torch-extension wheels do: they come from the torch wheel and the driver at run
-time, not from the system. When a policy holds, :func:`retag` rewrites the wheel's
+time, not from the system. auditwheel is a locked tool: without it the build stops
+(:class:`LockedToolMissing`) instead of publishing the ``linux_<arch>`` name. When a
+policy holds, :func:`retag` rewrites the wheel's
 ``WHEEL`` tags and file name (member order, timestamps and compression kept, so
 the bytes stay a function of the input); otherwise the wheel stays
 ``linux_<arch>`` and the decision's ``reason`` says why (the release notes print it).
@@ -20,7 +22,12 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pinwheel.errors import VerifyError
+from pinwheel.errors import PinwheelError, VerifyError
+
+
+class LockedToolMissing(PinwheelError):
+    """A tool the locks pin is not in pinwheel's environment: the build stops rather than
+    publish a wheel under another name (another sha256) than the locked tool gives."""
 
 # pinwheel's default exclusions (not auditwheel's): libraries a CUDA/torch extension
 # loads from the torch wheel, the CUDA wheels or the driver, never from the system.
@@ -73,9 +80,17 @@ def decide(wheel: Path, exclude: tuple[str, ...] = TORCH_AND_CUDA) -> TagDecisio
         from auditwheel.error import NonPlatformWheelError
         from auditwheel.wheel_abi import analyze_wheel_abi
     except ImportError:
-        return TagDecision(
-            wheel.name, current, "auditwheel is not installed, so no policy was checked", exclude
-        )
+        # Issue 52: a launcher without auditwheel published `...-linux_x86_64.whl` where the
+        # locked auditwheel gives `...-manylinux_2_38_x86_64.whl`: same member, another name
+        # and sha256. The lock pins it, so it is there or the build stops.
+        raise LockedToolMissing(
+            f"auditwheel is not importable by pinwheel's Python, so {wheel.name}'s manylinux "
+            "tag cannot be decided (the locks pin auditwheel: the `build` extra)",
+            where=f"{wheel.name} (platform tag)",
+            next="run pinwheel through tools/replay (its venv holds locks/replay.txt), or "
+            "install the lock into this environment: `python -m pip install --require-hashes "
+            "--no-deps -r locks/replay.txt`; then build again",
+        ) from None
     logging.getLogger("auditwheel").setLevel(logging.ERROR)
     try:
         info = analyze_wheel_abi(

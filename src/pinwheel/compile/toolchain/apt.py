@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pinwheel import runner
-from pinwheel.compile.toolchain.download import check_download, verified
+from pinwheel.compile.toolchain.download import check_download, fetch_resumable, verified
 from pinwheel.compile.toolchain.pins import ToolkitLock
 from pinwheel.compile.toolchain.toolkit import ToolchainError
 from pinwheel.fsutil import atomic_write_text
+from pinwheel.progress import SILENT, Reporter
 
 DEBIAN_SUITES = {"buster", "bullseye", "bookworm", "trixie", "forky", "sid"}
 DEBIAN_SUITES |= {"stable", "testing", "unstable", "oldstable"}
@@ -124,10 +125,26 @@ def _apt_config(state: Path, source: AptSource, lock: ToolkitLock) -> Path:
     return conf
 
 
+# `apt-get download --print-uris`: 'URI' FILENAME SIZE SHA256:HEX, one line per package
+_PRINTED = re.compile(r"^'([^']+)' (\S+) (\d+) (?:SHA256:([0-9a-f]{64}))?", re.M)
+
+
+def printed_uris(text: str) -> dict[str, tuple[str, int]]:
+    """FILENAME -> (URI, size) from ``apt-get download --print-uris`` output."""
+    return {m.group(2): (m.group(1), int(m.group(3))) for m in _PRINTED.finditer(text)}
+
+
 def fetch_debs(
-    lock: ToolkitLock, downloads: Path, state: Path, environ: Mapping[str, str]
+    lock: ToolkitLock,
+    downloads: Path,
+    state: Path,
+    environ: Mapping[str, str],
+    reporter: Reporter = SILENT,
 ) -> list[Path]:
-    """The lock's .debs, verified; downloads what the cache lacks with one private apt update."""
+    """The lock's .debs, verified; what the cache lacks is located with one private apt
+    update (``apt-get download --print-uris``: the URI from the signed index) and fetched
+    with resume (:func:`fetch_resumable`: an interrupted download continues where it
+    stopped); a mirror that is not http(s) is left to ``apt-get download``."""
     targets = [downloads / pin.filename for pin in lock.debs]
     missing = [p for p, t in zip(lock.debs, targets, strict=True) if not verified(t, p.sha256)]
     if not missing:
@@ -145,9 +162,10 @@ def fetch_debs(
     errors = []
     for source in sources:
         env = dict(environ, APT_CONFIG=str(_apt_config(state, source, lock)), LC_ALL="C")
+        http = source.uri.lower().startswith(("http://", "https://"))
         steps = (
             ["apt-get", "-q", "update"],
-            ["apt-get", "-q", "download", *names.split()],
+            ["apt-get", "-q", "download", *(["--print-uris"] if http else []), *names.split()],
         )
         for cmd in steps:
             out = runner.run(
@@ -159,6 +177,20 @@ def fetch_debs(
                 errors.append(f"{source.uri}: `{' '.join(cmd)}`: {out.err_text[-300:]}")
                 break
         else:
+            if http:
+                uris = printed_uris(out.text)
+                for pin in missing:
+                    if pin.filename not in uris:
+                        raise ToolchainError(
+                            f"apt names no download for {pin.filename} in {source.uri} "
+                            f"{lock.suite}/{lock.component}",
+                            where=f"Debian {lock.suite}/{lock.component}",
+                            next="check that the mirror carries the pinned version, or set "
+                            "CUDA_HOME to a CUDA 12.x toolkit",
+                        )
+                    uri, size = uris[pin.filename]
+                    fetch_resumable(uri, downloads / pin.filename, pin.sha256,
+                                    pin.size or size, reporter)  # fmt: skip
             for pin in missing:
                 check_download(downloads / pin.filename, pin.sha256, source.uri)
             return targets

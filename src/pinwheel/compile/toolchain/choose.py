@@ -9,7 +9,8 @@ together and reported in one error, each with its own way on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pinwheel.compile.toolchain.find import target_fix
@@ -17,7 +18,7 @@ from pinwheel.compile.toolchain.hostcc import HostCompiler, find_host_compiler
 from pinwheel.compile.toolchain.pins import LOCKS
 from pinwheel.compile.toolchain.pythons import FoundPython, find_python, how_to_get
 from pinwheel.compile.toolchain.toolkit import ToolchainError
-from pinwheel.manifest.build import BuildConfig
+from pinwheel.manifest.build import BuildConfig, KernelSpec
 from pinwheel.manifest.targets import target_problems
 from pinwheel.options import HostEnvironment
 from pinwheel.wheels.substitute import Substitution, apply
@@ -36,20 +37,49 @@ class ToolchainChoice:
 
 
 def choose(
-    config: BuildConfig, machine: HostEnvironment, substitute: Mapping[str, str] | None = None
+    config: BuildConfig,
+    machine: HostEnvironment,
+    substitute: Mapping[str, str] | None = None,
+    *,
+    python_needed: bool = True,
 ) -> ToolchainChoice:
+    """``python_needed`` False: nothing this build makes is for a particular Python (the
+    in-tree CMake kernels' ``py3-none`` wheels), so a missing ``[build] python`` is no
+    problem: the build needs the Python its wheels are for, and no other."""
     effective, subs = apply(config, substitute, provisionable=tuple(LOCKS))
-    host, python, problems = check(effective, machine)
+    host, python, problems = check(effective, machine, python_needed=python_needed)
     if problems:
         raise one_report(problems)
     return ToolchainChoice(effective, subs, host, python)
 
 
+def python_free(spec: KernelSpec) -> bool:
+    """Whether ``spec``'s wheel is for no particular Python: an in-tree CMake kernel whose
+    ``[tool.scikit-build] wheel.py-api`` is ``py3`` (``py3-none``: the selftest kernel).
+    It builds with pinwheel's own interpreter; ``[build] python`` plays no part."""
+    if spec.builder != "cmake" or spec.path is None:
+        return False
+    try:
+        doc = tomllib.loads((spec.path / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False  # the build says what is wrong with it; here it needs the pin
+    skb = doc.get("tool", {}).get("scikit-build", {})
+    api = skb.get("wheel", {}).get("py-api") if isinstance(skb, dict) else None
+    return isinstance(api, str) and api.startswith("py")
+
+
+def python_needed(specs: Iterable[KernelSpec], engine: bool) -> bool:
+    """Whether a build of ``specs`` (and the engine, when ``engine``) makes a wheel for
+    ``[build] python``: the engine and torch extensions are ``cpXY``."""
+    return engine or not all(python_free(s) for s in specs)
+
+
 def check(
-    effective: BuildConfig, machine: HostEnvironment
+    effective: BuildConfig, machine: HostEnvironment, *, python_needed: bool = True
 ) -> tuple[HostCompiler | None, FoundPython | None, list[ToolchainError]]:
     """The gcc, the CUDA/arch table and the Python of ``effective``: what was found, and
-    every problem (each with its own way on), none raised."""
+    every problem (each with its own way on), none raised. A missing Python is a problem
+    only when ``python_needed`` (a wheel of the build is for that Python)."""
     problems: list[ToolchainError] = []
     host = None
     try:
@@ -63,7 +93,7 @@ def check(
             ToolchainError(p.what, where=f"[build] {p.key}", next=target_fix(p, effective))
         )
     python = find_python(effective.python, machine)
-    if python is None:
+    if python is None and python_needed:
         problems.append(
             ToolchainError(
                 f"no Python {effective.python}, which [build] python pins (the wheels are "

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pinwheel import cachelayout, confine, locking, untrusted
 from pinwheel.compile.toolchain.apt import fetch_debs
-from pinwheel.compile.toolchain.download import fetch_wheel
+from pinwheel.compile.toolchain.download import fetch_wheel, partial_of
 from pinwheel.compile.toolchain.pins import MARKER, ToolkitLock
 from pinwheel.compile.toolchain.share import link_twins
 from pinwheel.compile.toolchain.toolkit import ToolchainError, nvcc_version
@@ -55,7 +55,13 @@ def download_plan(lock: ToolkitLock, downloads: Path) -> str:
     known = sum(size for _, size in todo)
     unknown = sum(1 for _, size in todo if not size)
     total = human_bytes(known) + (f" + {unknown} file(s) of unknown size" if unknown else "")
-    listing = ", ".join(f"{name} ({human_bytes(size) if size else '?'})" for name, size in todo)
+    def said(name: str, size: int) -> str:
+        part = partial_of(downloads / name)
+        have = part.stat().st_size if part.is_file() else 0
+        resumes = f"; {human_bytes(have)} here from an interrupted run, resumed" if have else ""
+        return f"{name} ({human_bytes(size) if size else '?'}{resumes})"
+
+    listing = ", ".join(said(name, size) for name, size in todo)
     return (
         f"CUDA {lock.version}: downloading {len(todo)} file(s), {total}, into {downloads} "
         f"(deleted once the tree is verified; --cache or PINWHEEL_CACHE puts it elsewhere): "
@@ -106,7 +112,7 @@ def _provision(
     expected = sum(size for _, size in lock.files_to_fetch()) or None
     what = f"downloading CUDA {lock.version}"
     with watch_bytes(reporter, what, downloads, expected=expected):
-        debs = fetch_debs(lock, downloads, base / "apt", environ)
+        debs = fetch_debs(lock, downloads, base / "apt", environ, reporter)
         wheels = [fetch_wheel(pin, downloads, environ) for pin in lock.wheels]
     sizes = {p.name: p.stat().st_size for p in (*debs, *wheels)}
     reporter.info(f"CUDA {lock.version}: sha256 verified; unpacking into {final}")

@@ -77,7 +77,17 @@ def find_python(version: str, host: HostEnvironment) -> FoundPython | None:
 
 
 def how_to_get(version: str) -> str:
+    """The next step for a missing Python ``version``: the ways that work on the stock
+    distributions a GPU box runs, from their own package indexes first."""
+    tag = version.replace(".", "")
     return (
-        f"install Python {version}: `uv python install {version}` (uv-managed), "
-        f"`pyenv install {version}`, or your system's python{version} package"
+        f"install Python {version} and run again (pinwheel looks for python{version} on PATH, "
+        f"then uv's and pyenv's interpreters): where the distribution packages it, from its "
+        f"index (Ubuntu 24.04: `apt-get install python{version} python{version}-venv`; RHEL 9 "
+        f"family: `dnf install python{version}`); where it does not (Debian 12 ships only "
+        f"3.11), from the conda-forge index (`conda create -p ~/py{tag} -c conda-forge "
+        f"python={version}`, micromamba alike, then put ~/py{tag}/bin on PATH), "
+        f"`uv python install {version}` (downloads from GitHub; UV_PYTHON_INSTALL_MIRROR "
+        f"names a mirror, a local one offline) or `pyenv install {version}` (builds "
+        "python.org's source)"
     )

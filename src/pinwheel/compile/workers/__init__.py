@@ -1,6 +1,7 @@
-"""Programs the compile stage runs in another interpreter: the build's Python (a kernel
-tree's ``build_wheel``, where its torch lives), the sorted-listing ``sitecustomize`` every
-build process loads, and the entry into the build's mount namespace.
+"""Programs the compile stage runs in another interpreter: the build's Python (its header
+and interpreter probes; a kernel tree's ``build_wheel`` goes through ``pyproject_hooks``,
+compile/frontend.py), the sorted-listing ``sitecustomize`` every build process loads, and
+the entry into the build's mount namespace.
 
 They import nothing from pinwheel (the build's Python need not have it). Each is a real
 file, linted and tested like any module; :func:`source` is the text a caller runs with
@@ -18,5 +19,5 @@ HERE = Path(__file__).resolve().parent
 
 @functools.cache
 def source(name: str) -> str:
-    """The program ``name`` (``build_wheel``, ``find_headers`` ...), as text."""
+    """The program ``name`` (``find_headers``, ``enter_namespace`` ...), as text."""
     return (HERE / f"{name}.py").read_text(encoding="utf-8")
