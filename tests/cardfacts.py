@@ -3,9 +3,10 @@
 Every key line of the three system manifests ends in a comment naming its source:
 ``# card:`` (the system card), ``# default:`` (pinwheel's own choice), ``# lock``
 (pinned or verified by ``pinwheel lock``), ``# FILL IN`` (what fills it) or
-``# measured:`` (read from an upstream tree). :func:`labelled` returns each key's
-path, line, value and label; :func:`drift` compares the ``# card:`` values with a
-per-system table of the card's facts (``tests/cards/*.toml``), both ways.
+``# measured:`` (read from an upstream tree), or ``# facts:`` (the card's linked
+repository, as a companion file beside the card lists it). :func:`labelled` returns
+each key's path, line, value and label; :func:`drift` compares the ``# card:`` (or
+``# facts:``) values with a per-system table (``tests/cards/*.toml``), both ways.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
-_LABEL = re.compile(r"card:|default\b|lock\b|FILL IN|measured:")
+_LABEL = re.compile(r"card:|facts:|default\b|lock\b|FILL IN|measured:")
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
 _KEY = re.compile(r'^\s*([A-Za-z0-9_\-]+|"[^"]*")\s*=')
 
@@ -102,20 +103,26 @@ def matches(value: Any, fact: Any) -> bool:
     return bool(value == fact)
 
 
-def drift(text: str, facts: dict[str, Any], name: str = "manifest") -> list[str]:
-    """Every way the manifest's ``# card:`` values and the card's facts disagree."""
+def drift(
+    text: str, facts: dict[str, Any], name: str = "manifest", kind: str = "card"
+) -> list[str]:
+    """Every way the manifest's ``# card:`` (``kind``) values and the table disagree."""
     problems = []
-    card = {e.path: e for e in labelled(text) if e.label and e.label.startswith("card:")}
+    card = {e.path: e for e in labelled(text) if e.label and e.label.startswith(kind + ":")}
     for path, e in card.items():
         if path not in facts:
             problems.append(
-                f"{name}:{e.line}: {path} cites the card but the card table has no fact"
+                f"{name}:{e.line}: {path} cites the {kind} but the {kind} table has no fact"
             )
         elif not matches(e.value, facts[path]):
-            problems.append(f"{name}:{e.line}: {path} = {e.value!r}, the card says {facts[path]!r}")
+            problems.append(
+                f"{name}:{e.line}: {path} = {e.value!r}, the {kind} says {facts[path]!r}"
+            )
     for path, fact in facts.items():
         if path not in card:
-            problems.append(f"{name}: {path} (the card's {fact!r}) is missing or not cited as card")
+            problems.append(
+                f"{name}: {path} (the {kind}'s {fact!r}) is missing or not cited as {kind}"
+            )
     return problems
 
 

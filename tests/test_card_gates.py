@@ -154,6 +154,7 @@ class _StandIn(BaseHTTPRequestHandler):
     reply = "17*23 = 391."
     passes = 0
     lock = threading.Lock()
+    bodies: list[dict] | None = None  # when a list: every POST body, as sent
 
     def _send(self, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(200)
@@ -181,6 +182,8 @@ class _StandIn(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.bodies is not None:
+            self.bodies.append(body)
         greedy = body.get("temperature") == 0.0
         words = self.reply.split() if greedy else ["?"]
         chunks = []
@@ -263,3 +266,31 @@ def test_qualify_returns_a_failing_outcome_and_json_still_prints_it(tmp_path, ca
     assert code == 7
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"] == "FAIL"
+
+
+def test_thinking_off_reaches_every_qualify_request(tmp_path):
+    """The GB10 card's bench ran "thinking off": `[qualify] thinking = false` sends the
+    chat template's switch with every chat request (smoke, warm-up, decode)."""
+    seen: list[dict] = []
+
+    def run(extra: str) -> list[dict]:
+        seen.clear()
+        path = tmp_path / "m.toml"
+        text = _MANIFEST.format(extra=_GATES, smoke=_SMOKE).replace(
+            "prompts = [", extra + "prompts = [", 1
+        )
+        path.write_text(text)
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_StandIn,), {"passes": 0, "bodies": seen}))
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        try:
+            main(["qualify", "--manifest", str(path), "--url", url, "--out", str(tmp_path)])
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+        return [b for b in seen if "messages" in b]
+
+    off = run("thinking = false\n")
+    assert len(off) >= 3  # smoke + 2 repeats
+    assert all(b["chat_template_kwargs"] == {"enable_thinking": False} for b in off)
+    assert all("chat_template_kwargs" not in b for b in run(""))

@@ -27,12 +27,29 @@ def _card(name: str) -> tuple[Path, str, dict[str, Any]]:
     return manifest, manifest.read_text(), table["facts"]
 
 
+def _linked(name: str) -> dict[str, Any]:
+    """The card table's ``[linked]``: values from the card's linked repository."""
+    return dict(tomllib.loads(CARDS[name].read_text()).get("linked", {}))
+
+
 @pytest.mark.parametrize("name", sorted(CARDS))
 def test_manifest_values_equal_their_card(name):
     manifest, text, facts = _card(name)
     assert drift(text, facts, manifest.name) == []
+    assert drift(text, _linked(name), manifest.name, "facts") == []
     assert len(facts) >= 40  # the card's facts, not a token few
     model.load(manifest)  # and the manifest still parses with its values
+
+
+def test_a_changed_sm120_container_port_fails():
+    """The linked facts: "8012 on both sides by default"; the image's port is no default."""
+    manifest, text, _ = _card("sm120")
+    edited = text.replace("container_port = 8012", "container_port = 8000", 1)
+    assert edited != text
+    n = _line(edited, "container_port = 8000")
+    assert drift(edited, _linked("sm120"), manifest.name, "facts") == [
+        f"{manifest.name}:{n}: serve.engine.container_port = 8000, the facts says 8012"
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(CARDS))

@@ -148,9 +148,12 @@ def test_manifest_keys_scorer_cold_starts_and_tolerance_source(tmp_path):
 
     f = load('scorer = "in-process"\ncold_starts = 5', "top_k = -1")
     assert f.scorer == "in-process" and f.cold_starts == 5
-    assert load("").scorer == "rows" and load("").cold_starts == 1
+    # a cold-start check needs at least 2 starts: the default is 2, and 1 is refused
+    assert load("").scorer == "rows" and load("").cold_starts == 2
+    assert load("").protocol == "hash" and load('protocol = "mean"').protocol == "mean"
     for extra, top in (('scorer = "in-process"', "top_k = 20"), ('scorer = "gpu"', "top_k = -1"),
                        ("cold_starts = 0", "top_k = -1"), ("cold_starts = 10000", "top_k = -1"),
+                       ("cold_starts = 1", "top_k = -1"), ('protocol = "vote"', "top_k = -1"),
                        ("tolerance = 0.9", "top_k = -1")):  # fmt: skip
         with pytest.raises(PinwheelError):
             load(extra, top)
@@ -161,6 +164,12 @@ def test_cold_start_gate_needs_one_hash_over_every_start():
     def run(i: int, h: str) -> coldstarts.ColdRun:
         return coldstarts.ColdRun(i, 1.0, h, h, 0.1, 1.0, 10, "in-process")
 
-    assert coldstarts.judge((run(1, "a"), run(2, "a")), 2).status == "PASS"
-    assert coldstarts.judge((run(1, "a"), run(2, "b")), 2).status == "FAIL"
-    assert coldstarts.judge((run(1, "a"),), 2).status == "FAIL"
+    two = coldstarts.Protocol("hash", 2)
+    assert coldstarts.judge((run(1, "a"), run(2, "a")), two).status == "PASS"
+    assert coldstarts.judge((run(1, "a"), run(2, "b")), two).status == "FAIL"
+    assert coldstarts.judge((run(1, "a"),), two).status == "FAIL"
+    # one start shows nothing about cold starts: never "hash equal across 1 cold starts: PASS"
+    one = coldstarts.judge((run(1, "a"),), coldstarts.Protocol("hash", 1))
+    assert one.status == "FAIL" and "not enough starts: 2 needed" in one.detail
+    with pytest.raises(PinwheelError, match="not enough starts"):
+        coldstarts.run(lambda i: None, lambda t: None, lambda t: 0.0, coldstarts.Protocol("hash", 1))

@@ -28,7 +28,7 @@ import pytest
 from pinwheel.cli import main
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest import model as manifest
-from pinwheel.serve import fidelity, inprocess
+from pinwheel.serve import coldstarts, fidelity, inprocess
 from pinwheel.serve.client import Client
 from pinwheel.serve.fidelity import write_panel
 from pinwheel.serve.qualify import wait_healthy
@@ -168,6 +168,13 @@ def test_cold_starts_give_one_tokenwise_hash(cpu, inputs, tmp_path, capsys):
     runs = done["runs"]
     assert len(runs) == n and len({r["kld_f64_sha256"] for r in runs}) == 1
     assert all(r["scorer"] == "in-process" and r["positions"] == 38 for r in runs)
+    assert done["protocol"] == "hash" and done["stddev"] == 0.0
+    # the same starts judged by the card's other protocol: the mean and every run in bound
+    recorded = tuple(coldstarts.ColdRun(**r) for r in runs)
+    by_mean = coldstarts.judge(recorded, coldstarts.Protocol("mean", n, 0.01, False))
+    assert by_mean.status == "PASS"
     with capsys.disabled():
         print(f"\n{n} cold starts: kld_f64_sha256 {runs[0]['kld_f64_sha256']}, kld_sha256 "
-              f"{runs[0]['kld_sha256']}, mean {runs[0]['mean_kld']!r}")  # fmt: skip
+              f"{runs[0]['kld_sha256']}, mean {runs[0]['mean_kld']!r}\n  hash: "
+              f"{done['gate']['status']} ({done['gate']['measured']})\n  mean: "
+              f"{by_mean.status} ({by_mean.measured})")  # fmt: skip

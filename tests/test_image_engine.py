@@ -54,7 +54,7 @@ def _run_recipe(recipe: Path, bindir: Path, profile: str, **env: str) -> list[st
     return json.loads(out.stdout)
 
 
-@pytest.mark.parametrize("profile", ["daily", "accuracy", "long500k"])
+@pytest.mark.parametrize("profile", ["daily", "accuracy", "long500k", "fidelity"])
 def test_the_sm120_recipe_runs_the_pinned_digest_as_launch_does(tmp_path, profile):
     m = manifest.load(SM120)
     _recorder(tmp_path / "bin", "docker")
@@ -65,16 +65,28 @@ def test_the_sm120_recipe_runs_the_pinned_digest_as_launch_does(tmp_path, profil
     )
     assert want.argv[0] == "docker" and got == list(want.argv[1:])
     assert got[:3] == ["run", "--rm", "--gpus"] and got[3] == '"device=0,1"'
-    at = got.index(REF)  # the image by its digest, never the tag; after it only the
-    # engine's own flags and their values (the card's serving defaults)
+    at = got.index(REF)  # the image by its digest, never the tag; the entrypoint replaced;
+    # after it `serve /model` and only the engine's own flags and their values
+    assert got[at - 2 : at] == ["--entrypoint", "vllm"] and got[at + 1 : at + 3] == ["serve", "/model"]
     assert all(w.startswith("--") or got[k - 1].startswith("--")
-               for k, w in enumerate(got[at + 1 :], at + 1))  # fmt: skip
+               for k, w in enumerate(got[at + 3 :], at + 3))  # fmt: skip
     assert not any(w.startswith(REF.split("@")[0] + ":") for w in got)
     assert "-v" in got and got[got.index("-v") + 1] == "/models/glm 5.3:/model:ro"
-    assert got[got.index("-p") + 1] == "127.0.0.1:8123:8012"
-    knobs = {got[i + 1] for i, w in enumerate(got) if w == "-e"}
-    want_knob = {"daily": "PROFILE=daily", "accuracy": "CACHE=fp8_ds_mla"}
-    assert want_knob.get(profile, "PROFILE=long500k") in knobs and "MODEL=/model" in knobs
+    assert got[got.index("-p") + 1] == "127.0.0.1:8123:8123"  # one variable, both sides
+    assert got[got.index("--port") + 1] == "8123"  # and the engine listens on it
+    assert "--init" in got and got[got.index("--ipc") + 1] == "host"
+    knobs = {got[i + 1].split("=")[0] for i, w in enumerate(got) if w == "-e"}
+    assert not knobs & {"PROFILE", "CACHE", "DCP", "MTP_TOKENS", "MODEL"}  # read on the host
+
+
+def test_the_cache_directory_is_mounted_only_when_given(tmp_path):
+    m = manifest.load(SM120)
+    _recorder(tmp_path / "bin", "docker")
+    recipe = SM120.parent / m.serve.recipe
+    got = _run_recipe(recipe, tmp_path / "bin", "daily", SM120_MODEL="/m", SM120_CACHE_DIR="/c")
+    want = launch(m.serve, m.serve.profile("daily"), model="/m", cache_dir="/c")
+    assert got == list(want.argv[1:]) and "/c:/root/.cache" in got
+    assert "/c:/root/.cache" not in _run_recipe(recipe, tmp_path / "bin", "daily", SM120_MODEL="/m")
 
 
 def test_cuda_visible_devices_picks_the_gpus(tmp_path):
@@ -93,7 +105,6 @@ def test_cuda_visible_devices_picks_the_gpus(tmp_path):
 
 def _podman_manifest(tmp_path: Path) -> Path:
     text = SM120.read_text().replace('runtime = "docker"', 'runtime = "podman"', 1)
-    text = text.replace("container_port = 8012", "# no container_port: --network host", 1)
     path = tmp_path / "manifest.toml"
     path.write_text(text)
     (tmp_path / "patches").mkdir()
@@ -117,7 +128,7 @@ def test_podman_gets_cdi_devices_and_host_networking(tmp_path):
     want = launch(m.serve, m.serve.profile("accuracy"), model="/m")
     assert want.argv[0] == "podman" and got == list(want.argv[1:])
     assert got[2:6] == ["--device", "nvidia.com/gpu=0", "--device", "nvidia.com/gpu=1"]
-    assert got[got.index("--network") + 1] == "host" and "-p" not in got
+    assert got[got.index("-p") + 1] == "0.0.0.0:8012:8012"
 
 
 @pytest.mark.parametrize(
@@ -129,8 +140,14 @@ def test_podman_gets_cdi_devices_and_host_networking(tmp_path):
         ('runtime = "docker"', 'runtime = "sh"', "runtime"),
         ('model_mount = "/model"', 'model_mount = "/m/../etc"', "model_mount"),
         ("container_port = 8012", "container_port = 70000", "container_port"),
-        ('env = { PROFILE = "daily" }', 'env = { "PROFILE; rm" = "daily" }', "env"),
-        ('shm_size = "16g"', 'shm_size = "16g --privileged"', "shm_size"),
+        ('card_knobs = { PROFILE = "daily" }', 'card_knobs = { "PROFILE; rm" = "daily" }',
+         "card_knobs"),
+        ('shm_size = "32g"', 'shm_size = "32g --privileged"', "shm_size"),
+        ('entrypoint = "vllm"', 'entrypoint = "-x"', "entrypoint"),
+        ('command = ["serve", "/model"]', 'command = ["serve", "--privileged"]', "command"),
+        ('ipc = "host"', 'ipc = "none"', "ipc"),
+        ('cache_mount = "/root/.cache"', 'cache_mount = "/"', "cache_mount"),
+
     ],
 )
 def test_bad_image_values_are_refused_with_file_and_line(tmp_path, old, new, key):
@@ -143,6 +160,28 @@ def test_bad_image_values_are_refused_with_file_and_line(tmp_path, old, new, key
         manifest.load(path)
     line = 1 + next(i for i, ln in enumerate(path.read_text().splitlines()) if new in ln)
     assert f"manifest.toml:{line}" in str(err.value) and f"'{key}'" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "old,new,why",
+    [
+        ("container_port = 8012", "container_port = 8013", "one variable for both sides"),
+        ('  "--max-model-len", "499968",', '  "--max-model-len", "4096",', "--max-model-len equal"),
+        ('  "--speculative-config", \'{"method":"mtp","num_speculative_tokens":3,',
+         '  "--speculative-config", \'{"method":"mtp","num_speculative_tokens":2,',
+         "--speculative-config equal"),
+    ],
+)
+def test_an_engine_flag_or_port_that_disagrees_with_its_typed_key_is_refused(
+    tmp_path, old, new, why
+):
+    text = SM120.read_text()
+    assert old in text
+    path = tmp_path / "manifest.toml"
+    path.write_text(text.replace(old, new, 1))
+    _with_torch_lock(tmp_path)
+    with pytest.raises(ManifestError, match=why):
+        manifest.load(path)
 
 
 def test_image_keys_without_an_image_are_refused(tmp_path):

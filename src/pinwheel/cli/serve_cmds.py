@@ -529,7 +529,7 @@ def run_cold_starts(ctx: Context, args: argparse.Namespace) -> int:
         lambda i: _started_server(ctx, args, out / f"start-{i}"),
         measure,
         wait,
-        fid.cold_starts,
+        coldstarts.Protocol.of(config, _resolve(ctx, args).profile.name),
         ctx.reporter,
     )
     atomic_write_text(out / "cold-starts.json", json.dumps(asdict(done), indent=2) + "\n")
@@ -541,13 +541,15 @@ def run_cold_starts(ctx: Context, args: argparse.Namespace) -> int:
             f"kld_f64_sha256 {r.kld_f64_sha256}, kld_sha256 {r.kld_sha256}"
             for r in done.runs
         )
-        + f"\n{g.name}: {g.status} ({g.measured})",
+        + f"\nprotocol {done.protocol}: mean {done.mean_kld!r}, population stddev "
+        f"{done.stddev!r}\n{g.name}: {g.status} ({g.measured})",
     )
     if not done.ok:
         raise GateFailed(
             f"{g.name}: {g.measured}",
             where=str(out / "cold-starts.json"),
-            next="the engine is not deterministic across starts: compare the runs' values",
+            next="compare the runs' values in cold-starts.json (protocol "
+            f"{done.protocol}: {g.threshold})",
         )
     return 0
 

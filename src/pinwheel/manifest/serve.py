@@ -11,31 +11,8 @@ from pathlib import Path
 from pinwheel import saferegex, validate
 from pinwheel.cudaarch import CudaArch, parse_dotted
 from pinwheel.errors import ManifestError, PinwheelError, UsageError
+from pinwheel.manifest.image import CROSS_CHECKED, IMAGE_KEYS, Image, cross_check, parse_image
 from pinwheel.manifest.table import REQUIRED, Table
-
-
-@dataclass(frozen=True)
-class Image:
-    """An engine that is a container image, pinned by digest (``[serve.engine] image``).
-
-    The recipe runs ``RUNTIME run`` with ``name@digest``, the profile's GPUs, shared
-    memory, the model directory mounted read-only at ``model_mount``, the port and
-    the profile's ``env`` passed into the container (``-e KEY=VALUE``).
-    """
-
-    name: str  # "verdictai/glm53-flash-exl3-k4" (registry/owner/name, no tag, no digest)
-    digest: str  # "sha256:<64 hex>": the immutable index digest the card pins
-    tag: str | None  # the human tag the digest was published as (never used to pull)
-    platform_digest: str | None  # the linux/amd64 manifest inside the index, when given
-    runtime: str  # "docker" | "podman"
-    shm_size: str  # --shm-size
-    model_mount: str  # absolute path inside the container
-    model_env: str | None  # variable inside the container that names model_mount
-    container_port: int | None  # the port the image listens on; None: --network host
-
-    @property
-    def ref(self) -> str:
-        return f"{self.name}@{self.digest}"
 
 
 @dataclass(frozen=True)
@@ -69,6 +46,9 @@ class ServeProfile:
     # preflight --selftest: the NCCL all-reduce bus bandwidth floor (GB/s, as nccl-tests
     # reports busbw); None = measured and shown, not gated
     min_allreduce_gbps: float | None = None
+    # The card's own launcher knobs this profile stands for (PROFILE, CACHE, DCP, ...):
+    # read on the host, shown in the recipe, never passed to the engine or the image.
+    card_knobs: tuple[tuple[str, str], ...] = ()
 
     @property
     def speculative_json(self) -> str | None:
@@ -141,6 +121,7 @@ _PROFILE_KEYS = (
     "devices",
     "cuda",
     "min_allreduce_gbps",
+    "card_knobs",
 )
 # Flags that the typed keys own: repeating them in `args` would let the two disagree.
 _OWNED_FLAGS = (
@@ -156,14 +137,11 @@ _OWNED_FLAGS = (
 )
 _IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/\-]{0,199}")  # a served model name
 _ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
-_IMAGE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-_SHM = re.compile(r"[1-9][0-9]*[bkmg]?")
-RUNTIMES = ("docker", "podman")
 
 
-def _parse_profile(t: Table, name: str, image: bool = False) -> ServeProfile:
+def _parse_profile(
+    t: Table, name: str, image: bool = False, all_flags: bool = False
+) -> ServeProfile:
     t.only(*_PROFILE_KEYS)
     gpus = t.int("gpus", minimum=0)
     tp = t.int("tensor_parallel_size", 1, minimum=1)
@@ -192,9 +170,9 @@ def _parse_profile(t: Table, name: str, image: bool = False) -> ServeProfile:
     )
     for flag in args:
         name_only = str(flag).split("=", 1)[0]
-        if name_only in _OWNED_FLAGS:
+        if name_only in _OWNED_FLAGS and not (all_flags and name_only in CROSS_CHECKED):
             raise t.error("args", f"no {name_only} here (a typed key sets it)", flag)
-    return ServeProfile(
+    profile = ServeProfile(
         name=name,
         gpus=gpus,
         compute_capability=cc,
@@ -210,7 +188,17 @@ def _parse_profile(t: Table, name: str, image: bool = False) -> ServeProfile:
         devices=_devices(t),
         cuda=_cuda(t),
         min_allreduce_gbps=_gbps(t, "min_allreduce_gbps"),
+        card_knobs=_env_map(t, "card_knobs"),
     )
+    if all_flags:
+        typed = {
+            "--tensor-parallel-size": profile.tensor_parallel_size,
+            "--pipeline-parallel-size": profile.pipeline_parallel_size,
+            "--max-model-len": profile.max_model_len,
+            "--max-num-seqs": profile.max_num_seqs,
+        }
+        cross_check(t, profile.args, typed, dict(spec) if spec else None)
+    return profile
 
 
 _RUNTIME_CUDA = re.compile(r"[1-9][0-9]?(\.[0-9]{1,2})?")
@@ -247,49 +235,6 @@ def _devices(t: Table) -> str | None:
     return value
 
 
-def _parse_image(eng: Table) -> Image:
-    name = eng.str("image")
-    if not _IMAGE.fullmatch(name):
-        raise eng.error("image", "an image name like owner/name (no tag, no digest)", name)
-    digest = eng.str("digest")
-    if not _DIGEST.fullmatch(digest):
-        raise eng.error("digest", "an immutable digest sha256:<64 lowercase hex>", digest)
-    tag = eng.str("tag", None)
-    if tag is not None and not _TAG.fullmatch(tag):
-        raise eng.error("tag", "an image tag (letters, digits, . _ -)", tag)
-    platform = eng.str("platform_digest", None)
-    if platform is not None and not _DIGEST.fullmatch(platform):
-        raise eng.error("platform_digest", "sha256:<64 lowercase hex>", platform)
-    shm = eng.str("shm_size", "16g")
-    if not _SHM.fullmatch(shm):
-        raise eng.error("shm_size", 'a size like "16g"', shm)
-    mount = eng.str("model_mount", "/model")
-    try:
-        mount = validate.mount_point(mount)
-    except ValueError:
-        raise eng.error(
-            "model_mount", 'an absolute path inside the container like "/model" (not / or a '
-            "system directory)", mount,
-        ) from None
-    model_env = eng.str("model_env", None)
-    if model_env is not None and not _ENV_KEY.fullmatch(model_env):
-        raise eng.error("model_env", "an environment variable name (A-Z, 0-9, _)", model_env)
-    port = eng.int("container_port", None, minimum=1)
-    if port is not None and port > 65535:
-        raise eng.error("container_port", "a port 1-65535", port)
-    return Image(
-        name=name,
-        digest=digest,
-        tag=tag,
-        platform_digest=platform,
-        runtime=eng.choice("runtime", RUNTIMES, "docker"),
-        shm_size=shm,
-        model_mount=mount,
-        model_env=model_env,
-        container_port=port,
-    )
-
-
 def _gbps(t: Table, key: str) -> float | None:
     value = t.float(key, None)
     if value is not None and not (math.isfinite(value) and value > 0):
@@ -309,17 +254,6 @@ def _module_problem(value: object) -> str | None:
 
 
 _ENGINE_KEYS = ("module", "quantization", "architecture")
-_IMAGE_KEYS = (
-    "image",
-    "digest",
-    "tag",
-    "platform_digest",
-    "runtime",
-    "shm_size",
-    "model_mount",
-    "model_env",
-    "container_port",
-)
 
 
 def parse_serve_table(table: Table) -> ServeConfig:
@@ -348,12 +282,12 @@ def parse_serve_table(table: Table) -> ServeConfig:
     engine = Engine(module="vllm", quantization=None, architecture=None)
     if table.has("engine"):
         eng = table.sub("engine")
-        eng.only(*_ENGINE_KEYS, *_IMAGE_KEYS)
+        eng.only(*_ENGINE_KEYS, *IMAGE_KEYS)
         image = None
         if eng.has("image"):
-            image = _parse_image(eng)
+            image = parse_image(eng)
         else:
-            for key in _IMAGE_KEYS:
+            for key in IMAGE_KEYS:
                 if eng.has(key):
                     raise eng.error(key, "this key only with image = ... (a container engine)")
         engine = Engine(
@@ -372,7 +306,10 @@ def parse_serve_table(table: Table) -> ServeConfig:
             raise holder.error(name, "a profile name of letters, digits, '.', '_', '-'", name)
     profiles = tuple(
         _parse_profile(
-            holder.sub(name, label=f"[serve.profile.{name}]"), name, engine.image is not None
+            holder.sub(name, label=f"[serve.profile.{name}]"),
+            name,
+            engine.image is not None,
+            engine.image is not None and engine.image.entrypoint is not None,
         )
         for name in holder.data
     )
@@ -389,6 +326,12 @@ def parse_serve_table(table: Table) -> ServeConfig:
     port = table.int("port", 8000, minimum=1)
     if port > 65535:
         raise table.error("port", "a port 1-65535", port)
+    image = engine.image
+    if image is not None and image.entrypoint is not None and image.container_port != port:
+        raise table.error(
+            "port", f"the engine's container_port {image.container_port} (one variable for "
+            "both sides of -p when the recipe starts the engine itself)", port,
+        )  # fmt: skip
     return ServeConfig(
         recipe=recipe,
         env_prefix=prefix,
@@ -424,6 +367,8 @@ class QualifyProfile:
     # metric -> why it is compared with the card's figure but never fails the run
     informational: tuple[tuple[str, str], ...] = ()
     markers: tuple[str, ...] = ()  # start-up log regexes this profile adds to [qualify].markers
+    # `qualify cold-starts --profile NAME`: this profile's protocol over [qualify.fidelity]'s
+    cold_start_protocol: str | None = None
 
     def is_informational(self, metric: str) -> str | None:
         return dict(self.informational).get(metric)
@@ -459,7 +404,10 @@ class FidelityConfig:
     scorer: str = "rows"
     # where tolerance comes from: the card's words or "default" (shown in the gate)
     tolerance_source: str = ""
-    cold_starts: int = 1  # `qualify cold-starts`: fresh servers whose tokenwise hash must agree
+    cold_starts: int = 2  # `qualify cold-starts`: fresh servers (at least 2: one shows nothing)
+    # how the starts are judged: "hash" (one tokenwise hash across them) or "mean" (the
+    # mean of the runs' KLD and every run within max_mean_kld; the runs may differ)
+    protocol: str = "hash"
 
 
 @dataclass(frozen=True)
@@ -493,6 +441,8 @@ class QualifyConfig:
     fidelity: FidelityConfig | None = None
     slo: Slo | None = None
     smoke: tuple[Smoke, ...] = ()
+    # the chat template's thinking switch in every qualify request; None: the template's own
+    thinking: bool | None = None
 
     def profile(self, name: str) -> QualifyProfile:
         for p in self.profiles:
@@ -521,6 +471,7 @@ _QUALIFY_PROFILE_KEYS = (
     "tolerance",
     "informational",
     "markers",
+    "cold_start_protocol",
 )
 METRICS = ("tok_s", "ms_per_pass", "acceptance_length", "acceptance_rate", "aggregate_tok_s")
 # Old names, refused with what replaced them (the figure changed meaning, not only name).
@@ -583,6 +534,7 @@ def _parse_qualify_profile(t: Table, name: str) -> QualifyProfile:
         tolerance=_fraction(t, "tolerance") or 0.0,
         informational=_informational(t),
         markers=_markers(t),
+        cold_start_protocol=t.choice("cold_start_protocol", PROTOCOLS, None),
     )
 
 
@@ -652,6 +604,7 @@ def parse_qualify_table(table: Table) -> QualifyConfig:
         "fidelity",
         "slo",
         "smoke",
+        "thinking",
     )
     markers = _markers(table)
     holder = table.sub("profile")
@@ -674,6 +627,7 @@ def parse_qualify_table(table: Table) -> QualifyConfig:
         fidelity=_parse_fidelity(table.sub("fidelity")) if table.has("fidelity") else None,
         slo=_parse_slo(table) if table.has("slo") else None,
         smoke=_parse_smoke(table),
+        thinking=table.bool("thinking") if table.has("thinking") else None,
     )
 
 
@@ -708,6 +662,8 @@ def _bootstrap(t: Table) -> int:
 
 SCORERS = ("rows", "in-process")
 MAX_COLD_STARTS = 20  # a default: each start costs minutes
+MIN_COLD_STARTS = 2  # one start cannot show that cold starts agree
+PROTOCOLS = ("hash", "mean")
 
 
 def _parse_fidelity(t: Table) -> FidelityConfig:
@@ -725,6 +681,7 @@ def _parse_fidelity(t: Table) -> FidelityConfig:
         "reference",
         "scorer",
         "cold_starts",
+        "protocol",
     )
     common = {
         "top_k": t.int("top_k", 20, minimum=-1),
@@ -737,10 +694,16 @@ def _parse_fidelity(t: Table) -> FidelityConfig:
         "reference": tuple(t.str_map("reference", {}).items()),
         "scorer": t.choice("scorer", SCORERS, "rows"),
         "tolerance_source": t.str("tolerance_source", ""),
-        "cold_starts": t.int("cold_starts", 1, minimum=1),
+        "cold_starts": t.int("cold_starts", MIN_COLD_STARTS, minimum=1),
+        "protocol": t.choice("protocol", PROTOCOLS, "hash"),
     }
-    if common["cold_starts"] > MAX_COLD_STARTS:
-        raise t.error("cold_starts", f"1 to {MAX_COLD_STARTS} server starts", common["cold_starts"])
+    if not MIN_COLD_STARTS <= common["cold_starts"] <= MAX_COLD_STARTS:
+        raise t.error(
+            "cold_starts",
+            f"{MIN_COLD_STARTS} to {MAX_COLD_STARTS} server starts (one start shows nothing "
+            "about cold starts)",
+            common["cold_starts"],
+        )
     if common["scorer"] == "in-process" and common["top_k"] != -1:
         raise t.error("top_k", '-1 with scorer = "in-process" (it scores full rows)')
     if common["tolerance"] and not common["tolerance_source"]:

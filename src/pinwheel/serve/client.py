@@ -309,10 +309,21 @@ class Client:
 
     # -- streaming -----------------------------------------------------------
     def stream_chat(
-        self, model: str, prompt: str, max_tokens: int, *, ignore_eos: bool = True
+        self,
+        model: str,
+        prompt: str,
+        max_tokens: int,
+        *,
+        ignore_eos: bool = True,
+        thinking: bool | None = None,
     ) -> Stream:
-        """A greedy streamed chat reply of exactly ``max_tokens`` (EOS ignored)."""
-        body = {
+        """A greedy streamed chat reply of exactly ``max_tokens`` (EOS ignored).
+
+        ``thinking`` (``[qualify] thinking``) goes to the chat template as vLLM takes it:
+        ``chat_template_kwargs: {"enable_thinking": false}`` (GLM's template variable);
+        None leaves the template's own default.
+        """
+        body: dict[str, Any] = {
             "model": model,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens,
@@ -321,6 +332,8 @@ class Client:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": thinking}
         return self.stream("/v1/chat/completions", body)
 
     def stream(self, path: str, body: Mapping[str, Any]) -> Stream:

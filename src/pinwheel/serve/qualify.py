@@ -215,9 +215,10 @@ def decode_sample(
     index: int,
     repeat: int,
     streams: list[Stream] | None = None,
+    thinking: bool | None = None,
 ) -> DecodeSample:
     before = client.metrics()
-    s = client.stream_chat(model, prompt, max_tokens)
+    s = client.stream_chat(model, prompt, max_tokens, thinking=thinking)
     after = client.metrics()
     if streams is not None:
         streams.append(s)
@@ -265,6 +266,7 @@ def run_concurrency(
     prompts: Sequence[str],
     streams: int,
     max_tokens: int,
+    thinking: bool | None = None,
 ) -> ConcurrencyResult:
     results: list[Any] = [None] * streams
     errors: list[BaseException] = []
@@ -272,7 +274,9 @@ def run_concurrency(
     def one(i: int) -> None:
         c = client_factory()
         try:
-            results[i] = c.stream_chat(model, prompts[i % len(prompts)], max_tokens)
+            results[i] = c.stream_chat(
+                model, prompts[i % len(prompts)], max_tokens, thinking=thinking
+            )
         except BaseException as exc:  # re-raised in the caller's thread
             errors.append(exc)
         finally:
@@ -351,11 +355,14 @@ def run_needles(
     return tuple(out)
 
 
-def run_smoke(client: Client, model: str, smoke: Sequence[Any]) -> tuple[SmokeResult, ...]:
+def run_smoke(
+    client: Client, model: str, smoke: Sequence[Any], thinking: bool | None = None
+) -> tuple[SmokeResult, ...]:
     """The card's smoke prompts, greedy, stopping at EOS; the reply must hold ``expect``."""
     out = []
     for sm in smoke:
-        s = client.stream_chat(model, sm.prompt, sm.max_tokens, ignore_eos=False)
+        s = client.stream_chat(model, sm.prompt, sm.max_tokens, ignore_eos=False,
+                               thinking=thinking)  # fmt: skip
         ok = (sm.expect in s.text) if sm.expect else bool(s.text.strip())
         out.append(
             SmokeResult(
@@ -416,16 +423,19 @@ def qualify(
         }
         wait_idle(client, config.idle_timeout_s)
         if config.smoke:
-            part.smoke = run_smoke(client, model, config.smoke)
+            part.smoke = run_smoke(client, model, config.smoke, config.thinking)
             for sm in part.smoke:
                 reporter.info(f"smoke {sm.prompt!r}: {sm.status} ({sm.reply[:60]!r})")
         for w in range(config.warmup):
-            client.stream_chat(model, config.prompts[w % len(config.prompts)], config.max_tokens)
+            client.stream_chat(model, config.prompts[w % len(config.prompts)], config.max_tokens,
+                               thinking=config.thinking)  # fmt: skip
         part.decode_wall.append(time.perf_counter())
         for r in range(config.repeats):
             for i, p in enumerate(config.prompts):
                 _check_alive(target)
-                s = decode_sample(client, model, p, config.max_tokens, i, r, part.streams)
+                s = decode_sample(
+                    client, model, p, config.max_tokens, i, r, part.streams, config.thinking
+                )
                 part.decode.append(s)
                 reporter.info(
                     f"decode prompt {i} repeat {r}: {s.tok_s:.2f} tok/s, "
@@ -441,8 +451,9 @@ def qualify(
                 continue
             _check_alive(target)
             c = run_concurrency(
-                lambda: Client(target.url), model, config.prompts, n, config.max_tokens
-            )
+                lambda: Client(target.url), model, config.prompts, n, config.max_tokens,
+                config.thinking,
+            )  # fmt: skip
             part.concurrency.append(c)
             reporter.info(f"{n} streams: {c.aggregate_tok_s:.2f} tok/s aggregate")
         _check_alive(target)

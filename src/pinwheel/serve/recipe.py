@@ -15,6 +15,11 @@ An image engine (``[serve.engine] image`` + ``digest``) runs as ``docker run`` /
 memory, the model directory mounted read-only, the port, and the profile's
 ``env`` passed into the container as ``-e KEY=VALUE`` (the knobs of the image's
 own launcher). Every value is validated at load and shell-quoted here.
+
+An image with an ``entrypoint`` is run as its makers run it: ``--init``, ``--ipc``,
+``--entrypoint``, then ``command`` (``serve /model``) and the engine's flags, every one
+chosen on the host by the profile; the engine listens on the recipe's port on both
+sides of ``-p``; ``$<PREFIX>_CACHE_DIR``, when set, is mounted at ``cache_mount``.
 """
 
 from __future__ import annotations
@@ -49,12 +54,13 @@ def launch(
     port: int | None = None,
     max_num_seqs: int | None = None,
     devices: str | None = None,
+    cache_dir: str | None = None,
 ) -> Launch:
     """The server's argv and environment for one profile: the recipe, as data."""
     port = port or config.port
     image = config.engine.image
     if image is not None:
-        return _container(config, image, profile, model, host, port, devices)
+        return _container(config, image, profile, model, host, port, devices, cache_dir)
     # --model, not a positional: the api_server module ignores `vllm serve`'s positional.
     argv = [python, "-m", ENTRYPOINT, "--model", model, "--host", host, "--port", str(port)]
     seqs = max_num_seqs or profile.max_num_seqs
@@ -79,6 +85,7 @@ def _container(
     host: str,
     port: int,
     devices: str | None,
+    cache_dir: str | None = None,
 ) -> Launch:
     """``docker run`` / ``podman run`` of the pinned digest; env goes into the container.
 
@@ -89,13 +96,32 @@ def _container(
     argv = [image.runtime, "run", "--rm"]
     gpus = devices or profile.devices or ",".join(map(str, range(profile.gpus)))
     argv += _gpu_flags(image, validate.devices(gpus))
+    argv += _options(image)
     mount = validate.mount_point(image.model_mount)
     argv += ["--shm-size", image.shm_size, "-v", f"{validate.host_path(model)}:{mount}:ro"]
+    if cache_dir and image.cache_mount:
+        argv += ["-v", f"{validate.host_path(cache_dir)}:{image.cache_mount}"]
     for key, value in _container_env(config, image, profile):
         argv += ["-e", f"{key}={value}"]
-    argv += _port_flags(image, host, port)
-    argv += [image.ref, *profile.args]
+    if image.entrypoint is None:
+        argv += _port_flags(image, host, port)
+        argv += [image.ref, *profile.args]
+        return Launch(argv=tuple(argv), env={})
+    argv += ["-p", f"{validate.host(host)}:{port}:{port}", "--entrypoint", image.entrypoint]
+    argv += [image.ref, *image.command, *_engine_head(config, str(port)), *profile.args]
     return Launch(argv=tuple(argv), env={})
+
+
+def _options(image: Image) -> list[str]:
+    """The container options its makers run it with: an init process, the host's IPC."""
+    return (["--init"] if image.init else []) + (["--ipc", image.ipc] if image.ipc else [])
+
+
+def _engine_head(config: ServeConfig, port: str) -> list[str]:
+    """The engine's first flags: its served name, and every interface on the given port
+    inside the container (the host side of ``-p`` picks the address)."""
+    name = ["--served-model-name", config.served_model_name] if config.served_model_name else []
+    return [*name, "--host", "0.0.0.0", "--port", port]
 
 
 def _container_env(
@@ -247,21 +273,46 @@ def _render_container(config: ServeConfig, image: Image) -> str:
             gpu_line = '"${gpus[@]}"'
         else:
             gpu_line = '--gpus "\\"device=$devices\\""'
+        for key, value in p.card_knobs:
+            knob = f"{key}={_comment(value)}"
+            out.append(f"    # the card's serve script: {knob} (read on the host)\n")
         lines = [f"exec {image.runtime} run --rm", gpu_line]
+        if _options(image):
+            lines.append(" ".join(_options(image)))
         lines.append(
             f"--shm-size {shlex.quote(image.shm_size)} "
             f'-v "${config.model_var}":{shlex.quote(image.model_mount + ":ro")}'
         )
+        if image.cache_mount:
+            lines.append('"${cache[@]}"')
+            out.append(_cache_lines(config, image.cache_mount))
         for key, value in _container_env(config, image, p):
             lines.append("-e " + shlex.quote(f"{key}={value}"))
-        if image.container_port is None:
-            lines.append("--network host")
+        if image.entrypoint is not None:
+            lines.append('-p "$HOST:$PORT:$PORT"')
+            lines.append(f"--entrypoint {shlex.quote(image.entrypoint)}")
+            head = " ".join(shlex.quote(w) for w in (image.ref, *image.command))
+            lines.append(head)
+            flags = [*_engine_head(config, "@PORT@"), *p.args]
+            lines += [w.replace("'@PORT@'", '"$PORT"').replace("@PORT@", '"$PORT"')
+                      for w in _flag_lines(flags, "")]  # fmt: skip
         else:
-            lines.append(f'-p "$HOST:$PORT:{image.container_port}"')
-        lines.append(" ".join(shlex.quote(w) for w in (image.ref, *p.args)))
+            if image.container_port is None:
+                lines.append("--network host")
+            else:
+                lines.append(f'-p "$HOST:$PORT:{image.container_port}"')
+            lines.append(" ".join(shlex.quote(w) for w in (image.ref, *p.args)))
         out.append("    " + " \\\n      ".join(lines) + "\n")
         out.append("    ;;\n")
     return "".join(out)
+
+
+def _cache_lines(config: ServeConfig, mount: str) -> str:
+    var = f"{config.env_prefix}_CACHE_DIR"
+    return (
+        f'    cache=(); if [ -n "${{{var}:-}}" ]; then '
+        f'cache=(-v "${var}":{shlex.quote(mount)}); fi\n'
+    )
 
 
 def _render_venv(config: ServeConfig) -> str:
