@@ -33,7 +33,7 @@ from pinwheel import runner, validate
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.options import HostEnvironment
-from pinwheel.release import interpreter, pylock, signing
+from pinwheel.release import attest, interpreter, pylock, signing, sigstorebundle
 from pinwheel.release.assemble import verify_release
 from pinwheel.urls import redact
 from pinwheel.wheels.abifloor import Version, host_glibc, show
@@ -59,6 +59,7 @@ class InstallResult:
     python: str | None = None  # the venv's Python version ("3.12"), when known
     python_how: str = ""  # how that interpreter was found
     lock: str | None = None  # the pylock.toml installed from, if the release ships one
+    check: attest.ReleaseCheck | None = None  # the attestation and bundles (None: unsigned)
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,8 @@ class InstallRequest:
     offline: bool = False  # --offline: nothing from the network (uv --offline / pip --no-index)
     # PATH, HOME, UV_PYTHON_INSTALL_DIR, PYENV_ROOT: where the wheels' Python is looked for
     host: HostEnvironment = field(default_factory=HostEnvironment)  # PATH, HOME, uv, pyenv
+    # who must have signed a Sigstore bundle beside the release (None: reported, not checked)
+    sigstore_policy: sigstorebundle.IdentityPolicy | None = None
 
 
 def install(request: InstallRequest) -> InstallResult:
@@ -253,6 +256,11 @@ def install(request: InstallRequest) -> InstallResult:
     verified = verify_release(
         wheel_dir, allowed_signers=allowed_signers, principal=principal, require_all=False
     )
+    # the attestation (and any Sigstore bundle) over the same files, before anything else
+    check = attest.check_carried(
+        wheel_dir, verified, allowed_signers=allowed_signers, principal=principal,
+        sigstore_policy=request.sigstore_policy, partial=True,
+    )  # fmt: skip
     listed = sorted(n for n in verified.sums if n.endswith(".whl"))
     odd = [n for n in listed if not _WHEEL_NAME.fullmatch(n)]
     if odd:
@@ -349,6 +357,7 @@ def install(request: InstallRequest) -> InstallResult:
         python=found.version,
         python_how=found.how,
         lock=lock.path.name if lock is not None else None,
+        check=check,
     )
     if venv.is_dir():
         write_receipt(result, {w: verified.sums[w] for w in wheels})
