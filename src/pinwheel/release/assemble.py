@@ -302,9 +302,11 @@ def render_notes(
         "## Install",
         "",
         "```sh",
-        "pinwheel fetch <release URL> --dest wheels"
+        "pinwheel fetch <release URL> --dest fetched-release"
         + (" --allowed-signers allowed_signers" if config.allowed_signers else ""),
-        f"pinwheel install wheels --venv .venv --torch-backend {config.torch_backend or 'cu128'}",
+        "pinwheel install fetched-release --venv engine-venv --torch-backend "
+        f"{config.torch_backend or 'cu128'}"
+        + (" --allowed-signers allowed_signers" if config.allowed_signers else ""),
         "```",
         "",
         "By hand: `sha256sum -c SHA256SUMS`",

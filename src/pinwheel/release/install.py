@@ -316,7 +316,8 @@ def install(request: InstallRequest) -> InstallResult:
     if lock is not None:
         # The environment qualification ran in, every file hash-checked by the installer;
         # then the release's wheels, by hash, with nothing left to resolve.
-        # pip reads pylock.toml from 25.1 on (experimental): pinwheel's own pip installs
+        # pip reads pylock.toml from 26.1 on (`-r pylock.toml`, experimental; 25.1 only
+        # writes one with `pip lock`): pinwheel's own pip installs
         # into the venv (--python), whatever pip the venv was seeded with.
         cmd = [uv, "pip", "install", "--python", python] if chosen == "uv" and uv else [
             sys.executable, "-m", "pip", "--python", python, "install"]  # fmt: skip
