@@ -245,7 +245,8 @@ def test_a_hostile_workflow_ref_is_a_usage_error_naming_the_variable(
 
 def test_release_yml_passes_no_builder_by_hand() -> None:
     text = (REPO / ".github/workflows/release.yml").read_text()
-    assert "--builder-id" not in text and "GITHUB_WORKFLOW_REF" not in text
+    assert "--builder-id" not in text and "github.workflow_ref" not in text
+    assert "GITHUB_WORKFLOW_REF:" not in text and "GITHUB_WORKFLOW_REF=" not in text
 
 
 # --------------------------------------------------------------------------- item 7: keys
