@@ -451,7 +451,12 @@ def build(
     locks: Sequence[Path] = (),
     leave_out: Sequence[str] = (),
 ) -> EnvLock:
-    """Read ``venv`` and pin what can be pinned (nothing is written; see :func:`write`)."""
+    """Read ``venv`` and pin what can be pinned (nothing is written; see :func:`write`).
+    The lock ``pinwheel install`` resolved the venv from (``VENV/pylock.pinwheel-resolved
+    .toml``) is one of ``locks`` when present."""
+    resolved = venv / "pylock.pinwheel-resolved.toml"
+    if resolved.is_file() and not resolved.is_symlink():
+        locks = [*locks, resolved]
     checked = [pylock.check(p) for p in locks]
     release = _release_map(release_dir)
     dists, bad, python = installed(venv)

@@ -29,6 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
 from pinwheel import runner, validate
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_text
@@ -220,6 +223,33 @@ def _shipped_lock(wheel_dir: Path, sums: Mapping[str, str]) -> pylock.Lock | Non
     return pylock.check(path)
 
 
+RESOLVED = "pylock.pinwheel-resolved.toml"  # in the venv: what install resolved, by hash
+
+
+def _resolve_first(
+    uv: str, python: str, wheel_dir: Path, wheels: list[str], venv: Path,
+    pin: TorchPin | None, torch_backend: str | None, offline: list[str],
+) -> tuple[pylock.Lock | None, list[tuple[str, ...]]]:
+    """The release wheels' dependencies resolved into a PEP 751 lock before anything is
+    installed (``uv pip compile``: every file by URL and sha256), kept in the venv as
+    :data:`RESOLVED`: the venv is then exactly a lock, and ``runtime-lock`` pins every
+    package from it. None when the wheels need nothing."""
+    ours = {canonicalize_name(parse_wheel_filename(w)[0]) for w in wheels}
+    wanted = sorted({r for w in wheels for r in read_path(wheel_dir / w).requires_dist
+                     if canonicalize_name(Requirement(r).name) not in ours})  # fmt: skip
+    if pin is not None:
+        wanted.append(f"torch=={pin.version}")
+    if not wanted:
+        return None, []
+    venv.mkdir(parents=True, exist_ok=True)
+    reqs, out = venv / "pinwheel-requires.in", venv / RESOLVED
+    atomic_write_text(reqs, "".join(f"{r}\n" for r in wanted))
+    cmd = [uv, "pip", "compile", "--quiet", "--python", python, *offline, "-o", str(out)]
+    cmd += [f"--torch-backend={torch_backend}"] if torch_backend else []
+    ran = _run([*cmd, str(reqs)], "uv pip compile (the dependencies, by hash)", venv)
+    return pylock.check(out), [ran]
+
+
 @dataclass(frozen=True)
 class InstallRequest:
     """One `pinwheel install`, resolved once by the CLI (flags, [release], environment)."""
@@ -313,6 +343,12 @@ def install(request: InstallRequest) -> InstallResult:
     paths = [str((wheel_dir / w).resolve()) for w in wheels]
     offline = (["--offline"] if chosen == "uv" else ["--no-index", "--find-links",
                str(wheel_dir.resolve())]) if request.offline else []  # fmt: skip
+    if lock is None and not no_deps and chosen == "uv" and uv is not None:
+        pinned = torch_pin(wheel_dir, verified.sums)
+        if pinned is None or pinned.index is None:  # the build's torch index: installed apart
+            lock, resolved = _resolve_first(uv, python, wheel_dir, wheels, venv, pinned,
+                                            torch_backend, offline)  # fmt: skip
+            commands += resolved
     if lock is not None:
         # The environment qualification ran in, every file hash-checked by the installer;
         # then the release's wheels, by hash, with nothing left to resolve.
