@@ -22,7 +22,10 @@ _PREFIX = re.compile(r"""\b(?:k|key|name)\.startswith\(\s*["']([A-Z][A-Z0-9]*_)[
 
 
 def names_read(text: str) -> set[str]:
-    return set(_READ.findall(text)) | {p + "*" for p in _PREFIX.findall(text)}
+    """Every variable ``text`` reads by name: spelled ``environ`` (the regex) or through any
+    other name bound to an environment mapping (``env = ctx.environ; env.get("X")``)."""
+    found = set(_READ.findall(text)) | {p + "*" for p in _PREFIX.findall(text)}
+    return found | {name for _, name in env_reads(ast.parse(text))}
 
 
 def test_every_variable_a_module_reads_is_declared() -> None:
@@ -41,6 +44,12 @@ def test_the_declaration_check_sees_a_planted_read() -> None:
     planted = 'x = environ.get("PINWHEEL_SECRET_KNOB")\ny = ctx.environ["CUDA_HOME"]\n'
     planted += 'z = [k for k in environ if k.startswith("FOO_")]\n'
     assert names_read(planted) == {"PINWHEEL_SECRET_KNOB", "CUDA_HOME", "FOO_*"}
+    # the mapping under another name (cli/release_cmds.py read GITHUB_WORKFLOW_REF so, and
+    # the options layer's child mapping never held it)
+    aliased = ('env = ctx.environ\nserver = env.get("GITHUB_SERVER_URL", "")\n'
+               'e2 = env\nif "X_KNOB" in e2: pass\nkids = dict(host.child)\nkids["Y_KNOB"]\n'
+               'other = {}\nother.get("NOT_ENV")\n')  # fmt: skip
+    assert names_read(aliased) == {"GITHUB_SERVER_URL", "X_KNOB", "Y_KNOB"}
     assert options.declared("PINWHEEL_SECRET_KNOB") is None
     assert options.declared("CUDA_HOME") is not None
 
@@ -124,33 +133,92 @@ def _is_environment(node: ast.AST) -> bool:
     return name.endswith("environ") or name == "child"
 
 
-def searches(tree: ast.AST) -> list[tuple[int, str]]:
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of one scope: a function's (or the module's) body, not its inner functions."""
+    out, stack = [], list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            stack += list(ast.iter_child_nodes(node))
+    return out
+
+
+def _aliases(tree: ast.AST) -> set[str]:
+    """Names bound to the caller's environment: ``env = ctx.environ``, ``e = host.child``,
+    ``env = dict(os.environ)``, ``env = ctx.environ or {}`` (and an alias of an alias)."""
+    found: set[str] = set()
+
+    def environment_like(value: ast.AST) -> bool:
+        if isinstance(value, ast.Call) and value.args:  # dict(environ), {**environ}
+            value = value.args[0]
+        if isinstance(value, ast.BoolOp):
+            return any(environment_like(v) for v in value.values)
+        if isinstance(value, ast.Dict):
+            return any(k is None and environment_like(v) for k, v in
+                       zip(value.keys, value.values, strict=True))  # fmt: skip
+        return _is_environment(value) or (isinstance(value, ast.Name) and value.id in found)
+
+    for _ in range(3):  # aliases of aliases
+        for node in _own_nodes(tree):
+            targets: list[ast.AST] = []
+            value = None
+            if isinstance(node, ast.Assign):
+                targets, value = list(node.targets), node.value
+            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+                targets, value = [node.target], node.value
+            if value is None or not environment_like(value):
+                continue
+            for target in targets:
+                elts = target.elts if isinstance(target, ast.Tuple) else [target]
+                found |= {t.id for t in elts if isinstance(t, ast.Name)}
+    return found
+
+
+def env_reads(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, name) of every ``environ["NAME"]`` read, ``environ.get("NAME"...)`` and
-    ``"NAME" in environ`` whose NAME is a declared environment variable: a stage searching
-    the caller's environment for a variable by name."""
-    names = _declared_names()
+    ``"NAME" in environ``, ``environ`` spelled any way: ``ctx.environ``, ``host.child`` or a
+    name bound to one of them in the same function (or module)."""
+    scopes = [tree, *(n for n in ast.walk(tree)
+                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))]  # fmt: skip
+    return sorted({read for scope in scopes for read in _scope_reads(scope)})
+
+
+def _scope_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    aliases = _aliases(tree)
+
+    def env(node: ast.AST) -> bool:
+        return _is_environment(node) or (isinstance(node, ast.Name) and node.id in aliases)
+
     found = []
-    for node in ast.walk(tree):
+    for node in _own_nodes(tree):
         key = None
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
-            key = node.slice if _is_environment(node.value) else None
+            key = node.slice if env(node.value) else None
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr in ("get", "pop", "setdefault")
             and node.args
-            and _is_environment(node.func.value)
+            and env(node.func.value)
         ):
             key = node.args[0]
         elif (
             isinstance(node, ast.Compare)
             and isinstance(node.ops[0], (ast.In, ast.NotIn))
-            and _is_environment(node.comparators[0])
+            and env(node.comparators[0])
         ):
             key = node.left
-        if isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value in names:
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
             found.append((node.lineno, key.value))
     return found
+
+
+def searches(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of every read of the caller's environment (:func:`env_reads`) whose
+    NAME is a declared environment variable: a stage searching it for a variable by name."""
+    names = _declared_names()
+    return [(line, name) for line, name in env_reads(tree) if name in names]
 
 
 def _stage_modules() -> list[Path]:

@@ -243,16 +243,20 @@ def test_a_dependency_altered_on_its_server_fails_the_lock_hash(locked, tmp_path
 @pytest.mark.parametrize(
     ("entry", "gist"),
     [
+        # PEP 751 as packaging.pylock reads it (what pip reads), naming the field
         ('[[packages]]\nname = "x"\nversion = "1"\nvcs = {type = "git", url = "https://e.invalid/x"}\n',
-         "vcs source"),
+         "packages[0].vcs.commit-id"),
         ('[[packages]]\nname = "x"\nversion = "1"\n[[packages.wheels]]\nurl = "https://e.invalid/x.whl"\n',
-         "no sha256"),
-        ('[[packages]]\nname = "x"\nversion = "1"\n[[packages.wheels]]\nurl = "file:///etc/x.whl"\n'
-         'hashes = {sha256 = "' + "a" * 64 + '"}\n', "no http(s) url"),
-        ('[[packages]]\nname = "x\\u001b[2J"\nversion = "1"\n', "not a package name"),
-        ('[[packages]]\nname = "x"\nversion = "1' + "0" * 4000 + 'x"\n', "no pinned version"),
+         "packages[0].wheels[0].hashes"),
+        ('[[packages]]\nname = "x\\u001b[2J"\nversion = "1"\n', "packages[0].name"),
+        ('[[packages]]\nname = "x"\nversion = "1' + "0" * 4000 + 'x"\n', "Invalid version"),
         # 5000 digits: packaging's int() raised ValueError (a traceback) before the bound
-        ('[[packages]]\nname = "x"\nversion = "1' + "0" * 5000 + '"\n', "no pinned version"),
+        ('[[packages]]\nname = "x"\nversion = "1' + "0" * 5000 + '"\n', "packages[0].version"),
+        # then pinwheel's own rule: every file by sha256 from an http(s) URL, no VCS
+        ('[[packages]]\nname = "x"\nversion = "1"\n[[packages.wheels]]\nurl = "file:///etc/x-1-py3-none-any.whl"\n'
+         'hashes = {sha256 = "' + "a" * 64 + '"}\n', "no http(s) url"),
+        ('[[packages]]\nname = "x"\nversion = "1"\nvcs = {type = "git", url = "https://e.invalid/x", '
+         'commit-id = "' + "a" * 40 + '"}\n', "a vcs source is not hash-pinned"),
     ],
 )  # fmt: skip
 def test_release_refuses_a_lock_that_is_not_all_hash_pinned(tmp_path, capsys, entry, gist):

@@ -320,3 +320,47 @@ def test_qualify_names_the_venv_its_engine_python_belongs_to(tmp_path):
     assert _venv_of(str(venv / "bin" / "python")) == venv.absolute()
     assert _venv_of(sys.executable if not (Path(sys.prefix) / "pyvenv.cfg").is_file()
                     else "/usr/bin/python3") is None  # fmt: skip
+
+
+def test_install_resolves_a_lock_first_so_runtime_lock_pins_every_package(
+    tmp_path, capsys, monkeypatch
+):
+    """Issue 47 item 5: a dependency installed from an index recorded no hash, so
+    runtime-lock refused the qualification venv (and the relock job always skipped).
+    install now resolves the dependencies into a hashed PEP 751 lock first (uv pip
+    compile), installs exactly that, and keeps it in the venv: runtime-lock pins all."""
+    from pinwheel.release.install import RESOLVED
+    from test_static_index import IndexServer
+
+    upstream = tmp_path / "up"
+    dep = make_wheel(upstream / "wheels", "pwdep", "5.0", payload=2_000, seed=5)
+    write_provenance(upstream / "wheels", {dep.name: sha256_file(dep)})
+    up_manifest = write_manifest(upstream)
+    assert main(["--manifest", str(up_manifest), "release", "--no-sign"]) == 0
+    assert main(["--manifest", str(up_manifest), "index", str(upstream / "release"),
+                 "--out", str(upstream / "index")]) == 0  # fmt: skip
+    build = tmp_path / "wheels"
+    made = make_wheel(build, "pweng", "1.0", payload=3_000, seed=6, requires_dist=("pwdep>=5",))
+    write_provenance(build, {made.name: sha256_file(made)})
+    manifest = write_manifest(tmp_path)
+    assert main(["--manifest", str(manifest), "release", "--no-sign"]) == 0
+    venv = tmp_path / "qualify-venv"
+    monkeypatch.setenv("UV_NO_CONFIG", "1")
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    monkeypatch.setenv("UV_PYTHON_DOWNLOADS", "never")
+    with IndexServer(upstream / "index") as srv:
+        monkeypatch.setenv("UV_INDEX_URL", f"{srv.url}all/simple/")
+        rc = main(["--manifest", str(manifest), "install", str(tmp_path / "release"),
+                   "--venv", str(venv), "--installer", "uv", "--allow-unsigned"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    resolved = (venv / RESOLVED).read_text()
+    assert sha256_file(dep) in resolved and f"{srv.url}files/{dep.name}" in resolved
+    capsys.readouterr()
+    out = tmp_path / "pylock.toml"
+    rc = main(["--json", "runtime-lock", str(venv), "--release", str(tmp_path / "release"),
+               "--out", str(out)])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().out)
+    assert {p["name"] for p in doc["pinned"]} == {"pwdep"}
+    assert [r["wheel"] for r in doc["release_wheels"]] == [made.name]
+    assert sha256_file(dep) in out.read_text()

@@ -149,7 +149,8 @@ def test_layout_per_variant_hashes_metadata_and_requires_python(
 ) -> None:
     out = _index(release, tmp_path / "index")
     rel = release[1]
-    assert sorted(p.name for p in out.iterdir()) == sorted([GB10, V100, "files", "index.html"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [GB10, V100, "files", "index.html", ".pinwheel-index"])  # fmt: skip
     page = (out / V100 / "simple" / "pwa" / "index.html").read_text()
     parser = _Links()
     parser.feed(page)
@@ -263,3 +264,174 @@ def test_index_refuses_a_wheel_whose_metadata_disagrees_with_its_name(
     assert rc == EXIT_VERIFY
     assert "METADATA Version '1.0'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- issue 47 item 6
+
+
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_the_hashed_requirements_beside_the_index_install_in_one_line(
+    release: tuple[Path, Path, Path], tmp_path: Path, installer: str
+) -> None:
+    """The user writes no hash: the requirements file pinwheel wrote, read over HTTP."""
+    out = _index(release, tmp_path / "index")
+    rel = release[1]
+    text = (out / V100 / "requirements.txt").read_text()
+    assert f"pwa==1.0+pw.{V100} --hash=sha256:{sha256_file(rel / A_V100)}" in text
+    assert f"pwb==2.0 --hash=sha256:{sha256_file(rel / B)}" in text
+    assert A_GB10 not in text and sha256_file(rel / A_GB10) not in text
+    python = _venv(tmp_path)
+    with IndexServer(out) as server:
+        base = f"{server.url}{V100}/"
+        req = tmp_path / "req-url"
+        cmd = ([sys.executable, "-m", "pip", "--python", str(python), "install",
+                "--disable-pip-version-check", "--no-cache-dir"] if installer == "pip"
+               else [_uv(), "pip", "install", "--python", str(python), "--no-cache"])  # fmt: skip
+        if installer == "uv":  # uv reads -r from a file: downloaded as a user would
+            req.write_bytes((out / V100 / "requirements.txt").read_bytes())
+            source = str(req)
+        else:
+            source = base + "requirements.txt"
+        done = subprocess.run([*cmd, "--require-hashes", "-r", source, "--index-url",
+                               base + "simple/"], capture_output=True, text=True,
+                              env=_env(tmp_path), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = subprocess.run([str(python), "-c", "import pwa, pwb; print(pwa.VALUE, pwb.VALUE)"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert got.strip() == f"pwa 1.0+pw.{V100} pwb 2.0"
+
+
+class StaticFiles(LocalHTTP):
+    """``python -m http.server`` in a thread (GET and HEAD): an upstream package host."""
+
+    def __init__(self, root: Path):
+        class Quiet(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+                super().__init__(*args, directory=str(root), **kwargs)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._serve(Quiet)
+
+
+def _dep_lock(tmp: Path, dep: Path, url: str) -> Path:
+    """A PEP 751 lock (written by packaging.pylock) pinning ``dep`` at ``url`` by sha256."""
+    from packaging.pylock import Package, PackageWheel, Pylock
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    from pinwheel.release import pylock
+
+    lock = Pylock(lock_version=Version("1.0"), created_by="test", packages=[
+        Package(name=canonicalize_name("pwdep"), version=Version("5.0"), wheels=[
+            PackageWheel(name=dep.name, url=url + dep.name,
+                         hashes={"sha256": sha256_file(dep)})])])  # fmt: skip
+    path = tmp / "pylock.toml"
+    path.write_text(pylock.render(lock))
+    return path
+
+
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_an_engine_index_points_to_every_dependency_its_lock_pins(
+    tmp_path: Path, installer: str
+) -> None:
+    """An engine wheel that needs pwdep: the release's pylock.toml pins pwdep on another
+    server; the index lists it there by sha256, so `--require-hashes` with this index alone
+    installs the engine and its dependency."""
+    deps = tmp_path / "upstream"
+    dep = make_wheel(deps, "pwdep", "5.0", payload=3_000, seed=7)
+    build = tmp_path / "wheels"
+    make_wheel(build, "pweng", "1.0", payload=9_000, seed=8, requires_dist=("pwdep>=5",))
+    names = sorted(p.name for p in build.glob("*.whl"))
+    write_provenance(build, {n: sha256_file(build / n) for n in names})
+    manifest = write_manifest(tmp_path)
+    python = _venv(tmp_path)
+    with StaticFiles(deps) as upstream:
+        lock = _dep_lock(tmp_path, dep, upstream.url)
+        assert main(["--manifest", str(manifest), "release", "--no-sign", "--lock",
+                     str(lock)]) == 0  # fmt: skip
+        out = tmp_path / "release-index"
+        assert main(["--manifest", str(manifest), "index", str(tmp_path / "release"),
+                     "--out", str(out)]) == 0  # fmt: skip
+        text = (out / "all" / "requirements.txt").read_text()
+        assert f"pwdep==5.0 --hash=sha256:{sha256_file(dep)}" in text
+        page = (out / "all" / "simple" / "pwdep" / "index.html").read_text()
+        assert f'{upstream.url}{dep.name}#sha256={sha256_file(dep)}' in page
+        with IndexServer(out) as server:
+            req = tmp_path / "req.txt"
+            req.write_text(text)
+            done = _install(installer, python, f"{server.url}all/simple/", req, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = subprocess.run([str(python), "-c", "import pweng, pwdep; print(pwdep.VALUE)"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert got.strip() == "pwdep 5.0"
+
+
+def test_an_index_without_a_lock_names_the_dependencies_it_does_not_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build = tmp_path / "wheels"
+    make_wheel(build, "pweng", "1.0", payload=1_000, seed=8, requires_dist=("pwdep>=5",))
+    names = sorted(p.name for p in build.glob("*.whl"))
+    write_provenance(build, {n: sha256_file(build / n) for n in names})
+    manifest = write_manifest(tmp_path)
+    assert main(["--manifest", str(manifest), "release", "--no-sign"]) == 0
+    capsys.readouterr()
+    assert main(["--manifest", str(manifest), "--json", "index", str(tmp_path / "release")]) == 0
+    assert json.loads(capsys.readouterr().out)["unserved"] == ["pwdep"]
+
+
+def test_index_and_release_folders_are_world_readable(
+    release: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """A web server running as another user reads them (mkdtemp made them 0700)."""
+    old = os.umask(0o022)
+    try:
+        out = _index(release, tmp_path / "index")
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(out): p.stat().st_mode & 0o777 for p in [out, *out.rglob("*")]}
+    assert {m for p, m in modes.items() if (out / p).is_dir()} == {0o755}
+    assert {m for p, m in modes.items() if (out / p).is_file()} == {0o644}
+    assert release[1].stat().st_mode & 0o777 == 0o755
+
+
+def test_out_refuses_a_folder_it_did_not_make(
+    release: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest, rel, _ = release
+    mine = tmp_path / "site"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("the user's\n")
+    rc = main(["--manifest", str(manifest), "index", str(rel), "--out", str(mine)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 2 and "did not make" in err and "--out" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["keep.txt"]
+    before = sorted(p.name for p in rel.iterdir())
+    rc = main(["--manifest", str(manifest), "index", str(rel), "--out", str(rel)])
+    assert rc == 2 and "the release folder" in capsys.readouterr().err
+    assert sorted(p.name for p in rel.iterdir()) == before
+    # a folder the index made is replaced; an empty one is taken
+    out = _index(release, tmp_path / "index")
+    assert _index(release, out) == out and (out / "index.html").is_file()
+    (tmp_path / "empty").mkdir()
+    assert (_index(release, tmp_path / "empty") / ".pinwheel-index").is_file()
+
+
+@pytest.mark.parametrize("label", ["index.html", "files", "index.json", "requirements.txt"])
+def test_a_variant_label_that_collides_with_the_index_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], label: str
+) -> None:
+    build = tmp_path / "wheels"
+    made = make_wheel(build, "pwa", f"1.0+pw.{label}", seed=1)
+    write_provenance(build, {made.name: sha256_file(made)})
+    manifest = write_manifest(tmp_path)
+    assert main(["--manifest", str(manifest), "release", "--no-sign"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "o"
+    rc = main(["--manifest", str(manifest), "index", str(tmp_path / "release"), "--out",
+               str(out)])  # fmt: skip
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == EXIT_VERIFY and made.name in err and "the index's own name" in err
+    assert not out.exists()

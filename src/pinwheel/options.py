@@ -135,6 +135,17 @@ VARIABLES: tuple[Var, ...] = (
     Var("<[model] var>", "the model directory ([serve] model_var names it)", "cli.serve_cmds",
         "--model", "none"),
     Var("TERM", "`dumb`: plain lines instead of rich output", "cli"),
+    # -- the GitHub Actions run a release is made in (the attestation's builder)
+    Var("GITHUB_ACTIONS", "`true` in GitHub Actions: the attestation's builder is the "
+        "workflow", "cli.release_cmds", "--builder-id", "urn:pinwheel:builder:local"),
+    Var("GITHUB_SERVER_URL", "the GitHub server of the run (builder id, run URL)",
+        "cli.release_cmds", "--builder-id"),
+    Var("GITHUB_WORKFLOW_REF", "the workflow file and ref of the run (OWNER/REPO/PATH@REF): "
+        "the attestation's builder id", "cli.release_cmds", "--builder-id"),
+    Var("GITHUB_REPOSITORY", "OWNER/REPO of the run (the run URL)", "cli.release_cmds"),
+    Var("GITHUB_RUN_ID", "the run's id (the attestation's invocation id)", "cli.release_cmds"),
+    Var("GITHUB_RUN_ATTEMPT", "the run's attempt (the attestation's invocation id)",
+        "cli.release_cmds", None, "1"),
 )  # fmt: skip
 
 # Handed to child processes as they are, besides the declared variables: what programs
@@ -252,6 +263,29 @@ class CompilerCacheSettings:
 
 
 @dataclass(frozen=True)
+class GithubRun:
+    """The GitHub Actions run this is (``GITHUB_ACTIONS=true``): what a release's attestation
+    names as its builder (``SERVER/WORKFLOW_REF``) and invocation (the run's URL)."""
+
+    server_url: str  # GITHUB_SERVER_URL, without a trailing /
+    workflow_ref: str  # GITHUB_WORKFLOW_REF: OWNER/REPO/.github/workflows/X.yml@refs/tags/T
+    repository: str | None = None  # GITHUB_REPOSITORY
+    run_id: str | None = None  # GITHUB_RUN_ID (digits)
+    run_attempt: str | None = None  # GITHUB_RUN_ATTEMPT (digits)
+
+    @property
+    def builder_id(self) -> str:
+        return f"{self.server_url}/{self.workflow_ref}"
+
+    @property
+    def invocation_id(self) -> str | None:
+        if not (self.repository and self.run_id):
+            return None
+        return (f"{self.server_url}/{self.repository}/actions/runs/{self.run_id}/attempts/"
+                f"{self.run_attempt or '1'}")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class HostEnvironment:
     """What this run's environment says, resolved once by the CLI (:func:`host`).
 
@@ -276,6 +310,7 @@ class HostEnvironment:
     uv_python_install_dir: Path | None = None  # UV_PYTHON_INSTALL_DIR
     pyenv_root: Path | None = None  # PYENV_ROOT
     sccache: CompilerCacheSettings = field(default_factory=CompilerCacheSettings)
+    github: GithubRun | None = None  # GITHUB_* when GITHUB_ACTIONS=true; None elsewhere
 
     @property
     def path(self) -> str | None:
@@ -332,6 +367,38 @@ def _program(process: Mapping[str, str], name: str) -> str | None:
     if value is not None and value.startswith("-"):
         raise _problem(name, f"{value!r} is an option, not a program", f"export {name}=g++-13")
     return value
+
+
+_URL_TEXT = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~-]+)*/?")
+_WORKFLOW_REF = re.compile(
+    r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/[A-Za-z0-9_./-]+@refs/[A-Za-z0-9_./+-]+"
+)
+
+
+def _github(process: Mapping[str, str]) -> GithubRun | None:
+    """GITHUB_* typed, when GitHub Actions runs this (else None: a local build)."""
+    if process.get("GITHUB_ACTIONS") != "true":
+        return None
+    server = _text(process, "GITHUB_SERVER_URL")
+    ref = _text(process, "GITHUB_WORKFLOW_REF")
+    if server is None or ref is None:
+        return None  # not the whole of a run: the builder is said to be local
+    if not _URL_TEXT.fullmatch(server):
+        raise _problem("GITHUB_SERVER_URL", f"{server!r} is not an http(s) server URL",
+                       "export GITHUB_SERVER_URL=https://github.com")  # fmt: skip
+    if ".." in ref or not _WORKFLOW_REF.fullmatch(ref):
+        raise _problem("GITHUB_WORKFLOW_REF", f"{ref!r} is not OWNER/REPO/PATH@refs/...",
+                       "export GITHUB_WORKFLOW_REF=owner/repo/.github/workflows/release.yml"
+                       "@refs/tags/v1")  # fmt: skip
+    repository = _text(process, "GITHUB_REPOSITORY")
+    run_id, attempt = _text(process, "GITHUB_RUN_ID"), _text(process, "GITHUB_RUN_ATTEMPT")
+    for name, value in (("GITHUB_RUN_ID", run_id), ("GITHUB_RUN_ATTEMPT", attempt)):
+        if value is not None and not (value.isascii() and value.isdigit()):
+            raise _problem(name, f"{value!r} is not a number", f"export {name}=1")
+    if repository is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", repository):
+        raise _problem("GITHUB_REPOSITORY", f"{repository!r} is not OWNER/REPO",
+                       "export GITHUB_REPOSITORY=owner/repo")  # fmt: skip
+    return GithubRun(server.rstrip("/"), ref, repository, run_id, attempt)
 
 
 def host(process: Mapping[str, str]) -> HostEnvironment:
@@ -393,4 +460,5 @@ def host(process: Mapping[str, str]) -> HostEnvironment:
         uv_python_install_dir=_absolute(process, "UV_PYTHON_INSTALL_DIR"),
         pyenv_root=_absolute(process, "PYENV_ROOT"),
         sccache=sccache,
+        github=_github(process),
     )

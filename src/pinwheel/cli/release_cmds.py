@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,9 @@ from pinwheel.cli import Context, command
 from pinwheel.errors import UsageError
 from pinwheel.manifest import Manifest
 from pinwheel.release.signing import UNSIGNED_NOTE
+
+FETCH_DEST = "fetched-release"  # fetch's folder and install's: never the build's wheels/
+INSTALL_VENV = ".venv"
 
 
 def _manifest_or_none(ctx: Context) -> Manifest | None:
@@ -62,6 +66,7 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
     key = (
         None if args.no_sign else (Path(args.key).expanduser() if args.key else config.signing_key)
     )
+    builder, invocation = _ci_builder(ctx)
     request = AssembleRequest(
         manifest,
         config,
@@ -70,7 +75,8 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
         key=key,
         qualification=Path(args.qualification) if args.qualification else None,
         allow_unverified=args.allow_unverified,
-        builder_id=args.builder_id or _ci_builder(ctx),
+        builder_id=args.builder_id or builder,
+        invocation_id=None if args.builder_id else invocation,
         lock=Path(args.lock) if args.lock else None,
     )
     built = assemble(request)
@@ -85,18 +91,46 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-def _ci_builder(ctx: Context) -> str:
-    """SLSA builder id: the GitHub Actions workflow that runs this, else a local build."""
-    from pinwheel import validate
+def _ci_builder(ctx: Context) -> tuple[str, str | None]:
+    """SLSA builder id and invocation id: the GitHub Actions workflow and run that runs
+    this (options.GithubRun, from GITHUB_*), else a local build."""
     from pinwheel.release.attest import LOCAL_BUILDER
 
-    env = ctx.environ
-    server, ref = env.get("GITHUB_SERVER_URL", ""), env.get("GITHUB_WORKFLOW_REF", "")
-    if env.get("GITHUB_ACTIONS") == "true" and server and ref:
-        candidate = f"{server.rstrip('/')}/{ref}"
-        if not validate.http_url_problem(candidate) and not any(c.isspace() for c in candidate):
-            return candidate
-    return LOCAL_BUILDER
+    run = ctx.host.github
+    if run is None:
+        return LOCAL_BUILDER, None
+    return run.builder_id, run.invocation_id
+
+
+def cmd_keygen(ctx: Context, args: argparse.Namespace) -> int:
+    """A first release key: an Ed25519 key and its line in allowed_signers, one command."""
+    from pinwheel.release.assemble import release_config
+    from pinwheel.release.signing import new_key
+
+    manifest = _manifest_or_none(ctx)
+    config = release_config(manifest)
+    key = Path(args.key).expanduser() if args.key else config.signing_key
+    if key is None:
+        raise UsageError(
+            "where should the new private key go?",
+            where="pinwheel keygen",
+            next="pass --key PATH (outside the repository, e.g. ~/.ssh/pinwheel_release), or "
+            "set [release] signing_key",
+        )
+    default_signers = config.allowed_signers or (
+        ctx.manifest_path.parent / "keys" / "allowed_signers")  # fmt: skip
+    signers = Path(args.allowed_signers) if args.allowed_signers else default_signers
+    principal = args.principal or config.principal or (
+        f"{manifest.name}-release" if manifest is not None else "pinwheel-release")  # fmt: skip
+    made = new_key(key, signers, principal)
+    ctx.emit(
+        {"key": str(made.key), "public_key": str(made.key) + ".pub",
+         "allowed_signers": str(made.allowed_signers), "line": made.line},
+        f"new release key {made.key} (public half {made.key}.pub)\n"
+        f"added to {made.allowed_signers}: {made.line}\n"
+        f"next: commit {made.allowed_signers}, then `pinwheel release --key {made.key}`",
+    )  # fmt: skip
+    return 0
 
 
 def cmd_verify_release(ctx: Context, args: argparse.Namespace) -> int:
@@ -118,6 +152,9 @@ def cmd_verify_release(ctx: Context, args: argparse.Namespace) -> int:
                 allowed_signers=signers,
                 principal=principal,
                 allow_unsigned=args.allow_unsigned,
+                sums=args.sums,
+                sigstore_policy=policy,
+                command="pinwheel verify-release",
                 reporter=ctx.reporter,
             )
             directory = Path(tmp) / "release"
@@ -234,13 +271,22 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
              f"{len(outcome.variants)} variant(s)"
              + (f", release signed by {outcome.signed_by}" if outcome.signed_by else
                 ", release signature not checked (no allowed_signers)")]  # fmt: skip
-    lines += [f"  {v}: --index-url BASE/{v}/simple/  ({len(w)} wheels)"
+    lines += [f"  {v}: pip install --require-hashes -r BASE/{v}/requirements.txt "
+              f"--index-url BASE/{v}/simple/  ({len(w)} wheels, "
+              f"{len(outcome.dependencies)} dependencies by hash)"
               for v, w in outcome.variants.items()]  # fmt: skip
+    lines.append("  the release itself: pinwheel fetch BASE/files/ (or verify-release BASE/files/)")
+    if outcome.unserved:
+        lines.append("  warning: not served (no pylock.toml in the release pins them): "
+                     + ", ".join(outcome.unserved) + "; `pinwheel release --lock pylock.toml` "
+                     "ships the lock")  # fmt: skip
     ctx.emit(
         {
             "out": str(outcome.out),
             "signed_by": outcome.signed_by,
             "variants": {v: list(w) for v, w in outcome.variants.items()},
+            "dependencies": [d.project for d in outcome.dependencies],
+            "unserved": list(outcome.unserved),
         },
         "\n".join(lines),
     )
@@ -301,10 +347,12 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
         principal=principal,
         allow_unsigned=args.allow_unsigned,
         sums=args.sums,
+        sigstore_policy=_sigstore_policy(ctx, args),
         reporter=ctx.reporter,
     )
     source = resolve_source(args.source)
-    result = fetch_release(source, Path(args.dest), opts, only=tuple(args.file))
+    dest = _fetch_dest(ctx, args, source.location if source.kind == "dir" else None)
+    result = fetch_release(source, dest, opts, only=tuple(args.file))
     payload: dict[str, Any] = {
         "source": source.describe(),
         "dest": str(result.dest),
@@ -312,6 +360,7 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
         "signature": result.signature,
         "allow_unsigned": result.allow_unsigned,
         "files": [f.__dict__ for f in result.files],
+        "attestation": _carried(result.check),
     }
     if result.allow_unsigned:
         payload["warning"] = UNSIGNED_NOTE
@@ -325,9 +374,43 @@ def cmd_fetch(ctx: Context, args: argparse.Namespace) -> int:
             "FILE to check it",
             "absent": f"; {UNSIGNED_NOTE}: the release is unsigned",
         }[result.signature]
-        + (f"; resumed: {', '.join(resumed)}" if resumed else ""),
+        + (f"; resumed: {', '.join(resumed)}" if resumed else "")
+        + "\n  " + "\n  ".join(_carried(result.check)),
     )
     return 0
+
+
+def _carried(check: Any) -> list[str]:
+    """What fetch and install say of the attestation and Sigstore bundles they checked."""
+    if check is None:
+        return ["no attestation.intoto.jsonl beside it (accepted: --allow-unsigned)"]
+    signed = (f"signed by {check.attestation_signed_by}" if check.attestation_signed_by
+              else "signature not checked (--allow-unsigned)")  # fmt: skip
+    lines = [f"attestation.intoto.jsonl: {len(check.subjects)} subjects match, {signed}; "
+             f"builder {check.builder}"]  # fmt: skip
+    return lines + (list(check.sigstore) or ["no Sigstore bundle beside the release"])
+
+
+def _fetch_dest(ctx: Context, args: argparse.Namespace, source_dir: str | None) -> Path:
+    """--dest, never the build's output nor the release folder (a later build would change
+    what fetch verified), nor the source directory itself."""
+    from pinwheel.release.assemble import release_config
+
+    dest = Path(args.dest)
+    config = release_config(_manifest_or_none(ctx))
+    taken = {config.source.resolve(): "the build output ([release] source)",
+             config.dir.resolve(): "the release folder ([release] dir)"}  # fmt: skip
+    if source_dir is not None:
+        taken[Path(source_dir).resolve()] = "the folder fetched from"
+    why = taken.get(dest.resolve())
+    if why is not None:
+        raise UsageError(
+            f"--dest {args.dest} is {why}: fetched files never share a folder with it",
+            where="pinwheel fetch --dest DIR",
+            next=f"pass another folder, e.g. `pinwheel fetch {args.source} --dest "
+            f"{FETCH_DEST}`",
+        )
+    return dest
 
 
 def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
@@ -336,9 +419,19 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
 
     signers, principal = _signers(ctx, args)
     backend = args.torch_backend or release_config(_manifest_or_none(ctx)).torch_backend
+    venv = Path(args.venv or INSTALL_VENV)
+    if args.venv is None and venv.resolve() == Path(sys.prefix).resolve():
+        raise UsageError(
+            f"{venv} is the venv pinwheel itself runs from: the engine would be installed "
+            "over pinwheel's own dependencies",
+            where="pinwheel install --venv",
+            next=f"pass another venv, e.g. `pinwheel install {args.dir} --venv engine-venv`, "
+            f"or name this one on purpose with --venv {venv}",
+        )
     request = InstallRequest(
         wheel_dir=Path(args.dir),
-        venv=Path(args.venv),
+        venv=venv,
+        sigstore_policy=_sigstore_policy(ctx, args),
         torch_backend=backend,
         installer=args.installer,
         no_deps=args.no_deps,
@@ -367,11 +460,12 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
             "fell_back": result.fell_back,
             "wheels": list(result.wheels),
             "commands": [list(c) for c in result.commands],
+            "attestation": _carried(result.check),
         },
         f"installed {', '.join(result.wheels)} into {result.venv} (Python "
         f"{result.python or '?'}: {result.python_how}) with {result.installer}"
         + (f", dependencies from {result.lock} (hashed)" if result.lock else "")
-        + f"; {trust}",
+        + f"; {trust}\n  " + "\n  ".join(_carried(result.check)),
     )
     return 0
 
@@ -454,21 +548,27 @@ def register(sub: Any) -> None:
         "run there, else urn:pinwheel:builder:local)",
     )
 
+    p = command(sub, "keygen", "make a release signing key and its allowed_signers line",
+                cmd_keygen)  # fmt: skip
+    p.add_argument("--key", help="where the private key goes (default: [release] signing_key); "
+                   "its .pub beside it")  # fmt: skip
+    p.add_argument("--allowed-signers", help="the file the key's line is added to (default: "
+                   "[release] allowed_signers, else keys/allowed_signers)")  # fmt: skip
+    p.add_argument("--principal", help="the key's identity in allowed_signers (default: "
+                   "[release] principal, else NAME-release)")  # fmt: skip
+
     p = command(
         sub,
         "verify-release",
         "check a release (DIR|URL): SHA256SUMS, signatures, the in-toto attestation's subjects",
         cmd_verify_release,
     )
-    p.add_argument("source", help="release directory or base URL")
+    p.add_argument("source", help="release directory, base URL, or index project URL "
+                   "(.../simple/NAME/, with --sums)")  # fmt: skip
+    p.add_argument("--sums", help="SHA256SUMS URL or path (required for an index source)")
     _signer_options(p)
     _unsigned_option(p)
-    p.add_argument(
-        "--sigstore-repo",
-        metavar="OWNER/NAME",
-        help="a Sigstore bundle beside the release must be signed by this GitHub repository's "
-        "release workflow (default: [release.sigstore] repository, else [release.github] repo)",
-    )
+    _sigstore_option(p)
 
     p = command(sub, "publish", "upload a verified release: index (twine), github, hf", cmd_publish)
     p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
@@ -479,7 +579,8 @@ def register(sub: Any) -> None:
         sub, "index", "a static PEP 503/691 index per variant for a release (pip, uv)", cmd_index
     )
     p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
-    p.add_argument("--out", help="index dir, replaced atomically (default: DIR-index beside it)")
+    p.add_argument("--out", help="index dir (default: DIR-index beside it): new, empty, or one "
+                   "pinwheel index made (then replaced atomically)")  # fmt: skip
     _signer_options(p)
 
     p = command(
@@ -507,7 +608,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "source", help="release base URL, directory, or index project URL (.../simple/NAME/)"
     )
-    p.add_argument("--dest", default="wheels", help="where verified files go (default: wheels)")
+    p.add_argument("--dest", default=FETCH_DEST,
+                   help=f"where verified files go (default: {FETCH_DEST}; never the build "
+                   "output or the release folder)")  # fmt: skip
     p.add_argument("--sums", help="SHA256SUMS URL or path (required for an index source)")
     p.add_argument("--file", action="append", default=[], help="only this listed file (repeatable)")
     _signer_options(p)
@@ -526,10 +629,13 @@ def register(sub: Any) -> None:
         default=6 * 3600.0,
         help="seconds the whole fetch may take (0: none; default 21600)",
     )
+    _sigstore_option(p)
 
     p = command(sub, "install", "install verified wheels into a venv (uv, else pip)", cmd_install)
-    p.add_argument("dir", nargs="?", default="wheels", help="fetched wheels (default: wheels)")
-    p.add_argument("--venv", default=".venv", help="target venv, created if missing")
+    p.add_argument("dir", nargs="?", default=FETCH_DEST,
+                   help=f"a fetched release (default: {FETCH_DEST})")  # fmt: skip
+    p.add_argument("--venv", help=f"target venv, created if missing (default: {INSTALL_VENV}; "
+                   "pinwheel's own venv only when named here)")  # fmt: skip
     p.add_argument("--torch-backend", help="uv --torch-backend (default: [release] torch_backend)")
     p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     p.add_argument("--no-deps", action="store_true", help="install only the release wheels")
@@ -545,6 +651,7 @@ def register(sub: Any) -> None:
     )
     _signer_options(p)
     _unsigned_option(p)
+    _sigstore_option(p)
 
     p = command(
         sub, "model", "model pack: fetch at the pinned revision, check offline", _model_help
@@ -570,6 +677,15 @@ def _unsigned_option(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="go on without allowed_signers (SHA256SUMS then trusted from the server); "
         "every output and the install receipt say so",
+    )
+
+
+def _sigstore_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sigstore-repo",
+        metavar="OWNER/NAME",
+        help="a Sigstore bundle beside the release must be signed by this GitHub repository's "
+        "release workflow (default: [release.sigstore] repository, else [release.github] repo)",
     )
 
 

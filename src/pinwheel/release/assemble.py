@@ -9,6 +9,7 @@ release uploads exactly these files; the package index gets the wheels.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -301,9 +302,11 @@ def render_notes(
         "## Install",
         "",
         "```sh",
-        "pinwheel fetch <release URL> --dest wheels"
+        "pinwheel fetch <release URL> --dest fetched-release"
         + (" --allowed-signers allowed_signers" if config.allowed_signers else ""),
-        f"pinwheel install wheels --venv .venv --torch-backend {config.torch_backend or 'cu128'}",
+        "pinwheel install fetched-release --venv engine-venv --torch-backend "
+        f"{config.torch_backend or 'cu128'}"
+        + (" --allowed-signers allowed_signers" if config.allowed_signers else ""),
         "```",
         "",
         "By hand: `sha256sum -c SHA256SUMS`",
@@ -380,6 +383,7 @@ class AssembleRequest:
     qualification: Path | None = None
     allow_unverified: bool = False
     builder_id: str = attest.LOCAL_BUILDER  # SLSA runDetails.builder.id (the CI names its own)
+    invocation_id: str | None = None  # SLSA runDetails.metadata.invocationId (the CI run's URL)
     lock: Path | None = None  # pylock.toml of the environment qualification ran in
 
 
@@ -442,6 +446,7 @@ def assemble(request: AssembleRequest) -> Release:
             )
     same_dir = out.resolve() == build.resolve()
     with atomic_dir(out) if not same_dir else _in_place(out) as tmp:
+        os.chmod(tmp, 0o755)  # a web server running as another user serves the release
         if not same_dir:
             for w in wheels:
                 link_or_copy(build / w, tmp / w)
@@ -477,12 +482,7 @@ def assemble(request: AssembleRequest) -> Release:
             signing.sign(tmp / SUMS, key)
             signed = True
             if config.allowed_signers:  # catch a key that the published signers file lacks
-                signing.verify(
-                    (tmp / SUMS).read_bytes(),
-                    (tmp / SIG).read_bytes(),
-                    config.allowed_signers,
-                    config.principal,
-                )
+                _signed_by_a_listed_key(tmp, key, config)
         else:
             warnings.append("not signed: no --key and no [release] signing_key")
         (tmp / attest.FILENAME).unlink(missing_ok=True)
@@ -498,6 +498,7 @@ def assemble(request: AssembleRequest) -> Release:
                       "tag": provenance.get("tag") or manifest.result.tag or manifest.name},
             internal={k: provenance[k] for k in ("arches", "toolchain", "source_date_epoch")
                       if provenance.get(k) is not None},
+            invocation_id=request.invocation_id,
         )  # fmt: skip
         attest.write_envelope(tmp, doc, key)
     return Release(
@@ -507,6 +508,26 @@ def assemble(request: AssembleRequest) -> Release:
         signed=signed,
         warnings=tuple(warnings),
     )
+
+
+def _signed_by_a_listed_key(tmp: Path, key: Path, config: ReleaseConfig) -> None:
+    """The new SHA256SUMS.sig verifies against [release] allowed_signers; else the refusal
+    names release's own way on (a signers line for this key, or --no-sign)."""
+    assert config.allowed_signers is not None
+    try:
+        signing.verify((tmp / SUMS).read_bytes(), (tmp / SIG).read_bytes(),
+                       config.allowed_signers, config.principal)  # fmt: skip
+    except VerifyError as exc:
+        pub = key.with_name(key.name + ".pub") if key.suffix != ".pub" else key
+        raise VerifyError(
+            f"{key} is not a key that {config.allowed_signers} lists, so no one could verify "
+            f"this release; nothing was written ({exc.what})",
+            where=f"[release] allowed_signers = {config.allowed_signers}",
+            next=f"add this key's line to {config.allowed_signers} (`ssh-keygen -y -f {key}` "
+            f"prints it; the format is `PRINCIPAL namespaces=\"pinwheel,"
+            f"{signing.ATTESTATION_NAMESPACE}\" {pub.name}'s two fields`), or make a new key "
+            f"and its line in one step: `pinwheel keygen --key NEW_KEY`; or pass --no-sign",
+        ) from None
 
 
 def _kernel_only_set(provenance: Mapping[str, Any], wheels: list[Path]) -> list[str] | None:

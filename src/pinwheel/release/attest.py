@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -112,6 +113,7 @@ def statement(
     builder_id: str,
     external: Mapping[str, Any],
     internal: Mapping[str, Any],
+    invocation_id: str | None = None,
 ) -> dict[str, Any]:
     """An in-toto Statement v1 with a SLSA provenance v1 predicate (no clock: reproducible)."""
     return {
@@ -125,7 +127,10 @@ def statement(
                 "internalParameters": dict(internal),
                 "resolvedDependencies": dependencies,
             },
-            "runDetails": {"builder": {"id": builder_id}},
+            "runDetails": {
+                "builder": {"id": builder_id},
+                **({"metadata": {"invocationId": invocation_id}} if invocation_id else {}),
+            },
         },
     }
 
@@ -219,25 +224,38 @@ def _subjects(doc: Mapping[str, Any], where: str) -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class SumsChecked:
+    """SHA256SUMS as already checked (its signature when signers were given): the entries
+    and who signed them (None: not checked, --allow-unsigned)."""
+
+    sums: Mapping[str, str]
+    signed_by: str | None
+
+
 def check_attestation(
     directory: Path,
-    verified: Any,
+    verified: SumsChecked | Any,
     *,
     allowed_signers: Path | None,
     principal: str | None,
     sigstore_policy: sigstorebundle.IdentityPolicy | None = None,
+    partial: bool = False,
 ) -> ReleaseCheck:
     """The attestation of a release whose SHA256SUMS ``verified`` already checked
     (:func:`pinwheel.release.assemble.verify_release`): its signature, then its subjects
     against the files and SHA256SUMS, both ways; then any Sigstore bundle beside it
     (:func:`pinwheel.release.sigstorebundle.check`, offline, against ``sigstore_policy``).
-    Raises VerifyError on the first failure."""
+    ``partial``: a subject that is not in ``directory`` (``fetch --file``, ``install
+    --allow-partial``) only has to be SHA256SUMS's entry. Raises VerifyError on the first
+    failure."""
     path = directory / FILENAME
     if not path.is_file():
         raise VerifyError(
             f"no {FILENAME} in {directory}: the release carries no attestation",
             where=str(directory),
-            next="fetch it with the release (a release made by `pinwheel release` has one)",
+            next="fetch the release again with `pinwheel fetch URL|DIR --dest DIR` (it carries "
+            "the attestation); a release made by `pinwheel release` has one",
         )
     doc, payload, sigs = _envelope(path)
     attested_by = None
@@ -275,7 +293,10 @@ def check_attestation(
         if name not in subjects:
             problems.append(f"{name} is not a subject of the attestation")
     for name, digest in sorted(subjects.items()):
-        if name not in actual:
+        if name not in actual and partial and name in verified.sums:
+            if verified.sums[name] != digest:
+                problems.append(f"{name}: the attested sha256 is not SHA256SUMS's")
+        elif name not in actual:
             problems.append(f"subject {name} is not in the release")
         elif actual[name] != digest:
             problems.append(f"{name}: sha256 {actual[name]} is not the attested {digest}")
@@ -304,3 +325,23 @@ def check_attestation(
         bundles=bundles,
         unsigned=allowed_signers is None,
     )
+
+
+def check_carried(
+    directory: Path,
+    verified: SumsChecked | Any,
+    *,
+    allowed_signers: Path | None,
+    principal: str | None,
+    sigstore_policy: sigstorebundle.IdentityPolicy | None = None,
+    partial: bool = False,
+) -> ReleaseCheck | None:
+    """What ``fetch`` and ``install`` check beside SHA256SUMS: the attestation (required
+    when signers are given; without them, --allow-unsigned, checked when present) and every
+    Sigstore bundle beside it. None: an unsigned release that carries no attestation."""
+    if allowed_signers is None and not os.path.lexists(directory / FILENAME):
+        return None
+    return check_attestation(
+        directory, verified, allowed_signers=allowed_signers, principal=principal,
+        sigstore_policy=sigstore_policy, partial=partial,
+    )  # fmt: skip

@@ -34,17 +34,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pinwheel import confine
-from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_file
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+from pinwheel import confine, untrusted
+from pinwheel.checksums import SIG, SUMS, parse_sums, sha256_file
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.heartbeat import human_seconds
 from pinwheel.net import httpget
 from pinwheel.progress import SILENT, Advance, Reporter
-from pinwheel.release import signing
+from pinwheel.release import attest, signing, sigstorebundle
 from pinwheel.urls import redact
 
 USER_AGENT = "pinwheel-fetch/1"
+# the attestation and Sigstore bundles a directory source carries: regular files, bounded
+_EXTRA = untrusted.Kind(
+    "release signature file", 16 * 1024 * 1024, 0, VerifyError,
+    "do not install this release; fetch it from the publisher again",
+)  # fmt: skip
 
 
 class FetchError(PinwheelError):
@@ -110,6 +117,9 @@ class FetchOptions:
     principal: str | None = None
     allow_unsigned: bool = False  # no allowed_signers accepted: the user said so (stated)
     sums: str | None = None  # SHA256SUMS location for an index source
+    # who must have signed a Sigstore bundle beside the release (None: reported, not checked)
+    sigstore_policy: Any = field(default=None, compare=False)
+    command: str = "pinwheel fetch"  # the command a refusal names
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
     # Bytes as they arrive, and a line before each retry wait (what failed, which
@@ -152,6 +162,9 @@ class FetchResult:
         "absent"  # "verified" | "present" (not verified: no allowed_signers) | "absent"
     )
     allow_unsigned: bool = False  # accepted without allowed_signers (--allow-unsigned)
+    # the attestation and Sigstore bundles carried and checked (None: an unsigned release
+    # without an attestation, fetched with --allow-unsigned)
+    check: attest.ReleaseCheck | None = None
 
 
 # --------------------------------------------------------------------------- sources
@@ -571,6 +584,63 @@ def _offered(source: Source, opts: FetchOptions) -> dict[str, str]:
     return {n: u for n, u in _links(page, source.location).items() if "?" not in n}
 
 
+_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,200}")
+
+
+def _page_project(url: str) -> str:
+    """The project a PEP 503 page is for: the path segment after ``/simple/``."""
+    tail = urllib.parse.urlsplit(url).path.split("/simple/", 1)[-1]
+    return str(canonicalize_name(urllib.parse.unquote(tail.strip("/").split("/")[0])))
+
+
+def _project_of(wheel: str) -> str | None:
+    try:
+        return str(parse_wheel_filename(wheel)[0])
+    except InvalidWheelFilename:
+        return None
+
+
+def _remote(location: str) -> bool:
+    return re.match(r"^https?://", location) is not None
+
+
+def _beside(source: Source, sums_at: str) -> str:
+    """Where the release's files other than the index's wheels are: the source itself, or
+    for an index the folder (or URL) SHA256SUMS is in."""
+    if source.kind != "index":
+        return source.location
+    if re.match(r"^https?://", sums_at):
+        return urllib.parse.urljoin(sums_at, ".")
+    return str(Path(sums_at).resolve().parent)
+
+
+def _carry(
+    source: Source, beside: str, offered: dict[str, str], dest: Path, opts: FetchOptions
+) -> list[str]:
+    """The files that sign the release but are not listed in SHA256SUMS: the in-toto
+    attestation and each Sigstore bundle (``SHA256SUMS.sigstore.json``, and any other
+    ``*.sigstore[.json]`` the source lists), copied into ``dest`` as they are; they are
+    checked there (:func:`pinwheel.release.attest.check_carried`). Returns their names."""
+    names = {attest.FILENAME, f"{SUMS}.sigstore.json"}
+    names |= {n for n in offered if n.endswith(sigstorebundle.SUFFIXES) and _PLAIN.fullmatch(n)}
+    carried = []
+    for name in sorted(names):
+        target = confine.inside(dest, name, what="release file")
+        if not _remote(beside):
+            path = Path(beside) / name
+            data = untrusted.read_bytes(path, _EXTRA) if os.path.lexists(path) else None
+        else:
+            data = _read_location(urllib.parse.urljoin(beside, urllib.parse.quote(name)),
+                                  opts, name, optional=True)  # fmt: skip
+        if data is None:
+            if os.path.lexists(target) and not target.is_dir():
+                target.unlink()  # a stale one from an earlier fetch never stands for this one
+            continue
+        atomic_write_bytes(target, data)
+        carried.append(name)
+    return carried
+
+
 def fetch_release(
     source: Source,
     dest: Path,
@@ -581,7 +651,7 @@ def fetch_release(
 
     Every name is checked (plain file names only, listed once) before a file is placed.
     """
-    signing.require_signers(opts.allowed_signers, opts.allow_unsigned, "pinwheel fetch")
+    signing.require_signers(opts.allowed_signers, opts.allow_unsigned, opts.command)
     opts = opts.started()
     sums_at = _sums_location(source, opts)
     sums_bytes = _read_location(sums_at, opts, SUMS)
@@ -619,8 +689,12 @@ def fetch_release(
                     where=offered[name],
                     next="do not install from this index",
                 )
-        wanted = sorted(n for n in sums if n.endswith(".whl"))
-        missing = [n for n in wanted if n not in offered]
+        # the page's project's wheels from the index; every other file (other projects'
+        # wheels, notes, provenance, the lock) from beside SHA256SUMS
+        wanted = sorted(sums)
+        project = _page_project(source.location)
+        missing = [n for n in wanted if n.endswith(".whl") and n not in offered
+                   and _project_of(n) == project]  # fmt: skip
         if missing:
             raise FetchError(
                 f"not on the index: {', '.join(missing)}",
@@ -648,22 +722,33 @@ def fetch_release(
 
     dest.mkdir(parents=True, exist_ok=True)
     fetched = []
+    beside = _beside(source, sums_at)
     for name in wanted:
-        if source.kind == "dir":
-            fetched.append(
-                copy_verified(Path(source.location) / name, dest, name, sums[name], opts.reporter)
-            )
-        else:
-            url = offered.get(name) or urllib.parse.urljoin(
-                source.location, urllib.parse.quote(name)
-            )
-            url = url.split("#", 1)[0]
-            fetched.append(download(url, dest, name, sums[name], opts))
-    # The sums (and signature) last: a directory with SHA256SUMS is a complete one.
-    kept = {n: sums[n] for n in wanted}
-    atomic_write_bytes(dest / SUMS, sums_bytes if kept == sums else format_sums(kept).encode())
-    if sig is not None and kept == sums:
+        url = offered.get(name) if source.kind != "dir" and name.endswith(".whl") else None
+        if url is None and not _remote(beside):
+            fetched.append(copy_verified(Path(beside) / name, dest, name, sums[name],
+                                         opts.reporter))  # fmt: skip
+            continue
+        url = url or urllib.parse.urljoin(beside, urllib.parse.quote(name))
+        fetched.append(download(url.split("#", 1)[0], dest, name, sums[name], opts))
+    carried = _carry(source, beside, offered, dest, opts)
+    # The sums (and signature) last: a directory with SHA256SUMS is a complete one. They go
+    # as they were signed, so `install` checks the signature again (a partial fetch, --file,
+    # is installed with --allow-partial).
+    atomic_write_bytes(dest / SUMS, sums_bytes)
+    if sig is not None:
         atomic_write_bytes(dest / SIG, sig)
+    else:
+        (dest / SIG).unlink(missing_ok=True)
+    try:
+        check = attest.check_carried(
+            dest, attest.SumsChecked(sums, signed_by), allowed_signers=opts.allowed_signers,
+            principal=opts.principal, sigstore_policy=opts.sigstore_policy, partial=bool(only),
+        )  # fmt: skip
+    except PinwheelError:
+        for name in (SUMS, SIG, *carried):  # never a folder `install` would take as complete
+            (dest / name).unlink(missing_ok=True)
+        raise
     return FetchResult(
         source=source,
         dest=dest,
@@ -671,4 +756,5 @@ def fetch_release(
         signed_by=signed_by,
         signature="verified" if signed_by else ("present" if sig is not None else "absent"),
         allow_unsigned=signed_by is None,
+        check=check,
     )

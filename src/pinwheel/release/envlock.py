@@ -42,14 +42,18 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from packaging.pylock import Package, PackageWheel, Pylock
+from packaging.specifiers import SpecifierSet
 from packaging.utils import (
     InvalidWheelFilename,
     canonicalize_name,
     canonicalize_version,
     parse_wheel_filename,
 )
+from packaging.version import Version
 
 from pinwheel import untrusted, validate
 from pinwheel.errors import VerifyError
@@ -447,7 +451,12 @@ def build(
     locks: Sequence[Path] = (),
     leave_out: Sequence[str] = (),
 ) -> EnvLock:
-    """Read ``venv`` and pin what can be pinned (nothing is written; see :func:`write`)."""
+    """Read ``venv`` and pin what can be pinned (nothing is written; see :func:`write`).
+    The lock ``pinwheel install`` resolved the venv from (``VENV/pylock.pinwheel-resolved
+    .toml``) is one of ``locks`` when present."""
+    resolved = venv / "pylock.pinwheel-resolved.toml"
+    if resolved.is_file() and not resolved.is_symlink():
+        locks = [*locks, resolved]
     checked = [pylock.check(p) for p in locks]
     release = _release_map(release_dir)
     dists, bad, python = installed(venv)
@@ -486,39 +495,45 @@ def build(
 
 
 def _q(value: str) -> str:
-    """A TOML basic string of a value already checked to be plain printable ASCII."""
+    """A value already checked to be plain printable ASCII (else ValueError)."""
     if any(not (32 <= ord(c) < 127) for c in value):
         raise ValueError(f"not plain ASCII: {value[:80]!r}")
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return value
+
+
+def lock_of(env: EnvLock) -> Pylock:
+    """The venv as a PEP 751 lock (``packaging.pylock``): each pinned package by its wheels'
+    URL and sha256; the release's own wheels, the hash sources and what was left out in
+    ``[tool.pinwheel]``."""
+    pinned = sorted(env.pinned, key=lambda p: canonicalize_name(p.name))
+    packages = [
+        Package(name=canonicalize_name(_q(p.name)), version=Version(_q(p.version)), wheels=[
+            PackageWheel(name=_q(w.name or _basename(w.url)), url=_q(w.url),
+                         hashes={"sha256": _q(w.sha256)}) for w in p.wheels])
+        for p in pinned
+    ]  # fmt: skip
+    tool: dict[str, Any] = {
+        "source": "the environment qualification ran in (pinwheel runtime-lock)"}
+    if env.python:
+        tool["python"] = _q(env.python)
+    tool["hash-from"] = {canonicalize_name(p.name): _q(p.how) for p in pinned}
+    if env.release:
+        tool["release-wheels"] = [
+            {"name": canonicalize_name(r.name), "version": _q(r.version), "wheel": _q(r.wheel),
+             "sha256": _q(r.sha256)} for r in env.release]  # fmt: skip
+    if env.left_out:
+        tool["left-out"] = [{"name": canonicalize_name(u.name), "version": _q(u.version),
+                             "why": _q(u.why)} for u in env.left_out]  # fmt: skip
+    python = ".".join(env.python.split(".")[:2]) if env.python else None
+    return Pylock(
+        lock_version=Version("1.0"), created_by="pinwheel runtime-lock", packages=packages,
+        requires_python=SpecifierSet(f"=={python}.*") if python else None,
+        tool={"pinwheel": tool},
+    )  # fmt: skip
 
 
 def render(env: EnvLock) -> str:
-    lines = ['lock-version = "1.0"', 'created-by = "pinwheel runtime-lock"']
-    if env.python:
-        major_minor = ".".join(env.python.split(".")[:2])
-        lines.append(f"requires-python = {_q('==' + major_minor + '.*')}")
-    for p in sorted(env.pinned, key=lambda p: canonicalize_name(p.name)):
-        lines += ["", "[[packages]]", f"name = {_q(canonicalize_name(p.name))}",
-                  f"version = {_q(p.version)}"]  # fmt: skip
-        for w in p.wheels:
-            lines += ["", "[[packages.wheels]]"]
-            lines += [f"name = {_q(w.name or _basename(w.url))}", f"url = {_q(w.url)}",
-                      f"hashes = {{sha256 = {_q(w.sha256)}}}"]  # fmt: skip
-    source = "the environment qualification ran in (pinwheel runtime-lock)"
-    lines += ["", "[tool.pinwheel]", f"source = {_q(source)}"]
-    if env.python:
-        lines.append(f"python = {_q(env.python)}")
-    lines.append("hash-from = {" + ", ".join(
-        f"{_q(canonicalize_name(p.name))} = {_q(p.how)}"
-        for p in sorted(env.pinned, key=lambda p: canonicalize_name(p.name))) + "}")  # fmt: skip
-    for r in env.release:
-        lines += ["", "[[tool.pinwheel.release-wheels]]", f"name = {_q(canonicalize_name(r.name))}",
-                  f"version = {_q(r.version)}", f"wheel = {_q(r.wheel)}",
-                  f"sha256 = {_q(r.sha256)}"]  # fmt: skip
-    for u in env.left_out:
-        lines += ["", "[[tool.pinwheel.left-out]]", f"name = {_q(canonicalize_name(u.name))}",
-                  f"version = {_q(u.version)}", f"why = {_q(u.why)}"]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return pylock.render(lock_of(env))
 
 
 def unpinned_error(env: EnvLock, out: Path) -> VerifyError:

@@ -29,11 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
 from pinwheel import runner, validate
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.options import HostEnvironment
-from pinwheel.release import interpreter, pylock, signing
+from pinwheel.release import attest, interpreter, pylock, signing, sigstorebundle
 from pinwheel.release.assemble import verify_release
 from pinwheel.urls import redact
 from pinwheel.wheels.abifloor import Version, host_glibc, show
@@ -59,6 +62,7 @@ class InstallResult:
     python: str | None = None  # the venv's Python version ("3.12"), when known
     python_how: str = ""  # how that interpreter was found
     lock: str | None = None  # the pylock.toml installed from, if the release ships one
+    check: attest.ReleaseCheck | None = None  # the attestation and bundles (None: unsigned)
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,33 @@ def _shipped_lock(wheel_dir: Path, sums: Mapping[str, str]) -> pylock.Lock | Non
     return pylock.check(path)
 
 
+RESOLVED = "pylock.pinwheel-resolved.toml"  # in the venv: what install resolved, by hash
+
+
+def _resolve_first(
+    uv: str, python: str, wheel_dir: Path, wheels: list[str], venv: Path,
+    pin: TorchPin | None, torch_backend: str | None, offline: list[str],
+) -> tuple[pylock.Lock | None, list[tuple[str, ...]]]:
+    """The release wheels' dependencies resolved into a PEP 751 lock before anything is
+    installed (``uv pip compile``: every file by URL and sha256), kept in the venv as
+    :data:`RESOLVED`: the venv is then exactly a lock, and ``runtime-lock`` pins every
+    package from it. None when the wheels need nothing."""
+    ours = {canonicalize_name(parse_wheel_filename(w)[0]) for w in wheels}
+    wanted = sorted({r for w in wheels for r in read_path(wheel_dir / w).requires_dist
+                     if canonicalize_name(Requirement(r).name) not in ours})  # fmt: skip
+    if pin is not None:
+        wanted.append(f"torch=={pin.version}")
+    if not wanted:
+        return None, []
+    venv.mkdir(parents=True, exist_ok=True)
+    reqs, out = venv / "pinwheel-requires.in", venv / RESOLVED
+    atomic_write_text(reqs, "".join(f"{r}\n" for r in wanted))
+    cmd = [uv, "pip", "compile", "--quiet", "--python", python, *offline, "-o", str(out)]
+    cmd += [f"--torch-backend={torch_backend}"] if torch_backend else []
+    ran = _run([*cmd, str(reqs)], "uv pip compile (the dependencies, by hash)", venv)
+    return pylock.check(out), [ran]
+
+
 @dataclass(frozen=True)
 class InstallRequest:
     """One `pinwheel install`, resolved once by the CLI (flags, [release], environment)."""
@@ -237,6 +268,8 @@ class InstallRequest:
     offline: bool = False  # --offline: nothing from the network (uv --offline / pip --no-index)
     # PATH, HOME, UV_PYTHON_INSTALL_DIR, PYENV_ROOT: where the wheels' Python is looked for
     host: HostEnvironment = field(default_factory=HostEnvironment)  # PATH, HOME, uv, pyenv
+    # who must have signed a Sigstore bundle beside the release (None: reported, not checked)
+    sigstore_policy: sigstorebundle.IdentityPolicy | None = None
 
 
 def install(request: InstallRequest) -> InstallResult:
@@ -253,6 +286,11 @@ def install(request: InstallRequest) -> InstallResult:
     verified = verify_release(
         wheel_dir, allowed_signers=allowed_signers, principal=principal, require_all=False
     )
+    # the attestation (and any Sigstore bundle) over the same files, before anything else
+    check = attest.check_carried(
+        wheel_dir, verified, allowed_signers=allowed_signers, principal=principal,
+        sigstore_policy=request.sigstore_policy, partial=True,
+    )  # fmt: skip
     listed = sorted(n for n in verified.sums if n.endswith(".whl"))
     odd = [n for n in listed if not _WHEEL_NAME.fullmatch(n)]
     if odd:
@@ -305,10 +343,17 @@ def install(request: InstallRequest) -> InstallResult:
     paths = [str((wheel_dir / w).resolve()) for w in wheels]
     offline = (["--offline"] if chosen == "uv" else ["--no-index", "--find-links",
                str(wheel_dir.resolve())]) if request.offline else []  # fmt: skip
+    if lock is None and not no_deps and chosen == "uv" and uv is not None:
+        pinned = torch_pin(wheel_dir, verified.sums)
+        if pinned is None or pinned.index is None:  # the build's torch index: installed apart
+            lock, resolved = _resolve_first(uv, python, wheel_dir, wheels, venv, pinned,
+                                            torch_backend, offline)  # fmt: skip
+            commands += resolved
     if lock is not None:
         # The environment qualification ran in, every file hash-checked by the installer;
         # then the release's wheels, by hash, with nothing left to resolve.
-        # pip reads pylock.toml from 25.1 on (experimental): pinwheel's own pip installs
+        # pip reads pylock.toml from 26.1 on (`-r pylock.toml`, experimental; 25.1 only
+        # writes one with `pip lock`): pinwheel's own pip installs
         # into the venv (--python), whatever pip the venv was seeded with.
         cmd = [uv, "pip", "install", "--python", python] if chosen == "uv" and uv else [
             sys.executable, "-m", "pip", "--python", python, "install"]  # fmt: skip
@@ -349,6 +394,7 @@ def install(request: InstallRequest) -> InstallResult:
         python=found.version,
         python_how=found.how,
         lock=lock.path.name if lock is not None else None,
+        check=check,
     )
     if venv.is_dir():
         write_receipt(result, {w: verified.sums[w] for w in wheels})

@@ -8,9 +8,24 @@ directory is written atomically:
 OUT/index.html                       the variants
 OUT/files/WHEEL                      the wheels (hard links when on the same disk)
 OUT/files/WHEEL.metadata             PEP 658: the wheel's METADATA, byte for byte
+OUT/files/SHA256SUMS ...             the rest of the release as it was signed (SHA256SUMS,
+                                     its .sig, the attestation, bundles, notes, pylock.toml):
+                                     `pinwheel fetch BASE/files/` and `verify-release` read it
 OUT/VARIANT/simple/index.html|json   PEP 503 / PEP 691 root: the projects
 OUT/VARIANT/simple/NAME/index.html|json
+OUT/VARIANT/requirements.txt         every wheel of the variant and every dependency of the
+                                     release's pylock.toml, by version and sha256 (one line
+                                     to install: pip or uv with --require-hashes)
+OUT/VARIANT/pylock.toml              the same as a PEP 751 lock (the release's wheels by path)
+OUT/.pinwheel-index                  marks a folder this command made (--out replaces only one)
 ```
+
+A dependency the release's ``pylock.toml`` pins is listed on the variant's pages by
+its own URL and sha256 (the index points to it; pip and uv check the hash), so the
+index serves everything the engine needs. A dependency no lock pins is named in the
+outcome (``unserved``). Folders are 0755 and files 0644: a web server running as
+another user reads them. A variant label must be a plain folder name that none of
+the index's own names (``files``, ``index.html``, ...) takes.
 
 A variant is what a wheel's PEP 440 local label names after ``pw.``
 (``1.5.2+pw.v100.cu124.torch2.10`` -> ``v100.cu124.torch2.10``); a wheel with
@@ -33,20 +48,33 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import os
+import re
+import shutil
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.pylock import Package, PackageWheel, Pylock
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
-from pinwheel.errors import VerifyError
+from pinwheel.checksums import SIG, SUMS
+from pinwheel.errors import UsageError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_bytes, atomic_write_text, link_or_copy
+from pinwheel.release import attest, pylock, sigstorebundle
 from pinwheel.release.assemble import verify_release
 from pinwheel.wheels.metadata import read_path
 
 FILES = "files"
 ALL = "all"
+REQUIREMENTS = "requirements.txt"
+MARKER = ".pinwheel-index"
+# names at the index root a variant folder must never take
+RESERVED = frozenset({FILES, "index.html", "index.json", REQUIREMENTS, pylock.FILENAME, MARKER})
+_LABEL = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*")
 LABEL_PREFIX = "pw."
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 API = {"api-version": "1.1"}
@@ -72,11 +100,23 @@ class IndexedFile:
 
 
 @dataclass(frozen=True)
+class Dependency:
+    """A package of the release's pylock.toml: served by its own URLs and hashes."""
+
+    project: str  # PEP 503 normalized
+    version: str
+    files: tuple[tuple[str, str, str], ...]  # (file name, url, sha256)
+
+
+@dataclass(frozen=True)
 class IndexOutcome:
     out: Path
     variants: Mapping[str, tuple[str, ...]]  # variant -> wheel file names
     files: tuple[IndexedFile, ...]
     signed_by: str | None
+    dependencies: tuple[Dependency, ...] = ()  # from the release's pylock.toml
+    # Requires-Dist names no wheel of the release and no package of its lock provides
+    unserved: tuple[str, ...] = field(default=())
 
 
 def variant_of(filename: str) -> str | None:
@@ -91,6 +131,34 @@ def _file_url(filename: str) -> str:
     return f"../../../{FILES}/{urllib.parse.quote(filename)}"
 
 
+def _dependency_html(dep: Dependency) -> str:
+    rows = [f'    <a href="{html.escape(url)}#sha256={sha}">{html.escape(name)}</a><br>'
+            for name, url, sha in dep.files]  # fmt: skip
+    return _page(dep.project, rows)
+
+
+def _dependency_json(dep: Dependency) -> str:
+    doc = {
+        "meta": API,
+        "name": dep.project,
+        "versions": [dep.version],
+        "files": [{"filename": n, "url": u, "hashes": {"sha256": h}, "yanked": False}
+                  for n, u, h in dep.files],  # fmt: skip
+    }
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def _page(project: str, rows: list[str]) -> str:
+    return (
+        "<!DOCTYPE html>\n<html>\n  <head>\n"
+        '    <meta name="pypi:repository-version" content="1.1">\n'
+        f"    <title>Links for {html.escape(project)}</title>\n  </head>\n  <body>\n"
+        f"    <h1>Links for {html.escape(project)}</h1>\n"
+        + "\n".join(rows)
+        + "\n  </body>\n</html>\n"
+    )
+
+
 def _project_html(project: str, files: list[IndexedFile]) -> str:
     rows = []
     for f in files:
@@ -100,14 +168,7 @@ def _project_html(project: str, files: list[IndexedFile]) -> str:
         attrs.append(f'data-dist-info-metadata="sha256={f.metadata_sha256}"')
         attrs.append(f'data-core-metadata="sha256={f.metadata_sha256}"')
         rows.append(f"    <a {' '.join(attrs)}>{html.escape(f.filename)}</a><br>")
-    return (
-        "<!DOCTYPE html>\n<html>\n  <head>\n"
-        '    <meta name="pypi:repository-version" content="1.1">\n'
-        f"    <title>Links for {html.escape(project)}</title>\n  </head>\n  <body>\n"
-        f"    <h1>Links for {html.escape(project)}</h1>\n"
-        + "\n".join(rows)
-        + "\n  </body>\n</html>\n"
-    )
+    return _page(project, rows)
 
 
 def _project_json(project: str, files: list[IndexedFile]) -> str:
@@ -158,8 +219,142 @@ def _variants_html(variants: list[str]) -> str:
     )
 
 
+def _check_out(request: IndexRequest) -> None:
+    """--out is a folder this command made (its marker), an empty one, or new; never the
+    release, nothing inside it, nothing it is inside."""
+    out, release = request.out.resolve(), request.release.resolve()
+    if out == release or release in out.parents or out in release.parents:
+        raise UsageError(
+            f"--out {request.out} is the release folder, inside it or around it",
+            where="pinwheel index --out",
+            next=f"pass a folder beside the release, e.g. --out {request.release}-index",
+        )
+    if not (os.path.lexists(request.out)):
+        return
+    if request.out.is_symlink() or not request.out.is_dir():
+        raise UsageError(
+            f"--out {request.out} exists and is not a folder", where="pinwheel index --out",
+            next="pass a new folder (pinwheel index makes it)",
+        )  # fmt: skip
+    made = request.out / MARKER
+    if any(request.out.iterdir()) and not (made.is_file() and not made.is_symlink()):
+        raise UsageError(
+            f"--out {request.out} is a folder pinwheel index did not make, and not empty: "
+            "it would be replaced whole",
+            where="pinwheel index --out",
+            next="pass a new or empty folder, or remove this one yourself",
+        )
+
+
+def _variant_problem(variant: str) -> str | None:
+    if variant in RESERVED:
+        return f"the index's own name {variant!r}"
+    if not _LABEL.fullmatch(variant) or len(variant) > 100:
+        return f"{variant!r} is not a plain folder name (a-z, 0-9, '.', '_', '-')"
+    return None
+
+
+def _variants(files: list[IndexedFile], where: Path) -> list[str]:
+    labelled = sorted({v for f in files if (v := variant_of(f.filename)) is not None})
+    bad = [
+        f"{f.filename}: {why}"
+        for f in files
+        if (v := variant_of(f.filename)) is not None and (why := _variant_problem(v))
+    ]
+    if bad:
+        raise VerifyError(
+            "a wheel's variant label cannot be a folder of the index; no index was written:\n"
+            "    " + "\n    ".join(bad[:20]),
+            where=str(where),
+            next="rebuild with another label (the `+pw.LABEL` of the version: letters, digits "
+            f"and dots, none of {', '.join(sorted(RESERVED))})",
+        )
+    return labelled or [ALL]
+
+
+def _dependencies(release: Path, sums: Mapping[str, str]) -> tuple[Dependency, ...]:
+    """The release's pylock.toml packages (its hash checked against SHA256SUMS)."""
+    path = release / pylock.FILENAME
+    if pylock.FILENAME not in sums or not path.is_file():
+        return ()
+    if hashlib.sha256(path.read_bytes()).hexdigest() != sums[pylock.FILENAME]:
+        raise VerifyError(f"{pylock.FILENAME} differs from SHA256SUMS", where=str(path),
+                          next="fetch the release from the publisher again")  # fmt: skip
+    lock = pylock.check(path)
+    out = []
+    for name, version in lock.packages:
+        files = tuple((w.name or w.url.rsplit("/", 1)[-1], w.url, w.sha256)
+                      for w in lock.wheels.get(name, ()))  # fmt: skip
+        if files:
+            out.append(Dependency(str(canonicalize_name(name)), version, files))
+    return tuple(out)
+
+
+def _unserved(release: Path, files: list[IndexedFile], deps: tuple[Dependency, ...]) -> list[str]:
+    """Requires-Dist names (this machine's markers, no extras) nothing here provides."""
+    have = {f.project for f in files} | {d.project for d in deps}
+    missing: set[str] = set()
+    for f in files:
+        for text in read_path(release / f.filename).requires_dist:
+            try:
+                req = Requirement(text)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            if canonicalize_name(req.name) not in have:
+                missing.add(str(canonicalize_name(req.name)))
+    return sorted(missing)
+
+
+def _requirements(picked: list[IndexedFile], deps: tuple[Dependency, ...]) -> str:
+    lines = ["# pip install --require-hashes -r BASE/VARIANT/requirements.txt "
+             "--index-url BASE/VARIANT/simple/  (or uv pip install, the same flags)"]  # fmt: skip
+    for f in sorted(picked, key=lambda f: f.project):
+        lines.append(f"{f.project}=={f.version} --hash=sha256:{f.sha256}")
+    for d in deps:
+        hashes = " ".join(f"--hash=sha256:{sha}" for _, _, sha in d.files)
+        lines.append(f"{d.project}=={d.version} {hashes}")
+    return "\n".join(lines) + "\n"
+
+
+def _variant_lock(picked: list[IndexedFile], deps: tuple[Dependency, ...]) -> str:
+    """PEP 751 (``packaging.pylock``): the release's wheels by path, the lock's by URL."""
+    packages = [Package(name=canonicalize_name(f.project), version=Version(f.version),
+                        wheels=[PackageWheel(name=f.filename, path=f"../{FILES}/{f.filename}",
+                                             hashes={"sha256": f.sha256})])
+                for f in sorted(picked, key=lambda f: f.project)]  # fmt: skip
+    packages += [Package(name=canonicalize_name(d.project), version=Version(d.version),
+                         wheels=[PackageWheel(name=n, url=u, hashes={"sha256": h})
+                                 for n, u, h in d.files]) for d in deps]  # fmt: skip
+    return pylock.render(Pylock(lock_version=Version("1.0"), created_by="pinwheel index",
+                                packages=packages))  # fmt: skip
+
+
+def _carry_release(release: Path, sums: Mapping[str, str], target: Path) -> None:
+    """The release's other files beside its wheels, as signed: fetch and verify-release read
+    ``BASE/files/`` as a release."""
+    names = [n for n in sums if not n.endswith(".whl")] + [SUMS, SIG, attest.FILENAME]
+    names += [p.name for p in sigstorebundle.bundles(release)]
+    for name in sorted(set(names)):
+        src = release / name
+        if src.is_file() and not src.is_symlink():
+            shutil.copyfile(src, target / name)
+            os.chmod(target / name, 0o644)
+
+
+def _open_up(root: Path) -> None:
+    """0755 folders, 0644 files: a web server running as another user reads the index."""
+    for folder, _dirs, names in os.walk(root):
+        os.chmod(folder, 0o755)
+        for name in names:
+            if not os.path.islink(os.path.join(folder, name)):
+                os.chmod(os.path.join(folder, name), 0o644)
+
+
 def build_index(request: IndexRequest) -> IndexOutcome:
     """Verify the release, then write its index directory (atomically; same input, same bytes)."""
+    _check_out(request)
     verified = verify_release(
         request.release, allowed_signers=request.allowed_signers, principal=request.principal
     )
@@ -170,11 +365,62 @@ def build_index(request: IndexRequest) -> IndexOutcome:
             where=str(request.release),
             next="run `pinwheel release` first",
         )
+    files, metadata = _read_wheels(request.release, wheels, verified.sums)
+    variants = _variants(files, request.release)
+    deps = _dependencies(request.release, verified.sums)
+    chosen: dict[str, list[IndexedFile]] = {
+        v: [f for f in files if variant_of(f.filename) in (v, None)] for v in variants
+    }
+    with atomic_dir(request.out) as tmp:
+        (tmp / FILES).mkdir()
+        for f in files:
+            link_or_copy(request.release / f.filename, tmp / FILES / f.filename)
+            atomic_write_bytes(tmp / FILES / f"{f.filename}.metadata", metadata[f.filename])
+        _carry_release(request.release, verified.sums, tmp / FILES)
+        for variant, picked in chosen.items():
+            _write_variant(tmp / variant, picked, deps)
+        atomic_write_text(tmp / "index.html", _variants_html(variants))
+        atomic_write_text(tmp / MARKER, "made by `pinwheel index`: --out replaces it whole\n")
+        _open_up(tmp)
+    return IndexOutcome(
+        out=request.out,
+        variants={v: tuple(f.filename for f in fs) for v, fs in chosen.items()},
+        files=tuple(files),
+        signed_by=verified.signed_by,
+        dependencies=deps,
+        unserved=tuple(_unserved(request.release, files, deps)),
+    )
+
+
+def _write_variant(root: Path, picked: list[IndexedFile], deps: tuple[Dependency, ...]) -> None:
+    simple = root / "simple"
+    ours = {f.project for f in picked}
+    served = [d for d in deps if d.project not in ours]
+    projects = sorted(ours | {d.project for d in served})
+    simple.mkdir(parents=True)
+    atomic_write_text(simple / "index.html", _root_html(projects))
+    atomic_write_text(simple / "index.json", _root_json(projects))
+    for project in sorted(ours):
+        mine = sorted((f for f in picked if f.project == project), key=lambda f: f.filename)
+        (simple / project).mkdir()
+        atomic_write_text(simple / project / "index.html", _project_html(project, mine))
+        atomic_write_text(simple / project / "index.json", _project_json(project, mine))
+    for dep in served:
+        (simple / dep.project).mkdir()
+        atomic_write_text(simple / dep.project / "index.html", _dependency_html(dep))
+        atomic_write_text(simple / dep.project / "index.json", _dependency_json(dep))
+    atomic_write_text(root / REQUIREMENTS, _requirements(picked, tuple(served)))
+    atomic_write_text(root / pylock.FILENAME, _variant_lock(picked, tuple(served)))
+
+
+def _read_wheels(
+    release: Path, wheels: list[str], sums: Mapping[str, str]
+) -> tuple[list[IndexedFile], dict[str, bytes]]:
     files: list[IndexedFile] = []
     metadata: dict[str, bytes] = {}
     problems: list[str] = []
     for name in wheels:
-        path = request.release / name
+        path = release / name
         meta = read_path(path)
         if not meta.ok:
             problems += [f"{name}: {p}" for p in meta.problems]
@@ -186,7 +432,7 @@ def build_index(request: IndexRequest) -> IndexOutcome:
                 filename=name,
                 project=str(canonicalize_name(dist)),
                 version=str(version),
-                sha256=verified.sums[name],
+                sha256=sums[name],
                 size=path.stat().st_size,
                 requires_python=meta.requires_python,
                 metadata_sha256=hashlib.sha256(meta.metadata).hexdigest(),
@@ -196,34 +442,7 @@ def build_index(request: IndexRequest) -> IndexOutcome:
         raise VerifyError(
             "wheel metadata disagrees with the file name; no index was written:\n    "
             + "\n    ".join(problems[:20]),
-            where=str(request.release),
+            where=str(release),
             next="rebuild the wheels (`pinwheel check WHEEL` shows the same findings)",
         )
-    labelled = sorted({v for f in files if (v := variant_of(f.filename)) is not None})
-    variants = labelled or [ALL]
-    chosen: dict[str, list[IndexedFile]] = {
-        v: [f for f in files if variant_of(f.filename) in (v, None)] for v in variants
-    }
-    with atomic_dir(request.out) as tmp:
-        (tmp / FILES).mkdir()
-        for f in files:
-            link_or_copy(request.release / f.filename, tmp / FILES / f.filename)
-            atomic_write_bytes(tmp / FILES / f"{f.filename}.metadata", metadata[f.filename])
-        for variant, picked in chosen.items():
-            simple = tmp / variant / "simple"
-            projects = sorted({f.project for f in picked})
-            simple.mkdir(parents=True)
-            atomic_write_text(simple / "index.html", _root_html(projects))
-            atomic_write_text(simple / "index.json", _root_json(projects))
-            for project in projects:
-                mine = sorted((f for f in picked if f.project == project), key=lambda f: f.filename)
-                (simple / project).mkdir()
-                atomic_write_text(simple / project / "index.html", _project_html(project, mine))
-                atomic_write_text(simple / project / "index.json", _project_json(project, mine))
-        atomic_write_text(tmp / "index.html", _variants_html(variants))
-    return IndexOutcome(
-        out=request.out,
-        variants={v: tuple(f.filename for f in fs) for v, fs in chosen.items()},
-        files=tuple(files),
-        signed_by=verified.signed_by,
-    )
+    return files, metadata

@@ -7,8 +7,9 @@ as a PEP 751 lock where qualification runs (``pip lock`` or ``uv pip compile
 pip or uv, which check every file against its hash, and the release's own
 wheels after it from the verified directory.
 
-:func:`check` reads a lock as untrusted input: bounded size, TOML, lock-version
-1.x, and every package a plain ``name``/``version`` with wheels or an sdist
+:func:`check` reads a lock as untrusted input: bounded size, TOML, then PEP 751
+as pip and uv read it (``packaging.pylock``: lock-version 1.x, every field typed),
+and pinwheel's rule on top: every package a plain ``name``/``version`` with wheels or an sdist
 that carry a sha256 and an http(s) URL. A package from a VCS, a directory or a
 local archive is refused: nothing outside a hash enters the environment.
 """
@@ -17,9 +18,19 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomlkit
+from packaging.pylock import (
+    PackageSdist,
+    PackageWheel,
+    Pylock,
+    PylockUnsupportedVersionError,
+    PylockValidationError,
+)
 
 from pinwheel import untrusted, validate
 from pinwheel.errors import VerifyError
@@ -33,7 +44,6 @@ LOCK = untrusted.Kind(
     "write the lock where qualification ran (`pip lock` / `uv pip compile --format pylock.toml`)",
 )
 _SHA = re.compile(r"[0-9a-f]{64}")
-_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -55,16 +65,12 @@ class Lock:
     release_wheels: tuple[tuple[str, str], ...] = ()
 
 
-def _file_problem(entry: Any, what: str) -> str | None:
-    if not isinstance(entry, dict):
-        return f"{what} is not a table"
-    hashes = entry.get("hashes")
-    sha = hashes.get("sha256") if isinstance(hashes, dict) else None
+def _file_problem(entry: PackageWheel | PackageSdist, what: str) -> str | None:
+    sha = entry.hashes.get("sha256")
     if not isinstance(sha, str) or not _SHA.fullmatch(sha):
         return f"{what} has no sha256 hash"
-    url = entry.get("url")
-    if not isinstance(url, str) or validate.http_url_problem(url):
-        return f"{what} has no http(s) url ({str(url)[:80]!r})"
+    if entry.url is None or validate.http_url_problem(entry.url):
+        return f"{what} has no http(s) url ({str(entry.url)[:80]!r})"
     return None
 
 
@@ -77,9 +83,8 @@ def check(path: Path) -> Lock:
 _WHEEL_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+!-]*\.whl")
 
 
-def _release_wheels(doc: dict[str, Any], path: Path) -> tuple[tuple[str, str], ...]:
-    tool = doc.get("tool")
-    ours = tool.get("pinwheel") if isinstance(tool, dict) else None
+def _release_wheels(tool: Mapping[str, Any] | None, path: Path) -> tuple[tuple[str, str], ...]:
+    ours = tool.get("pinwheel") if tool is not None else None
     rows = ours.get("release-wheels") if isinstance(ours, dict) else None
     if rows is None:
         return ()
@@ -99,40 +104,47 @@ def _release_wheels(doc: dict[str, Any], path: Path) -> tuple[tuple[str, str], .
     return tuple(out)
 
 
-def check_text(text: str, path: Path) -> Lock:
-    """:func:`check` of a lock's text (``path`` names it in errors and in the result)."""
+def parse(text: str, path: Path) -> Pylock:
+    """PEP 751 as pip and uv read it (``packaging.pylock``): TOML, lock-version 1.x, every
+    field of its type; a refusal names the field."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise untrusted.fail(LOCK, f"not TOML: {exc}", str(path)) from None
-    version = doc.get("lock-version")
-    if not isinstance(version, str) or not version.startswith("1."):
-        raise untrusted.fail(LOCK, f"lock-version {version!r} is not 1.x (PEP 751)", str(path))
+    try:
+        return Pylock.from_dict(doc)
+    except PylockUnsupportedVersionError as exc:
+        raise untrusted.fail(LOCK, f"lock-version is not 1.x (PEP 751): {str(exc)[:300]}",
+                             str(path)) from None  # fmt: skip
+    except PylockValidationError as exc:
+        text = str(exc)
+        shown = text if len(text) <= 400 else f"{text[:200]} ... {text[-200:]}"
+        raise untrusted.fail(LOCK, f"not a PEP 751 lock: {shown}", str(path)) from None
+
+
+def render(lock: Pylock) -> str:
+    """The lock as TOML (``packaging.pylock``'s own mapping, written by tomlkit)."""
+    return tomlkit.dumps(lock.to_dict())
+
+
+def check_text(text: str, path: Path) -> Lock:
+    """:func:`check` of a lock's text (``path`` names it in errors and in the result)."""
+    lock = parse(text, path)
     problems: list[str] = []
     packages: list[tuple[str, str]] = []
     wheels: dict[str, tuple[LockedFile, ...]] = {}
     files = 0
-    for i, pkg in enumerate(doc.get("packages") or []):
-        if not isinstance(pkg, dict):
-            problems.append(f"packages[{i}] is not a table")
-            continue
-        name, ver = pkg.get("name"), pkg.get("version")
-        label = f"packages[{i}] {str(name)[:60]!r}"
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            problems.append(f"{label}: not a package name")
-            continue
-        if not isinstance(ver, str) or validate.version_problem(ver):
+    for i, pkg in enumerate(lock.packages):
+        label = f"packages[{i}] {str(pkg.name)[:60]!r}"
+        if pkg.version is None:
             problems.append(f"{label}: no pinned version")
             continue
         for source in ("vcs", "directory", "archive"):
-            if source in pkg:
+            if getattr(pkg, source) is not None:
                 problems.append(f"{label}: a {source} source is not hash-pinned from an index")
-        entries = [("sdist", pkg["sdist"])] if "sdist" in pkg else []
-        raw_wheels = pkg.get("wheels") or []
-        if not isinstance(raw_wheels, list):
-            problems.append(f"{label}: wheels is not a list")
-            continue
-        entries += [(f"wheels[{j}]", w) for j, w in enumerate(raw_wheels)]
+        entries: list[tuple[str, PackageWheel | PackageSdist]] = (
+            [("sdist", pkg.sdist)] if pkg.sdist is not None else [])  # fmt: skip
+        entries += [(f"wheels[{j}]", w) for j, w in enumerate(pkg.wheels or ())]
         if not entries:
             problems.append(f"{label}: no wheels and no sdist")
         kept: list[LockedFile] = []
@@ -142,17 +154,16 @@ def check_text(text: str, path: Path) -> Lock:
                 problems.append(problem)
                 continue
             files += 1
-            if what != "sdist":
-                given = entry.get("name")
-                if given is not None and not (isinstance(given, str)
-                                              and _WHEEL_FILE.fullmatch(given)):  # fmt: skip
+            if isinstance(entry, PackageWheel):
+                if entry.name is not None and not _WHEEL_FILE.fullmatch(entry.name):
                     problems.append(f"{label} {what}: name is not a wheel file name")
                     continue
-                kept.append(LockedFile(given, entry["url"], entry["hashes"]["sha256"]))
-        packages.append((name, ver))
-        wheels[name] = (*wheels.get(name, ()), *kept)
+                assert entry.url is not None
+                kept.append(LockedFile(entry.name, entry.url, entry.hashes["sha256"]))
+        packages.append((str(pkg.name), str(pkg.version)))
+        wheels[str(pkg.name)] = (*wheels.get(str(pkg.name), ()), *kept)
     if problems:
         raise untrusted.fail(LOCK, "refused:\n    " + "\n    ".join(problems[:20]), str(path))
     if not packages:
         raise untrusted.fail(LOCK, "lists no packages", str(path))
-    return Lock(path, tuple(packages), files, wheels, _release_wheels(doc, path))
+    return Lock(path, tuple(packages), files, wheels, _release_wheels(lock.tool, path))

@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from pinwheel import runner, untrusted
 from pinwheel.errors import PinwheelError, VerifyError
+from pinwheel.fsutil import atomic_write_text
 
 NAMESPACE = "pinwheel"
 # DSSE envelopes (the in-toto attestation) are signed in their own namespace: a signature
@@ -173,3 +175,53 @@ def _find_principals(exe: str, sig: Path, allowed_signers: Path) -> list[str]:
         )
     )
     return [line.strip() for line in proc.text.splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------- a first key
+
+
+@dataclass(frozen=True)
+class NewKey:
+    key: Path  # the private key (0600), its .pub beside it
+    allowed_signers: Path  # the file the key's line was added to
+    line: str  # `PRINCIPAL namespaces="pinwheel,pinwheel-attestation" ssh-ed25519 AAAA...`
+
+
+def signers_line(principal: str, public_key: str) -> str:
+    """The allowed_signers line for a release key: both namespaces it signs in."""
+    kind, blob = public_key.split()[:2]
+    return f'{principal} namespaces="{NAMESPACE},{ATTESTATION_NAMESPACE}" {kind} {blob}'
+
+
+def new_key(key: Path, allowed_signers: Path, principal: str) -> NewKey:
+    """Make an Ed25519 release key at ``key`` (no passphrase: the CI secret holds it) with
+    ``ssh-keygen``, and add its line to ``allowed_signers`` (made when missing). Refuses a
+    key path that exists: a key is never overwritten."""
+    check_principal(principal, where="--principal / [release] principal")
+    for path in (key, key.with_name(key.name + ".pub")):
+        if path.exists() or path.is_symlink():
+            raise PinwheelError(
+                f"{path} exists: a release key is never overwritten",
+                where="pinwheel keygen --key",
+                next="pass --key NEW_PATH, or sign with this key: `pinwheel release --key "
+                f"{key}`",
+            )
+    key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    runner.run(
+        runner.Command(
+            (_ssh_keygen(), "-q", "-t", "ed25519", "-N", "", "-C", principal, "-f",
+             str(key.absolute())),
+            what="ssh-keygen -t ed25519",
+            next="check that the folder of --key is writable",
+        )
+    )  # fmt: skip
+    line = signers_line(principal, key.with_name(key.name + ".pub").read_text())
+    before = ""
+    if allowed_signers.exists():
+        data = untrusted.read_bytes(allowed_signers, SIGNERS)
+        before = untrusted.text(data, SIGNERS, str(allowed_signers))
+        if before and not before.endswith("\n"):
+            before += "\n"
+    allowed_signers.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(allowed_signers, before + line + "\n")
+    return NewKey(key, allowed_signers, line)

@@ -1,22 +1,20 @@
 """``pinwheel verify-release DIR|URL``: SHA256SUMS, its signature, every file, and the
 in-toto attestation (:mod:`pinwheel.release.attest`) checked together.
 
-A URL is fetched first into a temporary directory (every file SHA256SUMS lists,
-checked as ``fetch`` checks it, plus the attestation and a Sigstore bundle when
-the server has them); then the directory is verified as a local one is.
+A URL is fetched first into a temporary directory (every file SHA256SUMS lists, checked
+as ``fetch`` checks it, with the attestation and any Sigstore bundle the server has:
+``fetch`` carries them); then the directory is verified as a local one is.
 """
 
 from __future__ import annotations
 
-import urllib.parse
 from pathlib import Path
-from typing import Any
 
-from pinwheel.checksums import SUMS
-from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.release import attest, signing, sigstorebundle
 from pinwheel.release.assemble import verify_release
-from pinwheel.release.download import FetchError, fetch_release, get_small, resolve_source
+from pinwheel.release.download import FetchOptions, fetch_release, resolve_source
+
+COMMAND = "pinwheel verify-release"
 
 
 def verify_release_dir(
@@ -29,7 +27,7 @@ def verify_release_dir(
 ) -> attest.ReleaseCheck:
     """Signatures required unless ``allow_unsigned``; a Sigstore bundle beside the release
     is verified offline against ``sigstore_policy``; raises VerifyError on any failure."""
-    signing.require_signers(allowed_signers, allow_unsigned, "pinwheel verify-release")
+    signing.require_signers(allowed_signers, allow_unsigned, COMMAND)
     verified = verify_release(directory, allowed_signers=allowed_signers, principal=principal)
     return attest.check_attestation(
         directory, verified, allowed_signers=allowed_signers, principal=principal,
@@ -37,16 +35,9 @@ def verify_release_dir(
     )  # fmt: skip
 
 
-def fetch_for_verify(url: str, dest: Path, opts: Any) -> None:
-    """A release URL into ``dest``: the files SHA256SUMS lists (each checked), the
-    signature, the attestation, and a Sigstore bundle when the server has one."""
+def fetch_for_verify(url: str, dest: Path, opts: FetchOptions) -> None:
+    """A release URL (or an index project page with ``opts.sums``) into ``dest``: the files
+    SHA256SUMS lists (each checked), the signature, the attestation, and a Sigstore bundle
+    when the server has one."""
+    signing.require_signers(opts.allowed_signers, opts.allow_unsigned, COMMAND)
     fetch_release(resolve_source(url), dest, opts)
-    base = url if url.endswith("/") else url + "/"
-    for name in (attest.FILENAME, f"{SUMS}.sigstore.json"):
-        try:
-            data = get_small(urllib.parse.urljoin(base, name), opts, name)
-        except FetchError as err:
-            if "not found" not in err.what:
-                raise
-            continue
-        atomic_write_bytes(dest / name, data)
