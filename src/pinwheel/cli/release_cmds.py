@@ -196,8 +196,8 @@ def cmd_verify_release(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_publish(ctx: Context, args: argparse.Namespace) -> int:
+    from pinwheel.manifest.release import IndexTarget
     from pinwheel.release.assemble import (
-        IndexTarget,
         github_plan,
         publish_index,
         release_config,

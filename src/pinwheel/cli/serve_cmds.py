@@ -414,7 +414,7 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
     if fid is not None:  # vLLM must be allowed to return the panel's prompt log-probabilities
         from dataclasses import replace
 
-        from pinwheel.serve.fidelity import server_flags
+        from pinwheel.serve.capture import server_flags
 
         run = replace(run, argv=run.argv + server_flags(fid, r.profile.args))
         if fid.scorer == "in-process":  # exact KLD in the engine: the worker extension
@@ -428,7 +428,8 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
 
 
 def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.serve.fidelity import TeacherRequest, capture_teacher, read_panel
+    from pinwheel.serve.capture import TeacherRequest, capture_teacher
+    from pinwheel.serve.panel import read_panel
 
     if args.panel:
         panel_path, pinned = Path(args.panel), None

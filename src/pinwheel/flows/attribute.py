@@ -56,7 +56,7 @@ from pinwheel.manifest import Manifest
 from pinwheel.manifest.serve import QualifyConfig, QualifyProfile, ServeConfig, ServeProfile
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.release.install import InstallRequest, install, venv_python
-from pinwheel.serve import fidelity, pairstats
+from pinwheel.serve import capture, fidelity, pairstats
 from pinwheel.serve.client import Client, Stream
 from pinwheel.serve.qualify import decode_sample, run_needles, wait_healthy, wait_idle
 from pinwheel.serve.receipt import DecodeSample, NeedleResult
@@ -343,7 +343,7 @@ def _serve(
     )
     fid = qcfg.fidelity if request.kld and r == 0 else None
     if fid is not None and fid.panel is not None:
-        run = dataclasses.replace(run, argv=run.argv + fidelity.server_flags(fid, sprof.args))
+        run = dataclasses.replace(run, argv=run.argv + capture.server_flags(fid, sprof.args))
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     streams: list[Stream] = []

@@ -8,11 +8,12 @@ is tested; these two calls are kept small so reading them is the review.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pinwheel.errors import PinwheelError
 
 
-def _hub():  # type: ignore[no-untyped-def]
+def _hub() -> Any:
     try:
         import huggingface_hub
     except ImportError:

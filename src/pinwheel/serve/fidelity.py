@@ -231,7 +231,8 @@ def flag_bytes(agree: Any, tied: Any) -> bytes:
     np = _np()
     a = np.asarray(agree, bool).astype(np.uint8)
     b = np.asarray(tied, bool).astype(np.uint8) * np.uint8(2)
-    return (a | b).tobytes()
+    out: bytes = (a | b).tobytes()
+    return out
 
 
 def summarize(

@@ -29,7 +29,8 @@ from typing import Any
 from pinwheel import untrusted
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.manifest.serve import FidelityConfig
-from pinwheel.serve import fidelity
+from pinwheel.serve import fidelity, teacherfile
+from pinwheel.serve import panel as panel_mod
 from pinwheel.serve.receipt import FidelityResult
 
 PACKAGE = "pinwheel_kld"  # the name the engine imports the extension under
@@ -59,7 +60,9 @@ def engine_package(dest: Path) -> Path:
     return dest
 
 
-def server_additions(ext_dir: Path, pythonpath: str | None) -> tuple[tuple[str, ...], dict]:
+def server_additions(
+    ext_dir: Path, pythonpath: str | None
+) -> tuple[tuple[str, ...], dict[str, str]]:
     """(flags, environment) a vLLM server needs for the in-process scorer; ``pythonpath``:
     the caller's PYTHONPATH (pinwheel.options.host), kept after the extension's package."""
     path = str(ext_dir) + (":" + pythonpath if pythonpath else "")
@@ -164,7 +167,7 @@ def score_in_engine(
     client: Any,
     model: str,
     windows: Any,
-    index: fidelity.TeacherIndex,
+    index: teacherfile.TeacherIndex,
     keep: Any = (),
     only: Any = None,
 ) -> EngineScore:
@@ -240,7 +243,7 @@ def decode_rows(answer: Mapping[str, Any], keep: Any, vocab: int, where: str) ->
 
 
 def spot_check(
-    client: Any, model: str, windows: Any, index: fidelity.TeacherIndex, records: Any,
+    client: Any, model: str, windows: Any, index: teacherfile.TeacherIndex, records: Any,
     size: int = SPOT_SAMPLE, seed: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Ask the engine again, for positions drawn now (after it answered), for the very
@@ -312,13 +315,13 @@ def measure(
     def tokenize(text: str) -> list[int]:
         return list(client.tokenize(model, prompt=text))
 
-    panel = fidelity.read_panel(cfg.panel, cfg.panel_sha256, tokenize)
-    index = fidelity.read_index(cfg.teacher, cfg.teacher_sha256)
-    teacher = fidelity.Teacher(
+    panel = panel_mod.read_panel(cfg.panel, cfg.panel_sha256, tokenize)
+    index = teacherfile.read_index(cfg.teacher, cfg.teacher_sha256)
+    teacher = teacherfile.Teacher(
         meta=index.meta, offsets=index.offsets, target=index.target, target_logprob=None,
         top_ids=None, top_logprobs=None, full=None, sha256=index.sha256, source=str(index.path),
     )  # fmt: skip
-    fidelity.check_panel(teacher, panel)
+    teacherfile.check_panel(teacher, panel)
     got = score_in_engine(client, model, panel.windows, index)
     rec = got.records
     spot = spot_check(client, model, panel.windows, index, rec, seed=spot_seed)

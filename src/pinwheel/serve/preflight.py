@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 from pinwheel import cachelayout, documents, runner, untrusted, validate
 from pinwheel.cudaarch import CudaArch, parse_dotted
 from pinwheel.errors import PinwheelError, UsageError
-from pinwheel.manifest.serve import Engine, Image, ServeConfig, ServeProfile
+from pinwheel.manifest.image import Image
+from pinwheel.manifest.serve import Engine, ServeConfig, ServeProfile
 from pinwheel.serve import workers
 from pinwheel.serve.ranks import NVLS_OFF
 

@@ -30,7 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pinwheel import validate
-from pinwheel.manifest.serve import Image, ServeConfig, ServeProfile
+from pinwheel.manifest.image import Image
+from pinwheel.manifest.serve import ServeConfig, ServeProfile
 
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"
 

@@ -303,10 +303,10 @@ def _spot(
                             "pass --teacher FILE to score the sampled rows again"))  # fmt: skip
         return checks
     np = _numpy()
-    from pinwheel.serve import fidelity
+    from pinwheel.serve.teacherfile import read_teacher
     from pinwheel.serve.workers import detkl
 
-    teacher = fidelity.read_teacher(req.teacher, None)
+    teacher = read_teacher(req.teacher, None)
     if teacher.full is None or teacher.positions != positions or teacher.full.shape[1] != vocab:
         raise UsageError("the teacher is not this receipt's (full rows, same positions and "
                          "vocabulary)", where=str(req.teacher))  # fmt: skip
@@ -374,11 +374,11 @@ def _rows(
             )
         ]
     np = _numpy()
-    from pinwheel.serve import fidelity
+    from pinwheel.serve.teacherfile import read_teacher
     from pinwheel.serve.workers import detkl
 
-    teacher = fidelity.read_teacher(req.teacher, None)
-    served = fidelity.read_teacher(req.served, None)
+    teacher = read_teacher(req.teacher, None)
+    served = read_teacher(req.served, None)
     checks = [_same("fidelity.teacher_sha256", teacher.sha256, fid["teacher_sha256"])]
     if teacher.full is None or served.full is None:
         raise UsageError(

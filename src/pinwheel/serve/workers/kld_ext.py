@@ -197,7 +197,8 @@ class KldExtension:
         s = getattr(self, "pinwheel_kld_session", None)
         if s is None:
             raise RuntimeError("pinwheel_kld_open was not called")
-        return s
+        session: _Session = s
+        return session
 
 
 def _take_ours(
