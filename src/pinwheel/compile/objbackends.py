@@ -29,7 +29,7 @@ import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -302,4 +302,41 @@ def s3_from(env: Mapping[str, str], prefix: str, aws: AwsCredentials) -> S3:
     return S3(s3.Client(settings), prefix)
 
 
-__all__ = ["S3", "Backend", "LocalDir", "Redis", "Unavailable", "redis_from", "s3_from"]
+
+
+def _local_from(env: Mapping[str, str], aws: AwsCredentials) -> Backend:
+    directory = env.get("SCCACHE_DIR")
+    if not directory:
+        raise ValueError("no local cache directory")
+    return LocalDir(Path(directory) / SUBDIR)
+
+
+def _redis_of(env: Mapping[str, str], aws: AwsCredentials) -> Backend:
+    return redis_from(env, env.get("SCCACHE_REDIS_KEY_PREFIX", ""))
+
+
+def _s3_of(env: Mapping[str, str], aws: AwsCredentials) -> Backend:
+    return s3_from(env, env.get("SCCACHE_S3_KEY_PREFIX", ""), aws)
+
+
+# The object store's backends, by the compiler cache's backend name: one row each. A new
+# store (GCS, say) is a module with a Backend and one row here; nothing else dispatches on
+# the name. Each maker reads sccache's own variables (the server's environment) and raises
+# ValueError when they cannot be read.
+BACKENDS: dict[str, Callable[[Mapping[str, str], AwsCredentials], Backend]] = {
+    "local": _local_from,
+    "redis": _redis_of,
+    "s3": _s3_of,
+}
+
+
+__all__ = [
+    "BACKENDS",
+    "S3",
+    "Backend",
+    "LocalDir",
+    "Redis",
+    "Unavailable",
+    "redis_from",
+    "s3_from",
+]

@@ -228,22 +228,12 @@ def for_plan(
         return None, "turned off ([build.cache] enabled = false)"
     if plan.disabled and plan.binary is not None:
         return None, f"the compiler cache is off ({plan.disabled})"
-    env = plan.server_env
-    backend: objbackends.Backend
+    make = objbackends.BACKENDS.get(plan.backend)
+    if make is None:
+        known = ", ".join(objbackends.BACKENDS)
+        return None, f"the {plan.backend} backend has no object store ({known})"
     try:
-        if plan.backend == "local":
-            directory = env.get("SCCACHE_DIR")
-            if not directory:
-                return None, "no local cache directory"
-            backend = objbackends.LocalDir(Path(directory) / SUBDIR)
-        elif plan.backend == "redis":
-            backend = objbackends.redis_from(env, env.get("SCCACHE_REDIS_KEY_PREFIX", ""))
-        elif plan.backend == "s3":
-            backend = objbackends.s3_from(
-                env, env.get("SCCACHE_S3_KEY_PREFIX", ""), aws or AwsCredentials()
-            )
-        else:
-            return None, f"the {plan.backend} backend has no object store (local, redis, s3)"
+        backend = make(plan.server_env, aws or AwsCredentials())
     except ValueError as exc:
         return None, f"the {plan.backend} settings cannot be read: {exc}"
     try:
