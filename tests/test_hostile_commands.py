@@ -182,7 +182,8 @@ def test_user_config_allowing_ext_never_runs_a_transport_command(tmp_path, mark,
 def test_lock_refuses_a_cmake_declared_ext_url_under_a_permissive_user_config(
     tmp_path, mark, hostile_home
 ):
-    from pinwheel.source.buildsources import Declared, pin
+    from pinwheel.source.buildpins import pin
+    from pinwheel.source.buildsources import Declared
     from pinwheel.source.cache import Cache
 
     declared = Declared(
@@ -201,7 +202,8 @@ def test_lock_refuses_a_cmake_declared_ext_url_under_a_permissive_user_config(
 )
 def test_lock_never_pins_a_hostile_submodule_url_from_gitmodules(tmp_path, mark, url):
     """A build source's .gitmodules is repository content: validated before lock writes it."""
-    from pinwheel.source.buildsources import Declared, pin
+    from pinwheel.source.buildpins import pin
+    from pinwheel.source.buildsources import Declared
     from pinwheel.source.cache import Cache
 
     sub = Upstream(tmp_path / "sub")

@@ -151,7 +151,7 @@ def _wheelhouse(ctx: Context, args: argparse.Namespace) -> Path | None:
 
 
 def cmd_plan(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.source.buildsources import plan_sources
+    from pinwheel.source.buildpins import plan_sources
     from pinwheel.source.plan import make_plan, plan_payload, render_plan
 
     def one(stack: Stack) -> tuple[dict[str, Any], str]:
@@ -269,7 +269,7 @@ def _lock_value(value: Any) -> str:
 
 
 def cmd_drift(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.source.buildsources import drift_lines, plan_sources
+    from pinwheel.source.buildpins import drift_lines, plan_sources
     from pinwheel.source.drift import drift_payload, drift_report, render_drift
 
     def one(stack: Stack) -> tuple[dict[str, Any], str]:

@@ -199,8 +199,7 @@ def bootstrap_ci(
     from pinwheel.serve import kldsummary as S
 
     windows = len(offsets) - 1
-    sums, counts = S.units_of([float(x) for x in kld], [int(n) for n in np.diff(offsets)])
-    units = len(sums)
+    units = windows if windows >= 2 else len(kld)  # what units_of resamples, counted first
     if resamples * units > MAX_BOOTSTRAP_DRAWS:
         raise UsageError(
             f"the bootstrap would draw {resamples} x {units} = {resamples * units} indices, "
@@ -208,6 +207,7 @@ def bootstrap_ci(
             where="[qualify.fidelity] bootstrap",
             next=f"lower bootstrap to at most {max(MAX_BOOTSTRAP_DRAWS // max(units, 1), 1)}",
         )
+    sums, counts = S.units_of([float(x) for x in kld], [int(n) for n in np.diff(offsets)])
     s = np.array(sums, np.float64)
     c = np.array(counts, np.int64)
     rows = max(1, BOOTSTRAP_BLOCK // max(units, 1))  # memory stays bounded

@@ -24,7 +24,8 @@ from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_bytes
 from pinwheel.manifest import FULL_SHA, Manifest, load, loads
 from pinwheel.manifest.component import ENGINE, component_manifest
-from pinwheel.source.buildsources import NO, Declared, discover, pin
+from pinwheel.source.buildpins import pin
+from pinwheel.source.buildsources import NO, Declared, discover
 from pinwheel.source.cache import Cache
 from pinwheel.source.libgit2 import pygit2
 from pinwheel.source.replay import (
