@@ -11,7 +11,9 @@ line) is a real TCP server here that answers what a hostile one would.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import platform
 import shutil
 import socket
 import subprocess
@@ -32,10 +34,13 @@ from pinwheel.options import host as host_of
 from redisserver import running_redis
 from tcpport import free_port
 
-WHEEL = "tiny-1.0-cp311-cp311-linux_x86_64.whl"
+TAG = f"cp311-cp311-linux_{platform.machine()}"
+WHEEL = f"tiny-1.0-{TAG}.whl"
 IDENT = {"builder": "engine", "nvcc": "12.4", "python": "3.11"}
 MATCH = {"tree": "ab" * 32, "version": "1.0", "source_date_epoch": 1700000000, "flags": {}}
-RECORD = {"identity": IDENT, "tree": "t", "compiled_members": {"tiny/_C.so": "cd" * 32}}
+RECORD = {"identity": IDENT, "tree": "ab" * 20, "digest": "ef" * 32,
+          "compiled_members": {"tiny/_C.so": "cd" * 32}}  # fmt: skip
+KEY = "runners-that-share-a-store-share-this-key"  # PINWHEEL_STORE_KEY
 
 
 def _wheel(tmp: Path, payload: bytes = b"\x7fELF" + bytes(range(256)) * 64) -> Path:
@@ -43,6 +48,8 @@ def _wheel(tmp: Path, payload: bytes = b"\x7fELF" + bytes(range(256)) * 64) -> P
     path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("tiny/_C.so", payload)
+        zf.writestr("tiny-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tiny\nVersion: 1.0\n")
+        zf.writestr("tiny-1.0.dist-info/WHEEL", f"Wheel-Version: 1.0\nTag: {TAG}\n")
     return path
 
 
@@ -54,7 +61,7 @@ def redis_port() -> Iterator[int]:
 
 def _redis_plan(cache: Path, port: int, **env: str) -> compcache.Plan:
     config = CacheConfig(backend="redis", endpoint=f"redis://127.0.0.1:{port}", prefix="ci/cu124")
-    return compcache.plan(config, cache, host_of({"PATH": "", **env}))
+    return compcache.plan(config, cache, host_of({"PATH": "", "PINWHEEL_STORE_KEY": KEY, **env}))
 
 
 def _round_trip(plan_a: compcache.Plan, plan_b: compcache.Plan, tmp: Path, aws=None):
@@ -84,7 +91,7 @@ def test_redis_a_fresh_runner_hits_and_gets_the_same_bytes(redis_port: int, tmp_
     if cli is not None:  # the keys sit under the configured prefix
         keys = subprocess.run([cli, "-p", str(redis_port), "--raw", "KEYS", "*"],
                               capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
-        assert sorted(k.split("/v1/")[0] for k in keys) == ["ci/cu124/pinwheel-objects"] * 2
+        assert sorted(k.split("/v2/")[0] for k in keys) == ["ci/cu124/pinwheel-objects"] * 2
     # Another match (another tree): a plain miss.
     other = store_b.lookup(IDENT, {**MATCH, "tree": "00" * 32})
     assert other == objstore.Miss("miss")
@@ -110,13 +117,13 @@ def test_redis_tampered_oversized_and_missing_blobs_are_misses(
     assert isinstance(changed, objstore.Miss) and "entry changed" in changed.why
     assert not list((tmp_path / "dist-t").iterdir())
     # An index record past its cap, and one that is not JSON: misses, said.
-    index = f"v1/index/{objstore.identity_key(IDENT)}/{objstore.identity_key(MATCH)}.json"
+    index = f"v2/index/{objstore.identity_key(IDENT)}/{objstore.identity_key(MATCH)}.json"
     backend.write(index, b"{not json")
     bad = store.lookup(IDENT, MATCH)
     assert isinstance(bad, objstore.Miss) and "unusable record" in bad.why
     # A record whose blob is missing: a miss, nothing left in dist.
-    entry = {"format": 1, "wheel": WHEEL, "sha256": "ef" * 32, "match": MATCH, "record": RECORD}
-    backend.write(index, json.dumps(entry).encode())
+    entry = {"format": 2, "wheel": WHEEL, "sha256": "ef" * 32, "match": MATCH, "record": RECORD}
+    backend.write(index, json.dumps(objstore.signed_entry(KEY.encode(), index, entry)).encode())
     hit2 = store.lookup(IDENT, MATCH)
     assert isinstance(hit2, objstore.Hit)
     gone = store.take(hit2, tmp_path / "dist-g")
@@ -142,7 +149,7 @@ def test_a_dead_redis_is_no_store_and_a_miss_with_a_message(redis_port, tmp_path
     assert none is None and why.startswith("the redis store is unreachable: ")
     assert f"redis 127.0.0.1:{port}: cannot connect" in why
     # The server gone between the check and the lookup or the put: a miss, not stored.
-    dead_store = objstore.Store(objbackends.redis_from(dead.server_env, "p"))
+    dead_store = objstore.Store(objbackends.redis_from(dead.server_env, "p"), KEY.encode())
     miss = dead_store.lookup(IDENT, MATCH)
     assert isinstance(miss, objstore.Miss) and "cannot connect" in miss.why
     stored, line = dead_store.put(_wheel(tmp_path), RECORD, MATCH)
@@ -201,7 +208,7 @@ def test_a_hostile_redis_reply_is_refused_bounded(reply: bytes, said: str) -> No
         backend = objbackends.Redis("127.0.0.1", server.port)
         with pytest.raises(objbackends.Unavailable, match=said.replace("[", r"\[")):
             backend.read("v1/index/x.json", 1024 * 1024)
-        miss = objstore.Store(backend).lookup(IDENT, MATCH)
+        miss = objstore.Store(backend, KEY.encode()).lookup(IDENT, MATCH)
         assert isinstance(miss, objstore.Miss) and miss.why.startswith("miss: redis 127.0.0.1:")
     finally:
         server.close()
@@ -220,7 +227,7 @@ def _s3_plan(cache: Path, endpoint: str) -> compcache.Plan:
     config = CacheConfig(
         backend="s3", endpoint=endpoint, bucket="pw-cache", region="us-east-1", prefix="cu124"
     )
-    return compcache.plan(config, cache, host_of({"PATH": "", **AWS}))
+    return compcache.plan(config, cache, host_of({"PATH": "", "PINWHEEL_STORE_KEY": KEY, **AWS}))
 
 
 def _s3_backend(endpoint: str, **env: str) -> objbackends.S3:
@@ -237,7 +244,7 @@ def test_s3_a_fresh_runner_hits_and_tampered_or_oversized_is_refused(
         tmp_path, aws=host_of(AWS).sccache.aws,
     )  # fmt: skip
     listing = urllib.request.urlopen(f"{moto_endpoint}/pw-cache?list-type=2").read().decode()
-    assert f"<Key>cu124/pinwheel-objects/v1/wheels/{hit.sha256}/wheel</Key>" in listing
+    assert f"<Key>cu124/pinwheel-objects/v2/wheels/{hit.sha256}/wheel</Key>" in listing
     monkeypatch.setattr(objstore, "MAX_WHEEL", 100)
     big = store.take(hit, tmp_path / "dist-big")
     assert isinstance(big, objstore.Miss) and "more than the 100 bytes it may have" in big.why
@@ -266,7 +273,7 @@ def test_a_hostile_s3_answer_is_refused_bounded(reply: bytes, said: str) -> None
         with pytest.raises(objbackends.Unavailable, match=said):
             backend.read("v1/index/x.json", 1024)
         # The record's cap is larger (64 MiB): what is under it is no JSON record.
-        miss = objstore.Store(backend).lookup(IDENT, MATCH)
+        miss = objstore.Store(backend, KEY.encode()).lookup(IDENT, MATCH)
         assert isinstance(miss, objstore.Miss) and miss.why.startswith("miss: ")
     finally:
         server.close()
@@ -284,25 +291,29 @@ def test_a_dead_s3_endpoint_is_no_store_with_a_message(tmp_path: Path) -> None:
 def test_the_local_backend_writes_the_layout_it_always_had(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Byte for byte: <root>/v1/wheels/<sha256>/wheel is the wheel, and
-    <root>/v1/index/<sha256 of the identity>/<sha256 of the match>.json is the entry."""
+    """Byte for byte: <root>/v2/wheels/<sha256>/wheel is the wheel, and
+    <root>/v2/index/<sha256 of the identity>/<sha256 of the match>.json is the entry,
+    signed with the runner's key (HMAC-SHA256 over its index key and canonical JSON)."""
     root = tmp_path / "sccache" / objstore.SUBDIR
     wheel = _wheel(tmp_path)
-    store = objstore.Store(objbackends.LocalDir(root))
+    store = objstore.Store(objbackends.LocalDir(root), KEY.encode())
     assert store.put(wheel, RECORD, MATCH)[0]
     sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
 
     def key(doc: object) -> str:
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
-    entry = {"format": 1, "wheel": WHEEL, "sha256": sha, "match": MATCH, "record": RECORD}
+    entry = {"format": 2, "wheel": WHEEL, "sha256": sha, "match": MATCH, "record": RECORD}
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    index = f"v1/index/{key(IDENT)}/{key(MATCH)}.json"
-    assert files == sorted([f"v1/wheels/{sha}/wheel", index])
-    assert (root / index).read_text() == json.dumps(entry, sort_keys=True)
-    assert (root / f"v1/wheels/{sha}/wheel").read_bytes() == wheel.read_bytes()
+    index = f"v2/index/{key(IDENT)}/{key(MATCH)}.json"
+    assert files == sorted([f"v2/wheels/{sha}/wheel", index])
+    body = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
+    mac = hmac.new(KEY.encode(), b"pinwheel object store entry\0" + index.encode() + b"\0" + body,
+                   hashlib.sha256).hexdigest()  # fmt: skip
+    assert (root / index).read_text() == json.dumps({**entry, "signature": mac}, sort_keys=True)
+    assert (root / f"v2/wheels/{sha}/wheel").read_bytes() == wheel.read_bytes()
     hit = store.lookup(IDENT, MATCH)
-    assert isinstance(hit, objstore.Hit) and hit.blob == f"v1/wheels/{sha}/wheel"
+    assert isinstance(hit, objstore.Hit) and hit.blob == f"v2/wheels/{sha}/wheel"
     monkeypatch.setattr(objstore, "MAX_WHEEL", 100)
     big = store.take(hit, tmp_path / "dist-big")
     assert isinstance(big, objstore.Miss) and "more than the 100 it may have" in big.why

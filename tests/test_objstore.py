@@ -23,11 +23,14 @@ from redisserver import running_redis
 from tcpport import free_port
 from test_build import WHEEL, Tiny, request, tiny  # noqa: F401  (fixture)
 
+KEY = "two-ci-runners-that-share-a-store-share-this-key"  # PINWHEEL_STORE_KEY
 
-def _build(project: Tiny, manifest: Path, cache: str, out: str, shared: Path, **kw):
+
+def _build(project: Tiny, manifest: Path, cache: str, out: str, shared: Path, env=(), **kw):
+    env = dict(env)
     result = project.replay(manifest)
     req = request(project, manifest, project.tmp / out, result, **kw)
-    environ = {**req.host.child, "SCCACHE_DIR": str(shared)}
+    environ = {**req.host.child, "SCCACHE_DIR": str(shared), "PINWHEEL_STORE_KEY": KEY, **env}
     return run_build(
         dataclasses.replace(req, cache=project.tmp / cache, engine_workdir=None, host=host_of(environ))
     )
@@ -87,8 +90,8 @@ def test_hostile_store_records_are_misses(tiny: Tiny) -> None:  # noqa: F811
     shared = tiny.tmp / "shared-cache"
     cold = _build(tiny, manifest, "cache-a", "w-a", shared)
     root = shared / objstore.SUBDIR
-    store = objstore.Store(objbackends.LocalDir(root))
-    (index,) = (root / "v1" / "index").iterdir()
+    store = objstore.Store(objbackends.LocalDir(root), KEY.encode())
+    (index,) = (root / "v2" / "index").iterdir()
     (path,) = index.iterdir()
     good = json.loads(path.read_text())
     ident, match = good["record"]["identity"], good["match"]
@@ -152,6 +155,7 @@ def test_the_selftest_kernel_from_a_fresh_cache_is_the_stored_build(tmp_path: Pa
     shared = tmp_path / "shared"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_")}
     env["SCCACHE_DIR"] = str(shared)
+    env["PINWHEEL_STORE_KEY"] = KEY
 
     def once(cache: str):
         return run_build(BuildRequest(
@@ -201,6 +205,7 @@ def test_a_fresh_cache_hits_through_a_shared_redis(tiny: Tiny) -> None:  # noqa:
         def once(cache: str, out: str):
             req = request(tiny, manifest, tiny.tmp / out, result)
             child = {k: v for k, v in req.host.child.items() if not k.startswith("SCCACHE_")}
+            child["PINWHEEL_STORE_KEY"] = KEY
             return run_build(dataclasses.replace(
                 req, cache=tiny.tmp / cache, engine_workdir=None, host=host_of(child)
             ))  # fmt: skip

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import shutil
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -332,6 +334,26 @@ def read_beneath(root: Path | str, rel: str) -> bytes:
             return fh.read()
 
 
+def open_beneath(root: Path | str, rel: str) -> BinaryIO:
+    """The regular file ``root/rel`` open for reading, no symlink followed on the way or
+    at the end, never blocking on a FIFO: :class:`Escape` for a link, FIFO or device
+    (``FileNotFoundError`` when it is not there)."""
+    parts = _parts(rel, root)
+    with _folder(root, parts[:-1], rel, create=False) as fd:
+        flags = os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+        try:
+            f = os.open(parts[-1], flags, dir_fd=fd)
+        except OSError:
+            if stat.S_ISLNK(os.stat(parts[-1], dir_fd=fd, follow_symlinks=False).st_mode):
+                raise _escape(rel, root, "it is a symlink") from None
+            raise
+    if not stat.S_ISREG(os.fstat(f).st_mode):
+        os.close(f)
+        raise _escape(rel, root, "not a plain file")
+    os.set_blocking(f, True)
+    return os.fdopen(f, "rb")
+
+
 def mkdir_beneath(root: Path | str, rel: str) -> None:
     """``mkdir -p root/rel``; a symlink on the way is refused, never gone through."""
     Path(root).mkdir(parents=True, exist_ok=True)
@@ -356,6 +378,26 @@ def write_beneath(
 ) -> None:
     """Atomically put ``data`` at ``root/rel`` (what is there, a link included, is replaced,
     never written through); a symlink on the way is refused."""
+    _put_beneath(root, rel, lambda fh: fh.write(data), mode=mode, mtime=mtime)
+
+
+def copy_beneath(root: Path | str, rel: str, source: Path | str, *, mode: int = 0o644) -> None:
+    """:func:`write_beneath` of the bytes of the file ``source``, streamed (a wheel of
+    hundreds of MB is never held in memory)."""
+    with open(source, "rb") as src:
+        _put_beneath(root, rel, lambda fh: shutil.copyfileobj(src, fh, 1024 * 1024), mode=mode)
+
+
+def _put_beneath(
+    root: Path | str,
+    rel: str,
+    fill: Callable[[BinaryIO], object],
+    *,
+    mode: int = 0o644,
+    mtime: int | None = None,
+) -> None:
+    """A temporary file made ``O_EXCL | O_NOFOLLOW`` beside ``root/rel`` (folders opened
+    ``O_NOFOLLOW`` one by one), filled, then renamed over ``rel``."""
     parts = _parts(rel, root)
     Path(root).mkdir(parents=True, exist_ok=True)
     with _folder(root, parts[:-1], rel, create=True) as fd:
@@ -365,11 +407,11 @@ def write_beneath(
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         if st is not None and stat.S_ISDIR(st.st_mode):
             remove_tree(name, dir_fd=fd)
-        tmp = f".{name[:100]}.{os.getpid()}.{id(data):x}.tmp"
+        tmp = f".{name[:100]}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
         f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=fd)
         try:
             with os.fdopen(f, "wb") as fh:
-                fh.write(data)
+                fill(fh)
                 os.fchmod(fh.fileno(), mode)
             if mtime is not None:
                 os.utime(tmp, (mtime, mtime), dir_fd=fd, follow_symlinks=False)

@@ -41,6 +41,7 @@ class Var:
     flag: str | None = None  # the flag that wins over it, if any
     default: str | None = None  # what applies when it is unset (as shown to a person)
     secret: bool = False  # its value is never shown (`pinwheel env` says it is set)
+    to_children: bool = True  # False: read by pinwheel only, never in a child's environment
 
     @property
     def prefix(self) -> str | None:
@@ -114,6 +115,11 @@ VARIABLES: tuple[Var, ...] = (
         "sccache resolve when no key is set: AWS_PROFILE, AWS_CONFIG_FILE, "
         "AWS_SHARED_CREDENTIALS_FILE, AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN, the "
         "container and instance roles, AWS_ENDPOINT_URL_STS", "net.s3, compile.compcache"),
+    Var("PINWHEEL_STORE_KEY", "the key object store entries are signed and checked with: "
+        "runners that share a store share it (at least 32 characters; never handed to a "
+        "child)", "compile.objstore", None,
+        "a key made once in the cache (keys/object-store.key): only this cache's builds hit",
+        secret=True, to_children=False),
     Var("ACTIONS_CACHE_URL", "the GitHub Actions cache service ([build.cache] backend = gha)",
         "compile.compcache"),
     Var("ACTIONS_RESULTS_URL", "the GitHub Actions cache service, newer runners",
@@ -173,8 +179,11 @@ def declared(name: str) -> Var | None:
 
 def passes(name: str) -> bool:
     """Whether a child process gets ``name`` from this process's environment."""
+    var = declared(name)
+    if var is not None and not var.to_children:
+        return False
     return (
-        declared(name) is not None
+        var is not None
         or name in PASS_THROUGH
         or name.startswith(PASS_THROUGH_PREFIXES)
     )
@@ -260,6 +269,7 @@ class CompilerCacheSettings:
     actions: Mapping[str, str] = field(default_factory=dict, repr=False)  # every ACTIONS_*
     actions_cache_url: str | None = None  # ACTIONS_CACHE_URL, else ACTIONS_RESULTS_URL
     aws: AwsCredentials = field(default_factory=AwsCredentials, repr=False)  # AWS_*
+    store_key: str | None = field(default=None, repr=False)  # PINWHEEL_STORE_KEY
 
 
 @dataclass(frozen=True)
@@ -440,6 +450,7 @@ def host(process: Mapping[str, str]) -> HostEnvironment:
             _text(process, "AWS_SECRET_ACCESS_KEY"),
             _text(process, "AWS_SESSION_TOKEN"),
         ),
+        store_key=_text(process, "PINWHEEL_STORE_KEY"),
     )
     home = _text(process, "HOME")
     return HostEnvironment(

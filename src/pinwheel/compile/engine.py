@@ -371,7 +371,9 @@ def build_engine(request: EngineBuildRequest) -> Built:
     match = {"tree": export_digest, "version": version, "source_date_epoch": source_date_epoch,
              "flags": objstore.caller_flags(environ)}  # fmt: skip
     if reuse_from is None and store is not None and export_digest is not None:
-        hit = store.lookup(ident, match)
+        expect = objstore.Expect(name=objstore.project_name(Path(source)), version=version,
+                                 tree=origin.get("tree"))  # fmt: skip
+        hit = store.lookup(ident, match, expect=expect)
         got = store.take(hit, work / "dist") if isinstance(hit, objstore.Hit) else hit
         if isinstance(hit, objstore.Hit) and isinstance(got, Path):
             wheel = got

@@ -568,7 +568,10 @@ def _build_kernel(
         env.update(opts.launcher.launch_env(env["PATH"], nvcc=str(toolkit.nvcc), cxx=True))
     match = {"tree": staged.digest, "source_date_epoch": staged.source_date_epoch,
              "flags": objstore.caller_flags(opts.host.child)}  # fmt: skip
-    hit = opts.store.lookup(identity, match) if opts.store and not opts.cold else None
+    expect = objstore.Expect(name=objstore.project_name(staged.directory), tree=staged.tree)
+    hit = (
+        opts.store.lookup(identity, match, expect=expect) if opts.store and not opts.cold else None
+    )
     got = opts.store.take(hit, dist) if isinstance(hit, objstore.Hit) else hit
     if isinstance(got, objstore.Miss) and got.why != "miss":  # a reason worth a line
         opts.reporter.info(f"{spec.name}: object store: {got.why}")

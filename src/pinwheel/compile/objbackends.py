@@ -24,6 +24,7 @@ whole or not at all: no reader sees half an entry.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import urllib.error
@@ -35,9 +36,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from pinwheel import confine, untrusted, validate
-from pinwheel.checksums import sha256_file
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_text
 from pinwheel.net import Unavailable, httpget, resp, s3
 from pinwheel.options import AwsCredentials
 
@@ -87,42 +86,50 @@ class LocalDir:
     def path(self, key: str) -> Path:
         return self.root / key
 
+    # Every read and write goes through folders opened O_NOFOLLOW one by one from the
+    # root (pinwheel.confine): a co-user who plants a link anywhere in the shared
+    # directory (a folder, the entry, the temporary file) never leads one out.
+
     def read(self, key: str, cap: int) -> bytes | None:
         kind = untrusted.Kind("object store record", cap, 64, Unavailable, "")
         try:
-            return untrusted.read_bytes(self.path(key), kind)
-        except PinwheelError:  # absent, a FIFO or device, too large: not an entry
+            return untrusted.read_beneath(self.root, key, kind)
+        except PinwheelError:  # absent, a link, a FIFO or device, too large: not an entry
             return None
 
     def fetch(self, key: str, out: BinaryIO, cap: int) -> bool:
-        blob = self.path(key)
-        if blob.is_symlink():
-            return False
         try:
-            fd = untrusted.open_regular(blob)
-        except OSError:
+            src = confine.open_beneath(self.root, key)
+        except (OSError, confine.Escape):
             return False
-        with os.fdopen(fd, "rb") as src:
+        with src:
             size = os.fstat(src.fileno()).st_size
             if size > cap:
                 raise Unavailable(f"a wheel of {size} bytes, more than the {cap} it may have",
-                                  where=str(blob), next=_SERVER)  # fmt: skip
+                                  where=str(self.path(key)), next=_SERVER)  # fmt: skip
             shutil.copyfileobj(src, out, 1024 * 1024)
         return True
 
     def write(self, key: str, data: bytes) -> None:
-        path = self.path(key)
-        confine.mkdirs(self.root, path.parent)
-        atomic_write_text(path, data.decode())
+        try:
+            confine.write_beneath(self.root, key, data)
+        except confine.Escape as exc:
+            raise Unavailable(exc.what, where=str(self.path(key)), next=_SERVER) from None
 
     def send(self, key: str, path: Path, sha256: str) -> None:
-        blob = self.path(key)
-        if blob.is_file() and not blob.is_symlink() and sha256_file(blob) == sha256:
-            return
-        confine.mkdirs(self.root, blob.parent)
-        tmp = blob.with_name(f".wheel.{os.getpid()}.tmp")
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, blob)
+        try:
+            with confine.open_beneath(self.root, key) as held:
+                digest = hashlib.sha256()
+                for chunk in iter(lambda: held.read(1024 * 1024), b""):
+                    digest.update(chunk)
+                if digest.hexdigest() == sha256:
+                    return
+        except (OSError, confine.Escape):
+            pass
+        try:
+            confine.copy_beneath(self.root, key, path)
+        except confine.Escape as exc:
+            raise Unavailable(exc.what, where=str(self.path(key)), next=_SERVER) from None
 
 
 # --------------------------------------------------------------------------- redis

@@ -34,29 +34,46 @@ answers at is "no store" (said in the phase table); a transfer cut off later is 
 or "not stored", never a failed build. The wheel is written before its index record,
 so a reader finds no record whose wheel is not whole.
 
-Records and wheels are read as untrusted (a shared store is written by other
-machines): bounded reads (the record through :mod:`pinwheel.untrusted`'s bounded JSON,
-the wheel up to :data:`MAX_WHEEL`), the wheel name validated, the copy's sha256 checked
-before it is used. The store is as trusted as the compiler cache it lives in: whoever
-can write sccache's objects can write these.
+A hit is an untrusted answer (a shared store is written by other machines, and a hit
+yields the published artifact, not an object file): every entry is signed (HMAC-SHA256,
+:mod:`pinwheel.keyfile`) over its index key and its whole text with the key this runner
+holds (``PINWHEEL_STORE_KEY``, which runners sharing a store share, else a key made once
+in pinwheel's cache: then only this cache's builds hit), and an entry the key did not
+sign is a miss. Then everything is checked as if it were not signed: the record read
+bounded (:mod:`pinwheel.untrusted`'s JSON), every fact provenance takes from it typed
+(the tree a git id and the one this build exports, member names plain relative names,
+digests hex, no control character in any text), the wheel copied up to
+:data:`MAX_WHEEL` and its sha256 checked, and the copy's own METADATA and WHEEL held to
+its file name and to what this build makes: the version the build stamps, the project
+name its ``pyproject.toml`` declares (when it declares one), tags this Python and this
+machine's architecture install. docs/SECURITY.md says what a hit proves.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import platform
+import re
+import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import confine, untrusted, validate
+from packaging.utils import canonicalize_name, canonicalize_version
+
+from pinwheel import confine, keyfile, untrusted, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import compcache, derivation, objbackends
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import remove_tree
 from pinwheel.options import AwsCredentials
+from pinwheel.wheels import metadata
 
-FORMAT = 1
+FORMAT = 2  # 2: entries are signed (1 was not: such an entry is "another format", a miss)
+KEY_NAME = "object-store"  # <cache>/keys/object-store.key
+_PURPOSE = "pinwheel object store entry"
 SUBDIR = objbackends.SUBDIR
 KIND = untrusted.Kind(
     "object store record", 64 * untrusted.MiB, 64, PinwheelError,
@@ -87,6 +104,18 @@ def identity_key(ident: Mapping[str, Any]) -> str:
 MAX_WHEEL = 2 * untrusted.GiB
 
 
+def _canonical(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(dict(doc), sort_keys=True, separators=(",", ":")).encode()
+
+
+def signed_entry(key: bytes, index: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """``entry`` with its signature: HMAC-SHA256 (``key``) over the index key it is
+    stored under and its canonical JSON (another key, index or byte: no entry)."""
+    body = json.loads(json.dumps({k: v for k, v in entry.items() if k != "signature"}))
+    payload = index.encode() + b"\0" + _canonical(body)
+    return {**body, "signature": keyfile.sign(key, _PURPOSE, payload)}
+
+
 def _index_key(ident: Mapping[str, Any], match_key: str) -> str:
     return f"v{FORMAT}/index/{identity_key(ident)}/{match_key}.json"
 
@@ -108,6 +137,7 @@ class Store:
     beside sccache's, or the Redis or S3 store the compiler cache uses."""
 
     backend: objbackends.Backend
+    key: bytes = field(repr=False)  # what entries are signed and checked with
 
     def put(
         self, wheel: Path, record: Mapping[str, Any], match: Mapping[str, Any]
@@ -128,20 +158,25 @@ class Store:
             "match": dict(match),
             "record": dict(record),
         }
-        key = identity_key(json.loads(json.dumps(dict(match), sort_keys=True)))
+        index = _index_key(
+            record["identity"], identity_key(json.loads(json.dumps(dict(match), sort_keys=True)))
+        )
+        entry = signed_entry(self.key, index, entry)
         try:
             self.backend.send(_blob_key(sha), Path(wheel), sha)
-            self.backend.write(
-                _index_key(record["identity"], key), json.dumps(entry, sort_keys=True).encode()
-            )
+            self.backend.write(index, json.dumps(entry, sort_keys=True).encode())
         except objbackends.Unavailable as exc:
             return False, f"not stored in the object store: {_said(exc)}"
         return True, "stored in the object store"
 
-    def lookup(self, ident: Mapping[str, Any], match: Mapping[str, Any]) -> Hit | Miss:
+    def lookup(
+        self, ident: Mapping[str, Any], match: Mapping[str, Any], *, expect: Expect | None = None
+    ) -> Hit | Miss:
         """The stored build of this identity whose ``match`` facts (the export's digest,
-        version, date, the caller's flags) are equal, checked; a :class:`Miss` saying why
-        not (no entry, an unusable record, the backend unreachable)."""
+        version, date, the caller's flags) are equal, signed with this runner's key and
+        checked; a :class:`Miss` saying why not (no entry, unsigned or signed with another
+        key, an unusable record, the backend unreachable). ``expect``: what this build
+        makes, held against the record here and against the wheel by :meth:`take`."""
         want = json.loads(json.dumps(dict(match), sort_keys=True))
         key = _index_key(ident, identity_key(want))
         try:
@@ -156,6 +191,9 @@ class Store:
             return Miss(f"miss: an unusable record ({exc.what[:200]})")
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             return Miss("miss: a record of another format")
+        sig, good = raw.get("signature"), signed_entry(self.key, key, raw)["signature"]
+        if not isinstance(sig, str) or not hmac.compare_digest(sig, good):
+            return Miss("miss: an entry this runner's key did not sign")
         rec, sha, name = raw.get("record"), raw.get("sha256"), raw.get("wheel")
         if raw.get("match") != want or not isinstance(rec, dict) or not _is_sha(sha):
             return Miss("miss: a record that does not match")
@@ -163,7 +201,11 @@ class Store:
             return Miss("miss: a record of another identity")
         if not isinstance(name, str) or validate.wheel_name_problem(name):
             return Miss("miss: a record naming no valid wheel")
-        return Hit(_blob_key(str(sha)), name, str(sha), rec)
+        problem = record_problem(rec, expect or Expect())
+        if problem is not None:
+            return Miss(f"miss: a record whose {problem}")
+        return Hit(_blob_key(str(sha)), name, str(sha), rec, expect or Expect(),
+                   str(ident.get("python") or ""))  # fmt: skip
 
     def take(self, hit: Hit, dist: Path) -> Path | Miss:
         """The stored wheel copied into ``dist`` under its name (at most
@@ -181,6 +223,13 @@ class Store:
             why = f"miss: {_said(exc)}"
         if why is None and sha256_file(target) != hit.sha256:
             why = "entry changed, a miss (the stored wheel's sha256 is not the record's)"
+        if why is None:
+            problem = wheel_problem(target, hit.expect, hit.python)
+            why = (
+                None
+                if problem is None
+                else f"miss: a stored wheel that is not this build's ({problem})"
+            )
         if why is not None:
             target.unlink(missing_ok=True)
             return Miss(why)
@@ -192,22 +241,157 @@ def _said(exc: PinwheelError) -> str:
 
 
 @dataclass(frozen=True)
+class Expect:
+    """What this build makes, as far as it is known before it runs: a hit must be it.
+    ``version``: the version the build stamps (None: whatever the tree says); ``name``:
+    the project name its ``pyproject.toml`` declares (:func:`project_name`); ``tree``:
+    the git tree it exports."""
+
+    name: str | None = None
+    version: str | None = None
+    tree: str | None = None
+
+
+def project_name(tree: Path) -> str | None:
+    """``[project] name`` of ``tree``'s ``pyproject.toml`` when it declares it (not
+    dynamic), read bounded and never through a link; None otherwise."""
+    try:
+        raw = untrusted.read_beneath(Path(tree), "pyproject.toml", _PYPROJECT)
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (PinwheelError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    project = doc.get("project")
+    if not isinstance(project, dict) or "name" in (project.get("dynamic") or ()):
+        return None
+    name = project.get("name")
+    return name if isinstance(name, str) and _NAME.fullmatch(name) else None
+
+
+_PYPROJECT = untrusted.Kind("pyproject.toml", 4 * untrusted.MiB, 64, PinwheelError, "")
+_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")
+_GIT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# The record's fields (reuse.Recorder.collect) and what each must be.
+_RECORD_FIELDS = frozenset(
+    ("digest", "tree", "identity", "methods", "complete", "compiled_sources", "files",
+     "compiled_members", "from_tree")
+)  # fmt: skip
+
+
+def _text_problem(value: Any, depth: int = 0) -> str | None:
+    """A control character (an escape sequence, a newline) in any text of ``value``."""
+    if isinstance(value, str):
+        return "text holds a control character" if _CONTROL.search(value) else None
+    if isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    if isinstance(value, list):
+        return next((p for v in value if (p := _text_problem(v, depth + 1)) is not None), None)
+    return None
+
+
+def _members_problem(value: Any, digest: re.Pattern[str]) -> str | None:
+    if not isinstance(value, dict):
+        return "not a mapping"
+    for member, sha in value.items():
+        if validate.member_problem(member) is not None:
+            return f"member name {member[:80]!r} is not a plain relative name"
+        if not isinstance(sha, str) or not digest.fullmatch(sha):
+            return f"member {member[:80]!r} has no digest"
+    return None
+
+
+def record_problem(rec: Mapping[str, Any], expect: Expect) -> str | None:
+    """What is wrong with a stored record's facts (None: nothing): the fields a record
+    has, each typed, the tree this build's, no control character anywhere."""
+    unknown = sorted(set(rec) - _RECORD_FIELDS)
+    if unknown:
+        return f"fields {unknown[:5]} are not a record's"
+    tree = rec.get("tree")
+    if tree is not None and (not isinstance(tree, str) or not _GIT_ID.fullmatch(tree)):
+        return "tree is not a git id"
+    if expect.tree is not None and tree != expect.tree:
+        return f"tree {str(tree)[:12]} is not this build's {expect.tree[:12]}"
+    if not validate.is_sha256(rec.get("digest")):
+        return "digest is not a sha256"
+    for name, digest in (("compiled_members", re.compile(r"[0-9a-f]{64}")), ("files", _GIT_ID)):
+        problem = _members_problem(rec.get(name, {}), digest)
+        if problem is not None:
+            return f"{name}: {problem}"
+    from_tree = rec.get("from_tree", [])
+    if not isinstance(from_tree, list) or any(
+        not isinstance(m, str) or validate.member_problem(m) for m in from_tree
+    ):
+        return "from_tree is not a list of member names"
+    if (
+        not isinstance(rec.get("complete", False), bool)
+        or type(rec.get("compiled_sources", 0)) is not int
+    ):
+        return "complete / compiled_sources are not typed"
+    problem = _text_problem(rec)
+    return None if problem is None else problem
+
+
+def _tag_ok(tag: str, python: str) -> bool:
+    interp, abi, plat = tag.split("-")
+    major, _, rest = python.partition(".")
+    cp = f"cp{major}{rest.partition('.')[0]}"
+    return (
+        interp in (cp, f"py{major}", f"py{cp[2:]}")
+        and abi in (cp, "abi3", "none")
+        and (plat == "any" or plat.endswith("_" + platform.machine()))
+    )
+
+
+def wheel_problem(wheel: Path, expect: Expect, python: str) -> str | None:
+    """Where the wheel ``wheel`` is not what this build makes (None: it is): its METADATA
+    and WHEEL must agree with its file name, its version be ``expect.version``, its name
+    ``expect.name``, and every tag one ``python`` on this machine installs."""
+    meta = metadata.read_path(wheel)
+    if meta.problems:
+        return meta.problems[0][:200]
+    if expect.version is not None and canonicalize_version(str(meta.version)) != \
+            canonicalize_version(expect.version):  # fmt: skip
+        return f"version {str(meta.version)[:40]!r} is not this build's {expect.version!r}"
+    if expect.name is not None and canonicalize_name(str(meta.name)) != \
+            canonicalize_name(expect.name):  # fmt: skip
+        return f"name {str(meta.name)[:40]!r} is not this build's {expect.name!r}"
+    bad = sorted(t for t in meta.tags if not _tag_ok(t, python))
+    if bad or not meta.tags:
+        return f"tags {bad[:3] or 'none'} are not this Python's ({python or 'unknown'})"
+    return None
+
+
+@dataclass(frozen=True)
 class Hit:
     blob: str  # the wheel's key in the store
     name: str  # the wheel's file name as built
     sha256: str
-    record: Mapping[str, Any]  # its compiled inputs
+    record: Mapping[str, Any]  # its compiled inputs, checked (record_problem)
+    expect: Expect = Expect()  # what this build makes (held to the wheel by take)
+    python: str = ""  # the identity's Python version (the tags a hit may have)
 
     def reused(self) -> dict[str, Any]:
-        """The reuse record provenance carries (as for ``--reuse-from``)."""
+        """The reuse record provenance carries (as for ``--reuse-from``): the checked facts."""
         return {
             "from": "the object store",
             "wheel": self.name,
             "wheel_sha256": self.sha256,
             "tree": self.record.get("tree"),
-            "why": "the same exported tree, toolchain, flags and environment",
+            "why": "an entry this runner's key signed, for the same exported tree, toolchain, "
+            "flags and environment (a cached build, not rebuilt here: verify-build rebuilds)",
             "members": dict(self.record.get("compiled_members") or {}),
         }
+
+
+def store_key(plan: compcache.Plan) -> bytes:
+    """The key entries are signed with: ``PINWHEEL_STORE_KEY``, else the cache's own
+    (:func:`pinwheel.keyfile.cache_key`). :class:`pinwheel.keyfile.NoKey` when neither."""
+    if plan.store_key is not None:
+        return keyfile.given_key(plan.store_key, "PINWHEEL_STORE_KEY")
+    if plan.cache is None:
+        raise keyfile.NoKey("no cache to keep a key in", where="the object store",
+                            next="export PINWHEEL_STORE_KEY (at least 32 characters)")  # fmt: skip
+    return keyfile.cache_key(plan.cache, KEY_NAME)
 
 
 def for_plan(
@@ -237,10 +421,28 @@ def for_plan(
     except ValueError as exc:
         return None, f"the {plan.backend} settings cannot be read: {exc}"
     try:
+        key = store_key(plan)
+    except keyfile.NoKey as exc:
+        return None, f"no key to sign entries with: {_said(exc)}"
+    try:
         backend.check()
     except objbackends.Unavailable as exc:
         return None, f"the {plan.backend} store is unreachable: {_said(exc)}"
-    return Store(backend), backend.describe()
+    return Store(backend, key), backend.describe()
 
 
-__all__ = ["MAX_WHEEL", "Hit", "Miss", "Store", "caller_flags", "for_plan", "identity_key"]
+__all__ = [
+    "MAX_WHEEL",
+    "signed_entry",
+    "Expect",
+    "Hit",
+    "Miss",
+    "Store",
+    "caller_flags",
+    "for_plan",
+    "identity_key",
+    "project_name",
+    "record_problem",
+    "store_key",
+    "wheel_problem",
+]
