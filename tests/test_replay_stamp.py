@@ -189,3 +189,75 @@ def test_a_stamp_that_is_a_fifo_is_never_opened(stack, stamped):
 
     os.mkfifo(where)
     assert _recall(stack, manifest) is None  # refused by fstat, never waited on
+
+
+# ---- docs/SECURITY.md "Cache contents": a recalled replay proves it is the replay
+
+
+def test_a_result_moved_by_someone_who_can_write_the_cache_is_never_recalled(stack):
+    """Someone who can write the cache (not read its key) adds a commit on the stack's
+    base, moves the stack ref and the tag to it and rewrites the stamp's result to name it,
+    every link consistent: the stamp no longer carries this cache's signature, so the run
+    replays (and the moved tag stays an error), never reports that tree."""
+    manifest = stack.write(_steps(stack, PICKS))
+    first = replay(_request(stack, manifest))
+    repo = _repo(stack)
+    last = first.steps[-1]
+    parent = last.commits[-2].replayed if len(last.commits) > 1 else first.steps[-2].head
+    other_tree = first.steps[0].tree  # a tree the repository holds, not the replay's
+    forged = git(repo, "commit-tree", other_tree, "-p", parent, "-m", "BACKDOOR").strip()
+    git(repo, "update-ref", f"refs/pinwheel/stack/{first.manifest.name}", forged)
+    git(repo, "update-ref", f"refs/tags/{first.tag}", forged)
+
+    def moved(doc):
+        res = doc["result"]
+        res["steps"][-1]["commits"][-1][1] = forged
+        res["steps"][-1]["head"] = res["head"] = forged
+        res["steps"][-1]["tree"] = res["tree"] = other_tree
+
+    _edit_stamp(stack, manifest, moved)
+    assert _recall(stack, manifest) is None
+
+
+def test_subjects_and_authors_are_the_commits_not_the_stamp_s(stack, stamped):
+    manifest, first = stamped
+
+    def renamed(doc):
+        for row in doc["result"]["steps"][0]["commits"]:
+            if len(row) > 2:
+                row[2:] = ["\x1b[2Jplanted subject", "Mallory", "m@example.invalid"]
+            row.extend([])
+
+    _edit_stamp(stack, manifest, renamed)
+    again = _recall(stack, manifest)
+    assert again is None or again == first
+    assert replay(_request(stack, manifest)) == first
+    recalled = _recall(stack, manifest)
+    assert recalled == first  # recalled, with the objects' subjects and authors
+    shown = [(c.subject, c.author) for s in recalled.steps for c in s.commits]
+    assert shown == [(c.subject, c.author) for s in first.steps for c in s.commits]
+    assert all(subject for subject, _ in shown)
+
+
+def test_the_first_export_does_not_change_what_the_next_run_recalls(stack):
+    """The export writes ``<cache repo>/info/attributes`` (an input of every replay): the
+    replay writes it first, so the first build's stamp is recalled by the second."""
+    from pinwheel.source.export import tree_archive
+
+    manifest = stack.write(_steps(stack, MERGE))
+    first = replay(_request(stack, manifest))
+    tree_archive(first)  # what a build's export does
+    assert _recall(stack, manifest) == first
+
+
+def test_a_stamp_folder_planted_as_a_link_is_never_written_through(stack, stamped, tmp_path):
+    manifest, first = stamped
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = _repo(stack) / "pinwheel"
+    for f in folder.iterdir():
+        f.unlink()
+    folder.rmdir()
+    folder.symlink_to(outside)
+    assert replay(_request(stack, manifest)) == first
+    assert list(outside.iterdir()) == []

@@ -40,7 +40,7 @@ from pinwheel.checksums import sha256_file
 from pinwheel.compile import stamps
 from pinwheel.compile.derivation import Derivation, because, changed, digest
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_text, remove_tree
+from pinwheel.fsutil import remove_tree
 
 STAMP = ".pinwheel-workspace.json"
 LAST = "last-build.json"
@@ -89,6 +89,27 @@ class LastBuild:
     how: str = ""  # how its sha256 was confirmed: by its file stamp, or hashed
 
 
+# What a workspace keeps (its key stamp, the export's listing, the last build's record):
+# read bounded, never through a link, never waiting on a FIFO; a bad one is no record.
+RECORD = untrusted.Kind("workspace record", 64 * untrusted.MiB, 16, PinwheelError,
+                        "nothing: the workspace is prepared, exported or built again")  # fmt: skip
+
+
+def _read(path: Path) -> Any:
+    """The JSON document at ``path`` (bounded, a regular file reached through no link in
+    its folder), or None when it is missing, not a regular file, too large or not JSON."""
+    try:
+        raw = untrusted.read_beneath(path.parent, path.name, RECORD)
+        return untrusted.parse_json(raw, RECORD, str(path))
+    except PinwheelError:
+        return None
+
+
+def _write(path: Path, text: str) -> None:
+    """``text`` at ``path``, atomically, a link there replaced (never written through)."""
+    confine.write_beneath(path.parent, path.name, text.encode())
+
+
 LOCK_TIMEOUT_S = 600  # a default, the cache lock's: a second build waits this long
 
 
@@ -128,7 +149,7 @@ def prepare(root: Path, key: str | Derivation, *, cold: bool) -> bool:
         doc: dict[str, Any] = {"key": key}
         if derivation is not None:
             doc["derivation"] = derivation.to_json()
-        atomic_write_text(root / STAMP, json.dumps(doc, sort_keys=True) + "\n")
+        _write(root / STAMP, json.dumps(doc, sort_keys=True) + "\n")
     return kept
 
 
@@ -152,10 +173,7 @@ def rebuild_reason(root: Path, derivation: Derivation, *, cold: bool) -> str | N
 def _stamped(root: Path) -> dict[str, Any]:
     """The workspace stamp, read bounded as a regular file ({} when missing or unreadable:
     then nothing is kept)."""
-    try:
-        doc = untrusted.read_json(root / STAMP, untrusted.EXPORT_STAMP)
-    except (PinwheelError, OSError):
-        return {}
+    doc = _read(root / STAMP)  # never through a link, no FIFO waited on
     return doc if isinstance(doc, dict) else {}
 
 
@@ -198,12 +216,8 @@ def sync(
     written files keep the time of writing). Every write and delete goes through
     :mod:`pinwheel.confine`'s ``*_beneath`` steps: no symlink on the way is gone through
     (one planted, or left by the last tree, cannot lead a write or a delete out)."""
-    previous: set[str] = set()
-    if listing.is_file():
-        try:
-            previous = set(json.loads(listing.read_text()))
-        except (OSError, ValueError):
-            previous = set()
+    listed = _read(listing)
+    previous = {r for r in listed if isinstance(r, str)} if isinstance(listed, list) else set()
     written: list[str] = []
     now: list[str] = []
     kept = 0
@@ -231,7 +245,7 @@ def sync(
         st = confine.lstat_beneath(dest, rel) if _listed(rel) else None
         if st is not None and not stat.S_ISDIR(st.st_mode):
             confine.remove_beneath(dest, rel)
-    atomic_write_text(listing, json.dumps(sorted(now)) + "\n")
+    _write(listing, json.dumps(sorted(now)) + "\n")
     return Synced(tuple(written), tuple(removed), kept, digest.hexdigest())
 
 
@@ -256,7 +270,7 @@ def adopt(staged: Path, dest: Path, listing: Path, *, mtime: int = SOURCE_MTIME)
         rels.append(node.rel)
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.rename(staged, dest)
-    atomic_write_text(listing, json.dumps(sorted(rels)) + "\n")
+    _write(listing, json.dumps(sorted(rels)) + "\n")
     return Synced(tuple(sorted(rels)), (), 0)
 
 
@@ -309,15 +323,12 @@ def _file_stamps(dest: Path, rels: Iterable[str]) -> dict[str, list[int]] | None
 
 
 def _stamp_export(dest: Path, listing: Path, of: Mapping[str, Any], digest: str) -> None:
-    try:
-        rels = json.loads(listing.read_text())
-    except (OSError, ValueError):
-        return
+    rels = _read(listing)
     files = _file_stamps(dest, rels) if isinstance(rels, list) else None
     if files is None:
         return
     doc = {"format": EXPORT_STAMP_FORMAT, "of": dict(of), "digest": digest, "files": files}
-    atomic_write_text(export_stamp(listing), json.dumps(doc, sort_keys=True) + "\n")
+    _write(export_stamp(listing), json.dumps(doc, sort_keys=True) + "\n")
 
 
 def held_export(dest: Path, listing: Path, of: Mapping[str, Any]) -> Synced | None:
@@ -338,10 +349,7 @@ def held_export(dest: Path, listing: Path, of: Mapping[str, Any]) -> Synced | No
     files, digest = doc.get("files"), doc.get("digest")
     if doc.get("of") != dict(of) or not isinstance(files, dict) or not validate.is_sha256(digest):
         return None
-    try:
-        listed = json.loads(listing.read_text())
-    except (OSError, ValueError):
-        return None
+    listed = _read(listing)
     if not isinstance(listed, list) or sorted(listed) != sorted(files):
         return None
     if _file_stamps(dest, files) != files:
@@ -364,10 +372,16 @@ def builder_env(env: Mapping[str, str], set_env: Mapping[str, str]) -> dict[str,
 def last_build(root: Path, inputs: str) -> LastBuild | None:
     """The last finished build's wheel when it was given exactly ``inputs`` and the wheel
     is still there with the bytes it was stamped with; else None."""
+    stamp = _read(root / LAST)
     try:
-        stamp = json.loads((root / LAST).read_text())
-        wheel = root / stamp["wheel"]
-        if stamp["inputs"] != inputs or not wheel.is_file():
+        rel = stamp["wheel"]
+        # A name inside the workspace (``dist/x.whl``), a plain file reached through no link:
+        # never ``../../elsewhere/x.whl`` or a path through a planted link.
+        if not isinstance(rel, str) or validate.member_problem(rel) is not None:
+            return None
+        st = confine.lstat_beneath(root, rel)
+        wheel = root / rel
+        if stamp["inputs"] != inputs or st is None or not stat.S_ISREG(st.st_mode):
             return None
         # The wheel's file stamp answers when it still holds; else its bytes are hashed.
         got = stamps.sha256_of(wheel, stamps.Stamp.from_json(stamp.get("stamp")))
@@ -393,15 +407,15 @@ def remember(root: Path, inputs: str, wheel: Path, record: Mapping[str, Any]) ->
         "stamp": taken.to_json() if taken is not None else None,
         "record": dict(record),
     }
-    atomic_write_text(root / LAST, json.dumps(stamp, sort_keys=True) + "\n")
+    _write(root / LAST, json.dumps(stamp, sort_keys=True) + "\n")
 
 
 def begin_update(root: Path) -> bool:
     """Before the export is updated in place: mark the update. True when an earlier one
     never reached :func:`end_update` (stopped between rewriting files and removing what
     they reached): its changes are no longer visible, so the build tree must go."""
-    interrupted = (root / PENDING).exists()
-    atomic_write_text(root / PENDING, "the export is being updated\n")
+    interrupted = os.path.lexists(root / PENDING)
+    _write(root / PENDING, "the export is being updated\n")
     return interrupted
 
 

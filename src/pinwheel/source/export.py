@@ -9,10 +9,10 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from pinwheel import archive, confine
+from pinwheel import archive
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_dir, atomic_write_bytes, atomic_write_text
-from pinwheel.source import gitcli
+from pinwheel.source import gitcli, stamp
 from pinwheel.source.libgit2 import pygit2
 from pinwheel.source.replay import ReplayResult, lock_payload
 
@@ -52,28 +52,10 @@ def partial_mirror_error(repo_path: Path, commit: str, what: str, where: str) ->
     )
 
 
-# git archive applies the archived tree's own .gitattributes: export-ignore drops files,
-# export-subst rewrites $Format:...$, ident/text/eol/filter/working-tree-encoding change
-# bytes. The receipt names the pinned tree, so the export must be exactly its blobs:
-# $GIT_DIR/info/attributes outranks every in-tree .gitattributes and unsets them all.
-NEUTRAL_ATTRIBUTES = (
-    "# pinwheel: export exactly the pinned tree (no export-ignore/export-subst, no\n"
-    "# content conversion); written by pinwheel.source.export\n"
-    "* -export-ignore -export-subst -ident -text -eol -filter -working-tree-encoding\n"
-)
-
-
-def neutral_attributes(repo_path: Path) -> None:
-    """Make ``git archive`` in the cache repository emit every blob as stored."""
-    target = Path("info") / "attributes"
-    path = confine.inside(repo_path, target, what="cache repository file")
-    try:
-        if path.is_file() and not path.is_symlink() and path.read_text() == NEUTRAL_ATTRIBUTES:
-            return
-    except (OSError, UnicodeDecodeError):
-        pass
-    confine.mkdirs(repo_path, Path("info"))
-    confine.write_text(repo_path, target, NEUTRAL_ATTRIBUTES)
+# Where the cache repository's info/attributes is made neutral (an input of every replay,
+# so it lives with the stamps): re-exported for the export's callers.
+NEUTRAL_ATTRIBUTES = stamp.NEUTRAL_ATTRIBUTES
+neutral_attributes = stamp.neutral_attributes
 
 
 def _archive(result: ReplayResult, prefix: str, exclude: Sequence[str] = ()) -> bytes:

@@ -647,6 +647,9 @@ def replay(request: ReplayRequest, reporter: Reporter = SILENT) -> ReplayResult:
     with store.locked(manifest.upstream.url):
         with store.fetching(manifest.upstream.url, manifest.prs):
             refs = store.fetch_refs(manifest.upstream.url, manifest.upstream.branch, manifest.prs)
+            # An input of every replay, written by the first export: written first instead,
+            # so the stamp of the first replay is recalled by the second.
+            stamp.neutral_attributes(refs.repo_path)
             recalled = recall(request, refs)
             fetched = None if recalled else fetch_for(manifest, store, refs=refs)
         if recalled is not None:
@@ -760,7 +763,8 @@ def record(request: ReplayRequest, fetched: Fetched, result: ReplayResult) -> No
     refs = {f"{UPSTREAM_PREFIX}{fetched.branch}": fetched.branch_tip}
     refs.update({f"{PULL_PREFIX}{n}/head": h for n, h in fetched.pr_heads.items()})
     key = stamp_key(request, fetched.repo_path, refs)
-    if key is None:
+    secret = stamp.secret(request.cache)
+    if key is None or secret is None:
         return
     doc = {
         "base": result.base,
@@ -772,17 +776,14 @@ def record(request: ReplayRequest, fetched: Fetched, result: ReplayResult) -> No
                 "pr_head": s.pr_head,
                 "head": s.head,
                 "tree": s.tree,
-                "commits": [
-                    [c.original, c.replayed, c.subject, c.author, c.author_email]
-                    for c in s.commits
-                ],
+                "commits": [[c.original, c.replayed] for c in s.commits],
             }
             for s in result.steps
         ],
     }
     try:
-        stamp.save(fetched.repo_path, request.manifest.name, key, doc)
-    except OSError:  # a stamp only saves time: without it the next run replays in full
+        stamp.save(fetched.repo_path, request.manifest.name, key, doc, secret)
+    except (OSError, PinwheelError):  # a stamp only saves time: the next run replays in full
         return
 
 
@@ -790,12 +791,6 @@ def _sha(value: Any) -> str:
     if isinstance(value, str) and stamp.SHA.fullmatch(value):
         return value
     raise ValueError("not a commit id")
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    raise ValueError("not text")
 
 
 def _decode(manifest: Manifest, repo_path: Path, doc: Any) -> ReplayResult:
@@ -807,12 +802,11 @@ def _decode(manifest: Manifest, repo_path: Path, doc: Any) -> ReplayResult:
     for step, entry in zip(manifest.steps, steps, strict=True):
         commits = []
         for row in entry["commits"]:
-            original, replayed, subject, author, email = row
+            original, replayed = row
+            # Subject and author: read from the commit object by recall, never the stamp's.
             commits.append(
-                ReplayedCommit(
-                    None if original is None else _sha(original),
-                    _sha(replayed), _text(subject), _text(author), _text(email),
-                )  # fmt: skip
+                ReplayedCommit(None if original is None else _sha(original), _sha(replayed),
+                               "", "", "")  # fmt: skip
             )
         pr_head = None if entry["pr_head"] is None else _sha(entry["pr_head"])
         decoded.append(
@@ -851,7 +845,8 @@ def recall(request: ReplayRequest, refs: Refs) -> ReplayResult | None:
     if not request.write_refs or refs.missing_prs:
         return None
     repo = refs.repo_path
-    doc = stamp.load(repo, manifest.name)
+    secret = stamp.secret(request.cache)
+    doc = stamp.load(repo, manifest.name, secret) if secret is not None else None
     if doc is None:
         return None
     try:
@@ -881,7 +876,10 @@ def recall(request: ReplayRequest, refs: Refs) -> ReplayResult | None:
     if state != result.head:
         return None
     links[f"{result.head}^{{tree}}"] = result.tree
-    found = stamp.look(repo, [*names, *want, *links])
+    replayed = [c.replayed for s in result.steps for c in s.commits]
+    found, people = stamp.look(repo, [*names, *want, *links], replayed)
+    if any(sha not in people for sha in replayed):
+        return None
     if any((hit := found[sha]) is None or hit != (sha, kind) for sha, kind in want.items()):
         return None
     if any((hit := found[name]) is None or hit[0] != sha for name, sha in links.items()):
@@ -903,7 +901,22 @@ def recall(request: ReplayRequest, refs: Refs) -> ReplayResult | None:
         key = stamp_key(request, repo, current)
     except OSError:  # a patch gone: the replay says so
         return None
-    return result if key is not None and key == doc["key"] else None
+    if key is None or key != doc["key"]:
+        return None
+    return _with_people(result, people)
+
+
+def _with_people(result: ReplayResult, people: Mapping[str, stamp.People]) -> ReplayResult:
+    """``result`` with every commit's subject and author as its object says."""
+    steps = tuple(
+        replace(s, commits=tuple(
+            replace(c, subject=people[c.replayed][0], author=people[c.replayed][1],
+                                author_email=people[c.replayed][2])
+            for c in s.commits
+        ))
+        for s in result.steps
+    )  # fmt: skip
+    return replace(result, steps=steps)
 
 
 def replay_manifest(
