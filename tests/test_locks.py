@@ -511,3 +511,53 @@ def test_every_pyproject_here_states_its_license_as_an_spdx_expression() -> None
     for path in [ROOT / "pyproject.toml", *sorted((ROOT / "kernels").glob("*/pyproject.toml"))]:
         license_ = tomllib.loads(path.read_text())["project"]["license"]
         assert isinstance(license_, str) and license_ == "Apache-2.0", path
+
+
+# ---- docs/SECURITY.md "Installed environments": a locked venv is checked by its files
+
+
+def _locked(tmp_path: Path) -> lockedvenv.LockedVenv:
+    lock = _lock_of({"packaging"}, tmp_path)
+    machine = _machine_python(tmp_path)
+    return lockedvenv.ensure(lockedvenv.LockedVenvRequest(
+        lock=lock, lock_name="locks/test.txt", interpreter=str(machine), cache=tmp_path / "c",
+        environ=dict(os.environ), kind="test-build", overlay_from=str(machine)))  # fmt: skip
+
+
+def test_a_hand_placed_pth_or_sitecustomize_is_refused_and_never_runs_while_listed(
+    tmp_path: Path,
+) -> None:
+    """A ``.pth`` file (its ``import`` line runs at every start of the venv's Python), a
+    ``sitecustomize.py`` or ``usercustomize.py`` no locked package installed: each
+    refused by name, and none of them ran while the venv was checked."""
+    venv = _locked(tmp_path)
+    (site,) = venv.python.parent.parent.glob("lib/python3*/site-packages")
+    ran = tmp_path / "ran"
+    for name, text in (
+        ("evil.pth", f"import pathlib; pathlib.Path({str(ran)!r}).mkdir(exist_ok=True)\n"),
+        ("sitecustomize.py", f"import pathlib; pathlib.Path({str(ran)!r}).mkdir(exist_ok=True)\n"),
+        ("usercustomize.py", "raise SystemExit(3)\n"),
+    ):
+        (site / name).write_text(text)
+        with pytest.raises(lockedvenv.LockedVenvError) as err:
+            lockedvenv.checked(venv, "test")
+        assert f"{name} in {site} is not in the lock" in err.value.what
+        assert not ran.exists()  # listed with -I -S: nothing of the venv's site ran
+        (site / name).unlink()
+    lockedvenv.checked(venv, "test")  # the venv as made is its lock
+
+
+def test_an_edited_locked_file_is_refused_though_its_record_is_untouched(tmp_path: Path) -> None:
+    venv = _locked(tmp_path)
+    (site,) = venv.python.parent.parent.glob("lib/python3*/site-packages")
+    target = site / "packaging" / "version.py"
+    text = target.read_text()
+    target.write_text(text + "\nBACKDOOR = 1\n")
+    with pytest.raises(lockedvenv.LockedVenvError) as err:
+        lockedvenv.checked(venv, "test")
+    assert "packaging: packaging/version.py differs from its RECORD" in err.value.what
+    target.write_text(text)
+    lockedvenv.checked(venv, "test")
+    target.unlink()  # a locked file gone: the same
+    with pytest.raises(lockedvenv.LockedVenvError, match="version.py differs from its RECORD"):
+        lockedvenv.checked(venv, "test")

@@ -17,12 +17,15 @@ of ``ensurepip`` and nothing else:
   package from the lock, and the machine's setuptools/wheel/ninja never reach
   the build (unlike ``--system-site-packages``, this also works when the given
   Python is itself a venv or a conda environment);
-- :func:`listing` asks the venv's Python what it imports, in ``sys.path`` order:
+- :func:`listing` asks the venv's Python (``-I -S``: no ``.pth`` or ``sitecustomize``
+  runs) what it imports, in the order its path would have:
   each distribution's name, version, where it is (``lock`` or ``machine``) and
   the sha256 of its RECORD (the installed files and their hashes, less the
   lines an installer writes for its own machine: scripts outside site-packages,
   INSTALLER, REQUESTED, direct_url.json, RECORD itself); :func:`differences`
-  compares it with the lock, before anything compiles.
+  compares it with the lock, before anything compiles, and :func:`inventory` holds
+  the venv's own files to their RECORDs (each file's sha256) and refuses a ``.pth``
+  or ``sitecustomize``/``usercustomize`` no locked package installed.
 """
 
 from __future__ import annotations
@@ -254,22 +257,45 @@ def listing(venv: LockedVenv) -> list[dict[str, Any]]:
     """Every distribution the venv's Python imports from its site-packages and the
     machine's (``-I``: no PYTHONPATH, no user site), in ``sys.path`` order; the overlay's
     packages are ``torch-lock`` when pinwheel made that Python from a hashed lock."""
+    return inventory(venv)[0]
+
+
+def inventory(venv: LockedVenv) -> tuple[list[dict[str, Any]], list[str]]:
+    """:func:`listing`, and how the venv's own files differ from what its packages
+    installed (:func:`python_inventory`)."""
     labels = {d: "torch-lock" for d in venv.overlay} if venv.overlay_lock is not None else {}
-    return python_listing(venv.python, labels)
+    return python_inventory(venv.python, labels)
 
 
 def python_listing(python: Path, labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """:func:`listing` of any venv's ``python`` (its own site-packages are ``lock``)."""
+    return python_inventory(python, labels)[0]
+
+
+def python_inventory(
+    python: Path, labels: Mapping[str, str] | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The listing of ``python``'s venv and its problems, found by the files, not their
+    RECORD's text: a file of its site-packages whose bytes are not the sha256 its RECORD
+    names (edited, or gone), and a ``.pth`` file or ``sitecustomize`` / ``usercustomize``
+    no installed package owns (each runs at every start of that Python). Listed with
+    ``-I -S``: the site module never runs, so none of them executes while it is checked."""
     site = _own_site(python)
     out = runner.run(
         runner.Command(
-            (str(python), "-I", "-c", workers.source("dist_listing"), str(site),
-             json.dumps(dict(labels or {}))),
+            (str(python), "-I", "-S", "-c", workers.source("dist_listing"), str(site),
+             json.dumps(dict(labels or {})), json.dumps([OVERLAY_PTH])),
             what="listing the build env",
             timeout=300, error=LockedVenvError, where=str(python),
         )
     )  # fmt: skip
-    return list(json.loads(out.text.splitlines()[-1]))
+    lines = out.text.splitlines()
+    found = json.loads(lines[-2]) if len(lines) > 1 else {}
+    problems = [f"{n} in {site} is not in the lock (it would run at every start)"
+                for n in found.get("unowned", [])]  # fmt: skip
+    problems += [f"{m} differs from its RECORD (edited after install)"
+                 for m in found.get("modified", [])]  # fmt: skip
+    return list(json.loads(lines[-1])), problems
 
 
 def outside_lock(record: Mapping[str, Any]) -> str:
@@ -316,8 +342,8 @@ def pin_differences(
 
 def checked(venv: LockedVenv, where: str) -> dict[str, Any]:
     """List the venv, raise when it is not the lock, else its provenance record."""
-    packages = listing(venv)
-    problems = differences(venv, packages)
+    packages, changed = inventory(venv)
+    problems = changed + differences(venv, packages)
     if problems:
         raise LockedVenvError(
             f"the build environment differs from {venv.lock_name}: " + "; ".join(problems),
@@ -334,11 +360,11 @@ def engine_environment(python: Path, lock_name: str, lock_sha256: str,
     lock before anything compiles (a package installed into it by hand, one missing or of
     another version stops the build); its provenance record (``environment``), which names
     the manifest's lock and carries its pins, so ``check`` can compare without the manifest."""
-    packages = python_listing(python)
+    packages, changed = python_inventory(python)
     # The venv's own installer (the interpreter's ensurepip copy of pip) is listed with the
     # rest but not held to the lock: `python -m build --no-isolation` does not import it.
     held = [p for p in packages if p.get("name") != INSTALLER or "pip" in pins]
-    problems = pin_differences(pins, held)
+    problems = changed + pin_differences(pins, held)
     if problems:
         raise LockedVenvError(
             f"the engine's build environment differs from {lock_name}: " + "; ".join(problems),
