@@ -501,3 +501,32 @@ def test_export_reader_keeps_links_inside_the_tree_and_refuses_links_out(tmp_pat
     with tarfile.open(fileobj=io.BytesIO(out)) as tar, pytest.raises(ArchiveError, match="out"):
         extract_tar(tar, bad, "tree", inner_links=True)
     assert not list(bad.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"compiled_inputs": "a string where an object belongs"},
+        {"compiled_inputs": {"complete": True, "identity": "not an object"}},
+        {"compiled_inputs": {"compiled_members": ["a", "list"]}},
+        {"compiled_inputs": {"compiled_members": {"../../x.so": "cd" * 32}}},
+    ],
+)
+def test_reuse_refuses_a_provenance_entry_of_the_wrong_shape_without_a_traceback(
+    tmp_path, change
+):
+    """``--reuse-from`` provenance with a string where an object belongs used to end in an
+    AttributeError; each wrong shape is a VerifyError naming the field."""
+    from pinwheel.compile.reuse import candidates, unchanged
+    from wheelfactory import make_wheel
+
+    rel = tmp_path / "rel"
+    wheel = make_wheel(rel, {"demo/__init__.py": b""}, tag="py3-none-any")
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    component = {"name": "demo", "kind": "kernel", "wheel": wheel.name, "sha256": digest, **change}
+    _release(rel, wheel, component)
+    source = tmp_path / "src"
+    source.mkdir()
+    with pytest.raises(VerifyError, match="not one pinwheel writes"):
+        for found in candidates(str(rel), tmp_path / "cache").values():
+            unchanged(found, source, {"builder": "kernel"})  # where it broke (AttributeError)

@@ -139,3 +139,20 @@ def test_cli_reports_bad_manifest_with_exit_2(tmp_path, capsys):
     assert main(["--manifest", str(path), "plan"]) == 2
     err = capsys.readouterr().err
     assert "error:" in err and "key 'action'" in err
+
+
+@pytest.mark.parametrize(
+    "deep",
+    [
+        "x = " + "[" * 1000 + "]" * 1000,
+        "x = " + "{a = " * 1000 + "1" + "}" * 1000,
+        ".".join(["a"] * 1000) + " = 1",
+        "[" + ".".join(["t"] * 1000) + "]\n",
+    ],
+)
+def test_a_1000_level_manifest_is_an_error_not_a_recursion_error(tmp_path: Path, deep: str) -> None:
+    from pinwheel.errors import ManifestError
+    from pinwheel.manifest.model import loads
+
+    with pytest.raises(ManifestError, match="nested more than"):
+        loads(deep.encode(), tmp_path / "manifest.toml")

@@ -300,18 +300,22 @@ def _members_problem(value: Any, digest: re.Pattern[str]) -> str | None:
     return None
 
 
-def record_problem(rec: Mapping[str, Any], expect: Expect) -> str | None:
+def record_problem(rec: Mapping[str, Any], expect: Expect, *, whole: bool = True) -> str | None:
     """What is wrong with a stored record's facts (None: nothing): the fields a record
-    has, each typed, the tree this build's, no control character anywhere."""
+    has, each typed, the tree this build's, no control character anywhere. ``whole``:
+    the digest and identity must be there (False: each field typed where it is)."""
     unknown = sorted(set(rec) - _RECORD_FIELDS)
     if unknown:
         return f"fields {unknown[:5]} are not a record's"
+    ident = rec.get("identity", None if whole else {})
+    if not isinstance(ident, dict) or not isinstance(rec.get("methods", []), list):
+        return "identity is not an object, or methods not a list"
     tree = rec.get("tree")
     if tree is not None and (not isinstance(tree, str) or not _GIT_ID.fullmatch(tree)):
         return "tree is not a git id"
     if expect.tree is not None and tree != expect.tree:
         return f"tree {str(tree)[:12]} is not this build's {expect.tree[:12]}"
-    if not validate.is_sha256(rec.get("digest")):
+    if (whole or "digest" in rec) and not validate.is_sha256(rec.get("digest")):
         return "digest is not a sha256"
     for name, digest in (("compiled_members", re.compile(r"[0-9a-f]{64}")), ("files", _GIT_ID)):
         problem = _members_problem(rec.get(name, {}), digest)

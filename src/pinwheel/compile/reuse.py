@@ -401,6 +401,13 @@ def candidates(source: str, cache: Path) -> dict[str, Candidate]:
                 where=f"--reuse-from {redact(source)}",
                 next="reuse a release pinwheel wrote",
             )
+        problem = _shape_problem(comp)
+        if problem is not None:
+            raise VerifyError(
+                f"{name}: provenance's entry is not one pinwheel writes ({problem})",
+                where=f"--reuse-from {redact(source)}",
+                next="reuse a release pinwheel wrote, or drop --reuse-from to build from source",
+            )
         if sums.get(name) != comp.get("sha256"):
             raise VerifyError(
                 f"{name}: SHA256SUMS and provenance.json disagree",
@@ -421,6 +428,28 @@ def candidates(source: str, cache: Path) -> dict[str, Candidate]:
         _archive_check(wheel, comp, source)
         out[str(comp["name"])] = Candidate(wheel, comp["sha256"], comp, source)
     return out
+
+
+def _shape_problem(comp: Mapping[str, Any]) -> str | None:
+    """What in a provenance component ``--reuse-from`` reads is not of its type (a string
+    where an object belongs, a member name that is a path...), None when every field is."""
+    from pinwheel.compile.objstore import Expect, record_problem
+
+    if not isinstance(comp.get("name"), str) or not validate.is_sha256(comp.get("sha256")):
+        return "name or sha256 missing"
+    source = comp.get("source")
+    if source is not None and not isinstance(source, Mapping):
+        return "source is not an object"
+    tree = (source or {}).get("tree")
+    if tree is not None and not (isinstance(tree, str) and re.fullmatch(r"[0-9a-f]{40,64}", tree)):
+        return "source.tree is not a git id"
+    rec = comp.get("compiled_inputs")
+    if rec is None:
+        return None
+    if not isinstance(rec, Mapping):
+        return "compiled_inputs is not an object"
+    problem = record_problem(rec, Expect(), whole=False)
+    return None if problem is None else f"compiled_inputs: {problem}"
 
 
 def _archive_check(wheel: Path, comp: Mapping[str, Any], source: str) -> None:

@@ -239,6 +239,30 @@ def _safe_default_name(stem: str) -> str:
     return name[:100] if name and ".." not in name else "manifest"
 
 
+MAX_DEPTH = 32  # a default: tables and arrays nested deeper than any manifest needs
+
+
+def _too_deep(path: Path) -> ManifestError:
+    return ManifestError(
+        f"tables or arrays nested more than {MAX_DEPTH} deep: not a manifest",
+        where=path.name,
+        next=f"fix {path.name}: a manifest's tables nest a few levels (see docs/manifest.md)",
+    )
+
+
+def _depth(data: Any) -> int:
+    """How deep tables and arrays nest in ``data``, found without recursing."""
+    deepest, pending = 0, [(data, 1)]
+    while pending:
+        value, depth = pending.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        children = value.values() if isinstance(value, dict) else value
+        pending += [(v, depth + 1) for v in children if isinstance(v, (dict, list))]
+    return deepest
+
+
 def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
     text = _decode(blob, path)
     try:
@@ -247,6 +271,10 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
         raise ManifestError(
             f"TOML syntax error: {exc}", where=path.name, next=f"fix the syntax of {path.name}"
         ) from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise _too_deep(path) from None
+    if _depth(data) > MAX_DEPTH:  # dotted keys and [a.b.c] headers nest without recursing
+        raise _too_deep(path)
     lines = _key_lines(text)
     root = path.parent
 

@@ -332,9 +332,44 @@ def _repo_lock(root: Path, repo: Path) -> Path | None:
     return lock
 
 
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+
+def _mount_points() -> list[str]:
+    """Every mount point of this process (Linux ``/proc/self/mountinfo``, its octal escapes
+    undone); none where there is no such file."""
+    try:
+        text = MOUNTINFO.read_text(errors="replace")
+    except OSError:
+        return []
+    points = []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            points.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+    return points
+
+
+def _refuse_mounts(root: Path, paths: Sequence[Path]) -> None:
+    """A mount point at or under a path to remove: refused before anything is removed
+    (removing would delete the files of another file system, then fail on the mount)."""
+    for point in _mount_points():
+        for p in paths:
+            real = os.path.realpath(p)
+            if point == real or point.startswith(real.rstrip("/") + "/"):
+                raise UsageError(
+                    f"{point} is a mount point inside the cache: nothing was removed",
+                    where=f"{p} under {root}",
+                    next=f"unmount it (umount {point}) or move it out of the cache, then "
+                    "run `pinwheel cache clean --apply` again",
+                )
+
+
 def _remove(root: Path, paths: Sequence[Path], apply: bool) -> Removal:
     root = Path(root)
     paths = [confine.inside(root, p, what="path to remove") for p in paths]
+    if apply:
+        _refuse_mounts(root, paths)
     size = sum(_size(p)[0] for p in paths)
     removed: list[Path] = []
     busy: list[Path] = []
@@ -415,13 +450,19 @@ def prune(
             where="pinwheel cache prune",
             next="pinwheel cache prune manifest.toml --older-than 30",
         )
+    if older_than_days is not None and not (0 <= older_than_days < float("inf")):
+        raise UsageError(
+            f"--older-than {older_than_days} is not an age: a number of days, 0 or more",
+            where="pinwheel cache prune --older-than",
+            next="pinwheel cache prune --older-than 30",
+        )
     keep = set()
     for m in manifests:
         keep.add(f"{slug(m.upstream.url)}.git")
         for k in m.kernels:
             if k.url:
                 keep.add(f"{slug(k.url)}.git")
-    cutoff = (now or time.time()) - older_than_days * 86400 if older_than_days else None
+    cutoff = None if older_than_days is None else (now or time.time()) - older_than_days * 86400
     chosen = [
         repo
         for repo in repos(root)

@@ -1,0 +1,71 @@
+"""The cache's own commands on a cache that is not as pinwheel left it (docs/SECURITY.md,
+"Cache contents"): ``prune`` refuses an age that is not one, ``clean`` refuses a mount
+point inside the cache before removing anything. Real folders; the mount is a real tmpfs
+in a user and mount namespace of its own (``unshare -rm``), skipped where there is none."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pinwheel.errors import UsageError
+from pinwheel.source import cache, cachetool
+
+
+def _cache(tmp_path: Path) -> Path:
+    root = tmp_path / "cache"
+    cache.mark(root)
+    (root / "repos" / "old.git").mkdir(parents=True)
+    return root
+
+
+@pytest.mark.parametrize("days", [-1.0, -0.001, float("nan"), float("inf"), float("-inf")])
+def test_prune_refuses_an_age_that_is_not_one(tmp_path: Path, days: float) -> None:
+    root = _cache(tmp_path)
+    with pytest.raises(UsageError) as err:
+        cachetool.prune(root, [], older_than_days=days, apply=True)
+    assert "is not an age" in err.value.what and "--older-than 30" in (err.value.next or "")
+    assert (root / "repos" / "old.git").is_dir()  # nothing removed
+
+
+def test_prune_older_than_zero_days_is_an_age(tmp_path: Path) -> None:
+    root = _cache(tmp_path)
+    chosen = cachetool.prune(root, [], older_than_days=0, apply=False, now=4e9)
+    assert [p.name for p in chosen.paths] == ["old.git"]
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare")
+def test_clean_refuses_a_mount_point_inside_the_cache_before_removing_anything(
+    tmp_path: Path,
+) -> None:
+    root = _cache(tmp_path)
+    mnt = root / "build" / "mounted"
+    mnt.mkdir(parents=True)
+    (root / "build" / "a.txt").write_text("pinwheel's\n")
+    probe = textwrap.dedent(f"""
+        from pathlib import Path
+        from pinwheel.errors import UsageError
+        from pinwheel.source import cachetool
+        Path({str(mnt)!r}, "theirs.txt").write_text("another file system's\\n")
+        try:
+            cachetool.clean(Path({str(root)!r}), apply=True)
+        except UsageError as exc:
+            print("REFUSED", exc.what, "|", exc.next)
+        print("LEFT", Path({str(mnt)!r}, "theirs.txt").exists(),
+              Path({str(root)!r}, "build", "a.txt").exists())
+    """)
+    can = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs none "$1"', "sh", str(mnt)],
+                         capture_output=True, text=True)  # fmt: skip
+    if can.returncode != 0:
+        pytest.skip(f"no mount namespace here: {can.stderr.strip()[:200]}")
+    script = 'mount -t tmpfs none "$1" && exec "$2" -c "$3"'
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", str(mnt), sys.executable,
+                           probe], capture_output=True, text=True)  # fmt: skip
+    assert f"REFUSED {mnt} is a mount point inside the cache" in proc.stdout, proc.stderr
+    assert f"umount {mnt}" in proc.stdout
+    assert "LEFT True True" in proc.stdout  # nothing removed, theirs or pinwheel's
