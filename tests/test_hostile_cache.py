@@ -69,3 +69,58 @@ def test_clean_refuses_a_mount_point_inside_the_cache_before_removing_anything(
     assert f"REFUSED {mnt} is a mount point inside the cache" in proc.stdout, proc.stderr
     assert f"umount {mnt}" in proc.stdout
     assert "LEFT True True" in proc.stdout  # nothing removed, theirs or pinwheel's
+
+
+# ---- every write under a kept cache goes folder by folder: a link planted at any level
+
+
+def _outside(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside"
+    outside.mkdir(exist_ok=True)
+    (outside / "victim").write_text("victim's\n")
+    return outside
+
+
+def _untouched(outside: Path) -> None:
+    assert sorted(p.name for p in outside.iterdir()) == ["victim"]
+    assert (outside / "victim").read_text() == "victim's\n"
+
+
+@pytest.mark.parametrize("level", ["memo", "memo/toolkit-probes"])
+def test_a_toolkit_probe_record_is_never_written_through_a_planted_folder(
+    tmp_path: Path, level: str
+) -> None:
+    from pinwheel.compile.toolchain import probememo
+
+    root = _cache(tmp_path)
+    outside = _outside(tmp_path)
+    (root / level).parent.mkdir(parents=True, exist_ok=True)
+    (root / level).symlink_to(outside)
+    probememo.remember(root, "ab" * 32, ("7.0",))
+    _untouched(outside)
+    assert not probememo.passed(root, "ab" * 32)
+
+
+def test_the_cache_lock_is_never_made_through_a_planted_locks_folder(tmp_path: Path) -> None:
+    from pinwheel.errors import PinwheelError
+    from pinwheel.source.cache import Cache
+
+    root = _cache(tmp_path)
+    outside = _outside(tmp_path)
+    (root / "locks").symlink_to(outside)
+    with pytest.raises(PinwheelError, match="symlink"):
+        with Cache(root, {}).locked("https://example.invalid/x.git"):
+            pass
+    _untouched(outside)
+
+
+def test_a_build_log_planted_as_a_link_is_replaced_not_written_through(tmp_path: Path) -> None:
+    from pinwheel import runner
+
+    outside = _outside(tmp_path)
+    log = tmp_path / "cache" / "build" / "engine" / "build.log"
+    log.parent.mkdir(parents=True)
+    log.symlink_to(outside / "victim")
+    runner.run(runner.Command(("sh", "-c", "echo compiled"), output="log", log_file=log))
+    _untouched(outside)
+    assert not log.is_symlink() and "compiled" in log.read_text()

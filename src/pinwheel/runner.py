@@ -157,7 +157,7 @@ def run(cmd: Command, reporter: Reporter = SILENT) -> Completed:
         if cmd.output == "log":
             assert cmd.log_file is not None
             cmd.log_file.parent.mkdir(parents=True, exist_ok=True)
-            log = open(cmd.log_file, "wb")  # noqa: SIM115 -- closed below
+            log = _open_log(cmd.log_file)
             log.write(f"$ {cmd.shell}\n".encode())
             log.flush()
         proc = _popen(cmd, log)
@@ -238,7 +238,7 @@ def spawn(cmd: Command, reporter: Reporter = SILENT) -> Process:
         return Process(cmd, _popen(cmd, None))
     assert cmd.log_file is not None
     cmd.log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(cmd.log_file, "wb") as log:
+    with _open_log(cmd.log_file) as log:
         log.write(f"$ {cmd.shell}\n".encode())
         log.flush()
         return Process(cmd, _popen(cmd, log))  # the child keeps its own copy of the descriptor
@@ -268,6 +268,20 @@ def tail_of(path: Path, lines: int = TAIL_LINES) -> list[str]:
         return read_tail(path).decode(errors="replace").strip().splitlines()[-lines:]
     except OSError:
         return []
+
+
+def _open_log(path: Path) -> IO[bytes]:
+    """``path`` truncated for a child's output; a link planted there (``build.log ->
+    /victim``) is replaced by a file, never written through."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError:
+        if not os.path.islink(path):
+            raise
+        os.unlink(path)
+        fd = os.open(path, flags | os.O_EXCL, 0o644)
+    return os.fdopen(fd, "wb")
 
 
 def _popen(cmd: Command, log: IO[bytes] | None) -> subprocess.Popen[bytes]:

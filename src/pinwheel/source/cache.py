@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pinwheel import cachelayout, locking
+from pinwheel import cachelayout, confine, locking
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.progress import SILENT, Reporter
@@ -171,7 +171,7 @@ class Cache:
         """Hold the cache lock for ``url``: two runs never write one repo at once."""
         lock_path = cachelayout.bucket(self.root, "locks") / f"{slug(url)}.lock"
         mark(self.root)
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        confine.mkdir_beneath(self.root, "locks")  # a link planted as locks/ is refused
         with locking.held(
             lock_path,
             timeout_s=LOCK_TIMEOUT_S,

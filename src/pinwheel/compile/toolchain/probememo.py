@@ -30,10 +30,9 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from pinwheel import untrusted
+from pinwheel import confine, untrusted
 from pinwheel.compile import derivation
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_text
 
 FORMAT = 1
 SUBDIR = Path("memo") / "toolkit-probes"
@@ -90,7 +89,9 @@ def remember(cache: Path | None, probe_key: str, arches: tuple[str, ...]) -> Non
     """After a probe passed: its record (atomic)."""
     if cache is None:
         return
-    folder = Path(cache) / SUBDIR
-    folder.mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, "key": probe_key, "arches": list(arches)}
-    atomic_write_text(folder / f"{probe_key}.json", json.dumps(doc, sort_keys=True) + "\n")
+    text = json.dumps(doc, sort_keys=True) + "\n"
+    try:  # every folder from the cache down opened O_NOFOLLOW: a planted link is refused
+        confine.write_beneath(Path(cache), f"{SUBDIR}/{probe_key}.json", text.encode())
+    except confine.Escape:  # a record only saves a probe: without it the probe runs again
+        return
