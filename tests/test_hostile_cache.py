@@ -124,3 +124,18 @@ def test_a_build_log_planted_as_a_link_is_replaced_not_written_through(tmp_path:
     runner.run(runner.Command(("sh", "-c", "echo compiled"), output="log", log_file=log))
     _untouched(outside)
     assert not log.is_symlink() and "compiled" in log.read_text()
+
+
+def test_a_check_memo_is_never_written_through_a_planted_folder(tmp_path: Path) -> None:
+    """The tag and check memos (``<cache>/memo/...``): a folder of theirs planted as a link
+    out of the cache gets nothing written into it."""
+    from pinwheel.compile.checkmemo import Memo
+
+    outside = _outside(tmp_path)
+    root = tmp_path / "cache" / "memo" / "check"
+    wheel = tmp_path / "x-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK wheel bytes")
+    root.mkdir(parents=True)
+    (root / "stamp").symlink_to(outside)  # where a wheel's file stamp is remembered
+    assert Memo(root).sha(wheel).sha256 is not None
+    _untouched(outside)

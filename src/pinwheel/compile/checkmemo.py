@@ -27,11 +27,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pinwheel import untrusted
+from pinwheel import confine, untrusted
 from pinwheel.compile import derivation, stamps
 from pinwheel.compile.phases import Note
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_text
 from pinwheel.wheels import check as wheelcheck
 from pinwheel.wheels import platformtag
 from pinwheel.wheels.check import CheckReport, CheckSpec
@@ -73,9 +72,14 @@ class Memo:
 
     # ------------------------------------------------------------------ storage
 
+    def _rel(self, path: Path) -> str:
+        return Path(path).relative_to(self.root).as_posix()
+
     def _read(self, path: Path) -> dict[str, Any] | None:
-        try:
-            raw = untrusted.read_json(path, KIND)
+        try:  # bounded, a regular file, no link followed from the memo root down
+            raw = untrusted.parse_json(
+                untrusted.read_beneath(self.root, self._rel(path), KIND), KIND, str(path)
+            )
         except PinwheelError:
             return None
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
@@ -83,7 +87,11 @@ class Memo:
         return raw
 
     def _write(self, path: Path, payload: dict[str, Any]) -> None:
-        atomic_write_text(path, json.dumps({"format": FORMAT, **payload}, sort_keys=True))
+        text = json.dumps({"format": FORMAT, **payload}, sort_keys=True)
+        try:  # every folder from the memo root down opened O_NOFOLLOW
+            confine.write_beneath(self.root, self._rel(path), text.encode())
+        except confine.Escape:  # a memo only saves time: without it the work is done again
+            return
 
     # ------------------------------------------------------------------ digests
 

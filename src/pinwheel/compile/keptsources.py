@@ -32,7 +32,6 @@ from pinwheel.compile import derivation
 from pinwheel.compile.sources import Supplied
 from pinwheel.compile.workspace import SOURCE_MTIME
 from pinwheel.errors import PinwheelError
-from pinwheel.fsutil import atomic_write_text
 from pinwheel.manifest.build import BuildSource
 
 FORMAT = 2  # bump when the export of a build source, or its record, changes
@@ -87,7 +86,8 @@ def remember(work: Path, key: str, supplied: Supplied) -> None:
     fields = dataclasses.asdict(supplied)
     fields.pop("path")
     payload = {"key": key, "supplied": fields, "files": files}
-    atomic_write_text(record_path(work, supplied.name), json.dumps(payload, sort_keys=True))
+    path = record_path(work, supplied.name)  # a link planted there replaced, never followed
+    confine.write_beneath(path.parent, path.name, json.dumps(payload, sort_keys=True).encode())
 
 
 def kept(work: Path, src: BuildSource, project: Path) -> Supplied | None:
