@@ -323,3 +323,17 @@ def test_preflight_names_the_image_not_a_python(tmp_path, capsys):
     got = capsys.readouterr()
     out = " ".join((got.out + got.err).split())
     assert f"engine: the image {REF} (run by docker" in out and "engine python:" not in out
+
+
+@pytest.mark.parametrize("model", ["/models/glm:5.3", "/models/a,b"])
+def test_a_model_path_the_runtime_would_split_is_a_usage_error_not_a_traceback(
+    tmp_path, capsys, monkeypatch, model
+):
+    """``-v SRC:DST:ro``: a model directory holding ':' or ',' used to end
+    in a ValueError traceback; it is exit 2 naming --model and the variable."""
+    _recorder(tmp_path / "bin", "docker")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    rc = main(["--manifest", str(SM120), "serve", "--model", model])
+    got = capsys.readouterr()
+    assert rc == 2, got
+    assert "--model" in got.err and "Traceback" not in got.err + got.out

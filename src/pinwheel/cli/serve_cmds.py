@@ -331,6 +331,8 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
             where="--model / $" + config.model_var,
             next=f"pass --model DIR or export {config.model_var}=DIR (`pinwheel model` fetches it)",
         )
+    if config.engine.image is not None:  # it reaches the runtime's -v SRC:DST:ro
+        _checked(validate.host_path, str(r.model), "--model / $" + config.model_var)
     run = launch(
         config,
         r.profile,
@@ -399,6 +401,8 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
             where="--model / $" + config.model_var,
             next="pass --model DIR (or --url URL to attach to a running server)",
         )
+    if config.engine.image is not None:  # it reaches the runtime's -v SRC:DST:ro
+        _checked(validate.host_path, str(r.model), "--model / $" + config.model_var)
     port = _checked(validate.port, args.port, "--port") if args.port is not None else free_port()
     run = launch(
         config,
