@@ -49,6 +49,9 @@ BUCKETS: tuple[Bucket, ...] = (
            clean=True, rebuildable=True),
     Bucket("memo", "compile.checkmemo", "check, tag and toolkit-probe results by sha256",
            clean=True, rebuildable=True),
+    Bucket("keys", "keyfile", "the keys object store entries and replay stamps are signed "
+           "with (0600; a new key: earlier entries and stamps stop matching)",
+           clean=False, rebuildable=True),
 )  # fmt: skip
 
 _BY_NAME = {b.name: b for b in BUCKETS}

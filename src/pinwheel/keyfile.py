@@ -21,10 +21,10 @@ import secrets
 import stat
 from pathlib import Path
 
-from pinwheel import confine
+from pinwheel import cachelayout, confine
 from pinwheel.errors import PinwheelError
 
-FOLDER = "keys"
+FOLDER = cachelayout.bucket(Path(), "keys").name  # <cache>/keys
 MIN_GIVEN = 32  # a default: the shortest key text a variable may give (characters)
 _LEN = 64  # hex digits of a made key
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
