@@ -65,6 +65,8 @@ PHASES = ("cold", "warm", "reuse", "other-path", "fresh")
 RUNNER_KEEPS = ("toolchains", "venvs", "CACHEDIR.TAG")
 
 
+BENCH_STORE_KEY = "bench-runners-of-one-store-share-this-key"  # PINWHEEL_STORE_KEY
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -218,7 +220,9 @@ def main() -> int:
     if "cold" in phases and not args.resume:
         shutil.rmtree(sccache, ignore_errors=True)  # cold: an empty cache
     sccache.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "SCCACHE_DIR": str(sccache)}
+    # The runners of one store share its key (PINWHEEL_STORE_KEY): the fresh workspace's
+    # cache is another than the cold build's, and a per-cache key would make it miss.
+    env = {**os.environ, "SCCACHE_DIR": str(sccache), "PINWHEEL_STORE_KEY": BENCH_STORE_KEY}
 
     results: dict[str, dict] = {}
     cold_out = work / "cold"

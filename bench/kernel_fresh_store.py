@@ -69,6 +69,7 @@ def main() -> int:
     manifest = variant(args.manifest.absolute(), args.work / "manifest", args.kernel, None, args)
     shared = args.work / "shared"
     os.environ["SCCACHE_DIR"] = str(shared)  # the shared directory every build sees
+    os.environ["PINWHEEL_STORE_KEY"] = "bench-runners-of-one-store-share-this-key"
     runs = {
         "cold": build(manifest, args.work / "cache-a", args.work / "out-cold", args, "cold"),
         "no-change": build(manifest, args.work / "cache-a", args.work / "out-same", args,

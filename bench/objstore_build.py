@@ -68,7 +68,9 @@ def environ(shared: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCCACHE_")}
     if os.environ.get("SCCACHE_PATH"):
         env["SCCACHE_PATH"] = os.environ["SCCACHE_PATH"]
-    return {**env, "SCCACHE_DIR": str(shared)}
+    # Runners of one store share its key (else each cache's own key: a fresh cache misses).
+    return {**env, "SCCACHE_DIR": str(shared),
+            "PINWHEEL_STORE_KEY": "bench-runners-of-one-store-share-this-key"}
 
 
 def timed(name: str, make: Callable[[], BuildOutcome], store: bool = True) -> Run:
