@@ -115,22 +115,24 @@ def build(
     earlier = reuse.candidates(request.reuse_from, request.cache) if request.reuse_from else {}
     canon = _canonical(request, config, engine, toolkit, reporter)
     session, cache_plan, store = _compiler_cache(request, config, canon, phases, reporter)
-    # The interpreter the engine builds in: the [build.requirements] venv when there is
-    # one, else $PINWHEEL_BUILD_PYTHON or this one. Provenance (python, torch) and the
-    # torch pin `install` reads come from it, not from the interpreter running pinwheel.
-    venv = None
-    if engine and config.requirements is not None:
-        with phases.phase("build venv"):
-            venv = ensure_build_venv(
-                config.requirements,
-                request.cache,
-                environ=request.host.child,
-                offline=request.offline,
-                wheelhouse=request.wheelhouse,
-                reporter=reporter,
-            )
-    python = str(venv.python) if venv is not None else build_python(request.build_python, engine)
-    try:
+    try:  # the server stops on every way out, the build venv's failures included
+        # The interpreter the engine builds in: the [build.requirements] venv when there is
+        # one, else $PINWHEEL_BUILD_PYTHON or this one. Provenance (python, torch) and the
+        # torch pin `install` reads come from it, not from the interpreter running pinwheel.
+        venv = None
+        if engine and config.requirements is not None:
+            with phases.phase("build venv"):
+                venv = ensure_build_venv(
+                    config.requirements,
+                    request.cache,
+                    environ=request.host.child,
+                    offline=request.offline,
+                    wheelhouse=request.wheelhouse,
+                    reporter=reporter,
+                )
+        python = (
+            str(venv.python) if venv is not None else build_python(request.build_python, engine)
+        )
         built, twice = produce(
             Production(
                 request=request, config=config, specs=tuple(specs), engine=engine,
