@@ -60,7 +60,7 @@ def file_problems(dist, site):
         digest = hashlib.sha256()
         try:
             with open(path, "rb") as f:
-                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                while chunk := f.read(1 << 20):
                     digest.update(chunk)
         except OSError:
             bad.append(parts[0])
