@@ -109,6 +109,28 @@ def _wheeldiff(ctx: Context, args: argparse.Namespace) -> int:
     return 0 if not diffs else EXIT_MISMATCH
 
 
+def _wheels_exist(ctx: Context, wheels: list[str]) -> None:
+    """A wheel path that is not there is a usage error that says where the build's wheels
+    are: from a subdirectory, ``wheels/*.whl`` reaches the shell unexpanded, while the
+    build wrote them beside the manifest."""
+    from pinwheel.errors import UsageError
+
+    for p in wheels:
+        if Path(p).is_file():
+            continue
+        beside = ctx.manifest_path.absolute().parent / "wheels"
+        found = sorted(beside.glob("*.whl")) if beside.is_dir() else []
+        if found and Path.cwd().resolve() != beside.parent.resolve():
+            raise UsageError(
+                f"no such wheel: {p} (relative to {Path.cwd()})",
+                next=f"the build's wheels are beside the manifest: `pinwheel check {beside}/*.whl`",
+            )
+        raise UsageError(
+            f"no such wheel: {p}",
+            next="build first (`tools/replay build`), or pass the WHEEL files to check",
+        )
+
+
 def _check(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.cudaarch import parse_arches
     from pinwheel.wheels.check import CheckSpec, check_wheels, find_tools, spec_from_build
@@ -141,6 +163,7 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
         if args.require:
             overrides["required_members"] = tuple(args.require)
         spec = spec_from_build(build, **overrides)
+    _wheels_exist(ctx, args.wheels)
     report = check_wheels(args.wheels, spec)
     stated, problems = _toolchain_statement(ctx, args)
     env_problems, env_notes = _environment_statement(args)
