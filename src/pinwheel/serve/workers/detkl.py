@@ -244,7 +244,8 @@ def canonical_bytes(kl: Any) -> bytes:
     a = np.asarray(kl, np.float64)
     if np.isnan(a).any():
         raise ValueError("a per-position KLD is NaN")
-    return (a + 0.0).astype("<f8").tobytes()  # + 0.0: -0.0 -> 0.0
+    out: bytes = (a + 0.0).astype("<f8").tobytes()  # + 0.0: -0.0 -> 0.0
+    return out
 
 
 def f64_sha256(kl: Any) -> str:
