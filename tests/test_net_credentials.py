@@ -36,6 +36,7 @@ from pinwheel.urls import redact
 from test_objbackends import IDENT, MATCH, RECORD, _wheel
 
 BUCKET = "pw-cache"
+STORE_KEY = b"the-credential-tests-store-key-of-32-characters"  # signs store entries
 ALLOW_ALL = json.dumps(
     {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
 )
@@ -115,7 +116,7 @@ def test_a_redis_auth_error_that_echoes_the_password_never_prints_it(tmp_path: P
         with pytest.raises(objbackends.Unavailable) as err:
             backend.check()
         assert "WRONGPASS invalid password '***'" in str(err.value)
-        miss = objstore.Store(backend).lookup(IDENT, MATCH)  # the phase table's line
+        miss = objstore.Store(backend, STORE_KEY).lookup(IDENT, MATCH)  # the phase table's line
         assert isinstance(miss, objstore.Miss) and "'***'" in miss.why
         for said in (str(err.value), err.value.what, miss.why):
             assert password not in said
@@ -213,7 +214,7 @@ def test_a_307_to_another_host_carries_no_credentials(redirect_pair, tmp_path: P
     assert "HTTP 307" in str(got) and "signed request follows none" in str(got)
     with pytest.raises(objbackends.Unavailable, match="redirect"):
         backend.write("v1/index/x.json", b"{}")
-    stored, line = objstore.Store(backend).put(_wheel(tmp_path), RECORD, MATCH)
+    stored, line = objstore.Store(backend, STORE_KEY).put(_wheel(tmp_path), RECORD, MATCH)
     assert not stored and "redirect" in line
     assert seen == []  # the other host got nothing at all
 
