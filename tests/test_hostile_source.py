@@ -338,7 +338,8 @@ def test_cache_du_clean_prune(stack, capsys, tmp_path):
     assert main(["--cache", str(cache), "cache", "clean"]) == 0
     assert (cache / "repos").exists()  # dry run
     assert main(["--cache", str(cache), "cache", "clean", "--yes"]) == 0
-    assert sorted(p.name for p in cache.iterdir()) == ["CACHEDIR.TAG", "locks"]  # the marker stays
+    # the marker, the locks and the cache's keys stay (pinwheel.cachelayout's table says so)
+    assert sorted(p.name for p in cache.iterdir()) == ["CACHEDIR.TAG", "keys", "locks"]
 
 
 # --------------------------------------------------------------------------- lock

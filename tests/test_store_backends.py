@@ -15,8 +15,13 @@ from pinwheel.options import AwsCredentials
 SRC = Path(__file__).resolve().parents[1] / "src" / "pinwheel"
 
 
+KEY = "the-backend-table-tests-store-key-32-characters"  # PINWHEEL_STORE_KEY
+
+
 def _plan(backend: str, env: Mapping[str, str]) -> compcache.Plan:
-    return compcache.Plan(backend=backend, server_env=dict(env), binary=None, disabled=None)
+    return compcache.Plan(
+        backend=backend, server_env=dict(env), binary=None, disabled=None, store_key=KEY
+    )
 
 
 def test_a_new_backend_is_one_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
