@@ -609,7 +609,8 @@ def _build_kernel(
 
     name = frontend.build_wheel(
         str(python), staged.directory, canon.to_build(dist),
-        frontend.config_settings(extra), run_hook, opts.reporter.info,
+        # the hook reads its settings from a file, not argv: spelled as the build sees them
+        frontend.config_settings([canon.to_build(x) for x in extra]), run_hook, opts.reporter.info,
     )  # fmt: skip
     built = sorted(dist.glob("*.whl"))
     if [p.name for p in built] != [name]:
