@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import documents
+from pinwheel.checksums import sha256_file
 from pinwheel.errors import UsageError, VerifyError
 from pinwheel.serve.panel import Panel
 
@@ -304,14 +305,6 @@ class TeacherIndex:
     vocab: int
 
 
-def _sha256_stream(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def read_index(path: Path, sha256: str | None) -> TeacherIndex:
     """The teacher's meta, offsets and targets; the file checked whole (streamed sha256,
     every member's header against its bytes), its ``full`` rows left on disk."""
@@ -324,7 +317,7 @@ def read_index(path: Path, sha256: str | None) -> TeacherIndex:
             where="[qualify.fidelity].teacher",
             next="capture it once: `pinwheel qualify teacher --top-k -1 --out FILE`",
         )
-    digest = _sha256_stream(path)
+    digest = sha256_file(path)  # checksums' one file-hashing loop (streamed)
     if sha256 is not None and digest != sha256:
         raise VerifyError(
             f"teacher sha256 is {digest}, the manifest pins {sha256}",
