@@ -77,10 +77,11 @@ def changed(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 def because(fields: list[str]) -> str:
     """``rebuilt because: a, b changed`` (at most :data:`MAX_FIELDS` named)."""
+    if not fields:
+        return "rebuilt because: unknown (no earlier record)"
     shown = ", ".join(fields[:MAX_FIELDS])
     more = f" and {len(fields) - MAX_FIELDS} more" if len(fields) > MAX_FIELDS else ""
-    verb = "changed" if fields else "unknown (no earlier record)"
-    return f"rebuilt because: {shown}{more} {verb}".replace(":  ", ": ")
+    return f"rebuilt because: {shown}{more} changed"
 
 
 __all__ = ["FORMAT", "Derivation", "because", "canonical", "changed", "digest"]
