@@ -160,6 +160,31 @@ def test_submodule_path_through_a_link_is_refused_even_if_the_archive_check_pass
     assert (victim / "evil.txt").exists()
 
 
+def test_a_folder_another_run_makes_first_is_taken_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs making ``locks/`` at once: the one whose mkdir loses the race opens the
+    folder the other made (CI saw "locks: already exists as something"); a link planted
+    in that instant is still refused."""
+    real_mkdir = os.mkdir
+
+    def other_run_first(name: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(name, mode, dir_fd=dir_fd)  # the other run wins the race
+        real_mkdir(name, mode, dir_fd=dir_fd)  # ours: FileExistsError
+
+    monkeypatch.setattr(confine.os, "mkdir", other_run_first)
+    confine.mkdir_beneath(tmp_path, "locks/repos")
+    assert (tmp_path / "locks" / "repos").is_dir()
+
+    def link_planted_first(name: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        os.symlink("/", name, dir_fd=dir_fd)
+        real_mkdir(name, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(confine.os, "mkdir", link_planted_first)
+    with pytest.raises(confine.Escape, match="symlink"):
+        confine.mkdir_beneath(tmp_path, "memo/x")
+
+
 def test_directory_walk_refuses_a_chain_and_a_fifo(tmp_path: Path) -> None:
     """dir_entries (kernels' sources, staged build sources) walks by resolution too."""
     tree = tmp_path / "tree"

@@ -308,12 +308,12 @@ def test_two_runs_share_one_cache_lock(stack, tmp_path):
     ]
     import json
 
-    heads = set()
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
-        heads.add(json.loads(out)["head"])
-    assert len(heads) == 1
+    outputs = [p.communicate(timeout=120) for p in procs]  # every one reaped before a check
+    done = [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs, strict=True)]
+    for _, _, err in done:
+        assert "Traceback" not in err, err
+    assert [rc for rc, _, _ in done] == [0, 0, 0], [err for _, _, err in done]
+    assert len({json.loads(out)["head"] for _, out, _ in done}) == 1
 
 
 def test_unreachable_source_is_a_fetch_error_not_blamed_on_a_pr(stack, capsys, tmp_path):

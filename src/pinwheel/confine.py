@@ -273,8 +273,9 @@ def _step(fd: int, name: str, rel: str, root: object, create: bool) -> int:
     except FileNotFoundError:
         if not create:
             raise
-        os.mkdir(name, 0o755, dir_fd=fd)
-        return os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=fd)
+        with contextlib.suppress(FileExistsError):  # another run made it since: take theirs
+            os.mkdir(name, 0o755, dir_fd=fd)
+        return _step(fd, name, rel, root, create=False)  # what is there now, checked again
     except OSError:
         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         if stat.S_ISLNK(st.st_mode):
