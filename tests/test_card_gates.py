@@ -18,7 +18,9 @@ import pytest
 from pinwheel.cli import main
 from pinwheel.errors import ManifestError
 from pinwheel.manifest import model as manifest
-from pinwheel.serve.receipt import Acceptance, SmokeResult, Spread, judge
+from pinwheel.serve.gates.base import Measured
+from pinwheel.serve.gates.table import judge
+from pinwheel.serve.receipt import Acceptance, SmokeResult, Spread
 from test_qualify_fast import _profile as qualify_profile
 
 
@@ -32,10 +34,10 @@ def test_acceptance_length_counts_the_bonus_token_as_the_card_does():
     # 1 + accepted/drafts. 179 accepted over 100 verify passes of 3 drafts each.
     acc = Acceptance(drafts=100, draft_tokens=300, accepted=179)
     assert acc.mean_length == pytest.approx(2.79) and acc.rate == pytest.approx(179 / 300)
-    (gate,) = judge(_profile(min_acceptance_length=2.79), None, None, (), (), (), acceptance=acc)
+    (gate,) = judge(Measured(_profile(min_acceptance_length=2.79), acceptance=acc))
     assert gate.status == "PASS" and gate.measured == "2.79"
     low = Acceptance(drafts=100, draft_tokens=300, accepted=178)
-    (gate,) = judge(_profile(min_acceptance_length=2.79), None, None, (), (), (), acceptance=low)
+    (gate,) = judge(Measured(_profile(min_acceptance_length=2.79), acceptance=low))
     assert gate.status == "FAIL" and gate.measured == "2.78"  # accepted/drafts alone: 1.78
 
 
@@ -43,33 +45,33 @@ def test_acceptance_rate_is_accepted_per_drafted_token():
     # The SM120 card: 629 accepted of 1,044 drafted tokens over 348 steps = 60.25%.
     acc = Acceptance(drafts=348, draft_tokens=1044, accepted=629)
     assert round(acc.rate * 100, 2) == 60.25
-    (gate,) = judge(_profile(min_acceptance_rate=0.6024), None, None, (), (), (), acceptance=acc)
+    (gate,) = judge(Measured(_profile(min_acceptance_rate=0.6024), acceptance=acc))
     assert gate.status == "PASS"
-    (gate,) = judge(_profile(min_acceptance_rate=0.61), None, None, (), (), (), acceptance=acc)
+    (gate,) = judge(Measured(_profile(min_acceptance_rate=0.61), acceptance=acc))
     assert gate.status == "FAIL"
 
 
 def test_no_spec_decode_counters_fail_an_acceptance_gate_with_the_reason():
-    (gate,) = judge(_profile(min_acceptance_length=2.0), None, None, (), (), ())
+    (gate,) = judge(Measured(_profile(min_acceptance_length=2.0)))
     assert gate.status == "FAIL" and "spec_decode" in gate.detail
 
 
 def test_tolerance_widens_the_cards_figure_and_says_so():
     prof = _profile(min_tok_s=91.4, max_ms_per_pass=32.4, tolerance=0.05)
-    gates = judge(prof, Spread(86.9, 86.0, 88.0, 3), Spread(34.0, 33.9, 34.1, 3), (), (), ())
+    gates = judge(Measured(prof, single=Spread(86.9, 86.0, 88.0, 3), ms_pass=Spread(34.0, 33.9, 34.1, 3)))
     tok, ms = gates
     assert tok.status == "PASS" and tok.threshold == ">= 86.83 (card 91.4, 5% margin)"
     assert ms.status == "PASS" and ms.threshold == "<= 34.02 (card 32.4, 5% margin)"
-    gates = judge(prof, Spread(86.82, 86.0, 88.0, 3), Spread(34.03, 33.9, 34.1, 3), (), (), ())
+    gates = judge(Measured(prof, single=Spread(86.82, 86.0, 88.0, 3), ms_pass=Spread(34.03, 33.9, 34.1, 3)))
     assert [g.status for g in gates] == ["FAIL", "FAIL"]
 
 
 def test_an_informational_figure_is_compared_but_never_fails():
     why = "the card's prompts are not given"
     prof = _profile(min_tok_s=147.79, informational=(("tok_s", why),))
-    (gate,) = judge(prof, Spread(20.0, 19.0, 21.0, 3), None, (), (), ())
+    (gate,) = judge(Measured(prof, single=Spread(20.0, 19.0, 21.0, 3)))
     assert gate.status == "INFO" and why in gate.detail and "outside" in gate.detail
-    (gate,) = judge(prof, None, None, (), (), ())
+    (gate,) = judge(Measured(prof))
     assert gate.status == "INFO" and gate.measured == "not measured"
 
 
@@ -78,7 +80,7 @@ def test_served_name_and_smoke_gates():
         SmokeResult("What is 17*23?", "391", "pass", "17*23 = 391", "stop"),
         SmokeResult("17 * 6", "102", "fail", "I think 104", "stop"),
     )
-    gates = judge(_profile(), None, None, (), (), (), smoke=smoke, served=("a", "b"))
+    gates = judge(Measured(_profile(), smoke=smoke, served=("a", "b")))
     assert [(g.name, g.status) for g in gates] == [
         ("served model name", "FAIL"),
         ("smoke prompt 'What is 17*23?'", "PASS"),

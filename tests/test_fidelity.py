@@ -19,7 +19,8 @@ from pinwheel.errors import ManifestError, UsageError, VerifyError
 from pinwheel.manifest import model as manifest
 from pinwheel.manifest.serve import FidelityConfig, QualifyProfile, Slo
 from pinwheel.serve import fidelity
-from pinwheel.serve.receipt import judge
+from pinwheel.serve.gates.base import Measured
+from pinwheel.serve.gates.table import judge
 
 V = 50
 
@@ -210,7 +211,7 @@ def test_strict_thresholds_as_the_card_writes_them(tmp_path):
 
 def test_ms_per_pass_gate_fails_when_not_measurable():
     prof = QualifyProfile("p", (1,), (), (), 8, None, 33.0, None, None, ())
-    (gate,) = judge(prof, None, None, (), (), ())
+    (gate,) = judge(Measured(prof))
     assert gate.status == "FAIL" and gate.measured == "not measurable"
 
 

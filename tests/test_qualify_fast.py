@@ -18,12 +18,13 @@ from pinwheel.manifest import model as manifest
 from pinwheel.manifest.serve import QualifyProfile
 from pinwheel.serve import needle
 from pinwheel.serve.client import metric_by_label, metric_total, parse_prometheus
+from pinwheel.serve.gates.base import Measured
+from pinwheel.serve.gates.table import judge
 from pinwheel.serve.receipt import (
     ConcurrencyResult,
     MarkerResult,
     NeedleResult,
     Spread,
-    judge,
     shown,
 )
 
@@ -52,27 +53,20 @@ def _profile(**kw):
 
 
 def test_a_near_miss_is_a_fail_and_never_prints_as_the_threshold():
-    gates = judge(_profile(min_tok_s=91.0), Spread(90.996, 90.9, 91.2, 5), None, (), (), ())
+    gates = judge(Measured(_profile(min_tok_s=91.0), single=Spread(90.996, 90.9, 91.2, 5)))
     assert gates[0].status == "FAIL"
     assert gates[0].measured == "90.996" and gates[0].measured != "91.0"
     assert shown(91.4, 91.0) == "91.4"
 
 
 def test_ms_per_pass_is_an_upper_bound():
-    ok = judge(_profile(max_ms_per_pass=33.0), None, Spread(32.4, 32.1, 32.9, 3), (), (), ())
-    bad = judge(_profile(max_ms_per_pass=33.0), None, Spread(33.0004, 33.0, 33.1, 3), (), (), ())
+    ok = judge(Measured(_profile(max_ms_per_pass=33.0), ms_pass=Spread(32.4, 32.1, 32.9, 3)))
+    bad = judge(Measured(_profile(max_ms_per_pass=33.0), ms_pass=Spread(33.0004, 33.0, 33.1, 3)))
     assert ok[0].status == "PASS" and bad[0].status == "FAIL" and bad[0].measured == "33.0004"
 
 
 def test_unmeasured_gates_fail_and_unchecked_markers_are_skip_not_pass():
-    gates = judge(
-        _profile(min_tok_s=1.0, min_aggregate_tok_s=1.0),
-        None,
-        None,
-        (ConcurrencyResult(1, 10, 1.0, 10.0, (10.0,)),),
-        (),
-        (MarkerResult("x", "unchecked", None), MarkerResult("y", "missing", None)),
-    )
+    gates = judge(Measured(_profile(min_tok_s=1.0, min_aggregate_tok_s=1.0), concurrency=(ConcurrencyResult(1, 10, 1.0, 10.0, (10.0,)),), markers=(MarkerResult("x", "unchecked", None), MarkerResult("y", "missing", None))))
     assert [g.status for g in gates] == ["FAIL", "FAIL", "SKIP", "FAIL"]
 
 
@@ -81,9 +75,7 @@ def test_needle_gate_needs_every_depth():
         NeedleResult(101000, d, 101000, "v", s, "r", "", 1.0)
         for d, s in ((0.1, "pass"), (0.9, "garbage"))
     ]
-    gate = judge(
-        _profile(needle_required=101000, needle_depths=(0.1, 0.9)), None, None, (), res, ()
-    )[0]
+    gate = judge(Measured(_profile(needle_required=101000, needle_depths=(0.1, 0.9)), needles=res))[0]
     assert gate.status == "FAIL" and "depth 0.9: garbage" in gate.detail
 
 

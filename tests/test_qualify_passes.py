@@ -19,7 +19,8 @@ from localhttp import LocalHTTP
 from pinwheel.errors import PinwheelError
 from pinwheel.serve import qualify
 from pinwheel.serve.client import Client
-from pinwheel.serve.receipt import judge
+from pinwheel.serve.gates.base import Measured
+from pinwheel.serve.gates.table import judge
 from test_qualify_fast import _profile
 
 TOKENS = 12
@@ -98,8 +99,7 @@ def test_nan_drafts_are_never_a_figure_and_never_pass_an_acceptance_gate(value):
     s = _sample(value)
     assert s.drafts is None and s.acceptance_length is None and s.passes == TOKENS - 1
     acc = qualify._acceptance([s])
-    gates = judge(_profile(min_acceptance_length=1.5, min_acceptance_rate=0.1), None, None,
-                  (), (), (), acceptance=acc)  # fmt: skip
+    gates = judge(Measured(_profile(min_acceptance_length=1.5, min_acceptance_rate=0.1), acceptance=acc))  # fmt: skip
     assert [g.status for g in gates] == ["FAIL", "FAIL"]
     assert all(g.measured == "not measured" for g in gates)
 

@@ -30,7 +30,9 @@ from pinwheel.cli import main
 from pinwheel.errors import PinwheelError
 from pinwheel.manifest.serve import FidelityConfig
 from pinwheel.serve import fidelity, kldsummary, verify
-from pinwheel.serve.receipt import SCHEMA, Receipt, Spread, judge, number
+from pinwheel.serve.gates.base import Measured
+from pinwheel.serve.gates.table import judge
+from pinwheel.serve.receipt import SCHEMA, Receipt, Spread, number
 from pinwheel.serve.report import write_outputs
 from pinwheel.serve.workers import detkl
 from test_qualify_fast import _profile
@@ -78,7 +80,7 @@ def _write(tmp: Path, sigma: float = 1.5, served_override=None, **cfg_over) -> P
                          teacher_sha256=None, teacher_url=None, top_k=-1, max_mean_kld=0.01,
                          min_top1=0.8, bootstrap=200, seed=3, strict=True)  # fmt: skip
     cfg = replace(cfg, **cfg_over)
-    gates = judge(_profile(min_tok_s=50.0), Spread(40.0, 39.0, 41.0, 3), None, (), (), ())
+    gates = judge(Measured(_profile(min_tok_s=50.0), single=Spread(40.0, 39.0, 41.0, 3)))
     gates += fidelity.judge(cfg, result)
     verdict = "FAIL" if any(g.status in ("FAIL", "NOT PROVEN") for g in gates) else "PASS"
     receipt = Receipt(

@@ -29,7 +29,7 @@ live apart; their names are re-exported here for callers.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
@@ -46,14 +46,16 @@ from pinwheel.serve.capture import (  # noqa: F401 (re-exported: callers say fid
     parse_position,
     server_flags,
 )
-from pinwheel.serve.panel import PANEL_SCHEMA, Panel, read_panel, write_panel  # noqa: F401
-from pinwheel.serve.receipt import (
-    NOT_PROVEN_STATUS,
-    FidelityResult,
-    Gate,
-    fidelity_status,
-    spot_status,
+from pinwheel.serve.gates import table as gate_table
+from pinwheel.serve.gates.base import Measured
+from pinwheel.serve.gates.fidelity import (  # noqa: F401 (re-exported: callers say fidelity.X)
+    MEAN_GATE,
+    SPOT_GATE,
+    TOP1_GATE,
+    spot_gate,
 )
+from pinwheel.serve.panel import PANEL_SCHEMA, Panel, read_panel, write_panel  # noqa: F401
+from pinwheel.serve.receipt import NOT_PROVEN_STATUS, FidelityResult, Gate
 from pinwheel.serve.teacherfile import (  # noqa: F401 (re-exported: callers say fidelity.X)
     MAX_TEACHER,
     MAX_TEACHER_STORE,
@@ -363,98 +365,10 @@ def measure(client: Any, model: str, cfg: FidelityConfig) -> FidelityResult:
 
 
 NOT_PROVEN = NOT_PROVEN_STATUS  # a gate failure: the figure cannot show the limit is met
-MEAN_GATE = "fidelity mean KLD (nats)"
-TOP1_GATE = "fidelity top-1 agreement"
-SPOT_GATE = "fidelity spot-check (engine values vs its full rows)"
 
 
 def judge(cfg: FidelityConfig | None, result: FidelityResult | None) -> tuple[Gate, ...]:
-    """The card's fidelity gates on the raw figures: ``<`` where the card writes ``<``.
-
-    ``max_mean_kld`` PASSes only on the exact KLD: a lower bound FAILs it when the bound
-    already breaks the limit and leaves it NOT PROVEN (a failure) otherwise.
-    ``tolerance`` widens a gate that is a card's own measurement (never a strict gate);
-    without a pinned panel (FILL IN) the gates SKIP with the reason: never PASS. No
-    measurement, a NaN, or fewer positions than the panel holds: FAIL
-    (:func:`pinwheel.serve.receipt.fidelity_status`, which verify-receipt also runs).
-    The in-process scorer adds the spot-check gate (:mod:`pinwheel.serve.inprocess`).
-    """
-    if cfg is None:
-        return ()
-    gates: list[Gate] = []
-    why = "FILL IN: the card's panel and teacher are not pinned in [qualify.fidelity]"
-    if cfg.max_mean_kld is not None:
-        t = cfg.max_mean_kld if cfg.strict else cfg.max_mean_kld * (1 + cfg.tolerance)
-        op = "<" if cfg.strict else "<="
-        needs = f"{op} {t:.6g}" + _card(cfg.max_mean_kld, cfg.tolerance, cfg.strict)
-        gates.append(_gate(MEAN_GATE, cfg, result, op, t, needs, why))
-    if cfg.min_top1 is not None:
-        t = cfg.min_top1 * (1 - cfg.tolerance)
-        needs = f">= {t:.6g}" + _card(cfg.min_top1, cfg.tolerance, False)
-        gates.append(_gate(TOP1_GATE, cfg, result, ">=", t, needs, why))
-    if cfg.scorer == "in-process" and cfg.panel is not None:
-        gates.append(spot_gate(result.spot_check if result is not None else None))
-    return tuple(gates)
-
-
-def _gate(name: str, cfg: FidelityConfig, result: FidelityResult | None, op: str,
-          limit: float, needs: str, why: str) -> Gate:  # fmt: skip
-    if cfg.panel is None:
-        return Gate(name, "SKIP", "not measured", needs, why, None, op, limit)
-    if result is None:
-        return Gate(name, "FAIL", "not measured", needs, "", None, op, limit)
-    mean = name == MEAN_GATE
-    value = result.mean_kld if mean else result.top1
-    status = fidelity_status(value, op, limit, result.bound if mean else "exact",
-                             result.positions, result.panel_positions)  # fmt: skip
-    detail = (
-        f"{result.method}, {result.positions} positions, 95% CI "
-        f"{result.ci95[0]:.3e}-{result.ci95[1]:.3e}"
-        if mean
-        else f"{_agreeing(result)}/{result.positions} positions; "
-        f"{result.top1_ties} with a tied maximum (ties go to the lowest token id)"
-    )
-    if result.positions < result.panel_positions:
-        detail = f"{result.positions} of the panel's {result.panel_positions} positions; " + detail
-    measured = repr(value)
-    if mean and result.bound != "exact":
-        measured = f">= {value!r} (lower bound)"
-        if status == "FAIL":
-            detail = "the lower bound already breaks the limit; " + detail
-        else:
-            detail = (
-                "a top-K figure is only a lower bound of the KLD: it can prove a "
-                "FAIL, never a PASS; score full-vocabulary rows (top_k = -1, a "
-                "teacher with full rows; qualify starts vLLM with --max-logprobs "
-                "-1); " + detail
-            )
-    return Gate(name, status, measured, needs, detail, value, op, limit)
-
-
-def _agreeing(result: FidelityResult) -> str:
-    n = result.top1 * result.positions
-    return str(round(n)) if n == n and abs(n) != float("inf") else repr(n)
-
-
-def spot_gate(spot: Mapping[str, Any] | None) -> Gate:
-    """PASS only when the engine's records equal detkl on the engine's own full rows at
-    every sampled position (and at least one position was sampled)."""
-    status = spot_status(spot)
-    if spot is None:
-        return Gate(SPOT_GATE, status, "not measured", "0 differences", "no spot-check ran")
-    bad = spot.get("differ")
-    size = spot.get("size")
-    detail = (
-        f"{size} positions sampled after the engine answered (seed {spot.get('seed')}); an "
-        f"engine wrong at a fraction f of positions escapes with probability <= (1-f)^{size}"
-    )
-    if isinstance(bad, list) and bad:
-        detail = f"differ at positions {bad[:10]}: tampering or a scorer bug; " + detail
-    return Gate(SPOT_GATE, status, f"{len(bad) if isinstance(bad, list) else '?'} differences",
-                "0 differences", detail)  # fmt: skip
-
-
-def _card(figure: float, tolerance: float, strict: bool) -> str:
-    if strict or not tolerance:
-        return ""
-    return f" (card {figure:g}, {tolerance:.0%} margin)"
+    """The card's fidelity gates on the raw figures: the rows of
+    :mod:`pinwheel.serve.gates.fidelity` (mean KLD, top-1, the in-process spot-check),
+    through the one gate loop (:func:`pinwheel.serve.gates.table.judge`)."""
+    return gate_table.judge(Measured(fidelity_cfg=cfg, fidelity=result))

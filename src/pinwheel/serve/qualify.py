@@ -38,6 +38,8 @@ from pinwheel.serve.client import (
     metric_by_label,
     metric_total,
 )
+from pinwheel.serve.gates import table as gate_table
+from pinwheel.serve.gates.base import Measured
 from pinwheel.serve.receipt import (
     FAILING,
     NOT_MEASURABLE,
@@ -46,12 +48,12 @@ from pinwheel.serve.receipt import (
     ConcurrencyResult,
     DecodeSample,
     FidelityResult,
+    Gate,
     MarkerResult,
     NeedleResult,
     Receipt,
     SmokeResult,
     Spread,
-    judge,
     read_provenance,
     spread,
 )
@@ -406,69 +408,7 @@ def qualify(
     client = Client(target.url)
     error: PinwheelError | None = None
     try:
-        part.server["health_wait_s"] = round(
-            wait_healthy(client, target, config.health_timeout_s, reporter=reporter), 2
-        )
-        reporter.info(f"healthy after {part.server['health_wait_s']} s")
-        part.markers = check_markers((*config.markers, *prof.markers), target.log)
-        models = client.models()
-        if not models:
-            raise PinwheelError("the server lists no model", where=f"{target.url}/v1/models")
-        model = str(models[0]["id"])
-        part.server |= {
-            "url": target.url,
-            "model": model,
-            "version": client.version(),
-            "max_model_len": models[0].get("max_model_len"),
-        }
-        wait_idle(client, config.idle_timeout_s)
-        if config.smoke:
-            part.smoke = run_smoke(client, model, config.smoke, config.thinking)
-            for sm in part.smoke:
-                reporter.info(f"smoke {sm.prompt!r}: {sm.status} ({sm.reply[:60]!r})")
-        for w in range(config.warmup):
-            client.stream_chat(model, config.prompts[w % len(config.prompts)], config.max_tokens,
-                               thinking=config.thinking)  # fmt: skip
-        part.decode_wall.append(time.perf_counter())
-        for r in range(config.repeats):
-            for i, p in enumerate(config.prompts):
-                _check_alive(target)
-                s = decode_sample(
-                    client, model, p, config.max_tokens, i, r, part.streams, config.thinking
-                )
-                part.decode.append(s)
-                reporter.info(
-                    f"decode prompt {i} repeat {r}: {s.tok_s:.2f} tok/s, "
-                    + (
-                        f"{s.ms_per_pass:.2f} ms/pass"
-                        if s.ms_per_pass
-                        else "ms/pass " + NOT_MEASURABLE
-                    )
-                )
-        part.decode_wall.append(time.perf_counter())
-        for n in prof.concurrency:
-            if n < 2:
-                continue
-            _check_alive(target)
-            c = run_concurrency(
-                lambda: Client(target.url), model, config.prompts, n, config.max_tokens,
-                config.thinking,
-            )  # fmt: skip
-            part.concurrency.append(c)
-            reporter.info(f"{n} streams: {c.aggregate_tok_s:.2f} tok/s aggregate")
-        _check_alive(target)
-        part.needles = run_needles(client, model, prof, part.server.get("max_model_len"), reporter)
-        if config.fidelity is not None and config.fidelity.panel is not None:
-            _check_alive(target)
-            reporter.info("fidelity: scoring the panel's prompt log-probabilities")
-            part.fidelity = (  # exact KLD in the engine, or from the served rows
-                inprocess.measure if config.fidelity.scorer == "in-process" else fidelity.measure
-            )(client, model, config.fidelity)
-            f = part.fidelity
-            reporter.info(
-                f"fidelity: mean KLD {'>= ' if f.bound == 'lower' else ''}{f.mean_kld:.4e} "
-                f"nats ({f.method}, {f.bound}, {f.positions} positions), top-1 {f.top1:.4f}"
-            )
+        _measure(part, client, target, config, prof, reporter)
     except (ServerGone, ServerRefused) as exc:
         error = _explain(exc, target)
     except PinwheelError as exc:
@@ -478,22 +418,9 @@ def qualify(
 
     single = spread([s.tok_s for s in part.decode])
     ms_pass = spread([s.ms_per_pass for s in part.decode if s.ms_per_pass is not None])
-    sources = sorted({s.passes_from for s in part.decode if s.ms_per_pass is not None})
-    serve_cfg = manifest.serve
-    served_name = serve_cfg.served_model_name if serve_cfg else None
-    gates = judge(
-        prof,
-        single,
-        ms_pass,
-        part.concurrency,
-        part.needles,
-        part.markers,
-        ms_source=", ".join(sources),
-        acceptance=_acceptance(part.decode),
-        smoke=part.smoke,
-        served=(served_name, part.server.get("model") if served_name else None),
-    ) + fidelity.judge(config.fidelity, part.fidelity)
+    gates = _judge(manifest, config, prof, part, single, ms_pass)
     verdict = "ERROR" if error else ("FAIL" if any(g.status in FAILING for g in gates) else "PASS")
+    serve_cfg = manifest.serve
     receipt = Receipt(
         schema=SCHEMA,
         verdict=verdict,
@@ -520,6 +447,111 @@ def qualify(
     if error:
         raise error
     return receipt
+
+
+def _judge(
+    manifest: Manifest,
+    config: QualifyConfig,
+    prof: QualifyProfile,
+    part: _Partial,
+    single: Spread | None,
+    ms_pass: Spread | None,
+) -> tuple[Gate, ...]:
+    """Every gate, by the one loop over the gate table (:mod:`pinwheel.serve.gates.table`)."""
+    sources = sorted({s.passes_from for s in part.decode if s.ms_per_pass is not None})
+    served_name = manifest.serve.served_model_name if manifest.serve else None
+    return gate_table.judge(
+        Measured(
+            prof=prof,
+            decode=part.decode,
+            single=single,
+            ms_pass=ms_pass,
+            ms_source=", ".join(sources),
+            acceptance=_acceptance(part.decode),
+            concurrency=part.concurrency,
+            needles=part.needles,
+            markers=part.markers,
+            smoke=part.smoke,
+            served=(served_name, part.server.get("model") if served_name else None),
+            fidelity_cfg=config.fidelity,
+            fidelity=part.fidelity,
+        )
+    )
+
+
+def _measure(
+    part: _Partial,
+    client: Client,
+    target: Target,
+    config: QualifyConfig,
+    prof: QualifyProfile,
+    reporter: Reporter,
+) -> None:
+    """Every phase in turn, each result kept in ``part`` as it comes (a run that breaks
+    still leaves a receipt of what it measured)."""
+    part.server["health_wait_s"] = round(
+        wait_healthy(client, target, config.health_timeout_s, reporter=reporter), 2
+    )
+    reporter.info(f"healthy after {part.server['health_wait_s']} s")
+    part.markers = check_markers((*config.markers, *prof.markers), target.log)
+    models = client.models()
+    if not models:
+        raise PinwheelError("the server lists no model", where=f"{target.url}/v1/models")
+    model = str(models[0]["id"])
+    part.server |= {
+        "url": target.url,
+        "model": model,
+        "version": client.version(),
+        "max_model_len": models[0].get("max_model_len"),
+    }
+    wait_idle(client, config.idle_timeout_s)
+    if config.smoke:
+        part.smoke = run_smoke(client, model, config.smoke, config.thinking)
+        for sm in part.smoke:
+            reporter.info(f"smoke {sm.prompt!r}: {sm.status} ({sm.reply[:60]!r})")
+    for w in range(config.warmup):
+        client.stream_chat(model, config.prompts[w % len(config.prompts)], config.max_tokens,
+                           thinking=config.thinking)  # fmt: skip
+    part.decode_wall.append(time.perf_counter())
+    for r in range(config.repeats):
+        for i, p in enumerate(config.prompts):
+            _check_alive(target)
+            s = decode_sample(
+                client, model, p, config.max_tokens, i, r, part.streams, config.thinking
+            )
+            part.decode.append(s)
+            reporter.info(
+                f"decode prompt {i} repeat {r}: {s.tok_s:.2f} tok/s, "
+                + (
+                    f"{s.ms_per_pass:.2f} ms/pass"
+                    if s.ms_per_pass
+                    else "ms/pass " + NOT_MEASURABLE
+                )
+            )
+    part.decode_wall.append(time.perf_counter())
+    for n in prof.concurrency:
+        if n < 2:
+            continue
+        _check_alive(target)
+        c = run_concurrency(
+            lambda: Client(target.url), model, config.prompts, n, config.max_tokens,
+            config.thinking,
+        )  # fmt: skip
+        part.concurrency.append(c)
+        reporter.info(f"{n} streams: {c.aggregate_tok_s:.2f} tok/s aggregate")
+    _check_alive(target)
+    part.needles = run_needles(client, model, prof, part.server.get("max_model_len"), reporter)
+    if config.fidelity is not None and config.fidelity.panel is not None:
+        _check_alive(target)
+        reporter.info("fidelity: scoring the panel's prompt log-probabilities")
+        part.fidelity = (  # exact KLD in the engine, or from the served rows
+            inprocess.measure if config.fidelity.scorer == "in-process" else fidelity.measure
+        )(client, model, config.fidelity)
+        f = part.fidelity
+        reporter.info(
+            f"fidelity: mean KLD {'>= ' if f.bound == 'lower' else ''}{f.mean_kld:.4e} "
+            f"nats ({f.method}, {f.bound}, {f.positions} positions), top-1 {f.top1:.4f}"
+        )
 
 
 def gate_failure(receipt: Receipt, out: Path) -> GateFailed | None:

@@ -1,8 +1,9 @@
 """What qualification measured and judged: the results, the gates and the receipt.
 
-In: raw measurements from :mod:`pinwheel.serve.qualify`. Out: frozen results,
-gates judged on raw numbers (a miss is FAIL, never rounded), and the
-:class:`Receipt` that :mod:`pinwheel.serve.report` writes out.
+In: raw measurements from :mod:`pinwheel.serve.qualify`. Out: frozen results, the
+:class:`Gate` record (the gates themselves are rows of :mod:`pinwheel.serve.gates.table`,
+judged on raw numbers: a miss is FAIL, never rounded), and the :class:`Receipt` that
+:mod:`pinwheel.serve.report` writes out.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel.checksums import sha256_file
-from pinwheel.manifest.serve import QualifyProfile
 from pinwheel.wheels.provenance import read_receipt
 
 SCHEMA = "pinwheel.qualify/1"
@@ -230,179 +230,6 @@ class Acceptance:
     def rate(self) -> float | None:
         """Accepted per drafted token (a fraction; vLLM prints it as a percentage)."""
         return self.accepted / self.draft_tokens if self.draft_tokens > 0 else None
-
-
-def _card_gate(
-    prof: QualifyProfile,
-    name: str,
-    metric: str,
-    figure: float,
-    measured: float | None,
-    *,
-    higher_is_better: bool,
-    detail: str = "",
-    missing: str = "not measured",
-    missing_detail: str = "",
-) -> Gate:
-    """A gate on one of the card's own figures: widened by ``tolerance``, or INFO only."""
-    tol = prof.tolerance
-    bound = figure * (1 - tol) if higher_is_better else figure * (1 + tol)
-    op = ">=" if higher_is_better else "<="
-    needs = f"{op} {bound:.6g}" + (f" (card {figure:g}, {tol:.0%} margin)" if tol else "")
-    why = prof.is_informational(metric)
-    if measured is None or measured != measured:  # not measured, or NaN: never a PASS
-        status = "INFO" if why else "FAIL"
-        text = missing if measured is None else "NaN"
-        return Gate(name, status, text, needs, "; ".join(x for x in (missing_detail, why) if x),
-                    None, op, bound)  # fmt: skip
-    ok = holds(measured, op, bound)
-    status = "INFO" if why else ("PASS" if ok else "FAIL")
-    if why:
-        detail = f"informational ({'within' if ok else 'outside'} the card's figure): {why}" + (
-            f"; {detail}" if detail else ""
-        )
-    return Gate(name, status, shown(measured, bound), needs, detail, measured, op, bound)
-
-
-def judge(
-    prof: QualifyProfile,
-    single: Spread | None,
-    ms_pass: Spread | None,
-    conc: Sequence[ConcurrencyResult],
-    needles: Sequence[NeedleResult],
-    markers: Sequence[MarkerResult],
-    *,
-    ms_source: str = "",
-    acceptance: Acceptance | None = None,
-    smoke: Sequence[SmokeResult] = (),
-    served: tuple[str | None, str | None] = (None, None),  # (manifest's name, server's id)
-) -> tuple[Gate, ...]:
-    """Gates on raw numbers (a miss is FAIL, never rounded); INFO gates never fail a run."""
-    gates: list[Gate] = []
-    if prof.min_tok_s is not None:
-        gates.append(
-            _card_gate(
-                prof,
-                "single-stream tok/s",
-                "tok_s",
-                prof.min_tok_s,
-                single.median if single else None,
-                higher_is_better=True,
-                detail=f"median of {single.n}, {single.low:.2f}-{single.high:.2f}"
-                if single
-                else "",
-            )
-        )
-    if prof.max_ms_per_pass is not None:
-        gates.append(
-            _card_gate(
-                prof,
-                "ms per forward pass",
-                "ms_per_pass",
-                prof.max_ms_per_pass,
-                ms_pass.median if ms_pass else None,
-                higher_is_better=False,
-                detail=(
-                    f"median of {ms_pass.n}, {ms_pass.low:.2f}-{ms_pass.high:.2f}"
-                    + (f"; passes from {ms_source}" if ms_source else "")
-                )
-                if ms_pass
-                else "",
-                missing=NOT_MEASURABLE,
-                missing_detail="the server exposed no step counter "
-                "(vllm:iteration_tokens_total) and no spec-decode drafts",
-            )
-        )
-    spec_detail = (
-        f"{acceptance.accepted:.0f} accepted / {acceptance.drafts:.0f} drafts / "
-        f"{acceptance.draft_tokens:.0f} draft tokens"
-        if acceptance
-        else ""
-    )
-    no_spec = "the server exposed no spec-decode counters (vllm:spec_decode_*)"
-    spec_gates = (
-        ("mean acceptance length (1 + accepted/drafts)", "acceptance_length",
-         prof.min_acceptance_length, acceptance.mean_length if acceptance else None),
-        ("draft acceptance rate (accepted/draft tokens)", "acceptance_rate",
-         prof.min_acceptance_rate, acceptance.rate if acceptance else None),
-    )  # fmt: skip
-    for title, key, threshold, measured_value in spec_gates:
-        if threshold is not None:
-            gates.append(
-                _card_gate(
-                    prof,
-                    title,
-                    key,
-                    threshold,
-                    measured_value,
-                    higher_is_better=True,
-                    detail=spec_detail,
-                    missing_detail=no_spec,
-                )  # fmt: skip
-            )
-    if prof.min_aggregate_tok_s is not None:
-        top = max(conc, key=lambda c: c.streams, default=None)
-        measured = top.aggregate_tok_s if top is not None and top.streams >= 2 else None
-        gates.append(
-            _card_gate(
-                prof,
-                f"aggregate tok/s at {top.streams} streams"
-                if top is not None and measured is not None
-                else "aggregate tok/s",
-                "aggregate_tok_s",
-                prof.min_aggregate_tok_s,
-                measured,
-                higher_is_better=True,
-            )
-        )
-    if prof.needle_required is not None:
-        at = [n for n in needles if n.length == prof.needle_required]
-        bad = [n for n in at if n.status != "pass"]
-        status = "PASS" if at and not bad else "FAIL"
-        measured_n = f"{len(at) - len(bad)}/{len(prof.needle_depths)} depths pass"
-        detail = "; ".join(f"depth {n.depth}: {n.status} ({n.reason})" for n in bad)
-        gates.append(
-            Gate(
-                f"needle at {prof.needle_required} tokens",
-                status,
-                measured_n,
-                "every depth",
-                detail,
-            )
-        )
-    want, got = served
-    if want is not None:
-        gates.append(
-            Gate(
-                "served model name",
-                "PASS" if got == want else "FAIL",
-                repr(got) if got is not None else "not measured",
-                repr(want),
-                "/v1/models lists the name clients send ([serve] served_model_name)",
-            )
-        )
-    for sm in smoke:
-        gates.append(
-            Gate(
-                f"smoke prompt {sm.prompt!r}",
-                "PASS" if sm.status == "pass" else "FAIL",
-                repr(sm.reply[:60]),
-                f"reply contains {sm.expect!r}" if sm.expect else "a reply",
-                f"finish_reason {sm.finish_reason}",
-            )
-        )
-    for m in markers:
-        status = {"found": "PASS", "missing": "FAIL"}.get(m.status, "SKIP")
-        gates.append(
-            Gate(
-                f"start-up marker /{m.pattern}/",
-                status,
-                m.status,
-                "found",
-                m.line or ("no log to check: pass --log" if status == "SKIP" else ""),
-            )
-        )
-    return tuple(gates)
 
 
 @dataclass(frozen=True)

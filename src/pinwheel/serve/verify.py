@@ -11,8 +11,9 @@ its schema defines, or holds a NaN, is refused (:class:`~pinwheel.errors.VerifyE
 Re-derived from the files: every hash (``kld_f64_sha256``, ``kld_sha256``,
 ``flags_sha256``), every summary figure (mean, CI, median, p99, max, top-1, ties:
 :mod:`pinwheel.serve.kldsummary`, bit for bit), the spot-check's sample, each gate's
-status from its raw value and limit (or from the receipt's needles, smoke replies and
-markers), and the verdict from the gates. In-process receipts: the spot-check's rows
+status by its row of the gate table (:mod:`pinwheel.serve.gates.table`: from its raw
+value and limit, or from the receipt's needles, smoke replies and markers), and the
+verdict from the gates. In-process receipts: the spot-check's rows
 (``fidelity_spot_rows.f32``) against their hash, and with ``--teacher`` each sampled
 row scored again, so its ``differ`` list is re-derived too. With the teacher and the
 served rows: the teacher's sha256, the served rows' digest and every per-position
@@ -40,21 +41,13 @@ from pinwheel import untrusted
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.printable import shown
 from pinwheel.serve import kldsummary
-from pinwheel.serve.receipt import (
-    FAILING,
-    SCHEMA,
-    fidelity_status,
-    holds,
-    number,
-    spot_status,
-)
+from pinwheel.serve.gates import table
+from pinwheel.serve.gates.base import Reading
+from pinwheel.serve.receipt import FAILING, SCHEMA, number
 
 F64 = "fidelity_kld.f64"
 FLAGS = "fidelity_flags.u8"
 SPOT_ROWS = "fidelity_spot_rows.f32"  # the in-process spot-check's rows (float32 [size, V])
-MEAN_GATE = "fidelity mean KLD (nats)"  # fidelity.MEAN_GATE (fidelity needs numpy)
-TOP1_GATE = "fidelity top-1 agreement"
-SPOT_GATE = "fidelity spot-check (engine values vs its full rows)"
 STATUSES = ("PASS", "FAIL", "SKIP", "INFO", "NOT PROVEN")
 HEX64 = re.compile(r"[0-9a-f]{64}")
 KIND = untrusted.QUALIFICATION
@@ -421,10 +414,12 @@ def _rows(
 def _gates(
     doc: _Doc, data: Mapping[str, Any], fid: Mapping[str, Any] | None
 ) -> tuple[list[Check], list[str]]:
-    """A check per gate, and each gate's re-derived status (INFO kept where allowed)."""
+    """A check per gate, each gate's status re-derived by its row of the gate table
+    (:func:`pinwheel.serve.gates.table.derive`), INFO kept where the row allows it."""
     gates = data.get("gates")
     if not isinstance(gates, list):
         raise doc.refuse("missing, or not a list", "gates")
+    reading = Reading(doc, data, fid)
     checks = []
     statuses = []
     for i, g in enumerate(gates):
@@ -435,9 +430,9 @@ def _gates(
         status = doc.text(g, "status", field + ".status")
         if status not in STATUSES:
             raise doc.refuse(f"status {shown(status)!r}", field + ".status")
-        want = _derive(doc, data, fid, g, name, field)
+        want, info_kept = table.derive(reading, g, name, field)
         label = f"{field} {shown(name)[:80]}: status"
-        ok = status == want or (status == "INFO" and bool(g.get("op")) and fid_gate(name) is None)
+        ok = status == want or (status == "INFO" and info_kept)
         checks.append(
             Check(
                 label,
@@ -448,84 +443,3 @@ def _gates(
         )
         statuses.append(status if ok else want)
     return checks, statuses
-
-
-def fid_gate(name: str) -> str | None:
-    return name if name in (MEAN_GATE, TOP1_GATE, SPOT_GATE) else None
-
-
-def _derive(
-    doc: _Doc,
-    data: Mapping[str, Any],
-    fid: Mapping[str, Any] | None,
-    g: Mapping[str, Any],
-    name: str,
-    field: str,
-) -> str:
-    """The status the gate's own figures give."""
-    if name == SPOT_GATE:
-        return spot_status(fid.get("spot_check") if fid is not None else None)
-    op = g.get("op")
-    if name in (MEAN_GATE, TOP1_GATE):
-        if fid is None:  # not measured: FAIL, or SKIP where the panel is not pinned
-            return "SKIP" if g.get("status") == "SKIP" else "FAIL"
-        lim = doc.figure(g, "limit", field + ".limit")
-        if op not in (("<", "<=") if name == MEAN_GATE else (">=",)):
-            raise doc.refuse(f"op {shown(op)!r}", field + ".op")
-        value = doc.figure(g, "value", field + ".value")
-        mine = doc.figure(fid, "mean_kld" if name == MEAN_GATE else "top1", field + ".value")
-        if struct.pack("<d", value) != struct.pack("<d", mine):
-            return f"(value {value!r} is not the receipt's figure {mine!r})"
-        bound = str(fid.get("bound")) if name == MEAN_GATE else "exact"
-        return fidelity_status(
-            value, str(op), lim, bound, int(fid["positions"]), int(fid.get("panel_positions") or 0)
-        )
-    if op:  # a card figure: value op limit on raw numbers (no value: not measured)
-        if op not in ("<", "<=", ">="):
-            raise doc.refuse(f"op {shown(op)!r}", field + ".op")
-        lim = doc.figure(g, "limit", field + ".limit")
-        raw = g.get("value")
-        card = None if raw is None else doc.figure(g, "value", field + ".value")
-        return "PASS" if holds(card, op, lim) else "FAIL"
-    return _derive_other(doc, data, g, name, field)
-
-
-def _list(data: Mapping[str, Any], key: str) -> list[Any]:
-    got = data.get(key)
-    return got if isinstance(got, list) else []
-
-
-def _derive_other(
-    doc: _Doc, data: Mapping[str, Any], g: Mapping[str, Any], name: str, field: str
-) -> str:
-    """Gates judged on the receipt's own records: needles, the model name, smoke, markers."""
-    if m := re.fullmatch(r"needle at (\d{1,9}) tokens", name):
-        at = [
-            n
-            for n in _list(data, "needles")
-            if isinstance(n, Mapping) and n.get("length") == int(m[1])
-        ]
-        return "PASS" if at and all(n.get("status") == "pass" for n in at) else "FAIL"
-    if name == "served model name":
-        measured, threshold = g.get("measured"), g.get("threshold")
-        return "PASS" if measured == threshold and measured != "not measured" else "FAIL"
-    if name.startswith("smoke prompt "):
-        smoke = _list(data, "smoke")
-        hits = [
-            s
-            for s in smoke
-            if isinstance(s, Mapping) and name == f"smoke prompt {s.get('prompt')!r}"
-        ]
-        return "PASS" if hits and all(s.get("status") == "pass" for s in hits) else "FAIL"
-    if name.startswith("start-up marker /") and name.endswith("/"):
-        markers = _list(data, "markers")
-        pattern = name[len("start-up marker /") : -1]
-        found = [
-            x.get("status")
-            for x in markers
-            if isinstance(x, Mapping) and x.get("pattern") == pattern
-        ]
-        if not found:
-            return "FAIL"
-        return {"found": "PASS", "missing": "FAIL"}.get(str(found[0]), "SKIP")
-    raise doc.refuse(f"{shown(name)[:80]!r}: a gate verify-receipt cannot re-derive", field)
