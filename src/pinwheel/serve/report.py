@@ -19,7 +19,21 @@ def _num(value: Any, digits: int = 2) -> str:
 
 def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
     lines = [f"# Qualification: {r.verdict}", ""]
-    lines += [
+    lines += _head_markdown(r)
+    lines += _gates_markdown(r)
+    lines += _decode_markdown(r, plots)
+    lines += _serving_markdown(r, plots)
+    lines += _fidelity_markdown(r, plots)
+    lines += _concurrency_markdown(r)
+    lines += _needle_markdown(r, plots)
+    lines += _records_markdown(r)
+    if "missing" in plots:
+        lines += ["", f"_plots not drawn: {plots['missing']}_"]
+    return "\n".join(lines) + "\n"
+
+
+def _head_markdown(r: Receipt) -> list[str]:
+    lines = [
         f"- manifest: `{md.code(r.manifest['path'])}` ({md.text(r.manifest['name'])}), "
         f"sha256 `{md.code(r.manifest['sha256'])}`",
         f"- profile: `{md.code(r.profile)}`",
@@ -40,7 +54,12 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
     if r.error:
         fenced = redact(r.error).replace("```", "'''")
         lines += ["", "## Error", "", "```", fenced, "```"]
-    lines += [
+    return lines
+
+
+def _gates_markdown(r: Receipt) -> list[str]:
+    """One table row per gate, whatever row of the gate table made it."""
+    lines = [
         "",
         "## Gates",
         "",
@@ -55,9 +74,12 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
         )
     if not r.gates:
         lines.append("| (none) | | | | |")
+    return lines
 
+
+def _decode_markdown(r: Receipt, plots: dict[str, str]) -> list[str]:
     s = r.summary
-    lines += ["", "## Decode (single stream, greedy, TTFT excluded)", ""]
+    lines = ["", "## Decode (single stream, greedy, TTFT excluded)", ""]
     if s.get("tok_s"):
         t = s["tok_s"]
         lines.append(
@@ -93,45 +115,55 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
         )
     if "decode" in plots:
         lines += ["", f"![per-prompt tok/s]({plots['decode']})"]
+    return lines
 
-    lines += _serving_markdown(r, plots)
-    lines += _fidelity_markdown(r, plots)
 
-    if r.concurrency:
-        lines += [
-            "",
-            "## Concurrency",
-            "",
-            "| streams | tokens | wall s | aggregate tok/s |",
-            "|---|---|---|---|",
-        ]
-        for c in r.concurrency:
-            lines.append(
-                f"| {c.streams} | {c.total_tokens} | {c.wall_s:.2f} | {c.aggregate_tok_s:.2f} |"
-            )
+def _concurrency_markdown(r: Receipt) -> list[str]:
+    if not r.concurrency:
+        return []
+    lines = [
+        "",
+        "## Concurrency",
+        "",
+        "| streams | tokens | wall s | aggregate tok/s |",
+        "|---|---|---|---|",
+    ]
+    for c in r.concurrency:
+        lines.append(
+            f"| {c.streams} | {c.total_tokens} | {c.wall_s:.2f} | {c.aggregate_tok_s:.2f} |"
+        )
+    return lines
 
-    if r.needles:
-        depths = sorted({n.depth for n in r.needles})
-        lines += [
-            "",
-            "## Needle (exact token lengths, model's own tokenizer)",
-            "",
-            "| length | " + " | ".join(f"depth {d}" for d in depths) + " |",
-            "|---|" + "---|" * len(depths),
-        ]
-        for length in sorted({n.length for n in r.needles}):
-            row = {n.depth: n for n in r.needles if n.length == length}
-            cells = [row[d].status.upper() if d in row else "" for d in depths]
-            lines.append(f"| {length} | " + " | ".join(cells) + " |")
-        odd = [n for n in r.needles if n.status not in ("pass", "skipped")]
-        for n in odd:
-            lines.append(
-                f"- {n.length} @ {n.depth}: {md.text(n.status)}, {md.text(n.reason)}: "
-                f"`{md.code(repr(n.answer[:120]))}`"
-            )
-        if "needle" in plots:
-            lines += ["", f"![needle grid]({plots['needle']})"]
 
+def _needle_markdown(r: Receipt, plots: dict[str, str]) -> list[str]:
+    if not r.needles:
+        return []
+    depths = sorted({n.depth for n in r.needles})
+    lines = [
+        "",
+        "## Needle (exact token lengths, model's own tokenizer)",
+        "",
+        "| length | " + " | ".join(f"depth {d}" for d in depths) + " |",
+        "|---|" + "---|" * len(depths),
+    ]
+    for length in sorted({n.length for n in r.needles}):
+        row = {n.depth: n for n in r.needles if n.length == length}
+        cells = [row[d].status.upper() if d in row else "" for d in depths]
+        lines.append(f"| {length} | " + " | ".join(cells) + " |")
+    odd = [n for n in r.needles if n.status not in ("pass", "skipped")]
+    for n in odd:
+        lines.append(
+            f"- {n.length} @ {n.depth}: {md.text(n.status)}, {md.text(n.reason)}: "
+            f"`{md.code(repr(n.answer[:120]))}`"
+        )
+    if "needle" in plots:
+        lines += ["", f"![needle grid]({plots['needle']})"]
+    return lines
+
+
+def _records_markdown(r: Receipt) -> list[str]:
+    """The smoke replies, the card's known issues and the start-up log markers."""
+    lines: list[str] = []
     if r.smoke:
         lines += ["", "## Smoke prompts (the card's, greedy)", ""]
         for sm in r.smoke:
@@ -149,9 +181,7 @@ def render_markdown(r: Receipt, plots: dict[str, str]) -> str:
                 f"- `/{md.code(m.pattern)}/`: {md.text(m.status)}"
                 + (f" — `{md.code(m.line)}`" if m.line else "")
             )
-    if "missing" in plots:
-        lines += ["", f"_plots not drawn: {plots['missing']}_"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _sci(value: Any) -> str:
