@@ -265,18 +265,8 @@ def _depth(data: Any) -> int:
 
 def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
     text = _decode(blob, path)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ManifestError(
-            f"TOML syntax error: {exc}", where=path.name, next=f"fix the syntax of {path.name}"
-        ) from None
-    except RecursionError:  # tomllib recurses once per nested array or inline table
-        raise _too_deep(path) from None
-    if _depth(data) > MAX_DEPTH:  # dotted keys and [a.b.c] headers nest without recursing
-        raise _too_deep(path)
+    data = _toml(text, path)
     lines = _key_lines(text)
-    root = path.parent
 
     def table(name: str, label: str | None = None, index: int = 0, value: Any = None) -> Table:
         return Table(
@@ -289,6 +279,55 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
         )
 
     top = table("", "top level", value=data)
+    _check_tables(data, top, path, lines)
+    has_engine = "upstream" in data
+    name = _manifest_name(data, table, path)
+    upstream = _parse_upstream(table("upstream"), allow_short) if has_engine else None
+    origin = table("upstream").where() if has_engine else ""
+    steps = _steps(data, table, top, path.parent, allow_short)
+    identity = _identity(table("identity"))
+    res = table("result")
+    res.only("tree", "tag")
+    result = Result(tree=res.sha("tree", None, allow_short=False), tag=res.ref("tag", None))
+    stages = _stages(data, table, allow_short)
+    if upstream is None:
+        first = next(k for k in stages["kernels"] if k.url)
+        upstream = Upstream(url=first.url, commit=first.commit or "", branch=first.branch,
+                            where=first.commit_where)  # fmt: skip
+        origin = first.where
+
+    return Manifest(
+        path=path,
+        sha256=hashlib.sha256(blob).hexdigest(),
+        name=name,
+        upstream=upstream,
+        steps=tuple(steps),
+        identity=identity,
+        result=result,
+        has_engine=has_engine,
+        origin=origin,
+        **stages,
+    )
+
+
+def _toml(text: str, path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(
+            f"TOML syntax error: {exc}", where=path.name, next=f"fix the syntax of {path.name}"
+        ) from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise _too_deep(path) from None
+    if _depth(data) > MAX_DEPTH:  # dotted keys and [a.b.c] headers nest without recursing
+        raise _too_deep(path)
+    return data
+
+
+def _check_tables(
+    data: dict[str, Any], top: Table, path: Path, lines: dict[tuple[str, int, str], int]
+) -> None:
+    """Known tables only, each of its kind; an engine, or out-of-tree kernels."""
     for key in data:
         if key not in CORE_TABLES and key not in STAGE_TABLES:
             raise ManifestError(
@@ -318,6 +357,9 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
                 raise top.error(key, "an array of tables written [[kernel]]", data[key])
         elif not isinstance(data[key], dict):
             raise top.error(key, f"a table written [{key}]", data[key])
+
+
+def _manifest_name(data: dict[str, Any], table: Callable[..., Table], path: Path) -> str:
     name = _safe_default_name(path.stem)
     if "manifest" in data:
         meta = table("manifest")
@@ -330,9 +372,12 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
                 "and files)",
                 name,
             )
-    upstream = _parse_upstream(table("upstream"), allow_short) if has_engine else None
-    origin = table("upstream").where() if has_engine else ""
+    return name
 
+
+def _steps(
+    data: dict[str, Any], table: Callable[..., Table], top: Table, root: Path, allow_short: bool
+) -> list[Step]:
     raw_steps = data.get("step", [])
     if not isinstance(raw_steps, list) or not all(isinstance(r, dict) for r in raw_steps):
         raise top.error("step", "an array of tables written [[step]]", raw_steps)
@@ -352,8 +397,10 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
                 )
             seen_prs[step.pr] = step.number
         steps.append(step)
+    return steps
 
-    ident = table("identity")
+
+def _identity(ident: Table) -> Identity:
     ident.only("name", "email", "date")
     time = offset = None
     if ident.has("date"):
@@ -369,10 +416,13 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
         # Both go into the commit header verbatim: no line breaks, no angle brackets.
         if any(ord(c) < 32 or c in "<>" for c in value):
             raise ident.error(key, "one line without '<' or '>'", value)
-    res = table("result")
-    res.only("tree", "tag")
-    result = Result(tree=res.sha("tree", None, allow_short=False), tag=res.ref("tag", None))
+    return identity
 
+
+def _stages(
+    data: dict[str, Any], table: Callable[..., Table], allow_short: bool
+) -> dict[str, Any]:
+    """Each stage table present, parsed by its stage's parser."""
     stages: dict[str, Any] = {}
     for key in STAGE_TABLES:
         if key not in data:
@@ -388,21 +438,4 @@ def loads(blob: bytes, path: Path, *, allow_short: bool = False) -> Manifest:
             stages["kernels"] = _parser(key)(raw_tables, allow_short=allow_short)
         else:
             stages[STAGE_TABLES[key]] = _parser(key)(raw_tables)
-    if upstream is None:
-        first = next(k for k in stages["kernels"] if k.url)
-        upstream = Upstream(url=first.url, commit=first.commit or "", branch=first.branch,
-                            where=first.commit_where)  # fmt: skip
-        origin = first.where
-
-    return Manifest(
-        path=path,
-        sha256=hashlib.sha256(blob).hexdigest(),
-        name=name,
-        upstream=upstream,
-        steps=tuple(steps),
-        identity=identity,
-        result=result,
-        has_engine=has_engine,
-        origin=origin,
-        **stages,
-    )
+    return stages
