@@ -5,9 +5,13 @@ and commits created with fixed bytes. Authors are the original ones (name,
 email, date, timezone); the committer is the manifest's ``[identity]``; messages
 are copied byte for byte. So the same manifest gives the same SHAs anywhere.
 
-Plan first (``plan_step_commits``), then execute (``replay_manifest``); refs
-are written only after every step succeeded, so a failed run leaves the cache
-as it found it (unreferenced objects aside, which git gc removes).
+Plan first (:func:`pinwheel.source.plan.make_plan`), then execute (``replay_manifest``);
+refs are written only after every step succeeded, so a failed run leaves the cache
+as it found it (unreferenced objects aside, which git gc removes). Beside it:
+:mod:`~pinwheel.source.result` (the request and result types),
+:mod:`~pinwheel.source.picks` (which commits a step replays),
+:mod:`~pinwheel.source.patches` (patch steps, recorded resolutions) and
+:mod:`~pinwheel.source.recall` (a warm replay given back from its stamp).
 """
 
 from __future__ import annotations
