@@ -33,7 +33,7 @@ from pinwheel import options  # noqa: E402
 from pinwheel.compile.pipeline import BuildRequest, build  # noqa: E402
 from pinwheel.flows.attribute import AttributeRequest, build_variants  # noqa: E402
 from pinwheel.manifest import load  # noqa: E402
-from pinwheel.source.replay import ReplayRequest  # noqa: E402
+from pinwheel.source.result import ReplayRequest  # noqa: E402
 from pinwheel.source.variants import VariantRequest, replay_variants  # noqa: E402
 from servingproject import BUILD_TABLE, make_serving_upstream  # noqa: E402
 

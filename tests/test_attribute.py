@@ -25,7 +25,8 @@ from pinwheel.flows.attribute_report import human_lines, markdown, to_json
 from pinwheel.manifest import load
 from pinwheel.options import host as host_of
 from pinwheel.serve import pairstats
-from pinwheel.source.replay import ReplayRequest, replay_manifest
+from pinwheel.source.replay import replay_manifest
+from pinwheel.source.result import ReplayRequest
 from pinwheel.source.variants import PREFIXES, VariantRequest, replay_variants
 from servingproject import BUILD_TABLE, Serving, make_serving_upstream
 

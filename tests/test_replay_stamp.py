@@ -12,10 +12,12 @@ import pytest
 
 from gitfixture import UPSTREAM_URL, git
 from pinwheel.manifest import load
-from pinwheel.source import replay as replay_mod
+from pinwheel.source import recall as recall_mod
 from pinwheel.source import stamp
 from pinwheel.source.cache import Cache
-from pinwheel.source.replay import ReplayRequest, ReplayResult, recall, replay
+from pinwheel.source.recall import recall
+from pinwheel.source.replay import replay
+from pinwheel.source.result import ReplayRequest, ReplayResult
 
 PICKS = [{"action": "pick", "pr": 1}, {"action": "pick", "pr": 2}]
 MERGE = [{"action": "pick", "pr": 1}, {"action": "merge", "pr": 3}]
@@ -134,7 +136,7 @@ def test_other_options_or_another_engine_version_replay(stack, stamped, monkeypa
     manifest, _ = stamped
     assert _recall(stack, manifest, allow_drift=True) is None
     assert _recall(stack, manifest, write_refs=False) is None
-    monkeypatch.setattr(replay_mod, "REPLAY_VERSION", replay_mod.REPLAY_VERSION + 1)
+    monkeypatch.setattr(recall_mod, "REPLAY_VERSION", recall_mod.REPLAY_VERSION + 1)
     assert _recall(stack, manifest) is None
 
 

@@ -115,7 +115,7 @@ def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.cli.replay_cmds import build_request
     from pinwheel.flows.attribute import AttributeRequest, attribute
     from pinwheel.flows.attribute_report import human_lines, to_json
-    from pinwheel.source.replay import ReplayRequest
+    from pinwheel.source.result import ReplayRequest
     from pinwheel.source.variants import LEAVE_ONE_OUT, PREFIXES, VariantRequest
 
     manifest = ctx.manifest()

@@ -14,7 +14,7 @@ from pinwheel.manifest.component import ENGINE, Stack, stacks
 if TYPE_CHECKING:  # imported where used: `pinwheel --help` should not load libgit2
     from pinwheel.compile.pipeline import BuildRequest
     from pinwheel.source.cache import Cache
-    from pinwheel.source.replay import ReplayRequest, ReplayResult
+    from pinwheel.source.result import ReplayRequest, ReplayResult
 
 
 def _cache(ctx: Context) -> Cache:
@@ -53,7 +53,7 @@ def replay_request(
     ctx: Context, args: argparse.Namespace, manifest: Manifest | None = None, **kw: Any
 ) -> ReplayRequest:
     """Flags + context (cache, mirrors, offline) + manifest, resolved once into a request."""
-    from pinwheel.source.replay import ReplayRequest
+    from pinwheel.source.result import ReplayRequest
 
     return ReplayRequest(
         manifest=manifest or ctx.manifest(),

@@ -320,116 +320,221 @@ def engine_version(config: BuildConfig, replayed: Any, variant: str | None = Non
 
 def build_engine(request: EngineBuildRequest) -> Built:
     """Build the engine wheel from ``request.source`` into ``work/dist``; nothing is
-    published here (the fields: :class:`EngineBuildRequest`)."""
-    source, work, toolkit = request.source, request.work, request.toolkit
-    version, source_date_epoch = request.version, request.source_date_epoch
-    environ, origin, record = request.environ, request.origin, request.record
-    supplied, reuse_from, reporter = request.supplied, request.reuse_from, request.reporter
-    canonical, export_digest, kept = request.canonical, request.export_digest, request.kept
-    launcher, placeholders, store = request.launcher, request.placeholders, request.store
-    note = request.note if request.note is not None else Note()
-    work.mkdir(parents=True, exist_ok=True)
+    published here (the fields: :class:`EngineBuildRequest`).
+
+    In order, the first that gives a wheel is the build: the last build when it was given
+    exactly this (:func:`_last_wheel`), the object store (:func:`_stored_wheel`), an
+    earlier wheel (:func:`_earlier_wheel`), else the builder runs (:func:`_compile`)."""
+    request.work.mkdir(parents=True, exist_ok=True)
+    attempt = _begin(request)
+    made = _last_wheel(attempt)
+    if made is not None:
+        return made
+    workspace.forget(request.work)
+    extra: dict[str, str] = {}
+    if request.launcher is not None:
+        nvcc = str(request.toolkit.nvcc) if request.toolkit is not None else None
+        extra.update(request.launcher.launch_env(attempt.plan.env.get("PATH", ""), nvcc=nvcc))
+    known = _known_by(attempt)
+    extra.update(known.recorder.env())
+    made = _stored_wheel(attempt, known)
+    if made is not None:
+        return made
+    earlier = _earlier_wheel(attempt, known, extra) if request.reuse_from is not None else None
+    if isinstance(earlier, Built):
+        return earlier
+    if earlier is not None:
+        extra.update(earlier.env)
+    return _compile(attempt, known, extra, earlier)
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One :func:`build_engine` call: its request and what each of its steps reads."""
+
+    request: EngineBuildRequest
+    plan: BuildPlan
+    note: Any  # pinwheel.compile.phases.Note: told what ran and what was skipped
+    started: float  # time.monotonic() when the build began
+    given: str  # workspace.inputs_digest: everything this build is given
+
+    def built(
+        self,
+        wheel: Path,
+        inputs: Mapping[str, Any],
+        reused: Mapping[str, Any] | None,
+        seconds: float | None = None,
+    ) -> Built:
+        """The :class:`Built` of ``wheel``; ``seconds``: since :attr:`started` when None."""
+        r = self.request
+        took = time.monotonic() - self.started if seconds is None else seconds
+        return _built(
+            self.plan, r.origin, wheel, took, r.version, r.source_date_epoch, inputs, reused,
+            r.record,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _KnownBy:
+    """What a compiled build is known by: the recorder of its compiled inputs (made before
+    the build starts), its reuse identity and the object store's facts beside it."""
+
+    recorder: reuse.Recorder
+    ident: dict[str, Any]
+    match: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Precompiled:
+    """An earlier wheel's compiled members taken by the project's own precompiled path."""
+
+    env: dict[str, str]  # reuse.precompiled_env: what points the build at the wheel
+    reused: dict[str, Any]  # reuse.reuse_record
+    inputs: dict[str, Any]  # the earlier build's compiled inputs, still holding
+
+
+def _begin(request: EngineBuildRequest) -> _Attempt:
     plan = plan_build(request)
     started = time.monotonic()
     given = workspace.inputs_digest(
-        key=str(plan.work), sources=[export_digest or ""],
+        key=str(plan.work), sources=[request.export_digest or ""],
         env=workspace.builder_env(plan.env, plan.set_env), command=list(plan.command),
-        version=version, epoch=source_date_epoch,
-        record=json.loads(json.dumps(record or {}, sort_keys=True, default=str)),
+        version=request.version, epoch=request.source_date_epoch,
+        record=json.loads(json.dumps(request.record or {}, sort_keys=True, default=str)),
     )  # fmt: skip
-    usable = kept and export_digest is not None and reuse_from is None
-    last = workspace.last_build(work, given) if usable else None
-    if last is not None:
-        note.skip(f"the builder: same tree, sources, toolchain and environment as the last "
-                  f"build; its wheel is the build (sha256 confirmed by {last.how})")  # fmt: skip
-        reporter.info(
-            f"engine: nothing changed since the last build (same tree, sources, toolchain and "
-            f"environment): its wheel {last.wheel.name} is the build, nothing compiled"
-        )
-        return dataclasses.replace(
-            _built(plan, origin, last.wheel, time.monotonic() - started, version,
-                   source_date_epoch, {}, None, record),
-            build=BuildRecord.from_json(last.record),
-        )  # fmt: skip
-    workspace.forget(work)
-    extra: dict[str, str] = {}
-    if launcher is not None:
-        nvcc = str(toolkit.nvcc) if toolkit is not None else None
-        extra.update(launcher.launch_env(plan.env.get("PATH", ""), nvcc=nvcc))
-    alias = Path(canonical.to_build(Path(source).resolve())) if canonical is not None else None
-    recorder = reuse.Recorder(Path(source), (Path(source) / "build",), alias=alias)
-    extra.update(recorder.env())
+    note = request.note if request.note is not None else Note()
+    return _Attempt(request, plan, note, started, given)
+
+
+def _last_wheel(attempt: _Attempt) -> Built | None:
+    """The last build's wheel when this build is given exactly what that one was."""
+    request = attempt.request
+    usable = request.kept and request.export_digest is not None and request.reuse_from is None
+    last = workspace.last_build(request.work, attempt.given) if usable else None
+    if last is None:
+        return None
+    attempt.note.skip(
+        f"the builder: same tree, sources, toolchain and environment as the last "
+        f"build; its wheel is the build (sha256 confirmed by {last.how})"
+    )
+    request.reporter.info(
+        f"engine: nothing changed since the last build (same tree, sources, toolchain and "
+        f"environment): its wheel {last.wheel.name} is the build, nothing compiled"
+    )
+    return dataclasses.replace(
+        attempt.built(last.wheel, {}, None), build=BuildRecord.from_json(last.record)
+    )
+
+
+def _known_by(attempt: _Attempt) -> _KnownBy:
+    request, plan = attempt.request, attempt.plan
+    source = Path(request.source)
+    canonical = request.canonical
+    alias = Path(canonical.to_build(source.resolve())) if canonical is not None else None
+    recorder = reuse.Recorder(source, (source / "build",), alias=alias)
     ident = reuse.identity(
-        plan.set_env, toolkit=toolkit, python=plan.python, builder="engine",
-        inputs=_outside_inputs(record or {}),
-        placeholders={**(placeholders or {}), str(plan.work): "$WORK", str(plan.source): "$SRC"},
+        plan.set_env, toolkit=request.toolkit, python=plan.python, builder="engine",
+        inputs=_outside_inputs(request.record or {}),
+        placeholders={**(request.placeholders or {}), str(plan.work): "$WORK",
+                      str(plan.source): "$SRC"},
     )  # fmt: skip
-    reused: dict[str, Any] | None = None
-    rec: dict[str, Any] | None = None
     # Beside the identity: the exported tree (its digest), what reaches the wheel's
     # metadata (version, date) and the caller's compiler settings (objstore.caller_flags).
-    match = {"tree": export_digest, "version": version, "source_date_epoch": source_date_epoch,
-             "flags": objstore.caller_flags(environ)}  # fmt: skip
-    if reuse_from is None and store is not None and export_digest is not None:
-        expect = objstore.Expect(name=objstore.project_name(Path(source)), version=version,
-                                 tree=origin.get("tree"))  # fmt: skip
-        hit = store.lookup(ident, match, expect=expect)
-        got = store.take(hit, work / "dist") if isinstance(hit, objstore.Hit) else hit
-        if isinstance(hit, objstore.Hit) and isinstance(got, Path):
-            wheel = got
-            n = len(hit.record.get("compiled_members") or {})
-            note.skip(f"compiling: the object store holds this build ({n} compiled member(s)): "
-                      "nothing preprocessed, configured, compiled or linked")  # fmt: skip
-            reporter.info(f"engine: object store hit: {n} compiled member(s) reused, 0 compiled")
-            made = _built(plan, origin, wheel, time.monotonic() - started, version,
-                          source_date_epoch, hit.record, hit.reused(), record)  # fmt: skip
-            workspace.remember(work, given, wheel, made.build.to_json())
-            remove_tree(recorder.depfile.parent, ignore_errors=True)  # nothing to record
-            return made
-        assert isinstance(got, objstore.Miss)
-        note.did(f"object store: {got.why}")
-    if reuse_from is not None:
-        ok, why, rec = reuse.unchanged(reuse_from, Path(source), ident)
-        reporter.info(f"reuse from {reuse_from.wheel.name}: {'yes' if ok else 'no'}: {why}")
-        pre = reuse.precompiled_env(Path(source), reuse_from) if ok and rec else None
-        if ok and rec is not None and pre is None:
-            taken = reuse.try_reuse(
-                reuse_from, Path(source), ident, work / "dist", python=plan.python,
-                env={**plan.env, **extra},
-            )  # fmt: skip
-            if taken is not None:
-                return _built(plan, origin, taken.wheel, time.monotonic() - started, version,
-                              source_date_epoch, taken.inputs, taken.members, record)  # fmt: skip
-        if pre is not None and rec is not None:
-            extra.update(pre)
-            reused = reuse.reuse_record(reuse_from, rec, why + "; VLLM_USE_PRECOMPILED")
-    plan = dataclasses.replace(plan, env={**plan.env, **extra})
-    note.did(f"ran the wheel build ({'kept, incremental' if kept else 'fresh'} workspace)")
+    match = {"tree": request.export_digest, "version": request.version,
+             "source_date_epoch": request.source_date_epoch,
+             "flags": objstore.caller_flags(request.environ)}  # fmt: skip
+    return _KnownBy(recorder, ident, match)
+
+
+def _stored_wheel(attempt: _Attempt, known: _KnownBy) -> Built | None:
+    """The object store's wheel of this build (nothing compiles), or None: a miss."""
+    request = attempt.request
+    store = request.store
+    if request.reuse_from is not None or store is None or request.export_digest is None:
+        return None
+    expect = objstore.Expect(name=objstore.project_name(Path(request.source)),
+                             version=request.version, tree=request.origin.get("tree"))  # fmt: skip
+    hit = store.lookup(known.ident, known.match, expect=expect)
+    got = store.take(hit, request.work / "dist") if isinstance(hit, objstore.Hit) else hit
+    if isinstance(hit, objstore.Hit) and isinstance(got, Path):
+        wheel = got
+        n = len(hit.record.get("compiled_members") or {})
+        attempt.note.skip(
+            f"compiling: the object store holds this build ({n} compiled member(s)): "
+            "nothing preprocessed, configured, compiled or linked"
+        )
+        request.reporter.info(
+            f"engine: object store hit: {n} compiled member(s) reused, 0 compiled"
+        )
+        made = attempt.built(wheel, hit.record, hit.reused())
+        workspace.remember(request.work, attempt.given, wheel, made.build.to_json())
+        remove_tree(known.recorder.depfile.parent, ignore_errors=True)  # nothing to record
+        return made
+    assert isinstance(got, objstore.Miss)
+    attempt.note.did(f"object store: {got.why}")
+    return None
+
+
+def _earlier_wheel(
+    attempt: _Attempt, known: _KnownBy, extra: Mapping[str, str]
+) -> Built | _Precompiled | None:
+    """``request.reuse_from``'s compiled members: the wheel itself when they all still hold,
+    or what the project's precompiled path needs to take them; None: compile."""
+    request, plan = attempt.request, attempt.plan
+    reuse_from, source = request.reuse_from, Path(request.source)
+    ok, why, rec = reuse.unchanged(reuse_from, source, known.ident)
+    request.reporter.info(f"reuse from {reuse_from.wheel.name}: {'yes' if ok else 'no'}: {why}")
+    pre = reuse.precompiled_env(source, reuse_from) if ok and rec else None
+    if ok and rec is not None and pre is None:
+        taken = reuse.try_reuse(
+            reuse_from, source, known.ident, request.work / "dist", python=plan.python,
+            env={**plan.env, **extra},
+        )  # fmt: skip
+        if taken is not None:
+            return attempt.built(taken.wheel, taken.inputs, taken.members)
+    if pre is not None and rec is not None:
+        return _Precompiled(
+            pre, reuse.reuse_record(reuse_from, rec, why + "; VLLM_USE_PRECOMPILED"), rec
+        )
+    return None
+
+
+def _compile(
+    attempt: _Attempt, known: _KnownBy, extra: Mapping[str, str], pre: _Precompiled | None
+) -> Built:
+    """Run the builder; record, remember and store the one wheel it writes."""
+    request = attempt.request
+    plan = dataclasses.replace(attempt.plan, env={**attempt.plan.env, **extra})
+    attempt = dataclasses.replace(attempt, plan=plan)
+    attempt.note.did(
+        f"ran the wheel build ({'kept, incremental' if request.kept else 'fresh'} workspace)"
+    )
     try:
-        built = run_build(plan, reporter)
+        built = run_build(plan, request.reporter)
     except BuildError:
-        _raise_if_downloads(plan, supplied)  # the more useful reason, when it is this one
+        _raise_if_downloads(plan, request.supplied)  # the more useful reason, when it is this one
         raise
-    seconds = time.monotonic() - started
-    _raise_if_downloads(plan, supplied)
+    seconds = time.monotonic() - attempt.started
+    _raise_if_downloads(plan, request.supplied)
     if len(built) != 1:
         raise BuildError(
             f"expected one engine wheel, the build wrote {[p.name for p in built]}",
             where=f"{plan.source} (log: {plan.log})",
             next="check the project's build backend: one distribution per build",
         )
-    inputs: Mapping[str, Any] = recorder.collect(built[0], ident, tree=origin.get("tree"))
-    if reused is not None and rec is not None:  # keep only what the precompiled path took
-        new, _ = reuse.members_of(built[0], Path(source))
-        reused["members"] = {m: d for m, d in reused["members"].items() if new.get(m) == d}
-        inputs = rec  # nothing was compiled: the reused members' inputs still hold
-    made = _built(
-        plan, origin, built[0], seconds, version, source_date_epoch, inputs, reused, record
-    )
-    if export_digest is not None:
-        workspace.remember(work, given, built[0], made.build.to_json())
-    if store is not None and reused is None and export_digest is not None:
-        note.did(store.put(built[0], inputs, match)[1])
+    inputs: Mapping[str, Any] = known.recorder.collect(built[0], known.ident,
+                                                       tree=request.origin.get("tree"))  # fmt: skip
+    reused: dict[str, Any] | None = None
+    if pre is not None:  # keep only what the precompiled path took
+        new, _ = reuse.members_of(built[0], Path(request.source))
+        kept = {m: d for m, d in pre.reused["members"].items() if new.get(m) == d}
+        reused = {**pre.reused, "members": kept}
+        inputs = pre.inputs  # nothing was compiled: the reused members' inputs still hold
+    made = attempt.built(built[0], inputs, reused, seconds)
+    if request.export_digest is not None:
+        workspace.remember(request.work, attempt.given, built[0], made.build.to_json())
+    if request.store is not None and reused is None and request.export_digest is not None:
+        attempt.note.did(request.store.put(built[0], inputs, known.match)[1])
     return made
 
 

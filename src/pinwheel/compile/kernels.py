@@ -450,8 +450,103 @@ def _build_kernel(
     The workspace is kept while the identity (toolchain, flags, builder, Python, torch,
     canonical-path method) holds and ``opts.cold`` is off: the export is updated in
     place and the builder's own build tree is reused, so only changed sources compile.
+    In order, the first that gives a wheel is the build: the last build when it was given
+    exactly this (:func:`_last_wheel`), the object store (:func:`_stored_wheel`), an
+    earlier wheel (``opts.reuse``, :func:`_earlier_wheel`), else the backend runs
+    (:func:`_compile`).
     """
-    started = time.monotonic()
+    kernel = _resolve(spec, config, toolkit, opts, time.monotonic())
+    st = _stage(kernel)
+    made = _last_wheel(kernel, st)
+    if made is not None:
+        return made
+    _refresh(kernel, st)
+    env, extra = _with_launcher(kernel, st)
+    made = _stored_wheel(kernel, st)
+    if made is not None:
+        return made
+    inputs = reuse.Recorder(
+        st.tree.directory, (kernel.work / "build", st.tree.directory / "build"),
+        alias=Path(kernel.canon.to_build(st.tree.directory)),
+    )  # fmt: skip
+    env.update(inputs.env())
+    if opts.reuse is not None:
+        made = _earlier_wheel(kernel, st, env)
+        if made is not None:
+            return made
+    return _compile(kernel, st, env, extra, inputs)
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    """One kernel build, resolved before its workspace is touched: the four parts it was
+    asked with and what each later step of :func:`_build_kernel` reads."""
+
+    spec: KernelSpec
+    config: BuildConfig
+    toolkit: Toolkit
+    opts: BuildOptions
+    started: float  # time.monotonic() when the build began
+    work: Path  # the kept workspace (workdir)
+    venv: lockedvenv.LockedVenv  # the locked build backend (over torch's Python for torch)
+    torch_python: Path | None  # the Python torch extensions compile against; None: cmake
+    torch_version: str | None
+    canon: Canonical  # with the interpreters' prefix maps (headerview.prefix_maps)
+    environment: dict[str, Any]  # lockedvenv.checked: what the build's Python imports
+    hook: str  # listing.install: sorted directory listings
+    base: dict[str, str]  # buildenv.declared_base (+ the interpreter's link flags)
+    identity: dict[str, Any]  # reuse.identity
+    derivation: Derivation
+
+    @property
+    def python(self) -> Path:
+        return self.venv.python
+
+    @property
+    def dist(self) -> Path:
+        return self.work / "dist"
+
+    def torch_facts(self) -> dict[str, Any]:
+        """The torch version and index a torch extension's record carries."""
+        return {"torch": self.torch_version,
+                "torch_index": self.config.torch_index if self.torch_version else None}  # fmt: skip
+
+    def record(self, st: _Staged, compiled_inputs: Mapping[str, Any], **more: Any) -> BuildRecord:
+        canon = self.canon
+        return BuildRecord(
+            builder=self.spec.builder, source_date_epoch=st.tree.source_date_epoch,
+            env={k: canon.recorded(v) for k, v in sorted(st.set_env.items())},
+            arches=tuple(str(a) for a in self.config.targets), canonical=canon.record(),
+            compiled_inputs=compiled_inputs, environment=self.environment, **more,
+        )  # fmt: skip
+
+    def built(self, wheel: Path, st: _Staged, build: BuildRecord) -> Built:
+        return Built(
+            component=self.spec.name, kind="kernel", wheel=wheel,
+            seconds=time.monotonic() - self.started, source=st.source, build=build,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """The kernel's source staged in its workspace, and the builder's environment for it."""
+
+    tree: SourceTree
+    kept: bool  # the workspace was kept: an incremental build
+    interrupted: bool  # an earlier update of the export never finished
+    env: Mapping[str, str]  # the builder's whole environment (before the launcher's)
+    set_env: Mapping[str, str]  # what pinwheel set (recorded)
+    extra: tuple[str, ...]  # the backend's config settings (cmake)
+    source: dict[str, Any]  # the Built's record of what it was built from
+    given: str  # workspace.inputs_digest: everything this build is given
+    match: dict[str, Any]  # the object store's facts beside the identity
+
+
+def _resolve(
+    spec: KernelSpec, config: BuildConfig, toolkit: Toolkit, opts: BuildOptions, started: float
+) -> _Kernel:
+    """The build's Python, canonical paths, environment and identity; its derivation says
+    whether the kept workspace still holds."""
     work = workdir(spec, opts)
     torch_version: str | None = None
     if spec.builder == "cmake":
@@ -498,117 +593,147 @@ def _build_kernel(
                     "torch_env": lockedvenv.outside_lock(environment)} if torch_version else {})},
     )  # fmt: skip
     derivation = Derivation.of(spec.name, identity=identity, canonical=canon.record())
-    key = derivation.key
-    why = workspace.rebuild_reason(work, derivation, cold=opts.cold)
-    kept = workspace.prepare(work, derivation, cold=opts.cold)
+    return _Kernel(
+        spec, config, toolkit, opts, started, work, venv, torch_python, torch_version, canon,
+        environment, hook, base, identity, derivation,
+    )  # fmt: skip
+
+
+def _stage(kernel: _Kernel) -> _Staged:
+    """Keep the workspace (or start it fresh, saying why), stage the source into it and
+    make the builder's environment and settings for it."""
+    spec, opts, work, config = kernel.spec, kernel.opts, kernel.work, kernel.config
+    why = workspace.rebuild_reason(work, kernel.derivation, cold=opts.cold)
+    kept = workspace.prepare(work, kernel.derivation, cold=opts.cold)
     state = "kept workspace (incremental)" if kept else f"fresh workspace (cold; {why})"
-    opts.reporter.info(f"{spec.name}: {state}, canonical path by {canon.method}")
+    opts.reporter.info(f"{spec.name}: {state}, canonical path by {kernel.canon.method}")
     interrupted = workspace.begin_update(work)
     staged = stage_in_tree(spec, opts) if spec.in_tree else stage_out_of_tree(spec, opts)
     env, set_env = build_env(
-        config, toolkit=toolkit, source_date_epoch=staged.source_date_epoch, base=base,
-        listing_hook=hook,
+        config, toolkit=kernel.toolkit, source_date_epoch=staged.source_date_epoch,
+        base=kernel.base, listing_hook=kernel.hook,
     )  # fmt: skip
-    set_env = _with_declared(set_env, base, toolkit)
-    dist = work / "dist"
+    set_env = _with_declared(set_env, kernel.base, kernel.toolkit)
     if spec.builder == "cmake":
         extra = [
             f"--config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES={config.cmake_architectures}",
-            f"--config-settings=cmake.define.CMAKE_CUDA_COMPILER={toolkit.nvcc}",
+            f"--config-settings=cmake.define.CMAKE_CUDA_COMPILER={kernel.toolkit.nvcc}",
             f"--config-settings=build-dir={work / 'build'}",
         ]
     else:
         extra = []
-        assert torch_python is not None
-        env["CPATH"] = torch_library_headers(torch_python, env.get("CPATH"))
-
-    def record(compiled_inputs: Mapping[str, Any], **more: Any) -> BuildRecord:
-        return BuildRecord(
-            builder=spec.builder, source_date_epoch=staged.source_date_epoch,
-            env={k: canon.recorded(v) for k, v in sorted(set_env.items())},
-            arches=tuple(str(a) for a in config.targets), canonical=canon.record(),
-            compiled_inputs=compiled_inputs, environment=environment, **more,
-        )  # fmt: skip
-
+        assert kernel.torch_python is not None
+        env["CPATH"] = torch_library_headers(kernel.torch_python, env.get("CPATH"))
     source = {"origin": staged.origin, "url": spec.url, "commit": spec.commit,
               "tree": staged.tree, "path": str(spec.path.relative_to(spec.source.parent))
               if spec.path else None}  # fmt: skip
     given = workspace.inputs_digest(
-        key=key, sources=[staged.digest], env=workspace.builder_env(env, set_env),
-        command=extra, torch=torch_version, torch_index=config.torch_index,
+        key=kernel.derivation.key, sources=[staged.digest],
+        env=workspace.builder_env(env, set_env), command=extra, torch=kernel.torch_version,
+        torch_index=config.torch_index,
     )  # fmt: skip
-    last = workspace.last_build(work, given) if kept and opts.reuse is None else None
-    if last is not None:
-        workspace.end_update(work)  # the stamp's build tree matches this export
-        opts.reporter.info(
-            f"{spec.name}: nothing changed since the last build (same sources, toolchain and "
-            f"environment): its wheel {last.wheel.name} is the build, nothing compiled"
-        )
-        return Built(
-            component=spec.name, kind="kernel", wheel=last.wheel,
-            seconds=time.monotonic() - started, source=source,
-            build=BuildRecord.from_json(last.record),
-        )  # fmt: skip
+    match = {"tree": staged.digest, "source_date_epoch": staged.source_date_epoch,
+             "flags": objstore.caller_flags(opts.host.child)}  # fmt: skip
+    return _Staged(staged, kept, interrupted, env, set_env, tuple(extra), source, given, match)
+
+
+def _last_wheel(kernel: _Kernel, st: _Staged) -> Built | None:
+    """The last build's wheel when it was given exactly this: nothing compiles."""
+    opts = kernel.opts
+    last = workspace.last_build(kernel.work, st.given) if st.kept and opts.reuse is None else None
+    if last is None:
+        return None
+    workspace.end_update(kernel.work)  # the stamp's build tree matches this export
+    opts.reporter.info(
+        f"{kernel.spec.name}: nothing changed since the last build (same sources, toolchain "
+        f"and environment): its wheel {last.wheel.name} is the build, nothing compiled"
+    )
+    return kernel.built(last.wheel, st, BuildRecord.from_json(last.record))
+
+
+def _refresh(kernel: _Kernel, st: _Staged) -> None:
+    """Tell a kept build tree what changed in the export; start ``dist`` empty."""
+    work, staged, canon = kernel.work, st.tree, kernel.canon
     workspace.forget(work)
-    if kept and (staged.changed or interrupted):
+    if st.kept and (staged.changed or st.interrupted):
         # File times are fixed (workspace.SOURCE_MTIME): pinwheel tells the tree what changed.
         gone = after_update(
             (work / "build", staged.directory / "build"), staged.changed,
-            roots=(staged.directory, canon.to_build(staged.directory)), path=env["PATH"],
-            build_dir_spellings=((work, canon.to_build(work)),), interrupted=interrupted,
+            roots=(staged.directory, canon.to_build(staged.directory)), path=st.env["PATH"],
+            build_dir_spellings=((work, canon.to_build(work)),), interrupted=st.interrupted,
         )  # fmt: skip
-        opts.reporter.info(f"{spec.name}: {len(staged.changed)} file(s) changed: {gone.summary()}")
+        kernel.opts.reporter.info(
+            f"{kernel.spec.name}: {len(staged.changed)} file(s) changed: {gone.summary()}"
+        )
     workspace.end_update(work)
-    remove_tree(dist, ignore_errors=True)
-    dist.mkdir(parents=True)
-    if opts.launcher is not None and spec.builder == "cmake":
-        extra += [f"--config-settings=cmake.define.{d}" for d in opts.launcher.cmake_defines()]
-        env.update(opts.launcher.launch_env(env.get("PATH", "")))
-    elif opts.launcher is not None:
-        env.update(opts.launcher.launch_env(env["PATH"], nvcc=str(toolkit.nvcc), cxx=True))
-    match = {"tree": staged.digest, "source_date_epoch": staged.source_date_epoch,
-             "flags": objstore.caller_flags(opts.host.child)}  # fmt: skip
+    remove_tree(kernel.dist, ignore_errors=True)
+    kernel.dist.mkdir(parents=True)
+
+
+def _with_launcher(kernel: _Kernel, st: _Staged) -> tuple[dict[str, str], list[str]]:
+    """The builder's environment and config settings, with the compiler launcher's
+    (``opts.launcher``: sccache) when there is one."""
+    env, extra, launcher = dict(st.env), list(st.extra), kernel.opts.launcher
+    if launcher is not None and kernel.spec.builder == "cmake":
+        extra += [f"--config-settings=cmake.define.{d}" for d in launcher.cmake_defines()]
+        env.update(launcher.launch_env(env.get("PATH", "")))
+    elif launcher is not None:
+        env.update(launcher.launch_env(env["PATH"], nvcc=str(kernel.toolkit.nvcc), cxx=True))
+    return env, extra
+
+
+def _stored_wheel(kernel: _Kernel, st: _Staged) -> Built | None:
+    """The object store's wheel of this build (nothing compiles), or None."""
+    opts, staged, name = kernel.opts, st.tree, kernel.spec.name
     expect = objstore.Expect(name=objstore.project_name(staged.directory), tree=staged.tree)
     hit = (
-        opts.store.lookup(identity, match, expect=expect) if opts.store and not opts.cold else None
+        opts.store.lookup(kernel.identity, st.match, expect=expect)
+        if opts.store and not opts.cold
+        else None
     )
-    got = opts.store.take(hit, dist) if isinstance(hit, objstore.Hit) else hit
+    got = opts.store.take(hit, kernel.dist) if isinstance(hit, objstore.Hit) else hit
     if isinstance(got, objstore.Miss) and got.why != "miss":  # a reason worth a line
-        opts.reporter.info(f"{spec.name}: object store: {got.why}")
-    if isinstance(hit, objstore.Hit) and isinstance(got, Path):  # objstore: nothing compiles
-        wheel = got
-        opts.reporter.info(f"{spec.name}: object store hit: the same build, nothing compiled")
-        made = record(hit.record, reused=hit.reused(), torch=torch_version,
-                      torch_index=config.torch_index if torch_version else None)  # fmt: skip
-        workspace.remember(work, given, wheel, made.to_json())
-        return Built(component=spec.name, kind="kernel", wheel=wheel,
-                     seconds=time.monotonic() - started, source=source, build=made)  # fmt: skip
-    inputs = reuse.Recorder(
-        staged.directory, (work / "build", staged.directory / "build"),
-        alias=Path(canon.to_build(staged.directory)),
+        opts.reporter.info(f"{name}: object store: {got.why}")
+    if not (isinstance(hit, objstore.Hit) and isinstance(got, Path)):
+        return None
+    wheel = got
+    opts.reporter.info(f"{name}: object store hit: the same build, nothing compiled")
+    made = kernel.record(st, hit.record, reused=hit.reused(), **kernel.torch_facts())
+    workspace.remember(kernel.work, st.given, wheel, made.to_json())
+    return kernel.built(wheel, st, made)
+
+
+def _earlier_wheel(kernel: _Kernel, st: _Staged, env: Mapping[str, str]) -> Built | None:
+    """``opts.reuse``'s wheel when its compiled members still hold, or None."""
+    opts = kernel.opts
+    taken = reuse.try_reuse(
+        opts.reuse, st.tree.directory, kernel.identity, kernel.dist,
+        python=str(kernel.python), env=env, reporter=opts.reporter,
     )  # fmt: skip
-    env.update(inputs.env())
-    if opts.reuse is not None:
-        taken = reuse.try_reuse(
-            opts.reuse, staged.directory, identity, dist,
-            python=str(python), env=env, reporter=opts.reporter,
-        )  # fmt: skip
-        if taken is not None:
-            return Built(
-                component=spec.name, kind="kernel", wheel=taken.wheel,
-                seconds=time.monotonic() - started, source=source,
-                build=record(taken.inputs, reused=taken.members),
-            )  # fmt: skip
-    # The backend's build_wheel alone, in the tree (what `pip wheel --no-build-isolation`
-    # ends in, without pip and its second setup.py run for metadata).
-    opts.reporter.info(f"building {spec.name} ({spec.builder}) from {staged.origin}")
+    if taken is None:
+        return None
+    return kernel.built(taken.wheel, st, kernel.record(st, taken.inputs, reused=taken.members))
+
+
+def _compile(
+    kernel: _Kernel,
+    st: _Staged,
+    env: Mapping[str, str],
+    extra: Sequence[str],
+    inputs: reuse.Recorder,
+) -> Built:
+    """The backend's build_wheel alone, in the tree (what `pip wheel --no-build-isolation`
+    ends in, without pip and its second setup.py run for metadata); the one wheel it
+    writes recorded, remembered and stored."""
+    spec, opts, canon, dist = kernel.spec, kernel.opts, kernel.canon, kernel.dist
+    opts.reporter.info(f"building {spec.name} ({spec.builder}) from {st.tree.origin}")
 
     def run_hook(cmd: Sequence[str], cwd: str, added: Mapping[str, str]) -> None:
         _run(list(cmd), cwd=Path(cwd), env={**env, **added}, what=f"building kernel {spec.name}",
-             log_file=work / "build.log", canonical=canon)  # fmt: skip
+             log_file=kernel.work / "build.log", canonical=canon)  # fmt: skip
 
     name = frontend.build_wheel(
-        str(python), staged.directory, canon.to_build(dist),
+        str(kernel.python), st.tree.directory, canon.to_build(dist),
         # the hook reads its settings from a file, not argv: spelled as the build sees them
         frontend.config_settings([canon.to_build(x) for x in extra]), run_hook, opts.reporter.info,
     )  # fmt: skip
@@ -618,18 +743,14 @@ def _build_kernel(
             f"expected the one wheel the backend named ({name}), found {[p.name for p in built]}",
             where=f"{spec.where} ({dist})",
         )
-    recorded = inputs.collect(built[0], identity, tree=staged.tree)
-    made = record(recorded, torch=torch_version,
-                  torch_index=config.torch_index if torch_version else None)  # fmt: skip
-    workspace.remember(work, given, built[0], made.to_json())
+    recorded = inputs.collect(built[0], kernel.identity, tree=st.tree.tree)
+    made = kernel.record(st, recorded, **kernel.torch_facts())
+    workspace.remember(kernel.work, st.given, built[0], made.to_json())
     if opts.store is not None:
-        stored, line = opts.store.put(built[0], recorded, match)
+        stored, line = opts.store.put(built[0], recorded, st.match)
         if not stored:
             opts.reporter.info(f"{spec.name}: {line}")
-    return Built(
-        component=spec.name, kind="kernel", wheel=built[0],
-        seconds=time.monotonic() - started, source=source, build=made,
-    )  # fmt: skip
+    return kernel.built(built[0], st, made)
 
 
 def build_twice(

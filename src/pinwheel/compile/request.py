@@ -15,7 +15,7 @@ from pinwheel.compile.toolchain import (
 )
 from pinwheel.manifest import Manifest
 from pinwheel.options import HostEnvironment
-from pinwheel.source.replay import ReplayRequest
+from pinwheel.source.result import ReplayRequest
 from pinwheel.wheels.substitute import Substitution, headline
 from pinwheel.wheels.substitute import to_json as substitutions_json
 from pinwheel.wheels.wheelset import Built, WheelSet

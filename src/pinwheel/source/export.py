@@ -14,7 +14,8 @@ from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_dir, atomic_write_bytes, atomic_write_text
 from pinwheel.source import gitcli, stamp
 from pinwheel.source.libgit2 import pygit2
-from pinwheel.source.replay import ReplayResult, lock_payload
+from pinwheel.source.replay import lock_payload
+from pinwheel.source.result import ReplayResult
 
 
 def missing_paths(repo_path: Path, commit: str) -> list[str]:

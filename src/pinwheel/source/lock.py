@@ -28,13 +28,8 @@ from pinwheel.source.buildpins import pin
 from pinwheel.source.buildsources import NO, Declared, discover
 from pinwheel.source.cache import Cache
 from pinwheel.source.libgit2 import pygit2
-from pinwheel.source.replay import (
-    Replayer,
-    check_result_tree,
-    fetch_for,
-    pick_commits,
-    write_result_refs,
-)
+from pinwheel.source.picks import pick_commits
+from pinwheel.source.replay import Replayer, check_result_tree, fetch_for, write_result_refs
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,8 @@ from typing import Any
 from pinwheel.manifest import Manifest, Step
 from pinwheel.source.cache import Cache, Fetched
 from pinwheel.source.libgit2 import pygit2
-from pinwheel.source.replay import (
-    commits_between,
-    fetch_for,
-    pick_commits,
-    pr_bases,
-    subject_line,
-)
+from pinwheel.source.picks import commits_between, pick_commits, pr_bases, subject_line
+from pinwheel.source.replay import fetch_for
 
 
 @dataclass(frozen=True)

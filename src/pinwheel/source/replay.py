@@ -5,88 +5,43 @@ and commits created with fixed bytes. Authors are the original ones (name,
 email, date, timezone); the committer is the manifest's ``[identity]``; messages
 are copied byte for byte. So the same manifest gives the same SHAs anywhere.
 
-Plan first (``plan_step_commits``), then execute (``replay_manifest``); refs
-are written only after every step succeeded, so a failed run leaves the cache
-as it found it (unreferenced objects aside, which git gc removes).
+Plan first (:func:`pinwheel.source.plan.make_plan`), then execute (``replay_manifest``);
+refs are written only after every step succeeded, so a failed run leaves the cache
+as it found it (unreferenced objects aside, which git gc removes). Beside it:
+:mod:`~pinwheel.source.result` (the request and result types),
+:mod:`~pinwheel.source.picks` (which commits a step replays),
+:mod:`~pinwheel.source.patches` (patch steps, recorded resolutions) and
+:mod:`~pinwheel.source.recall` (a warm replay given back from its stamp).
 """
 
 from __future__ import annotations
 
-import re
-import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel import checksums
-from pinwheel.errors import ConflictError, DriftError, ManifestError, MismatchError, PinwheelError
+from pinwheel.errors import DriftError, ManifestError, MismatchError, PinwheelError
 from pinwheel.manifest import Identity, Manifest, Step
 from pinwheel.manifest.component import Stack
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import faults, gitcli, stamp
-from pinwheel.source.cache import PULL_PREFIX, UPSTREAM_PREFIX, Cache, Fetched, Refs
+from pinwheel.source.cache import Cache, Fetched, Refs
+from pinwheel.source.patches import apply_patch, read_patch_meta
+from pinwheel.source.picks import pick_commits, subject_line
+from pinwheel.source.recall import recall, record
+from pinwheel.source.result import (
+    ConflictContext,
+    ReplayConflict,
+    ReplayedCommit,
+    ReplayRequest,
+    ReplayResult,
+    StepResult,
+)
 from pinwheel.urls import redact
 
 if TYPE_CHECKING:  # libgit2 is loaded where it is called: a recalled replay never loads it
     from pinwheel.source.libgit2 import pygit2
-
-
-@dataclass(frozen=True)
-class ReplayedCommit:
-    original: str | None  # None for merge commits and plain-diff patches
-    replayed: str
-    subject: str
-    author: str
-    author_email: str
-
-
-@dataclass(frozen=True)
-class StepResult:
-    step: Step
-    pr_head: str | None  # the PR head actually used
-    drifted: bool  # the PR ref no longer points at the pinned head
-    commits: tuple[ReplayedCommit, ...]
-    head: str
-    tree: str
-
-
-@dataclass(frozen=True)
-class ReplayResult:
-    manifest: Manifest = field(repr=False)
-    repo_path: Path
-    base: str
-    head: str
-    tree: str
-    steps: tuple[StepResult, ...]
-    tag: str | None
-
-
-@dataclass(frozen=True)
-class ConflictContext:
-    """Where a replay stopped, so ``pinwheel resolve`` can recreate the conflict."""
-
-    step_number: int
-    commit: str  # original commit, or "merge"
-    parent_state: str  # stack head before the conflicting commit
-    theirs: str  # the original commit (pick) or PR head (merge)
-
-
-class ReplayConflict(ConflictError):
-    def __init__(self, what: str, *, context: ConflictContext, **kw: Any):
-        super().__init__(what, **kw)
-        self.context = context
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def merge_bases(repo_path: Path, a: str, b: str) -> list[str]:
-    """``git merge-base --all a b`` (pygit2 exposes only a single base)."""
-    proc = gitcli.git(
-        ["merge-base", "--all", "--end-of-options", a, b], git_dir=repo_path, check=False
-    )
-    return proc.stdout.decode().split()
 
 
 def committer_for(identity: Identity, base: pygit2.Commit) -> pygit2.Signature:
@@ -99,87 +54,6 @@ def committer_for(identity: Identity, base: pygit2.Commit) -> pygit2.Signature:
     return pygit2.Signature(identity.name, identity.email, identity.time, identity.offset or 0)
 
 
-def pr_bases(repo_path: Path, branch_tip: str, head: str) -> list[str]:
-    """The branch's merge-bases with a PR head, less the head itself.
-
-    A PR merged upstream with its own SHAs (fast-forward or rebase-free merge)
-    has its head on the branch: then the merge-base is the head, and hiding it
-    would drop every commit of the PR. Its own commits are base..head then.
-    """
-    return [b for b in merge_bases(repo_path, branch_tip, head) if b != head]
-
-
-def subject_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else ""
-
-
-def commits_between(repo: pygit2.Repository, head: str, hide: Sequence[str]) -> list[pygit2.Commit]:
-    """Commits reachable from ``head`` and from none of ``hide``, oldest first."""
-    from pinwheel.source.libgit2 import pygit2
-
-    walker = repo.walk(head, pygit2.enums.SortMode.TOPOLOGICAL | pygit2.enums.SortMode.REVERSE)
-    for sha in hide:
-        walker.hide(sha)
-    return list(walker)
-
-
-def pick_commits(
-    repo: pygit2.Repository,
-    step: Step,
-    base: str,
-    branch_tip: str,
-    bases: Sequence[str] | None = None,
-) -> list[pygit2.Commit]:
-    """The PR's own commits, oldest first.
-
-    Pinned ``commits`` win (the branch tip moves; a pinned list does not).
-    Otherwise: reachable from the head, not from the base, and not from the
-    upstream branch's merge-bases with the head (main merged into the PR);
-    pass ``bases`` when the caller has computed those already.
-    """
-    from pinwheel.source.libgit2 import pygit2
-
-    assert step.head is not None
-    if step.commits:
-        picked = []
-        for sha in step.commits:
-            if sha not in repo or not (sha == step.head or repo.descendant_of(step.head, sha)):
-                raise PinwheelError(
-                    f"pinned commit {sha[:12]} is not part of PR #{step.pr}'s head "
-                    f"{step.head[:12]}",
-                    where=f"{step.where} commits",
-                    next="run `pinwheel lock` to re-pin the PR's commits",
-                )
-            picked.append(repo[sha].peel(pygit2.Commit))
-    else:
-        if bases is None:
-            bases = pr_bases(Path(repo.path), branch_tip, step.head)
-        picked = commits_between(repo, step.head, [base, *bases])
-        if not picked:
-            # The head is an ancestor of the base (or of main): nothing to replay.
-            # Exit 2: replaying "nothing" silently would hide a stale step.
-            raise ManifestError(
-                f"PR #{step.pr} selects 0 commits: its head {step.head[:12]} is already "
-                f"contained in the base {base[:12]}",
-                where=step.where,
-                next=f"remove step {step.number} from the manifest (the PR is already in the "
-                "base), or run `pinwheel drift` to see which PRs are upstream",
-            )
-    merges = [c for c in picked if len(c.parents) > 1]
-    if merges:
-        first = merges[0]
-        # Exit 2: the manifest asks for something impossible; the fix is an edit.
-        raise ManifestError(
-            f"PR #{step.pr} contains merge commit {str(first.id)[:12]} "
-            f"'{subject_line(first.message)}' ({len(merges)} merge(s) in its range): "
-            "its own commits cannot be cherry-picked in order",
-            where=step.where,
-            next=f'change step {step.number} to action = "merge" (and check `pinwheel plan` '
-            "for the mainline commits a merge would import)",
-        )
-    return picked
-
-
 def _conflict_files(index: pygit2.Index) -> tuple[str, ...]:
     files = set()
     for ancestor, ours, theirs in index.conflicts or ():
@@ -187,79 +61,6 @@ def _conflict_files(index: pygit2.Index) -> tuple[str, ...]:
             if entry is not None:
                 files.add(entry.path)
     return tuple(sorted(files))
-
-
-def apply_patch(repo_path: Path, tree: str, patch: Path, *, where: str) -> str:
-    """Apply a diff or mbox to ``tree`` in a throwaway index; return the new tree id."""
-    with tempfile.TemporaryDirectory(prefix="pinwheel-apply-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        gitcli.git(
-            ["read-tree", "--end-of-options", tree],
-            git_dir=repo_path,
-            env=env,
-            what="git read-tree",
-        )
-        proc = gitcli.git(
-            ["apply", "--cached", "--whitespace=nowarn", "--binary", "--", str(patch.absolute())],
-            git_dir=repo_path,
-            env=env,
-            check=False,
-        )
-        if proc.returncode != 0:
-            lines = gitcli.stderr_lines(proc)
-            files = tuple(
-                sorted(
-                    {m.group(1) for ln in lines if (m := re.search(r"patch failed: ([^:]+):", ln))}
-                )
-            )
-            raise ConflictError(
-                f"patch {patch.name} does not apply: {lines[-1] if lines else '?'}",
-                files=files,
-                where=where,
-                next=f"refresh {patch.name} against the stack (`pinwheel resolve start`), "
-                "then `pinwheel lock`",
-            )
-        return gitcli.out(["write-tree"], git_dir=repo_path, env=env)
-
-
-@dataclass(frozen=True)
-class PatchMeta:
-    author: pygit2.Signature | None
-    message: str
-
-
-def read_patch_meta(patch: Path) -> PatchMeta:
-    """Author and message from a ``git format-patch`` mbox; none for a plain diff."""
-    import email.utils
-    from email.header import decode_header, make_header
-
-    from pinwheel.source.libgit2 import pygit2
-
-    head = patch.read_bytes().split(b"\ndiff --git ", 1)[0].decode("utf-8", "replace")
-    if not head.startswith("From "):
-        return PatchMeta(author=None, message=f"Apply {patch.name}\n")
-    headers, _, body = head.partition("\n\n")
-    fields: dict[str, str] = {}
-    last = None
-    for line in headers.splitlines()[1:]:
-        if line[:1] in (" ", "\t") and last:
-            fields[last] += " " + line.strip()
-        elif ":" in line:
-            last, _, value = line.partition(":")
-            last = last.lower()
-            fields[last] = value.strip()
-    name, addr = email.utils.parseaddr(str(make_header(decode_header(fields.get("from", "")))))
-    subject = str(make_header(decode_header(fields.get("subject", patch.name))))
-    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
-    body = body.split("\n---\n", 1)[0].strip()
-    message = subject + ("\n\n" + body if body else "") + "\n"
-    author = None
-    if name and addr and "date" in fields:
-        stamp = email.utils.parsedate_to_datetime(fields["date"])
-        delta = stamp.utcoffset()
-        offset = int(delta.total_seconds() // 60) if delta else 0
-        author = pygit2.Signature(name, addr, int(stamp.timestamp()), offset)
-    return PatchMeta(author=author, message=message)
 
 
 def merge_message(step: Step, branch: str) -> str:
@@ -622,19 +423,6 @@ def replaying(manifest: Manifest) -> str:
     )
 
 
-@dataclass(frozen=True)
-class ReplayRequest:
-    """Everything one replay needs, resolved once by the caller (the CLI: flags, environment)."""
-
-    manifest: Manifest
-    cache: Path
-    mirrors: Mapping[str, str] = field(default_factory=dict)
-    offline: bool = False
-    allow_drift: bool = False
-    check_tree: bool = True  # raise MismatchError when [result].tree differs
-    write_refs: bool = True  # refs/pinwheel/stack/NAME and the [result] tag in the cache
-
-
 def replay(request: ReplayRequest, reporter: Reporter = SILENT) -> ReplayResult:
     """Fetch, replay, check the tree, and tag: the whole of ``pinwheel run``.
 
@@ -668,255 +456,6 @@ def replay(request: ReplayRequest, reporter: Reporter = SILENT) -> ReplayResult:
     return result
 
 
-# --------------------------------------------------------------------------- stamps
-
-# The engine's version: raise it with any change that makes other commits or trees from
-# the same inputs (it is part of every stamp's key, so older stamps stop matching).
-REPLAY_VERSION = 1
-
-
-def _libgit2_identity() -> str | None:
-    """The installed pygit2, and the libgit2 its wheel carries, without loading it: where
-    it is, its dist-info (name and version) and its RECORD's inode, size and mtime, which
-    every install rewrites. None: not found (then nothing is stamped or recalled)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("pygit2")
-    if spec is None or spec.origin is None:
-        return None
-    site = Path(spec.origin).parent.parent
-    records = sorted(site.glob("pygit2-*.dist-info/RECORD"))
-    if len(records) != 1:
-        return None
-    st = records[0].stat()
-    return f"{records[0].parent} {st.st_ino} {st.st_size} {st.st_mtime_ns}"
-
-
-def _file_digest(path: Path) -> str | None:
-    try:
-        return checksums.sha256_file(path, chunk=1 << 16)
-    except FileNotFoundError:
-        return None
-
-
-def stamp_key(
-    request: ReplayRequest, repo_path: Path, refs: Mapping[str, str]
-) -> dict[str, Any] | None:
-    """Every input a replay reads, as data; None when one cannot be named (no stamp).
-
-    A replay is a function of: the manifest's stack (upstream, base, identity, each
-    step's action, PR, pinned head and commits, title, and the bytes of every patch and
-    resolution it applies; the whole manifest's sha256 on top), the refs just fetched
-    (the branch tip, whose merge-bases with each PR head pick a PR's commits, and each
-    PR's head), the objects those ids name (immutable: an id is its content), the
-    options, this engine (:data:`REPLAY_VERSION`, pinwheel's version, the installed
-    libgit2), the cache repository's own ``config`` and ``info/attributes`` (which libgit2
-    reads while merging) and, for patch steps, git (``git apply``).
-    """
-    from pinwheel import __version__
-
-    m = request.manifest
-    libgit2 = _libgit2_identity()
-    if libgit2 is None:
-        return None
-    steps = []
-    patched = False
-    for step in m.steps:
-        fixes = [[r.commit, checksums.sha256_file(r.patch)] for r in step.resolutions]
-        patch = checksums.sha256_file(step.patch) if step.patch else None
-        patched = patched or bool(fixes) or patch is not None
-        steps.append(
-            [step.number, step.action, step.pr, step.head, step.title,
-             list(step.commits) if step.commits is not None else None, patch, fixes]
-        )  # fmt: skip
-    ident = m.identity
-    return {
-        "engine": REPLAY_VERSION,
-        "pinwheel": __version__,
-        "libgit2": libgit2,
-        "git": gitcli.out(["version"]) if patched else None,
-        "repo": [_file_digest(repo_path / "config"), _file_digest(repo_path / "info/attributes")],
-        "options": {"allow_drift": request.allow_drift},
-        "manifest": {
-            "name": m.name,
-            "sha256": m.sha256,
-            "upstream": [m.upstream.url, m.upstream.branch, m.upstream.commit],
-            "identity": [ident.name, ident.email, ident.time, ident.offset],
-            "result": [m.result.tree, m.result.tag],
-            "steps": steps,
-        },
-        "refs": dict(sorted(refs.items())),
-    }
-
-
-def _ref_names(manifest: Manifest) -> list[str]:
-    """The refs a fetch of ``manifest`` writes: the branch, then each PR's head."""
-    return [f"{UPSTREAM_PREFIX}{manifest.upstream.branch}"] + [
-        f"{PULL_PREFIX}{n}/head" for n in manifest.prs
-    ]
-
-
-def record(request: ReplayRequest, fetched: Fetched, result: ReplayResult) -> None:
-    """Stamp ``result`` (its refs written, no head drifted) under the key of its inputs."""
-    if any(s.drifted for s in result.steps) or fetched.missing_prs:
-        return
-    refs = {f"{UPSTREAM_PREFIX}{fetched.branch}": fetched.branch_tip}
-    refs.update({f"{PULL_PREFIX}{n}/head": h for n, h in fetched.pr_heads.items()})
-    key = stamp_key(request, fetched.repo_path, refs)
-    secret = stamp.secret(request.cache)
-    if key is None or secret is None:
-        return
-    doc = {
-        "base": result.base,
-        "head": result.head,
-        "tree": result.tree,
-        "tag": result.tag,
-        "steps": [
-            {
-                "pr_head": s.pr_head,
-                "head": s.head,
-                "tree": s.tree,
-                "commits": [[c.original, c.replayed] for c in s.commits],
-            }
-            for s in result.steps
-        ],
-    }
-    try:
-        stamp.save(fetched.repo_path, request.manifest.name, key, doc, secret)
-    except (OSError, PinwheelError):  # a stamp only saves time: the next run replays in full
-        return
-
-
-def _sha(value: Any) -> str:
-    if isinstance(value, str) and stamp.SHA.fullmatch(value):
-        return value
-    raise ValueError("not a commit id")
-
-
-def _decode(manifest: Manifest, repo_path: Path, doc: Any) -> ReplayResult:
-    """The result a stamp records, every value typed and every id fullmatched."""
-    steps = doc["steps"]
-    if not isinstance(steps, list) or len(steps) != len(manifest.steps):
-        raise ValueError("not one entry per step")
-    decoded = []
-    for step, entry in zip(manifest.steps, steps, strict=True):
-        commits = []
-        for row in entry["commits"]:
-            original, replayed = row
-            # Subject and author: read from the commit object by recall, never the stamp's.
-            commits.append(
-                ReplayedCommit(None if original is None else _sha(original), _sha(replayed),
-                               "", "", "")  # fmt: skip
-            )
-        pr_head = None if entry["pr_head"] is None else _sha(entry["pr_head"])
-        decoded.append(
-            StepResult(step, pr_head, False, tuple(commits), _sha(entry["head"]),
-                       _sha(entry["tree"]))  # fmt: skip
-        )
-    tag = doc["tag"]
-    if tag != manifest.result.tag:
-        raise ValueError("another tag")
-    return ReplayResult(
-        manifest, repo_path, _sha(doc["base"]), _sha(doc["head"]), _sha(doc["tree"]),
-        tuple(decoded), tag,
-    )  # fmt: skip
-
-
-def recall(request: ReplayRequest, refs: Refs) -> ReplayResult | None:
-    """The replay's recorded result when every input and every object still holds; None
-    (replay in full) at the first doubt. Only a replay that writes its refs is recalled:
-    the tag and the stack ref must already name the recorded head, so writing them again
-    would change nothing.
-
-    What the full replay would check, and why each holds here:
-      - each PR's ref exists and no pinned head drifted: the refs just fetched are read
-        (one ``git cat-file``) and compared; any missing ref or drift replays in full;
-      - the base and every pinned commit exist: looked up, with their types;
-      - the replay itself (which commits, merged how): the stamp's key is
-        :func:`stamp_key` of this run (the manifest's stack, the fetched refs, options,
-        engine, libgit2 and the repository's config), equal or nothing is recalled;
-      - the recorded commits are in the repository as one chain: every step's commits
-        exist, each one's first parent is the one before (the first: the base), a merge
-        step's second parent is its PR head, each step's tree is its head's tree;
-      - the tag (never moved) and the stack ref point at the recorded head;
-      - ``[result].tree``: checked by the caller on the recalled result, as on a replay.
-    """
-    manifest = request.manifest
-    if not request.write_refs or refs.missing_prs:
-        return None
-    repo = refs.repo_path
-    secret = stamp.secret(request.cache)
-    doc = stamp.load(repo, manifest.name, secret) if secret is not None else None
-    if doc is None:
-        return None
-    try:
-        result = _decode(manifest, repo, doc["result"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    ref_names = _ref_names(manifest)
-    stack_ref = f"refs/pinwheel/stack/{manifest.name}"
-    names = [*ref_names, stack_ref]
-    if result.tag:
-        names.append(f"refs/tags/{result.tag}")
-    want = {result.base: "commit", result.tree: "tree"}
-    for step in manifest.steps:
-        want.update({sha: "commit" for sha in (step.head, *(step.commits or ())) if sha})
-    links: dict[str, str] = {}  # "X^1" / "X^2" / "X^{tree}" -> the id it must resolve to
-    state = result.base
-    for s in result.steps:
-        for c in s.commits:
-            want[c.replayed] = "commit"
-            links[f"{c.replayed}^1"] = state
-            state = c.replayed
-        if s.step.action == "merge" and s.pr_head:
-            links[f"{s.head}^2"] = s.pr_head
-        links[f"{s.head}^{{tree}}"] = s.tree
-        if state != s.head:
-            return None
-    if state != result.head:
-        return None
-    links[f"{result.head}^{{tree}}"] = result.tree
-    replayed = [c.replayed for s in result.steps for c in s.commits]
-    found, people = stamp.look(repo, [*names, *want, *links], replayed)
-    if any(sha not in people for sha in replayed):
-        return None
-    if any((hit := found[sha]) is None or hit != (sha, kind) for sha, kind in want.items()):
-        return None
-    if any((hit := found[name]) is None or hit[0] != sha for name, sha in links.items()):
-        return None
-    for name in names[len(ref_names):]:  # the stack ref and the tag: at the recorded head
-        if (hit := found[name]) is None or hit != (result.head, "commit"):
-            return None
-    current: dict[str, str] = {}
-    for name in ref_names:
-        if (hit := found[name]) is None or hit[1] != "commit":
-            return None
-        current[name] = hit[0]
-    for step, s in zip(manifest.steps, result.steps, strict=True):
-        if step.pr is not None:
-            head = current[f"{PULL_PREFIX}{step.pr}/head"]
-            if (step.head or head) != head or s.pr_head != head:
-                return None  # drifted, or recorded from another head: replay decides
-    try:
-        key = stamp_key(request, repo, current)
-    except OSError:  # a patch gone: the replay says so
-        return None
-    if key is None or key != doc["key"]:
-        return None
-    return _with_people(result, people)
-
-
-def _with_people(result: ReplayResult, people: Mapping[str, stamp.People]) -> ReplayResult:
-    """``result`` with every commit's subject and author as its object says."""
-    steps = tuple(
-        replace(s, commits=tuple(
-            replace(c, subject=people[c.replayed][0], author=people[c.replayed][1],
-                                author_email=people[c.replayed][2])
-            for c in s.commits
-        ))
-        for s in result.steps
-    )  # fmt: skip
-    return replace(result, steps=steps)
 
 
 def replay_manifest(

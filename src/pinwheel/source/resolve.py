@@ -26,7 +26,8 @@ from pinwheel.manifest.component import Stack, stacks
 from pinwheel.source import gitcli
 from pinwheel.source.cache import Cache
 from pinwheel.source.export import missing_paths, partial_mirror_error
-from pinwheel.source.replay import ReplayConflict, Replayer, fetch_for
+from pinwheel.source.replay import Replayer, fetch_for
+from pinwheel.source.result import ReplayConflict
 
 STATE_FILE = "pinwheel-resolve.json"
 # Fixed identity for the scratch merge in the worktree; never part of a result.

@@ -11,7 +11,7 @@ fullmatched, and a stamp that is missing, unsigned, unreadable, malformed or of 
 format is ignored: the replay then runs in full and writes a new one. It records ids
 only: the subjects and authors a recalled replay shows are read from the commit objects.
 What a stamp's key holds, and why that is every input, is
-:func:`pinwheel.source.replay.stamp_key`'s to say; this module stores stamps and
+:func:`pinwheel.source.recall.stamp_key`'s to say; this module stores stamps and
 answers, with one ``git cat-file --batch-command``, what the repository holds now: the
 commit each ref names, the type of each object, and the replayed commits themselves.
 """

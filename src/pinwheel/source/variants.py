@@ -24,14 +24,8 @@ from pinwheel.manifest import Manifest, Step
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source.cache import Cache
 from pinwheel.source.libgit2 import pygit2
-from pinwheel.source.replay import (
-    ReplayConflict,
-    Replayer,
-    ReplayRequest,
-    ReplayResult,
-    check_result_tree,
-    fetch_for,
-)
+from pinwheel.source.replay import Replayer, check_result_tree, fetch_for
+from pinwheel.source.result import ReplayConflict, ReplayRequest, ReplayResult
 
 LEAVE_ONE_OUT = "leave-one-out"
 PREFIXES = "prefixes"
