@@ -377,3 +377,37 @@ def test_the_cache_lock_and_filelock_see_each_other(tmp_path):
         assert out.stdout.startswith("LockBusy") and "held the cache lock" in out.stdout
     out = subprocess.run([sys.executable, "-c", waiter], capture_output=True, text=True)
     assert out.stdout.strip() == "got it", out.stdout + out.stderr
+
+
+def test_the_replay_hides_the_branch_as_its_merge_bases_would(tmp_path):
+    """picks.branch_history (the replay's in-process hide list: the branch tip, or nothing
+    when the head is on the branch) selects the very commits that hiding every
+    ``git merge-base --all`` base selects, on a random history with merges both ways
+    (criss-cross merges give several bases): every (branch tip, head) pair of 24 commits."""
+    import random
+
+    from pinwheel.source import picks
+
+    repo_dir = tmp_path / "dag.git"
+    git(tmp_path, "init", "-q", "--bare", str(repo_dir))
+    empty = git(repo_dir, "hash-object", "-t", "tree", "-w", "/dev/null")
+    rng = random.Random(20261207)
+    commits: list[str] = []
+    for i in range(24):
+        parents = rng.sample(commits, k=min(len(commits), rng.choice((1, 1, 2)))) if commits else []
+        env = {"GIT_AUTHOR_DATE": f"{1_700_000_000 + i} +0000",
+               "GIT_COMMITTER_DATE": f"{1_700_000_000 + i} +0000",
+               "GIT_AUTHOR_NAME": "A", "GIT_AUTHOR_EMAIL": "a@example.org",
+               "GIT_COMMITTER_NAME": "A", "GIT_COMMITTER_EMAIL": "a@example.org"}  # fmt: skip
+        args = [a for p in parents for a in ("-p", p)]
+        commits.append(git(repo_dir, "commit-tree", *args, "-m", f"c{i}", empty, env=env))
+    repo = pygit2.Repository(str(repo_dir))
+    several = 0
+    for tip in commits:
+        for head in commits:
+            bases = picks.pr_bases(repo_dir, tip, head)
+            several += len(bases) > 1
+            want = [c.id for c in picks.commits_between(repo, head, bases)]
+            got = [c.id for c in picks.commits_between(repo, head, picks.branch_history(repo, tip, head))]
+            assert got == want, (tip, head, bases)
+    assert several > 0  # the history has criss-cross merges: the case the theory is about

@@ -34,6 +34,18 @@ def pr_bases(repo_path: Path, branch_tip: str, head: str) -> list[str]:
     return [b for b in merge_bases(repo_path, branch_tip, head) if b != head]
 
 
+def branch_history(repo: pygit2.Repository, branch_tip: str, head: str) -> list[str]:
+    """What hides the upstream branch from a walk of ``head``, in process: the branch tip
+    itself (every common ancestor lies below one of the merge-bases, so hiding the tip
+    hides exactly what hiding :func:`pr_bases` would), or nothing when the head is on the
+    branch (:func:`pr_bases` is empty then too). The replay's path: a ``git merge-base``
+    per step costs a process (~10 ms) where this costs a walk (~0.2 ms); ``plan`` still
+    asks git for the bases themselves (hazards are walked from them)."""
+    if head == branch_tip or repo.descendant_of(branch_tip, head):
+        return []
+    return [branch_tip]
+
+
 def subject_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else ""
 
@@ -77,9 +89,8 @@ def pick_commits(
                 )
             picked.append(repo[sha].peel(pygit2.Commit))
     else:
-        if bases is None:
-            bases = pr_bases(Path(repo.path), branch_tip, step.head)
-        picked = commits_between(repo, step.head, [base, *bases])
+        hide = bases if bases is not None else branch_history(repo, branch_tip, step.head)
+        picked = commits_between(repo, step.head, [base, *hide])
         if not picked:
             # The head is an ancestor of the base (or of main): nothing to replay.
             # Exit 2: replaying "nothing" silently would hide a stale step.
