@@ -23,7 +23,9 @@ OUT/.pinwheel-index                  marks a folder this command made (--out rep
 A dependency the release's ``pylock.toml`` pins is listed on the variant's pages by
 its own URL and sha256 (the index points to it; pip and uv check the hash), so the
 index serves everything the engine needs. A dependency no lock pins is named in the
-outcome (``unserved``). Folders are 0755 and files 0644: a web server running as
+outcome (``unserved``), and the variant's requirements.txt and the outcome (``steps``)
+give the commands that install it with every dependency hashed (each resolves a lock
+first). Folders are 0755 and files 0644: a web server running as
 another user reads them. A variant label must be a plain folder name that none of
 the index's own names (``files``, ``index.html``, ...) takes.
 
