@@ -431,9 +431,8 @@ def install(request: InstallRequest) -> InstallResult:
     if lock is not None:
         # The environment qualification ran in, every file hash-checked by the installer;
         # then the release's wheels, by hash, with nothing left to resolve.
-        # pip reads pylock.toml from 26.1 on (`-r pylock.toml`, experimental; 25.1 only
-        # writes one with `pip lock`): pinwheel's own pip installs
-        # into the venv (--python), whatever pip the venv was seeded with.
+        # pip reads pylock.toml from 26.1 on (`-r pylock.toml`, experimental: pip's
+        # changelog for 26.1): pinwheel's own pip installs into the venv (--python).
         cmd = [uv, "pip", "install", "--python", python] if chosen == "uv" and uv else [
             *pip_command(python), "install", "--disable-pip-version-check"]  # fmt: skip
         commands.append(_run([*cmd, *offline, "-r", str(lock.path.resolve())],
