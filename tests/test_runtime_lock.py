@@ -9,16 +9,19 @@ characters, huge numbers, non-ASCII, nesting bombs) are refused without being fo
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tomllib
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
+from localhttp import LocalHTTP
 from pinwheel.checksums import sha256_file
 from pinwheel.cli import main
 from pinwheel.errors import EXIT_VERIFY
@@ -364,3 +367,120 @@ def test_install_resolves_a_lock_first_so_runtime_lock_pins_every_package(
     assert {p["name"] for p in doc["pinned"]} == {"pwdep"}
     assert [r["wheel"] for r in doc["release_wheels"]] == [made.name]
     assert sha256_file(dep) in out.read_text()
+
+
+class ChangingIndex(LocalHTTP):
+    """A plain directory index (``python -m http.server``: no hashes on its pages, so the
+    resolver downloads each file to hash it) whose files can be swapped for other bytes
+    after their first download: ``changed[path] = bytes`` serves those from the second GET
+    of ``path`` on, what a server that is altered between the lock and the install does."""
+
+    def __init__(self, root: Path):
+        self.changed: dict[str, bytes] = {}
+        self.gets: dict[str, int] = {}
+        server = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+                super().__init__(*args, directory=str(root), **kwargs)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                path = urllib.parse.unquote(self.path.split("?")[0])
+                server.gets[path] = server.gets.get(path, 0) + 1
+                body = server.changed.get(path)
+                if body is None or server.gets[path] == 1:
+                    super().do_GET()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._serve(Handler)
+
+
+def _pip_only_from(monkeypatch: pytest.MonkeyPatch, index: str) -> None:
+    """pip sees no user or site configuration, no cache and no index but ``index``."""
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    monkeypatch.setenv("PIP_INDEX_URL", index)
+
+
+@pytest.fixture
+def engine(tmp_path: Path):
+    """A release of pweng (requires pwdep>=5, pwlib) and an index serving pwdep 5.0 (which
+    requires pwlib) and pwlib 1.0 and 2.0."""
+    served = tmp_path / "served" / "simple"
+    dep = make_wheel(served / "pwdep", "pwdep", "5.0", payload=2_000, seed=5,
+                     requires_dist=("pwlib>=1",))  # fmt: skip
+    make_wheel(served / "pwlib", "pwlib", "1.0", payload=500, seed=6)
+    lib = make_wheel(served / "pwlib", "pwlib", "2.0", payload=500, seed=7)
+    build = tmp_path / "wheels"
+    made = make_wheel(build, "pweng", "1.0", payload=3_000, seed=8,
+                      requires_dist=("pwdep>=5", "pwlib"))  # fmt: skip
+    write_provenance(build, {made.name: sha256_file(made)})
+    manifest = write_manifest(tmp_path)
+    assert main(["--manifest", str(manifest), "release", "--no-sign"]) == 0
+    with ChangingIndex(tmp_path / "served") as srv:
+        yield tmp_path / "release", srv, dep, lib, made
+
+
+def test_install_with_pip_resolves_the_same_lock_first_and_the_venv_is_that_lock(
+    engine, tmp_path, capsys, monkeypatch
+):
+    """Issue 47 item 5 with pip: `pinwheel install --installer pip` resolves the release
+    wheels' dependencies into the hashed lock (pip lock) before anything is installed,
+    installs exactly that lock, then the release wheel by hash; the venv holds the lock's
+    packages and the release's wheel and nothing else, so runtime-lock pins it whole."""
+    from pinwheel.release import envlock, pylock
+    from pinwheel.release.install import RESOLVED
+
+    release, srv, dep, lib, made = engine
+    _pip_only_from(monkeypatch, f"{srv.url}simple/")
+    venv = tmp_path / "qualify-venv"
+    rc = main(["--json", "install", str(release), "--venv", str(venv), "--installer", "pip",
+               "--allow-unsigned"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["lock"] == RESOLVED
+    lock = pylock.check(venv / RESOLVED)
+    assert dict(lock.packages) == {"pwdep": "5.0", "pwlib": "2.0"}
+    assert {w.sha256 for ws in lock.wheels.values() for w in ws} == {
+        sha256_file(dep), sha256_file(lib)}  # fmt: skip
+    dists, bad, _python = envlock.installed(venv)
+    assert not bad
+    assert {(d.name, d.version) for d in dists} == {*lock.packages, ("pweng", "1.0")}
+    out = tmp_path / "pylock.toml"
+    rc = main(["--json", "runtime-lock", str(venv), "--release", str(release),
+               "--out", str(out)])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().out)
+    assert {p["name"] for p in doc["pinned"]} == {"pwdep", "pwlib"} and not doc["left_out"]
+    assert [r["wheel"] for r in doc["release_wheels"]] == [made.name]
+
+
+def test_install_with_pip_refuses_a_file_changed_on_the_index_after_the_lock(
+    engine, tmp_path, capsys, monkeypatch
+):
+    """The lock is what installs: pwlib's file changes on the index between `pip lock`
+    (which hashed what it downloaded) and the install; pip refuses the other bytes and
+    nothing of the lock or the release is installed."""
+    release, srv, _dep, lib, _made = engine
+    _pip_only_from(monkeypatch, f"{srv.url}simple/")
+    other = make_wheel(tmp_path / "other", "pwlib", "2.0", payload=500, seed=99)
+    srv.changed[f"/simple/pwlib/{lib.name}"] = other.read_bytes()
+    venv = tmp_path / "qualify-venv"
+    rc = main(["install", str(release), "--venv", str(venv), "--installer", "pip",
+               "--allow-unsigned"])  # fmt: skip
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc != 0 and "DO NOT MATCH THE HASHES" in err, err
+    assert sha256_file(lib) in err and sha256_file(other) in err
+    assert srv.gets[f"/simple/pwlib/{lib.name}"] == 2  # hashed once by the lock, refused once
+    from pinwheel.release import envlock
+
+    assert [d.name for d in envlock.installed(venv)[0]] == []

@@ -368,18 +368,58 @@ def test_an_engine_index_points_to_every_dependency_its_lock_pins(
     assert got.strip() == "pwdep 5.0"
 
 
-def test_an_index_without_a_lock_names_the_dependencies_it_does_not_serve(
+def test_an_index_without_a_lock_says_what_to_run_and_that_command_installs_by_hash(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A release without pylock.toml: the index cannot hash pwdep (nothing it holds pins
+    it), so requirements.txt, the text output and --json say so and give the commands that
+    install with every dependency hashed; the pip one is run here as written, against the
+    index and a package host for pwdep, and installs both, pwdep by the hash it locked."""
+    import shlex
+
     build = tmp_path / "wheels"
     make_wheel(build, "pweng", "1.0", payload=1_000, seed=8, requires_dist=("pwdep>=5",))
     names = sorted(p.name for p in build.glob("*.whl"))
     write_provenance(build, {n: sha256_file(build / n) for n in names})
     manifest = write_manifest(tmp_path)
     assert main(["--manifest", str(manifest), "release", "--no-sign"]) == 0
+    out = tmp_path / "release-index"
     capsys.readouterr()
-    assert main(["--manifest", str(manifest), "--json", "index", str(tmp_path / "release")]) == 0
-    assert json.loads(capsys.readouterr().out)["unserved"] == ["pwdep"]
+    assert main(["--manifest", str(manifest), "--json", "index", str(tmp_path / "release"),
+                 "--out", str(out)]) == 0  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["unserved"] == ["pwdep"]
+    fetch, pip = doc["steps"]["all"]
+    assert fetch.startswith("pinwheel fetch BASE/files/ --dest release")
+    assert "pinwheel install release --venv VENV" in fetch
+    assert pip == ("pip lock --extra-index-url BASE/all/simple/ -o pylock.toml pweng==1.0 && "
+                   "pip install -r pylock.toml")  # fmt: skip
+    text = (out / "all" / "requirements.txt").read_text()
+    assert "no hash here: pwdep" in text and f"#   {pip}" in text and f"#   {fetch}" in text
+    assert main(["--manifest", str(manifest), "index", str(tmp_path / "release"),
+                 "--out", str(out)]) == 0  # fmt: skip
+    said = capsys.readouterr().out
+    assert "no hash here for pwdep" in said and f"all: {pip}" in said
+
+    upstream = tmp_path / "upstream" / "simple" / "pwdep"
+    dep = make_wheel(upstream, "pwdep", "5.0", payload=3_000, seed=7)
+    python = _venv(tmp_path)
+    work = tmp_path / "stranger"
+    work.mkdir()
+    with IndexServer(out) as server, StaticFiles(tmp_path / "upstream") as host:
+        env = {**_env(tmp_path), "PIP_INDEX_URL": f"{host.url}simple/"}  # pip's configured index
+        for step in pip.replace("BASE/", server.url).split(" && "):
+            argv = shlex.split(step)
+            assert argv[0] == "pip"
+            done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python),
+                                   *argv[1:]], cwd=work, capture_output=True, text=True,
+                                  env=env, timeout=300)  # fmt: skip
+            assert done.returncode == 0, done.stderr[-3000:]
+    lock = (work / "pylock.toml").read_text()
+    assert sha256_file(dep) in lock and sha256_file(tmp_path / "release" / names[0]) in lock
+    got = subprocess.run([str(python), "-c", "import pweng, pwdep; print(pwdep.VALUE)"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert got.strip() == "pwdep 5.0"
 
 
 def test_index_and_release_folders_are_world_readable(

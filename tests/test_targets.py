@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import threading
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -208,24 +209,70 @@ def _installed(venv: Path, name: str) -> str:
 
 @pytest.mark.release
 @pytest.mark.parametrize("installer", ["pip", "uv"])
-def test_install_pins_the_torch_and_index_the_build_used(tmp_path: Path, installer: str) -> None:
+def test_install_pins_the_torch_and_index_the_build_used(
+    tmp_path: Path, installer: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A real release whose provenance records torch 2.11.0+cu130 from an index: install
-    takes exactly that torch from exactly that index, before the release's wheels."""
+    resolves that torch from that index into the venv's lock, by hash, and installs exactly
+    the lock, so the engine venv is the runtime lock (issue 47: this case used to install
+    torch apart and skip the lock). The torch here is a stand-in wheel this test builds
+    (a real wheel named torch, a few bytes; the real one is about 800 MB)."""
     version = "2.11.0+cu130"
+    venv = tmp_path / "venv"
     with torch_index(tmp_path, version) as index:
         rel = _release(tmp_path, {"version": version, "index": index})
         result = install_mod.install(
-            install_mod.InstallRequest(rel, tmp_path / "venv", "cu128", installer=installer,
+            install_mod.InstallRequest(rel, venv, "cu128", installer=installer,
                                        allow_unsigned=True)  # torch pinning, not signatures
         )
-    assert result.torch == version
-    assert _installed(tmp_path / "venv", "torch") == version
-    assert _installed(tmp_path / "venv", "exllamav3") == "0.0.43"
-    torch_cmd = next(c for c in result.commands if f"torch=={version}" in c)
-    assert list(torch_cmd[-4:]) == ["--index-url", index, "--", f"torch=={version}"]
-    later = [a for c in result.commands[result.commands.index(torch_cmd) + 1 :] for a in c]
-    assert "--torch-backend=cu128" not in later  # the pinned index decides
-    assert "-c" in later or installer == "pip"  # uv's install is constrained to that torch
+    assert result.torch == version and result.lock == install_mod.RESOLVED
+    assert _installed(venv, "torch") == version
+    assert _installed(venv, "exllamav3") == "0.0.43"
+    standin = tmp_path / "index" / "simple" / "torch" / f"torch-{version}-py3-none-any.whl"
+    doc = tomllib.loads((venv / install_mod.RESOLVED).read_text())
+    (torch,) = [p for p in doc["packages"] if p["name"] == "torch"]
+    assert torch["version"] == version
+    (wheel,) = torch["wheels"]
+    assert wheel["hashes"] == {"sha256": sha256_file(standin)}
+    assert wheel["url"].startswith(index)  # from the build's index, by hash
+    (resolve,) = [c for c in result.commands if "compile" in c or "lock" in c]
+    assert list(resolve[resolve.index("--extra-index-url"):][:2]) == ["--extra-index-url", index]
+    assert not any("--torch-backend=cu128" in a for c in result.commands for a in c)
+    assert not any("--index-url" in c for c in result.commands)  # no torch installed apart
+    # and the venv is the runtime lock, whole: nothing unpinned, nothing left out
+    out = tmp_path / "pylock.toml"
+    capsys.readouterr()
+    rc = main(["--json", "runtime-lock", str(venv), "--release", str(rel), "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    got = json.loads(capsys.readouterr().out)
+    assert {p["name"] for p in got["pinned"]} == {"torch"}
+    assert not got.get("left_out") and not got.get("unpinned")
+    assert sha256_file(standin) in out.read_text()
+
+
+def test_a_resolved_lock_with_another_torch_or_index_is_refused(tmp_path: Path) -> None:
+    """The lock the installer resolved is checked, not trusted: another torch version, or the
+    build's version taken from another host than the recorded index, installs nothing."""
+    from pinwheel.errors import VerifyError
+    from pinwheel.release import pylock
+
+    def lock(version: str, url: str) -> pylock.Lock:
+        path = tmp_path / install_mod.RESOLVED
+        path.write_text(
+            f'lock-version = "1.0"\ncreated-by = "t"\n[[packages]]\nname = "torch"\n'
+            f'version = "{version}"\n[[packages.wheels]]\nurl = "{url}"\n'
+            f'hashes = {{sha256 = "{"a" * 64}"}}\n'
+        )
+        return pylock.check(path)
+
+    pin = install_mod.TorchPin("2.11.0+cu130", "https://torch.example/whl/cu130")
+    whl = "torch-2.11.0%2Bcu130-cp312-cp312-manylinux_2_28_x86_64.whl"
+    install_mod._check_torch(lock("2.11.0+cu130", f"https://torch.example/whl/cu130/{whl}"), pin)
+    with pytest.raises(VerifyError, match="the build used torch 2.11.0"):
+        install_mod._check_torch(lock("2.11.0", "https://torch.example/whl/cu130/"
+                                         "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl"), pin)
+    with pytest.raises(VerifyError, match="somewhere other than the build's torch index"):
+        install_mod._check_torch(lock("2.11.0+cu130", f"https://mirror.example/{whl}"), pin)
 
 
 @pytest.mark.release

@@ -277,9 +277,13 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
               for v, w in outcome.variants.items()]  # fmt: skip
     lines.append("  the release itself: pinwheel fetch BASE/files/ (or verify-release BASE/files/)")
     if outcome.unserved:
-        lines.append("  warning: not served (no pylock.toml in the release pins them): "
-                     + ", ".join(outcome.unserved) + "; `pinwheel release --lock pylock.toml` "
-                     "ships the lock")  # fmt: skip
+        lines.append("  warning: no hash here for " + ", ".join(outcome.unserved) + " (the release "
+                     "ships no pylock.toml): the requirements.txt above alone is refused by "
+                     "--require-hashes; install instead with (each resolves a hashed lock first):")
+        for variant, steps in outcome.steps.items():
+            lines += [f"    {variant}: {step}" for step in steps]
+        lines.append("    or ship the lock: pinwheel install, runtime-lock, release --lock "
+                     "(docs/release.md), then index again")  # fmt: skip
     ctx.emit(
         {
             "out": str(outcome.out),
@@ -287,6 +291,7 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
             "variants": {v: list(w) for v, w in outcome.variants.items()},
             "dependencies": [d.project for d in outcome.dependencies],
             "unserved": list(outcome.unserved),
+            "steps": {v: list(s) for v, s in outcome.steps.items()},
         },
         "\n".join(lines),
     )

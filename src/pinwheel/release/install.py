@@ -5,16 +5,21 @@ allowed_signers is configured) right before installing, and every wheel then
 goes through the same archive check as ``pinwheel check`` (zip structure,
 duplicate members, zip-slip, RECORD, zip-bomb limits; arches are not required
 here): nothing is installed unless all of them pass. A set missing a wheel that
-SHA256SUMS lists is refused unless ``allow_partial``. With uv, the torch
-backend (``--torch-backend=cu128``) picks the matching torch index. With pip,
-a generated requirements file pins each release wheel by hash; their
-dependencies then resolve from the configured index as usual (``--no-deps``
-skips that step).
+SHA256SUMS lists is refused unless ``allow_partial``.
+
+Whichever installer, the venv is a lock: the release's ``pylock.toml`` when it
+ships one, else the release wheels' dependencies resolved first into a PEP 751
+lock (``uv pip compile`` or ``pip lock``: every file by URL and sha256) kept in
+the venv; the lock is installed (the installer checks every hash), then the
+release wheels by hash with ``--no-deps``. With pip, pinwheel's own pip does
+every step (``--python VENV``; the venv is made without pip, so it holds the lock
+and the release wheels and nothing else).
 
 torch is pinned to what the build used, read from the release's
-``provenance.json`` (``torch.version`` and ``torch.index``): it is installed
-first from that index, and every later step is constrained to that version,
-so "cu128" cannot mean a different torch tomorrow.
+``provenance.json`` (``torch.version`` and ``torch.index``): ``torch==VERSION`` is
+part of what is resolved, with the recorded index searched before any other, and
+the lock must pin that version from that index's host, so "cu128" cannot mean a
+different torch tomorrow.
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ import re
 import shutil
 import sys
 import tempfile
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import parse as parse_version
 
 from pinwheel import runner, validate
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
@@ -195,7 +202,10 @@ def _ensure_venv(
     if installer == "uv" and uv:
         cmd = [uv, "venv", "--quiet", "--python", found.python, str(venv.absolute())]
         return [_run(cmd + (["--offline"] if offline else []), "uv venv", venv)]
-    return [_run([found.python, "-m", "venv", str(venv.absolute())], "python -m venv", venv)]
+    # without pip: pinwheel's own pip installs into it (--python), so the venv holds the lock
+    # and the release wheels, nothing else
+    cmd = [found.python, "-m", "venv", "--without-pip", str(venv.absolute())]
+    return [_run(cmd, "python -m venv", venv)]
 
 
 def refuse_direct_references(wheel_dir: Path, wheels: list[str]) -> None:
@@ -226,16 +236,72 @@ def _shipped_lock(wheel_dir: Path, sums: Mapping[str, str]) -> pylock.Lock | Non
 RESOLVED = "pylock.pinwheel-resolved.toml"  # in the venv: what install resolved, by hash
 
 
-def _resolve_first(
-    uv: str, python: str, wheel_dir: Path, wheels: list[str], venv: Path,
-    pin: TorchPin | None, torch_backend: str | None, offline: list[str],
-) -> tuple[pylock.Lock | None, list[tuple[str, ...]]]:
+def pip_command(python: str) -> list[str]:
+    """pinwheel's own pip acting on the venv of ``python`` (pip reads ``-r pylock.toml`` from
+    26.1 on, experimental; the venv's own pip, if any, may be older)."""
+    return [sys.executable, "-m", "pip", "--python", python]
+
+
+@dataclass(frozen=True)
+class Resolve:
+    """What :func:`_resolve_first` resolves, and with which installer."""
+
+    installer: str  # "uv" or "pip"
+    uv: str | None
+    python: str  # the venv's interpreter
+    wheel_dir: Path
+    wheels: tuple[str, ...]
+    venv: Path
+    pin: TorchPin | None
+    torch_backend: str | None
+    offline: tuple[str, ...]
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
+
+
+def _check_torch(lock: pylock.Lock, pin: TorchPin) -> None:
+    """The lock pins exactly the build's torch, and (with a recorded index) every torch file
+    from that index's host; else nothing is installed."""
+    found = [(n, v) for n, v in lock.packages if canonicalize_name(n) == "torch"]
+    versions = sorted({v for _n, v in found})
+    if {parse_version(v) for v in versions} != {parse_version(pin.version)}:
+        raise VerifyError(
+            f"the resolved lock pins torch {', '.join(versions) or '(none)'}, the build used "
+            f"torch {pin.version}; nothing was installed",
+            where=str(lock.path),
+            next="make the build's torch reachable (its index in provenance.json) and rerun "
+            "`pinwheel install`",
+        )
+    if pin.index is None:
+        return
+    files = [w for n, _v in found for w in lock.wheels.get(n, ())]
+    away = [w.url for w in files if _origin(w.url) != _origin(pin.index)]
+    if away or not files:
+        raise VerifyError(
+            f"the resolved lock takes torch {pin.version} from somewhere other than the build's "
+            f"torch index {redact(pin.index)}: {redact(away[0]) if away else 'no wheel'}; "
+            "nothing was installed",
+            where=str(lock.path),
+            next="check the package index configuration (PIP_*/UV_* variables, pip.conf, "
+            "uv.toml) and rerun `pinwheel install`",
+        )
+
+
+def _resolve_first(job: Resolve) -> tuple[pylock.Lock | None, list[tuple[str, ...]]]:
     """The release wheels' dependencies resolved into a PEP 751 lock before anything is
-    installed (``uv pip compile``: every file by URL and sha256), kept in the venv as
-    :data:`RESOLVED`: the venv is then exactly a lock, and ``runtime-lock`` pins every
-    package from it. None when the wheels need nothing."""
-    ours = {canonicalize_name(parse_wheel_filename(w)[0]) for w in wheels}
-    wanted = sorted({r for w in wheels for r in read_path(wheel_dir / w).requires_dist
+    installed (``uv pip compile`` or ``pip lock``: every file by URL and sha256), kept in the
+    venv as :data:`RESOLVED`: the venv is then exactly a lock, and ``runtime-lock`` pins every
+    package from it. The build's torch (provenance.json) is resolved with them, its recorded
+    index searched first (uv: ``--extra-index-url`` comes before the default index and uv
+    takes a package from the first index that has it; pip: the version's local label,
+    ``+cu130``, is on that index alone), and checked in the lock. None when the wheels need
+    nothing."""
+    wheel_dir, venv, pin = job.wheel_dir, job.venv, job.pin
+    ours = {canonicalize_name(parse_wheel_filename(w)[0]) for w in job.wheels}
+    wanted = sorted({r for w in job.wheels for r in read_path(wheel_dir / w).requires_dist
                      if canonicalize_name(Requirement(r).name) not in ours})  # fmt: skip
     if pin is not None:
         wanted.append(f"torch=={pin.version}")
@@ -244,10 +310,22 @@ def _resolve_first(
     venv.mkdir(parents=True, exist_ok=True)
     reqs, out = venv / "pinwheel-requires.in", venv / RESOLVED
     atomic_write_text(reqs, "".join(f"{r}\n" for r in wanted))
-    cmd = [uv, "pip", "compile", "--quiet", "--python", python, *offline, "-o", str(out)]
-    cmd += [f"--torch-backend={torch_backend}"] if torch_backend else []
-    ran = _run([*cmd, str(reqs)], "uv pip compile (the dependencies, by hash)", venv)
-    return pylock.check(out), [ran]
+    index = ["--extra-index-url", pin.index] if pin is not None and pin.index else []
+    if job.installer == "uv":
+        assert job.uv is not None
+        cmd = [job.uv, "pip", "compile", "--quiet", "--python", job.python, *job.offline, *index]
+        cmd += [f"--torch-backend={job.torch_backend}"] if job.torch_backend and not index else []
+        cmd += ["-o", str(out), str(reqs)]
+        what = "uv pip compile (the dependencies, by hash)"
+    else:
+        cmd = [*pip_command(job.python), "lock", "--quiet", "--disable-pip-version-check",
+               *job.offline, *index, "-o", str(out), "-r", str(reqs)]  # fmt: skip
+        what = "pip lock (the dependencies, by hash)"
+    ran = _run(cmd, what, venv)
+    lock = pylock.check(out)
+    if pin is not None:
+        _check_torch(lock, pin)
+    return lock, [ran]
 
 
 @dataclass(frozen=True)
@@ -343,43 +421,28 @@ def install(request: InstallRequest) -> InstallResult:
     paths = [str((wheel_dir / w).resolve()) for w in wheels]
     offline = (["--offline"] if chosen == "uv" else ["--no-index", "--find-links",
                str(wheel_dir.resolve())]) if request.offline else []  # fmt: skip
-    if lock is None and not no_deps and chosen == "uv" and uv is not None:
-        pinned = torch_pin(wheel_dir, verified.sums)
-        if pinned is None or pinned.index is None:  # the build's torch index: installed apart
-            lock, resolved = _resolve_first(uv, python, wheel_dir, wheels, venv, pinned,
-                                            torch_backend, offline)  # fmt: skip
-            commands += resolved
+    pin = None if no_deps or lock is not None else torch_pin(wheel_dir, verified.sums)
+    if lock is None and not no_deps:
+        lock, resolved = _resolve_first(Resolve(
+            installer=chosen, uv=uv, python=python, wheel_dir=wheel_dir, wheels=tuple(wheels),
+            venv=venv, pin=pin, torch_backend=torch_backend, offline=tuple(offline)))  # fmt: skip
+        commands += resolved
+        no_deps = True  # the lock holds every dependency (or none was wanted)
     if lock is not None:
         # The environment qualification ran in, every file hash-checked by the installer;
         # then the release's wheels, by hash, with nothing left to resolve.
-        # pip reads pylock.toml from 26.1 on (`-r pylock.toml`, experimental; 25.1 only
-        # writes one with `pip lock`): pinwheel's own pip installs
-        # into the venv (--python), whatever pip the venv was seeded with.
+        # pip reads pylock.toml from 26.1 on (`-r pylock.toml`, experimental: pip's
+        # changelog for 26.1): pinwheel's own pip installs into the venv (--python).
         cmd = [uv, "pip", "install", "--python", python] if chosen == "uv" and uv else [
-            sys.executable, "-m", "pip", "--python", python, "install"]  # fmt: skip
+            *pip_command(python), "install", "--disable-pip-version-check"]  # fmt: skip
         commands.append(_run([*cmd, *offline, "-r", str(lock.path.resolve())],
-                             f"install {pylock.FILENAME}", venv))  # fmt: skip
-        no_deps = True
-    pin = None if no_deps else torch_pin(wheel_dir, verified.sums)
+                             f"install {lock.path.name}", venv))  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="pinwheel-install.") as tmp:
-        constraint: list[str] = []
-        if pin is not None:
-            cfile = Path(tmp) / "torch-constraint.txt"
-            cfile.write_text(f"torch=={pin.version}\n")
-            constraint = ["-c", str(cfile)]
-            if pin.index:
-                # The build's torch, from the build's index, before anything can pull another.
-                first = [python, "-m", "pip", "install"]
-                if chosen == "uv" and uv:
-                    first = [uv, "pip", "install", "--python", python]
-                first += ["--index-url", pin.index, "--", f"torch=={pin.version}"]
-                commands.append(_run(first, f"install torch=={pin.version}", venv))
-                torch_backend = None  # the pinned index decides, not a backend name
         commands += _install(
             WheelInstall(
                 installer=chosen, uv=uv, python=python, paths=tuple(paths), wheels=tuple(wheels),
-                sums=verified.sums, torch_backend=torch_backend, no_deps=no_deps,
-                constraint=(*constraint, *offline), venv=venv, scratch=Path(tmp),
+                sums=verified.sums, constraint=tuple(offline), venv=venv, scratch=Path(tmp),
+                torch_backend=None if pin is not None and pin.index else torch_backend,
             )
         )  # fmt: skip
     result = InstallResult(
@@ -427,9 +490,9 @@ def write_receipt(result: InstallResult, hashes: Mapping[str, str]) -> Path:
 
 @dataclass(frozen=True)
 class WheelInstall:
-    """The release wheels' own install into a made venv: which installer, the venv's
-    python, the wheels (paths and the names SHA256SUMS lists them by, in the same order)
-    with their hashes, how torch and dependencies come, and a scratch folder."""
+    """The release wheels' own install into a made venv, after the lock (no dependency is
+    resolved here): which installer, the venv's python, the wheels (paths and the names
+    SHA256SUMS lists them by, in the same order) with their hashes, and a scratch folder."""
 
     installer: str  # "uv" or "pip"
     uv: str | None
@@ -437,54 +500,28 @@ class WheelInstall:
     paths: tuple[str, ...]
     wheels: tuple[str, ...]
     sums: Mapping[str, str]
-    torch_backend: str | None
-    no_deps: bool
-    constraint: tuple[str, ...]  # -c FILE (the torch pin) and the offline flags
+    constraint: tuple[str, ...]  # the offline flags
     venv: Path
+    torch_backend: str | None  # uv's, unless the build's torch index decides
     scratch: Path  # for pip's requirements file
 
 
 def _install(job: WheelInstall) -> list[tuple[str, ...]]:
     """The commands run, in order (each run through :func:`_run`)."""
     uv, python, paths, wheels, sums = job.uv, job.python, job.paths, job.wheels, job.sums
-    torch_backend, no_deps, constraint = job.torch_backend, job.no_deps, job.constraint
-    venv = job.venv
-    commands: list[tuple[str, ...]] = []
     if job.installer == "uv":
         assert uv is not None
-        cmd = [uv, "pip", "install", "--python", python]
-        cmd += [f"--torch-backend={torch_backend}"] if torch_backend else []
-        cmd += ["--no-deps"] if no_deps else []
-        commands.append(_run([*cmd, *constraint, "--", *paths], "uv pip install", venv))
-    else:
-        req = job.scratch / "requirements.txt"
-        req.write_text(
-            "".join(f"{p} --hash=sha256:{sums[w]}\n" for p, w in zip(paths, wheels, strict=True))
-        )
-        # --no-deps here: --require-hashes would demand a hash for every dependency too.
-        commands.append(
-            _run(
-                [
-                    python,
-                    "-m",
-                    "pip",
-                    "install",
-                    "--require-hashes",
-                    "--no-deps",
-                    *(a for a in constraint if a == "--no-index"),  # --offline: no index
-                    "-r",
-                    str(req),
-                ],
-                "pip install --require-hashes",
-                venv,
-            )
-        )
-        if not no_deps:
-            commands.append(
-                _run(
-                    [python, "-m", "pip", "install", *constraint, "--", *paths],
-                    "pip install (dependencies)",
-                    venv,
-                )
-            )
-    return commands
+        cmd = [uv, "pip", "install", "--python", python, "--no-deps", *job.constraint]
+        cmd += [f"--torch-backend={job.torch_backend}"] if job.torch_backend else []
+        cmd += ["--"]
+        return [_run([*cmd, *paths], "uv pip install", job.venv)]
+    req = job.scratch / "requirements.txt"
+    req.write_text(
+        "".join(f"{p} --hash=sha256:{sums[w]}\n" for p, w in zip(paths, wheels, strict=True))
+    )
+    # --no-deps: the dependencies came from the lock; --require-hashes would demand a hash
+    # for every dependency too.
+    offline = [a for a in job.constraint if a == "--no-index"]
+    cmd = [*pip_command(python), "install", "--disable-pip-version-check", "--require-hashes",
+           "--no-deps", *offline, "-r", str(req)]  # fmt: skip
+    return [_run(cmd, "pip install --require-hashes", job.venv)]

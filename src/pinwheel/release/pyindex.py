@@ -23,7 +23,9 @@ OUT/.pinwheel-index                  marks a folder this command made (--out rep
 A dependency the release's ``pylock.toml`` pins is listed on the variant's pages by
 its own URL and sha256 (the index points to it; pip and uv check the hash), so the
 index serves everything the engine needs. A dependency no lock pins is named in the
-outcome (``unserved``). Folders are 0755 and files 0644: a web server running as
+outcome (``unserved``), and the variant's requirements.txt and the outcome (``steps``)
+give the commands that install it with every dependency hashed (each resolves a lock
+first). Folders are 0755 and files 0644: a web server running as
 another user reads them. A variant label must be a plain folder name that none of
 the index's own names (``files``, ``index.html``, ...) takes.
 
@@ -117,6 +119,8 @@ class IndexOutcome:
     dependencies: tuple[Dependency, ...] = ()  # from the release's pylock.toml
     # Requires-Dist names no wheel of the release and no package of its lock provides
     unserved: tuple[str, ...] = field(default=())
+    # variant -> the commands that install it with every dependency hashed (when unserved)
+    steps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def variant_of(filename: str) -> str | None:
@@ -307,9 +311,33 @@ def _unserved(release: Path, files: list[IndexedFile], deps: tuple[Dependency, .
     return sorted(missing)
 
 
-def _requirements(picked: list[IndexedFile], deps: tuple[Dependency, ...]) -> str:
+def unserved_steps(variant: str, picked: list[IndexedFile]) -> list[str]:
+    """What a stranger runs instead of the requirements file when the release ships no lock:
+    each command installs every dependency by hash (a resolver hashes what it takes)."""
+    pins = " ".join(sorted(f"{f.project}=={f.version}" for f in picked))
+    return [
+        "pinwheel fetch BASE/files/ --dest release --allowed-signers allowed_signers && "
+        "pinwheel install release --venv VENV --allowed-signers allowed_signers",
+        f"pip lock --extra-index-url BASE/{variant}/simple/ -o pylock.toml {pins} && "
+        "pip install -r pylock.toml",
+    ]
+
+
+def _requirements(variant: str, picked: list[IndexedFile], deps: tuple[Dependency, ...],
+                  unserved: list[str]) -> str:  # fmt: skip
     lines = ["# pip install --require-hashes -r BASE/VARIANT/requirements.txt "
              "--index-url BASE/VARIANT/simple/  (or uv pip install, the same flags)"]  # fmt: skip
+    if unserved:
+        steps = unserved_steps(variant, picked)
+        lines += [
+            "# NOT ENOUGH ALONE: the release ships no pylock.toml, so these dependencies of its "
+            f"wheels have no hash here: {', '.join(unserved)}; with --require-hashes pip and uv "
+            "refuse them. Install instead (each resolves them into a hashed lock first):",
+            f"#   {steps[0]}",
+            f"#   {steps[1]}   (pip >= 26.1; the dependencies from pip's configured index)",
+            "# or the publisher ships the lock: pinwheel install, runtime-lock, release --lock "
+            "(docs/release.md)",
+        ]
     for f in sorted(picked, key=lambda f: f.project):
         lines.append(f"{f.project}=={f.version} --hash=sha256:{f.sha256}")
     for d in deps:
@@ -378,7 +406,7 @@ def build_index(request: IndexRequest) -> IndexOutcome:
             atomic_write_bytes(tmp / FILES / f"{f.filename}.metadata", metadata[f.filename])
         _carry_release(request.release, verified.sums, tmp / FILES)
         for variant, picked in chosen.items():
-            _write_variant(tmp / variant, picked, deps)
+            _write_variant(tmp / variant, picked, deps, _unserved(request.release, picked, deps))
         atomic_write_text(tmp / "index.html", _variants_html(variants))
         atomic_write_text(tmp / MARKER, "made by `pinwheel index`: --out replaces it whole\n")
         _open_up(tmp)
@@ -389,10 +417,13 @@ def build_index(request: IndexRequest) -> IndexOutcome:
         signed_by=verified.signed_by,
         dependencies=deps,
         unserved=tuple(_unserved(request.release, files, deps)),
+        steps={v: tuple(unserved_steps(v, fs)) for v, fs in chosen.items()
+               if _unserved(request.release, fs, deps)},  # fmt: skip
     )
 
 
-def _write_variant(root: Path, picked: list[IndexedFile], deps: tuple[Dependency, ...]) -> None:
+def _write_variant(root: Path, picked: list[IndexedFile], deps: tuple[Dependency, ...],
+                   unserved: list[str]) -> None:  # fmt: skip
     simple = root / "simple"
     ours = {f.project for f in picked}
     served = [d for d in deps if d.project not in ours]
@@ -409,7 +440,8 @@ def _write_variant(root: Path, picked: list[IndexedFile], deps: tuple[Dependency
         (simple / dep.project).mkdir()
         atomic_write_text(simple / dep.project / "index.html", _dependency_html(dep))
         atomic_write_text(simple / dep.project / "index.json", _dependency_json(dep))
-    atomic_write_text(root / REQUIREMENTS, _requirements(picked, tuple(served)))
+    text = _requirements(root.name, picked, tuple(served), unserved)
+    atomic_write_text(root / REQUIREMENTS, text)
     atomic_write_text(root / pylock.FILENAME, _variant_lock(picked, tuple(served)))
 
 
