@@ -197,12 +197,9 @@ def cmd_verify_release(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_publish(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.manifest.release import IndexTarget
-    from pinwheel.release.assemble import (
-        github_plan,
-        publish_index,
-        release_config,
-        verify_release,
-    )
+    from pinwheel.release.assemble import release_config, verify_release
+    from pinwheel.release.targets.github import github_plan
+    from pinwheel.release.targets.index import publish_index
 
     manifest = ctx.manifest()
     config = release_config(manifest)

@@ -1,9 +1,9 @@
-"""Release assembly: the build output, signed SHA256SUMS, generated notes; and publishing.
+"""Release assembly: the build output, signed SHA256SUMS, generated notes.
 
 A release directory holds the wheels, ``provenance.json``, an optional
 ``qualification.json``, ``RELEASE_NOTES.md``, ``SHA256SUMS`` over all of those,
-and ``SHA256SUMS.sig`` (``ssh-keygen -Y sign -n pinwheel``). The GitHub
-release uploads exactly these files; the package index gets the wheels.
+and ``SHA256SUMS.sig`` (``ssh-keygen -Y sign -n pinwheel``). Where a release goes
+from here is release/targets/ (`pinwheel publish --to`).
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ import json
 import os
 import re
 import shutil
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pinwheel import markup as md
-from pinwheel import runner, untrusted, validate
+from pinwheel import untrusted
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_files, verify_dir
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_text, link_or_copy
@@ -27,8 +26,6 @@ from pinwheel.manifest import Manifest
 from pinwheel.manifest.release import (
     DEFAULT_SIGSTORE_WORKFLOW,
     GITHUB_ACTIONS_ISSUER,
-    GithubTarget,
-    IndexTarget,
     ReleaseConfig,
     SigstoreIdentity,
 )
@@ -654,103 +651,3 @@ def verify_release(
     else:
         verify_dir(directory, {n: d for n, d in sums.items() if (directory / n).exists()})
     return Verified(dir=directory, sums=sums, signed_by=signed_by)
-
-
-# --------------------------------------------------------------------------- publishing
-
-
-def publish_index(release: Verified, target: IndexTarget) -> list[str]:
-    """Upload the release's wheels with twine; credentials come from TWINE_* variables."""
-    wheels = sorted(n for n in release.sums if n.endswith(".whl"))
-    cmd = [
-        sys.executable,
-        "-m",
-        "twine",
-        "upload",
-        "--non-interactive",
-        "--disable-progress-bar",
-        "--repository-url",
-        target.url,
-        "--",
-        *(str((release.dir / w).resolve()) for w in wheels),
-    ]
-    try:
-        import twine  # noqa: F401
-    except ImportError:
-        raise PinwheelError(
-            "twine is not installed",
-            next="install the release extra: `pip install -e '.[release]'` from the checkout",
-        ) from None
-    twine_check(release.dir, wheels)
-    runner.run(
-        runner.Command(
-            tuple(cmd),
-            what="twine upload",
-            where=target.url,
-            next="check TWINE_USERNAME/TWINE_PASSWORD and the index URL",
-            redact=True,
-        )
-    )
-    return wheels
-
-
-def twine_check(directory: Path, wheels: list[str]) -> None:
-    """``twine check --strict`` over the wheels: what the index would warn about, refused first."""
-    proc = runner.run(
-        runner.Command(
-            (sys.executable, "-m", "twine", "check", "--strict", "--")
-            + tuple(str((directory / w).resolve()) for w in wheels),
-            what="twine check --strict",
-            where=str(directory),
-            check=False,
-            env_set={"NO_COLOR": "1"},
-        )
-    )
-    if proc.returncode != 0:
-        raise VerifyError(
-            "twine check --strict refused the wheels; nothing was uploaded:\n    "
-            + "\n    ".join(line for line in proc.text.splitlines() if line.strip())[:4000],
-            where=str(directory),
-            next="fix the wheels' metadata (a README as long_description, its content type) "
-            "and rebuild, then rerun `pinwheel release` and `pinwheel publish`",
-        )
-
-
-def github_plan(release: Verified, target: GithubTarget, manifest: Manifest) -> dict[str, Any]:
-    """Exactly what the workflow uploads: the files SHA256SUMS lists, the sums, the signature."""
-    tag = target.tag or manifest.result.tag
-    if not tag:
-        raise PinwheelError(
-            "no release tag",
-            where="[release.github] tag / [result] tag",
-            next="set [result].tag in the manifest",
-        )
-    problem = validate.tag_problem(tag)
-    if problem:
-        raise PinwheelError(
-            f"refusing release tag {tag[:80]!r}: {problem}",
-            where="[release.github] tag / [result] tag",
-            next="set a tag name like v1.2.3 in the manifest",
-        )
-    files = sorted(release.sums) + [SUMS]
-    files += [f for f in (SIG, attest.FILENAME) if (release.dir / f).is_file()]
-    paths = [str((release.dir / f).absolute()) for f in files]
-    return {
-        "repo": target.repo,
-        "tag": tag,
-        "notes": str(release.dir / NOTES),
-        "files": paths,
-        "command": [
-            "gh",
-            "release",
-            "create",
-            "--repo",
-            target.repo,
-            "--notes-file",
-            str((release.dir / NOTES).absolute()),
-            # "--": the tag and the file names are never read as options.
-            "--",
-            tag,
-            *paths,
-        ],
-    }

@@ -1,0 +1,1 @@
+"""Where `pinwheel publish --to NAME` sends a verified release."""
