@@ -196,63 +196,37 @@ def cmd_verify_release(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_publish(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.manifest.release import IndexTarget
+    """Verify the release, then hand it to the target ``--to`` names (release/targets/)."""
+    from pinwheel.release import targets
     from pinwheel.release.assemble import release_config, verify_release
-    from pinwheel.release.targets.github import github_plan
-    from pinwheel.release.targets.index import publish_index
 
+    target = targets.named(args.to)
     manifest = ctx.manifest()
     config = release_config(manifest)
     directory = Path(args.dir) if args.dir else config.dir
     verified = verify_release(
         directory, allowed_signers=config.allowed_signers, principal=config.principal
     )
-    if args.to == "index":
-        target = IndexTarget(args.repository_url) if args.repository_url else config.index
-        if target is None:
-            raise UsageError(
-                "no index to publish to",
-                where="[release.index] url",
-                next="set [release.index] url or pass --repository-url URL",
-            )
-        wheels = publish_index(verified, target)
-        ctx.emit(
-            {"index": target.url, "uploaded": wheels},
-            f"uploaded {len(wheels)} wheels to {target.url}",
-        )
-    elif args.to == "github":
-        if config.github is None:
-            raise UsageError(
-                "no GitHub target",
-                where="[release.github] repo",
-                next='set [release.github] repo = "owner/name"',
-            )
-        plan = github_plan(verified, config.github, manifest)
-        ctx.emit(plan, " ".join(plan["command"]))
-    else:
-        from pinwheel.release.hub import upload_folder
-
-        hub = config.huggingface
-        if hub is None:
-            raise UsageError(
-                "no Hugging Face target",
-                where="[release.huggingface] repo",
-                next="set [release.huggingface] repo and revision",
-            )
-        url = upload_folder(
-            directory,
-            repo=hub.repo,
-            revision=hub.revision,
-            parent_commit=hub.parent_commit,
-            repo_type=hub.repo_type,
-            path_in_repo=hub.path_in_repo,
-            message=f"pinwheel release {manifest.result.tag or manifest.name}",
-        )
-        ctx.emit(
-            {"repo": hub.repo, "revision": hub.revision, "commit": url},
-            f"uploaded {directory} to {hub.repo}@{hub.revision}: {url}",
-        )
+    flags = {f.flag: getattr(args, f.dest, None) for f in target.flags}
+    done = target.publish(targets.PublishRequest(verified, config, manifest, flags))
+    ctx.emit(done.payload, done.text)
     return 0
+
+
+def _register_publish(sub: Any) -> None:
+    """``publish``: ``--to``'s choices, its help and each target's flags, from the table."""
+    from pinwheel.release import targets
+
+    rows = targets.TARGETS
+    p = command(sub, "publish", "upload a verified release to a target: "
+                + ", ".join(t.name for t in rows), cmd_publish)  # fmt: skip
+    p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
+    p.add_argument("--to", required=True, choices=tuple(t.name for t in rows),
+                   help="; ".join(f"{t.name}: {t.summary}" for t in rows))  # fmt: skip
+    for target in rows:
+        for flag in target.flags:
+            p.add_argument(flag.flag, dest=flag.dest, metavar=flag.metavar,
+                           help=f"{flag.help} (--to {target.name})")  # fmt: skip
 
 
 def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
@@ -567,10 +541,7 @@ def register(sub: Any) -> None:
     _unsigned_option(p)
     _sigstore_option(p)
 
-    p = command(sub, "publish", "upload a verified release: index (twine), github, hf", cmd_publish)
-    p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
-    p.add_argument("--to", required=True, choices=("index", "github", "hf"))
-    p.add_argument("--repository-url", help="index upload URL (default: [release.index] url)")
+    _register_publish(sub)
 
     p = command(
         sub, "index", "a static PEP 503/691 index per variant for a release (pip, uv)", cmd_index

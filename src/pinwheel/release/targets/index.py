@@ -4,11 +4,43 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pinwheel import runner
-from pinwheel.errors import PinwheelError, VerifyError
-from pinwheel.manifest.release import IndexTarget
-from pinwheel.release.assemble import Verified
+from pinwheel.errors import PinwheelError, UsageError, VerifyError
+from pinwheel.release.targets.contract import Published, PublishRequest, TargetFlag
+
+if TYPE_CHECKING:
+    from pinwheel.manifest.release import IndexTarget
+    from pinwheel.release.assemble import Verified
+
+REPOSITORY_URL = "--repository-url"
+
+
+class Index:
+    name = "index"
+    summary = "a package index, by twine (credentials from TWINE_* variables)"
+    flags = (TargetFlag(REPOSITORY_URL, "index upload URL (default: [release.index] url)"),)
+
+    def publish(self, request: PublishRequest) -> Published:
+        from pinwheel.manifest.release import IndexTarget
+
+        url = request.flag(REPOSITORY_URL)
+        target = IndexTarget(url) if url else request.config.index
+        if target is None:
+            raise UsageError(
+                "no index to publish to",
+                where="[release.index] url",
+                next="set [release.index] url or pass --repository-url URL",
+            )
+        wheels = publish_index(request.release, target)
+        return Published(
+            {"index": target.url, "uploaded": wheels},
+            f"uploaded {len(wheels)} wheels to {target.url}",
+        )
+
+
+TARGET = Index()
 
 
 def publish_index(release: Verified, target: IndexTarget) -> list[str]:
