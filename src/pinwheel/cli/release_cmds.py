@@ -491,6 +491,19 @@ def _model_help(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    """The release stage's commands, in the order `pinwheel --help` lists them."""
+    _register_release(sub)
+    _register_keygen(sub)
+    _register_verify_release(sub)
+    _register_publish(sub)
+    _register_index(sub)
+    _register_runtime_lock(sub)
+    _register_fetch(sub)
+    _register_install(sub)
+    _register_model(sub)
+
+
+def _register_release(sub: Any) -> None:
     p = command(sub, "release", "assemble a signed release dir from the build output", cmd_release)
     p.add_argument(
         "--from", dest="source", help="build output (default: [release] source, wheels/)"
@@ -519,6 +532,8 @@ def register(sub: Any) -> None:
         "run there, else urn:pinwheel:builder:local)",
     )
 
+
+def _register_keygen(sub: Any) -> None:
     p = command(sub, "keygen", "make a release signing key and its allowed_signers line",
                 cmd_keygen)  # fmt: skip
     p.add_argument("--key", help="where the private key goes (default: [release] signing_key); "
@@ -528,6 +543,8 @@ def register(sub: Any) -> None:
     p.add_argument("--principal", help="the key's identity in allowed_signers (default: "
                    "[release] principal, else NAME-release)")  # fmt: skip
 
+
+def _register_verify_release(sub: Any) -> None:
     p = command(
         sub,
         "verify-release",
@@ -541,8 +558,8 @@ def register(sub: Any) -> None:
     _unsigned_option(p)
     _sigstore_option(p)
 
-    _register_publish(sub)
 
+def _register_index(sub: Any) -> None:
     p = command(
         sub, "index", "a static PEP 503/691 index per variant for a release (pip, uv)", cmd_index
     )
@@ -551,6 +568,8 @@ def register(sub: Any) -> None:
                    "pinwheel index made (then replaced atomically)")  # fmt: skip
     _signer_options(p)
 
+
+def _register_runtime_lock(sub: Any) -> None:
     p = command(
         sub,
         "runtime-lock",
@@ -572,6 +591,8 @@ def register(sub: Any) -> None:
         help="an unpinned package the engine does not need (pip): left out, named in the lock",
     )  # fmt: skip
 
+
+def _register_fetch(sub: Any) -> None:
     p = command(sub, "fetch", "download a release (URL|DIR|INDEX) and verify every file", cmd_fetch)
     p.add_argument(
         "source", help="release base URL, directory, or index project URL (.../simple/NAME/)"
@@ -599,6 +620,8 @@ def register(sub: Any) -> None:
     )
     _sigstore_option(p)
 
+
+def _register_install(sub: Any) -> None:
     p = command(sub, "install", "install verified wheels into a venv (uv, else pip)", cmd_install)
     p.add_argument("dir", nargs="?", default=FETCH_DEST,
                    help=f"a fetched release (default: {FETCH_DEST})")  # fmt: skip
@@ -621,6 +644,8 @@ def register(sub: Any) -> None:
     _unsigned_option(p)
     _sigstore_option(p)
 
+
+def _register_model(sub: Any) -> None:
     p = command(
         sub, "model", "model pack: fetch at the pinned revision, check offline", _model_help
     )
