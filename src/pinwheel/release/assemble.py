@@ -429,18 +429,7 @@ def assemble(request: AssembleRequest) -> Release:
         )
 
     if request.lock is not None:
-        locked = pylock.check(request.lock)  # every package hash-pinned, before anything is written
-        # A lock from `pinwheel runtime-lock` names the release wheels that were installed
-        # where it was made: they must be this release's, byte for byte.
-        other = [f"{w} ({sha[:12]}…)" for w, sha in locked.release_wheels if digests.get(w) != sha]
-        if other:
-            raise VerifyError(
-                f"{request.lock} was made where other wheels than this release's were installed: "
-                + ", ".join(other[:10]),
-                where=str(request.lock),
-                next="install this release, qualify it, and run `pinwheel runtime-lock VENV "
-                "--release DIR` again",
-            )
+        _check_lock(request.lock, digests)
     same_dir = out.resolve() == build.resolve()
     with atomic_dir(out) if not same_dir else _in_place(out) as tmp:
         os.chmod(tmp, 0o755)  # a web server running as another user serves the release
@@ -458,17 +447,7 @@ def assemble(request: AssembleRequest) -> Release:
         listing = dict(digests) | {n: extra_hashes[tmp / n] for n in extras}
         sized = {n: (d, (tmp / n).stat().st_size) for n, d in listing.items()}
         notes = render_notes(manifest, provenance, sized, qual, config, floors)
-        first = []  # what a reader must see before anything else, on the first line
-        if reasons:
-            first.append(
-                "**UNVERIFIED RELEASE** (made with --allow-unverified): "
-                + md.text("; ".join(reasons), limit=2000)
-            )
-        if stack_not_replayed(provenance):
-            first.append(f"**UNVERIFIED STACK**: {md.text(stack_statement(manifest))}")
-        if substituted := headline(from_receipt(provenance)):  # receipt values: escaped
-            first.append(f"**{md.text(substituted, limit=2000)}**")
-        if first:
+        if first := _first_line(manifest, provenance, reasons):
             notes = " ".join(first) + "\n\n" + notes
         atomic_write_text(tmp / NOTES, notes)
         listing[NOTES] = sha256_files([tmp / NOTES])[tmp / NOTES]
@@ -484,20 +463,8 @@ def assemble(request: AssembleRequest) -> Release:
             warnings.append("not signed: no --key and no [release] signing_key")
         (tmp / attest.FILENAME).unlink(missing_ok=True)
         subjects = {w: digests[w] for w in wheels} | {SUMS: sha256_files([tmp / SUMS])[tmp / SUMS]}
-        doc = attest.statement(
-            subjects,
-            attest.resolved_dependencies(
-                manifest.path.name, manifest.sha256, provenance,
-                extra_hashes.get(tmp / FILENAME) if FILENAME in extras else None,
-            ),
-            request.builder_id,
-            external={"manifest": manifest.path.name,
-                      "tag": provenance.get("tag") or manifest.result.tag or manifest.name},
-            internal={k: provenance[k] for k in ("arches", "toolchain", "source_date_epoch")
-                      if provenance.get(k) is not None},
-            invocation_id=request.invocation_id,
-        )  # fmt: skip
-        attest.write_envelope(tmp, doc, key)
+        receipt_sha = extra_hashes.get(tmp / FILENAME) if FILENAME in extras else None
+        attest.write_envelope(tmp, _statement(request, provenance, subjects, receipt_sha), key)
     return Release(
         dir=out,
         files=tuple(sorted(listing)),
@@ -505,6 +472,60 @@ def assemble(request: AssembleRequest) -> Release:
         signed=signed,
         warnings=tuple(warnings),
     )
+
+
+def _check_lock(lock: Path, digests: Mapping[str, str]) -> None:
+    """``--lock``: every package hash-pinned (checked before anything is written), and the
+    release wheels a lock from `pinwheel runtime-lock` names are this release's."""
+    locked = pylock.check(lock)
+    # A lock from `pinwheel runtime-lock` names the release wheels that were installed
+    # where it was made: they must be this release's, byte for byte.
+    other = [f"{w} ({sha[:12]}…)" for w, sha in locked.release_wheels if digests.get(w) != sha]
+    if other:
+        raise VerifyError(
+            f"{lock} was made where other wheels than this release's were installed: "
+            + ", ".join(other[:10]),
+            where=str(lock),
+            next="install this release, qualify it, and run `pinwheel runtime-lock VENV "
+            "--release DIR` again",
+        )
+
+
+def _first_line(manifest: Manifest, provenance: Mapping[str, Any], reasons: list[str]) -> list[str]:
+    """What a reader of RELEASE_NOTES.md must see before anything else, on the first line."""
+    first = []
+    if reasons:
+        first.append(
+            "**UNVERIFIED RELEASE** (made with --allow-unverified): "
+            + md.text("; ".join(reasons), limit=2000)
+        )
+    if stack_not_replayed(provenance):
+        first.append(f"**UNVERIFIED STACK**: {md.text(stack_statement(manifest))}")
+    if substituted := headline(from_receipt(provenance)):  # receipt values: escaped
+        first.append(f"**{md.text(substituted, limit=2000)}**")
+    return first
+
+
+def _statement(
+    request: AssembleRequest,
+    provenance: Mapping[str, Any],
+    subjects: dict[str, str],
+    receipt_sha: str | None,
+) -> dict[str, Any]:
+    """The in-toto statement over the wheels and SHA256SUMS (``receipt_sha``: provenance.json's)."""
+    manifest = request.manifest
+    return attest.statement(
+        subjects,
+        attest.resolved_dependencies(
+            manifest.path.name, manifest.sha256, provenance, receipt_sha,
+        ),
+        request.builder_id,
+        external={"manifest": manifest.path.name,
+                  "tag": provenance.get("tag") or manifest.result.tag or manifest.name},
+        internal={k: provenance[k] for k in ("arches", "toolchain", "source_date_epoch")
+                  if provenance.get(k) is not None},
+        invocation_id=request.invocation_id,
+    )  # fmt: skip
 
 
 def _signed_by_a_listed_key(tmp: Path, key: Path, config: ReleaseConfig) -> None:
