@@ -145,7 +145,8 @@ def test_release_tag_starting_with_dash_is_refused_at_load_and_never_an_option(t
 
 def test_github_plan_puts_the_tag_after_double_dash(tmp_path):
     from pinwheel.manifest.release import GithubTarget
-    from pinwheel.release.assemble import Verified, github_plan
+    from pinwheel.release.assemble import Verified
+    from pinwheel.release.targets.github import github_plan
 
     release = tmp_path / "release"
     release.mkdir()

@@ -196,66 +196,37 @@ def cmd_verify_release(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_publish(ctx: Context, args: argparse.Namespace) -> int:
-    from pinwheel.manifest.release import IndexTarget
-    from pinwheel.release.assemble import (
-        github_plan,
-        publish_index,
-        release_config,
-        verify_release,
-    )
+    """Verify the release, then hand it to the target ``--to`` names (release/targets/)."""
+    from pinwheel.release import targets
+    from pinwheel.release.assemble import release_config, verify_release
 
+    target = targets.named(args.to)
     manifest = ctx.manifest()
     config = release_config(manifest)
     directory = Path(args.dir) if args.dir else config.dir
     verified = verify_release(
         directory, allowed_signers=config.allowed_signers, principal=config.principal
     )
-    if args.to == "index":
-        target = IndexTarget(args.repository_url) if args.repository_url else config.index
-        if target is None:
-            raise UsageError(
-                "no index to publish to",
-                where="[release.index] url",
-                next="set [release.index] url or pass --repository-url URL",
-            )
-        wheels = publish_index(verified, target)
-        ctx.emit(
-            {"index": target.url, "uploaded": wheels},
-            f"uploaded {len(wheels)} wheels to {target.url}",
-        )
-    elif args.to == "github":
-        if config.github is None:
-            raise UsageError(
-                "no GitHub target",
-                where="[release.github] repo",
-                next='set [release.github] repo = "owner/name"',
-            )
-        plan = github_plan(verified, config.github, manifest)
-        ctx.emit(plan, " ".join(plan["command"]))
-    else:
-        from pinwheel.release.hub import upload_folder
-
-        hub = config.huggingface
-        if hub is None:
-            raise UsageError(
-                "no Hugging Face target",
-                where="[release.huggingface] repo",
-                next="set [release.huggingface] repo and revision",
-            )
-        url = upload_folder(
-            directory,
-            repo=hub.repo,
-            revision=hub.revision,
-            parent_commit=hub.parent_commit,
-            repo_type=hub.repo_type,
-            path_in_repo=hub.path_in_repo,
-            message=f"pinwheel release {manifest.result.tag or manifest.name}",
-        )
-        ctx.emit(
-            {"repo": hub.repo, "revision": hub.revision, "commit": url},
-            f"uploaded {directory} to {hub.repo}@{hub.revision}: {url}",
-        )
+    flags = {f.flag: getattr(args, f.dest, None) for f in target.flags}
+    done = target.publish(targets.PublishRequest(verified, config, manifest, flags))
+    ctx.emit(done.payload, done.text)
     return 0
+
+
+def _register_publish(sub: Any) -> None:
+    """``publish``: ``--to``'s choices, its help and each target's flags, from the table."""
+    from pinwheel.release import targets
+
+    rows = targets.TARGETS
+    p = command(sub, "publish", "upload a verified release to a target: "
+                + ", ".join(t.name for t in rows), cmd_publish)  # fmt: skip
+    p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
+    p.add_argument("--to", required=True, choices=tuple(t.name for t in rows),
+                   help="; ".join(f"{t.name}: {t.summary}" for t in rows))  # fmt: skip
+    for target in rows:
+        for flag in target.flags:
+            p.add_argument(flag.flag, dest=flag.dest, metavar=flag.metavar,
+                           help=f"{flag.help} (--to {target.name})")  # fmt: skip
 
 
 def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
@@ -525,6 +496,19 @@ def _model_help(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    """The release stage's commands, in the order `pinwheel --help` lists them."""
+    _register_release(sub)
+    _register_keygen(sub)
+    _register_verify_release(sub)
+    _register_publish(sub)
+    _register_index(sub)
+    _register_runtime_lock(sub)
+    _register_fetch(sub)
+    _register_install(sub)
+    _register_model(sub)
+
+
+def _register_release(sub: Any) -> None:
     p = command(sub, "release", "assemble a signed release dir from the build output", cmd_release)
     p.add_argument(
         "--from", dest="source", help="build output (default: [release] source, wheels/)"
@@ -553,6 +537,8 @@ def register(sub: Any) -> None:
         "run there, else urn:pinwheel:builder:local)",
     )
 
+
+def _register_keygen(sub: Any) -> None:
     p = command(sub, "keygen", "make a release signing key and its allowed_signers line",
                 cmd_keygen)  # fmt: skip
     p.add_argument("--key", help="where the private key goes (default: [release] signing_key); "
@@ -562,6 +548,8 @@ def register(sub: Any) -> None:
     p.add_argument("--principal", help="the key's identity in allowed_signers (default: "
                    "[release] principal, else NAME-release)")  # fmt: skip
 
+
+def _register_verify_release(sub: Any) -> None:
     p = command(
         sub,
         "verify-release",
@@ -575,11 +563,8 @@ def register(sub: Any) -> None:
     _unsigned_option(p)
     _sigstore_option(p)
 
-    p = command(sub, "publish", "upload a verified release: index (twine), github, hf", cmd_publish)
-    p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
-    p.add_argument("--to", required=True, choices=("index", "github", "hf"))
-    p.add_argument("--repository-url", help="index upload URL (default: [release.index] url)")
 
+def _register_index(sub: Any) -> None:
     p = command(
         sub, "index", "a static PEP 503/691 index per variant for a release (pip, uv)", cmd_index
     )
@@ -588,6 +573,8 @@ def register(sub: Any) -> None:
                    "pinwheel index made (then replaced atomically)")  # fmt: skip
     _signer_options(p)
 
+
+def _register_runtime_lock(sub: Any) -> None:
     p = command(
         sub,
         "runtime-lock",
@@ -609,6 +596,8 @@ def register(sub: Any) -> None:
         help="an unpinned package the engine does not need (pip): left out, named in the lock",
     )  # fmt: skip
 
+
+def _register_fetch(sub: Any) -> None:
     p = command(sub, "fetch", "download a release (URL|DIR|INDEX) and verify every file", cmd_fetch)
     p.add_argument(
         "source", help="release base URL, directory, or index project URL (.../simple/NAME/)"
@@ -636,6 +625,8 @@ def register(sub: Any) -> None:
     )
     _sigstore_option(p)
 
+
+def _register_install(sub: Any) -> None:
     p = command(sub, "install", "install verified wheels into a venv (uv, else pip)", cmd_install)
     p.add_argument("dir", nargs="?", default=FETCH_DEST,
                    help=f"a fetched release (default: {FETCH_DEST})")  # fmt: skip
@@ -658,6 +649,8 @@ def register(sub: Any) -> None:
     _unsigned_option(p)
     _sigstore_option(p)
 
+
+def _register_model(sub: Any) -> None:
     p = command(
         sub, "model", "model pack: fetch at the pinned revision, check offline", _model_help
     )

@@ -1,9 +1,9 @@
-"""Release assembly: the build output, signed SHA256SUMS, generated notes; and publishing.
+"""Release assembly: the build output, signed SHA256SUMS, generated notes.
 
 A release directory holds the wheels, ``provenance.json``, an optional
 ``qualification.json``, ``RELEASE_NOTES.md``, ``SHA256SUMS`` over all of those,
-and ``SHA256SUMS.sig`` (``ssh-keygen -Y sign -n pinwheel``). The GitHub
-release uploads exactly these files; the package index gets the wheels.
+and ``SHA256SUMS.sig`` (``ssh-keygen -Y sign -n pinwheel``). Where a release goes
+from here is release/targets/ (`pinwheel publish --to`).
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ import json
 import os
 import re
 import shutil
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pinwheel import markup as md
-from pinwheel import runner, untrusted, validate
+from pinwheel import untrusted
 from pinwheel.checksums import SIG, SUMS, format_sums, parse_sums, sha256_files, verify_dir
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_text, link_or_copy
@@ -27,8 +26,6 @@ from pinwheel.manifest import Manifest
 from pinwheel.manifest.release import (
     DEFAULT_SIGSTORE_WORKFLOW,
     GITHUB_ACTIONS_ISSUER,
-    GithubTarget,
-    IndexTarget,
     ReleaseConfig,
     SigstoreIdentity,
 )
@@ -432,18 +429,7 @@ def assemble(request: AssembleRequest) -> Release:
         )
 
     if request.lock is not None:
-        locked = pylock.check(request.lock)  # every package hash-pinned, before anything is written
-        # A lock from `pinwheel runtime-lock` names the release wheels that were installed
-        # where it was made: they must be this release's, byte for byte.
-        other = [f"{w} ({sha[:12]}…)" for w, sha in locked.release_wheels if digests.get(w) != sha]
-        if other:
-            raise VerifyError(
-                f"{request.lock} was made where other wheels than this release's were installed: "
-                + ", ".join(other[:10]),
-                where=str(request.lock),
-                next="install this release, qualify it, and run `pinwheel runtime-lock VENV "
-                "--release DIR` again",
-            )
+        _check_lock(request.lock, digests)
     same_dir = out.resolve() == build.resolve()
     with atomic_dir(out) if not same_dir else _in_place(out) as tmp:
         os.chmod(tmp, 0o755)  # a web server running as another user serves the release
@@ -461,17 +447,7 @@ def assemble(request: AssembleRequest) -> Release:
         listing = dict(digests) | {n: extra_hashes[tmp / n] for n in extras}
         sized = {n: (d, (tmp / n).stat().st_size) for n, d in listing.items()}
         notes = render_notes(manifest, provenance, sized, qual, config, floors)
-        first = []  # what a reader must see before anything else, on the first line
-        if reasons:
-            first.append(
-                "**UNVERIFIED RELEASE** (made with --allow-unverified): "
-                + md.text("; ".join(reasons), limit=2000)
-            )
-        if stack_not_replayed(provenance):
-            first.append(f"**UNVERIFIED STACK**: {md.text(stack_statement(manifest))}")
-        if substituted := headline(from_receipt(provenance)):  # receipt values: escaped
-            first.append(f"**{md.text(substituted, limit=2000)}**")
-        if first:
+        if first := _first_line(manifest, provenance, reasons):
             notes = " ".join(first) + "\n\n" + notes
         atomic_write_text(tmp / NOTES, notes)
         listing[NOTES] = sha256_files([tmp / NOTES])[tmp / NOTES]
@@ -487,20 +463,8 @@ def assemble(request: AssembleRequest) -> Release:
             warnings.append("not signed: no --key and no [release] signing_key")
         (tmp / attest.FILENAME).unlink(missing_ok=True)
         subjects = {w: digests[w] for w in wheels} | {SUMS: sha256_files([tmp / SUMS])[tmp / SUMS]}
-        doc = attest.statement(
-            subjects,
-            attest.resolved_dependencies(
-                manifest.path.name, manifest.sha256, provenance,
-                extra_hashes.get(tmp / FILENAME) if FILENAME in extras else None,
-            ),
-            request.builder_id,
-            external={"manifest": manifest.path.name,
-                      "tag": provenance.get("tag") or manifest.result.tag or manifest.name},
-            internal={k: provenance[k] for k in ("arches", "toolchain", "source_date_epoch")
-                      if provenance.get(k) is not None},
-            invocation_id=request.invocation_id,
-        )  # fmt: skip
-        attest.write_envelope(tmp, doc, key)
+        receipt_sha = extra_hashes.get(tmp / FILENAME) if FILENAME in extras else None
+        attest.write_envelope(tmp, _statement(request, provenance, subjects, receipt_sha), key)
     return Release(
         dir=out,
         files=tuple(sorted(listing)),
@@ -508,6 +472,60 @@ def assemble(request: AssembleRequest) -> Release:
         signed=signed,
         warnings=tuple(warnings),
     )
+
+
+def _check_lock(lock: Path, digests: Mapping[str, str]) -> None:
+    """``--lock``: every package hash-pinned (checked before anything is written), and the
+    release wheels a lock from `pinwheel runtime-lock` names are this release's."""
+    locked = pylock.check(lock)
+    # A lock from `pinwheel runtime-lock` names the release wheels that were installed
+    # where it was made: they must be this release's, byte for byte.
+    other = [f"{w} ({sha[:12]}…)" for w, sha in locked.release_wheels if digests.get(w) != sha]
+    if other:
+        raise VerifyError(
+            f"{lock} was made where other wheels than this release's were installed: "
+            + ", ".join(other[:10]),
+            where=str(lock),
+            next="install this release, qualify it, and run `pinwheel runtime-lock VENV "
+            "--release DIR` again",
+        )
+
+
+def _first_line(manifest: Manifest, provenance: Mapping[str, Any], reasons: list[str]) -> list[str]:
+    """What a reader of RELEASE_NOTES.md must see before anything else, on the first line."""
+    first = []
+    if reasons:
+        first.append(
+            "**UNVERIFIED RELEASE** (made with --allow-unverified): "
+            + md.text("; ".join(reasons), limit=2000)
+        )
+    if stack_not_replayed(provenance):
+        first.append(f"**UNVERIFIED STACK**: {md.text(stack_statement(manifest))}")
+    if substituted := headline(from_receipt(provenance)):  # receipt values: escaped
+        first.append(f"**{md.text(substituted, limit=2000)}**")
+    return first
+
+
+def _statement(
+    request: AssembleRequest,
+    provenance: Mapping[str, Any],
+    subjects: dict[str, str],
+    receipt_sha: str | None,
+) -> dict[str, Any]:
+    """The in-toto statement over the wheels and SHA256SUMS (``receipt_sha``: provenance.json's)."""
+    manifest = request.manifest
+    return attest.statement(
+        subjects,
+        attest.resolved_dependencies(
+            manifest.path.name, manifest.sha256, provenance, receipt_sha,
+        ),
+        request.builder_id,
+        external={"manifest": manifest.path.name,
+                  "tag": provenance.get("tag") or manifest.result.tag or manifest.name},
+        internal={k: provenance[k] for k in ("arches", "toolchain", "source_date_epoch")
+                  if provenance.get(k) is not None},
+        invocation_id=request.invocation_id,
+    )  # fmt: skip
 
 
 def _signed_by_a_listed_key(tmp: Path, key: Path, config: ReleaseConfig) -> None:
@@ -654,103 +672,3 @@ def verify_release(
     else:
         verify_dir(directory, {n: d for n, d in sums.items() if (directory / n).exists()})
     return Verified(dir=directory, sums=sums, signed_by=signed_by)
-
-
-# --------------------------------------------------------------------------- publishing
-
-
-def publish_index(release: Verified, target: IndexTarget) -> list[str]:
-    """Upload the release's wheels with twine; credentials come from TWINE_* variables."""
-    wheels = sorted(n for n in release.sums if n.endswith(".whl"))
-    cmd = [
-        sys.executable,
-        "-m",
-        "twine",
-        "upload",
-        "--non-interactive",
-        "--disable-progress-bar",
-        "--repository-url",
-        target.url,
-        "--",
-        *(str((release.dir / w).resolve()) for w in wheels),
-    ]
-    try:
-        import twine  # noqa: F401
-    except ImportError:
-        raise PinwheelError(
-            "twine is not installed",
-            next="install the release extra: `pip install -e '.[release]'` from the checkout",
-        ) from None
-    twine_check(release.dir, wheels)
-    runner.run(
-        runner.Command(
-            tuple(cmd),
-            what="twine upload",
-            where=target.url,
-            next="check TWINE_USERNAME/TWINE_PASSWORD and the index URL",
-            redact=True,
-        )
-    )
-    return wheels
-
-
-def twine_check(directory: Path, wheels: list[str]) -> None:
-    """``twine check --strict`` over the wheels: what the index would warn about, refused first."""
-    proc = runner.run(
-        runner.Command(
-            (sys.executable, "-m", "twine", "check", "--strict", "--")
-            + tuple(str((directory / w).resolve()) for w in wheels),
-            what="twine check --strict",
-            where=str(directory),
-            check=False,
-            env_set={"NO_COLOR": "1"},
-        )
-    )
-    if proc.returncode != 0:
-        raise VerifyError(
-            "twine check --strict refused the wheels; nothing was uploaded:\n    "
-            + "\n    ".join(line for line in proc.text.splitlines() if line.strip())[:4000],
-            where=str(directory),
-            next="fix the wheels' metadata (a README as long_description, its content type) "
-            "and rebuild, then rerun `pinwheel release` and `pinwheel publish`",
-        )
-
-
-def github_plan(release: Verified, target: GithubTarget, manifest: Manifest) -> dict[str, Any]:
-    """Exactly what the workflow uploads: the files SHA256SUMS lists, the sums, the signature."""
-    tag = target.tag or manifest.result.tag
-    if not tag:
-        raise PinwheelError(
-            "no release tag",
-            where="[release.github] tag / [result] tag",
-            next="set [result].tag in the manifest",
-        )
-    problem = validate.tag_problem(tag)
-    if problem:
-        raise PinwheelError(
-            f"refusing release tag {tag[:80]!r}: {problem}",
-            where="[release.github] tag / [result] tag",
-            next="set a tag name like v1.2.3 in the manifest",
-        )
-    files = sorted(release.sums) + [SUMS]
-    files += [f for f in (SIG, attest.FILENAME) if (release.dir / f).is_file()]
-    paths = [str((release.dir / f).absolute()) for f in files]
-    return {
-        "repo": target.repo,
-        "tag": tag,
-        "notes": str(release.dir / NOTES),
-        "files": paths,
-        "command": [
-            "gh",
-            "release",
-            "create",
-            "--repo",
-            target.repo,
-            "--notes-file",
-            str((release.dir / NOTES).absolute()),
-            # "--": the tag and the file names are never read as options.
-            "--",
-            tag,
-            *paths,
-        ],
-    }

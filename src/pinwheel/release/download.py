@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -641,21 +641,11 @@ def _carry(
     return carried
 
 
-def fetch_release(
-    source: Source,
-    dest: Path,
-    opts: FetchOptions,
-    only: tuple[str, ...] = (),
-) -> FetchResult:
-    """Verify SHA256SUMS (and its signature), then fetch and verify every listed file.
-
-    Every name is checked (plain file names only, listed once) before a file is placed.
-    """
-    signing.require_signers(opts.allowed_signers, opts.allow_unsigned, opts.command)
-    opts = opts.started()
-    sums_at = _sums_location(source, opts)
-    sums_bytes = _read_location(sums_at, opts, SUMS)
-    assert sums_bytes is not None
+def _signature(
+    sums_at: str, sums_bytes: bytes, opts: FetchOptions
+) -> tuple[str | None, bytes | None]:
+    """(who signed SHA256SUMS, the signature's bytes): verified with allowed_signers,
+    required then; otherwise only looked for, to say whether there was one."""
     signed_by = None
     sig: bytes | None = None
     if opts.allowed_signers is None:
@@ -675,9 +665,19 @@ def fetch_release(
                 next="the release is unsigned or incomplete: do not install it",
             )
         signed_by = signing.verify(sums_bytes, sig, opts.allowed_signers, opts.principal)
-    sums = parse_sums(sums_bytes, sums_at)
+    return signed_by, sig
 
-    offered = _offered(source, opts)
+
+def _wanted(
+    source: Source,
+    sums: Mapping[str, str],
+    offered: Mapping[str, str],
+    sums_at: str,
+    only: tuple[str, ...],
+) -> list[str]:
+    """The files to fetch: every one SHA256SUMS lists (``only`` those named, each listed).
+    An index's hashes must agree and its project's listed wheels be there; a folder or
+    base URL may offer no wheel SHA256SUMS does not list."""
     wheels_offered = {n for n in offered if n.endswith(".whl")}
     if source.kind == "index":
         # An index holds other versions too: take the listed ones, check its hashes agree.
@@ -719,6 +719,29 @@ def fetch_release(
             )
     if only:
         wanted = sorted(only)
+    return wanted
+
+
+def fetch_release(
+    source: Source,
+    dest: Path,
+    opts: FetchOptions,
+    only: tuple[str, ...] = (),
+) -> FetchResult:
+    """Verify SHA256SUMS (and its signature), then fetch and verify every listed file.
+
+    Every name is checked (plain file names only, listed once) before a file is placed.
+    """
+    signing.require_signers(opts.allowed_signers, opts.allow_unsigned, opts.command)
+    opts = opts.started()
+    sums_at = _sums_location(source, opts)
+    sums_bytes = _read_location(sums_at, opts, SUMS)
+    assert sums_bytes is not None
+    signed_by, sig = _signature(sums_at, sums_bytes, opts)
+    sums = parse_sums(sums_bytes, sums_at)
+
+    offered = _offered(source, opts)
+    wanted = _wanted(source, sums, offered, sums_at, only)
 
     dest.mkdir(parents=True, exist_ok=True)
     fetched = []

@@ -44,7 +44,7 @@ from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.options import HostEnvironment
 from pinwheel.release import attest, interpreter, pylock, signing, sigstorebundle
-from pinwheel.release.assemble import verify_release
+from pinwheel.release.assemble import Verified, verify_release
 from pinwheel.urls import redact
 from pinwheel.wheels.abifloor import Version, host_glibc, show
 from pinwheel.wheels.check import CheckSpec, check_wheels
@@ -350,24 +350,22 @@ class InstallRequest:
     sigstore_policy: sigstorebundle.IdentityPolicy | None = None
 
 
-def install(request: InstallRequest) -> InstallResult:
-    """Verify, check (glibc floor against ``target_glibc``, default this machine's), install."""
-    wheel_dir, venv, torch_backend = request.wheel_dir, request.venv, request.torch_backend
-    installer, no_deps, target_glibc = request.installer, request.no_deps, request.target_glibc
-    allowed_signers, principal = request.allowed_signers, request.principal
-    allow_partial = request.allow_partial
-    if target_glibc is None:
-        target_glibc = host_glibc()
-    if installer not in INSTALLERS:
-        raise UsageError(f"unknown installer {installer!r}", next="use auto, uv or pip")
-    signing.require_signers(allowed_signers, request.allow_unsigned, "pinwheel install")
+def _checked_wheels(
+    request: InstallRequest,
+) -> tuple[Verified, attest.ReleaseCheck | None, list[str]]:
+    """The release verified (SHA256SUMS, signature, the attestation and any Sigstore bundle
+    over the same files), then the listed wheels present: well named, all there unless
+    ``allow_partial``, above the glibc floor, with no direct references."""
+    wheel_dir = request.wheel_dir
+    signing.require_signers(request.allowed_signers, request.allow_unsigned, "pinwheel install")
     verified = verify_release(
-        wheel_dir, allowed_signers=allowed_signers, principal=principal, require_all=False
-    )
+        wheel_dir, allowed_signers=request.allowed_signers, principal=request.principal,
+        require_all=False,
+    )  # fmt: skip
     # the attestation (and any Sigstore bundle) over the same files, before anything else
     check = attest.check_carried(
-        wheel_dir, verified, allowed_signers=allowed_signers, principal=principal,
-        sigstore_policy=request.sigstore_policy, partial=True,
+        wheel_dir, verified, allowed_signers=request.allowed_signers,
+        principal=request.principal, sigstore_policy=request.sigstore_policy, partial=True,
     )  # fmt: skip
     listed = sorted(n for n in verified.sums if n.endswith(".whl"))
     odd = [n for n in listed if not _WHEEL_NAME.fullmatch(n)]
@@ -385,7 +383,7 @@ def install(request: InstallRequest) -> InstallResult:
             next="run `pinwheel fetch SOURCE --dest DIR` first",
         )
     missing = [n for n in listed if n not in wheels]
-    if missing and not allow_partial:
+    if missing and not request.allow_partial:
         raise VerifyError(
             f"partial release: {len(missing)} of {len(listed)} wheels listed in SHA256SUMS "
             f"are missing: {', '.join(missing)}; nothing was installed",
@@ -393,10 +391,16 @@ def install(request: InstallRequest) -> InstallResult:
             next="fetch the rest (`pinwheel fetch SOURCE --dest DIR`), or pass --allow-partial "
             "to install only the wheels present",
         )
+    target_glibc = request.target_glibc if request.target_glibc is not None else host_glibc()
     check_before_install([wheel_dir / w for w in wheels], target_glibc)
     refuse_direct_references(wheel_dir, wheels)
-    lock = _shipped_lock(wheel_dir, verified.sums) if not no_deps else None
+    return verified, check, wheels
+
+
+def _choose_installer(request: InstallRequest) -> tuple[str | None, str, str | None]:
+    """(uv's path or None, the installer used, why it is not the one asked for or None)."""
     uv = find_uv()
+    installer = request.installer
     chosen = ("uv" if uv else "pip") if installer == "auto" else installer
     if chosen == "uv" and not uv:
         raise PinwheelError(
@@ -407,12 +411,24 @@ def install(request: InstallRequest) -> InstallResult:
     fell_back = None
     if installer == "auto" and not uv:
         fell_back = "uv not found: installed with pip" + (
-            f"; --torch-backend {torch_backend} was not applied (pip has no torch backend: "
-            "torch comes from pip's index, a CUDA build only if the build's provenance.json "
-            "pins its index); install uv (python -m pip install uv) to apply it"
-            if torch_backend
+            f"; --torch-backend {request.torch_backend} was not applied (pip has no torch "
+            "backend: torch comes from pip's index, a CUDA build only if the build's "
+            "provenance.json pins its index); install uv (python -m pip install uv) to apply it"
+            if request.torch_backend
             else ""
         )
+    return uv, chosen, fell_back
+
+
+def install(request: InstallRequest) -> InstallResult:
+    """Verify, check (glibc floor against ``target_glibc``, default this machine's), install."""
+    if request.installer not in INSTALLERS:
+        raise UsageError(f"unknown installer {request.installer!r}", next="use auto, uv or pip")
+    verified, check, wheels = _checked_wheels(request)
+    wheel_dir, venv, torch_backend = request.wheel_dir, request.venv, request.torch_backend
+    no_deps = request.no_deps
+    lock = _shipped_lock(wheel_dir, verified.sums) if not no_deps else None
+    uv, chosen, fell_back = _choose_installer(request)
     need = interpreter.wanted(wheels)
     found = interpreter.find(need, given=request.python, uv=uv, offline=request.offline,
                              fallback=sys.executable, host=request.host)  # fmt: skip

@@ -89,7 +89,6 @@ def _member(directory: Path, name: str) -> tuple[Path | None, str | None]:
 
 def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> ModelReport:
     directory = Path(directory)
-    problems: list[str] = []
     for fixed in (INDEX, SINGLE, "config.json"):
         _, escape = _member(directory, fixed)
         if escape:
@@ -98,13 +97,47 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
                 where=str(directory),
                 next="replace the symlink with the file itself (`pinwheel model fetch`)",
             )
-    index_path = directory / INDEX
     if not directory.is_dir():  # the command line names no pack: nothing was verified
         raise UsageError(
             f"{directory} is {'a file' if directory.exists() else 'missing'}, not a directory",
             where=str(directory),
             next="pass the model pack's directory: `pinwheel model check DIR`",
         )
+    shards, weight_map = _shards_of(directory)
+    problems: list[str] = []
+    total = 0
+    for shard in shards:
+        size, found = _shard_problems(directory, shard, weight_map)
+        total += size
+        problems += found
+
+    if pack.shards is not None and len(shards) != pack.shards:
+        problems.append(f"{len(shards)} shards, [model] shards pins {pack.shards}")
+    if (
+        pack.total_bytes is not None
+        and total != pack.total_bytes
+        and not any("missing" in p for p in problems)
+    ):
+        problems.append(f"shards total {total} bytes, [model] total_bytes pins {pack.total_bytes}")
+    problems += _config_problems(directory, pack)
+    hashed: list[str] = []
+    if hashes and pack.sha256:
+        hashed, found = _hash_problems(directory, pack, shards)
+        problems += found
+
+    if problems:
+        raise VerifyError(
+            f"model pack check failed ({len(problems)} problems):\n    " + "\n    ".join(problems),
+            where=f"{directory} against [model] {pack.repo or '(repo unset)'}"
+            + (f"@{pack.revision[:12]}" if pack.revision else ""),
+            next="run `pinwheel model fetch` to complete or repair the download",
+        )
+    return ModelReport(dir=directory, shards=tuple(shards), total_bytes=total, hashed=tuple(hashed))
+
+
+def _shards_of(directory: Path) -> tuple[list[str], dict[str, str]]:
+    """The shard files (from the index, else the single file) and the index's weight map."""
+    index_path = directory / INDEX
     weight_map: dict[str, str] = {}
     if index_path.exists():
         index = untrusted.load(index_path, documents.ModelIndexDoc, untrusted.MODEL_INDEX)
@@ -118,95 +151,84 @@ def check_model(directory: Path, pack: ModelConfig, *, hashes: bool = True) -> M
             where=str(directory),
             next="run `pinwheel model fetch`, or point at the model directory",
         )
+    return shards, weight_map
 
-    total = 0
-    for shard in shards:
-        path, escape = _member(directory, shard)
-        if path is None:
-            problems.append(escape or shard)
-            continue
-        if path.is_dir():
-            problems.append(f"{shard}: a directory, not a shard file")
-            continue
-        if not path.is_file():
-            problems.append(f"{shard}: missing")
-            continue
-        size = path.stat().st_size
-        total += size
-        try:
-            implied, names = safetensors_layout(path)
-        except PinwheelError as exc:
-            problems.append(f"{shard}: {exc.what}")
-            continue
-        except OSError as exc:
-            problems.append(f"{shard}: cannot read: {exc.strerror or exc}")
-            continue
-        if size != implied:
-            state = "truncated" if size < implied else "has trailing bytes"
-            problems.append(f"{shard}: {state}: {size} bytes, header implies {implied}")
-        lost = sorted(t for t, s in weight_map.items() if s == shard and t not in names)
-        if lost:
-            problems.append(
-                f"{shard}: {len(lost)} tensors the index names are not in it (first: {lost[0]})"
-            )
 
-    if pack.shards is not None and len(shards) != pack.shards:
-        problems.append(f"{len(shards)} shards, [model] shards pins {pack.shards}")
-    if (
-        pack.total_bytes is not None
-        and total != pack.total_bytes
-        and not any("missing" in p for p in problems)
-    ):
-        problems.append(f"shards total {total} bytes, [model] total_bytes pins {pack.total_bytes}")
-
-    config_path = directory / "config.json"
-    if pack.config:
-        config: Mapping[str, Any] | None = None
-        try:
-            config = documents.model_config(config_path)
-        except PinwheelError as exc:
-            problems.append(exc.what)
-        if config is not None:
-            for key, wanted in pack.config.items():
-                actual = _lookup(config, key)
-                if actual is _ABSENT:
-                    problems.append(
-                        f"config.json: {key} absent, [model.config] requires {wanted!r}"
-                    )
-                elif not _same(actual, wanted):
-                    problems.append(
-                        f"config.json: {key} = {actual!r}, [model.config] requires {wanted!r}"
-                    )
-
-    hashed: list[str] = []
-    if hashes and pack.sha256:
-        inside: list[str] = []
-        for n in pack.sha256:
-            member, escape = _member(directory, n)
-            if member is None:
-                problems.append(escape or n)
-            else:
-                inside.append(n)
-        present = [n for n in inside if (directory / n).is_file()]
-        problems += [
-            f"{n}: missing (hash pinned)" for n in inside if n not in present and n not in shards
-        ]
-        digests = sha256_files([directory / n for n in present])
-        for name in present:
-            if digests[directory / name] != pack.sha256[name]:
-                problems.append(
-                    f"{name}: sha256 {digests[directory / name]}, pinned {pack.sha256[name]}"
-                )
-        hashed = present
-
-    if problems:
-        raise VerifyError(
-            f"model pack check failed ({len(problems)} problems):\n    " + "\n    ".join(problems),
-            where=f"{directory} against [model] {pack.repo or '(repo unset)'}"
-            + (f"@{pack.revision[:12]}" if pack.revision else ""),
-            next="run `pinwheel model fetch` to complete or repair the download",
+def _shard_problems(
+    directory: Path, shard: str, weight_map: Mapping[str, str]
+) -> tuple[int, list[str]]:
+    """(the shard's size, what is wrong with it): present, a file, as long as its header
+    says, holding every tensor the index puts in it."""
+    path, escape = _member(directory, shard)
+    if path is None:
+        return 0, [escape or shard]
+    if path.is_dir():
+        return 0, [f"{shard}: a directory, not a shard file"]
+    if not path.is_file():
+        return 0, [f"{shard}: missing"]
+    size = path.stat().st_size
+    try:
+        implied, names = safetensors_layout(path)
+    except PinwheelError as exc:
+        return size, [f"{shard}: {exc.what}"]
+    except OSError as exc:
+        return size, [f"{shard}: cannot read: {exc.strerror or exc}"]
+    problems = []
+    if size != implied:
+        state = "truncated" if size < implied else "has trailing bytes"
+        problems.append(f"{shard}: {state}: {size} bytes, header implies {implied}")
+    lost = sorted(t for t, s in weight_map.items() if s == shard and t not in names)
+    if lost:
+        problems.append(
+            f"{shard}: {len(lost)} tensors the index names are not in it (first: {lost[0]})"
         )
-    return ModelReport(dir=directory, shards=tuple(shards), total_bytes=total, hashed=tuple(hashed))
+    return size, problems
+
+
+def _config_problems(directory: Path, pack: ModelConfig) -> list[str]:
+    """config.json against every ``[model.config]`` key."""
+    if not pack.config:
+        return []
+    try:
+        config = documents.model_config(directory / "config.json")
+    except PinwheelError as exc:
+        return [exc.what]
+    problems = []
+    for key, wanted in pack.config.items():
+        actual = _lookup(config, key)
+        if actual is _ABSENT:
+            problems.append(f"config.json: {key} absent, [model.config] requires {wanted!r}")
+        elif not _same(actual, wanted):
+            problems.append(
+                f"config.json: {key} = {actual!r}, [model.config] requires {wanted!r}"
+            )
+    return problems
+
+
+def _hash_problems(
+    directory: Path, pack: ModelConfig, shards: list[str]
+) -> tuple[list[str], list[str]]:
+    """(the files hashed, what is wrong): every ``[model.sha256]`` file inside the pack,
+    present (a missing shard is reported once, above) and with its pinned sha256."""
+    problems: list[str] = []
+    inside: list[str] = []
+    for n in pack.sha256:
+        member, escape = _member(directory, n)
+        if member is None:
+            problems.append(escape or n)
+        else:
+            inside.append(n)
+    present = [n for n in inside if (directory / n).is_file()]
+    problems += [
+        f"{n}: missing (hash pinned)" for n in inside if n not in present and n not in shards
+    ]
+    digests = sha256_files([directory / n for n in present])
+    for name in present:
+        if digests[directory / name] != pack.sha256[name]:
+            problems.append(
+                f"{name}: sha256 {digests[directory / name]}, pinned {pack.sha256[name]}"
+            )
+    return present, problems
 
 
 def fetch_model(pack: ModelConfig, local_dir: Path) -> ModelReport:

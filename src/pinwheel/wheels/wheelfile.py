@@ -336,56 +336,87 @@ def audit(
                     Issue(name, f"RECORD hash {row[0]!r} is not sha256 or stronger", "record")
                 )
                 algo, expected = "sha256", ""
-        digest = hashlib.new(algo)
-        size = 0
-        out = None
-        if spool is not None and spool(info):
-            out = tempfile.NamedTemporaryFile(
-                dir=spool_dir, prefix="member-", suffix=".bin", delete=False
-            )
-        sinks: list[Callable[[bytes], Any]] = [digest.update]
-        if out is not None:
-            sinks.append(out.write)
-
-        def sink(block: bytes, sinks: list[Callable[[bytes], Any]] = sinks) -> None:
-            nonlocal size
-            size += len(block)
-            for s in sinks:
-                s(block)
-
-        problem = stream_member(zf, info, sink, limits.member)
-        if out is not None:
-            out.close()
-            if problem:
-                Path(out.name).unlink(missing_ok=True)
-            else:
-                result.spooled[name] = Path(out.name)
+        spooling = spool is not None and spool(info)
+        problem, actual, size, spooled = _stream_hashed(
+            zf, info, algo, limits.member, spool_dir if spooling else None, spooling=spooling
+        )
+        if spooled is not None:
+            result.spooled[name] = spooled
         if problem:
             result.issues.append(Issue(name, problem))
             continue
         if expected:
-            actual = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
-            if actual != expected:
-                result.issues.append(
-                    Issue(
-                        name,
-                        f"RECORD {algo} mismatch: RECORD says {expected}, file is {actual}",
-                        "record",
-                    )
-                )
-            size_field = row[1] if row else ""
-            if size_field and size_field != str(size):
-                result.issues.append(
-                    Issue(
-                        name,
-                        f"RECORD size mismatch: RECORD says {size_field}, file is {size}",
-                        "record",
-                    )
-                )
+            result.issues += _record_mismatches(name, row, algo, expected, actual, size)
     for name in listed or {}:
         if name not in members and name not in signatures:
             result.issues.append(Issue(name, "listed in RECORD but not in the wheel", "record"))
     return result
+
+
+def _stream_hashed(
+    zf: zipfile.ZipFile,
+    info: zipfile.ZipInfo,
+    algo: str,
+    limit: int,
+    spool_dir: Path | None,
+    *,
+    spooling: bool,
+) -> tuple[str | None, str, int, Path | None]:
+    """Stream one member once: (the problem reading it or None, its ``algo`` digest as
+    RECORD writes it, its size, the file it was spooled to when ``spooling``: in
+    ``spool_dir``, None: the default temporary folder). A member that fails is not kept."""
+    digest = hashlib.new(algo)
+    size = 0
+    out = None
+    if spooling:
+        out = tempfile.NamedTemporaryFile(
+            dir=spool_dir, prefix="member-", suffix=".bin", delete=False
+        )
+    sinks: list[Callable[[bytes], Any]] = [digest.update]
+    if out is not None:
+        sinks.append(out.write)
+
+    def sink(block: bytes, sinks: list[Callable[[bytes], Any]] = sinks) -> None:
+        nonlocal size
+        size += len(block)
+        for s in sinks:
+            s(block)
+
+    problem = stream_member(zf, info, sink, limit)
+    spooled = None
+    if out is not None:
+        out.close()
+        if problem:
+            Path(out.name).unlink(missing_ok=True)
+        else:
+            spooled = Path(out.name)
+    actual = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+    return problem, actual, size, spooled
+
+
+def _record_mismatches(
+    name: str, row: tuple[str, str] | None, algo: str, expected: str, actual: str, size: int
+) -> list[Issue]:
+    """A member's digest and size against its RECORD row."""
+    issues = []
+    if actual != expected:
+        issues.append(
+            Issue(
+                name,
+                f"RECORD {algo} mismatch: RECORD says {expected}, file is {actual}",
+                "record",
+            )
+        )
+    size_field = row[1] if row else ""
+    if size_field and size_field != str(size):
+        issues.append(
+            Issue(
+                name,
+                f"RECORD size mismatch: RECORD says {size_field}, file is {size}",
+                "record",
+            )
+        )
+    return issues
 
 
 def dist_name(wheel: str) -> str:

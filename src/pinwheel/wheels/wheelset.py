@@ -156,14 +156,7 @@ def publish(
     out_dir = Path(out_dir).absolute()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     recover(out_dir)
-    new_dists = {dist_name(b.wheel.name) for b in built}
-    old, old_receipt = vouched(out_dir) if keep_others else ({}, None)
-    kept = {n: d for n, d in old.items() if dist_name(n) not in new_dists}
-    old_components = {
-        c["wheel"]: c
-        for c in (old_receipt.entries() if old_receipt else [])
-        if c.get("wheel") in kept
-    }
+    kept, old_receipt, old_components = _kept(out_dir, built, keep_others)
     # Required members ([build] required_members: the engine's) count over the whole set, and
     # only once the set has an engine: a kernel-only build keeps, or waits for, the engine.
     has_engine = any(b.kind == "engine" for b in built) or any(
@@ -203,27 +196,12 @@ def publish(
             record["floor"] = checked.floor.to_json()
             # Two builders compare member by member without exchanging wheels.
             record["members"] = (members or _member_digests)(target, digests[target.name])
-            if target.name in tags:
-                record["platform_tag"] = tags[target.name].to_json()
-            if label is not None:
-                record["label"] = label(b) if callable(label) else label
-            if b.wheel.name in relabelled:
-                record["relabelled_from"] = relabelled[b.wheel.name]
-            components.append(record)
+            components.append(_labels(record, b, tags, label, relabelled))
         names = sorted(digests)
         write_sums(staging, names)
-        payload = dict(receipt)
-        if not any(b.kind == "engine" for b in built) and old_receipt is not None:
-            if any(c.get("kind") == "engine" for c in old_components.values()):
-                # the kept engine wheel was replayed by an earlier run: keep what it recorded
-                for key in ("upstream", "steps", "replayed", "head", "tree", "tag"):
-                    payload[key] = old_receipt.get(key)
-        payload["wheels"] = {n: digests[n] for n in names}
-        payload["built"] = sorted(b.wheel.name for b in built)
-        payload["components"] = sorted(components, key=lambda c: (c["kind"], c["name"]))
-        engine = next((c for c in components if c["kind"] == "engine"), None)
-        payload["version"] = engine.get("version") if engine else None
-        payload["source_date_epoch"] = engine.get("source_date_epoch") if engine else None
+        kept_engine = old_receipt if any(
+            c.get("kind") == "engine" for c in old_components.values()) else None  # fmt: skip
+        payload = _set_receipt(receipt, built, kept_engine, digests, components)
         write_receipt(staging, payload)
         _fsync_dir(staging)
         _swap(staging, out_dir)
@@ -241,6 +219,64 @@ def publish(
         report=report,
         components=tuple(built),
     )
+
+
+def _kept(
+    out_dir: Path, built: Sequence[Built], keep_others: bool
+) -> tuple[dict[str, str], Receipt | None, dict[str, dict[str, Any]]]:
+    """The wheels of ``out_dir``'s set (vouched for) that no built wheel replaces, by name
+    with their sha256; the set's receipt; and its records of the kept wheels."""
+    new_dists = {dist_name(b.wheel.name) for b in built}
+    old, old_receipt = vouched(out_dir) if keep_others else ({}, None)
+    kept = {n: d for n, d in old.items() if dist_name(n) not in new_dists}
+    old_components = {
+        c["wheel"]: c
+        for c in (old_receipt.entries() if old_receipt else [])
+        if c.get("wheel") in kept
+    }
+    return kept, old_receipt, old_components
+
+
+def _labels(
+    record: dict[str, Any],
+    b: Built,
+    tags: Mapping[str, platformtag.TagDecision],
+    label: str | Callable[[Built], str] | None,
+    relabelled: Mapping[str, str],
+) -> dict[str, Any]:
+    """``record`` with what the set did to the wheel's name: its platform tag, its label,
+    the name it had before relabelling."""
+    if b.wheel.name in tags:
+        record["platform_tag"] = tags[b.wheel.name].to_json()
+    if label is not None:
+        record["label"] = label(b) if callable(label) else label
+    if b.wheel.name in relabelled:
+        record["relabelled_from"] = relabelled[b.wheel.name]
+    return record
+
+
+def _set_receipt(
+    receipt: Mapping[str, Any],
+    built: Sequence[Built],
+    kept_engine: Receipt | None,
+    digests: Mapping[str, str],
+    components: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The set's provenance: ``receipt`` plus its wheels, what this run built and every
+    component; with no engine built here, what the receipt ``kept_engine`` (the earlier
+    run's, whose engine wheel is kept; None: no such wheel) recorded of its replay."""
+    payload = dict(receipt)
+    if not any(b.kind == "engine" for b in built) and kept_engine is not None:
+        # the kept engine wheel was replayed by an earlier run: keep what it recorded
+        for key in ("upstream", "steps", "replayed", "head", "tree", "tag"):
+            payload[key] = kept_engine.get(key)
+    payload["wheels"] = {n: digests[n] for n in sorted(digests)}
+    payload["built"] = sorted(b.wheel.name for b in built)
+    payload["components"] = sorted(components, key=lambda c: (c["kind"], c["name"]))
+    engine = next((c for c in components if c["kind"] == "engine"), None)
+    payload["version"] = engine.get("version") if engine else None
+    payload["source_date_epoch"] = engine.get("source_date_epoch") if engine else None
+    return payload
 
 
 def _member_digests(wheel: Path, _sha256: str) -> dict[str, str]:
