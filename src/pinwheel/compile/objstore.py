@@ -421,7 +421,7 @@ def for_plan(
         known = ", ".join(objbackends.BACKENDS)
         return None, f"the {plan.backend} backend has no object store ({known})"
     try:
-        backend = make(plan.server_env, aws or AwsCredentials())
+        backend = make(plan.store, aws or AwsCredentials())
     except ValueError as exc:
         return None, f"the {plan.backend} settings cannot be read: {exc}"
     try:
