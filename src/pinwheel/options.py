@@ -283,6 +283,26 @@ def resolve(
     return tuple(out)
 
 
+# -- a child's environment, by name --------------------------------------------------------
+# A stage composes its children's environments from ``HostEnvironment.child`` and values of
+# its own, and reads back what it composed (the PATH it put together, the HOME it chose, the
+# declared set of names a build takes from the caller). Those reads by name are these two
+# functions; no stage indexes a mapping by an upper-case name (tests/test_options.py).
+
+
+def value(env: Mapping[str, str], name: str, default: str = "") -> str:
+    """``name`` of a child's environment ``env``; ``default`` when it is unset."""
+    return env.get(name, default)
+
+
+def select(
+    env: Mapping[str, str], names: Iterable[str], *, keep_empty: bool = True
+) -> dict[str, str]:
+    """The ``names`` that ``env`` holds, in their order (the empty ones only with
+    ``keep_empty``)."""
+    return {k: env[k] for k in names if k in env and (keep_empty or env[k])}
+
+
 # -- the typed values stages get ------------------------------------------------------------
 
 CanonicalMode = Literal["mount-namespace", "prefix-map"]
@@ -424,6 +444,10 @@ class HostEnvironment:
     pyenv_root: Path | None = None  # PYENV_ROOT
     sccache: CompilerCacheSettings = field(default_factory=CompilerCacheSettings)
     github: GithubRun | None = None  # GITHUB_* when GITHUB_ACTIONS=true; None elsewhere
+    python: str | None = None  # PYTHON: the engine's Python (serve, preflight, qualify)
+    devices: str | None = None  # CUDA_VISIBLE_DEVICES, as given (the CLI checks it)
+    listen_host: str | None = None  # HOST, as given (`pinwheel serve` checks it)
+    port: str | None = None  # PORT, as given (`pinwheel serve` checks it)
 
     @property
     def path(self) -> str | None:
@@ -440,6 +464,39 @@ class HostEnvironment:
         that mirror a changed variable (CC, CXX) follow it."""
         typed: dict[str, Any] = {k.lower(): v for k, v in changes.items() if k in ("CC", "CXX")}
         return replace(self, child={**self.child, **changes}, **typed)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the CLI reads before a command runs (:func:`launch`), unchecked: the cache,
+    the directories another user may own, the mirrors, the terminal. Reading it never
+    fails, so an error about any other variable can still be shown."""
+
+    cache: str | None = None  # PINWHEEL_CACHE
+    xdg_cache_home: str | None = None  # XDG_CACHE_HOME
+    safe_directories: str | None = None  # PINWHEEL_SAFE_DIRECTORIES
+    mirrors: str | None = None  # PINWHEEL_MIRRORS
+    term: str | None = None  # TERM
+
+    def default_cache(self) -> Path:
+        """$PINWHEEL_CACHE, else $XDG_CACHE_HOME/pinwheel, else ~/.cache/pinwheel; absolute."""
+        if self.cache:
+            return Path(self.cache).absolute()
+        return (Path(self.xdg_cache_home or Path.home() / ".cache") / "pinwheel").absolute()
+
+
+SAFE_DIRECTORIES = "PINWHEEL_SAFE_DIRECTORIES"
+
+
+def launch(process: Mapping[str, str]) -> Launch:
+    """The CLI's own variables of ``process`` (see :class:`Launch`)."""
+    return Launch(
+        cache=process.get("PINWHEEL_CACHE"),
+        xdg_cache_home=process.get("XDG_CACHE_HOME"),
+        safe_directories=process.get(SAFE_DIRECTORIES),
+        mirrors=process.get("PINWHEEL_MIRRORS"),
+        term=process.get("TERM"),
+    )
 
 
 def _problem(name: str, why: str, fix: str) -> UsageError:
@@ -576,4 +633,8 @@ def host(process: Mapping[str, str]) -> HostEnvironment:
         pyenv_root=_absolute(process, "PYENV_ROOT"),
         sccache=sccache,
         github=_github(process),
+        python=process.get("PYTHON"),
+        devices=process.get("CUDA_VISIBLE_DEVICES"),
+        listen_host=process.get("HOST"),
+        port=process.get("PORT"),
     )

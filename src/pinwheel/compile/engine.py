@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import runner
+from pinwheel import options, runner
 from pinwheel.compile import objstore, reuse, workspace
 from pinwheel.compile.buildenv import build_env
 from pinwheel.compile.canonical import Canonical
@@ -355,7 +355,7 @@ def build_engine(request: EngineBuildRequest) -> Built:
     extra: dict[str, str] = {}
     if launcher is not None:
         nvcc = str(toolkit.nvcc) if toolkit is not None else None
-        extra.update(launcher.launch_env(plan.env.get("PATH", ""), nvcc=nvcc))
+        extra.update(launcher.launch_env(options.value(plan.env, "PATH"), nvcc=nvcc))
     alias = Path(canonical.to_build(Path(source).resolve())) if canonical is not None else None
     recorder = reuse.Recorder(Path(source), (Path(source) / "build",), alias=alias)
     extra.update(recorder.env())

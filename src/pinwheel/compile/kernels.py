@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import cachelayout, confine, runner
+from pinwheel import cachelayout, confine, options, runner
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import (
     frontend,
@@ -393,8 +393,9 @@ def _with_declared(
     """What pinwheel set plus the declared PATH, HOME and link lines: the whole build
     environment is recorded (canonical spellings), since nothing else is in it."""
     full = toolkit.env(base) if toolkit is not None else dict(base)
-    links = {k: base[k] for k in ("LDSHARED", "LDCXXSHARED") if k in base}
-    return {**set_env, "PATH": full["PATH"], "HOME": base["HOME"], **links}
+    links = options.select(base, ("LDSHARED", "LDCXXSHARED"))
+    return {**set_env, "PATH": options.value(full, "PATH"), "HOME": options.value(base, "HOME"),
+            **links}  # fmt: skip
 
 
 _LINK_PROBE = (
@@ -419,8 +420,9 @@ def python_link_env(python: Path, base: Mapping[str, str]) -> dict[str, str]:
         raise KernelBuildError(f"the build Python gave no link lines ({exc})",
                                where=str(python)) from exc  # fmt: skip
     env: dict[str, str] = {}
-    for key, line, compiler, chosen in (("LDSHARED", ldshared, cc, base.get("CC")),
-                                        ("LDCXXSHARED", ldcxx, cxx, base.get("CXX"))):  # fmt: skip
+    chosen_cc, chosen_cxx = options.value(base, "CC") or None, options.value(base, "CXX") or None
+    for key, line, compiler, chosen in (("LDSHARED", ldshared, cc, chosen_cc),
+                                        ("LDCXXSHARED", ldcxx, cxx, chosen_cxx)):  # fmt: skip
         if not isinstance(line, str) or not line:
             continue
         if chosen and isinstance(compiler, str) and compiler and line.startswith(compiler):
@@ -520,7 +522,7 @@ def _build_kernel(
     else:
         extra = []
         assert torch_python is not None
-        env["CPATH"] = torch_library_headers(torch_python, env.get("CPATH"))
+        env["CPATH"] = torch_library_headers(torch_python, options.value(env, "CPATH") or None)
 
     def record(compiled_inputs: Mapping[str, Any], **more: Any) -> BuildRecord:
         return BuildRecord(
@@ -554,7 +556,8 @@ def _build_kernel(
         # File times are fixed (workspace.SOURCE_MTIME): pinwheel tells the tree what changed.
         gone = after_update(
             (work / "build", staged.directory / "build"), staged.changed,
-            roots=(staged.directory, canon.to_build(staged.directory)), path=env["PATH"],
+            roots=(staged.directory, canon.to_build(staged.directory)),
+            path=options.value(env, "PATH"),
             build_dir_spellings=((work, canon.to_build(work)),), interrupted=interrupted,
         )  # fmt: skip
         opts.reporter.info(f"{spec.name}: {len(staged.changed)} file(s) changed: {gone.summary()}")
@@ -563,9 +566,10 @@ def _build_kernel(
     dist.mkdir(parents=True)
     if opts.launcher is not None and spec.builder == "cmake":
         extra += [f"--config-settings=cmake.define.{d}" for d in opts.launcher.cmake_defines()]
-        env.update(opts.launcher.launch_env(env.get("PATH", "")))
+        env.update(opts.launcher.launch_env(options.value(env, "PATH")))
     elif opts.launcher is not None:
-        env.update(opts.launcher.launch_env(env["PATH"], nvcc=str(toolkit.nvcc), cxx=True))
+        env.update(opts.launcher.launch_env(options.value(env, "PATH"), nvcc=str(toolkit.nvcc),
+                                            cxx=True))  # fmt: skip
     match = {"tree": staged.digest, "source_date_epoch": staged.source_date_epoch,
              "flags": objstore.caller_flags(opts.host.child)}  # fmt: skip
     expect = objstore.Expect(name=objstore.project_name(staged.directory), tree=staged.tree)

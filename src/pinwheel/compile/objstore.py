@@ -63,7 +63,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, canonicalize_version
 
-from pinwheel import confine, keyfile, untrusted, validate
+from pinwheel import confine, keyfile, options, untrusted, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import compcache, derivation, objbackends
 from pinwheel.errors import PinwheelError
@@ -93,7 +93,7 @@ def caller_flags(environ: Mapping[str, str]) -> dict[str, str]:
     compilers but pinwheel does not set them, so the identity does not hold them."""
     from pinwheel.compile.workspace import COMPILER_ENV
 
-    return {k: environ[k] for k in COMPILER_ENV if k in environ and k not in _PATHS}
+    return {k: v for k, v in options.select(environ, COMPILER_ENV).items() if k not in _PATHS}
 
 
 def identity_key(ident: Mapping[str, Any]) -> str:
