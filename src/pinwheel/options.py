@@ -11,8 +11,14 @@ in other than ASCII digits, unclosed quotes) is a usage error naming the variabl
 flag. ``pinwheel env`` lists :data:`VARIABLES` with each value's source (flag, environment,
 default) through :func:`resolve`.
 
-A stage never searches an environment for a variable by name (``tests/test_options.py``
-walks every stage's syntax tree for it) nor reads a name this table does not declare.
+A stage never searches an environment for a variable by name nor reads a name this table
+does not declare: outside this module no mapping is indexed (``m["NAME"]``, ``.get``,
+``.pop``, ``in``) by an upper-case name, a name bound to one or a loop over a tuple of them
+(``tests/test_options.py`` walks every module's syntax tree for it). What the CLI reads
+before a command is :class:`Launch`; sccache's store settings are :class:`SccacheStore`,
+each field naming its variable; a child's environment a stage composed is read back through
+:func:`value` and :func:`select`. Each declared variable has a behavioural test that sets it
+and finds it in its typed field (or, handed on as it is, in ``child``).
 """
 
 from __future__ import annotations
