@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import untrusted
+from pinwheel import untrusted, validate
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.printable import shown
 from pinwheel.serve import kldsummary
@@ -56,7 +56,6 @@ MEAN_GATE = "fidelity mean KLD (nats)"  # fidelity.MEAN_GATE (fidelity needs num
 TOP1_GATE = "fidelity top-1 agreement"
 SPOT_GATE = "fidelity spot-check (engine values vs its full rows)"
 STATUSES = ("PASS", "FAIL", "SKIP", "INFO", "NOT PROVEN")
-HEX64 = re.compile(r"[0-9a-f]{64}")
 KIND = untrusted.QUALIFICATION
 
 
@@ -114,7 +113,7 @@ class _Doc:
 
     def digest(self, data: Mapping[str, Any], key: str, field: str) -> str:
         got = data.get(key)
-        if not isinstance(got, str) or not HEX64.fullmatch(got):
+        if not validate.is_sha256(got):
             raise self.refuse("missing, or not a sha256 (64 lowercase hex digits)", field)
         return got
 
