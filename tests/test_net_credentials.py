@@ -112,7 +112,7 @@ def test_a_redis_auth_error_that_echoes_the_password_never_prints_it(tmp_path: P
     try:
         env = {"SCCACHE_REDIS_ENDPOINT": f"redis://127.0.0.1:{server.port}",
                "SCCACHE_REDIS_PASSWORD": password, "SCCACHE_REDIS_USERNAME": "ci"}  # fmt: skip
-        backend = objbackends.redis_from(env, "p")
+        backend = objbackends.redis_from(host_of(env).sccache.store, "p")
         with pytest.raises(objbackends.Unavailable) as err:
             backend.check()
         assert "WRONGPASS invalid password '***'" in str(err.value)
@@ -202,7 +202,7 @@ def test_a_307_to_another_host_carries_no_credentials(redirect_pair, tmp_path: P
     endpoint, seen = redirect_pair
     aws = AwsCredentials("AKIDEXAMPLE", "wJalr-SECRET-key", "the-session-token")
     env = {"SCCACHE_BUCKET": BUCKET, "SCCACHE_ENDPOINT": endpoint}
-    backend = objbackends.s3_from(env, "p", aws)
+    backend = objbackends.s3_from(host_of(env).sccache.store, "p", aws)
     try:
         got: object = backend.read("v1/index/x.json", 1024)
     except objbackends.Unavailable as exc:

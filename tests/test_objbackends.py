@@ -149,7 +149,7 @@ def test_a_dead_redis_is_no_store_and_a_miss_with_a_message(redis_port, tmp_path
     assert none is None and why.startswith("the redis store is unreachable: ")
     assert f"redis 127.0.0.1:{port}: cannot connect" in why
     # The server gone between the check and the lookup or the put: a miss, not stored.
-    dead_store = objstore.Store(objbackends.redis_from(dead.server_env, "p"), KEY.encode())
+    dead_store = objstore.Store(objbackends.redis_from(dead.store, "p"), KEY.encode())
     miss = dead_store.lookup(IDENT, MATCH)
     assert isinstance(miss, objstore.Miss) and "cannot connect" in miss.why
     stored, line = dead_store.put(_wheel(tmp_path), RECORD, MATCH)
@@ -233,7 +233,7 @@ def _s3_plan(cache: Path, endpoint: str) -> compcache.Plan:
 def _s3_backend(endpoint: str, **env: str) -> objbackends.S3:
     """The S3 backend of bucket ``b`` at ``endpoint``, signed with the stand-in keys."""
     settings = {"SCCACHE_BUCKET": "b", "SCCACHE_ENDPOINT": endpoint, **env}
-    return objbackends.s3_from(settings, "p", host_of(AWS).sccache.aws)
+    return objbackends.s3_from(host_of(settings).sccache.store, "p", host_of(AWS).sccache.aws)
 
 
 def test_s3_a_fresh_runner_hits_and_tampered_or_oversized_is_refused(

@@ -5,9 +5,11 @@ stages get (and children inherit) is the declared variables plus a pass-through 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -321,3 +323,255 @@ def test_a_hostile_value_stops_the_command_with_exit_2(tmp_path, monkeypatch, ca
                "--no-provision"])  # fmt: skip
     err = " ".join(capsys.readouterr().err.split())
     assert rc == 2 and "environment variable CUDA_HOME" in err and "not an absolute path" in err
+
+
+# -- nothing outside options indexes a mapping with an upper-case name ----------------------
+
+_UPPER = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]*)*")
+# Upper-case keys of vocabularies that are not environments, each with why: CMake's
+# FetchContent keywords, glibc's symbol-version families, a release's checksum file name,
+# substrings of an error's or a setup script's text. A new entry needs a reason as good.
+NOT_ENVIRONMENT = {
+    "source/buildsources.py": {"SOURCE_DIR", "CACHE", "GIT_REPOSITORY", "URL",
+                               "PATCH_COMMAND", "GIT_SUBMODULES"},  # CMake arguments
+    "wheels/abifloor.py": {"GLIBC", "<loop>"},  # symbol-version families (GLIBC, CXXABI)
+    "wheels/check.py": {"GLIBC"},
+    "release/assemble.py": {"<loop>"},  # the same families, from a recorded floor
+    "release/sigstorebundle.py": {"SUMS"},  # SHA256SUMS: a subject's file name
+    "wheels/wheelfile.py": {"CRC"},  # zipfile's error text
+    "compile/reuse.py": {"VLLM_PRECOMPILED_WHEEL_LOCATION"},  # setup.py's text, searched
+}  # fmt: skip
+
+
+def _is_upper(value: object) -> bool:
+    return isinstance(value, str) and len(value) >= 2 and _UPPER.fullmatch(value) is not None
+
+
+def _bindings(tree: ast.Module) -> dict[str, ast.expr]:
+    """Module-level ``NAME = value`` (a constant, a tuple of names...)."""
+    out: dict[str, ast.expr] = {}
+    for node in tree.body:
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])  # fmt: skip
+        for target in targets:
+            if isinstance(target, ast.Name) and node.value is not None:  # type: ignore[union-attr]
+                out[target.id] = node.value  # type: ignore[union-attr]
+    return out
+
+
+def _src_bindings() -> dict[str, ast.expr]:
+    """Every module's bindings: ``compcache.BUSTER`` resolves through another module."""
+    out: dict[str, ast.expr] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        out.update(_bindings(ast.parse(path.read_text())))
+    return out
+
+
+def upper_case_indexing(tree: ast.Module, others: dict[str, ast.expr] | None = None
+                        ) -> list[tuple[int, str]]:  # fmt: skip
+    """(line, key) of every ``m["NAME"]`` read, ``m.get/pop/setdefault("NAME")``,
+    ``os.getenv("NAME")`` and ``"NAME" in m`` on any mapping whatever its name, where NAME
+    is an upper-case literal, a name bound to one (here or in another module), or the
+    target of a loop over a tuple of such names (key ``<loop>``)."""
+    own = _bindings(tree)
+    bound = {**(others or {}), **own}
+
+    def constant(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Constant) and _is_upper(node.value):
+            return str(node.value)
+        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+        value = bound.get(name) if isinstance(name, str) else None
+        if isinstance(value, ast.Constant) and _is_upper(value.value):
+            return name
+        return None
+
+    def elements(node: ast.AST) -> list[ast.expr]:
+        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+        if isinstance(name, str) and name in bound:
+            node = bound[name]
+        return list(node.elts) if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else []
+
+    def bind(target: ast.AST, element: ast.AST, names: set[str]) -> None:
+        if isinstance(target, ast.Name) and constant(element):
+            names.add(target.id)
+        elif (isinstance(target, ast.Tuple) and isinstance(element, ast.Tuple)
+              and len(target.elts) == len(element.elts)):  # fmt: skip
+            for t, e in zip(target.elts, element.elts, strict=True):
+                bind(t, e, names)
+
+    def keys(scope: ast.AST) -> list[tuple[int, ast.AST]]:
+        out: list[tuple[int, ast.AST]] = []
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Store):
+                out.append((node.lineno, node.slice))
+            elif isinstance(node, ast.Call) and node.args and (
+                (isinstance(node.func, ast.Attribute)
+                 and node.func.attr in ("get", "pop", "setdefault", "getenv"))
+                or (isinstance(node.func, ast.Name) and node.func.id == "getenv")
+            ):  # fmt: skip
+                out.append((node.lineno, node.args[0]))
+            elif isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+                out.append((node.lineno, node.left))
+        return out
+
+    found = {(line, name) for line, key in keys(tree) if (name := constant(key)) is not None}
+    for node in ast.walk(tree):  # a loop's target, within that loop only
+        loops = ([(node.target, node.iter)] if isinstance(node, (ast.For, ast.AsyncFor))
+                 else [(g.target, g.iter) for g in getattr(node, "generators", [])])  # fmt: skip
+        names: set[str] = set()
+        for target, it in loops:
+            for element in elements(it):
+                bind(target, element, names)
+        found |= {(line, "<loop>") for line, key in keys(node) if names
+                  and isinstance(key, ast.Name) and key.id in names}  # fmt: skip
+    return sorted(found)
+
+
+def test_nothing_outside_options_indexes_a_mapping_with_an_upper_case_name() -> None:
+    others = _src_bindings()
+    offenders, used = [], set()
+    for path in sorted(SRC.rglob("*.py")):
+        rel = str(path.relative_to(SRC))
+        if path.name == "options.py" or "workers" in path.parts:
+            continue  # programs of other interpreters read their own environment
+        for line, key in upper_case_indexing(ast.parse(path.read_text()), others):
+            if key in NOT_ENVIRONMENT.get(rel, set()):
+                used.add((rel, key))
+            else:
+                offenders.append(f"{rel}:{line}: {key}")
+    assert not offenders, (
+        "an environment value is read in pinwheel.options (a typed field of "
+        "HostEnvironment, Launch or SccacheStore; a child's environment pinwheel composed "
+        "through options.value/select), never by indexing a mapping: " + "; ".join(offenders)
+    )
+    stale = {(m, k) for m, keys in NOT_ENVIRONMENT.items() for k in keys} - used
+    assert not stale, f"NOT_ENVIRONMENT lists what no module does any more: {sorted(stale)}"
+
+
+def test_the_upper_case_check_sees_planted_reads_whatever_the_mapping_is_called() -> None:
+    planted = ast.parse(
+        'import os\nKNOB = "B_KNOB"\nNAMES = ("D_KNOB", "E_KNOB")\n'
+        'kids = dict(host.child)\na = kids["A_KNOB"]\nb = anything.get(KNOB, "")\n'
+        'c = "C_KNOB" in whatever\nfor n in NAMES:\n    x = env2[n]\n'
+        'y = {k: m[k] for k in ("F_KNOB",) if k in m}\nz = os.getenv("G_KNOB")\n'
+        'w = m.pop("H_KNOB", None)\nv = m[other.BUSTER]\n'
+        'for key, var in (("region", "I_KNOB"),):\n    u = m.get(var)\n'
+        'fine = m["lower"], m["X"], [k for k in m if k.isupper()]\nm["J_KNOB"] = "written"\n'
+    )  # fmt: skip
+    others = {"BUSTER": ast.Constant("SCCACHE_C_CUSTOM_CACHE_BUSTER")}
+    assert [k for _, k in upper_case_indexing(planted, others)] == [
+        "A_KNOB", "KNOB", "C_KNOB", "<loop>", "<loop>", "G_KNOB", "H_KNOB", "BUSTER",
+        "<loop>",
+    ]  # fmt: skip
+
+
+# -- every declared variable reaches its typed field ----------------------------------------
+
+_GITHUB = {"GITHUB_ACTIONS": "true", "GITHUB_SERVER_URL": "https://github.example",
+           "GITHUB_WORKFLOW_REF": "o/r/.github/workflows/release.yml@refs/tags/v1"}  # fmt: skip
+_STORE_FIELDS = {f.metadata["var"]: f.name for f in dataclasses.fields(options.SccacheStore)}
+
+
+def _launch(process: dict[str, str]) -> options.Launch:
+    return options.launch(process)
+
+
+def _host(process: dict[str, str]) -> options.HostEnvironment:
+    return options.host({"PATH": "/usr/bin", **process})
+
+
+# name -> (the value set, what reads it back from the resolver's answer, what it must be)
+REACHES: dict[str, tuple[str, Any, Any]] = {
+    "PINWHEEL_CACHE": ("/c/pw", lambda p: _launch(p).default_cache(), Path("/c/pw")),
+    "XDG_CACHE_HOME": ("/x", lambda p: _launch(p).default_cache(), Path("/x/pinwheel")),
+    "PINWHEEL_MIRRORS": ("https://a.example/r.git=/m", lambda p: _launch(p).mirrors,
+                         "https://a.example/r.git=/m"),
+    "PINWHEEL_SAFE_DIRECTORIES": ("/shared/*", lambda p: _launch(p).safe_directories,
+                                  "/shared/*"),
+    "TERM": ("dumb", lambda p: _launch(p).term, "dumb"),
+    "PINWHEEL_WHEELHOUSE": ("/w", lambda p: _host(p).wheelhouse, Path("/w")),
+    "PINWHEEL_TORCH_PYTHON": ("/v/bin/python", lambda p: _host(p).torch_python,
+                              Path("/v/bin/python")),
+    "PINWHEEL_BUILD_PYTHON": ("python3.12", lambda p: _host(p).build_python, "python3.12"),
+    "PINWHEEL_CANONICAL": ("prefix-map", lambda p: _host(p).canonical, "prefix-map"),
+    "CUDA_HOME": ("/opt/cuda", lambda p: _host(p).cuda_home, Path("/opt/cuda")),
+    "CUDA_PATH": ("/opt/cuda2", lambda p: _host(p).cuda_path, Path("/opt/cuda2")),
+    "CC": ("gcc-13", lambda p: _host(p).cc, "gcc-13"),
+    "CXX": ("g++-13", lambda p: _host(p).cxx, "g++-13"),
+    "CMAKE_ARGS": ("-DA=1 -DB=2", lambda p: _host(p).cmake_args, ("-DA=1", "-DB=2")),
+    "PATH": ("/a:/b", lambda p: options.host(p).search_path, ("/a", "/b")),
+    "PYTHONPATH": ("/pp", lambda p: _host(p).pythonpath, "/pp"),
+    "HOME": ("/home/u", lambda p: _host(p).home, Path("/home/u")),
+    "UV_PYTHON_INSTALL_DIR": ("/uv", lambda p: _host(p).uv_python_install_dir, Path("/uv")),
+    "PYENV_ROOT": ("/pyenv", lambda p: _host(p).pyenv_root, Path("/pyenv")),
+    "SCCACHE_PATH": ("/bin/sccache", lambda p: _host(p).sccache.binary, Path("/bin/sccache")),
+    "SCCACHE_CACHE_SIZE": ("5G", lambda p: (_host(p).sccache.size,
+                                            _host(p).sccache.store.cache_size), ("5G", "5G")),
+    "AWS_ACCESS_KEY_ID": ("AKID", lambda p: _host(p).sccache.aws.access_key_id, "AKID"),
+    "AWS_SECRET_ACCESS_KEY": ("s", lambda p: _host(p).sccache.aws.secret_access_key, "s"),
+    "AWS_SESSION_TOKEN": ("t", lambda p: _host(p).sccache.aws.session_token, "t"),
+    "PINWHEEL_STORE_KEY": ("k" * 32, lambda p: (_host(p).sccache.store_key,
+                                                "PINWHEEL_STORE_KEY" in _host(p).child),
+                           ("k" * 32, False)),  # never a child's
+    "ACTIONS_CACHE_URL": ("https://c.example/", lambda p: _host(p).sccache.actions_cache_url,
+                          "https://c.example/"),
+    "ACTIONS_RESULTS_URL": ("https://r.example/",
+                            lambda p: _host(p).sccache.actions_cache_url, "https://r.example/"),
+    "PYTHON": ("python3.11", lambda p: _host(p).python, "python3.11"),
+    "CUDA_VISIBLE_DEVICES": ("0,1", lambda p: _host(p).devices, "0,1"),
+    "HOST": ("127.0.0.1", lambda p: _host(p).listen_host, "127.0.0.1"),
+    "PORT": ("8001", lambda p: _host(p).port, "8001"),
+    "GITHUB_ACTIONS": ("true", lambda p: _host({**_GITHUB, "GITHUB_ACTIONS": "false", **p})
+                       .github is not None, True),
+    "GITHUB_SERVER_URL": ("https://ghe.example", lambda p: _host({**_GITHUB, **p})
+                          .github.server_url, "https://ghe.example"),  # type: ignore[union-attr]
+    "GITHUB_WORKFLOW_REF": ("a/b/.github/workflows/w.yml@refs/heads/main", lambda p: _host(
+        {**_GITHUB, **p}).github.workflow_ref, "a/b/.github/workflows/w.yml@refs/heads/main"),
+    "GITHUB_REPOSITORY": ("a/b", lambda p: _host({**_GITHUB, **p}).github.repository, "a/b"),
+    "GITHUB_RUN_ID": ("42", lambda p: _host({**_GITHUB, **p}).github.run_id, "42"),
+    "GITHUB_RUN_ATTEMPT": ("3", lambda p: _host({**_GITHUB, **p}).github.run_attempt, "3"),
+    # read by the stage that composes a child's environment: it reaches ``child``
+    "LDFLAGS": ("-Wl,-O1", lambda p: _host(p).child.get("LDFLAGS"), "-Wl,-O1"),
+    # sccache's and the AWS chain's own settings: handed on as they are
+    "SCCACHE_*": ("1", lambda p: _host(p).sccache.settings.get("SCCACHE_NO_DAEMON"), "1"),
+    "ACTIONS_*": ("t", lambda p: _host(p).sccache.actions.get("ACTIONS_RUNTIME_TOKEN"), "t"),
+    "AWS_*": ("prof", lambda p: _host(p).child.get("AWS_PROFILE"), "prof"),
+    "PIP_*": ("https://i.example/", lambda p: _host(p).child.get("PIP_INDEX_URL"),
+              "https://i.example/"),
+    # names a manifest chooses ([serve] env_prefix, model_var): the CLI asks for them
+    "<PREFIX>_PROFILE": ("fast", lambda p: options.environment(
+        p, extra=["MYSRV_PROFILE"]).get("MYSRV_PROFILE"), "fast"),
+    "<PREFIX>_SEQS": ("64", lambda p: options.environment(
+        p, extra=["MYSRV_SEQS"]).get("MYSRV_SEQS"), "64"),
+    "<[model] var>": ("/m", lambda p: options.environment(
+        p, extra=["MY_MODEL"]).get("MY_MODEL"), "/m"),
+    **{var: ("v1" if var.endswith("_DB") else "x",  # SccacheStore's, each by its field
+             lambda p, f=field: getattr(_host(p).sccache.store, f),
+             "v1" if var.endswith("_DB") else "x")
+       for var, field in _STORE_FIELDS.items() if var != "SCCACHE_CACHE_SIZE"},
+}  # fmt: skip
+# the name a prefix or a manifest-chosen declaration is set as
+_SET_AS = {"SCCACHE_*": "SCCACHE_NO_DAEMON", "ACTIONS_*": "ACTIONS_RUNTIME_TOKEN",
+           "AWS_*": "AWS_PROFILE", "PIP_*": "PIP_INDEX_URL", "<PREFIX>_PROFILE":
+           "MYSRV_PROFILE", "<PREFIX>_SEQS": "MYSRV_SEQS", "<[model] var>": "MY_MODEL"}  # fmt: skip
+
+
+def test_every_declared_variable_has_a_reach_row() -> None:
+    declared = {v.name for v in options.VARIABLES}
+    assert set(REACHES) == declared, (
+        f"declared but never read: {sorted(declared - set(REACHES))}; "
+        f"read but not declared: {sorted(set(REACHES) - declared)}"
+    )
+    for var in _STORE_FIELDS:  # each of SccacheStore's variables is declared by name
+        assert options.declared(var) is not None and options.declared(var).name == var  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name", [v.name for v in options.VARIABLES])
+def test_each_declared_variable_reaches_its_typed_field(name: str) -> None:
+    value, read, expected = REACHES[name]
+    set_as = _SET_AS.get(name, name)
+    assert read({set_as: value}) == expected
+    assert read({}) != expected  # unset, the field says something else: it is this variable's
+    if not name.startswith("<") and options.declared(set_as) is not None:
+        row = next(r for r in options.resolve({set_as: value}) if r.var.name == name)
+        assert row.source == "environment"

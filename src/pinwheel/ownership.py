@@ -23,9 +23,10 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+from pinwheel import options
 from pinwheel.errors import UsageError
 
-SAFE_ENV = "PINWHEEL_SAFE_DIRECTORIES"
+SAFE_ENV = options.SAFE_DIRECTORIES
 
 
 def parse_safe(value: str | None) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pinwheel import validate
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 
 T = TypeVar("T")
@@ -485,7 +486,7 @@ def decode(cls: type[T], value: Any, kind: Kind, where: str) -> T:
 
 # --------------------------------------------------------------------------- provenance.json
 
-SHA256 = re.compile(r"[0-9a-f]{64}")
+SHA256 = validate.SHA256
 
 
 PANEL = Kind(

@@ -32,6 +32,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import urllib.parse
+from typing import TypeGuard
 
 # --------------------------------------------------------------------------- numbers
 
@@ -456,21 +457,37 @@ def python_platform_problem(value: object) -> str | None:
     return None
 
 
-_SHA = re.compile(r"[0-9a-f]{40}")
+# Hex digests, spelled once: a git commit (SHA-1) and a sha256, lowercase as pinwheel and git
+# write them; the patterns compose into others (``--hash=sha256:`` + SHA256_HEX).
+GIT_SHA_HEX = "[0-9a-f]{40}"
+SHA256_HEX = "[0-9a-f]{64}"
+SHA256_HEX_ANY_CASE = "[0-9a-fA-F]{64}"  # sha256sum -c and in-toto accept upper case too
+GIT_SHA = re.compile(GIT_SHA_HEX)
+SHA256 = re.compile(SHA256_HEX)
+_SHA256_ANY_CASE = re.compile(SHA256_HEX_ANY_CASE)
+
+
+def is_git_sha(value: object) -> TypeGuard[str]:
+    """A full git commit id: 40 lowercase ASCII hex digits, nothing else."""
+    return isinstance(value, str) and GIT_SHA.fullmatch(value) is not None
+
+
+def is_git_object_id(value: object) -> TypeGuard[str]:
+    """A git object id of either hash: 40 (SHA-1) or 64 (SHA-256) lowercase hex digits."""
+    return is_git_sha(value) or is_sha256(value)
 
 
 def sha_problem(value: object) -> str | None:
-    if not isinstance(value, str) or not _SHA.fullmatch(value):
+    if not is_git_sha(value):
         return "a full 40-hex lowercase git object id"
     return None
 
 
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def is_sha256(value: object) -> bool:
-    """A sha256 as pinwheel writes one: 64 lowercase ASCII hex digits, nothing else."""
-    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
+def is_sha256(value: object, *, any_case: bool = False) -> TypeGuard[str]:
+    """A sha256 as pinwheel writes one: 64 lowercase ASCII hex digits, nothing else
+    (``any_case``: upper-case digits too, as sha256sum and in-toto take them)."""
+    pattern = _SHA256_ANY_CASE if any_case else SHA256
+    return isinstance(value, str) and pattern.fullmatch(value) is not None
 
 
 _DRIVE = re.compile(r"[A-Za-z]:")

@@ -60,10 +60,7 @@ def find_manifest(start: Path, safe: Sequence[str] = ()) -> Path:
 
 
 def default_cache() -> Path:
-    if os.environ.get("PINWHEEL_CACHE"):
-        return Path(os.environ["PINWHEEL_CACHE"]).absolute()
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return (base / "pinwheel").absolute()
+    return options.launch(os.environ).default_cache()
 
 
 def parse_mirrors(
@@ -145,7 +142,7 @@ class Context:
 
     @property
     def is_terminal(self) -> bool:
-        return sys.stderr.isatty() and self.environ.get("TERM") != "dumb"
+        return sys.stderr.isatty() and options.launch(self.environ).term != "dumb"
 
     @property
     def reporter(self) -> Reporter:
@@ -364,13 +361,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     ctx: Context | None = None
     try:
-        safe = ownership.parse_safe(os.environ.get(ownership.SAFE_ENV))
+        said = options.launch(os.environ)
+        safe = ownership.parse_safe(said.safe_directories)
         ctx = Context(
             manifest_path=Path(args.manifest)
             if getattr(args, "manifest", None)
             else find_manifest(Path.cwd(), safe),
             cache=ctx_cache(args, safe),
-            mirrors=parse_mirrors(args.mirror, os.environ.get("PINWHEEL_MIRRORS"), safe),
+            mirrors=parse_mirrors(args.mirror, said.mirrors, safe),
             json=args.json,
             offline=args.offline,
             verbose=args.verbose,

@@ -143,17 +143,17 @@ def _resolve(ctx: Context, args: argparse.Namespace) -> ServeOptions:
     config = _serve_config(ctx)
     profile = config.profile(args.profile or ctx.variable(f"{config.env_prefix}_PROFILE"))
     model = args.model or ctx.variable(config.model_var)
-    devices = args.devices or ctx.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = args.devices or ctx.host.devices
     if devices:  # it reaches a container runtime's argv or a child's environment
         _checked(validate.devices, devices, "--devices / $CUDA_VISIBLE_DEVICES")
     return ServeOptions(
         config=config,
         profile=profile,
         model=Path(model).absolute() if model else None,
-        python=args.python or ctx.environ.get("PYTHON") or "python3",
+        python=args.python or ctx.host.python or "python3",
         python_from="--python"
         if args.python
-        else ("$PYTHON" if ctx.environ.get("PYTHON") else "default"),
+        else ("$PYTHON" if ctx.host.python else "default"),
         devices=devices,
     )
 
@@ -196,7 +196,7 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
         cuda_home=ctx.host.cuda_home,
         search_path=ctx.host.path,
         container_runtime=args.container_runtime,
-        torch_python=args.python or ctx.environ.get("PYTHON"),
+        torch_python=args.python or ctx.host.python,
         cache=ctx.cache,
         pinned_python=_pinned_python(ctx),
     )
@@ -339,7 +339,7 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         model=str(r.model),
         python=r.python,
         host=_checked(
-            validate.host, args.host or ctx.environ.get("HOST", "0.0.0.0"), "--host / $HOST"
+            validate.host, args.host or _or(ctx.host.listen_host, "0.0.0.0"), "--host / $HOST"
         ).strip("[]"),
         port=_port(ctx, args, config.port),
         max_num_seqs=_seqs(ctx, config.seqs_var),
@@ -374,7 +374,7 @@ def _port(ctx: Context, args: argparse.Namespace, default: int | None = None) ->
     if args.port is not None:
         return int(_checked(validate.port, args.port, "--port"))
     fallback = str(default) if default is not None else "8000"
-    return int(_checked(validate.port, ctx.environ.get("PORT", fallback), "$PORT"))
+    return int(_checked(validate.port, _or(ctx.host.port, fallback), "$PORT"))
 
 
 def _seqs(ctx: Context, var: str) -> int | None:
@@ -603,7 +603,7 @@ def run_tp(ctx: Context, args: argparse.Namespace) -> int:
             where="pinwheel qualify tp",
             next="pass --wheel wheels/exllamav3-*.whl (`pinwheel kernels --name exllamav3`)",
         )
-    text = args.devices or ctx.environ.get("CUDA_VISIBLE_DEVICES")
+    text = args.devices or ctx.host.devices
     if not text:
         raise UsageError(
             "no GPUs named", where="--devices", next="pass --devices 0,1 (or --devices 0)"
@@ -616,7 +616,7 @@ def run_tp(ctx: Context, args: argparse.Namespace) -> int:
             where="--devices",
             next="e.g. --devices 0,1 (unique ASCII-digit indices)",
         ) from None
-    python = args.python or ctx.environ.get("PYTHON") or "python3"
+    python = args.python or ctx.host.python or "python3"
     out = Path(args.out)
     outcome = run_tpcheck(
         TpRequest(python=python, wheel=Path(args.wheel), devices=devices, environ=ctx.environ)
@@ -702,3 +702,8 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     if failure is not None:
         raise failure  # the outcome is printed; the exit code says a gate failed
     return 0
+
+
+def _or(value: str | None, default: str) -> str:
+    """``value`` when the variable is set (even empty: the check then says so), else ``default``."""
+    return default if value is None else value

@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from pinwheel import options
 from pinwheel.compile.listing import python_path
 from pinwheel.manifest.build import BuildConfig
 from pinwheel.options import HostEnvironment
@@ -55,9 +56,9 @@ def declared_base(
 
     path = [d for d in dict.fromkeys(tool_dirs) if d and d not in SYSTEM_PATH]
     environ = host.child
-    base = {k: environ[k] for k in FROM_CHOICE if environ.get(k)}
-    for key in FROM_CHOICE:
-        value = base.get(key, "").split(" ")[0]
+    base = options.select(environ, FROM_CHOICE, keep_empty=False)
+    for given in base.values():
+        value = given.split(" ")[0]
         if "/" in value:  # an absolute compiler: its folder is declared with it
             folder = os.path.dirname(value)
         else:
@@ -82,7 +83,7 @@ def engine_base(host: HostEnvironment, *, python: str, home: str) -> dict[str, s
     # Not resolved: a venv's python is a link to its base interpreter, its tools are beside it.
     folder = os.path.dirname(os.path.abspath(found)) if found else ""
     base = declared_base(host, tool_dirs=(folder,), home=home)
-    base.update({k: host.child[k] for k in ENGINE_PASS_THROUGH if host.child.get(k)})
+    base.update(options.select(host.child, ENGINE_PASS_THROUGH, keep_empty=False))
     return base
 
 
@@ -114,7 +115,7 @@ def build_env(
         "LC_ALL": "C",
         # nvcc names host-stub temp files after its pid; the symbols that carry
         # them make setuptools-built .so files differ run to run. Strip them.
-        "LDFLAGS": (base.get("LDFLAGS", "") + " -Wl,--strip-all").strip(),
+        "LDFLAGS": (options.value(base, "LDFLAGS") + " -Wl,--strip-all").strip(),
     }
     if version is not None:
         set_env["SETUPTOOLS_SCM_PRETEND_VERSION"] = version
@@ -123,10 +124,10 @@ def build_env(
     full = dict(base)
     if toolkit is not None:
         full = toolkit.env(full)
-        set_env.update({k: full[k] for k in ("CUDA_HOME", "CUDACXX") if k in full})
+        set_env.update(options.select(full, ("CUDA_HOME", "CUDACXX")))
     full.update(set_env)
     if listing_hook is not None:
-        declared = {"PYTHONPATH": set_env["PYTHONPATH"]} if "PYTHONPATH" in set_env else {}
+        declared = options.select(set_env, ("PYTHONPATH",))
         set_env["PYTHONPATH"] = python_path(listing_hook, declared)
         full["PYTHONPATH"] = python_path(listing_hook, declared or base)
     return full, set_env

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from pinwheel import cachelayout, locking, runner
+from pinwheel import cachelayout, locking, runner, validate
 from pinwheel.compile import pipwatch, workspace
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
@@ -30,7 +30,7 @@ from pinwheel.progress import SILENT, Reporter
 
 READY = ".pinwheel-build-venv.json"
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
-_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+_HASH = re.compile(f"--hash=sha256:({validate.SHA256_HEX})")
 
 
 class BuildVenvError(PinwheelError):

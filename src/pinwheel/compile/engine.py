@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pinwheel import runner
+from pinwheel import options, runner
 from pinwheel.compile import objstore, reuse, workspace
 from pinwheel.compile.buildenv import build_env
 from pinwheel.compile.canonical import Canonical
@@ -334,7 +334,7 @@ def build_engine(request: EngineBuildRequest) -> Built:
     extra: dict[str, str] = {}
     if request.launcher is not None:
         nvcc = str(request.toolkit.nvcc) if request.toolkit is not None else None
-        extra.update(request.launcher.launch_env(attempt.plan.env.get("PATH", ""), nvcc=nvcc))
+        extra.update(request.launcher.launch_env(options.value(attempt.plan.env, "PATH"), nvcc=nvcc))
     known = _known_by(attempt)
     extra.update(known.recorder.env())
     made = _stored_wheel(attempt, known)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import cachelayout, confine, runner
+from pinwheel import cachelayout, confine, options, runner
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import (
     frontend,
@@ -393,8 +393,9 @@ def _with_declared(
     """What pinwheel set plus the declared PATH, HOME and link lines: the whole build
     environment is recorded (canonical spellings), since nothing else is in it."""
     full = toolkit.env(base) if toolkit is not None else dict(base)
-    links = {k: base[k] for k in ("LDSHARED", "LDCXXSHARED") if k in base}
-    return {**set_env, "PATH": full["PATH"], "HOME": base["HOME"], **links}
+    links = options.select(base, ("LDSHARED", "LDCXXSHARED"))
+    return {**set_env, "PATH": options.value(full, "PATH"), "HOME": options.value(base, "HOME"),
+            **links}  # fmt: skip
 
 
 _LINK_PROBE = (
@@ -419,8 +420,9 @@ def python_link_env(python: Path, base: Mapping[str, str]) -> dict[str, str]:
         raise KernelBuildError(f"the build Python gave no link lines ({exc})",
                                where=str(python)) from exc  # fmt: skip
     env: dict[str, str] = {}
-    for key, line, compiler, chosen in (("LDSHARED", ldshared, cc, base.get("CC")),
-                                        ("LDCXXSHARED", ldcxx, cxx, base.get("CXX"))):  # fmt: skip
+    chosen_cc, chosen_cxx = options.value(base, "CC") or None, options.value(base, "CXX") or None
+    for key, line, compiler, chosen in (("LDSHARED", ldshared, cc, chosen_cc),
+                                        ("LDCXXSHARED", ldcxx, cxx, chosen_cxx)):  # fmt: skip
         if not isinstance(line, str) or not line:
             continue
         if chosen and isinstance(compiler, str) and compiler and line.startswith(compiler):
@@ -623,7 +625,9 @@ def _stage(kernel: _Kernel) -> _Staged:
     else:
         extra = []
         assert kernel.torch_python is not None
-        env["CPATH"] = torch_library_headers(kernel.torch_python, env.get("CPATH"))
+        env["CPATH"] = torch_library_headers(
+            kernel.torch_python, options.value(env, "CPATH") or None
+        )
     source = {"origin": staged.origin, "url": spec.url, "commit": spec.commit,
               "tree": staged.tree, "path": str(spec.path.relative_to(spec.source.parent))
               if spec.path else None}  # fmt: skip
@@ -659,7 +663,8 @@ def _refresh(kernel: _Kernel, st: _Staged) -> None:
         # File times are fixed (workspace.SOURCE_MTIME): pinwheel tells the tree what changed.
         gone = after_update(
             (work / "build", staged.directory / "build"), staged.changed,
-            roots=(staged.directory, canon.to_build(staged.directory)), path=st.env["PATH"],
+            roots=(staged.directory, canon.to_build(staged.directory)),
+            path=options.value(st.env, "PATH"),
             build_dir_spellings=((work, canon.to_build(work)),), interrupted=st.interrupted,
         )  # fmt: skip
         kernel.opts.reporter.info(
@@ -676,9 +681,10 @@ def _with_launcher(kernel: _Kernel, st: _Staged) -> tuple[dict[str, str], list[s
     env, extra, launcher = dict(st.env), list(st.extra), kernel.opts.launcher
     if launcher is not None and kernel.spec.builder == "cmake":
         extra += [f"--config-settings=cmake.define.{d}" for d in launcher.cmake_defines()]
-        env.update(launcher.launch_env(env.get("PATH", "")))
+        env.update(launcher.launch_env(options.value(env, "PATH")))
     elif launcher is not None:
-        env.update(launcher.launch_env(env["PATH"], nvcc=str(kernel.toolkit.nvcc), cxx=True))
+        env.update(launcher.launch_env(options.value(env, "PATH"), nvcc=str(kernel.toolkit.nvcc),
+                                       cxx=True))  # fmt: skip
     return env, extra
 
 

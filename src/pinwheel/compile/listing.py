@@ -25,6 +25,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from pinwheel import options
 from pinwheel.compile import workers
 from pinwheel.fsutil import atomic_write_text
 
@@ -50,7 +51,7 @@ def install(cache: Path) -> Path:
 
 def python_path(hook: Path | str, base: Mapping[str, str]) -> str:
     """``PYTHONPATH`` for the build: the hook first, then what the caller had."""
-    existing = base.get("PYTHONPATH")
+    existing = options.value(base, "PYTHONPATH")
     return os.pathsep.join([str(hook), *([existing] if existing else [])])
 
 

@@ -41,7 +41,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from pinwheel import cachelayout, locking, runner
+from pinwheel import cachelayout, locking, runner, validate
 from pinwheel.compile import derivation, pipwatch, workers, workspace
 from pinwheel.compile.buildvenv import parse_requirements
 from pinwheel.errors import PinwheelError
@@ -184,7 +184,7 @@ def pins_for(
             continue
         if m.group(3) and markers and not Marker(m.group(3)).evaluate(dict(markers)):
             continue
-        hashes = tuple(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+        hashes = tuple(re.findall(f"--hash=sha256:({validate.SHA256_HEX})", line))
         out[canonicalize_name(m.group(1))] = (m.group(2), hashes)
     return out
 

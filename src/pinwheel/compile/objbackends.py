@@ -30,7 +30,7 @@ import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -38,7 +38,7 @@ from typing import BinaryIO, Protocol
 from pinwheel import confine, untrusted, validate
 from pinwheel.errors import PinwheelError
 from pinwheel.net import Unavailable, httpget, resp, s3
-from pinwheel.options import AwsCredentials
+from pinwheel.options import AwsCredentials, SccacheStore
 
 SUBDIR = "pinwheel-objects"
 TIMEOUT = 10.0  # seconds one socket operation may wait
@@ -211,11 +211,12 @@ class Redis:
             conn.close()
 
 
-def redis_from(env: Mapping[str, str], prefix: str) -> Redis:
-    """The Redis of sccache's settings: ``SCCACHE_REDIS_ENDPOINT`` (or the older
-    ``SCCACHE_REDIS`` URL, which may carry ``user:password@`` and ``/db``),
-    ``SCCACHE_REDIS_USERNAME``/``_PASSWORD``/``_DB``. ValueError when unreadable."""
-    url = env.get("SCCACHE_REDIS_ENDPOINT") or env.get("SCCACHE_REDIS") or ""
+def redis_from(store: SccacheStore, prefix: str) -> Redis:
+    """The Redis of sccache's settings (typed by :class:`pinwheel.options.SccacheStore`):
+    ``SCCACHE_REDIS_ENDPOINT`` (or the older ``SCCACHE_REDIS`` URL, which may carry
+    ``user:password@`` and ``/db``), ``SCCACHE_REDIS_USERNAME``/``_PASSWORD``/``_DB``.
+    ValueError when unreadable."""
+    url = store.redis_endpoint or store.redis_url or ""
     parts = urllib.parse.urlsplit(url if "//" in url else f"redis://{url}")
     if parts.scheme not in ("redis", "rediss", "tcp"):
         raise ValueError(f"a {parts.scheme}: URL (redis:// or rediss://)")
@@ -223,13 +224,13 @@ def redis_from(env: Mapping[str, str], prefix: str) -> Redis:
     if not host or validate.line_problem(host):
         raise ValueError("no host in the endpoint URL")
     port = validate.port(parts.port or 6379)
-    db_text = env.get("SCCACHE_REDIS_DB") or parts.path.strip("/") or "0"
+    db_text = store.redis_db or parts.path.strip("/") or "0"
     if not db_text.isdigit() or len(db_text) > 4:
         raise ValueError(f"a database number, not {db_text[:20]!r}")
-    password = env.get("SCCACHE_REDIS_PASSWORD") or (
+    password = store.redis_password or (
         urllib.parse.unquote(parts.password) if parts.password else None
     )
-    username = env.get("SCCACHE_REDIS_USERNAME") or (
+    username = store.redis_username or (
         urllib.parse.unquote(parts.username) if parts.username else None
     )
     return Redis(host, port, parts.scheme == "rediss", prefix, username, password, int(db_text))
@@ -271,66 +272,61 @@ class S3:
             self.client.put(_key(self.prefix, key), src, os.fstat(src.fileno()).st_size)
 
 
-def _true(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "").lower() in ("true", "1", "on")
-
-
-def s3_from(env: Mapping[str, str], prefix: str, aws: AwsCredentials) -> S3:
-    """The S3 of sccache's settings: ``SCCACHE_BUCKET``, ``SCCACHE_REGION`` (else the AWS
-    configuration's, else us-east-1), ``SCCACHE_ENDPOINT`` (path-style; without a scheme,
-    https unless ``SCCACHE_S3_USE_SSL`` is false), server-side encryption as sccache reads
-    it (``SCCACHE_S3_SERVER_SIDE_ENCRYPTION_KMS_KEY_ID``, else
+def s3_from(store: SccacheStore, prefix: str, aws: AwsCredentials) -> S3:
+    """The S3 of sccache's settings (typed by :class:`pinwheel.options.SccacheStore`):
+    ``SCCACHE_BUCKET``, ``SCCACHE_REGION`` (else the AWS configuration's, else us-east-1),
+    ``SCCACHE_ENDPOINT`` (path-style; without a scheme, https unless ``SCCACHE_S3_USE_SSL``
+    is false), server-side encryption as sccache reads it
+    (``SCCACHE_S3_SERVER_SIDE_ENCRYPTION_KMS_KEY_ID``, else
     ``SCCACHE_S3_SERVER_SIDE_ENCRYPTION_AWS_KMS`` for aws:kms, else
     ``SCCACHE_S3_SERVER_SIDE_ENCRYPTION`` for AES256). Credentials: ``aws`` (the AWS
     variables typed by :func:`pinwheel.options.host`) when set, else the standard AWS
     chain; none when ``SCCACHE_S3_NO_CREDENTIALS`` is true. ValueError when unreadable."""
-    bucket = env.get("SCCACHE_BUCKET") or ""
+    bucket = store.bucket or ""
     problem = validate.identifier_problem(bucket)
     if problem:
         raise ValueError(f"bucket {bucket[:80]!r}: {problem}")
-    region = env.get("SCCACHE_REGION") or None
+    region = store.region or None
     if region is not None and validate.identifier_problem(region):
         raise ValueError(f"region {region[:80]!r}: {validate.identifier_problem(region)}")
-    endpoint = env.get("SCCACHE_ENDPOINT") or None
+    endpoint = store.endpoint or None
     if endpoint:
         if "://" not in endpoint:
-            ssl_off = env.get("SCCACHE_S3_USE_SSL", "true").lower() in ("false", "0", "off")
+            ssl_off = (store.s3_use_ssl or "true").lower() in ("false", "0", "off")
             endpoint = f"{'http' if ssl_off else 'https'}://{endpoint}"
         validate.http_url(endpoint, schemes=("http", "https"))
         region = "us-east-1" if region in (None, "auto") else region
-    kms_key = env.get("SCCACHE_S3_SERVER_SIDE_ENCRYPTION_KMS_KEY_ID") or None
-    sse = ("aws:kms" if kms_key or _true(env, "SCCACHE_S3_SERVER_SIDE_ENCRYPTION_AWS_KMS")
-           else "AES256" if _true(env, "SCCACHE_S3_SERVER_SIDE_ENCRYPTION") else None)  # fmt: skip
+    kms_key = store.sse_kms_key_id or None
+    flag = SccacheStore.flag
+    sse = ("aws:kms" if kms_key or flag(store.sse_aws_kms)
+           else "AES256" if flag(store.sse) else None)  # fmt: skip
     settings = s3.Settings(
-        bucket, region, endpoint, anonymous=_true(env, "SCCACHE_S3_NO_CREDENTIALS"), sse=sse,
+        bucket, region, endpoint, anonymous=flag(store.s3_no_credentials), sse=sse,
         kms_key_id=kms_key, access_key_id=aws.access_key_id,
         secret_access_key=aws.secret_access_key, session_token=aws.session_token,
     )  # fmt: skip
     return S3(s3.Client(settings), prefix)
 
 
-
-
-def _local_from(env: Mapping[str, str], aws: AwsCredentials) -> Backend:
-    directory = env.get("SCCACHE_DIR")
-    if not directory:
+def _local_from(store: SccacheStore, aws: AwsCredentials) -> Backend:
+    if not store.dir:
         raise ValueError("no local cache directory")
-    return LocalDir(Path(directory) / SUBDIR)
+    return LocalDir(Path(store.dir) / SUBDIR)
 
 
-def _redis_of(env: Mapping[str, str], aws: AwsCredentials) -> Backend:
-    return redis_from(env, env.get("SCCACHE_REDIS_KEY_PREFIX", ""))
+def _redis_of(store: SccacheStore, aws: AwsCredentials) -> Backend:
+    return redis_from(store, store.redis_key_prefix or "")
 
 
-def _s3_of(env: Mapping[str, str], aws: AwsCredentials) -> Backend:
-    return s3_from(env, env.get("SCCACHE_S3_KEY_PREFIX", ""), aws)
+def _s3_of(store: SccacheStore, aws: AwsCredentials) -> Backend:
+    return s3_from(store, store.s3_key_prefix or "", aws)
 
 
 # The object store's backends, by the compiler cache's backend name: one row each. A new
 # store (GCS, say) is a module with a Backend and one row here; nothing else dispatches on
-# the name. Each maker reads sccache's own variables (the server's environment) and raises
-# ValueError when they cannot be read.
-BACKENDS: dict[str, Callable[[Mapping[str, str], AwsCredentials], Backend]] = {
+# the name. Each maker reads sccache's settings, typed (the server's: the environment's
+# over the manifest's), and raises ValueError when they cannot be read.
+BACKENDS: dict[str, Callable[[SccacheStore, AwsCredentials], Backend]] = {
     "local": _local_from,
     "redis": _redis_of,
     "s3": _s3_of,

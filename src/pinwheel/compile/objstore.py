@@ -63,7 +63,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, canonicalize_version
 
-from pinwheel import confine, keyfile, untrusted, validate
+from pinwheel import confine, keyfile, options, untrusted, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import compcache, derivation, objbackends
 from pinwheel.errors import PinwheelError
@@ -93,7 +93,7 @@ def caller_flags(environ: Mapping[str, str]) -> dict[str, str]:
     compilers but pinwheel does not set them, so the identity does not hold them."""
     from pinwheel.compile.workspace import COMPILER_ENV
 
-    return {k: environ[k] for k in COMPILER_ENV if k in environ and k not in _PATHS}
+    return {k: v for k, v in options.select(environ, COMPILER_ENV).items() if k not in _PATHS}
 
 
 def identity_key(ident: Mapping[str, Any]) -> str:
@@ -269,7 +269,7 @@ def project_name(tree: Path) -> str | None:
 
 _PYPROJECT = untrusted.Kind("pyproject.toml", 4 * untrusted.MiB, 64, PinwheelError, "")
 _NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")
-_GIT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_GIT_ID = re.compile(f"{validate.GIT_SHA_HEX}|{validate.SHA256_HEX}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # The record's fields (reuse.Recorder.collect) and what each must be.
 _RECORD_FIELDS = frozenset(
@@ -311,13 +311,13 @@ def record_problem(rec: Mapping[str, Any], expect: Expect, *, whole: bool = True
     if not isinstance(ident, dict) or not isinstance(rec.get("methods", []), list):
         return "identity is not an object, or methods not a list"
     tree = rec.get("tree")
-    if tree is not None and (not isinstance(tree, str) or not _GIT_ID.fullmatch(tree)):
+    if tree is not None and (not validate.is_git_object_id(tree)):
         return "tree is not a git id"
     if expect.tree is not None and tree != expect.tree:
         return f"tree {str(tree)[:12]} is not this build's {expect.tree[:12]}"
     if (whole or "digest" in rec) and not validate.is_sha256(rec.get("digest")):
         return "digest is not a sha256"
-    for name, digest in (("compiled_members", re.compile(r"[0-9a-f]{64}")), ("files", _GIT_ID)):
+    for name, digest in (("compiled_members", validate.SHA256), ("files", _GIT_ID)):
         problem = _members_problem(rec.get(name, {}), digest)
         if problem is not None:
             return f"{name}: {problem}"
@@ -421,7 +421,7 @@ def for_plan(
         known = ", ".join(objbackends.BACKENDS)
         return None, f"the {plan.backend} backend has no object store ({known})"
     try:
-        backend = make(plan.server_env, aws or AwsCredentials())
+        backend = make(plan.store, aws or AwsCredentials())
     except ValueError as exc:
         return None, f"the {plan.backend} settings cannot be read: {exc}"
     try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import cachelayout, confine, runner, untrusted
+from pinwheel import cachelayout, confine, options, runner, untrusted
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import (
     canonical,
@@ -326,10 +326,10 @@ def _declared(job: Production) -> _Declared:
     home = confine.inside(request.cache, Path("build") / ".home", what="engine build HOME")
     home.mkdir(parents=True, exist_ok=True)
     base = engine_base(request.host, python=python, home=str(home))
-    path = base["PATH"]
+    path = options.value(base, "PATH")
     if toolkit is not None:
         path = f"{toolkit.root / 'bin'}{os.pathsep}{path}"
-    extra_env = {"PATH": path, "HOME": base["HOME"]}
+    extra_env = {"PATH": path, "HOME": options.value(base, "HOME")}
     if request.host.cmake_args_text:  # declared (pinwheel.options): recorded as set
         extra_env["CMAKE_ARGS"] = request.host.cmake_args_text
     # The build Python's include directory and its torch's headers, when outside the cache,
@@ -371,7 +371,7 @@ def _sources(
             source, canon = exported.source, declared.canon
             gone = invalidate.after_update(
                 (source / "build",), changed, roots=(source, canon.to_build(source)),
-                path=declared.extra_env["PATH"],
+                path=options.value(declared.extra_env, "PATH"),
                 build_dir_spellings=((work, canon.to_build(work)),),
                 interrupted=exported.interrupted, changed_sources=deps_changed,
             )  # fmt: skip

@@ -11,16 +11,15 @@ A stamp is never trusted blindly: it only saves a read of bytes nothing has touc
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pinwheel import validate
 from pinwheel.checksums import sha256_file
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 _MAX_INT = 1 << 63  # stat fields are 64-bit: anything larger is no stamp pinwheel wrote
 
 # How a digest was obtained (what a phase says it skipped).
@@ -49,7 +48,7 @@ class Stamp:
         if not isinstance(raw, Mapping):
             return None
         digest = raw.get("sha256")
-        if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+        if not validate.is_sha256(digest):
             return None
         numbers = []
         for key in ("size", "mtime_ns", "ctime_ns", "inode", "device"):

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import archive, confine, locking, untrusted, validate
+from pinwheel import archive, confine, locking, options, untrusted, validate
 from pinwheel.checksums import sha256_file
 from pinwheel.compile import stamps
 from pinwheel.compile.derivation import Derivation, because, changed, digest
@@ -366,7 +366,7 @@ def inputs_digest(*, key: str, sources: Sequence[str], env: Mapping[str, str], *
 
 def builder_env(env: Mapping[str, str], set_env: Mapping[str, str]) -> dict[str, str]:
     """The part of a build's environment :func:`inputs_digest` covers."""
-    return {**{k: env[k] for k in COMPILER_ENV if k in env}, **set_env}
+    return {**options.select(env, COMPILER_ENV), **set_env}
 
 
 def last_build(root: Path, inputs: str) -> LastBuild | None:

@@ -63,7 +63,7 @@ CROSS_CHECKED = (
 )
 _ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
 _IMAGE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_DIGEST = re.compile("sha256:" + validate.SHA256_HEX)
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _SHM = re.compile(r"[1-9][0-9]*[bkmg]?")
 RUNTIMES = ("docker", "podman")

@@ -22,9 +22,9 @@ from pinwheel.errors import ManifestError
 from pinwheel.urls import redact
 
 # Validate with .fullmatch(): "$" would accept a trailing newline.
-FULL_SHA = re.compile(r"[0-9a-f]{40}")
+FULL_SHA = validate.GIT_SHA
 SHORT_SHA = re.compile(r"[0-9a-f]{4,39}")
-SHA256 = re.compile(r"[0-9a-f]{64}")
+SHA256 = validate.SHA256
 # A name that becomes part of refs and file names: [manifest].name.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,99}")
 

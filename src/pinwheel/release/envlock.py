@@ -69,7 +69,6 @@ VENV_FILE = untrusted.Kind("installed distribution file", 4 * untrusted.MiB, 0, 
 RECORD = untrusted.Kind("installed RECORD", 64 * untrusted.MiB, 0, VerifyError, _NEXT)
 DIRECT_URL = untrusted.Kind("direct_url.json", 64 * untrusted.KiB, 8, VerifyError, _NEXT)
 _NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,198}[A-Za-z0-9])?")
-_SHA = re.compile(r"[0-9a-f]{64}")
 _PYDIR = re.compile(r"python3\.[0-9]{1,3}")
 _TAG = re.compile(r"[A-Za-z0-9_.]{1,200}-[A-Za-z0-9_.]{1,200}-[A-Za-z0-9_.]{1,200}")
 _DIST_INFO = re.compile(r"([A-Za-z0-9_.]{1,200})-([A-Za-z0-9_.!+]{1,128})\.dist-info")
@@ -235,7 +234,7 @@ def _direct_url(venv: Path, rel: str) -> tuple[str | None, str | None, str | Non
     legacy = info.get("hash")
     if sha is None and isinstance(legacy, str) and legacy.startswith("sha256="):
         sha = legacy.removeprefix("sha256=")
-    if sha is not None and not (isinstance(sha, str) and _SHA.fullmatch(sha)):
+    if sha is not None and not validate.is_sha256(sha):
         raise untrusted.fail(DIRECT_URL, "not a sha256", where, field="archive_info.hashes.sha256")
     if isinstance(legacy, str) and legacy.startswith("sha256=") and legacy != f"sha256={sha}":
         raise untrusted.fail(DIRECT_URL, "hash and hashes.sha256 disagree", where,

@@ -43,7 +43,6 @@ LOCK = untrusted.Kind(
     VerifyError,
     "write the lock where qualification ran (`pip lock` / `uv pip compile --format pylock.toml`)",
 )
-_SHA = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ class Lock:
 
 def _file_problem(entry: PackageWheel | PackageSdist, what: str) -> str | None:
     sha = entry.hashes.get("sha256")
-    if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+    if not validate.is_sha256(sha):
         return f"{what} has no sha256 hash"
     if entry.url is None or validate.http_url_problem(entry.url):
         return f"{what} has no http(s) url ({str(entry.url)[:80]!r})"
@@ -94,8 +93,8 @@ def _release_wheels(tool: Mapping[str, Any] | None, path: Path) -> tuple[tuple[s
     for i, row in enumerate(rows):
         wheel = row.get("wheel") if isinstance(row, dict) else None
         sha = row.get("sha256") if isinstance(row, dict) else None
-        if not (isinstance(wheel, str) and _WHEEL_FILE.fullmatch(wheel) and isinstance(sha, str)
-                and _SHA.fullmatch(sha)):  # fmt: skip
+        if not (isinstance(wheel, str) and _WHEEL_FILE.fullmatch(wheel)
+                and validate.is_sha256(sha)):  # fmt: skip
             raise untrusted.fail(
                 LOCK, f"tool.pinwheel.release-wheels[{i}] is not a wheel file name and a sha256",
                 str(path),

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -218,7 +217,7 @@ def _subjects(payload_type: str, payload: bytes, where: str) -> dict[str, str]:
         if (
             not isinstance(name, str)
             or not isinstance(digest, str)
-            or not re.fullmatch(r"[0-9a-fA-F]{64}", digest)
+            or not validate.is_sha256(digest, any_case=True)
             or name in out
         ):
             raise untrusted.fail(

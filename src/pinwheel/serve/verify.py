@@ -30,14 +30,13 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import untrusted
+from pinwheel import untrusted, validate
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.printable import shown
 from pinwheel.serve import kldsummary
@@ -49,7 +48,6 @@ F64 = "fidelity_kld.f64"
 FLAGS = "fidelity_flags.u8"
 SPOT_ROWS = "fidelity_spot_rows.f32"  # the in-process spot-check's rows (float32 [size, V])
 STATUSES = ("PASS", "FAIL", "SKIP", "INFO", "NOT PROVEN")
-HEX64 = re.compile(r"[0-9a-f]{64}")
 KIND = untrusted.QUALIFICATION
 
 
@@ -107,7 +105,7 @@ class _Doc:
 
     def digest(self, data: Mapping[str, Any], key: str, field: str) -> str:
         got = data.get(key)
-        if not isinstance(got, str) or not HEX64.fullmatch(got):
+        if not validate.is_sha256(got):
             raise self.refuse("missing, or not a sha256 (64 lowercase hex digits)", field)
         return got
 

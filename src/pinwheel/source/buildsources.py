@@ -21,12 +21,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from pinwheel import saferegex
+from pinwheel import saferegex, validate
 from pinwheel.cudaarch import CudaArch, parse_arch
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.source.libgit2 import pygit2
 
-FULL_SHA = re.compile(r"[0-9a-f]{40}")
+FULL_SHA = validate.GIT_SHA
 YES, NO, UNKNOWN = "yes", "no", "unknown"
 
 # The tree is input: every loop of the evaluator is bounded. A tree past a limit is an

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pinwheel import cachelayout, confine, locking
+from pinwheel import cachelayout, confine, locking, validate
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.progress import SILENT, Reporter
@@ -351,7 +351,7 @@ class Cache:
 
     def resolve_ref(self, url: str, ref: str) -> str:
         """The commit ``ref`` (a tag, branch or SHA) names at ``url`` now (for ``lock``)."""
-        if re.fullmatch(r"[0-9a-f]{40}", ref):
+        if validate.is_git_sha(ref):
             return ref
         source = resolve_source(url, self.mirrors)
         if self.offline and not source.local:

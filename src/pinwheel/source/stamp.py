@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pinwheel import confine, keyfile, untrusted
+from pinwheel import confine, keyfile, untrusted, validate
 from pinwheel.errors import PinwheelError
 from pinwheel.source import gitcli
 
@@ -33,7 +33,7 @@ FORMAT = "pinwheel.replay-stamp/2"  # 2: signed, ids only (1 carried subjects an
 KEY_NAME = "replay-stamp"  # <cache>/keys/replay-stamp.key
 _PURPOSE = "pinwheel replay stamp"
 FOLDER = "pinwheel"
-SHA = re.compile(r"[0-9a-f]{40}")
+SHA = validate.GIT_SHA
 _TYPES = frozenset({"commit", "tree", "blob", "tag"})
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pinwheel import runner
+from pinwheel import runner, validate
 from pinwheel.compile.toolchain.download import check_download, fetch_resumable, verified
 from pinwheel.compile.toolchain.pins import ToolkitLock
 from pinwheel.compile.toolchain.toolkit import ToolchainError
@@ -126,7 +126,7 @@ def _apt_config(state: Path, source: AptSource, lock: ToolkitLock) -> Path:
 
 
 # `apt-get download --print-uris`: 'URI' FILENAME SIZE SHA256:HEX, one line per package
-_PRINTED = re.compile(r"^'([^']+)' (\S+) (\d+) (?:SHA256:([0-9a-f]{64}))?", re.M)
+_PRINTED = re.compile(r"^'([^']+)' (\S+) (\d+) (?:SHA256:(" + validate.SHA256_HEX + "))?", re.M)
 
 
 def printed_uris(text: str) -> dict[str, tuple[str, int]]:

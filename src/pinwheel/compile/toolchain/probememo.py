@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from pinwheel import confine, untrusted
+from pinwheel import confine, options, untrusted
 from pinwheel.compile import derivation
 from pinwheel.errors import PinwheelError
 
@@ -58,7 +58,7 @@ def _stamp(path: Path) -> list[object]:
 
 def key(nvcc: Path, arches: tuple[str, ...], env: Mapping[str, str], probe_source: str) -> str:
     root = Path(nvcc).parent.parent
-    search = env.get("PATH", os.defpath)
+    search = options.value(env, "PATH", os.defpath)
     facts = {
         "format": FORMAT,
         "probe": hashlib.sha256(probe_source.encode()).hexdigest(),
@@ -67,7 +67,7 @@ def key(nvcc: Path, arches: tuple[str, ...], env: Mapping[str, str], probe_sourc
         "tools": [_stamp(root / rel) for rel in TOOLS],
         "host": [[name, _stamp(Path(found)) if (found := shutil.which(name, path=search))
                   else None] for name in HOST_COMPILERS],  # fmt: skip
-        "host_env": {k: env.get(k) for k in HOST_ENV},
+        "host_env": {**dict.fromkeys(HOST_ENV), **options.select(env, HOST_ENV)},
     }
     return derivation.digest(facts)
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pinwheel import runner
+from pinwheel import options, runner
 from pinwheel.cudaarch import parse_arch
 from pinwheel.errors import PinwheelError
 
@@ -42,7 +42,7 @@ class Toolkit:
             CUDA_PATH=str(self.root),
             CUDAToolkit_ROOT=str(self.root),
             CUDACXX=str(self.nvcc),
-            PATH=os.pathsep.join([str(self.root / "bin"), env.get("PATH", os.defpath)]),
+            PATH=os.pathsep.join([str(self.root / "bin"), options.value(env, "PATH", os.defpath)]),
         )
         return env
 
