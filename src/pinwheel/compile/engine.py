@@ -334,7 +334,8 @@ def build_engine(request: EngineBuildRequest) -> Built:
     extra: dict[str, str] = {}
     if request.launcher is not None:
         nvcc = str(request.toolkit.nvcc) if request.toolkit is not None else None
-        extra.update(request.launcher.launch_env(options.value(attempt.plan.env, "PATH"), nvcc=nvcc))
+        path = options.value(attempt.plan.env, "PATH")
+        extra.update(request.launcher.launch_env(path, nvcc=nvcc))
     known = _known_by(attempt)
     extra.update(known.recorder.env())
     made = _stored_wheel(attempt, known)
