@@ -23,7 +23,7 @@ from pinwheel import cachelayout, confine, locking
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.progress import SILENT, Reporter
-from pinwheel.source import gitcli
+from pinwheel.source import gitcli, stamp
 from pinwheel.urls import redact
 
 if TYPE_CHECKING:  # libgit2 is loaded where it is called (pinwheel.source.libgit2)
@@ -128,9 +128,11 @@ TAG_TEXT = (
 
 def _no_links(root: Path, path: Path) -> None:
     """Refuse a cache repository reached through a link or holding one (``objects ->
-    /elsewhere``): git and libgit2 follow links inside a repository, so its objects, refs
-    and pinwheel's stamps would be written outside the cache. A bare repository pinwheel
-    made holds none; its folders are listed without following any."""
+    /elsewhere``): git and libgit2 follow links inside a repository, so its objects and
+    refs would be written outside the cache. A bare repository pinwheel made holds none;
+    its folders are listed without following any. Its ``pinwheel/`` folder (replay
+    stamps) is pinwheel's, never git's: its writer walks it ``O_NOFOLLOW`` (a link there:
+    no stamp is saved, the replay goes on)."""
     rel = f"repos/{path.name}"
     bad: str | None = None
     try:
@@ -142,6 +144,8 @@ def _no_links(root: Path, path: Path) -> None:
     while pending and bad is None:
         with os.scandir(pending.pop()) as it:
             for entry in it:
+                if entry.name == stamp.FOLDER and Path(entry.path).parent == path:
+                    continue
                 if entry.is_symlink():
                     bad = str(Path(entry.path).relative_to(root))
                     break
