@@ -362,6 +362,26 @@ def mkdir_beneath(root: Path | str, rel: str) -> None:
         pass
 
 
+def folder_in_cache(cache: Path | str, rel: str, *, what: str = "folder") -> Path:
+    """``cache/rel`` made (``mkdir -p``) one folder at a time from the cache root, each
+    opened ``O_NOFOLLOW`` from the one before: a folder of the cache someone replaced by a
+    link (``build -> /elsewhere``) is refused with its name, never gone through. Every
+    writer that starts from a folder deeper than the cache (a workspace, the memo root,
+    the compiler cache's run folder) gets its folder here first."""
+    try:
+        mkdir_beneath(cache, rel)
+    except Escape as exc:
+        where = Path(cache) / rel
+        raise Escape(
+            f"refusing the cache's {what} {where}: a folder on the way is a symlink or not "
+            f"a folder ({exc.what})",
+            where=str(where),
+            next=f"remove {where} (or the link above it) from the cache, or run "
+            "`pinwheel cache clean --apply`, and run again",
+        ) from None
+    return Path(cache) / rel
+
+
 def _clear(fd: int, name: str) -> None:
     """Remove whatever ``name`` is in folder ``fd`` (a tree without following links)."""
     try:

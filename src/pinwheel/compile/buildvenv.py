@@ -21,7 +21,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from pinwheel import cachelayout, locking, runner, validate
+from pinwheel import cachelayout, confine, locking, runner, validate
 from pinwheel.compile import pipwatch, workspace
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
@@ -96,7 +96,7 @@ def ensure_build_venv(
     if interpreter is not None and interpreter != sys.executable:
         name += "-" + hashlib.sha256(interpreter.encode()).hexdigest()[:8]
     final = base / name
-    base.mkdir(parents=True, exist_ok=True)
+    confine.folder_in_cache(cache, "venvs", what="venvs folder")  # no link on the way
     with locking.held(base / f".{final.name}.lock"):
         marker = final / READY
         if not (marker.is_file() and json.loads(marker.read_text()).get("sha256") == reqs.sha256):

@@ -65,20 +65,24 @@ def _tool_identity(tool: str | None) -> list[Any] | None:
 class Memo:
     """Tag and check memos under ``root``; each lookup says, in ``note``, what it skipped."""
 
-    def __init__(self, root: Path, note: Note | None = None) -> None:
+    def __init__(self, root: Path, note: Note | None = None, *, scope: Path | None = None) -> None:
+        """``scope``: the folder the confined walk starts from (the cache, for the cache's
+        ``memo/``): every folder from there down to a memo file is opened ``O_NOFOLLOW``,
+        so ``memo`` itself replaced by a link is never gone through. None: ``root``."""
         self.root = Path(root)
+        self.scope = Path(scope) if scope is not None else self.root
         self.note = note or Note()
         self._rules: str | None = None
 
     # ------------------------------------------------------------------ storage
 
     def _rel(self, path: Path) -> str:
-        return Path(path).relative_to(self.root).as_posix()
+        return Path(path).relative_to(self.scope).as_posix()
 
     def _read(self, path: Path) -> dict[str, Any] | None:
-        try:  # bounded, a regular file, no link followed from the memo root down
+        try:  # bounded, a regular file, no link followed from the scope down
             raw = untrusted.parse_json(
-                untrusted.read_beneath(self.root, self._rel(path), KIND), KIND, str(path)
+                untrusted.read_beneath(self.scope, self._rel(path), KIND), KIND, str(path)
             )
         except PinwheelError:
             return None
@@ -88,8 +92,8 @@ class Memo:
 
     def _write(self, path: Path, payload: dict[str, Any]) -> None:
         text = json.dumps({"format": FORMAT, **payload}, sort_keys=True)
-        try:  # every folder from the memo root down opened O_NOFOLLOW
-            confine.write_beneath(self.root, self._rel(path), text.encode())
+        try:  # every folder from the scope down opened O_NOFOLLOW
+            confine.write_beneath(self.scope, self._rel(path), text.encode())
         except confine.Escape:  # a memo only saves time: without it the work is done again
             return
 

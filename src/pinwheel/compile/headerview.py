@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pinwheel import cachelayout, locking
+from pinwheel import cachelayout, confine, locking
 from pinwheel.compile import workers
 from pinwheel.compile.workspace import SOURCE_MTIME
 from pinwheel.fsutil import remove_tree
@@ -95,7 +95,7 @@ def make(root: Path, cache: Path, mtime: int = SOURCE_MTIME) -> View:
     root = Path(root)
     key = key_of(root)
     final = cachelayout.bucket(cache, "headers") / key
-    final.parent.mkdir(parents=True, exist_ok=True)
+    confine.folder_in_cache(cache, "headers", what="header views folder")  # no link
     with locking.held(final.parent / f".{key}.lock"):  # another build may be making it
         if not (final / READY).is_file():
             tmp = final.with_name(f".{key}.part-{os.getpid()}")

@@ -440,6 +440,7 @@ def build_kernel(
 ) -> Built:
     """:func:`_build_kernel` with the kernel's workspace held (workspace.locked)."""
     mark_cache(opts.cache)  # what `pinwheel cache clean` checks before emptying it
+    confine.folder_in_cache(opts.cache, f"kernels/{spec.name}", what="kernel workspace")
     with workspace.locked(workdir(spec, opts)):
         return _build_kernel(spec, config, toolkit, opts)
 

@@ -41,7 +41,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from pinwheel import cachelayout, locking, runner, validate
+from pinwheel import cachelayout, confine, locking, runner, validate
 from pinwheel.compile import derivation, pipwatch, workers, workspace
 from pinwheel.compile.buildvenv import parse_requirements
 from pinwheel.errors import PinwheelError
@@ -149,7 +149,7 @@ def ensure(req: LockedVenvRequest, reporter: Reporter = SILENT) -> LockedVenv:
     ).hexdigest()[:16]
     root = cachelayout.bucket(Path(req.cache), "venvs")
     final = root / f"{req.kind}-{key}"
-    root.mkdir(parents=True, exist_ok=True)
+    confine.folder_in_cache(Path(req.cache), "venvs", what="venvs folder")  # no link
     with locking.held(root / f".{final.name}.lock"):
         marker = final / READY
         ok = False

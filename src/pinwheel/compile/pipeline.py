@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import cachelayout
+from pinwheel import cachelayout, confine
 from pinwheel.compile import (
     canonical,
     checkmemo,
@@ -224,6 +224,9 @@ def _compiler_cache(
             reporter.info(f"building without the compiler cache: {cache_plan.disabled}")
         else:
             with reporter.status(f"starting the compiler cache ({cache_plan.backend})"):
+                for sub in ("bin", "masq"):  # the server's folders: no link on the way
+                    confine.folder_in_cache(request.cache, f"sccache-run/{sub}",
+                                            what="compiler cache's run folder")  # fmt: skip
                 session, cache_plan = compcache.start(
                     cache_plan,
                     cachelayout.bucket(request.cache, "sccache-run"),
@@ -363,7 +366,8 @@ def _publish(
     with check.phase("check") as note:
         spent = [0.0]
         memo_dir = cachelayout.bucket(request.cache, "memo")
-        memo = checkmemo.Memo(memo_dir, note) if request.compiler_cache else None
+        memo = (checkmemo.Memo(memo_dir, note, scope=request.cache)  # links refused from
+                if request.compiler_cache else None)  # the cache root down  # fmt: skip
 
         def timed(step: Callable[..., Any]) -> Callable[..., Any]:
             def run(*args: Any, **kw: Any) -> Any:

@@ -173,6 +173,9 @@ def _engine_lock(request: BuildRequest) -> contextlib.AbstractContextManager[obj
     plain source tree has no workspace to share."""
     if request.engine_source is not None:
         return contextlib.nullcontext()
+    if request.engine_workdir is None:  # the cache's: made folder by folder, links refused
+        confine.folder_in_cache(request.cache, f"build/{request.manifest.name}",
+                                what="engine workspace")  # fmt: skip
     return workspace.locked(engine_workdir(request))
 
 

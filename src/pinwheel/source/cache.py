@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pinwheel import cachelayout, confine, locking, validate
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.progress import SILENT, Reporter
-from pinwheel.source import gitcli
+from pinwheel.source import gitcli, stamp
 from pinwheel.urls import redact
 
 if TYPE_CHECKING:  # libgit2 is loaded where it is called (pinwheel.source.libgit2)
@@ -125,6 +126,40 @@ TAG_TEXT = (
 )
 
 
+def _no_links(root: Path, path: Path) -> None:
+    """Refuse a cache repository reached through a link or holding one (``objects ->
+    /elsewhere``): git and libgit2 follow links inside a repository, so its objects and
+    refs would be written outside the cache. A bare repository pinwheel made holds none;
+    its folders are listed without following any. Its ``pinwheel/`` folder (replay
+    stamps) is pinwheel's, never git's: its writer walks it ``O_NOFOLLOW`` (a link there:
+    no stamp is saved, the replay goes on)."""
+    rel = f"repos/{path.name}"
+    bad: str | None = None
+    try:
+        with confine.folder_beneath(root, rel):
+            pass
+    except (confine.Escape, FileNotFoundError, NotADirectoryError):
+        bad = rel
+    pending = [path] if bad is None else []
+    while pending and bad is None:
+        with os.scandir(pending.pop()) as it:
+            for entry in it:
+                if entry.name == stamp.FOLDER and Path(entry.path).parent == path:
+                    continue
+                if entry.is_symlink():
+                    bad = str(Path(entry.path).relative_to(root))
+                    break
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+    if bad is not None:
+        raise confine.Escape(
+            f"refusing the cache repository {path}: {root / bad} is a symlink (or not a "
+            "folder); a cache repository holds no links",
+            where=str(root / bad),
+            next=f"remove {path} (pinwheel fetches it again) and run again",
+        )
+
+
 def mark(root: Path) -> None:
     """Make ``root`` pinwheel's cache: create it and write its marker (once)."""
     root = Path(root)
@@ -178,12 +213,16 @@ class Cache:
             what="another pinwheel run has held the cache lock",
             next="wait for it to finish, or pass --cache DIR to use a separate cache",
         ):
-            yield self._ensure_repo(url)
+            path = self._ensure_repo(url)
+            _no_links(self.root, path)
+            yield path
 
     def _ensure_repo(self, url: str) -> Path:
         path = self.repo_path(url)
+        confine.folder_in_cache(self.root, "repos", what="repositories folder")
+        if os.path.lexists(path):
+            _no_links(self.root, path)  # before anything is read or written in it
         if not (path / "HEAD").exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".init")
             remove_tree(tmp, ignore_errors=True)  # left by a run that was killed
             try:

@@ -93,7 +93,7 @@ def provision_toolkit(
     """
     base = cachelayout.bucket(cache, "toolchains")
     final = base / lock.dirname
-    base.mkdir(parents=True, exist_ok=True)
+    confine.folder_in_cache(cache, "toolchains", what="toolchains folder")  # no link
     with locking.held(base / f".{lock.dirname}.lock"):
         if (final / MARKER).is_file():
             return final
