@@ -10,6 +10,7 @@ that makes a forward pass faster; a positive acceptance delta one that accepts m
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -184,11 +185,17 @@ def human_lines(o: AttributeOutcome) -> list[str]:
 
 def level_line(o: AttributeOutcome) -> str:
     """What the intervals and verdicts mean, in one line."""
-    conf = float(o.settings.get("confidence", 0.95))
-    steps = len(o.effects)
-    holm = f", Holm over {steps} steps" if steps > 1 else ""
+    return level_text(o.settings, unit="the server start", family=len(o.effects), of="steps")
+
+
+def level_text(settings: Mapping[str, Any], *, unit: str, family: int, of: str) -> str:
+    """The level line of an attribution (a stack's steps, a kernel's step x case
+    comparisons): the unit paired, the t intervals' confidence, the family-wise level
+    and Holm's family, and the power the detectable effect is stated at."""
+    conf = float(settings.get("confidence", 0.95))
+    holm = f", Holm over {family} {of}" if family > 1 else ""
     return (
-        f"deltas are with the step minus without it; unit: the server start, one difference "
+        f"deltas are with the step minus without it; unit: {unit}, one difference "
         f"per round; {conf * 100:g}% t intervals over rounds; verdicts at "
         f"{(1 - conf) * 100:g}% family-wise{holm}; detectable: the smallest |effect| found "
         f"{POWER * 100:g}% of the time"

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import markup as md
-from pinwheel.flows.attribute_report import mde_cell, ms_cell, ms_verdict
+from pinwheel.flows.attribute_report import level_text, mde_cell, ms_cell, ms_verdict
 from pinwheel.flows.kernel_attribution import KernelAttributeOutcome
 from pinwheel.fsutil import atomic_write_text
-from pinwheel.serve.pairstats import POWER
 
 SCHEMA = "pinwheel.kernel-attribution/1"
 JSON_FILE = "attribution.json"
@@ -76,14 +75,8 @@ def to_json(o: KernelAttributeOutcome) -> dict[str, Any]:
 
 
 def level_line(o: KernelAttributeOutcome) -> str:
-    conf = float(o.settings.get("confidence", 0.95))
-    family = len(o.effects)
-    holm = f", Holm over {family} step x case comparisons" if family > 1 else ""
-    return (
-        f"deltas are with the step minus without it; unit: the process, one difference per "
-        f"round; {conf * 100:g}% t intervals over rounds; verdicts at {(1 - conf) * 100:g}% "
-        f"family-wise{holm}; detectable: the smallest |effect| found {POWER * 100:g}% of the "
-        f"time"
+    return level_text(
+        o.settings, unit="the process", family=len(o.effects), of="step x case comparisons"
     )
 
 
