@@ -284,6 +284,7 @@ class Resolved:
             "value": self.value,
             "source": self.source,
             "default": self.var.default,
+            "manifest_key": self.var.manifest_key,
             "meaning": self.var.meaning,
             "read_by": self.var.read_by,
         }
