@@ -11,6 +11,14 @@ in other than ASCII digits, unclosed quotes) is a usage error naming the variabl
 flag. ``pinwheel env`` lists :data:`VARIABLES` with each value's source (flag, environment,
 default) through :func:`resolve`.
 
+A variable's flag is declared in its :class:`Var` too (``flag``, ``commands``, ``flag_help``,
+``manifest_key``): the CLI adds it only with :func:`add_flag` (help and default made from the
+row) and reads it with :func:`from_args`, and every value, shown or used, comes from one
+chain, :func:`resolve_var`: the flag, else the variable, else the manifest key, else the
+default. Manifest keys in that chain today: ``[serve] port`` below ``PORT`` and ``[serve]
+default`` below ``<PREFIX>_PROFILE``. The ``SCCACHE_*`` variables also win over
+``[build.cache]`` keys; they have no flag, and that merge is :meth:`SccacheStore.over`.
+
 A stage never searches an environment for a variable by name nor reads a name this table
 does not declare: outside this module no mapping is indexed (``m["NAME"]``, ``.get``,
 ``.pop``, ``in``) by an upper-case name, a name bound to one or a loop over a tuple of them

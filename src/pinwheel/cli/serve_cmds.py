@@ -425,6 +425,14 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
         yield target
 
 
+def _teacher_model(ctx: Context, args: argparse.Namespace) -> str | None:
+    """--model, else the [serve] model variable when the manifest has [serve]."""
+    wanted = args.model is None and ctx.manifest_path.is_file()
+    serve = ctx.manifest().serve if wanted else None
+    name = serve.model_var if serve is not None else None
+    return ctx.option(args, "<[model] var>", env_name=name).chosen
+
+
 def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.serve.capture import TeacherRequest, capture_teacher
     from pinwheel.serve.panel import read_panel
@@ -462,8 +470,8 @@ def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
         panel=panel,
         top_k=args.top_k,
         url=args.url,
-        python=args.python if not args.url else None,
-        model=args.model if not args.url else None,
+        python=ctx.option(args, "PYTHON").chosen if not args.url else None,
+        model=_teacher_model(ctx, args) if not args.url else None,
         dtype=args.dtype,
     )
     if not req.url and not (req.python and req.model):
