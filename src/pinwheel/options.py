@@ -11,6 +11,14 @@ in other than ASCII digits, unclosed quotes) is a usage error naming the variabl
 flag. ``pinwheel env`` lists :data:`VARIABLES` with each value's source (flag, environment,
 default) through :func:`resolve`.
 
+A variable's flag is declared in its :class:`Var` too (``flag``, ``commands``, ``flag_help``,
+``manifest_key``): the CLI adds it only with :func:`add_flag` (help and default made from the
+row) and reads it with :func:`from_args`, and every value, shown or used, comes from one
+chain, :func:`resolve_var`: the flag, else the variable, else the manifest key, else the
+default. Manifest keys in that chain today: ``[serve] port`` below ``PORT`` and ``[serve]
+default`` below ``<PREFIX>_PROFILE``. The ``SCCACHE_*`` variables also win over
+``[build.cache]`` keys; they have no flag, and that merge is :meth:`SccacheStore.over`.
+
 A stage never searches an environment for a variable by name nor reads a name this table
 does not declare: outside this module no mapping is indexed (``m["NAME"]``, ``.get``,
 ``.pop``, ``in``) by an upper-case name, a name bound to one or a loop over a tuple of them
@@ -34,7 +42,9 @@ from typing import Any, Literal
 from pinwheel import validate
 from pinwheel.errors import UsageError
 
-Source = Literal["flag", "environment", "default", "unset"]
+Source = Literal["flag", "flag+environment", "environment", "manifest", "default", "unset"]
+
+GLOBAL = "*"  # Var.commands: the flag is a global option (every command, and before one)
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,11 @@ class Var:
     default: str | None = None  # what applies when it is unset (as shown to a person)
     secret: bool = False  # its value is never shown (`pinwheel env` says it is set)
     to_children: bool = True  # False: read by pinwheel only, never in a child's environment
+    # -- the flag, when there is one (added by :func:`add_flag`, nowhere else)
+    commands: tuple[str, ...] = ()  # the subcommands that take the flag; (GLOBAL,): all
+    flag_help: str | None = None  # what the flag sets, where that is not ``meaning``
+    manifest_key: str | None = None  # the manifest key that applies below the variable
+    adds: bool = False  # the flag's values are added to the variable's, not put in its place
 
     @property
     def prefix(self) -> str | None:
@@ -60,16 +75,20 @@ class Var:
 VARIABLES: tuple[Var, ...] = (
     # -- pinwheel's own
     Var("PINWHEEL_CACHE", "the cache directory (fetches, toolkits, builds)", "cli",
-        "--cache", "$XDG_CACHE_HOME/pinwheel, else ~/.cache/pinwheel"),
+        "--cache", "$XDG_CACHE_HOME/pinwheel, else ~/.cache/pinwheel", commands=(GLOBAL,)),
     Var("XDG_CACHE_HOME", "where the default cache directory goes", "cli", None, "~/.cache"),
     Var("PINWHEEL_MIRRORS", "URL=PATH pairs (comma or whitespace separated): fetch URL from "
-        "the local mirror PATH", "cli", "--mirror", "none"),
+        "the local mirror PATH", "cli", "--mirror", "none", commands=(GLOBAL,),
+        flag_help="fetch URL from the local mirror PATH instead; repeatable", adds=True),
     Var("PINWHEEL_WHEELHOUSE", "a directory of wheels the build commands install their "
         "hash-pinned build venvs from offline (the engine's requirements, the kernels' build "
-        "tools)", "cli.replay_cmds", "--wheelhouse", "none"),
+        "tools)", "cli.replay_cmds", "--wheelhouse", "none", commands=("build", "attribute"),
+        flag_help="install [build.requirements] from this directory of wheels, not the index"),
     Var("PINWHEEL_TORCH_PYTHON", "the Python whose torch out-of-tree kernels build against "
         "(absolute)",
-        "compile.kernels, compile.pipeline", None, "the build venv's or the build Python"),
+        "compile.kernels, compile.pipeline, cli.attribute_cmds", "--python",
+        "the build venv's or the build Python", commands=("attribute",),
+        flag_help="the Python that runs `attribute --kernel`'s --timing program"),
     Var("PINWHEEL_BUILD_PYTHON", "the Python that runs `python -m build` for the engine",
         "cli.replay_cmds", None, "the Python running pinwheel"),
     Var("PINWHEEL_CANONICAL", "`prefix-map`: give builds the canonical cache path through "
@@ -175,26 +194,34 @@ VARIABLES: tuple[Var, ...] = (
         "compile.compcache"),
     # -- serving
     Var("PYTHON", "the engine's Python for preflight, serve and qualify", "cli.serve_cmds",
-        "--python", "python3"),
+        "--python", "python3", commands=("preflight", "serve", "qualify")),
     Var("CUDA_VISIBLE_DEVICES", "the GPUs preflight and serve use", "cli.serve_cmds",
-        "--devices", "all"),
+        "--devices", "the profile's GPUs", commands=("preflight", "serve", "qualify"),
+        flag_help="GPU indices (0,1)"),
     Var("HOST", "the address `pinwheel serve` listens on", "cli.serve_cmds", "--host",
-        "0.0.0.0"),
-    Var("PORT", "the port `pinwheel serve` listens on", "cli.serve_cmds", None, "8000"),
+        "0.0.0.0", commands=("serve",)),
+    Var("PORT", "the port `pinwheel serve` listens on", "cli.serve_cmds", "--port", "8000",
+        commands=("serve",), manifest_key="[serve] port"),
     Var("<PREFIX>_PROFILE", "the serve profile ([serve] env_prefix names PREFIX)",
-        "cli.serve_cmds", "--profile", "[serve] default profile"),
+        "cli.serve_cmds, cli.attribute_cmds", "--profile", "the first [serve.profile.NAME]",
+        commands=("preflight", "serve", "qualify", "attribute"), flag_help="the "
+        "[serve.profile.NAME] to use", manifest_key="[serve] default"),
     Var("<PREFIX>_SEQS", "max_num_seqs for `pinwheel serve` ([serve] env_prefix)",
         "cli.serve_cmds", None, "the profile's"),
-    Var("<[model] var>", "the model directory ([serve] model_var names it)", "cli.serve_cmds",
-        "--model", "none"),
+    Var("<[model] var>", "the model directory ([serve] model_var names it)",
+        "cli.serve_cmds, cli.attribute_cmds", "--model", "none",
+        commands=("preflight", "serve", "qualify", "attribute"), flag_help="model directory"),
     Var("TERM", "`dumb`: plain lines instead of rich output", "cli"),
     # -- the GitHub Actions run a release is made in (the attestation's builder)
     Var("GITHUB_ACTIONS", "`true` in GitHub Actions: the attestation's builder is the "
-        "workflow", "cli.release_cmds", "--builder-id", "urn:pinwheel:builder:local"),
+        "workflow (GITHUB_SERVER_URL/GITHUB_WORKFLOW_REF)", "cli.release_cmds"),
     Var("GITHUB_SERVER_URL", "the GitHub server of the run (builder id, run URL)",
-        "cli.release_cmds", "--builder-id"),
+        "cli.release_cmds"),
     Var("GITHUB_WORKFLOW_REF", "the workflow file and ref of the run (OWNER/REPO/PATH@REF): "
-        "the attestation's builder id", "cli.release_cmds", "--builder-id"),
+        "the attestation's builder id, with GITHUB_SERVER_URL, when GITHUB_ACTIONS=true",
+        "cli.release_cmds", "--builder-id", "urn:pinwheel:builder:local",
+        commands=("release",), flag_help="SLSA builder id for the attestation (in GitHub Actions: "
+        "$GITHUB_SERVER_URL/ and the workflow ref)"),
     Var("GITHUB_REPOSITORY", "OWNER/REPO of the run (the run URL)", "cli.release_cmds"),
     Var("GITHUB_RUN_ID", "the run's id (the attestation's invocation id)", "cli.release_cmds"),
     Var("GITHUB_RUN_ATTEMPT", "the run's attempt (the attestation's invocation id)",
@@ -252,6 +279,12 @@ class Resolved:
     value: str | None
     source: Source
 
+    @property
+    def chosen(self) -> str | None:
+        """The value when a flag, the environment or the manifest set it; None when only the
+        declared default (a description for people, like ``none``) applies."""
+        return None if self.source in ("default", "unset") else self.value
+
     def to_json(self) -> dict[str, str | None]:
         return {
             "name": self.var.name,
@@ -259,6 +292,7 @@ class Resolved:
             "value": self.value,
             "source": self.source,
             "default": self.var.default,
+            "manifest_key": self.var.manifest_key,
             "meaning": self.var.meaning,
             "read_by": self.var.read_by,
         }
@@ -267,26 +301,119 @@ class Resolved:
 HIDDEN = "(set; a secret, not shown)"
 
 
+def by_name(name: str) -> Var:
+    """The declaration named exactly ``name`` (``PINWHEEL_CACHE``, ``<PREFIX>_PROFILE``)."""
+    var = next((v for v in VARIABLES if v.name == name), None)
+    if var is None:
+        raise KeyError(f"{name} is not declared in pinwheel.options.VARIABLES")
+    return var
+
+
+def _given(value: object) -> str | None:
+    """A flag's parsed value as text; None when it was not given (the sentinel)."""
+    if value is None or value == []:
+        return None
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def resolve_var(
+    var: Var,
+    process: Mapping[str, str],
+    given: object = None,
+    *,
+    manifest: object = None,
+    name: str | None = None,
+) -> Resolved:
+    """The one precedence chain: the flag when given (``given``: its parsed value, None when
+    absent), else the environment (``name``: the variable's name where a manifest makes it,
+    like ``GLM53_PROFILE``), else the manifest key (``manifest``: its value, None when the
+    manifest does not set it), else the declared default. A flag that ``adds`` (``--mirror``)
+    is put after the variable's values, not in their place (``flag+environment``)."""
+    flag = _given(given)
+    env_name = name or var.name
+    if var.prefix is not None:
+        keys = sorted(k for k in process if var.matches(k))
+        env = " ".join(keys) if keys else None  # names only: values may hold secrets
+    else:
+        env = (HIDDEN if var.secret else process[env_name]) if process.get(env_name) else None
+    if flag is not None:
+        if var.adds and env is not None:
+            return Resolved(var, f"{env},{flag}", "flag+environment")
+        return Resolved(var, flag, "flag")
+    if env is not None:
+        return Resolved(var, env, "environment")
+    if var.prefix is not None:
+        return Resolved(var, None, "unset")
+    if _given(manifest) is not None:
+        return Resolved(var, _given(manifest), "manifest")
+    return Resolved(var, var.default, "default" if var.default else "unset")
+
+
 def resolve(
-    process: Mapping[str, str], flags: Mapping[str, str | None] | None = None
+    process: Mapping[str, str], flags: Mapping[str, object] | None = None
 ) -> tuple[Resolved, ...]:
-    """Every declared variable with its value and where it came from: the flag when given
-    (``flags`` maps a flag to its value), else the environment, else the default."""
+    """Every declared variable with its value and where it came from (:func:`resolve_var`);
+    ``flags`` maps a variable's name, or a global flag (``--cache``), to the flag's value."""
     flags = flags or {}
     out = []
     for var in VARIABLES:
-        if var.flag is not None and flags.get(var.flag) is not None:
-            out.append(Resolved(var, flags[var.flag], "flag"))
-        elif var.prefix is not None:
-            keys = sorted(k for k in process if var.matches(k))
-            value = " ".join(keys) if keys else None
-            out.append(Resolved(var, value, "environment" if keys else "unset"))
-        elif process.get(var.name):
-            shown = HIDDEN if var.secret else process[var.name]
-            out.append(Resolved(var, shown, "environment"))
-        else:
-            out.append(Resolved(var, var.default, "default" if var.default else "unset"))
+        given = flags.get(var.name)
+        if given is None and var.flag is not None and GLOBAL in var.commands:
+            given = flags.get(var.flag)
+        out.append(resolve_var(var, process, given))
     return tuple(out)
+
+
+# -- flags: added from the declaration, resolved by the chain above ---------------------------
+
+FLAG_OF = "pinwheel_variable"  # the attribute add_flag sets on each argparse action it adds
+
+
+def dest(var: Var) -> str:
+    """The attribute argparse stores ``var``'s flag in (``--builder-id``: ``builder_id``)."""
+    if var.flag is None:
+        raise KeyError(f"{var.name} has no flag")
+    return var.flag.lstrip("-").replace("-", "_")
+
+
+def flag_help(var: Var) -> str:
+    """A flag's help, made from its declaration: what it sets, its variable, the manifest key
+    below that, and the default."""
+    also = f"added to ${var.name}" if var.adds else f"also ${var.name}"
+    below = f", then {var.manifest_key}" if var.manifest_key else ""
+    text = f"{var.flag_help or var.meaning} ({also}{below}; default: {var.default or 'none'})"
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+def add_flag(parser: Any, name: str, **extras: Any) -> Any:
+    """Add the flag variable ``name`` declares to ``parser`` (an argparse parser), its help
+    made by :func:`flag_help` and its default None (the flag was not given) unless ``extras``
+    say otherwise (``argparse.SUPPRESS`` for the global options on a subcommand); the value
+    is read back with :func:`from_args`. The only place a flag with a variable is added."""
+    var = by_name(name)
+    if var.flag is None:
+        raise KeyError(f"{name} declares no flag")
+    extras.setdefault("default", None)
+    action = parser.add_argument(var.flag, dest=dest(var), help=flag_help(var), **extras)
+    setattr(action, FLAG_OF, name)
+    return action
+
+
+def from_args(
+    args: object,
+    name: str,
+    process: Mapping[str, str],
+    *,
+    manifest: object = None,
+    env_name: str | None = None,
+) -> Resolved:
+    """Variable ``name``'s value for this command line (``args``: the parsed namespace):
+    :func:`resolve_var` over its flag, ``process``, the ``manifest`` key's value."""
+    var = by_name(name)
+    return resolve_var(var, process, getattr(args, dest(var), None), manifest=manifest,
+                       name=env_name)  # fmt: skip
 
 
 # -- a child's environment, by name --------------------------------------------------------

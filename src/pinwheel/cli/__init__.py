@@ -140,6 +140,18 @@ class Context:
         """A variable the manifest names (``[serve] env_prefix``, ``model_var``), read here."""
         return self.environ.get(name) or os.environ.get(name)
 
+    def option(
+        self, args: argparse.Namespace, name: str, *, manifest: object = None,
+        env_name: str | None = None,
+    ) -> options.Resolved:
+        """Declared variable ``name`` for this command: its flag, else the variable (named
+        ``env_name`` where the manifest makes the name), else ``manifest`` (the manifest key's
+        value), else the default (:func:`pinwheel.options.resolve_var`)."""
+        process = self.environ
+        if env_name is not None:
+            process = {env_name: self.variable(env_name) or ""}
+        return options.from_args(args, name, process, manifest=manifest, env_name=env_name)
+
     @property
     def is_terminal(self) -> bool:
         return sys.stderr.isatty() and options.launch(self.environ).term != "dumb"
@@ -207,15 +219,9 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
         default=d(None),
         help="manifest file (default: manifest.toml here or in the nearest directory above)",
     )
-    parser.add_argument(
-        "--cache", default=d(None), help="cache dir (default: $PINWHEEL_CACHE or ~/.cache/pinwheel)"
-    )
-    parser.add_argument(
-        "--mirror",
-        action="append",
-        default=d([]),
-        metavar="URL=PATH",
-        help="fetch URL from a local mirror instead (repeatable; also $PINWHEEL_MIRRORS)",
+    options.add_flag(parser, "PINWHEEL_CACHE", default=d(None), metavar="DIR")
+    options.add_flag(
+        parser, "PINWHEEL_MIRRORS", action="append", default=d([]), metavar="URL=PATH"
     )
     parser.add_argument("--offline", action="store_true", default=d(False), help="no network")
     parser.add_argument("--json", action="store_true", default=d(False), help="JSON on stdout")
@@ -328,8 +334,9 @@ def ctx_cache(args: argparse.Namespace, safe: Sequence[str] | None = None) -> Pa
     """``--cache``, absolute: build paths under it reach compilers and provenance. A cache
     not named with ``--cache`` (``$PINWHEEL_CACHE``, the default) is checked to be the
     user's (:mod:`pinwheel.ownership`) when ``safe`` is given."""
-    if getattr(args, "cache", None):
-        return Path(args.cache).absolute()
+    chosen = options.from_args(args, "PINWHEEL_CACHE", os.environ)
+    if chosen.source == "flag" and chosen.value:
+        return Path(chosen.value).absolute()
     cache = default_cache()
     if safe is not None:
         ownership.check([cache], what="the cache", flag="--cache", safe=safe)

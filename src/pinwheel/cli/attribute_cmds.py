@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from pinwheel import options
 from pinwheel.cli import Context, command
 from pinwheel.errors import UsageError
 
@@ -51,10 +52,8 @@ def register(sub: Any) -> None:
         default=4,
         help="greedy decodes per serving, [qualify].max_tokens each (default 4)",
     )
-    p.add_argument(
-        "--profile", default=None, help="[serve.profile.NAME] (default: [serve].default)"
-    )
-    p.add_argument("--model", default=None, help="model directory (default: $<env_prefix>_MODEL)")
+    options.add_flag(p, "<PREFIX>_PROFILE")
+    options.add_flag(p, "<[model] var>", metavar="DIR")
     p.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     p.add_argument("--torch-backend", default=None, help="uv's --torch-backend for the venvs")
     p.add_argument("--no-deps", action="store_true", help="install each variant's wheels only")
@@ -87,19 +86,9 @@ def register(sub: Any) -> None:
         "with the variant's directory as PYTHONPATH; prints "
         'RESULT {"times": {case: [ms, ...]}}',
     )
-    k.add_argument(
-        "--python",
-        type=Path,
-        default=None,
-        help="the Python that runs --timing (default: $PINWHEEL_TORCH_PYTHON)",
-    )
+    options.add_flag(k, "PINWHEEL_TORCH_PYTHON")
     k.add_argument("--iters", type=int, default=50, help="calls per timed sample (default 50)")
-    p.add_argument(
-        "--wheelhouse",
-        type=Path,
-        default=None,
-        help="install [build.requirements] from this directory of wheels",
-    )
+    options.add_flag(p, "PINWHEEL_WHEELHOUSE", metavar="DIR")
 
 
 def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
@@ -120,7 +109,7 @@ def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
 
     manifest = ctx.manifest()
     config = manifest.require("serve")
-    model = args.model or ctx.environ.get(config.model_var)
+    model = ctx.option(args, "<[model] var>", env_name=config.model_var).chosen
     if not model:
         raise UsageError(
             "no model directory to serve the variants with",
@@ -137,7 +126,8 @@ def run_attribute(ctx: Context, args: argparse.Namespace) -> int:
         out=Path(args.out).absolute(),
         model=str(model),
         environ=ctx.environ,
-        profile=args.profile,
+        profile=ctx.option(args, "<PREFIX>_PROFILE", env_name=f"{config.env_prefix}_PROFILE",
+                           manifest=config.default_profile).chosen,
         rounds=args.rounds,
         samples=args.samples,
         installer=args.installer,
@@ -158,7 +148,9 @@ def run_kernel_attribute(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.flows.kernel_attribute import KernelAttributeRequest, attribute_kernel
     from pinwheel.flows.kernel_report import human_lines, to_json
 
-    python = args.python or ctx.host.torch_python
+    chosen = ctx.option(args, "PINWHEEL_TORCH_PYTHON")
+    python = Path(chosen.value) if chosen.source == "flag" and chosen.value else None
+    python = python or ctx.host.torch_python  # the variable, checked to be absolute
     if python is None:
         raise UsageError(
             "no Python to run the timing program with",

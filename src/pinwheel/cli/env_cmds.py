@@ -15,8 +15,9 @@ from pinwheel.cli import Context, command
 
 def cmd_env(ctx: Context, args: argparse.Namespace) -> int:
     flags = {
-        "--cache": getattr(args, "cache", None),
-        "--mirror": ",".join(args.mirror) if getattr(args, "mirror", None) else None,
+        var.name: getattr(args, options.dest(var), None)
+        for var in options.VARIABLES
+        if options.GLOBAL in var.commands
     }
     rows = options.resolve(os.environ, flags)
     payload: dict[str, Any] = {

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pinwheel import options
 from pinwheel.cli import Context, command
 from pinwheel.errors import UsageError
 from pinwheel.manifest import Manifest
@@ -66,7 +67,7 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
     key = (
         None if args.no_sign else (Path(args.key).expanduser() if args.key else config.signing_key)
     )
-    builder, invocation = _ci_builder(ctx)
+    builder, invocation = _ci_builder(ctx, args)
     request = AssembleRequest(
         manifest,
         config,
@@ -75,8 +76,8 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
         key=key,
         qualification=Path(args.qualification) if args.qualification else None,
         allow_unverified=args.allow_unverified,
-        builder_id=args.builder_id or builder,
-        invocation_id=None if args.builder_id else invocation,
+        builder_id=builder,
+        invocation_id=invocation,
         lock=Path(args.lock) if args.lock else None,
     )
     built = assemble(request)
@@ -91,11 +92,15 @@ def cmd_release(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-def _ci_builder(ctx: Context) -> tuple[str, str | None]:
-    """SLSA builder id and invocation id: the GitHub Actions workflow and run that runs
-    this (options.GithubRun, from GITHUB_*), else a local build."""
+def _ci_builder(ctx: Context, args: argparse.Namespace) -> tuple[str, str | None]:
+    """SLSA builder id and invocation id: --builder-id (no invocation), else the GitHub
+    Actions workflow and run that runs this (options.GithubRun, from GITHUB_*), else a
+    local build."""
     from pinwheel.release.attest import LOCAL_BUILDER
 
+    chosen = ctx.option(args, "GITHUB_WORKFLOW_REF")
+    if chosen.source == "flag" and chosen.value:
+        return chosen.value, None
     run = ctx.host.github
     if run is None:
         return LOCAL_BUILDER, None
@@ -531,11 +536,7 @@ def _register_release(sub: Any) -> None:
         help="pylock.toml (PEP 751) of the environment qualification ran in: shipped in the "
         "release, installed from by `pinwheel install`",
     )
-    p.add_argument(
-        "--builder-id",
-        help="SLSA builder id for the attestation (default: the GitHub Actions workflow when "
-        "run there, else urn:pinwheel:builder:local)",
-    )
+    options.add_flag(p, "GITHUB_WORKFLOW_REF")
 
 
 def _register_keygen(sub: Any) -> None:

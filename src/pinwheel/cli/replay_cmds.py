@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pinwheel import options
 from pinwheel.cli import Context, command
 from pinwheel.errors import UsageError
 from pinwheel.manifest import Manifest
@@ -146,8 +147,10 @@ def build_request(
 
 def _wheelhouse(ctx: Context, args: argparse.Namespace) -> Path | None:
     """--wheelhouse (`build`, `attribute`), else $PINWHEEL_WHEELHOUSE (every build command)."""
-    chosen = getattr(args, "wheelhouse", None)
-    return Path(chosen).absolute() if chosen else ctx.host.wheelhouse
+    chosen = ctx.option(args, "PINWHEEL_WHEELHOUSE")
+    if chosen.source == "flag" and chosen.value:
+        return Path(chosen.value).absolute()
+    return ctx.host.wheelhouse  # the variable, checked (or None: the index)
 
 
 def cmd_plan(ctx: Context, args: argparse.Namespace) -> int:
@@ -373,12 +376,7 @@ def register(sub: Any) -> None:
     p.add_argument("--allow-drift", action="store_true", help="replay pinned heads that moved")
     p.add_argument("--out", default="wheels", help="output directory (default: wheels/)")
     p.add_argument("--no-kernels", action="store_true", help="skip the [[kernel]] wheels")
-    p.add_argument(
-        "--wheelhouse",
-        type=Path,
-        help="install [build.requirements] from this directory of wheels, not the index "
-        "(also $PINWHEEL_WHEELHOUSE)",
-    )
+    options.add_flag(p, "PINWHEEL_WHEELHOUSE", metavar="DIR")
     add_cache_flags(p)
     add_substitute_flag(p)
     p = command(sub, "lock", "pin short SHAs, PR heads, commits and the tree in place", cmd_lock)

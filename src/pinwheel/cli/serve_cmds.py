@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pinwheel import validate
+from pinwheel import options, validate
 from pinwheel.cli import Context, command
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.fsutil import atomic_write_text
@@ -45,10 +45,8 @@ def register(sub: Any) -> None:
         run_serve,
     )
     _profile_options(p)
-    p.add_argument("--host", default=None, help="bind address (default: $HOST or 0.0.0.0)")
-    p.add_argument(
-        "--port", type=int, default=None, help="port (default: $PORT, else [serve] port)"
-    )
+    options.add_flag(p, "HOST")
+    options.add_flag(p, "PORT")
     p.add_argument("--print-recipe", action="store_true", help="print the generated shell recipe")
     p.add_argument(
         "--write-recipe", action="store_true", help="rewrite [serve].recipe from the manifest"
@@ -108,16 +106,8 @@ def register(sub: Any) -> None:
 
 
 def _profile_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--profile", default=None, help="[serve.profile.NAME] (default: [serve].default)"
-    )
-    p.add_argument("--model", default=None, help="model directory (default: $<env_prefix>_MODEL)")
-    p.add_argument(
-        "--python", default=None, help="the engine's python (default: $PYTHON or python3)"
-    )
-    p.add_argument(
-        "--devices", default=None, help="GPU indices (default: $CUDA_VISIBLE_DEVICES or profile)"
-    )
+    for name in ("<PREFIX>_PROFILE", "<[model] var>", "PYTHON", "CUDA_VISIBLE_DEVICES"):
+        options.add_flag(p, name)
 
 
 def _serve_config(ctx: Context) -> ServeConfig:
@@ -138,22 +128,27 @@ class ServeOptions:
     devices: str | None  # "0,1"
 
 
+def _profile_name(ctx: Context, args: argparse.Namespace, config: ServeConfig) -> str | None:
+    """--profile, else $<PREFIX>_PROFILE, else [serve] default (None: the first profile)."""
+    return ctx.option(args, "<PREFIX>_PROFILE", env_name=f"{config.env_prefix}_PROFILE",
+                      manifest=config.default_profile).chosen  # fmt: skip
+
+
 def _resolve(ctx: Context, args: argparse.Namespace) -> ServeOptions:
-    """Options resolved once, flags before environment."""
+    """Options resolved once, flags before environment (:meth:`Context.option`)."""
     config = _serve_config(ctx)
-    profile = config.profile(args.profile or ctx.variable(f"{config.env_prefix}_PROFILE"))
-    model = args.model or ctx.variable(config.model_var)
-    devices = args.devices or ctx.host.devices
+    python = ctx.option(args, "PYTHON")
+    profile = config.profile(_profile_name(ctx, args, config))
+    model = ctx.option(args, "<[model] var>", env_name=config.model_var).chosen
+    devices = ctx.option(args, "CUDA_VISIBLE_DEVICES").chosen  # None: the profile's
     if devices:  # it reaches a container runtime's argv or a child's environment
         _checked(validate.devices, devices, "--devices / $CUDA_VISIBLE_DEVICES")
     return ServeOptions(
         config=config,
         profile=profile,
         model=Path(model).absolute() if model else None,
-        python=args.python or ctx.host.python or "python3",
-        python_from="--python"
-        if args.python
-        else ("$PYTHON" if ctx.host.python else "default"),
+        python=str(python.value),
+        python_from={"flag": "--python", "environment": "$PYTHON"}.get(python.source, "default"),
         devices=devices,
     )
 
@@ -196,7 +191,7 @@ def run_preflight(ctx: Context, args: argparse.Namespace) -> int:
         cuda_home=ctx.host.cuda_home,
         search_path=ctx.host.path,
         container_runtime=args.container_runtime,
-        torch_python=args.python or ctx.host.python,
+        torch_python=ctx.option(args, "PYTHON").chosen,
         cache=ctx.cache,
         pinned_python=_pinned_python(ctx),
     )
@@ -339,7 +334,7 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         model=str(r.model),
         python=r.python,
         host=_checked(
-            validate.host, args.host or _or(ctx.host.listen_host, "0.0.0.0"), "--host / $HOST"
+            validate.host, ctx.option(args, "HOST").value, "--host / $HOST"
         ).strip("[]"),
         port=_port(ctx, args, config.port),
         max_num_seqs=_seqs(ctx, config.seqs_var),
@@ -371,10 +366,9 @@ def _checked(check: Any, value: Any, where: str) -> Any:
 def _port(ctx: Context, args: argparse.Namespace, default: int | None = None) -> int:
     """--port, else $PORT, else the manifest's [serve] port (what the recipe publishes),
     else 8000 (vLLM's own default)."""
-    if args.port is not None:
-        return int(_checked(validate.port, args.port, "--port"))
-    fallback = str(default) if default is not None else "8000"
-    return int(_checked(validate.port, _or(ctx.host.port, fallback), "$PORT"))
+    port = ctx.option(args, "PORT", manifest=default)
+    where = {"flag": "--port", "environment": "$PORT"}.get(port.source, "[serve] port")
+    return int(_checked(validate.port, port.value, where))
 
 
 def _seqs(ctx: Context, var: str) -> int | None:
@@ -431,6 +425,14 @@ def _started_server(ctx: Context, args: argparse.Namespace, out: Path) -> Iterat
         yield target
 
 
+def _teacher_model(ctx: Context, args: argparse.Namespace) -> str | None:
+    """--model, else the [serve] model variable when the manifest has [serve]."""
+    wanted = args.model is None and ctx.manifest_path.is_file()
+    serve = ctx.manifest().serve if wanted else None
+    name = serve.model_var if serve is not None else None
+    return ctx.option(args, "<[model] var>", env_name=name).chosen
+
+
 def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.serve.capture import TeacherRequest, capture_teacher
     from pinwheel.serve.panel import read_panel
@@ -468,8 +470,8 @@ def run_teacher(ctx: Context, args: argparse.Namespace) -> int:
         panel=panel,
         top_k=args.top_k,
         url=args.url,
-        python=args.python if not args.url else None,
-        model=args.model if not args.url else None,
+        python=ctx.option(args, "PYTHON").chosen if not args.url else None,
+        model=_teacher_model(ctx, args) if not args.url else None,
         dtype=args.dtype,
     )
     if not req.url and not (req.python and req.model):
@@ -603,7 +605,7 @@ def run_tp(ctx: Context, args: argparse.Namespace) -> int:
             where="pinwheel qualify tp",
             next="pass --wheel wheels/exllamav3-*.whl (`pinwheel kernels --name exllamav3`)",
         )
-    text = args.devices or ctx.host.devices
+    text = ctx.option(args, "CUDA_VISIBLE_DEVICES").chosen
     if not text:
         raise UsageError(
             "no GPUs named", where="--devices", next="pass --devices 0,1 (or --devices 0)"
@@ -616,7 +618,7 @@ def run_tp(ctx: Context, args: argparse.Namespace) -> int:
             where="--devices",
             next="e.g. --devices 0,1 (unique ASCII-digit indices)",
         ) from None
-    python = args.python or ctx.host.python or "python3"
+    python = str(ctx.option(args, "PYTHON").value)
     out = Path(args.out)
     outcome = run_tpcheck(
         TpRequest(python=python, wheel=Path(args.wheel), devices=devices, environ=ctx.environ)
@@ -666,7 +668,7 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     m = ctx.manifest()
     out = Path(args.out)
     config = _serve_config(ctx)
-    profile = config.profile(args.profile or ctx.variable(f"{config.env_prefix}_PROFILE")).name
+    profile = config.profile(_profile_name(ctx, args, config)).name
     prov = Path(args.provenance) if args.provenance else m.root / "wheels" / "provenance.json"
     if args.provenance and not prov.is_file():
         raise UsageError(
@@ -702,8 +704,3 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     if failure is not None:
         raise failure  # the outcome is printed; the exit code says a gate failed
     return 0
-
-
-def _or(value: str | None, default: str) -> str:
-    """``value`` when the variable is set (even empty: the check then says so), else ``default``."""
-    return default if value is None else value
