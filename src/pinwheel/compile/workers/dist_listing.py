@@ -82,24 +82,29 @@ seen, out, owned, modified = set(), [], set(), []
 for entry in path:
     if not entry or not os.path.isdir(entry):
         continue
-    for dist in sorted(distributions(path=[entry]), key=lambda d: str(d.metadata["Name"])):
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-").replace(".", "-")
+    real = os.path.realpath(entry)  # once per folder, not per RECORD line
+    mine = real == own
+    found = []
+    for dist in distributions(path=[entry]):
+        meta = dist.metadata  # parsed once: each .metadata parses METADATA again
+        found.append((str(meta["Name"]), meta, dist))
+    for _key, meta, dist in sorted(found, key=lambda f: f[0]):
+        name = (meta["Name"] or "").lower().replace("_", "-").replace(".", "-")
         lines = []
         for line in (dist.read_text("RECORD") or "").splitlines():
             path_ = line.rsplit(",", 2)[0]
-            if os.path.realpath(entry) == own and path_:
+            if mine and path_:
                 owned.add(path_.split("/")[0])
             if not path_ or path_.startswith("..") or path_.split("/")[-1] in SKIP:
                 continue
             if "__pycache__/" in path_:
                 continue
             lines.append(line)
-        if os.path.realpath(entry) == own and hash_files:
+        if mine and hash_files:
             modified += [f"{name}: {p}" for p in file_problems(dist, entry)]
         digest = hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
-        out.append({"name": name, "version": dist.version, "record_sha256": digest,
-                    "from": "lock" if os.path.realpath(entry) == own
-                    else labels.get(os.path.realpath(entry), "machine"),
+        out.append({"name": name, "version": meta["Version"], "record_sha256": digest,
+                    "from": "lock" if mine else labels.get(real, "machine"),
                     "shadowed": name in seen})
         seen.add(name)
 unowned = sorted(
