@@ -62,8 +62,7 @@ def _refused(venv: lockedvenv.LockedVenv, match: str) -> Note:
 
 def _memo(venv: lockedvenv.LockedVenv) -> Path:
     assert venv.cache is not None
-    (memo,) = (venv.cache / "memo" / "venv").glob("*.json")
-    return memo
+    return venvmemo.path(venvmemo.Scope(venv.cache, venv.lock_sha256), venv.python.parent.parent)
 
 
 def _hashed(note: Note) -> bool:
@@ -109,7 +108,7 @@ def test_a_file_edited_in_place_with_its_size_and_mtime_restored_is_caught(
         before.st_size, before.st_mtime_ns, before.st_ino)  # fmt: skip
     assert after.st_ctime_ns != before.st_ctime_ns  # utime cannot set ctime back
     note = _refused(venv, "packaging/version.py differs from its RECORD")
-    assert _hashed(note) and "packaging/version.py changed since the last check" in note.did_[0]
+    assert _hashed(note) and "added, removed or changed since its last check" in note.did_[0]
 
 
 def test_a_pth_added_after_the_memo_is_refused(tmp_path: Path) -> None:
@@ -118,7 +117,7 @@ def test_a_pth_added_after_the_memo_is_refused(tmp_path: Path) -> None:
     assert not _hashed(_check(venv))  # the memo holds
     (_site(venv) / "evil.pth").write_text("import os\n")
     note = _refused(venv, r"evil\.pth in .* is not in the lock")
-    assert _hashed(note) and "added or removed" in note.did_[0]
+    assert _hashed(note) and "added, removed or changed since its last check" in note.did_[0]
 
 
 def test_an_edited_memo_or_one_signed_with_another_key_is_ignored(tmp_path: Path) -> None:
@@ -143,7 +142,7 @@ def test_an_edited_memo_or_one_signed_with_another_key_is_ignored(tmp_path: Path
     assert snap is not None
     body = json.loads(memo.read_text())
     body.pop("signature")
-    body["entries"], body["dirs"] = snap.entries, snap.dirs
+    body.update(sha256=snap.sha256, entries=snap.entries, newest_ctime_ns=0)
     theirs = secrets.token_hex(32).encode()
     body["signature"] = keyfile.sign(theirs, "pinwheel venv memo",
                                      json.dumps(body, sort_keys=True,
@@ -154,23 +153,19 @@ def test_an_edited_memo_or_one_signed_with_another_key_is_ignored(tmp_path: Path
     assert _hashed(note) and "not signed with this cache's key" in note.did_[0]
 
 
-def test_a_signed_memo_naming_a_path_outside_the_venv_is_ignored(tmp_path: Path) -> None:
+def test_a_signed_memo_of_another_venv_or_lock_is_ignored(tmp_path: Path) -> None:
+    """A memo this cache's key signed, copied to where another venv's (or another lock's)
+    memo lives: it holds for the venv it names only."""
     venv = _locked(tmp_path)
     _check(venv)
     assert venv.cache is not None
-    memo = _memo(venv)
-    body = json.loads(memo.read_text())
-    body.pop("signature")
-    body["entries"]["../../outside"] = [1, 2, 3, 4, 5]
-    key = keyfile.cache_key(venv.cache, venvmemo.KEY_NAME)
-    body["signature"] = keyfile.sign(key, "pinwheel venv memo",
-                                     json.dumps(body, sort_keys=True,
-                                                separators=(",", ":")).encode())  # fmt: skip
-    memo.write_text(json.dumps(body))
-    got, why = venvmemo.load(venvmemo.Scope(venv.cache, venv.lock_sha256),
-                             venv.python.parent.parent)  # fmt: skip
-    assert got is None and "outside the venv" in why
-    assert _hashed(_check(venv))
+    root = venv.python.parent.parent
+    other = venvmemo.Scope(venv.cache, "0" * 64)
+    planted = venvmemo.path(other, root)
+    planted.write_bytes(_memo(venv).read_bytes())
+    got, why = venvmemo.load(other, root)
+    assert got is None and "another venv or lock" in why
+    assert venvmemo.load(venvmemo.Scope(venv.cache, venv.lock_sha256), root)[0] is not None
 
 
 def test_a_memo_planted_as_a_link_is_not_followed(tmp_path: Path) -> None:

@@ -2,19 +2,21 @@
 
 :func:`pinwheel.compile.lockedvenv.python_inventory` hashes every file of a venv's
 site-packages against its RECORD (a venv with torch: seconds). After a check that found
-nothing wrong, a memo records, for every entry of the venv as that check reads it, its
-``lstat`` (size, mtime_ns, inode, mode, ctime_ns) and every folder's listing: the venv's
-own folder, ``bin``, and everything under ``lib`` (site-packages included), walked
-without following a link. The next check skips the hashing only when the memo
+nothing wrong, a memo records one sha256 over every entry of the venv as that check
+reads it: each entry's relative path and ``lstat`` (size, mtime_ns, inode, mode,
+ctime_ns), folder by folder in name order (so each folder's listing is in it), walking
+the venv's own folder, ``bin``, and everything under ``lib`` (site-packages included)
+without following a link. The memo names no path: only that digest, how many entries,
+the venv's path and the lock's sha256. The next check skips the hashing only when the
+memo
 
 - is a regular file read bounded with no link followed from the cache down
-  (:mod:`pinwheel.untrusted`), of this format, for this venv's path and lock digest,
-  and names only relative paths inside the venv;
+  (:mod:`pinwheel.untrusted`), of this format, for this venv's path and lock digest;
 - is signed (HMAC-SHA256, :mod:`pinwheel.keyfile`) with the cache's own ``venv-memo``
   key, which only this user can read: whoever can write the cache but not read the key
   cannot make a memo pinwheel accepts;
-- and equals the venv now, entry for entry: no file or folder added, removed or renamed
-  and every ``lstat`` field the same. A rewrite changes size or mtime, ``utime`` can set
+- and its digest is the venv's now: no file or folder added, removed or renamed and
+  every ``lstat`` field the same. A rewrite changes size or mtime, ``utime`` can set
   mtime back but never ctime, a replacement changes the inode.
 
 Anything else (no key, no memo, another key's or an edited one, a link planted for it)
@@ -25,6 +27,7 @@ changed while it was hashed, or within the clock's tick of it): the next check h
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pinwheel import cachelayout, confine, keyfile, untrusted
+from pinwheel import cachelayout, confine, keyfile, untrusted, validate
 from pinwheel.errors import PinwheelError
 
 FORMAT = "pinwheel.venv-memo/1"
@@ -43,7 +46,7 @@ _PURPOSE = "pinwheel venv memo"
 FOLDER = f"{cachelayout.bucket(Path(), 'memo').name}/venv"  # <cache>/memo/venv/
 RACY_NS = 2_000_000_000  # a default: entries changed this close to the check are not memoised
 KIND = untrusted.Kind(
-    "venv memo", 64 * untrusted.MiB, 8, PinwheelError,
+    "venv memo", 64 * untrusted.KiB, 4, PinwheelError,
     "nothing to do: the venv's files are hashed again",
 )  # fmt: skip
 _MAX_INT = 1 << 63
@@ -59,17 +62,13 @@ class Scope:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Every entry of a venv as a check reads it: ``lstat`` fields and folder listings."""
+    """Every entry of a venv as a check reads it, as one sha256 over each entry's relative
+    path and ``lstat`` fields (size, mtime_ns, inode, mode, ctime_ns), folder by folder in
+    name order (so a folder's listing is in it: an entry added or removed changes it)."""
 
-    entries: dict[str, list[int]]  # relative path -> [size, mtime_ns, inode, mode, ctime_ns]
-    dirs: dict[str, list[str]]  # relative folder ("." the venv) -> its names, sorted
-
-    def newest_ctime(self) -> int:
-        return max((e[4] for e in self.entries.values()), default=0)
-
-
-def _fields(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode, st.st_ctime_ns]
+    sha256: str
+    entries: int
+    newest_ctime_ns: int
 
 
 def snapshot(venv: Path, site: Path) -> Snapshot | None:
@@ -77,50 +76,68 @@ def snapshot(venv: Path, site: Path) -> Snapshot | None:
     ``lib`` (recursively); no link is followed. None when ``site`` (the site-packages the
     check reads) is not a folder reached without a link: such a venv is never memoised."""
     venv = Path(venv)
-    entries: dict[str, list[int]] = {}
-    dirs: dict[str, list[str]] = {}
+    digest = hashlib.sha256()
+    count, newest = 0, 0
+    folders: set[str] = set()
+
+    def add(rel: str, st: os.stat_result) -> None:
+        nonlocal count, newest
+        digest.update(b"%s\0%d %d %d %d %d\n" % (
+            os.fsencode(rel), st.st_size, st.st_mtime_ns, st.st_ino, st.st_mode, st.st_ctime_ns,
+        ))  # fmt: skip
+        count += 1
+        newest = max(newest, st.st_ctime_ns)
 
     def listing(rel: str, deep: bool) -> None:
-        path = venv / rel if rel != "." else venv
         try:
-            with os.scandir(path) as it:
+            with os.scandir(venv / rel) as it:
                 found = sorted(it, key=lambda e: e.name)
         except OSError:
+            digest.update(b"%s\0unreadable\n" % os.fsencode(rel))
             return
-        dirs[rel] = [e.name for e in found]
+        folders.add(rel)
+        digest.update(b"%s\0%d entries\n" % (os.fsencode(rel), len(found)))
         for e in found:
             sub = e.name if rel == "." else f"{rel}/{e.name}"
             try:
                 st = e.stat(follow_symlinks=False)
             except OSError:
+                digest.update(b"%s\0gone\n" % os.fsencode(sub))
                 continue
-            entries[sub] = _fields(st)
+            add(sub, st)
             if deep and stat.S_ISDIR(st.st_mode):
                 listing(sub, True)
 
     try:
-        entries["."] = _fields(os.lstat(venv))
+        top = os.lstat(venv)
     except OSError:
         return None
-    if not stat.S_ISDIR(entries["."][3]):
+    if not stat.S_ISDIR(top.st_mode):
         return None
+    add(".", top)
     listing(".", False)
-    if stat.S_ISDIR(entries.get("bin", [0, 0, 0, 0])[3]):
-        listing("bin", False)
-    if stat.S_ISDIR(entries.get("lib", [0, 0, 0, 0])[3]):
-        listing("lib", True)
+    for rel, deep in (("bin", False), ("lib", True)):
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(venv / rel).st_mode):
+                listing(rel, deep)
     try:
         site_rel = Path(site).relative_to(venv).as_posix()
     except ValueError:
         return None
-    if site_rel not in dirs:  # reached through a link, or not there: not memoised
+    if site_rel not in folders:  # reached through a link, or not there: not memoised
         return None
-    return Snapshot(entries, dirs)
+    return Snapshot(digest.hexdigest(), count, newest)
 
 
 def _rel(venv: Path, lock_sha256: str) -> str:
     where = json.dumps([os.fsdecode(os.path.abspath(venv)), lock_sha256])
     return f"{FOLDER}/{hashlib.sha256(where.encode()).hexdigest()}.json"
+
+
+def path(scope: Scope, venv: Path) -> Path:
+    """Where the memo of ``venv`` for ``scope``'s lock lives: ``<cache>/memo/venv/``, named
+    by the sha256 of the venv's absolute path and the lock's sha256."""
+    return Path(scope.cache) / _rel(venv, scope.lock_sha256)
 
 
 def _key(cache: Path) -> bytes | None:
@@ -132,31 +149,6 @@ def _key(cache: Path) -> bytes | None:
 
 def _payload(body: Mapping[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _inside(rel: object) -> bool:
-    """A relative path inside the venv: no root, no empty, ``.`` or ``..`` part, no NUL."""
-    if not isinstance(rel, str) or rel == ".":
-        return rel == "."
-    parts = rel.split("/")
-    return "\0" not in rel and all(p not in ("", ".", "..") for p in parts)
-
-
-def _valid(doc: Mapping[str, Any]) -> Snapshot | None:
-    entries, dirs = doc.get("entries"), doc.get("dirs")
-    if not isinstance(entries, dict) or not isinstance(dirs, dict):
-        return None
-    for rel, fields in entries.items():
-        if not _inside(rel) or not isinstance(fields, list) or len(fields) != 5:
-            return None
-        if any(type(v) is not int or not 0 <= v < _MAX_INT for v in fields):
-            return None
-    for rel, names in dirs.items():
-        if not _inside(rel) or not isinstance(names, list):
-            return None
-        if any(not isinstance(n, str) or not _inside(n) or "/" in n for n in names):
-            return None
-    return Snapshot(entries, dirs)
 
 
 def load(scope: Scope, venv: Path) -> tuple[Snapshot | None, str]:
@@ -182,10 +174,12 @@ def load(scope: Scope, venv: Path) -> tuple[Snapshot | None, str]:
         "lock_sha256"
     ) != scope.lock_sha256:
         return None, "the memo is of another venv or lock"
-    found = _valid(doc)
-    if found is None:
-        return None, "the memo names a path outside the venv or a malformed entry"
-    return found, ""
+    entries, newest = doc.get("entries"), doc.get("newest_ctime_ns")
+    if not validate.is_sha256(doc.get("sha256")) or any(
+        type(v) is not int or not 0 <= v < _MAX_INT for v in (entries, newest)
+    ):
+        return None, "the memo is malformed"
+    return Snapshot(str(doc["sha256"]), int(str(entries)), int(str(newest))), ""
 
 
 def unchanged(scope: Scope, venv: Path, site: Path) -> tuple[bool, str]:
@@ -197,14 +191,9 @@ def unchanged(scope: Scope, venv: Path, site: Path) -> tuple[bool, str]:
     now = snapshot(venv, site)
     if now is None:
         return False, "its site-packages is not a folder reached without a link"
-    if now.dirs != memo.dirs:
-        changed = sorted(set(now.dirs) ^ set(memo.dirs)) or sorted(
-            d for d in now.dirs if now.dirs[d] != memo.dirs.get(d)
-        )
-        return False, f"a file or folder was added or removed ({changed[0]})"
-    if now.entries != memo.entries:
-        moved = sorted(r for r in now.entries if now.entries[r] != memo.entries.get(r))
-        return False, f"{(moved or ['an entry'])[0]} changed since the last check"
+    if now.sha256 != memo.sha256:
+        return False, (f"an entry of the venv was added, removed or changed since its last "
+                       f"check ({now.entries} entries now, {memo.entries} then)")  # fmt: skip
     return True, ""
 
 
@@ -215,14 +204,15 @@ def save(scope: Scope, venv: Path, site: Path, begun_ns: int) -> bool:
     :data:`RACY_NS` of the check's start."""
     key = _key(scope.cache)
     now = snapshot(venv, site)
-    if key is None or now is None or now.newest_ctime() >= begun_ns - RACY_NS:
+    if key is None or now is None or now.newest_ctime_ns >= begun_ns - RACY_NS:
         return False
     body = {
         "format": FORMAT,
         "venv": os.fsdecode(os.path.abspath(venv)),
         "lock_sha256": scope.lock_sha256,
+        "sha256": now.sha256,
         "entries": now.entries,
-        "dirs": now.dirs,
+        "newest_ctime_ns": now.newest_ctime_ns,
     }
     doc = {**body, "signature": keyfile.sign(key, _PURPOSE, _payload(body))}
     try:  # every folder from the cache down opened O_NOFOLLOW; a link there is replaced
@@ -233,5 +223,5 @@ def save(scope: Scope, venv: Path, site: Path, begun_ns: int) -> bool:
     return True
 
 
-__all__ = ["FORMAT", "KEY_NAME", "RACY_NS", "Scope", "Snapshot", "load", "save", "snapshot",
+__all__ = ["FORMAT", "KEY_NAME", "RACY_NS", "Scope", "Snapshot", "load", "path", "save", "snapshot",
            "unchanged"]  # fmt: skip
