@@ -38,6 +38,7 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,17 +301,30 @@ def python_inventory(
     site = _own_site(python)
     venv = python.parent.parent
     begun = time.time_ns()
-    trusted, why = (venvmemo.unchanged(memo, venv, site) if memo is not None
-                    else (False, "no memo is kept for this venv"))  # fmt: skip
-    out = runner.run(
-        runner.Command(
-            (str(python), "-I", "-S", "-c", workers.source("dist_listing"), str(site),
-             json.dumps(dict(labels or {})), json.dumps([OVERLAY_PTH]),
-             "0" if trusted else "1"),
-            what="listing the build env",
-            timeout=300, error=LockedVenvError, where=str(python),
-        )
-    )  # fmt: skip
+
+    def listed(hash_files: bool) -> runner.Completed:
+        return runner.run(
+            runner.Command(
+                (str(python), "-I", "-S", "-c", workers.source("dist_listing"), str(site),
+                 json.dumps(dict(labels or {})), json.dumps([OVERLAY_PTH]),
+                 "1" if hash_files else "0"),
+                what="listing the build env",
+                timeout=300, error=LockedVenvError, where=str(python),
+            )
+        )  # fmt: skip
+
+    if memo is None:
+        trusted, why = False, "no memo is kept for this venv"
+        out = listed(True)
+    else:
+        # The venv's walk (lstat of every entry) runs while its Python lists it, unhashed;
+        # when the memo does not hold, the listing runs again, hashing every file.
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(venvmemo.unchanged, memo, venv, site)
+            out = listed(False)
+            trusted, why = held.result()
+        if not trusted:
+            out = listed(True)
     lines = out.text.splitlines()
     found = json.loads(lines[-2]) if len(lines) > 1 else {}
     problems = [f"{n} in {site} is not in the lock (it would run at every start)"
