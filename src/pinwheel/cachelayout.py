@@ -47,10 +47,11 @@ BUCKETS: tuple[Bucket, ...] = (
            clean=True, rebuildable=True),
     Bucket("kernels", "compile.kernels", "each [[kernel]]'s kept workspace",
            clean=True, rebuildable=True),
-    Bucket("memo", "compile.checkmemo", "check, tag and toolkit-probe results by sha256",
+    Bucket("memo", "compile.checkmemo", "check, tag and toolkit-probe results by sha256, "
+           "venv checks' signed stat memos",
            clean=True, rebuildable=True),
-    Bucket("keys", "keyfile", "the keys object store entries and replay stamps are signed "
-           "with (0600; a new key: earlier entries and stamps stop matching)",
+    Bucket("keys", "keyfile", "the keys object store entries, replay stamps and venv memos "
+           "are signed with (0600; a new key: earlier entries and stamps stop matching)",
            clean=False, rebuildable=True),
 )  # fmt: skip
 

@@ -25,7 +25,9 @@ of ``ensurepip`` and nothing else:
   INSTALLER, REQUESTED, direct_url.json, RECORD itself); :func:`differences`
   compares it with the lock, before anything compiles, and :func:`inventory` holds
   the venv's own files to their RECORDs (each file's sha256) and refuses a ``.pth``
-  or ``sitecustomize``/``usercustomize`` no locked package installed.
+  or ``sitecustomize``/``usercustomize`` no locked package installed; a venv whose
+  every entry's ``lstat`` is what a signed memo of the last passing check recorded is
+  not hashed again (:mod:`pinwheel.compile.venvmemo`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ import hashlib
 import json
 import re
 import sys
+import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,8 +46,9 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from pinwheel import cachelayout, confine, locking, runner, validate
-from pinwheel.compile import derivation, pipwatch, workers, workspace
+from pinwheel.compile import derivation, pipwatch, venvmemo, workers, workspace
 from pinwheel.compile.buildvenv import parse_requirements
+from pinwheel.compile.phases import Note
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_text, remove_tree
 from pinwheel.progress import SILENT, Reporter
@@ -88,6 +93,7 @@ class LockedVenv:
     key: str
     overlay: tuple[str, ...] = field(default=())
     overlay_lock: tuple[str, str] | None = None  # the overlay's own lock, when pinwheel made it
+    cache: Path | None = None  # where its check's memo is kept (None: hashed every time)
 
     def record(self, packages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """For provenance: the lock and every package the build's Python imports."""
@@ -161,7 +167,8 @@ def ensure(req: LockedVenvRequest, reporter: Reporter = SILENT) -> LockedVenv:
         if not ok:
             _make(final, req, base, overlay, lock_sha, pins, reporter)
     return LockedVenv(
-        final / "bin" / "python", req.lock_name, lock_sha, pins, key, overlay, req.overlay_lock
+        final / "bin" / "python", req.lock_name, lock_sha, pins, key, overlay, req.overlay_lock,
+        Path(req.cache),
     )
 
 
@@ -260,11 +267,14 @@ def listing(venv: LockedVenv) -> list[dict[str, Any]]:
     return inventory(venv)[0]
 
 
-def inventory(venv: LockedVenv) -> tuple[list[dict[str, Any]], list[str]]:
+def inventory(
+    venv: LockedVenv, note: Note | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
     """:func:`listing`, and how the venv's own files differ from what its packages
     installed (:func:`python_inventory`)."""
     labels = {d: "torch-lock" for d in venv.overlay} if venv.overlay_lock is not None else {}
-    return python_inventory(venv.python, labels)
+    memo = venvmemo.Scope(venv.cache, venv.lock_sha256) if venv.cache is not None else None
+    return python_inventory(venv.python, labels, memo=memo, note=note)
 
 
 def python_listing(python: Path, labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
@@ -273,28 +283,63 @@ def python_listing(python: Path, labels: Mapping[str, str] | None = None) -> lis
 
 
 def python_inventory(
-    python: Path, labels: Mapping[str, str] | None = None
+    python: Path,
+    labels: Mapping[str, str] | None = None,
+    *,
+    memo: venvmemo.Scope | None = None,
+    note: Note | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The listing of ``python``'s venv and its problems, found by the files, not their
     RECORD's text: a file of its site-packages whose bytes are not the sha256 its RECORD
     names (edited, or gone), and a ``.pth`` file or ``sitecustomize`` / ``usercustomize``
     no installed package owns (each runs at every start of that Python). Listed with
-    ``-I -S``: the site module never runs, so none of them executes while it is checked."""
+    ``-I -S``: the site module never runs, so none of them executes while it is checked.
+
+    ``memo``: the files are not hashed when the venv is, entry for entry, what the signed
+    memo of its last passing check recorded (:mod:`pinwheel.compile.venvmemo`); after a
+    check that hashed and found nothing, the memo is written. ``note`` says which it was."""
     site = _own_site(python)
-    out = runner.run(
-        runner.Command(
-            (str(python), "-I", "-S", "-c", workers.source("dist_listing"), str(site),
-             json.dumps(dict(labels or {})), json.dumps([OVERLAY_PTH])),
-            what="listing the build env",
-            timeout=300, error=LockedVenvError, where=str(python),
-        )
-    )  # fmt: skip
+    venv = python.parent.parent
+    begun = time.time_ns()
+
+    def listed(hash_files: bool) -> runner.Completed:
+        return runner.run(
+            runner.Command(
+                (str(python), "-I", "-S", "-c", workers.source("dist_listing"), str(site),
+                 json.dumps(dict(labels or {})), json.dumps([OVERLAY_PTH]),
+                 "1" if hash_files else "0"),
+                what="listing the build env",
+                timeout=300, error=LockedVenvError, where=str(python),
+            )
+        )  # fmt: skip
+
+    if memo is None:
+        trusted, why = False, "no memo is kept for this venv"
+        out = listed(True)
+    else:
+        # The venv's walk (lstat of every entry) runs while its Python lists it, unhashed;
+        # when the memo does not hold, the listing runs again, hashing every file.
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(venvmemo.unchanged, memo, venv, site)
+            out = listed(False)
+            trusted, why = held.result()
+        if not trusted:
+            out = listed(True)
     lines = out.text.splitlines()
     found = json.loads(lines[-2]) if len(lines) > 1 else {}
     problems = [f"{n} in {site} is not in the lock (it would run at every start)"
                 for n in found.get("unowned", [])]  # fmt: skip
     problems += [f"{m} differs from its RECORD (edited after install)"
                  for m in found.get("modified", [])]  # fmt: skip
+    note = note if note is not None else Note()
+    if trusted:
+        note.skip("hashing the venv's files: every entry's stat is what the signed memo "
+                  "of its last passing check recorded")  # fmt: skip
+    else:
+        note.did(f"hashed {found.get('hashed', '?')} file(s) against their RECORDs ({why})")
+        if memo is not None and not problems:
+            if venvmemo.save(memo, venv, site, begun):
+                note.did("recorded the venv's stat in a signed memo")
     return list(json.loads(lines[-1])), problems
 
 
@@ -340,9 +385,9 @@ def pin_differences(
     return problems
 
 
-def checked(venv: LockedVenv, where: str) -> dict[str, Any]:
+def checked(venv: LockedVenv, where: str, note: Note | None = None) -> dict[str, Any]:
     """List the venv, raise when it is not the lock, else its provenance record."""
-    packages, changed = inventory(venv)
+    packages, changed = inventory(venv, note)
     problems = changed + differences(venv, packages)
     if problems:
         raise LockedVenvError(
@@ -355,12 +400,15 @@ def checked(venv: LockedVenv, where: str) -> dict[str, Any]:
 
 
 def engine_environment(python: Path, lock_name: str, lock_sha256: str,
-                       pins: Mapping[str, tuple[str, tuple[str, ...]]]) -> dict[str, Any]:
+                       pins: Mapping[str, tuple[str, tuple[str, ...]]], *,
+                       cache: Path | None = None, note: Note | None = None) -> dict[str, Any]:
     """The engine's ``[build.requirements]`` venv listed package by package and held to its
     lock before anything compiles (a package installed into it by hand, one missing or of
     another version stops the build); its provenance record (``environment``), which names
-    the manifest's lock and carries its pins, so ``check`` can compare without the manifest."""
-    packages, changed = python_inventory(python)
+    the manifest's lock and carries its pins, so ``check`` can compare without the manifest.
+    ``cache``: where the signed memo of its files' stat is kept (:func:`python_inventory`)."""
+    memo = venvmemo.Scope(Path(cache), lock_sha256) if cache is not None else None
+    packages, changed = python_inventory(python, memo=memo, note=note)
     # The venv's own installer (the interpreter's ensurepip copy of pip) is listed with the
     # rest but not held to the lock: `python -m build --no-isolation` does not import it.
     held = [p for p in packages if p.get("name") != INSTALLER or "pip" in pins]

@@ -414,7 +414,8 @@ def _engine(job: Production, session: compcache.Session | None) -> Built:
     if venv is not None and config.requirements is not None:
         with job.phases.phase("build venv check") as venv_note:
             environment = lockedvenv.engine_environment(
-                venv.python, config.requirements.path.name, venv.digest, venv.requirements
+                venv.python, config.requirements.path.name, venv.digest, venv.requirements,
+                cache=request.cache, note=venv_note,
             )
             venv_note.did(f"listed {len(environment['packages'])} package(s): the lock's")
     with job.phases.phase("builder") as note, reporter.status(

@@ -11,7 +11,9 @@ are never run; a ``.pth`` no locked distribution installed is a problem).
 Arguments: the locked venv's site-packages, a JSON object naming where other directories'
 packages come from ({directory: "torch-lock"}: a torch venv pinwheel made from a hashed
 lock), and the names of files in site-packages pinwheel itself writes (its overlay
-``.pth``). Prints two JSON lines: the problems ({"unowned": [...], "modified": [...]}),
+``.pth``), and "0" to skip hashing the files (their signed stat memo holds:
+compile.venvmemo). Prints two JSON lines: the problems ({"unowned": [...], "modified":
+[...], "hashed": how many files were hashed}),
 then the list: name, version, the sha256 of its RECORD lines less what an installer
 writes for its own machine, where it comes from ("lock", a label given for its directory,
 else "machine"), and whether an earlier entry shadows it (compile.lockedvenv records it).
@@ -30,6 +32,8 @@ own = os.path.realpath(sys.argv[1])
 labels = {os.path.realpath(k): str(v) for k, v in
           (json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}).items()}
 ours = set(json.loads(sys.argv[3])) if len(sys.argv) > 3 else set()
+hash_files = sys.argv[4] != "0" if len(sys.argv) > 4 else True
+hashed = 0
 
 
 def pth_folders(site):
@@ -51,12 +55,14 @@ def pth_folders(site):
 
 def file_problems(dist, site):
     """Files of ``dist`` (in ``site``) whose bytes are not the sha256 its RECORD names."""
+    global hashed
     bad = []
     for line in (dist.read_text("RECORD") or "").splitlines():
         parts = line.rsplit(",", 2)
         if len(parts) != 3 or not parts[1].startswith("sha256=") or parts[0].startswith(".."):
             continue
         path = os.path.join(site, parts[0])
+        hashed += 1
         digest = hashlib.sha256()
         try:
             with open(path, "rb") as f:
@@ -76,29 +82,35 @@ seen, out, owned, modified = set(), [], set(), []
 for entry in path:
     if not entry or not os.path.isdir(entry):
         continue
-    for dist in sorted(distributions(path=[entry]), key=lambda d: str(d.metadata["Name"])):
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-").replace(".", "-")
+    real = os.path.realpath(entry)  # once per folder, not per RECORD line
+    mine = real == own
+    found = []
+    for dist in distributions(path=[entry]):
+        meta = dist.metadata  # parsed once: each .metadata parses METADATA again
+        found.append((str(meta["Name"]), meta, dist))
+    for _key, meta, dist in sorted(found, key=lambda f: f[0]):
+        name = (meta["Name"] or "").lower().replace("_", "-").replace(".", "-")
         lines = []
         for line in (dist.read_text("RECORD") or "").splitlines():
             path_ = line.rsplit(",", 2)[0]
-            if os.path.realpath(entry) == own and path_:
+            if mine and path_:
                 owned.add(path_.split("/")[0])
             if not path_ or path_.startswith("..") or path_.split("/")[-1] in SKIP:
                 continue
             if "__pycache__/" in path_:
                 continue
             lines.append(line)
-        if os.path.realpath(entry) == own:
+        if mine and hash_files:
             modified += [f"{name}: {p}" for p in file_problems(dist, entry)]
         digest = hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
-        out.append({"name": name, "version": dist.version, "record_sha256": digest,
-                    "from": "lock" if os.path.realpath(entry) == own
-                    else labels.get(os.path.realpath(entry), "machine"),
+        out.append({"name": name, "version": meta["Version"], "record_sha256": digest,
+                    "from": "lock" if mine else labels.get(real, "machine"),
                     "shadowed": name in seen})
         seen.add(name)
 unowned = sorted(
     n for n in os.listdir(own)
     if (n.endswith(".pth") or n.split(".")[0] in STARTUP) and n not in owned and n not in ours
 )
-print(json.dumps({"unowned": unowned, "modified": sorted(modified)}))
+print(json.dumps({"unowned": unowned, "modified": sorted(modified),
+                  "hashed": hashed}))
 print(json.dumps(out))
