@@ -237,7 +237,8 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
     signers, principal = _signers(ctx, args)
     directory = Path(args.dir) if args.dir else config.dir
     out = Path(args.out) if args.out else directory.parent / f"{directory.name}-index"
-    outcome = build_index(IndexRequest(directory, out, signers, principal))
+    base = args.base_url
+    outcome = build_index(IndexRequest(directory, out, signers, principal, base_url=base))
     lines = [f"index in {outcome.out}: {len(outcome.files)} wheels, "
              f"{len(outcome.variants)} variant(s)"
              + (f", release signed by {outcome.signed_by}" if outcome.signed_by else
@@ -246,6 +247,14 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
               f"--index-url BASE/{v}/simple/  ({len(w)} wheels, "
               f"{len(outcome.dependencies)} dependencies by hash)"
               for v, w in outcome.variants.items()]  # fmt: skip
+    if base:
+        lines += [f"  {v}: uv pip install -r {base}{v}/pylock.toml  (or pip >= 26.1: pip install "
+                  f"-r {base}{v}/pylock.toml; the lock names each wheel by URL under --base-url)"
+                  for v in outcome.variants]  # fmt: skip
+    else:
+        lines.append("  pylock.toml names the wheels by relative path: install it from a local "
+                     "copy of the whole index folder (uv pip install -r OUT/VARIANT/pylock.toml); "
+                     "to install it over HTTP, index again with --base-url BASE/")  # fmt: skip
     lines.append("  the release itself: pinwheel fetch BASE/files/ (or verify-release BASE/files/)")
     if outcome.unserved:
         lines.append("  warning: no hash here for " + ", ".join(outcome.unserved) + " (the release "
@@ -258,6 +267,7 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
     ctx.emit(
         {
             "out": str(outcome.out),
+            "base_url": base,
             "signed_by": outcome.signed_by,
             "variants": {v: list(w) for v, w in outcome.variants.items()},
             "dependencies": [d.project for d in outcome.dependencies],
@@ -571,6 +581,11 @@ def _register_index(sub: Any) -> None:
     p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
     p.add_argument("--out", help="index dir (default: DIR-index beside it): new, empty, or one "
                    "pinwheel index made (then replaced atomically)")  # fmt: skip
+    p.add_argument("--base-url", metavar="URL",
+                   help="the http(s) URL --out will be served at, ending with '/': each "
+                   "VARIANT/pylock.toml then names its wheels by URL (uv pip install -r "
+                   "URL/VARIANT/pylock.toml); without it, by path (a local copy of --out)",
+                   )  # fmt: skip
     _signer_options(p)
 
 
