@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pinwheel.cli import Context, command
+from pinwheel.cli import Context, command, refuse_url
 from pinwheel.errors import UsageError
 from pinwheel.manifest import Manifest
+from pinwheel.printable import shown_cmd
 from pinwheel.release.signing import UNSIGNED_NOTE
 
 FETCH_DEST = "fetched-release"  # fetch's folder and install's: never the build's wheels/
@@ -128,7 +129,8 @@ def cmd_keygen(ctx: Context, args: argparse.Namespace) -> int:
          "allowed_signers": str(made.allowed_signers), "line": made.line},
         f"new release key {made.key} (public half {made.key}.pub)\n"
         f"added to {made.allowed_signers}: {made.line}\n"
-        f"next: commit {made.allowed_signers}, then `pinwheel release --key {made.key}`",
+        f"next: commit {shown_cmd(made.allowed_signers)}, then "
+        f"`{shown_cmd('pinwheel', 'release', '--key', made.key)}`",
     )  # fmt: skip
     return 0
 
@@ -233,6 +235,9 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.release.assemble import release_config
     from pinwheel.release.pyindex import IndexRequest, build_index
 
+    if args.dir:
+        refuse_url(args.dir, reads="a release folder on this machine", dest=FETCH_DEST,
+                   then=("index", FETCH_DEST, "--out", f"{FETCH_DEST}-index"))  # fmt: skip
     config = release_config(_manifest_or_none(ctx))
     signers, principal = _signers(ctx, args)
     directory = Path(args.dir) if args.dir else config.dir
@@ -282,6 +287,10 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
 def cmd_runtime_lock(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.release import envlock
 
+    if args.release:
+        refuse_url(args.release, reads="the release folder installed in VENV", flag="--release",
+                   then=("runtime-lock", args.venv, "--release", FETCH_DEST, "--out", args.out),
+                   dest=FETCH_DEST)  # fmt: skip
     venv = Path(args.venv)
     env = envlock.build(
         venv,
@@ -393,8 +402,8 @@ def _fetch_dest(ctx: Context, args: argparse.Namespace, source_dir: str | None) 
         raise UsageError(
             f"--dest {args.dest} is {why}: fetched files never share a folder with it",
             where="pinwheel fetch --dest DIR",
-            next=f"pass another folder, e.g. `pinwheel fetch {args.source} --dest "
-            f"{FETCH_DEST}`",
+            next="pass another folder, e.g. "
+            f"`{shown_cmd('pinwheel', 'fetch', args.source, '--dest', FETCH_DEST)}`",
         )
     return dest
 
@@ -403,6 +412,9 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.release.assemble import release_config
     from pinwheel.release.install import InstallRequest, install
 
+    venv_words = ("--venv", args.venv) if args.venv else ()
+    refuse_url(args.dir, reads="a fetched release folder", dest=FETCH_DEST,
+               then=("install", FETCH_DEST, *venv_words))  # fmt: skip
     signers, principal = _signers(ctx, args)
     backend = args.torch_backend or release_config(_manifest_or_none(ctx)).torch_backend
     venv = Path(args.venv or INSTALL_VENV)
@@ -411,8 +423,9 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
             f"{venv} is the venv pinwheel itself runs from: the engine would be installed "
             "over pinwheel's own dependencies",
             where="pinwheel install --venv",
-            next=f"pass another venv, e.g. `pinwheel install {args.dir} --venv engine-venv`, "
-            f"or name this one on purpose with --venv {venv}",
+            next="pass another venv, e.g. "
+            f"`{shown_cmd('pinwheel', 'install', args.dir, '--venv', 'engine-venv')}`, "
+            f"or name this one on purpose with {shown_cmd('--venv', venv)}",
         )
     request = InstallRequest(
         wheel_dir=Path(args.dir),

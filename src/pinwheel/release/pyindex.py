@@ -70,6 +70,7 @@ from packaging.version import Version
 from pinwheel.checksums import SIG, SUMS
 from pinwheel.errors import UsageError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_bytes, atomic_write_text, link_or_copy
+from pinwheel.printable import shown_cmd
 from pinwheel.release import attest, pylock, sigstorebundle
 from pinwheel.release.assemble import verify_release
 from pinwheel.validate import base_url_problem
@@ -239,7 +240,8 @@ def _check_out(request: IndexRequest) -> None:
         raise UsageError(
             f"--out {request.out} is the release folder, inside it or around it",
             where="pinwheel index --out",
-            next=f"pass a folder beside the release, e.g. --out {request.release}-index",
+            next="pass a folder beside the release, e.g. "
+            f"{shown_cmd('--out', f'{request.release}-index')}",
         )
     if not (os.path.lexists(request.out)):
         return
