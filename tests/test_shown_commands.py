@@ -158,3 +158,38 @@ def test_a_url_where_a_folder_is_read_is_refused_by_name(
     assert shlex.split(then)[:2] == command.split()[:2]
     assert "fetched-release" in then
     assert not list(tmp_path.iterdir())  # nothing made
+
+
+# Values a suggested command may hold as they are: each is checked to a shape with no space
+# or shell character before it gets here (a Python version, an ssh principal).
+VALIDATED = {"version", "principal", "opts.pinned_python"}
+_SUGGESTED = re.compile(r"`((?:pinwheel|rm|ls|ssh-keygen|git|sha256sum|uv|pip) [^`]*)`")
+
+
+def test_every_suggested_command_in_src_quotes_what_it_interpolates() -> None:
+    """A backticked command in an f-string of src/ (implicitly joined lines are one node)
+    takes each interpolated value through shown_cmd, unless the value is in VALIDATED."""
+    import ast
+
+    src = Path(__file__).resolve().parents[1] / "src" / "pinwheel"
+    bad = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.JoinedStr):
+                continue
+            text, holes = "", []
+            for part in node.values:
+                if isinstance(part, ast.FormattedValue):
+                    holes.append((len(text), part.value))
+                    text += "\0"
+                else:
+                    assert isinstance(part, ast.Constant)
+                    text += str(part.value)
+            for m in _SUGGESTED.finditer(text):
+                for at, value in holes:
+                    quoted = isinstance(value, ast.Call) and ast.unparse(value.func) == "shown_cmd"
+                    if m.start() <= at < m.end() and not quoted and (
+                            ast.unparse(value) not in VALIDATED):  # fmt: skip
+                        bad.append(f"{path.relative_to(src)}:{node.lineno}: "
+                                   f"{{{ast.unparse(value)}}} in `{m.group(1)[:50].replace(chr(0), '{}')}`")  # fmt: skip
+    assert not bad, "\n".join(bad)
