@@ -475,3 +475,68 @@ def test_a_variant_label_that_collides_with_the_index_is_refused(
     err = " ".join(capsys.readouterr().err.split())
     assert rc == EXIT_VERIFY and made.name in err and "the index's own name" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_the_variant_lock_with_a_base_url_installs_over_http(
+    release: tuple[Path, Path, Path], tmp_path: Path, installer: str
+) -> None:
+    """`index --base-url BASE`: VARIANT/pylock.toml names each wheel by absolute URL, so
+    `uv pip install -r BASE/VARIANT/pylock.toml` (and pip >= 26.1's `-r`) installs it from a
+    plain static server (a relative `path` cannot be followed from a URL)."""
+    served = tmp_path / "site"
+    served.mkdir()
+    python = _venv(tmp_path)
+    manifest, rel, _ = release
+    with StaticFiles(served) as server:
+        base = f"{server.url}idx/"
+        assert main(["--manifest", str(manifest), "index", str(rel), "--out",
+                     str(served / "idx"), "--base-url", base]) == 0  # fmt: skip
+        text = (served / "idx" / V100 / "pylock.toml").read_text()
+        assert f'url = "{base}files/{urllib.parse.quote(A_V100)}"' in text
+        assert "path = " not in text
+        url = f"{base}{V100}/pylock.toml"
+        cmd = ([sys.executable, "-m", "pip", "--python", str(python), "install",
+                "--disable-pip-version-check", "--no-cache-dir"] if installer == "pip"
+               else [_uv(), "pip", "install", "--python", str(python), "--no-cache"])  # fmt: skip
+        done = subprocess.run([*cmd, "-r", url], capture_output=True, text=True,
+                              env=_env(tmp_path), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = subprocess.run([str(python), "-c", "import pwa, pwb; print(pwa.VALUE, pwb.VALUE)"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert got.strip() == f"pwa 1.0+pw.{V100} pwb 2.0"
+
+
+def test_the_variant_lock_without_a_base_url_installs_from_a_local_copy(
+    release: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --base-url the lock names wheels by relative path and says so: installed from
+    a local copy of OUT (uv), and the printed instructions give that form."""
+    out = _index(release, tmp_path / "index")
+    said = capsys.readouterr().out
+    assert "local copy" in said and "--base-url" in said
+    text = (out / V100 / "pylock.toml").read_text()
+    assert f'path = "../files/{A_V100}"' in text and "url = " not in text.split("pwb")[0]
+    python = _venv(tmp_path)
+    done = subprocess.run([_uv(), "pip", "install", "--python", str(python), "--no-cache", "-r",
+                           str(out / V100 / "pylock.toml")], capture_output=True, text=True,
+                          env=_env(tmp_path), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("base", [
+    "ftp://127.0.0.1/idx/", "https://user:secret@example.org/idx/",
+    "https://example.org/idx/?token=x", "https://example.org/idx/#frag",
+    "https://example.org/idx", "not a url/",
+])  # fmt: skip
+def test_a_bad_base_url_is_refused_and_writes_nothing(
+    release: tuple[Path, Path, Path], tmp_path: Path, base: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    manifest, rel, _ = release
+    out = tmp_path / "index"
+    code = main(["--manifest", str(manifest), "index", str(rel), "--out", str(out),
+                 "--base-url", base])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code != 0 and not out.exists()
+    assert "--base-url" in err and "secret" not in err

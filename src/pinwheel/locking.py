@@ -48,12 +48,13 @@ class NotALockFile(PinwheelError):
 
 def _refused(path: Path, mode: int) -> NotALockFile:
     from pinwheel import untrusted  # only on the way to a refusal
+    from pinwheel.printable import shown_cmd
 
     return NotALockFile(
         f"the lock file is {untrusted.file_type(mode)}, not a regular file: nothing was locked",
         where=str(path),
-        next=f"look at it (`ls -la {path}`); pinwheel makes its lock files itself: move it "
-        "out of the way, then run again",
+        next=f"look at it (`{shown_cmd('ls', '-la', path)}`); pinwheel makes its lock files "
+        "itself: move it out of the way, then run again",
     )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import free_space
+from pinwheel.printable import shown_cmd
 
 _WRITE_HINT = "pass --cache DIR (or set PINWHEEL_CACHE) / the command's output option"
 
@@ -106,7 +107,8 @@ def explain(err: OSError, cache: Path | None = None) -> PinwheelError:
         )
     if code in _PLAIN:
         what, then = _PLAIN[code]
-        return PinwheelError(what, where=shown, next=then.format(shown=shown, hint=_WRITE_HINT))
+        quoted = shown_cmd(path) if path is not None else "PATH"
+        return PinwheelError(what, where=shown, next=then.format(shown=quoted, hint=_WRITE_HINT))
     return PinwheelError(
         reason,
         where=shown,

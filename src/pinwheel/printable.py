@@ -16,6 +16,7 @@ Markdown and HTML have their own escaper (:mod:`pinwheel.markup`).
 from __future__ import annotations
 
 import re
+import shlex
 
 from pinwheel.urls import redact
 
@@ -36,3 +37,11 @@ def shown(text: object) -> str:
     """``text`` safe to print: credentials redacted (:func:`pinwheel.urls.redact`),
     control characters and bidi overrides made visible."""
     return _UNSAFE.sub(_escape, redact(str(text)))
+
+
+def shown_cmd(*argv: object) -> str:
+    """A command line for a person to copy: each word ``shlex.quote``d, so a path with a
+    space or a quote (``/tmp/a b/key``) stays one word when the line is pasted into a shell;
+    a plain word (``--key``, ``/tmp/key``) is left as it is. Not for running: pinwheel runs
+    argv lists, never a shell line."""
+    return " ".join(shlex.quote(str(a)) for a in argv)

@@ -357,6 +357,22 @@ def http_url_problem(url: object) -> str | None:
     return None
 
 
+def base_url_problem(url: object) -> str | None:
+    """The URL a folder is served at (``pinwheel index --base-url``): http or https with a
+    host (:func:`http_url`: no credentials, no whitespace), no query or fragment, ending
+    with ``/`` (a file's URL is the base and a relative path)."""
+    problem = http_url_problem(url)
+    if problem is not None:
+        return problem
+    assert isinstance(url, str)
+    parts = urllib.parse.urlsplit(url)
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        return "it has a query or fragment (?... or #...): a base URL is a folder"
+    if not url.endswith("/"):
+        return "it does not end with '/' (the folder OUT is served at, e.g. https://host/idx/)"
+    return None
+
+
 def ref_problem(name: object) -> str | None:
     """Why ``name`` is not a git ref name (``git check-ref-format --allow-onelevel``)."""
     if not isinstance(name, str):

@@ -257,6 +257,31 @@ def command(sub: Any, name: str, help: str, func: Any) -> argparse.ArgumentParse
     return parser
 
 
+def refuse_url(value: str, *, reads: str, then: Sequence[str], dest: str, flag: str = "",
+               glob: str = "", source: str | None = None) -> None:
+    """A URL given where a command reads a local folder or file (``pinwheel install URL``)
+    is refused by name, before it is read as a path (``http:/host/...``). ``reads`` says
+    what the command reads; ``then`` is the command (its words after ``pinwheel``) that
+    reads ``dest`` once ``pinwheel fetch URL --dest DEST`` has written it, and ``glob`` a
+    shell pattern appended as it is (``fetched-release/*.whl``: the shell expands it);
+    ``source`` what to fetch when not ``value`` itself (a wheel's release folder)."""
+    import re
+
+    if not re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://", value):
+        return
+    from pinwheel.printable import shown_cmd
+
+    url = redact(value)
+    fetch = redact(source) if source is not None else url
+    command = f"pinwheel {then[0]}" + (f" {flag}" if flag else "")
+    raise UsageError(
+        f"{command} reads {reads}, not a URL",
+        where=url,
+        next=f"fetch it first: `{shown_cmd('pinwheel', 'fetch', fetch, '--dest', dest)} && "
+        f"{shown_cmd('pinwheel', *then)}{' ' + glob if glob else ''}`",
+    )
+
+
 def action(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
     """A sub-subcommand (``cache du``, ``model check``): global options work after it too."""
     return sub.add_parser(name, help=help, description=help, parents=[_COMMON])  # type: ignore[no-any-return]

@@ -7,9 +7,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pinwheel.cli import Context, command
+from pinwheel.cli import Context, command, refuse_url
 from pinwheel.errors import EXIT_MISMATCH, EXIT_VERIFY
-from pinwheel.printable import shown
+from pinwheel.printable import shown, shown_cmd
 
 
 def register(sub: Any) -> None:
@@ -26,7 +26,7 @@ def register_kernels(sub: Any) -> None:
 
 def register_check(sub: Any) -> None:
     p = command(sub, "check", "artifact check: SASS per arch, RPATH, zip safety, RECORD", _check)
-    p.add_argument("wheels", nargs="+", metavar="WHEEL", type=Path)
+    p.add_argument("wheels", nargs="+", metavar="WHEEL")  # paths: a URL is refused by name
     p.add_argument(
         "--arch",
         action="append",
@@ -123,7 +123,8 @@ def _wheels_exist(ctx: Context, wheels: list[str]) -> None:
         if found and Path.cwd().resolve() != beside.parent.resolve():
             raise UsageError(
                 f"no such wheel: {p} (relative to {Path.cwd()})",
-                next=f"the build's wheels are beside the manifest: `pinwheel check {beside}/*.whl`",
+                next="the build's wheels are beside the manifest: "
+                f"`{shown_cmd('pinwheel', 'check', beside)}/*.whl`",
             )
         raise UsageError(
             f"no such wheel: {p}",
@@ -135,6 +136,11 @@ def _check(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.cudaarch import parse_arches
     from pinwheel.wheels.check import CheckSpec, check_wheels, find_tools, spec_from_build
 
+    for given in args.wheels:
+        refuse_url(given, reads="wheel files on this machine", dest="fetched-release",
+                   then=("check",), glob="fetched-release/*.whl",
+                   source=given.rsplit("/", 1)[0] + "/")  # its release folder  # fmt: skip
+    args.wheels = [Path(w) for w in args.wheels]
     tools: dict[str, Any] = {"cuobjdump": None, "auditwheel": None}
     if not args.no_tools:
         found_cuobjdump, found_auditwheel = find_tools()

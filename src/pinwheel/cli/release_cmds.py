@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import options
-from pinwheel.cli import Context, command
+from pinwheel.cli import Context, command, refuse_url
 from pinwheel.errors import UsageError
 from pinwheel.manifest import Manifest
+from pinwheel.printable import shown_cmd
 from pinwheel.release.signing import UNSIGNED_NOTE
 
 FETCH_DEST = "fetched-release"  # fetch's folder and install's: never the build's wheels/
@@ -133,7 +134,8 @@ def cmd_keygen(ctx: Context, args: argparse.Namespace) -> int:
          "allowed_signers": str(made.allowed_signers), "line": made.line},
         f"new release key {made.key} (public half {made.key}.pub)\n"
         f"added to {made.allowed_signers}: {made.line}\n"
-        f"next: commit {made.allowed_signers}, then `pinwheel release --key {made.key}`",
+        f"next: commit {shown_cmd(made.allowed_signers)}, then "
+        f"`{shown_cmd('pinwheel', 'release', '--key', made.key)}`",
     )  # fmt: skip
     return 0
 
@@ -238,11 +240,15 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.release.assemble import release_config
     from pinwheel.release.pyindex import IndexRequest, build_index
 
+    if args.dir:
+        refuse_url(args.dir, reads="a release folder on this machine", dest=FETCH_DEST,
+                   then=("index", FETCH_DEST, "--out", f"{FETCH_DEST}-index"))  # fmt: skip
     config = release_config(_manifest_or_none(ctx))
     signers, principal = _signers(ctx, args)
     directory = Path(args.dir) if args.dir else config.dir
     out = Path(args.out) if args.out else directory.parent / f"{directory.name}-index"
-    outcome = build_index(IndexRequest(directory, out, signers, principal))
+    base = args.base_url
+    outcome = build_index(IndexRequest(directory, out, signers, principal, base_url=base))
     lines = [f"index in {outcome.out}: {len(outcome.files)} wheels, "
              f"{len(outcome.variants)} variant(s)"
              + (f", release signed by {outcome.signed_by}" if outcome.signed_by else
@@ -251,6 +257,14 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
               f"--index-url BASE/{v}/simple/  ({len(w)} wheels, "
               f"{len(outcome.dependencies)} dependencies by hash)"
               for v, w in outcome.variants.items()]  # fmt: skip
+    if base:
+        lines += [f"  {v}: uv pip install -r {base}{v}/pylock.toml  (or pip >= 26.1: pip install "
+                  f"-r {base}{v}/pylock.toml; the lock names each wheel by URL under --base-url)"
+                  for v in outcome.variants]  # fmt: skip
+    else:
+        lines.append("  pylock.toml names the wheels by relative path: install it from a local "
+                     "copy of the whole index folder (uv pip install -r OUT/VARIANT/pylock.toml); "
+                     "to install it over HTTP, index again with --base-url BASE/")  # fmt: skip
     lines.append("  the release itself: pinwheel fetch BASE/files/ (or verify-release BASE/files/)")
     if outcome.unserved:
         lines.append("  warning: no hash here for " + ", ".join(outcome.unserved) + " (the release "
@@ -263,6 +277,7 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
     ctx.emit(
         {
             "out": str(outcome.out),
+            "base_url": base,
             "signed_by": outcome.signed_by,
             "variants": {v: list(w) for v, w in outcome.variants.items()},
             "dependencies": [d.project for d in outcome.dependencies],
@@ -277,6 +292,10 @@ def cmd_index(ctx: Context, args: argparse.Namespace) -> int:
 def cmd_runtime_lock(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.release import envlock
 
+    if args.release:
+        refuse_url(args.release, reads="the release folder installed in VENV", flag="--release",
+                   then=("runtime-lock", args.venv, "--release", FETCH_DEST, "--out", args.out),
+                   dest=FETCH_DEST)  # fmt: skip
     venv = Path(args.venv)
     env = envlock.build(
         venv,
@@ -388,8 +407,8 @@ def _fetch_dest(ctx: Context, args: argparse.Namespace, source_dir: str | None) 
         raise UsageError(
             f"--dest {args.dest} is {why}: fetched files never share a folder with it",
             where="pinwheel fetch --dest DIR",
-            next=f"pass another folder, e.g. `pinwheel fetch {args.source} --dest "
-            f"{FETCH_DEST}`",
+            next="pass another folder, e.g. "
+            f"`{shown_cmd('pinwheel', 'fetch', args.source, '--dest', FETCH_DEST)}`",
         )
     return dest
 
@@ -398,6 +417,9 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
     from pinwheel.release.assemble import release_config
     from pinwheel.release.install import InstallRequest, install
 
+    venv_words = ("--venv", args.venv) if args.venv else ()
+    refuse_url(args.dir, reads="a fetched release folder", dest=FETCH_DEST,
+               then=("install", FETCH_DEST, *venv_words))  # fmt: skip
     signers, principal = _signers(ctx, args)
     backend = args.torch_backend or release_config(_manifest_or_none(ctx)).torch_backend
     venv = Path(args.venv or INSTALL_VENV)
@@ -406,8 +428,9 @@ def cmd_install(ctx: Context, args: argparse.Namespace) -> int:
             f"{venv} is the venv pinwheel itself runs from: the engine would be installed "
             "over pinwheel's own dependencies",
             where="pinwheel install --venv",
-            next=f"pass another venv, e.g. `pinwheel install {args.dir} --venv engine-venv`, "
-            f"or name this one on purpose with --venv {venv}",
+            next="pass another venv, e.g. "
+            f"`{shown_cmd('pinwheel', 'install', args.dir, '--venv', 'engine-venv')}`, "
+            f"or name this one on purpose with {shown_cmd('--venv', venv)}",
         )
     request = InstallRequest(
         wheel_dir=Path(args.dir),
@@ -572,6 +595,11 @@ def _register_index(sub: Any) -> None:
     p.add_argument("dir", nargs="?", help="release dir (default: [release] dir)")
     p.add_argument("--out", help="index dir (default: DIR-index beside it): new, empty, or one "
                    "pinwheel index made (then replaced atomically)")  # fmt: skip
+    p.add_argument("--base-url", metavar="URL",
+                   help="the http(s) URL --out will be served at, ending with '/': each "
+                   "VARIANT/pylock.toml then names its wheels by URL (uv pip install -r "
+                   "URL/VARIANT/pylock.toml); without it, by path (a local copy of --out)",
+                   )  # fmt: skip
     _signer_options(p)
 
 

@@ -11,6 +11,7 @@ from pinwheel.cli import Context, command
 from pinwheel.errors import UsageError
 from pinwheel.manifest import Manifest
 from pinwheel.manifest.component import ENGINE, Stack, stacks
+from pinwheel.printable import shown_cmd
 
 if TYPE_CHECKING:  # imported where used: `pinwheel --help` should not load libgit2
     from pinwheel.compile.pipeline import BuildRequest
@@ -323,7 +324,7 @@ def cmd_resolve(ctx: Context, args: argparse.Namespace) -> int:
             f"{s.where}step {s.step_number} (PR #{s.pr}) commit {s.commit[:12]} "
             f"recreated in {s.workdir}\n"
             + "".join(f"  conflict: {f}\n" for f in s.files)
-            + f"fix the files, then: pinwheel resolve finish {args.dir}",
+            + f"fix the files, then: {shown_cmd('pinwheel', 'resolve', 'finish', args.dir)}",
         )
     elif args.action == "finish":
         patch, manifest = resolve.finish(Path(args.dir))

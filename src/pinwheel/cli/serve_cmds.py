@@ -17,6 +17,7 @@ from pinwheel import options, validate
 from pinwheel.cli import Context, command
 from pinwheel.errors import PinwheelError, UsageError
 from pinwheel.fsutil import atomic_write_text
+from pinwheel.printable import shown_cmd
 
 if TYPE_CHECKING:
     from pinwheel.manifest.serve import ServeConfig, ServeProfile
@@ -694,8 +695,9 @@ def run_qualify(ctx: Context, args: argparse.Namespace) -> int:
     with server as target:
         receipt = qualify(m, profile, target, out, provenance=prov, reporter=ctx.reporter)
     if not args.url and (venv := _venv_of(_resolve(ctx, args).python)) is not None:
-        progress(f"the runtime lock of the environment this ran in: pinwheel runtime-lock {venv} "
-                 f"--release RELEASE_DIR --out {out / 'pylock.toml'}")  # fmt: skip
+        lock_cmd = shown_cmd("pinwheel", "runtime-lock", venv, "--release", "RELEASE_DIR",
+                             "--out", out / "pylock.toml")  # fmt: skip
+        progress(f"the runtime lock of the environment this ran in: {lock_cmd}")
     ctx.emit(
         {"verdict": receipt.verdict, "out": str(out)},
         f"qualification {receipt.verdict}: {out / 'report.md'}",

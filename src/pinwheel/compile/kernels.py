@@ -66,6 +66,7 @@ from pinwheel.manifest.build import (  # noqa: F401
 )
 from pinwheel.manifest.component import by_name, component_manifest
 from pinwheel.options import HostEnvironment
+from pinwheel.printable import shown_cmd
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import gitcli
 from pinwheel.source.cache import mark as mark_cache
@@ -294,7 +295,8 @@ def how_to_lock_torch(config: BuildConfig, machine: str | None = None) -> str:
     return (
         f"write the lock where {config.torch_index or 'PyPI'} can be reached: "
         f"{command}; then set [build.torch_lock] "
-        f'path = "{name}" (beside the manifest) and sha256 = the output of `sha256sum {name}` '
+        f'path = "{name}" (beside the manifest) and sha256 = the output of '
+        f"`{shown_cmd('sha256sum', name)}` "
         "(docs/build.md, \"torch by hash\"); or point PINWHEEL_TORCH_PYTHON at a Python "
         f"that holds torch {config.torch}"
     )

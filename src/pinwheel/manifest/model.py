@@ -31,6 +31,7 @@ from pinwheel.manifest.table import (
     _key_lines,
     parse_date,
 )
+from pinwheel.printable import shown_cmd
 
 if TYPE_CHECKING:  # the stage tables' modules load when a manifest has the table (start-up)
     from pinwheel.manifest.build import BuildConfig, KernelSpec
@@ -200,7 +201,7 @@ def load(path: str | Path, *, allow_short: bool = False) -> Manifest:
         raise ManifestError(
             f"{path} is a directory, not a manifest file",
             where="--manifest",
-            next=f"pass --manifest {inside}"
+            next=f"pass {shown_cmd('--manifest', inside)}"
             if inside.is_file()
             else "pass --manifest PATH/manifest.toml (the file)",
         ) from None

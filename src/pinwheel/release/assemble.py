@@ -29,6 +29,7 @@ from pinwheel.manifest.release import (
     ReleaseConfig,
     SigstoreIdentity,
 )
+from pinwheel.printable import shown_cmd
 from pinwheel.release import attest, pylock, signing
 from pinwheel.urls import redact
 from pinwheel.wheels.provenance import FILENAME, read_receipt
@@ -541,7 +542,8 @@ def _signed_by_a_listed_key(tmp: Path, key: Path, config: ReleaseConfig) -> None
             f"{key} is not a key that {config.allowed_signers} lists, so no one could verify "
             f"this release; nothing was written ({exc.what})",
             where=f"[release] allowed_signers = {config.allowed_signers}",
-            next=f"add this key's line to {config.allowed_signers} (`ssh-keygen -y -f {key}` "
+            next=f"add this key's line to {config.allowed_signers} "
+            f"(`{shown_cmd('ssh-keygen', '-y', '-f', key)}` "
             f"prints it; the format is `PRINCIPAL namespaces=\"pinwheel,"
             f"{signing.ATTESTATION_NAMESPACE}\" {pub.name}'s two fields`), or make a new key "
             f"and its line in one step: `pinwheel keygen --key NEW_KEY`; or pass --no-sign",

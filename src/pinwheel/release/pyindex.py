@@ -16,7 +16,11 @@ OUT/VARIANT/simple/NAME/index.html|json
 OUT/VARIANT/requirements.txt         every wheel of the variant and every dependency of the
                                      release's pylock.toml, by version and sha256 (one line
                                      to install: pip or uv with --require-hashes)
-OUT/VARIANT/pylock.toml              the same as a PEP 751 lock (the release's wheels by path)
+OUT/VARIANT/pylock.toml              the same as a PEP 751 lock: the release's wheels by
+                                     relative path (install from a local copy of OUT), or
+                                     with --base-url BASE by absolute URL BASE/files/WHEEL
+                                     (install over HTTP: `uv pip install -r BASE/VARIANT/
+                                     pylock.toml`; pip >= 26.1 `pip install -r` the same)
 OUT/.pinwheel-index                  marks a folder this command made (--out replaces only one)
 ```
 
@@ -66,8 +70,10 @@ from packaging.version import Version
 from pinwheel.checksums import SIG, SUMS
 from pinwheel.errors import UsageError, VerifyError
 from pinwheel.fsutil import atomic_dir, atomic_write_bytes, atomic_write_text, link_or_copy
+from pinwheel.printable import shown_cmd
 from pinwheel.release import attest, pylock, sigstorebundle
 from pinwheel.release.assemble import verify_release
+from pinwheel.validate import base_url_problem
 from pinwheel.wheels.metadata import read_path
 
 FILES = "files"
@@ -88,6 +94,9 @@ class IndexRequest:
     out: Path  # the index directory to write (replaced atomically)
     allowed_signers: Path | None = None
     principal: str | None = None
+    # the URL OUT is served at (validate.base_url_problem): the variant's pylock.toml then
+    # names each wheel by absolute URL; None: by path relative to the lock (a local copy)
+    base_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -231,7 +240,8 @@ def _check_out(request: IndexRequest) -> None:
         raise UsageError(
             f"--out {request.out} is the release folder, inside it or around it",
             where="pinwheel index --out",
-            next=f"pass a folder beside the release, e.g. --out {request.release}-index",
+            next="pass a folder beside the release, e.g. "
+            f"{shown_cmd('--out', f'{request.release}-index')}",
         )
     if not (os.path.lexists(request.out)):
         return
@@ -346,11 +356,23 @@ def _requirements(variant: str, picked: list[IndexedFile], deps: tuple[Dependenc
     return "\n".join(lines) + "\n"
 
 
-def _variant_lock(picked: list[IndexedFile], deps: tuple[Dependency, ...]) -> str:
-    """PEP 751 (``packaging.pylock``): the release's wheels by path, the lock's by URL."""
+def lock_wheel(filename: str, sha256: str, base_url: str | None) -> PackageWheel:
+    """One release wheel of a variant's pylock.toml: by absolute URL under ``base_url``
+    (installable over HTTP), else by path relative to the lock (from a local copy of OUT:
+    an installer reading the lock from a URL cannot follow a relative path)."""
+    if base_url is None:
+        return PackageWheel(name=filename, path=f"../{FILES}/{filename}",
+                            hashes={"sha256": sha256})  # fmt: skip
+    url = f"{base_url}{FILES}/{urllib.parse.quote(filename)}"
+    return PackageWheel(name=filename, url=url, hashes={"sha256": sha256})
+
+
+def _variant_lock(picked: list[IndexedFile], deps: tuple[Dependency, ...],
+                  base_url: str | None) -> str:  # fmt: skip
+    """PEP 751 (``packaging.pylock``): the release's wheels by path (or by URL under
+    ``base_url``), the lock's by URL."""
     packages = [Package(name=canonicalize_name(f.project), version=Version(f.version),
-                        wheels=[PackageWheel(name=f.filename, path=f"../{FILES}/{f.filename}",
-                                             hashes={"sha256": f.sha256})])
+                        wheels=[lock_wheel(f.filename, f.sha256, base_url)])
                 for f in sorted(picked, key=lambda f: f.project)]  # fmt: skip
     packages += [Package(name=canonicalize_name(d.project), version=Version(d.version),
                          wheels=[PackageWheel(name=n, url=u, hashes={"sha256": h})
@@ -382,6 +404,13 @@ def _open_up(root: Path) -> None:
 
 def build_index(request: IndexRequest) -> IndexOutcome:
     """Verify the release, then write its index directory (atomically; same input, same bytes)."""
+    if request.base_url is not None and (why := base_url_problem(request.base_url)):
+        raise UsageError(
+            f"--base-url {request.base_url!r}: {why}",
+            where="pinwheel index --base-url",
+            next="pass the http(s) URL the --out folder will be served at, ending with '/' "
+            "(e.g. --base-url https://example.org/release-index/), or leave it out",
+        )
     _check_out(request)
     verified = verify_release(
         request.release, allowed_signers=request.allowed_signers, principal=request.principal
@@ -406,7 +435,8 @@ def build_index(request: IndexRequest) -> IndexOutcome:
             atomic_write_bytes(tmp / FILES / f"{f.filename}.metadata", metadata[f.filename])
         _carry_release(request.release, verified.sums, tmp / FILES)
         for variant, picked in chosen.items():
-            _write_variant(tmp / variant, picked, deps, _unserved(request.release, picked, deps))
+            _write_variant(tmp / variant, picked, deps, _unserved(request.release, picked, deps),
+                           request.base_url)
         atomic_write_text(tmp / "index.html", _variants_html(variants))
         atomic_write_text(tmp / MARKER, "made by `pinwheel index`: --out replaces it whole\n")
         _open_up(tmp)
@@ -423,7 +453,7 @@ def build_index(request: IndexRequest) -> IndexOutcome:
 
 
 def _write_variant(root: Path, picked: list[IndexedFile], deps: tuple[Dependency, ...],
-                   unserved: list[str]) -> None:  # fmt: skip
+                   unserved: list[str], base_url: str | None) -> None:  # fmt: skip
     simple = root / "simple"
     ours = {f.project for f in picked}
     served = [d for d in deps if d.project not in ours]
@@ -442,7 +472,7 @@ def _write_variant(root: Path, picked: list[IndexedFile], deps: tuple[Dependency
         atomic_write_text(simple / dep.project / "index.json", _dependency_json(dep))
     text = _requirements(root.name, picked, tuple(served), unserved)
     atomic_write_text(root / REQUIREMENTS, text)
-    atomic_write_text(root / pylock.FILENAME, _variant_lock(picked, tuple(served)))
+    atomic_write_text(root / pylock.FILENAME, _variant_lock(picked, tuple(served), base_url))
 
 
 def _read_wheels(

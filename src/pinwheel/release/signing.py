@@ -16,6 +16,7 @@ from pathlib import Path
 from pinwheel import runner, untrusted
 from pinwheel.errors import PinwheelError, VerifyError
 from pinwheel.fsutil import atomic_write_text
+from pinwheel.printable import shown_cmd
 
 NAMESPACE = "pinwheel"
 # DSSE envelopes (the in-toto attestation) are signed in their own namespace: a signature
@@ -203,8 +204,8 @@ def new_key(key: Path, allowed_signers: Path, principal: str) -> NewKey:
             raise PinwheelError(
                 f"{path} exists: a release key is never overwritten",
                 where="pinwheel keygen --key",
-                next="pass --key NEW_PATH, or sign with this key: `pinwheel release --key "
-                f"{key}`",
+                next="pass --key NEW_PATH, or sign with this key: "
+                f"`{shown_cmd('pinwheel', 'release', '--key', key)}`",
             )
     key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     runner.run(

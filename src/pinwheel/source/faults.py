@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import free_space
+from pinwheel.printable import shown_cmd
 
 _DISK_FULL = re.compile(r"No space left on device|Disk quota exceeded|ENOSPC|EDQUOT", re.I)
 _CORRUPT = re.compile(
@@ -68,7 +69,7 @@ def corrupt(repo: Path, detail: str) -> PinwheelError:
         f"cache corruption: an object in {repo} cannot be read ({detail})",
         where=str(repo),
         next=f"`pinwheel cache verify` names the damaged repositories; remove this one "
-        f"(rm -rf {repo}) and run again: it is re-fetched",
+        f"(`{shown_cmd('rm', '-rf', '--', repo)}`) and run again: it is re-fetched",
     )
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pinwheel.errors import DriftError, ManifestError, MismatchError, PinwheelError
 from pinwheel.manifest import Identity, Manifest, Step
 from pinwheel.manifest.component import Stack
+from pinwheel.printable import shown_cmd
 from pinwheel.progress import SILENT, Reporter
 from pinwheel.source import faults, gitcli, stamp
 from pinwheel.source.cache import Cache, Fetched, Refs
@@ -506,7 +507,7 @@ def write_result_refs(result: ReplayResult, *, tag: bool = True) -> None:
                     f"replay made {result.head[:12]} and a tag is never moved",
                     where=f"{result.manifest.path.name} [result] tag",
                     next=f"give this stack its own [result].tag, or delete the old tag: "
-                    f"git --git-dir {result.repo_path} tag -d {result.tag}",
+                    f"{shown_cmd('git', '--git-dir', result.repo_path, 'tag', '-d', result.tag)}",
                 )
         else:
             lines.append(f"create {ref} {result.head}")
