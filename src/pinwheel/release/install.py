@@ -30,7 +30,6 @@ import re
 import shutil
 import sys
 import tempfile
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from packaging.version import parse as parse_version
 from pinwheel import runner, validate
 from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_text
+from pinwheel.net.httpget import origin
 from pinwheel.options import HostEnvironment
 from pinwheel.release import attest, interpreter, pylock, signing, sigstorebundle
 from pinwheel.release.assemble import Verified, verify_release
@@ -257,11 +257,6 @@ class Resolve:
     offline: tuple[str, ...]
 
 
-def _origin(url: str) -> tuple[str, str]:
-    parts = urllib.parse.urlsplit(url)
-    return parts.scheme.lower(), parts.netloc.lower()
-
-
 def _check_torch(lock: pylock.Lock, pin: TorchPin) -> None:
     """The lock pins exactly the build's torch, and (with a recorded index) every torch file
     from that index's host; else nothing is installed."""
@@ -278,7 +273,7 @@ def _check_torch(lock: pylock.Lock, pin: TorchPin) -> None:
     if pin.index is None:
         return
     files = [w for n, _v in found for w in lock.wheels.get(n, ())]
-    away = [w.url for w in files if _origin(w.url) != _origin(pin.index)]
+    away = [w.url for w in files if origin(w.url) != origin(pin.index)]
     if away or not files:
         raise VerifyError(
             f"the resolved lock takes torch {pin.version} from somewhere other than the build's "
