@@ -42,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from pinwheel import archive as archive_  # noqa: E402
 from pinwheel import options  # noqa: E402
 from pinwheel.compile import canonical  # noqa: E402
 
@@ -58,8 +59,8 @@ def archive(mirror: str, default_commit: str | None, path: str, dest: Path) -> N
         ["git", "--git-dir", repo, "archive", "--format=tar", commit, "--", path],
         check=True, capture_output=True,
     ).stdout  # fmt: skip
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data")
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:  # checked as any archive pinwheel reads
+        archive_.extract_tar(tar, dest, f"git archive {commit} -- {path}", inner_links=True)
 
 
 def submodule_commit(mirror: str, path: str) -> str:
