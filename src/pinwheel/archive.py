@@ -168,8 +168,15 @@ def _mode(bits: int) -> int:
 
 
 def _write(
-    dest: Path, rel: str, src: IO[bytes], executable: bool, mtime: float | None = None
-) -> Path:
+    dest: Path,
+    rel: str,
+    src: IO[bytes],
+    executable: bool,
+    mtime: float | None = None,
+    writer: confine.TreeWriter | None = None,
+) -> None:
+    if writer is not None and writer.write(rel, src, 0o755 if executable else 0o644, mtime):
+        return  # the plain case, through folders opened once (nothing resolved by path)
     out = confine.inside(dest, rel, what="archive member")
     confine.mkdirs(dest, out.parent)
     if out.is_symlink() or (out.exists() and not out.is_file()):
@@ -183,7 +190,6 @@ def _write(
     # outside 1970..2106 (a hostile or broken archive) is left at the time of writing.
     if mtime is not None and 0 <= mtime < 2**32:
         os.utime(out, (mtime, mtime))
-    return out
 
 
 def zip_mtime(info: zipfile.ZipInfo) -> float:
@@ -215,16 +221,17 @@ def extract_zip(
     """Write the checked members of ``zf`` under ``dest``; ``select(name, is_dir)`` maps a
     member to its relative target (None: skip). Returns the names written."""
     written = []
-    for info in zip_members(zf, origin, limits):
-        if zip_kind(info) == "dir":
-            continue
-        rel = _target(info.filename, False, origin, select)
-        if rel is None:
-            continue
-        executable = bool(_mode((info.external_attr >> 16) & 0o777) & 0o111)
-        with zf.open(info) as src:
-            _write(dest, rel, src, executable, zip_mtime(info))
-        written.append(info.filename)
+    with confine.TreeWriter(dest) as writer:
+        for info in zip_members(zf, origin, limits):
+            if zip_kind(info) == "dir":
+                continue
+            rel = _target(info.filename, False, origin, select)
+            if rel is None:
+                continue
+            executable = bool(_mode((info.external_attr >> 16) & 0o777) & 0o111)
+            with zf.open(info) as src:
+                _write(dest, rel, src, executable, zip_mtime(info), writer)
+            written.append(info.filename)
     return written
 
 
@@ -247,25 +254,30 @@ def extract_tar(
     written_rel: list[str] = []
     dir_rel: list[str] = []
     links: dict[str, str] = {}
-    for member in tar_members(tar, origin, limits, skip_links=skip_links, inner_links=inner_links):
-        name = member.name.removeprefix("./")
-        rel = _target(name, member.isdir(), origin, select)
-        if rel is not None:
-            if member.issym():
-                # Made after every file: no later member can be written through it.
-                confine.inside(dest, rel, what="archive member")
-                links[rel] = member.linkname
-            elif member.isdir():
-                confine.mkdirs(dest, confine.inside(dest, rel, what="archive member"))
-                dir_rel.append(rel)
-            else:
-                src = tar.extractfile(member)
-                assert src is not None
-                _write(dest, rel, src, bool(member.mode & 0o111), member.mtime)
-                written.append(member.name)
-                written_rel.append(rel)
-        if stop is not None and stop():
-            break
+    with confine.TreeWriter(dest) as writer:
+        members = tar_members(
+            tar, origin, limits, skip_links=skip_links, inner_links=inner_links
+        )
+        for member in members:
+            name = member.name.removeprefix("./")
+            rel = _target(name, member.isdir(), origin, select)
+            if rel is not None:
+                if member.issym():
+                    # Made after every file: no later member can be written through it.
+                    confine.inside(dest, rel, what="archive member")
+                    links[rel] = member.linkname
+                elif member.isdir():
+                    if not writer.mkdir(rel):
+                        confine.mkdirs(dest, confine.inside(dest, rel, what="archive member"))
+                    dir_rel.append(rel)
+                else:
+                    src = tar.extractfile(member)
+                    assert src is not None
+                    _write(dest, rel, src, bool(member.mode & 0o111), member.mtime, writer)
+                    written.append(member.name)
+                    written_rel.append(rel)
+            if stop is not None and stop():
+                break
     if links:
         # Judged on the whole tree, by resolution (chains through other links included),
         # then made without going through any link on the way.

@@ -23,7 +23,7 @@ import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from pinwheel.errors import PinwheelError
 from pinwheel.fsutil import atomic_write_bytes, remove_tree
@@ -87,7 +87,14 @@ def mkdirs(scope: Path | str, target: Path | str) -> Path:
                     where=str(cur),
                     next=f"remove the symlink under {scope} and run again",
                 )
-        cur.mkdir(exist_ok=True)
+        try:
+            cur.mkdir(exist_ok=True)
+        except FileExistsError:  # a file (or a link to one) where a folder belongs
+            raise Escape(
+                f"a file is in the way of the folder {cur}",
+                where=str(cur),
+                next=f"remove {cur} (or choose an empty folder) and run again",
+            ) from None
     return path
 
 
@@ -475,6 +482,89 @@ def set_mtime_beneath(root: Path | str, rel: str, mtime: int) -> None:
     parts = _parts(rel, root)
     with _folder(root, parts[:-1], rel, create=False) as fd:
         os.utime(parts[-1], (mtime, mtime), dir_fd=fd, follow_symlinks=False)
+
+
+class TreeWriter:
+    """Many files written under one ``root``, each folder opened once.
+
+    Writing a tree one path at a time (:func:`inside`, then :func:`mkdirs`, then
+    :func:`open_append`) resolves every folder on the way again for every file: an
+    archive of 13,600 files spent half its time in ``realpath``. Here each folder is
+    opened ``O_NOFOLLOW`` from the one before it, once, and kept (at most ``max_open``
+    at a time; one closed is opened again when needed), and each file is made in its
+    folder's fd: nothing is resolved by path, so a symlink planted on the way is never
+    gone through.
+
+    :meth:`write` does only the plain case and says ``False`` for anything else, before
+    reading a byte of the source: a symlink on the way (which :func:`inside` allows when
+    it leads inside the scope), a link, folder, FIFO, device or hard-linked file at the
+    target. The caller then takes the checked one-path-at-a-time route, which replaces
+    or refuses it as before.
+    """
+
+    def __init__(self, root: Path | str, *, max_open: int = 64) -> None:
+        self.root = Path(root)
+        self.max_open = max_open
+        self._fds: dict[tuple[str, ...], int] = {}
+
+    def __enter__(self) -> TreeWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def _folder(self, parts: tuple[str, ...], rel: str) -> int:
+        fd = self._fds.get(parts)
+        if fd is not None:
+            return fd
+        if parts:
+            fd = _step(self._folder(parts[:-1], rel), parts[-1], rel, self.root, create=True)
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.root, os.O_RDONLY | _DIRECTORY)
+        if len(self._fds) >= self.max_open:
+            self.close()  # a tree streams folder by folder: the ones needed are opened again
+        self._fds[parts] = fd
+        return fd
+
+    def mkdir(self, rel: str) -> bool:
+        """``mkdir -p root/rel`` through folders opened ``O_NOFOLLOW``; False when something
+        on the way is not a plain folder (the caller's checked route decides)."""
+        try:
+            self._folder(_parts(rel, self.root), rel)
+        except (Escape, OSError):
+            return False
+        return True
+
+    def write(self, rel: str, src: IO[bytes], mode: int, mtime: float | None = None) -> bool:
+        """Write ``src`` to ``root/rel`` (replacing a plain file's bytes), then ``mode`` and
+        ``mtime`` (None, or outside 1970..2106: left at the time of writing). False, with
+        nothing read from ``src``, when that is not the plain case (see the class)."""
+        parts = _parts(rel, self.root)
+        try:
+            folder = self._folder(parts[:-1], rel)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | _NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(parts[-1], flags, 0o600, dir_fd=folder)
+        except (Escape, OSError):  # a link or folder there, a FIFO with no reader...
+            return False
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+            os.close(fd)
+            return False
+        with os.fdopen(fd, "wb") as fh:
+            os.set_blocking(fd, True)
+            fh.truncate(0)
+            shutil.copyfileobj(src, fh, 1 << 20)
+            fh.flush()
+            os.fchmod(fd, mode)
+            if mtime is not None and 0 <= mtime < 2**32:
+                os.utime(fd, (mtime, mtime))
+        return True
 
 
 @dataclass(frozen=True)
