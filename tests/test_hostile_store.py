@@ -190,3 +190,86 @@ def test_a_key_file_that_is_a_link_or_that_others_may_read_is_no_store(tmp_path:
     short = compcache.plan(CacheConfig(), cache, host_of({**env, "PINWHEEL_STORE_KEY": "short"}))
     none, why = objstore.for_plan(short, cold=False)
     assert none is None and "at least 32" in why
+
+
+# ---------------------------------------------------------------- a tag travels with a wheel
+
+MANY = f"cp311-cp311-manylinux_2_34_{platform.machine()}"
+DECISION = {"platform": f"manylinux_2_34_{platform.machine()}", "reason": "policy held"}
+
+
+def _tagged_pair(tmp: Path, version: str = "1.0") -> tuple[Path, Path]:
+    built = _wheel(tmp)
+    tagged = _wheel(tmp / "tagged", version=version, tag=MANY)
+    return built, tagged
+
+
+def _put_tag(store: objstore.Store, built: Path, tagged: Path, **decision: str) -> str:
+    from pinwheel.checksums import sha256_file
+
+    rec = {"wheel": built.name, **DECISION, **decision}
+    return store.put_tag(built, sha256_file(built), rec, tagged, sha256_file(tagged))
+
+
+def _fresh_runner_copy(tmp: Path, built: Path) -> Path:
+    """The builder's wheel as a fresh runner has it: alone in its own dist folder."""
+    dist = tmp / "fresh" / "dist"
+    dist.mkdir(parents=True)
+    copy = dist / built.name
+    copy.write_bytes(built.read_bytes())
+    return copy
+
+
+def test_a_stored_tag_is_taken_with_its_checked_copy(tmp_path: Path) -> None:
+    from pinwheel.checksums import sha256_file
+
+    built, tagged = _tagged_pair(tmp_path)
+    assert _put_tag(_store(tmp_path), built, tagged) == "its tag stored in the object store"
+    mine = _fresh_runner_copy(tmp_path, built)
+    got = _store(tmp_path).take_tag(mine, sha256_file(mine))
+    assert not isinstance(got, objstore.Miss), got
+    out, decision = got
+    assert out == mine.parent / tagged.name and out.read_bytes() == tagged.read_bytes()
+    assert decision["platform"] == DECISION["platform"]
+
+
+WHY = {
+    "another key": "did not sign",
+    "another version": "is not tiny-1.0",
+    "another platform": "no platform tag",
+    "a tampered copy": "sha256 is not the entry's",
+    "a path name": "no valid wheel name",
+}
+
+
+@pytest.mark.parametrize("forge", sorted(WHY))
+def test_a_stored_tag_that_is_not_this_wheel_s_is_a_miss_and_leaves_nothing(
+    tmp_path: Path, forge: str
+) -> None:
+    """A co-user without the key, or a writer with it naming other bytes: the fresh
+    runner tags the wheel itself (a miss), and no copy is left beside it."""
+    from pinwheel.checksums import sha256_file
+
+    built, tagged = _tagged_pair(tmp_path, "2.0" if forge == "another version" else "1.0")
+    store = _store(tmp_path, b"a-co-user-s-key-not-the-runner-s-key!!") \
+        if forge == "another key" else _store(tmp_path)  # fmt: skip
+    extra = {"platform": "win_amd64"} if forge == "another platform" else {}
+    _put_tag(store, built, tagged, **extra)
+    if forge == "a tampered copy":
+        blob = next((tmp_path / "shared").rglob("wheel"))
+        for path in (tmp_path / "shared").rglob("wheel"):
+            if path.read_bytes() == tagged.read_bytes():
+                blob = path
+        blob.write_bytes(blob.read_bytes() + b"BACKDOOR")
+    if forge == "a path name":
+        key = next((tmp_path / "shared").rglob("tags/*.json"))
+        raw = json.loads(key.read_text())
+        raw["wheel"] = f"../../{tagged.name}"
+        rel = key.relative_to(tmp_path / "shared" / objstore.SUBDIR).as_posix()
+        key.write_text(json.dumps(objstore.signed_entry(KEY, rel, raw)))
+    mine = _fresh_runner_copy(tmp_path, built)
+    got = _store(tmp_path).take_tag(mine, sha256_file(mine))
+    assert isinstance(got, objstore.Miss), got
+    assert WHY[forge] in got.why
+    assert sorted(p.name for p in mine.parent.iterdir()) == [mine.name]
+    assert not (tmp_path / "fresh" / tagged.name).exists()

@@ -60,6 +60,11 @@ def test_a_fresh_workspace_reuses_the_stored_objects_and_gives_the_cold_bytes(
     builder = _phase(fresh, "builder")
     assert "the object store holds this build (1 compiled member(s))" in builder.skipped[0]
     assert not (tiny.tmp / "cache-b" / "build" / "tiny" / "src" / "build").exists()
+    # The tag travels with the stored wheel: cache B ran no auditwheel analysis or retag.
+    assert any("its tag stored in the object store" in d for d in _phase(cold, "check").did)
+    check = _phase(fresh, "check")
+    assert any("taken with the wheel from the object store" in s for s in check.skipped)
+    assert not any(d.startswith("tagged ") for d in check.did)
     receipt = component(read_receipt(tiny.tmp / "w-b" / "provenance.json"), "engine")
     assert receipt["reused"]["from"] == "the object store"
 

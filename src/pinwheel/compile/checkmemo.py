@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pinwheel import confine, untrusted
-from pinwheel.compile import derivation, stamps
+from pinwheel.compile import derivation, objstore, stamps
 from pinwheel.compile.phases import Note
 from pinwheel.errors import PinwheelError
 from pinwheel.wheels import check as wheelcheck
@@ -65,13 +65,24 @@ def _tool_identity(tool: str | None) -> list[Any] | None:
 class Memo:
     """Tag and check memos under ``root``; each lookup says, in ``note``, what it skipped."""
 
-    def __init__(self, root: Path, note: Note | None = None, *, scope: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        note: Note | None = None,
+        *,
+        scope: Path | None = None,
+        store: objstore.Store | None = None,
+    ) -> None:
         """``scope``: the folder the confined walk starts from (the cache, for the cache's
         ``memo/``): every folder from there down to a memo file is opened ``O_NOFOLLOW``,
-        so ``memo`` itself replaced by a link is never gone through. None: ``root``."""
+        so ``memo`` itself replaced by a link is never gone through. None: ``root``.
+        ``store``: the object store the build took its wheels from: a tag this cache has
+        not made is taken from there (signed, the tagged copy's sha256 checked), and a tag
+        made here is stored there, so it travels with the stored wheel."""
         self.root = Path(root)
         self.scope = Path(scope) if scope is not None else self.root
         self.note = note or Note()
+        self.store = store
         self._rules: str | None = None
 
     # ------------------------------------------------------------------ storage
@@ -166,7 +177,40 @@ class Memo:
                         f"{decision.platform} before; the tagged copy is intact ({copy.how})"
                     )
                     return out, decision
-        return self._tag_fresh(wheel, got.sha256)
+        stored = self._stored_tag(wheel, got.sha256)
+        return stored if stored is not None else self._tag_fresh(wheel, got.sha256)
+
+    def _stored_tag(self, wheel: Path, sha: str) -> tuple[Path, TagDecision] | None:
+        """The tag the object store holds for these bytes, recorded here as if made here."""
+        if self.store is None:
+            return None
+        got = self.store.take_tag(wheel, sha)
+        if isinstance(got, objstore.Miss):
+            if got.why != "miss":  # not a plain "none stored": say why it was not taken
+                self.note.skip(f"tag of {wheel.name} from the object store: {got.why}")
+            return None
+        out, raw = got
+        try:
+            decision = untrusted.decode(TagDecision, raw, KIND, "stored tag")
+        except PinwheelError:
+            if out != wheel:
+                out.unlink(missing_ok=True)
+            self.note.skip(f"tag of {wheel.name} from the object store: an unusable decision")
+            return None
+        if decision.wheel != wheel.name:
+            self.note.skip(f"tag of {wheel.name} from the object store: another wheel's")
+            return None
+        out_sha = self.sha(out).sha256
+        if out_sha is not None:
+            self._write(
+                self.root / "tag" / f"{sha}.json",
+                {"decision": dataclasses.asdict(decision), "out": out.name, "out_sha256": out_sha},
+            )
+        self.note.skip(
+            f"tag of {wheel.name}: taken with the wheel from the object store "
+            f"({decision.platform}; signed, the tagged copy's sha256 checked)"
+        )
+        return out, decision
 
     def _tag_fresh(self, wheel: Path, sha: str | None) -> tuple[Path, TagDecision]:
         decision = platformtag.decide(wheel)
@@ -176,10 +220,14 @@ class Memo:
         self.note.did(f"tagged {wheel.name}: {decision.platform} (auditwheel)")
         out_sha = self.sha(out).sha256 if sha is not None else None
         if sha is not None and out_sha is not None:
+            record = dataclasses.asdict(decision)
             self._write(
                 self.root / "tag" / f"{sha}.json",
-                {"decision": dataclasses.asdict(decision), "out": out.name, "out_sha256": out_sha},
+                {"decision": record, "out": out.name, "out_sha256": out_sha},
             )
+            if self.store is not None:
+                self.note.did(f"{wheel.name}: " + self.store.put_tag(wheel, sha, record, out,
+                                                                     out_sha))  # fmt: skip
         return out, decision
 
     # ------------------------------------------------------------------ checking

@@ -144,7 +144,7 @@ def build(
         if session is not None:
             session.stop()
 
-    wheels = _checked_set(request, choice, toolkit, python, built, phases, reporter)
+    wheels = _checked_set(request, choice, toolkit, python, built, phases, reporter, store)
     return BuildOutcome(
         toolkit=toolkit,
         built=wheels.components,
@@ -158,9 +158,10 @@ def build(
 
 def _checked_set(
     request: BuildRequest, choice: ToolchainChoice, toolkit: Toolkit | None, python: str,
-    built: list[Built], phases: Phases, reporter: Reporter,
+    built: list[Built], phases: Phases, reporter: Reporter, store: objstore.Store | None,
 ) -> WheelSet:
-    """The wheels tagged, checked and published as one set with their provenance."""
+    """The wheels tagged, checked and published as one set with their provenance (a tag
+    taken from ``store`` with a stored wheel, and stored there when made here)."""
     manifest, config = request.manifest, choice.config
     cuobjdump, auditwheel = find_tools(toolkit.root if toolkit else None)
     check_spec = spec_from_build(
@@ -187,7 +188,7 @@ def _checked_set(
     payload["torch"] = torch_pin(config, facts.torch, built)
     payload["substitutions"] = substitutions_json(choice.substitutions)
     with reporter.status(f"checking {len(built)} wheel(s)"):
-        wheels = _publish(request, built, check_spec, payload, phases,
+        wheels = _publish(request, built, check_spec, payload, phases, store,
                           label=lambda b: build_variant(manifest, config, toolkit, b))  # fmt: skip
     return wheels
 
@@ -357,6 +358,7 @@ def _publish(
     spec: Any,
     payload: Mapping[str, Any],
     phases: Phases,
+    store: objstore.Store | None,
     label: str | Callable[[Built], str] | None = None,
 ) -> WheelSet:
     """publish(), timed as two phases: tag + check (looked up by sha256 when the same
@@ -366,8 +368,9 @@ def _publish(
     with check.phase("check") as note:
         spent = [0.0]
         memo_dir = cachelayout.bucket(request.cache, "memo")
-        memo = (checkmemo.Memo(memo_dir, note, scope=request.cache)  # links refused from
-                if request.compiler_cache else None)  # the cache root down  # fmt: skip
+        memo = (checkmemo.Memo(memo_dir, note, scope=request.cache,  # links refused from
+                               store=store)  # the cache root down; a tag travels with a wheel
+                if request.compiler_cache else None)  # fmt: skip
 
         def timed(step: Callable[..., Any]) -> Callable[..., Any]:
             def run(*args: Any, **kw: Any) -> Any:
