@@ -130,7 +130,9 @@ def test_the_outcome_names_its_protocol_in_the_receipt(tmp_path):
     out = replay([_result(v, 2047) for v in FP8_V44], _protocol("mean"))
     doc = json.loads(json.dumps(asdict(out)))
     assert doc["protocol"] == "mean" and doc["gate"]["status"] == "PASS"
-    assert doc["gate"]["name"] == "fidelity five-run-mean protocol over 5 cold starts"
+    assert doc["gate"]["name"] == (
+        "fidelity mean protocol (the mean and every run in bound) over 5 starts"
+    )
 
 
 def test_the_verdict_carries_its_own_profiles_card_reference():
@@ -148,3 +150,8 @@ def test_the_verdict_carries_its_own_profiles_card_reference():
     assert "0.024628576596" not in json.dumps(out.reference)
     # a profile with no qualify table of its name shows no reference (none is borrowed)
     assert coldstarts.Protocol.of(q, "no-such-profile").reference == ()
+
+
+def test_the_mean_verdict_names_the_starts_it_had_not_five():
+    two = replay([_result(v, 2047) for v in FP8_V44[:2]], _protocol("mean", 2))
+    assert two.ok and "five" not in two.gate.name and "over 2 starts" in two.gate.name

@@ -95,7 +95,7 @@ def judge(runs: tuple[ColdRun, ...], protocol: Protocol) -> Gate:
     """The card's verdict over the starts under ``protocol`` (``mean`` or ``hash``)."""
     wanted = protocol.starts
     if protocol.name == "mean":
-        name = f"fidelity five-run-mean protocol over {wanted} cold starts"
+        name = f"fidelity mean protocol (the mean and every run in bound) over {wanted} starts"
     else:
         name = f"fidelity tokenwise hash equal across {wanted} cold starts"
     if wanted < MIN_STARTS or len(runs) < MIN_STARTS:
