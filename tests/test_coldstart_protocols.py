@@ -130,4 +130,28 @@ def test_the_outcome_names_its_protocol_in_the_receipt(tmp_path):
     out = replay([_result(v, 2047) for v in FP8_V44], _protocol("mean"))
     doc = json.loads(json.dumps(asdict(out)))
     assert doc["protocol"] == "mean" and doc["gate"]["status"] == "PASS"
-    assert doc["gate"]["name"] == "fidelity five-run-mean protocol over 5 cold starts"
+    assert doc["gate"]["name"] == (
+        "fidelity mean protocol (the mean and every run in bound) over 5 starts"
+    )
+
+
+def test_the_verdict_carries_its_own_profiles_card_reference():
+    q = manifest.load(SM120).require("qualify")
+    fp8 = coldstarts.Protocol.of(q, "fidelity")
+    out = replay([_result(v, 2047) for v in FP8_V44], fp8)
+    doc = json.loads(json.dumps(asdict(out)))
+    # the card's v44 FP8 five-run figures (lines 161-162) beside the mean verdict
+    assert doc["reference"]["mean_kld"] == "0.024628576596"
+    assert doc["reference"]["stddev"] == "0.000326156681"
+    nvfp4 = coldstarts.Protocol.of(q, "fidelity-nvfp4")
+    out = replay([_result(NVFP4_V44, 2047, NVFP4_V44_SHA) for _ in range(5)], nvfp4)
+    assert out.protocol == "hash" and out.reference["tokenwise_kld_sha256"] == NVFP4_V44_SHA
+    # never another protocol's figure: the FP8 mean is not beside the NVFP4 hash verdict
+    assert "0.024628576596" not in json.dumps(out.reference)
+    # a profile with no qualify table of its name shows no reference (none is borrowed)
+    assert coldstarts.Protocol.of(q, "no-such-profile").reference == ()
+
+
+def test_the_mean_verdict_names_the_starts_it_had_not_five():
+    two = replay([_result(v, 2047) for v in FP8_V44[:2]], _protocol("mean", 2))
+    assert two.ok and "five" not in two.gate.name and "over 2 starts" in two.gate.name

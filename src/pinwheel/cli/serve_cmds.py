@@ -550,7 +550,8 @@ def run_cold_starts(ctx: Context, args: argparse.Namespace) -> int:
             for r in done.runs
         )
         + f"\nprotocol {done.protocol}: mean {done.mean_kld!r}, population stddev "
-        f"{done.stddev!r}\n{g.name}: {g.status} ({g.measured})",
+        f"{done.stddev!r}\n{g.name}: {g.status} ({g.measured})"
+        + "".join(f"\n  card reference {k}: {v}" for k, v in done.reference.items()),
     )
     if not done.ok:
         raise GateFailed(

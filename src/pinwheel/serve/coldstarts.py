@@ -14,6 +14,9 @@ outcome keeps every run's figures and hashes, and names its protocol:
   its identical-hash v44 NVFP4 runs at 0.0605 as a failure of its < 0.06 gate).
 
 Either needs at least :data:`MIN_STARTS` starts: one start shows nothing about cold starts.
+The outcome carries the card's reference figures of the profile it judged (its
+``[qualify.profile.NAME] reference``: the card's five-run mean, stddev and hash measured
+under that same protocol) beside the verdict, never another profile's.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pinwheel.errors import UsageError
@@ -38,24 +41,28 @@ __all__ += ["judge", "outcome", "run"]
 
 @dataclass(frozen=True)
 class Protocol:
-    """How the starts are judged: ``name`` in :data:`PROTOCOLS`, the bound for ``mean``."""
+    """How the starts are judged: ``name`` in :data:`PROTOCOLS`, the bound for ``mean``;
+    ``reference``: the judged profile's card figures, shown beside the verdict."""
 
     name: str
     starts: int
     max_mean_kld: float | None = None
     strict: bool = False
+    reference: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, config: QualifyConfig, profile: str | None) -> Protocol:
-        """``[qualify.fidelity]``'s protocol, or the qualify profile's ``cold_start_protocol``."""
+        """``[qualify.fidelity]``'s protocol, or the qualify profile's ``cold_start_protocol``;
+        the reference is that qualify profile's (none when no qualify profile has the name)."""
         fid = config.fidelity
         if fid is None:
             raise UsageError("no [qualify.fidelity] table", where="[qualify.fidelity]")
         name = fid.protocol
+        reference: tuple[tuple[str, str], ...] = ()
         for p in config.profiles:
-            if p.name == profile and p.cold_start_protocol:
-                name = p.cold_start_protocol
-        return cls(name, fid.cold_starts, fid.max_mean_kld, fid.strict)
+            if p.name == profile:
+                name, reference = p.cold_start_protocol or name, p.reference
+        return cls(name, fid.cold_starts, fid.max_mean_kld, fid.strict, reference)
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,7 @@ class ColdStartsOutcome:
     protocol: str = "hash"
     mean_kld: float = math.nan  # over the runs' means
     stddev: float = math.nan  # population stddev of the runs' means, as the card reports it
+    reference: dict[str, str] = field(default_factory=dict)  # the card's, same protocol
 
     @property
     def ok(self) -> bool:
@@ -87,7 +95,7 @@ def judge(runs: tuple[ColdRun, ...], protocol: Protocol) -> Gate:
     """The card's verdict over the starts under ``protocol`` (``mean`` or ``hash``)."""
     wanted = protocol.starts
     if protocol.name == "mean":
-        name = f"fidelity five-run-mean protocol over {wanted} cold starts"
+        name = f"fidelity mean protocol (the mean and every run in bound) over {wanted} starts"
     else:
         name = f"fidelity tokenwise hash equal across {wanted} cold starts"
     if wanted < MIN_STARTS or len(runs) < MIN_STARTS:
@@ -191,4 +199,5 @@ def outcome(runs: tuple[ColdRun, ...], protocol: Protocol) -> ColdStartsOutcome:
         protocol.name,
         math.fsum(values) / len(values) if values else math.nan,
         statistics.pstdev(values) if finite else math.nan,
+        dict(protocol.reference),
     )
