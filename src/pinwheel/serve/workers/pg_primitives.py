@@ -341,7 +341,7 @@ def gen(seed, shape, dtype, dev):
 
 
 def run_cases(pg, out):
-    ext, rank, world, dev = pg.ext, pg.rank, pg.world, pg.dev
+    rank = pg.rank
     cases = out["cases"]
 
     def record(op, case, nbytes, result):
@@ -358,7 +358,19 @@ def run_cases(pg, out):
             raise RuntimeError(f"exllamav3 sync timeout during {op} {case}")
         pg.lockstep()
 
-    # pg_barrier: back to back, then with rank 1 arriving late, beside dist.barrier
+    run_barriers(pg, guarded)
+    run_all_reduce(pg, guarded)
+    run_broadcast(pg, guarded)
+    run_cpu_all_reduce(pg, guarded)
+    run_broadcast_ll(pg, guarded)
+    run_gather_small(pg, guarded)
+    run_gather(pg, guarded, out)
+
+
+def run_barriers(pg, guarded):
+    """pg_barrier back to back, then with the last rank arriving late, beside dist.barrier."""
+    ext, rank, world, dev = pg.ext, pg.rank, pg.world, pg.dev
+
     def barriers():
         for _ in range(100):
             ext.pg_barrier(pg.ptr_g, pg.devices, rank, pg.abort)
@@ -386,6 +398,11 @@ def run_cases(pg, out):
 
     guarded("pg_barrier", f"last rank {BARRIER_DELAY_S} s late", 0, skew)
 
+
+
+def run_all_reduce(pg, guarded):
+    """pg_all_reduce of float32 vectors against dist.all_reduce, within the sum's bound."""
+    ext, rank, world, dev = pg.ext, pg.rank, pg.world, pg.dev
     for i, n in enumerate(ALL_REDUCE_NUMEL):
 
         def all_reduce(n=n, i=i):
@@ -401,6 +418,10 @@ def run_cases(pg, out):
 
         guarded("pg_all_reduce", f"{n} float32", n * 4, all_reduce)
 
+
+def run_broadcast(pg, guarded):
+    """pg_broadcast of float16 vectors from every rank against dist.broadcast."""
+    ext, rank, world, dev = pg.ext, pg.rank, pg.world, pg.dev
     for i, n in enumerate(BROADCAST_NUMEL):
         for src in range(world):
 
@@ -416,10 +437,11 @@ def run_cases(pg, out):
 
             guarded("pg_broadcast", f"{n} float16 from rank {src}", n * 2, broadcast)
 
-    run_cpu_all_reduce(pg, guarded)
-    run_broadcast_ll(pg, guarded)
-    run_gather_small(pg, guarded)
 
+def run_gather(pg, guarded, out):
+    """pg_gather of uneven column slices to every rank against dist.all_gather (two ranks
+    or more: one rank gathers nothing)."""
+    ext, rank, world, dev = pg.ext, pg.rank, pg.world, pg.dev
     if world < 2:
         out["gather_skipped"] = (
             "one rank: exllamav3 gathers across ranks only "
