@@ -21,6 +21,7 @@ from pinwheel.serve.client import metric_by_label, metric_total, parse_prometheu
 from pinwheel.serve.gates.base import Measured
 from pinwheel.serve.gates.table import judge
 from pinwheel.serve.receipt import (
+    Acceptance,
     ConcurrencyResult,
     MarkerResult,
     NeedleResult,
@@ -63,6 +64,26 @@ def test_ms_per_pass_is_an_upper_bound():
     ok = judge(Measured(_profile(max_ms_per_pass=33.0), ms_pass=Spread(32.4, 32.1, 32.9, 3)))
     bad = judge(Measured(_profile(max_ms_per_pass=33.0), ms_pass=Spread(33.0004, 33.0, 33.1, 3)))
     assert ok[0].status == "PASS" and bad[0].status == "FAIL" and bad[0].measured == "33.0004"
+
+
+def test_a_nan_card_figure_fails_its_gate_either_way_the_bound_points():
+    """Issue 50: a gate with a NaN measurement FAILs. NaN compares false both ways, so
+    a check written as "not over the bound" would PASS it: an upper bound (ms/pass) and
+    lower bounds (tok/s, acceptance length) alike."""
+    nan = float("nan")
+    for tolerance in (0.0, 0.05):
+        gates = judge(Measured(
+            _profile(min_tok_s=1.0, max_ms_per_pass=33.0, min_acceptance_length=1.5,
+                     tolerance=tolerance),
+            single=Spread(nan, nan, nan, 3), ms_pass=Spread(nan, nan, nan, 3),
+            acceptance=Acceptance(drafts=10.0, draft_tokens=30.0, accepted=nan),
+        ))  # fmt: skip
+        assert [(g.name, g.status, g.measured) for g in gates] == [
+            ("single-stream tok/s", "FAIL", "NaN"),
+            ("ms per forward pass", "FAIL", "NaN"),
+            ("mean acceptance length (1 + accepted/drafts)", "FAIL", "NaN"),
+        ]
+        assert all(g.value is None for g in gates)  # never a number in the receipt
 
 
 def test_unmeasured_gates_fail_and_unchecked_markers_are_skip_not_pass():
