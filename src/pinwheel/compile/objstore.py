@@ -179,21 +179,9 @@ class Store:
         makes, held against the record here and against the wheel by :meth:`take`."""
         want = json.loads(json.dumps(dict(match), sort_keys=True))
         key = _index_key(ident, identity_key(want))
-        try:
-            data = self.backend.read(key, KIND.max_bytes)
-        except objbackends.Unavailable as exc:
-            return Miss(f"miss: {_said(exc)}")
-        if data is None:
-            return Miss("miss")
-        try:
-            raw = untrusted.parse_json(data, KIND, key)
-        except PinwheelError as exc:
-            return Miss(f"miss: an unusable record ({exc.what[:200]})")
-        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-            return Miss("miss: a record of another format")
-        sig, good = raw.get("signature"), signed_entry(self.key, key, raw)["signature"]
-        if not isinstance(sig, str) or not hmac.compare_digest(sig, good):
-            return Miss("miss: an entry this runner's key did not sign")
+        raw = self._signed(key, "record")
+        if isinstance(raw, Miss):
+            return raw
         rec, sha, name = raw.get("record"), raw.get("sha256"), raw.get("wheel")
         if raw.get("match") != want or not isinstance(rec, dict) or not _is_sha(sha):
             return Miss("miss: a record that does not match")
@@ -206,6 +194,27 @@ class Store:
             return Miss(f"miss: a record whose {problem}")
         return Hit(_blob_key(str(sha)), name, str(sha), rec, expect or Expect(),
                    str(ident.get("python") or ""))  # fmt: skip
+
+    def _signed(self, key: str, what: str) -> dict[str, Any] | Miss:
+        """The entry stored under ``key``, read bounded as strict JSON, of this format and
+        signed with this runner's key over ``key`` and its text; else the :class:`Miss`
+        saying why (none stored, unreachable, unusable, another format, not signed)."""
+        try:
+            data = self.backend.read(key, KIND.max_bytes)
+        except objbackends.Unavailable as exc:
+            return Miss(f"miss: {_said(exc)}")
+        if data is None:
+            return Miss("miss")
+        try:
+            raw = untrusted.parse_json(data, KIND, key)
+        except PinwheelError as exc:
+            return Miss(f"miss: an unusable {what} ({exc.what[:200]})")
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            return Miss(f"miss: a {what} of another format")
+        sig, good = raw.get("signature"), signed_entry(self.key, key, raw)["signature"]
+        if not isinstance(sig, str) or not hmac.compare_digest(sig, good):
+            return Miss("miss: an entry this runner's key did not sign")
+        return raw
 
     def take(self, hit: Hit, dist: Path) -> Path | Miss:
         """The stored wheel copied into ``dist`` under its name (at most
@@ -264,22 +273,9 @@ class Store:
         caller decodes). A :class:`Miss` when there is none, it is not signed with this
         runner's key, or it does not describe this wheel: its name, version, build and
         interpreter/ABI tags equal ``built``'s, only the platform the decision names."""
-        key = _tag_key(built_sha)
-        try:
-            data = self.backend.read(key, KIND.max_bytes)
-        except objbackends.Unavailable as exc:
-            return Miss(f"miss: {_said(exc)}")
-        if data is None:
-            return Miss("miss")
-        try:
-            raw = untrusted.parse_json(data, KIND, key)
-        except PinwheelError as exc:
-            return Miss(f"miss: an unusable tag entry ({exc.what[:200]})")
-        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-            return Miss("miss: a tag entry of another format")
-        sig, good = raw.get("signature"), signed_entry(self.key, key, raw)["signature"]
-        if not isinstance(sig, str) or not hmac.compare_digest(sig, good):
-            return Miss("miss: a tag entry this runner's key did not sign")
+        raw = self._signed(_tag_key(built_sha), "tag entry")
+        if isinstance(raw, Miss):
+            return raw
         decision, name, sha = raw.get("decision"), raw.get("wheel"), raw.get("sha256")
         problem = _tag_entry_problem(raw, Path(built).name, built_sha)
         if problem is not None or not isinstance(decision, dict):
