@@ -457,7 +457,9 @@ def test_engine_python_is_compared_with_the_manifests_pin(tmp_path):
     base = _opts(tmp_path)
     wrong = _by_name(preflight(dataclasses.replace(base, pinned_python=other)))
     assert wrong["python"].status == FAIL
-    assert f"pins {other}" in wrong["python"].detail and f"--python {other}" in wrong["python"].next
+    assert f"pins {other}" in wrong["python"].detail and f"Python {other}" in wrong["python"].next
+    # a command that exists, into a venv install makes with that Python (not `install` alone)
+    assert "`pinwheel install fetched-release --venv engine-venv`" in wrong["python"].next
     right = _by_name(preflight(dataclasses.replace(base, pinned_python=here)))
     assert right["python"].status == OK and "as [build] python pins" in right["python"].detail
     unpinned = _by_name(preflight(base))

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.release
 REPO = Path(__file__).resolve().parents[1]
 MAINTAINER = "Journey: sign a release and serve its index"
 STRANGER = "Journey: install a verified release"
+LABEL = "glm53card.cu124"  # the first green build's wheel: +pw.glm53card.cu124
 
 
 def _blocks() -> tuple[Block, Block]:
@@ -58,11 +59,14 @@ def _script(blocks: tuple[Block, ...], port: int) -> list[str]:
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A fresh clone's view: the manifest, keys/allowed_signers with no key, a build's
-    wheels/ (two wheels, one needing the other) and nothing else."""
+    wheels/ (two wheels, one needing the other, labelled as the first green build's) and
+    nothing else."""
     root = tmp_path / "project"
     build = root / "wheels"
-    make_wheel(build, "pwa", "1.0", payload=20_000, seed=1, requires_dist=("pwb>=2",))
-    make_wheel(build, "pwb", "2.0", payload=8_000, seed=2)
+    # labelled as the first green build's wheel is: the README's VARIANT is that label
+    make_wheel(build, "pwa", f"1.0+pw.{LABEL}", payload=20_000, seed=1,
+               requires_dist=("pwb>=2",))  # fmt: skip
+    make_wheel(build, "pwb", f"2.0+pw.{LABEL}", payload=8_000, seed=2)
     names = sorted(p.name for p in build.glob("*.whl"))
     write_provenance(build, {n: sha256_file(build / n) for n in names})
     write_manifest(root)
@@ -107,7 +111,7 @@ def test_the_readme_walks_from_a_build_to_a_signed_index_and_a_stranger_s_instal
         got = subprocess.run([str(project / venv / "bin" / "python"), "-c",
                               "import pwa, pwb; print(pwa.VALUE, pwb.VALUE)"],
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
-        assert got.strip() == "pwa 1.0 pwb 2.0", venv
+        assert got.strip() == f"pwa 1.0+pw.{LABEL} pwb 2.0+pw.{LABEL}", venv
     size = sum(p.stat().st_size for p in (project / "release-index").rglob("*") if p.is_file())
     print(f"README walk: {took:.1f} s, release-index {size / 1024:.0f} KiB")
 

@@ -360,3 +360,9 @@ def test_verify_release_messages_name_its_own_command_and_flags(
         err = " ".join(capsys.readouterr().err.split())
         assert rc != 0 and "--sums" in err
         assert _named_flags(err) <= _flags_of("verify-release"), err
+        # a page of an index pinwheel made: the signed release is at BASE/files/
+        rc = main(["--manifest", str(bare), "verify-release", f"{srv.url}all/simple/pwa/",
+                   "--allow-unsigned"])  # fmt: skip
+        err = " ".join(capsys.readouterr().err.split())
+        assert rc != 0 and f"--sums {srv.url}files/SHA256SUMS" in err, err
+        assert f"or give {srv.url}files/ itself as the source" in err

@@ -89,6 +89,8 @@ def test_a_python_that_is_nowhere_is_refused_offline_with_how_to_get_it(tmp_path
     assert main(["--offline", "install", str(rel), "--venv", str(venv), "--allow-unsigned"]) == 1
     err = " ".join(capsys.readouterr().err.split())
     assert "no Python 3.99 here" in err and "uv python install 3.99" in err and "--python" in err
+    # the way on a distribution without it (Debian 12: 3.11 only), from a package index
+    assert "apt-get install python3.99" in err and "-c conda-forge python=3.99" in err
     assert not venv.exists()
 
 

@@ -390,8 +390,9 @@ def test_an_index_without_a_lock_says_what_to_run_and_that_command_installs_by_h
     doc = json.loads(capsys.readouterr().out)
     assert doc["unserved"] == ["pwdep"]
     fetch, pip = doc["steps"]["all"]
-    assert fetch.startswith("pinwheel fetch BASE/files/ --dest release")
-    assert "pinwheel install release --venv VENV" in fetch
+    # fetch's own folder: in a checkout, --dest release is the release folder, refused
+    assert fetch.startswith("pinwheel fetch BASE/files/ --allowed-signers")
+    assert "--dest" not in fetch and "pinwheel install fetched-release --venv VENV" in fetch
     assert pip == ("pip lock --extra-index-url BASE/all/simple/ -o pylock.toml pweng==1.0 && "
                    "pip install -r pylock.toml")  # fmt: skip
     text = (out / "all" / "requirements.txt").read_text()

@@ -255,7 +255,7 @@ def test_build_says_a_toolkit_it_cannot_find_or_provision_before_any_fetch(
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _kernels_run(tmp_path: Path, *flags: str) -> str:
+def _kernels_run(tmp_path: Path, *flags: str, command: str = "kernels") -> str:
     """`pinwheel kernels` on a copy of the repository's manifest whose [build] python is one
     nobody has (3.99), offline (--no-provision): what it says about the toolchain."""
     import shutil
@@ -270,10 +270,11 @@ def _kernels_run(tmp_path: Path, *flags: str) -> str:
     text = (REPO / "manifest.toml").read_text()
     assert '\npython = "3.12"' in text
     (root / "manifest.toml").write_text(text.replace('\npython = "3.12"', '\npython = "3.99"'))
+    # this checkout's pinwheel, not whichever the interpreter has installed
     env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(tmp_path / "home"),
-           "PINWHEEL_CACHE": str(tmp_path / "cache")}  # fmt: skip
+           "PINWHEEL_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO / "src")}  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "pinwheel", "--manifest", str(root / "manifest.toml"), "kernels",
+        [sys.executable, "-m", "pinwheel", "--manifest", str(root / "manifest.toml"), command,
          "--no-provision", *flags],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -291,6 +292,19 @@ def test_a_torch_extension_still_needs_the_pinned_python(tmp_path: Path) -> None
     said = _kernels_run(tmp_path, "--name", "flash-attention-v100")
     assert "[build] python" in said and "no Python 3.99" in said
     assert "conda-forge" in said and "uv python install 3.99" in said  # ways on, per distribution
+
+
+def test_toolchain_says_what_needs_the_missing_python_and_what_builds_without_it(
+    tmp_path: Path,
+) -> None:
+    """After the README's first green build on Debian 12 (no 3.12), `pinwheel toolchain`
+    failed on [build] python alone, as if that build could not have passed."""
+    subs = ("--substitute", "gcc=12", "--substitute", "cuda=12.4")
+    said = " ".join(_kernels_run(tmp_path, *subs, command="toolchain").split())
+    assert "no Python 3.99" in said
+    assert "needed by the engine and flash-attention-v100, not by pinwheel-selftest" in said
+    assert ("`tools/replay kernels --name pinwheel-selftest --substitute gcc=12 --substitute "
+            "cuda=12.4` builds them without it") in said  # fmt: skip
 
 
 def test_which_builds_need_the_pinned_python() -> None:

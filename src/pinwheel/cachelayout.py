@@ -20,7 +20,7 @@ class Bucket:
     name: str  # the folder (or file) under the cache root
     owner: str  # the module that writes it
     holds: str  # what is in it, for `cache du`
-    clean: bool  # `cache clean --apply` removes it (False: another run may hold it)
+    clean: bool  # `cache clean --yes` removes it (False: another run may hold it)
     rebuildable: bool  # removing it costs time, never correctness (everything is re-made)
 
 

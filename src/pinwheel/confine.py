@@ -384,7 +384,7 @@ def folder_in_cache(cache: Path | str, rel: str, *, what: str = "folder") -> Pat
             f"a folder ({exc.what})",
             where=str(where),
             next=f"remove {where} (or the link above it) from the cache, or run "
-            "`pinwheel cache clean --apply`, and run again",
+            "`pinwheel cache clean --yes`, and run again",
         ) from None
     return Path(cache) / rel
 

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pinwheel.cli import Context, command
+from pinwheel.printable import shown_cmd
+
+if TYPE_CHECKING:
+    from pinwheel.compile.toolchain import ToolchainError
+    from pinwheel.manifest.build import KernelSpec
 
 
 def add_kernel_commands(sub: Any) -> None:
@@ -54,7 +60,8 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
         ctx.manifest().require("build"), ctx.host, ctx.cache, parse_flags(args.substitute)
     )
     config = found.config
-    problems = list(found.problems)
+    substituted = [w for sub in args.substitute or () for w in ("--substitute", sub)]
+    problems = [_python_scope(p, ctx.manifest().kernels, substituted) for p in found.problems]
     toolkit, seconds = None, 0.0
     if found.table_ok:  # else resolving would only repeat the table's problem
         # The stage resolves the toolkit for the survey's choice: a missing gcc or Python
@@ -100,6 +107,28 @@ def cmd_toolchain(ctx: Context, args: argparse.Namespace) -> int:
     if problems:
         raise one_report(problems)
     return 0
+
+
+def _python_scope(
+    problem: ToolchainError, kernels: Sequence[KernelSpec], substituted: Sequence[str]
+) -> ToolchainError:
+    """A missing ``[build] python`` says what needs it and what builds without it (issue 53:
+    on Debian 12, with no 3.12, the first green build passes while this report fails)."""
+    from pinwheel.compile.toolchain import ToolchainError
+    from pinwheel.compile.toolchain.choose import python_free
+
+    free = [k.name for k in kernels if python_free(k)]
+    if problem.where != "[build] python" or not free:
+        return problem
+    needs = ["the engine", *(k.name for k in kernels if not python_free(k))]
+    names = [w for n in free for w in ("--name", n)]
+    build = shown_cmd("tools/replay", "kernels", *names, *substituted)
+    return ToolchainError(
+        f"{problem.what}; needed by {' and '.join(needs)}, not by {', '.join(free)} "
+        f"(py3-none wheels: `{build}` builds them without it)",
+        where=problem.where,
+        next=problem.next,
+    )
 
 
 def cmd_kernels(ctx: Context, args: argparse.Namespace) -> int:

@@ -316,8 +316,8 @@ def run_serve(ctx: Context, args: argparse.Namespace) -> int:
         raise PinwheelError(
             f"vLLM cannot be imported by the engine python {r.python} ({why})",
             where=f"pinwheel serve (python from {r.python_from})",
-            next="install the release into a venv (`pinwheel install wheels --venv .venv-engine`) "
-            "and pass --python .venv-engine/bin/python (or set PYTHON)",
+            next="install the fetched release into a venv (`pinwheel install fetched-release "
+            "--venv engine-venv`) and pass --python engine-venv/bin/python (or set PYTHON)",
         )
     if r.devices:  # unique ASCII indices only: they reach CUDA_VISIBLE_DEVICES or --device
         _checked(validate.gpu_indices, r.devices, "--devices / $CUDA_VISIBLE_DEVICES")

@@ -555,13 +555,29 @@ def _read_location(
     return path.read_bytes()
 
 
+def _index_files(source: Source) -> str:
+    """Where ``pinwheel index`` put the signed release for the project page ``source``
+    (``BASE/VARIANT/simple/NAME/`` -> ``BASE/files/``), said as a hint; empty otherwise."""
+    from pinwheel.release.pyindex import FILES  # only on this refusal: it loads pylock
+
+    parts = urllib.parse.urlsplit(source.location)
+    segments = parts.path.rstrip("/").split("/")
+    if len(segments) < 4 or segments[-2] != "simple":  # ['', ..., VARIANT, simple, NAME]
+        return ""
+    files = urllib.parse.urlunsplit(
+        parts._replace(path="/".join(segments[:-3]) + f"/{FILES}/", query="", fragment="")
+    )
+    return (f"; an index pinwheel made keeps the signed release beside it: --sums "
+            f"{files}SHA256SUMS, or give {files} itself as the source")  # fmt: skip
+
+
 def _sums_location(source: Source, opts: FetchOptions) -> str:
     if source.kind == "index":
         if not opts.sums:
             raise PinwheelError(
                 "an index does not carry SHA256SUMS: say where the release's SHA256SUMS is",
                 where=source.location,
-                next="pass --sums URL|PATH (the release's SHA256SUMS)",
+                next="pass --sums URL|PATH (the release's SHA256SUMS)" + _index_files(source),
             )
         return opts.sums
     if source.kind == "url":

@@ -132,8 +132,7 @@ def find(
         + (", or by uv python find)" if uv else "; no uv)")
         + (f"; tried:{tried}" if passed else ""),
         where="pinwheel install",
-        next=f"install Python {version} (`uv python install {version}` needs the network; or "
-        f"your OS's python{version} package), then rerun, or pass --python PATH"
+        next=pythons.how_to_get(version) + "; or pass --python PATH"
         + (" (without --offline uv provisions it)" if offline and uv else ""),
     )
 

@@ -326,8 +326,8 @@ def unserved_steps(variant: str, picked: list[IndexedFile]) -> list[str]:
     each command installs every dependency by hash (a resolver hashes what it takes)."""
     pins = " ".join(sorted(f"{f.project}=={f.version}" for f in picked))
     return [
-        "pinwheel fetch BASE/files/ --dest release --allowed-signers allowed_signers && "
-        "pinwheel install release --venv VENV --allowed-signers allowed_signers",
+        "pinwheel fetch BASE/files/ --allowed-signers allowed_signers && "
+        "pinwheel install fetched-release --venv VENV --allowed-signers allowed_signers",
         f"pip lock --extra-index-url BASE/{variant}/simple/ -o pylock.toml {pins} && "
         "pip install -r pylock.toml",
     ]

@@ -325,9 +325,9 @@ def check_python(opts: Options, info: dict[str, Any] | None, error: str | None) 
             f"engine Python {text} ({opts.python}), but [build] python pins "
             f"{opts.pinned_python}: the release's cp{opts.pinned_python.replace('.', '')} "
             "wheels do not install into it",
-            f"make the engine venv with Python {opts.pinned_python} "
-            f"(`uv venv --python {opts.pinned_python} .venv-engine`) and `pinwheel install` "
-            "into it",
+            "install the release into its own venv (`pinwheel install fetched-release --venv "
+            f"engine-venv` makes it with Python {opts.pinned_python}, found on PATH, by uv or "
+            "pyenv) and pass --python engine-venv/bin/python",
         )
     pin = ", as [build] python pins" if opts.pinned_python is not None else ""
     return Check("python", OK, f"engine Python {text} ({opts.python}){pin}")

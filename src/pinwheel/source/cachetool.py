@@ -361,7 +361,7 @@ def _refuse_mounts(root: Path, paths: Sequence[Path]) -> None:
                     f"{point} is a mount point inside the cache: nothing was removed",
                     where=f"{p} under {root}",
                     next=f"unmount it (umount {point}) or move it out of the cache, then "
-                    "run `pinwheel cache clean --apply` again",
+                    "run `pinwheel cache clean --yes` again",
                 )
 
 
