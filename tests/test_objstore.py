@@ -65,6 +65,11 @@ def test_a_fresh_workspace_reuses_the_stored_objects_and_gives_the_cold_bytes(
     check = _phase(fresh, "check")
     assert any("taken with the wheel from the object store" in s for s in check.skipped)
     assert not any(d.startswith("tagged ") for d in check.did)
+    # ... and so does its check: the same bytes, rules and tools (by content).
+    assert any("the check stored in the object store" in d for d in _phase(cold, "check").did)
+    assert any("check of" in s and "taken with the wheels from the object store" in s
+               for s in check.skipped)  # fmt: skip
+    assert not any(d.startswith("checked ") for d in check.did)
     receipt = component(read_receipt(tiny.tmp / "w-b" / "provenance.json"), "engine")
     assert receipt["reused"]["from"] == "the object store"
 

@@ -260,15 +260,93 @@ class Memo:
                         for w, p in zip(report.wheels, paths, strict=True)
                     )
                     return dataclasses.replace(report, wheels=wheels)
+            shared = self._shared_key(paths, spec, alongside, has_engine)
+            stored = self._stored_check(shared, paths)
+            if stored is not None:
+                if memo_path is not None:
+                    self._write(memo_path, {"report": dataclasses.asdict(stored)})
+                return stored
             report = wheelcheck.check_wheels(
                 paths, spec, alongside=alongside, has_engine=has_engine
             )
             self.note.did(f"checked {len(paths)} wheel(s)")
             if memo_path is not None and report.ok:
                 self._write(memo_path, {"report": dataclasses.asdict(report)})
+            if self.store is not None and shared is not None and report.ok:
+                self.note.did(self.store.put_check(shared, dataclasses.asdict(report)))
             return report
 
         return check
+
+    def _stored_check(self, shared: str | None, paths: Sequence[Path]) -> CheckReport | None:
+        """The passing report the object store holds for these wheels (signed, decoded,
+        naming the same wheels), with this runner's paths; None when there is none."""
+        if self.store is None or shared is None:
+            return None
+        got = self.store.take_check(shared)
+        if isinstance(got, objstore.Miss):
+            if got.why != "miss":
+                self.note.skip(f"check from the object store: {got.why}")
+            return None
+        try:
+            report = untrusted.decode(CheckReport, got, KIND, "stored check")
+        except PinwheelError:
+            self.note.skip("check from the object store: an unusable report")
+            return None
+        names = [Path(p).name for p in paths]
+        if not report.ok or [w.wheel for w in report.wheels] != names:
+            self.note.skip("check from the object store: a report of other wheels")
+            return None
+        self.note.skip(
+            f"check of {', '.join(names)}: taken with the wheels from the object store "
+            "(signed; the same bytes checked by the same rules and tools, by content)"
+        )
+        wheels = tuple(
+            dataclasses.replace(w, path=str(p)) for w, p in zip(report.wheels, paths, strict=True)
+        )
+        return dataclasses.replace(report, wheels=wheels)
+
+    def _shared_key(
+        self,
+        paths: Sequence[Path],
+        spec: CheckSpec,
+        alongside: Sequence[Path],
+        has_engine: bool | None,
+    ) -> str | None:
+        """The check's key across runners: :meth:`_check_key`'s facts with each tool known
+        by its content (cuobjdump's sha256; auditwheel's installed version, when it is the
+        one beside this Python) instead of its path and inode, which a restored toolkit or
+        venv does not keep, and the cache's path as ``<cache>``. None (no sharing) for a
+        tool known only by its path."""
+        if self.store is None:
+            return None
+        tools = []
+        for tool, kind in ((spec.cuobjdump, "cuobjdump"), (spec.auditwheel, "auditwheel")):
+            ident = self._tool_content(tool, kind)
+            if tool and ident is None:
+                return None
+            tools.append(ident)
+        # The cache's own path is this runner's: a report that found no RPATH into the
+        # storing runner's cache holds for bytes built there, wherever this cache lies.
+        dirs = tuple("<cache>" if d == str(self.scope) else d for d in spec.build_dirs)
+        bare = repr(dataclasses.replace(spec, cuobjdump=None, auditwheel=None, build_dirs=dirs))
+        return self._facts_key(paths, bare, alongside, has_engine, tools)
+
+    def _tool_content(self, tool: str | None, kind: str) -> list[Any] | None:
+        if not tool:
+            return None
+        if kind == "auditwheel":
+            import importlib.metadata
+            import sys
+
+            if Path(tool).parent != Path(sys.executable).parent:
+                return None
+            try:
+                return [kind, importlib.metadata.version("auditwheel")]
+            except importlib.metadata.PackageNotFoundError:
+                return None
+        sha = self.sha(Path(os.path.realpath(tool))).sha256
+        return [kind, sha] if sha is not None else None
 
     def _check_key(
         self,
@@ -276,6 +354,18 @@ class Memo:
         spec: CheckSpec,
         alongside: Sequence[Path],
         has_engine: bool | None,
+    ) -> str | None:
+        """This cache's key of a check: the facts, with each tool by path and inode."""
+        tools = [_tool_identity(spec.cuobjdump), _tool_identity(spec.auditwheel)]
+        return self._facts_key(paths, repr(spec), alongside, has_engine, tools)
+
+    def _facts_key(
+        self,
+        paths: Sequence[Path],
+        spec: str,
+        alongside: Sequence[Path],
+        has_engine: bool | None,
+        tools: list[Any],
     ) -> str | None:
         wheels = []
         for p in [*paths, *alongside]:
@@ -289,8 +379,8 @@ class Memo:
             "wheels": wheels[: len(paths)],
             "alongside": wheels[len(paths) :],
             "has_engine": has_engine,
-            "spec": repr(spec),
-            "tools": [_tool_identity(spec.cuobjdump), _tool_identity(spec.auditwheel)],
+            "spec": spec,
+            "tools": tools,
             "rules": self._rules,
         }
         return derivation.digest(facts)

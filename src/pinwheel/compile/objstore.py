@@ -267,6 +267,34 @@ class Store:
             return f"its tag not stored in the object store: {_said(exc)}"
         return "its tag stored in the object store"
 
+    def put_check(self, check_key: str, report: Mapping[str, Any]) -> str:
+        """Store a passing check ``report`` under ``check_key`` (the digest of the wheels'
+        sha256s, the check spec, pinwheel's wheel rules and the tools by content), signed:
+        a fresh runner that took the same wheels from the store does not check them again.
+        The line for the phase table (never raises)."""
+        if not _is_sha(check_key):
+            return "the check not stored: no key"
+        key = _check_key(check_key)
+        entry = signed_entry(self.key, key, {"format": FORMAT, "report": dict(report)})
+        try:
+            self.backend.write(key, json.dumps(entry, sort_keys=True).encode())
+        except objbackends.Unavailable as exc:
+            return f"the check not stored in the object store: {_said(exc)}"
+        return "the check stored in the object store"
+
+    def take_check(self, check_key: str) -> dict[str, Any] | Miss:
+        """The signed check report stored under ``check_key`` (a mapping the caller decodes
+        and holds to its wheels), or why not."""
+        if not _is_sha(check_key):
+            return Miss("miss: no key")
+        raw = self._signed(_check_key(check_key), "check entry")
+        if isinstance(raw, Miss):
+            return raw
+        report = raw.get("report")
+        if not isinstance(report, dict) or _text_problem(report, lines=True):
+            return Miss("miss: a check entry of the wrong shape")
+        return report
+
     def take_tag(self, built: Path, built_sha: str) -> tuple[Path, dict[str, Any]] | Miss:
         """The stored tag of the wheel ``built`` (whose bytes have ``built_sha``): the
         tagged copy written beside it, its sha256 checked, and the decision (a mapping the
@@ -301,6 +329,10 @@ class Store:
 
 def _tag_key(sha256: str) -> str:
     return f"v{FORMAT}/tags/{sha256}.json"
+
+
+def _check_key(digest: str) -> str:
+    return f"v{FORMAT}/checks/{digest}.json"
 
 
 _PLATFORM = re.compile(r"(linux|manylinux_[0-9]{1,3}_[0-9]{1,4})_[a-z0-9_]{1,20}")
@@ -374,14 +406,19 @@ _RECORD_FIELDS = frozenset(
 )  # fmt: skip
 
 
-def _text_problem(value: Any, depth: int = 0) -> str | None:
-    """A control character (an escape sequence, a newline) in any text of ``value``."""
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _text_problem(value: Any, *, lines: bool = False) -> str | None:
+    """A control character (an escape sequence, a newline) in any text of ``value``;
+    ``lines``: newlines and tabs allowed (a tool's output kept in a check report)."""
     if isinstance(value, str):
-        return "text holds a control character" if _CONTROL.search(value) else None
+        bad = (_CONTROL_BUT_LINES if lines else _CONTROL).search(value)
+        return "text holds a control character" if bad else None
     if isinstance(value, dict):
         value = [*value.keys(), *value.values()]
     if isinstance(value, list):
-        return next((p for v in value if (p := _text_problem(v, depth + 1)) is not None), None)
+        return next((p for v in value if (p := _text_problem(v, lines=lines)) is not None), None)
     return None
 
 
