@@ -32,21 +32,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from manifestcopy import named_files  # noqa: E402
+
 from pinwheel.serve.tpcheck import TpOutcome, table  # noqa: E402
-
-
-def named_files(doc: Any) -> list[str]:
-    """The relative paths a manifest names (they resolve beside it): [build.torch_lock]
-    path, each [[kernel]] path and its [[kernel.patch]] paths."""
-    found: list[str] = []
-    lock = doc.get("build", {}).get("torch_lock", {})
-    if isinstance(lock, dict) and isinstance(lock.get("path"), str):
-        found.append(lock["path"])
-    for kernel in doc.get("kernel", []):
-        if isinstance(kernel.get("path"), str):
-            found.append(kernel["path"])
-        found += [p["path"] for p in kernel.get("patch", []) if isinstance(p.get("path"), str)]
-    return found
 
 
 def variant(source: Path, dest: Path, kernel: str, drop_pr: int | None, args: Any) -> Path:
