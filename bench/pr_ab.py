@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from manifestcopy import named_files  # noqa: E402
+from manifestcopy import copy_beside  # noqa: E402
 
 from pinwheel.serve.tpcheck import TpOutcome, table  # noqa: E402
 
@@ -41,18 +40,8 @@ def variant(source: Path, dest: Path, kernel: str, drop_pr: int | None, args: An
     """A copy of ``source`` (with its patches/), [build] overridden, optionally one PR fewer."""
     import tomlkit
 
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    if (source.parent / "patches").is_dir():
-        shutil.copytree(source.parent / "patches", dest / "patches")
     doc = tomlkit.parse(source.read_text())
-    for rel in named_files(doc):  # the manifest's own files resolve beside it: copied along
-        src, to = source.parent / rel, dest / rel
-        if src.is_dir() and not to.exists():
-            shutil.copytree(src, to)
-        elif src.is_file() and not to.exists():
-            to.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, to)
+    copy_beside(source, doc, dest)  # the manifest's own files resolve beside it: copied along
     build = doc["build"]
     if args.arch:
         build["arches"] = list(args.arch)  # type: ignore[index]
