@@ -1456,6 +1456,10 @@ def test_the_scheduled_refresh_runs_the_lock_command_and_publishes_without_runni
     jobs = data["jobs"]
     refresh = "\n".join(run_scripts(jobs["refresh"]))
     assert "nox -s lock" in refresh and jobs["refresh"]["permissions"] == {"contents": "read"}
+    # the same 7-day cooldown as Dependabot's (tests/test_lock_cooldown.py: what it does)
+    assert "nox -s lock -- --cooldown 7" in refresh
+    dependabot = yaml.safe_load((ROOT / ".github" / "dependabot.yml").read_text())
+    assert {u["cooldown"]["default-days"] for u in dependabot["updates"]} == {7}
     publish = "\n".join(run_scripts(jobs["pull-request"]))
     programs = {argv[0] for script in run_scripts(jobs["pull-request"])
                 for argv in command_lines(script) if argv}  # fmt: skip
