@@ -55,6 +55,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from manifestcopy import copy_beside  # noqa: E402
+
 from pinwheel import options  # noqa: E402
 from pinwheel.cli import parse_mirrors  # noqa: E402
 from pinwheel.compile import compcache  # noqa: E402
@@ -378,27 +380,31 @@ def one_file_patch(path: str, text: str) -> str:
 def one_file_manifest(source: Path, name: str, patch: str, dest: Path) -> Path:
     """A copy of ``source`` whose kernel ``name`` has one more step: ``patch``.
 
-    The copy holds the manifest and its ``patches/``; the kernel's pinned
-    ``tree`` is dropped (the stack now ends elsewhere)."""
+    The copy holds the manifest, its ``patches/`` and every file it names beside it
+    (``[build.torch_lock]``, ...: the SM120 manifest's copy did not load without its torch
+    lock); the kernel's pinned ``tree`` is dropped (the stack now ends elsewhere)."""
     import tomlkit
 
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    if (source.parent / "patches").is_dir():
-        shutil.copytree(source.parent / "patches", dest / "patches")
+    doc = tomlkit.parse(source.read_text())
+    copy_beside(source, doc, dest)
     (dest / "patches").mkdir(exist_ok=True)
     patch_file = dest / "patches" / "bench-one-file.patch"
     patch_file.write_text(patch)
-    doc = tomlkit.parse(source.read_text())
     (table,) = [k for k in doc["kernel"] if k["name"] == name]  # type: ignore[index,union-attr]
+    if "url" not in table:
+        raise SystemExit(f"{source}: [[kernel]] {name} is in-tree (no upstream stack to add "
+                         "a patch to): name a [[kernel]] with a url")  # fmt: skip
     table.pop("tree", None)
     step = tomlkit.table()
-    step["action"] = "patch"
+    # one more [[kernel.patch]] where the stack is written so, else one more [[kernel.step]]
+    key = "patch" if "patch" in table else "step"
+    if key == "step":
+        step["action"] = "patch"
     step["path"] = "patches/bench-one-file.patch"
     step["sha256"] = sha(patch_file)
-    if "step" not in table:
-        table["step"] = tomlkit.aot()
-    table["step"].append(step)
+    if key not in table:
+        table[key] = tomlkit.aot()
+    table[key].append(step)
     out = dest / source.name
     out.write_text(tomlkit.dumps(doc))
     return out

@@ -9,7 +9,8 @@ Three builds of one kernel through the CLI (``pinwheel kernels``), every one tim
    cache sees (issue 40's target for exllamav3 on the H200: <= 20 s).
 
 Prints each build's seconds, its ratio to cold and whether its wheel has the cold
-build's sha256 (a fast path that changes bytes is a failure: exit 1).
+build's sha256 (a fast path that changes bytes, or a build that makes no wheel, is a
+failure: exit 1).
 
     PINWHEEL_TORCH_PYTHON=$(command -v python3) python bench/kernel_fresh_store.py \\
         --manifest recipes/sm120-tp2/manifest.toml --kernel exllamav3 --arch 9.0 --jobs 16 \\
@@ -83,7 +84,7 @@ def main() -> int:
     for name, r in runs.items():
         ratio = cold["seconds"] / r["seconds"] if r["seconds"] else float("nan")
         same = r["sha256"] is not None and r["sha256"] == cold["sha256"]
-        bad += r["sha256"] is not None and not same
+        bad += not same  # other bytes, or no wheel at all (then no figure is worth having)
         verdict = "same sha256" if same else "OTHER BYTES" if r["sha256"] else "no wheel"
         print(f"  {name:12} {r['seconds']:7.1f} s  {ratio:6.1f}x faster than cold  {verdict}")
     if args.json:

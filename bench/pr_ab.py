@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -32,39 +31,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from manifestcopy import copy_beside  # noqa: E402
+
 from pinwheel.serve.tpcheck import TpOutcome, table  # noqa: E402
-
-
-def named_files(doc: Any) -> list[str]:
-    """The relative paths a manifest names (they resolve beside it): [build.torch_lock]
-    path, each [[kernel]] path and its [[kernel.patch]] paths."""
-    found: list[str] = []
-    lock = doc.get("build", {}).get("torch_lock", {})
-    if isinstance(lock, dict) and isinstance(lock.get("path"), str):
-        found.append(lock["path"])
-    for kernel in doc.get("kernel", []):
-        if isinstance(kernel.get("path"), str):
-            found.append(kernel["path"])
-        found += [p["path"] for p in kernel.get("patch", []) if isinstance(p.get("path"), str)]
-    return found
 
 
 def variant(source: Path, dest: Path, kernel: str, drop_pr: int | None, args: Any) -> Path:
     """A copy of ``source`` (with its patches/), [build] overridden, optionally one PR fewer."""
     import tomlkit
 
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    if (source.parent / "patches").is_dir():
-        shutil.copytree(source.parent / "patches", dest / "patches")
     doc = tomlkit.parse(source.read_text())
-    for rel in named_files(doc):  # the manifest's own files resolve beside it: copied along
-        src, to = source.parent / rel, dest / rel
-        if src.is_dir() and not to.exists():
-            shutil.copytree(src, to)
-        elif src.is_file() and not to.exists():
-            to.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, to)
+    copy_beside(source, doc, dest)  # the manifest's own files resolve beside it: copied along
     build = doc["build"]
     if args.arch:
         build["arches"] = list(args.arch)  # type: ignore[index]

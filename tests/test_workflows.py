@@ -1396,6 +1396,19 @@ def test_ci_provides_every_service_the_tests_declare() -> None:
     assert at < tests
 
 
+@pytest.mark.parametrize("job", ["tests", "kernels"])
+def test_ci_lets_the_tests_make_user_namespaces_before_they_run(job: str) -> None:
+    """Hosted Ubuntu 24.04 refuses unprivileged user namespaces (AppArmor) unless told
+    otherwise; the tests that need them (unshare -rn / -rm, the build's namespaces) skip
+    without them, so each job that runs them lifts the restriction first."""
+    steps = load_workflow(WORKFLOWS / "ci.yml")["jobs"][job]["steps"]
+    scripts = [str(s.get("run", "")) for s in steps]
+    (at,) = [i for i, text in enumerate(scripts)
+             if "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0" in text]  # fmt: skip
+    (nox,) = [i for i, text in enumerate(scripts) if f"nox -s {job}" in text]
+    assert at < nox
+
+
 def test_the_audit_cannot_see_the_release_builder_and_why_it_is_not_literal(
     tmp_path: Path,
 ) -> None:
@@ -1456,6 +1469,10 @@ def test_the_scheduled_refresh_runs_the_lock_command_and_publishes_without_runni
     jobs = data["jobs"]
     refresh = "\n".join(run_scripts(jobs["refresh"]))
     assert "nox -s lock" in refresh and jobs["refresh"]["permissions"] == {"contents": "read"}
+    # the same 7-day cooldown as Dependabot's (tests/test_lock_cooldown.py: what it does)
+    assert "nox -s lock -- --cooldown 7" in refresh
+    dependabot = yaml.safe_load((ROOT / ".github" / "dependabot.yml").read_text())
+    assert {u["cooldown"]["default-days"] for u in dependabot["updates"]} == {7}
     publish = "\n".join(run_scripts(jobs["pull-request"]))
     programs = {argv[0] for script in run_scripts(jobs["pull-request"])
                 for argv in command_lines(script) if argv}  # fmt: skip

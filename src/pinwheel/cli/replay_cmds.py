@@ -208,7 +208,7 @@ def _lock_tools(ctx: Context, args: argparse.Namespace) -> int:
     import sys
 
     from pinwheel.compile import torchlocks
-    from pinwheel.compile.toollocks import LockError, refresh, repo_root
+    from pinwheel.compile.toollocks import LockError, cooldown_cutoff, refresh, repo_root
 
     root = repo_root()
     if root is None:
@@ -227,10 +227,15 @@ def _lock_tools(ctx: Context, args: argparse.Namespace) -> int:
         )
     # The torch locks first: one that no longer fits its manifest stops before anything is
     # written.
+    cutoff = cooldown_cutoff(args.cooldown)
+    if cutoff is not None:
+        ctx.reporter.info(f"cooldown {args.cooldown} days: no file uploaded after {cutoff} "
+                          "is taken")  # fmt: skip
     torch = torchlocks.refresh(
-        torchlocks.TorchLockRequest(root, uv, ctx.environ, check=args.check)
+        torchlocks.TorchLockRequest(root, uv, ctx.environ, check=args.check,
+                                    exclude_newer=cutoff)  # fmt: skip
     )
-    done = refresh(root, uv, ctx.environ, check=args.check)
+    done = refresh(root, uv, ctx.environ, check=args.check, exclude_newer=cutoff)
     lines = []
     for r in done:
         state = "unchanged" if not r.changed else ("would change" if args.check else "rewritten")
@@ -391,6 +396,9 @@ def register(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument("--check", action="store_true",
                    help="with --tools: write nothing; exit 1 when a lock would change")
+    p.add_argument("--cooldown", type=int, default=0, metavar="DAYS",
+                   help="with --tools: take no file uploaded in the last DAYS days "
+                   "(uv's exclude-newer; default 0: none)")  # fmt: skip
     _component_arg(p)
     p = command(sub, "drift", "compare the manifest with upstream now", cmd_drift)
     _component_arg(p)

@@ -76,16 +76,18 @@ class RichReporter:
             TransferSpeedColumn,
         )
 
+        # Below NARROW columns the bar, speed and time give way: the name and the byte
+        # figures stay on the line down to 24 columns.
+        wide = self.console.width >= NARROW
+        more = (BarColumn(bar_width=BAR_WIDTH), DownloadColumn(), TransferSpeedColumn(),
+                TimeRemainingColumn()) if wide else (DownloadColumn(),)  # fmt: skip
         bars = Progress(
             TextColumn("{task.description}", markup=False),
-            BarColumn(bar_width=BAR_WIDTH),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
+            *more,
             console=self.console,
             transient=False,
         )
-        label = fit(shown(name), self.console.width - FIGURES_WIDTH)
+        label = fit(shown(name), self.console.width - (FIGURES_WIDTH if wide else BYTES_WIDTH))
         self.depth += 1
         try:
             try:
@@ -107,12 +109,14 @@ class RichReporter:
 # what the name leaves room for, so the figures stay on an 80-column line.
 BAR_WIDTH = 10
 FIGURES_WIDTH = BAR_WIDTH + 36  # "933.9/933.9 MB" 14, "110.1 MB/s" 10, "0:00:00" 7, 5 gaps
+BYTES_WIDTH = 15  # a narrower terminal's line: the name, a gap, "933.9/933.9 MB"
+NARROW = FIGURES_WIDTH + 16  # the width under which only the name and the bytes are drawn
 
 
 def fit(text: str, width: int) -> str:
-    """``text`` at most ``width`` characters (at least 16): the middle gives way to "…", so
+    """``text`` at most ``width`` characters (at least 8): the middle gives way to "…", so
     a wheel's name keeps its project and its tags."""
-    width = max(width, 16)
+    width = max(width, 8)
     if len(text) <= width:
         return text
     keep = width - 1

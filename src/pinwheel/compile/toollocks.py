@@ -22,6 +22,7 @@ Out: :class:`Refreshed` per lock (old and new digest, the unified diff).
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import hashlib
 import os
@@ -148,14 +149,39 @@ def _compile_cmd(uv: str, spec: LockSpec, out: Path, constraints: Path | None) -
     return cmd
 
 
-def uv_environment(environ: Mapping[str, str], command: str = COMMAND) -> dict[str, str]:
+def uv_environment(
+    environ: Mapping[str, str], command: str = COMMAND, exclude_newer: str | None = None
+) -> dict[str, str]:
     """uv's environment: the caller's minus every UV_/PIP_ setting (an extra index or a
     find-links folder of this machine must not decide the pins), plus the header command
-    (what the lock's header says made it)."""
+    (what the lock's header says made it) and, for a cooldown, the upload time after which
+    uv takes no file (``UV_EXCLUDE_NEWER``, from :func:`cooldown_cutoff`: not in the
+    header, so a cooldown alone changes no lock)."""
     env = {k: v for k, v in environ.items() if not k.startswith(("UV_", "PIP_"))}
     env["UV_CUSTOM_COMPILE_COMMAND"] = command
     env["UV_NO_CONFIG"] = "1"
+    if exclude_newer is not None:
+        env["UV_EXCLUDE_NEWER"] = exclude_newer
     return env
+
+
+# The longest cooldown `lock --tools --cooldown` takes (a year: a typo, not a policy).
+MAX_COOLDOWN_DAYS = 366
+
+
+def cooldown_cutoff(days: int, now: datetime.datetime | None = None) -> str | None:
+    """The RFC 3339 UTC time ``days`` days before ``now``: files uploaded later are not
+    taken (a release is locked only once it is that old). None for 0 days (no cooldown)."""
+    if not 0 <= days <= MAX_COOLDOWN_DAYS:
+        raise LockError(
+            f"a cooldown of {days} days: expected 0 to {MAX_COOLDOWN_DAYS}",
+            where="lock --tools --cooldown",
+            next="pass a number of days, e.g. `pinwheel lock --tools --cooldown 7`",
+        )
+    if days == 0:
+        return None
+    now = now or datetime.datetime.now(datetime.UTC)
+    return (now - datetime.timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def refresh(
@@ -165,15 +191,17 @@ def refresh(
     *,
     names: Sequence[str] = (),
     check: bool = False,
+    exclude_newer: str | None = None,
 ) -> list[Refreshed]:
     """Regenerate the locks (all, or ``names``) from pyproject.toml and the ``.in`` files.
 
     pinwheel's own locks are resolved against ``locks/all.txt`` (pinwheel with every extra,
     regenerated first), so every environment holds the same version of a shared package.
-    ``check``: write nothing, only report what would change.
+    ``check``: write nothing, only report what would change. ``exclude_newer``: no file
+    uploaded after it is taken (:func:`cooldown_cutoff`).
     """
     specs = [by_name(n) for n in names] if names else list(LOCKS)
-    env = uv_environment(environ)
+    env = uv_environment(environ, exclude_newer=exclude_newer)
     done: list[Refreshed] = []
     with tempfile.TemporaryDirectory(prefix="pinwheel-lock-") as tmp:
         # uv runs in a copy of the inputs and names them relatively: the locks' comments

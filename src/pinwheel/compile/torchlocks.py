@@ -61,6 +61,7 @@ class TorchLockRequest:
     uv: str  # the uv binary
     environ: Mapping[str, str]  # the caller's environment (its UV_/PIP_ settings are dropped)
     check: bool = False  # write nothing, only report
+    exclude_newer: str | None = None  # a cooldown: no file uploaded after this (RFC 3339)
 
 
 @dataclass(frozen=True)
@@ -248,9 +249,11 @@ def _plan(root: Path, path: Path) -> _Planned | None:
     return _Planned(path, rel, lock, build, resolution)
 
 
-def _resolve(plan: _Planned, stage: Path, uv: str, environ: Mapping[str, str]) -> bytes:
+def _resolve(
+    plan: _Planned, stage: Path, uv: str, environ: Mapping[str, str], exclude_newer: str | None
+) -> bytes:
     r = plan.resolution
-    env = uv_environment(environ, r.header)
+    env = uv_environment(environ, r.header, exclude_newer)
     run_uv(r.argv(uv), stage, env, stdin=f"torch=={r.torch}\n".encode())
     new = (stage / LOCK_FILE).read_bytes()
     where = f"{r.output} ({plan.manifest_rel} [build.torch_lock])"
@@ -298,7 +301,8 @@ def refresh(request: TorchLockRequest) -> tuple[TorchRefreshed, ...]:
         for n, plan in enumerate(plans):
             stage = Path(tmp) / str(n)  # empty: uv sees no file of the repository
             stage.mkdir()
-            resolved.append((plan, _resolve(plan, stage, request.uv, request.environ)))
+            resolved.append((plan, _resolve(plan, stage, request.uv, request.environ,
+                                            request.exclude_newer)))  # fmt: skip
     from pinwheel.source.lock import ManifestFile  # here: it brings libgit2 in
 
     done: list[TorchRefreshed] = []
