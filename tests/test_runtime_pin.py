@@ -182,6 +182,30 @@ def test_an_index_install_records_no_hash_and_says_so(venv, tmp_path):
     assert "verified pwrt 1.0 (version)" in check.detail
 
 
+@pytest.mark.parametrize("same", [True, False], ids=["matching", "other-bytes"])
+def test_the_install_lock_gives_the_hash_where_direct_url_json_has_none(venv, tmp_path, same):
+    """A venv `pinwheel install` made from a lock: the lock's wheel for the installed name,
+    version and tags is the hash, the way runtime-lock reads it."""
+    from pinwheel.release import envlock, pylock
+
+    env = _copy(venv[0], tmp_path)
+    (_dist_info(env) / "direct_url.json").unlink()
+    sha = sha256_file(venv[1])
+    locked = pylock.LockedFile("pwrt-1.0-py3-none-any.whl",
+                               "https://wheels.invalid/pwrt-1.0-py3-none-any.whl",
+                               sha if same else "e" * 64)  # fmt: skip
+    lock = envlock.EnvLock(env, None, (envlock.Pinned("pwrt", "1.0", (locked,), "lock"),), (),
+                           (), ())  # fmt: skip
+    (env / "pylock.pinwheel-resolved.toml").write_text(envlock.render(lock))
+    check = _check(_manifest(tmp_path, _runtime("1.0", sha, revision="b" * 40)), env)
+    if same:
+        assert check.status == OK and "verified pwrt 1.0 (version, sha256)" in check.detail
+    else:
+        assert check.status == FAIL
+        assert f"installed from a wheel of sha256 {'e' * 64}, the manifest pins {sha}" in (
+            check.detail)
+
+
 def test_a_python_outside_a_venv_fails(tmp_path):
     m = _manifest(tmp_path, _runtime("1.0"))
     serve = m.serve
