@@ -412,6 +412,33 @@ def check_image(opts: Options, image: Image, runtime: Check) -> Check:
     return Check("image digest", OK, f"{named[0]}{tag}")
 
 
+def check_runtime_pin(opts: Options) -> Check:
+    """The engine venv's distributions against ``[serve.runtime]``: a pinned value that
+    differs fails; one the manifest leaves as FILL IN, or a hash the venv does not record,
+    is named unverified (a warning), never guessed."""
+    from pinwheel.serve import runtimepin
+
+    pin = opts.config.runtime
+    assert pin is not None
+    got = runtimepin.check(pin, opts.python)
+    unverified = f"; unverified: {'; '.join(got.unverified)}" if got.unverified else ""
+    if got.mismatches:
+        first = got.mismatches[0]
+        more = "".join(f"; {p.what} ({p.where})" for p in got.mismatches[1:])
+        return Check("runtime pin", FAIL, f"{first.what} ({first.where}){more}{unverified}",
+                     first.next)  # fmt: skip
+    verified = ", ".join(got.verified) or "nothing"
+    at = f"@{pin.revision}" if pin.revision else ""
+    detail = f"[serve.runtime] {pin.repo}{at} in {got.venv}: verified {verified}{unverified}"
+    if got.unverified:
+        return Check("runtime pin", WARN, detail,
+                     f"fill in the FILL IN keys of [serve.runtime] ({pin.where}) from the wheels "
+                     f"of {pin.repo} at its revision (version from the wheel's file name, sha256 "
+                     "of the file), install from the wheel files (pip records their sha256), "
+                     "then run `pinwheel preflight`")  # fmt: skip
+    return Check("runtime pin", OK, detail)
+
+
 def _mentions(path: Path, name: str) -> bool:
     try:
         text = path.read_text(errors="replace")
@@ -600,6 +627,8 @@ def preflight(opts: Options) -> tuple[Check, ...]:
     checks.append(check_python(opts, info, info_err))
     checks.append(check_engine(opts.config.engine, info))
     checks.append(got["disk"])
+    if opts.config.runtime is not None:
+        checks.append(check_runtime_pin(opts))
     if opts.selftest:
         checks += (
             run_selftest(opts) + [run_allreduce(opts, g)]
