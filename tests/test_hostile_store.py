@@ -273,3 +273,19 @@ def test_a_stored_tag_that_is_not_this_wheel_s_is_a_miss_and_leaves_nothing(
     assert WHY[forge] in got.why
     assert sorted(p.name for p in mine.parent.iterdir()) == [mine.name]
     assert not (tmp_path / "fresh" / tagged.name).exists()
+
+
+def test_a_stored_check_is_taken_only_when_signed_and_plain_text(tmp_path: Path) -> None:
+    """A passing check report travels under its cross-runner key: signed with this
+    runner's key and holding no escape sequence (a tool's newlines are kept), else a miss."""
+    key = "ab" * 32
+    report = {"ok": True, "wheels": [{"wheel": "w.whl", "auditwheel": "line one\nline two"}]}
+    assert _store(tmp_path).put_check(key, report) == "the check stored in the object store"
+    assert _store(tmp_path).take_check(key) == report
+    assert "did not sign" in _store(tmp_path, b"a-co-user-s-key-not-the-runner-s-key!!") \
+        .take_check(key).why  # fmt: skip
+    hostile = {"ok": True, "wheels": [{"wheel": "w.whl", "auditwheel": "\x1b]8;;evil\x07"}]}
+    _store(tmp_path).put_check("cd" * 32, hostile)
+    assert "wrong shape" in _store(tmp_path).take_check("cd" * 32).why
+    assert _store(tmp_path).take_check("../../etc/passwd").why == "miss: no key"
+    assert _store(tmp_path).put_check("not-a-digest", report) == "the check not stored: no key"

@@ -76,9 +76,10 @@ class Memo:
         """``scope``: the folder the confined walk starts from (the cache, for the cache's
         ``memo/``): every folder from there down to a memo file is opened ``O_NOFOLLOW``,
         so ``memo`` itself replaced by a link is never gone through. None: ``root``.
-        ``store``: the object store the build took its wheels from: a tag this cache has
-        not made is taken from there (signed, the tagged copy's sha256 checked), and a tag
-        made here is stored there, so it travels with the stored wheel."""
+        ``store``: the object store the build took its wheels from: a tag or a passing
+        check this cache has not made is taken from there (signed; the tagged copy's
+        sha256 checked, the report naming the same wheels), and one made here is stored
+        there, so both travel with the stored wheel."""
         self.root = Path(root)
         self.scope = Path(scope) if scope is not None else self.root
         self.note = note or Note()
@@ -198,6 +199,8 @@ class Memo:
             self.note.skip(f"tag of {wheel.name} from the object store: an unusable decision")
             return None
         if decision.wheel != wheel.name:
+            if out != wheel:
+                out.unlink(missing_ok=True)
             self.note.skip(f"tag of {wheel.name} from the object store: another wheel's")
             return None
         out_sha = self.sha(out).sha256
