@@ -351,8 +351,10 @@ def _tag_entry_problem(raw: Mapping[str, Any], built: str, built_sha: str) -> st
     plat = decision.get("platform")
     if not isinstance(plat, str) or not _PLATFORM.fullmatch(plat):
         return "no platform tag"
-    if validate.wheel_name_problem(name) or _text_problem(raw):
+    if validate.wheel_name_problem(name):
         return "no valid wheel name"
+    if _text_problem(raw, lines=True):
+        return "an escape sequence in its text"
     try:
         b_name, b_ver, b_build, b_tags = parse_wheel_filename(built)
         t_name, t_ver, t_build, t_tags = parse_wheel_filename(name)
