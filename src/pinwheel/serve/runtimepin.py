@@ -24,7 +24,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, canonicalize_version
 
 from pinwheel.errors import PinwheelError
-from pinwheel.manifest.serve import RuntimePin, RuntimeWheel
+from pinwheel.manifest.runtime import RuntimePin, RuntimeWheel
 from pinwheel.printable import shown
 from pinwheel.release import envlock, pylock
 
