@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,16 @@ def _tool_identity(tool: str | None) -> list[Any] | None:
     except OSError:
         return [tool, None]
     return [tool, os.path.realpath(tool), st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """One call of the checker: what its keys are made of."""
+
+    paths: tuple[Path, ...]
+    spec: CheckSpec
+    alongside: tuple[Path, ...]
+    has_engine: bool | None
 
 
 class Memo:
@@ -245,7 +256,8 @@ class Memo:
             alongside: Sequence[Path] = (),
             has_engine: bool | None = None,
         ) -> CheckReport:
-            key = self._check_key(paths, spec, alongside, has_engine)
+            asked = _Asked(tuple(paths), spec, tuple(alongside), has_engine)
+            key = self._check_key(asked)
             memo_path = self.root / "check" / f"{key}.json" if key else None
             if memo_path is not None and (memo := self._read(memo_path)) is not None:
                 try:
@@ -263,7 +275,7 @@ class Memo:
                         for w, p in zip(report.wheels, paths, strict=True)
                     )
                     return dataclasses.replace(report, wheels=wheels)
-            shared = self._shared_key(paths, spec, alongside, has_engine)
+            shared = self._shared_key(asked)
             stored = self._stored_check(shared, paths)
             if stored is not None:
                 if memo_path is not None:
@@ -309,13 +321,7 @@ class Memo:
         )
         return dataclasses.replace(report, wheels=wheels)
 
-    def _shared_key(
-        self,
-        paths: Sequence[Path],
-        spec: CheckSpec,
-        alongside: Sequence[Path],
-        has_engine: bool | None,
-    ) -> str | None:
+    def _shared_key(self, asked: _Asked) -> str | None:
         """The check's key across runners: :meth:`_check_key`'s facts with each tool known
         by its content (cuobjdump's sha256; auditwheel's installed version, when it is the
         one beside this Python) instead of its path and inode, which a restored toolkit or
@@ -323,6 +329,7 @@ class Memo:
         tool known only by its path."""
         if self.store is None:
             return None
+        spec = asked.spec
         tools = []
         for tool, kind in ((spec.cuobjdump, "cuobjdump"), (spec.auditwheel, "auditwheel")):
             ident = self._tool_content(tool, kind)
@@ -333,7 +340,7 @@ class Memo:
         # storing runner's cache holds for bytes built there, wherever this cache lies.
         dirs = tuple("<cache>" if d == str(self.scope) else d for d in spec.build_dirs)
         bare = repr(dataclasses.replace(spec, cuobjdump=None, auditwheel=None, build_dirs=dirs))
-        return self._facts_key(paths, bare, alongside, has_engine, tools)
+        return self._facts_key(asked, bare, tools)
 
     def _tool_content(self, tool: str | None, kind: str) -> list[Any] | None:
         if not tool:
@@ -351,27 +358,16 @@ class Memo:
         sha = self.sha(Path(os.path.realpath(tool))).sha256
         return [kind, sha] if sha is not None else None
 
-    def _check_key(
-        self,
-        paths: Sequence[Path],
-        spec: CheckSpec,
-        alongside: Sequence[Path],
-        has_engine: bool | None,
-    ) -> str | None:
+    def _check_key(self, asked: _Asked) -> str | None:
         """This cache's key of a check: the facts, with each tool by path and inode."""
+        spec = asked.spec
         tools = [_tool_identity(spec.cuobjdump), _tool_identity(spec.auditwheel)]
-        return self._facts_key(paths, repr(spec), alongside, has_engine, tools)
+        return self._facts_key(asked, repr(spec), tools)
 
-    def _facts_key(
-        self,
-        paths: Sequence[Path],
-        spec: str,
-        alongside: Sequence[Path],
-        has_engine: bool | None,
-        tools: list[Any],
-    ) -> str | None:
+    def _facts_key(self, asked: _Asked, spec: str, tools: list[Any]) -> str | None:
+        paths = asked.paths
         wheels = []
-        for p in [*paths, *alongside]:
+        for p in [*paths, *asked.alongside]:
             sha = self.sha(Path(p)).sha256
             if sha is None:
                 return None  # let the check itself say what is wrong with it
@@ -381,7 +377,7 @@ class Memo:
         facts = {
             "wheels": wheels[: len(paths)],
             "alongside": wheels[len(paths) :],
-            "has_engine": has_engine,
+            "has_engine": asked.has_engine,
             "spec": spec,
             "tools": tools,
             "rules": self._rules,
