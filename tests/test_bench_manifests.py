@@ -22,11 +22,14 @@ def _kernels(path: Path) -> list[str]:
     return [k.name for k in load(path).kernels]
 
 
-@pytest.mark.parametrize(
+EACH_KERNEL = pytest.mark.parametrize(
     ("manifest", "kernel"),
     [(m, k) for m in SHIPPED for k in _kernels(m)],
     ids=lambda v: str(v.relative_to(ROOT)) if isinstance(v, Path) else v,
-)
+)  # every [[kernel]] of every shipped manifest
+
+
+@EACH_KERNEL
 def test_the_bench_copy_of_every_shipped_manifest_loads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, manifest: Path, kernel: str
 ) -> None:
@@ -41,11 +44,7 @@ def test_the_bench_copy_of_every_shipped_manifest_loads(
     assert loaded.build is not None and loaded.build.arches == ("9.0",)
 
 
-@pytest.mark.parametrize(
-    ("manifest", "kernel"),
-    [(m, k) for m in SHIPPED for k in _kernels(m)],
-    ids=lambda v: str(v.relative_to(ROOT)) if isinstance(v, Path) else v,
-)
+@EACH_KERNEL
 def test_the_one_file_copy_of_every_shipped_manifest_loads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, manifest: Path, kernel: str
 ) -> None:
