@@ -443,6 +443,16 @@ def _release_map(
     return out
 
 
+RESOLVED = "pylock.pinwheel-resolved.toml"  # in a venv: the lock `pinwheel install` resolved
+
+
+def resolved_lock(venv: Path) -> Path | None:
+    """The lock ``pinwheel install`` resolved ``venv`` from (:data:`RESOLVED`), when it is a
+    regular file there (never a link); :func:`pinwheel.release.pylock.check` reads it."""
+    path = venv / RESOLVED
+    return path if path.is_file() and not path.is_symlink() else None
+
+
 def build(
     venv: Path,
     *,
@@ -453,8 +463,8 @@ def build(
     """Read ``venv`` and pin what can be pinned (nothing is written; see :func:`write`).
     The lock ``pinwheel install`` resolved the venv from (``VENV/pylock.pinwheel-resolved
     .toml``) is one of ``locks`` when present."""
-    resolved = venv / "pylock.pinwheel-resolved.toml"
-    if resolved.is_file() and not resolved.is_symlink():
+    resolved = resolved_lock(venv)
+    if resolved is not None:
         locks = [*locks, resolved]
     checked = [pylock.check(p) for p in locks]
     release = _release_map(release_dir)

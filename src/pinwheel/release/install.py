@@ -43,7 +43,7 @@ from pinwheel.errors import PinwheelError, UsageError, VerifyError
 from pinwheel.fsutil import atomic_write_text
 from pinwheel.net.httpget import origin
 from pinwheel.options import HostEnvironment
-from pinwheel.release import attest, interpreter, pylock, signing, sigstorebundle
+from pinwheel.release import attest, envlock, interpreter, pylock, signing, sigstorebundle
 from pinwheel.release.assemble import Verified, verify_release
 from pinwheel.urls import redact
 from pinwheel.wheels.abifloor import Version, host_glibc, show
@@ -233,7 +233,7 @@ def _shipped_lock(wheel_dir: Path, sums: Mapping[str, str]) -> pylock.Lock | Non
     return pylock.check(path)
 
 
-RESOLVED = "pylock.pinwheel-resolved.toml"  # in the venv: what install resolved, by hash
+RESOLVED = envlock.RESOLVED  # in the venv: what install resolved, by hash
 
 
 def pip_command(python: str) -> list[str]:

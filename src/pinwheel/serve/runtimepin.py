@@ -28,8 +28,6 @@ from pinwheel.manifest.runtime import RuntimePin, RuntimeWheel
 from pinwheel.printable import shown
 from pinwheel.release import envlock, pylock
 
-RESOLVED_LOCK = "pylock.pinwheel-resolved.toml"  # what `pinwheel install` resolved the venv from
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -85,10 +83,8 @@ def check(pin: RuntimePin, python: str) -> Outcome:
         return Outcome(None, (), tuple(unverified), (problem,))
     try:
         dists, bad, _python = envlock.installed(venv)
-        locks: list[pylock.Lock] = []
-        resolved = venv / RESOLVED_LOCK
-        if resolved.is_file() and not resolved.is_symlink():
-            locks.append(pylock.check(resolved))
+        resolved = envlock.resolved_lock(venv)
+        locks = [pylock.check(resolved)] if resolved is not None else []
     except PinwheelError as exc:
         problem = Problem(f"the venv {venv} cannot be read: {exc.what}", exc.where or str(venv),
                           exc.next or "recreate the venv with `pinwheel install`")  # fmt: skip
@@ -137,7 +133,7 @@ def check(pin: RuntimePin, python: str) -> Outcome:
         elif not hashes:
             unverified.append(
                 f"{wheel.name} {dist.version}: the venv records no sha256 for it (no "
-                f"direct_url.json hash, no {RESOLVED_LOCK} entry: an index install records "
+                f"direct_url.json hash, no {envlock.RESOLVED} entry: an index install records "
                 "none)"
             )
         elif wheel.sha256 not in hashes:
