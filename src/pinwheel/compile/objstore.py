@@ -216,6 +216,20 @@ class Store:
             return Miss("miss: an entry this runner's key did not sign")
         return raw
 
+    def _fetch(self, blob: str, target: Path, sha256: str, whose: str) -> str | None:
+        """Copy the stored ``blob`` into the new file ``target`` (``O_EXCL``, at most
+        :data:`MAX_WHEEL` bytes) and check its sha256; why it is a miss (the caller removes
+        what is left), else None. ``whose``: the entry that named it, for the reason."""
+        try:
+            with open(target, "xb") as out:
+                if not self.backend.fetch(blob, out, MAX_WHEEL):
+                    return f"miss: {whose} wheel is not in the store"
+        except objbackends.Unavailable as exc:
+            return f"miss: {_said(exc)}"
+        if sha256_file(target) != sha256:
+            return f"entry changed, a miss (the stored wheel's sha256 is not {whose})"
+        return None
+
     def take(self, hit: Hit, dist: Path) -> Path | Miss:
         """The stored wheel copied into ``dist`` under its name (at most
         :data:`MAX_WHEEL` bytes), its sha256 checked on the copy: a wheel missing, cut
@@ -223,15 +237,7 @@ class Store:
         remove_tree(dist, ignore_errors=True)
         dist.mkdir(parents=True)
         target = confine.inside(dist, hit.name, what="wheel")
-        why = None
-        try:
-            with open(target, "xb") as out:
-                if not self.backend.fetch(hit.blob, out, MAX_WHEEL):
-                    why = "miss: the record's wheel is not in the store"
-        except objbackends.Unavailable as exc:
-            why = f"miss: {_said(exc)}"
-        if why is None and sha256_file(target) != hit.sha256:
-            why = "entry changed, a miss (the stored wheel's sha256 is not the record's)"
+        why = self._fetch(hit.blob, target, hit.sha256, "the record's")
         if why is None:
             problem = wheel_problem(target, hit.expect, hit.python)
             why = (
@@ -311,16 +317,8 @@ class Store:
         if sha == built_sha:
             return Path(built), decision
         target = confine.inside(Path(built).parent, str(name), what="wheel")
-        why = None
         target.unlink(missing_ok=True)  # a copy an earlier run left: made anew, not through
-        try:
-            with open(target, "xb") as out:
-                if not self.backend.fetch(_blob_key(str(sha)), out, MAX_WHEEL):
-                    why = "miss: the tagged wheel is not in the store"
-        except objbackends.Unavailable as exc:
-            why = f"miss: {_said(exc)}"
-        if why is None and sha256_file(target) != sha:
-            why = "entry changed, a miss (the tagged wheel's sha256 is not the entry's)"
+        why = self._fetch(_blob_key(str(sha)), target, str(sha), "the entry's")
         if why is not None:
             target.unlink(missing_ok=True)
             return Miss(why)
