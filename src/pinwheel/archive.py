@@ -175,7 +175,12 @@ def _write(
     mtime: float | None = None,
     writer: confine.TreeWriter | None = None,
 ) -> None:
-    if writer is not None and writer.write(rel, src, 0o755 if executable else 0o644, mtime):
+    # The member's own time, as tar and unzip keep it: a toolkit unpacked on two machines
+    # then has the same header mtimes (ptxas -lineinfo writes them into cubins). A time
+    # outside 1970..2106 (a hostile or broken archive) is left at the time of writing.
+    kept = mtime if mtime is not None and 0 <= mtime < 2**32 else None
+    mode = 0o755 if executable else 0o644
+    if writer is not None and writer.write(rel, src, mode, kept):
         return  # the plain case, through folders opened once (nothing resolved by path)
     out = confine.inside(dest, rel, what="archive member")
     confine.mkdirs(dest, out.parent)
@@ -184,12 +189,9 @@ def _write(
     with confine.open_append(dest, out) as fh:
         fh.truncate(0)
         shutil.copyfileobj(src, fh, 1 << 20)
-    out.chmod(0o755 if executable else 0o644)
-    # The member's own time, as tar and unzip keep it: a toolkit unpacked on two machines
-    # then has the same header mtimes (ptxas -lineinfo writes them into cubins). A time
-    # outside 1970..2106 (a hostile or broken archive) is left at the time of writing.
-    if mtime is not None and 0 <= mtime < 2**32:
-        os.utime(out, (mtime, mtime))
+    out.chmod(mode)
+    if kept is not None:
+        os.utime(out, (kept, kept))
 
 
 def zip_mtime(info: zipfile.ZipInfo) -> float:

@@ -543,8 +543,8 @@ class TreeWriter:
 
     def write(self, rel: str, src: IO[bytes], mode: int, mtime: float | None = None) -> bool:
         """Write ``src`` to ``root/rel`` (replacing a plain file's bytes), then ``mode`` and
-        ``mtime`` (None, or outside 1970..2106: left at the time of writing). False, with
-        nothing read from ``src``, when that is not the plain case (see the class)."""
+        ``mtime`` (None: left at the time of writing). False, with nothing read from
+        ``src``, when that is not the plain case (see the class)."""
         parts = _parts(rel, self.root)
         try:
             folder = self._folder(parts[:-1], rel)
@@ -562,7 +562,7 @@ class TreeWriter:
             shutil.copyfileobj(src, fh, 1 << 20)
             fh.flush()
             os.fchmod(fd, mode)
-            if mtime is not None and 0 <= mtime < 2**32:
+            if mtime is not None:
                 os.utime(fd, (mtime, mtime))
         return True
 
