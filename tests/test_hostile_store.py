@@ -284,6 +284,11 @@ def test_a_stored_check_is_taken_only_when_signed_and_plain_text(tmp_path: Path)
     assert _store(tmp_path).take_check(key) == report
     assert "did not sign" in _store(tmp_path, b"a-co-user-s-key-not-the-runner-s-key!!") \
         .take_check(key).why  # fmt: skip
+    stored = next((tmp_path / "shared").rglob(f"checks/{key}.json"))
+    kept = stored.read_bytes()
+    stored.write_bytes(kept.replace(b"line two", b"line 2!!"))  # one claim edited, no key
+    assert "did not sign" in _store(tmp_path).take_check(key).why
+    stored.write_bytes(kept)
     hostile = {"ok": True, "wheels": [{"wheel": "w.whl", "auditwheel": "\x1b]8;;evil\x07"}]}
     _store(tmp_path).put_check("cd" * 32, hostile)
     assert "wrong shape" in _store(tmp_path).take_check("cd" * 32).why
